@@ -1,0 +1,66 @@
+"""airflow-provider-chasqui: a ChasquiMQ-compatible Redis job queue and cron scheduler.
+
+The public surface is a superset of the ``chasquimq`` Python package (``Queue``, ``Worker``,
+``QueueEvents``, ``Job``, ``BackoffSpec``, ``RepeatPattern``, ``UnrecoverableError``...), plus
+the blocking ``SyncQueue`` for Airflow hooks.  Importing this package never imports Airflow
+or PySpark; the Airflow classes live in ``hooks``, ``operators``, ``sensors``, ``triggers``.
+"""
+
+from __future__ import annotations
+
+import logging as _logging
+
+#TMP from .core.repeat import MissedFiresPolicy, RepeatableMeta, RepeatPattern
+from .engine.events import QueueEvents
+from .engine.promoter import Promoter
+from .engine.queue import Queue
+from .engine.worker import Handler, Worker, WorkerSettings
+from .errors import (
+    ChasquiConnectionError,
+    ChasquiError,
+    CodecError,
+    ConfigError,
+    JobFailed,
+    JobNotFound,
+    NotSupportedError,
+    ScriptError,
+    UnrecoverableError,
+)
+from .sync.queue import SyncQueue
+from .types import BackoffSpec, Job, QueueEvent
+
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
+__version__ = "0.1.0"
+AsyncQueue = Queue
+
+__all__ = [
+    "AsyncQueue",
+    "BackoffSpec",
+    "ChasquiConnectionError",
+    "ChasquiError",
+    "CodecError",
+    "ConfigError",
+    "Handler",
+    "Job",
+    "JobFailed",
+    "JobNotFound",
+    "MissedFiresPolicy",
+    "NotSupportedError",
+    "Promoter",
+    "Queue",
+    "QueueEvent",
+    "QueueEvents",
+    "RepeatPattern",
+    "RepeatableMeta",
+    "ScriptError",
+    "SyncQueue",
+    "UnrecoverableError",
+    "Worker",
+    "WorkerSettings",
+    "version",
+]
+
+
+def version() -> str:
+    return __version__

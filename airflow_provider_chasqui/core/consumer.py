@@ -1,0 +1,188 @@
+"""Pure consumer decisions (wire spec 13.3-13.5): parse an entry, gate it, and build the
+Lua calls that complete, retry or dead-letter it.  The asyncio worker only moves bytes.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from .calls import Call, command, script_call, str_reply
+from .codec import Envelope, decode_data, decode_envelope, encode_envelope, encode_member
+from .features import Features
+from .keys import QueueKeys
+from .retry import RetryPolicy, backoff_ms
+from .settings import QueueSettings
+
+__all__ = ["ConsumerCore", "Delivery", "Rejected", "handler_failure_reason"]
+
+# DLQ reason strings, exactly as ChasquiMQ writes them (wire spec 7.2).
+RETRIES_EXHAUSTED = "retries_exhausted"
+UNRECOVERABLE = "unrecoverable"
+DECODE_FAILED = "decode_failed"
+OVERSIZE = "oversize_payload"
+MALFORMED = "malformed"
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A decoded job ready for a handler."""
+
+    entry_id: bytes
+    envelope: Envelope
+    name: str
+    raw: bytes
+    delivery_count: int = 1
+    started_ns: int = 0
+    data: Any = field(default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """An entry the arrival gate sends straight to the DLQ."""
+
+    entry_id: bytes
+    reason: str
+    payload: bytes
+    name: str
+    detail: str = ""
+    job_id: str = ""
+    attempt: int = 0
+
+
+def handler_failure_reason(exc: BaseException) -> str:
+    """The ``failed`` event reason ChasquiMQ's Python shim writes."""
+    return f"handler: Python handler raised: {exc!r}"
+
+
+class ConsumerCore:
+    """Decisions for one queue and group; holds no connection.  Not shared across loops."""
+
+    def __init__(self, queue: str, *, group: str, consumer_id: str, max_attempts: int,
+                 settings: QueueSettings, retry: RetryPolicy, events: bool, result_ttl_ms: int,
+                 failure_ttl_ms: int) -> None:
+        self.keys = QueueKeys.for_queue(queue)
+        self.group = group
+        self.consumer_id = consumer_id
+        self.max_attempts = max_attempts
+        self.settings = settings
+        self.retry_policy = retry
+        self.events_max = settings.events_max_len if events else 0
+        self.result_ttl_ms = result_ttl_ms
+        self.failure_ttl_ms = failure_ttl_ms
+        self.rng = random.Random()
+
+    # ---- reading -----------------------------------------------------------------------
+    def create_group(self) -> Call:
+        return command("XGROUP", "CREATE", self.keys.stream, self.group, "0", "MKSTREAM")
+
+    def read(self, count: int, block_ms: int | None) -> Call:
+        args: tuple[Any, ...] = ("XREADGROUP", "GROUP", self.group, self.consumer_id, "COUNT", count)
+        if block_ms is not None:
+            args += ("BLOCK", block_ms)
+        return command(*args, "STREAMS", self.keys.stream, ">")
+
+    def idle_pending(self, min_idle_ms: int, count: int) -> Call:
+        return command("XPENDING", self.keys.stream, self.group, "IDLE", min_idle_ms, "-", "+", count)
+
+    def claim(self, min_idle_ms: int, entry_ids: list[bytes]) -> Call:
+        return command("XCLAIM", self.keys.stream, self.group, self.consumer_id, min_idle_ms, *entry_ids)
+
+    def gate(self, entry_id: bytes, fields: Any, delivery_count: int) -> Delivery | Rejected:
+        """Arrival gate, in ChasquiMQ's order: malformed, oversize, decode, attempts."""
+        if not isinstance(fields, list):
+            return Rejected(entry_id, MALFORMED, b"", "", "fields not an array")
+        d = n = None
+        for i in range(0, len(fields) - 1, 2):
+            key = fields[i]
+            if key == b"d":
+                d = fields[i + 1]
+            elif key == b"n":
+                n = fields[i + 1]
+        name = n.decode("utf-8", "replace") if isinstance(n, bytes) else ""
+        if not isinstance(d, bytes):
+            return Rejected(entry_id, MALFORMED, b"", "", "missing or non-bytes payload field")
+        if len(d) > self.settings.max_payload_bytes:
+            return Rejected(entry_id, OVERSIZE, d, name)
+        try:
+            env = decode_envelope(d)
+            data = decode_data(env.inner)
+        except Exception as exc:  # noqa: BLE001 - any decode problem is decode_failed
+            return Rejected(entry_id, DECODE_FAILED, d, "", str(exc)[:200])
+        limit = self._max_attempts(env)
+        prior = max(env.attempt, delivery_count - 1)
+        if prior + 1 > limit:
+            return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior)
+        return Delivery(entry_id, env, name, d, delivery_count, 0, data)
+
+    def _max_attempts(self, env: Envelope) -> int:
+        if env.retry is not None and env.retry.max_attempts is not None:
+            return env.retry.max_attempts
+        return self.max_attempts
+
+    # ---- outcomes ----------------------------------------------------------------------
+    def active_events(self, deliveries: list[Delivery], now: int) -> Call | None:
+        if not self.events_max or not deliveries:
+            return None
+        argv: list[Any] = [self.events_max]
+        for dl in deliveries:
+            if dl.name:
+                argv += (5, "e", "active", "id", dl.envelope.id, "ts", now, "n", dl.name,
+                         "attempt", dl.envelope.attempt + 1)
+            else:
+                argv += (4, "e", "active", "id", dl.envelope.id, "ts", now, "attempt", dl.envelope.attempt + 1)
+        return script_call("emit_events", (self.keys.events,), argv)
+
+    def drained_event(self, now: int) -> Call | None:
+        if not self.events_max:
+            return None
+        return script_call("emit_events", (self.keys.events,), (self.events_max, 3, "e", "drained", "id", "", "ts", now))
+
+    def complete(self, done: list[tuple[bytes, str, str, int, int, bytes]], features: Features, now: int) -> Call:
+        """``done`` rows: (entry_id, job_id, name, attempt_1_indexed, duration_us, result)."""
+        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.result_ttl_ms, self.keys.prefix, now]
+        for row in done:
+            argv.extend(row)
+        return script_call("complete_batch", (self.keys.stream, self.keys.events), argv)
+
+    def on_failure(self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int,
+                   features: Features, now: int) -> tuple[Call, str, int]:
+        """Retry or dead-letter after a handler error.  Returns (call, outcome, backoff_ms)."""
+        env, reason = dl.envelope, handler_failure_reason(exc)
+        run = env.attempt + 1
+        nxt = env.attempt + 1
+        if unrecoverable or nxt >= self._max_attempts(env):
+            why = UNRECOVERABLE if unrecoverable else RETRIES_EXHAUSTED
+            call = self.dead_letter(dl.entry_id, why, encode_envelope(env), dl.name, "", env.id, run,
+                                    features, now, failed_reason=reason, duration_us=duration_us)
+            return call, why, 0
+        delay = backoff_ms(nxt, env.retry.backoff if env.retry else None, self.retry_policy, self.rng)
+        member = encode_member(dl.name.encode("utf-8"), encode_envelope(env.with_attempt(nxt)))
+        k = self.keys
+        call = script_call(
+            "retry",
+            (k.stream, k.delayed, k.events),
+            (self.group, dl.entry_id, now + delay, member, features.xackdel_flag, self.events_max, now,
+             env.id, dl.name, run, reason, duration_us, nxt + 1, delay),
+        )
+        return call, "retry", delay
+
+    def dead_letter(self, entry_id: bytes, reason: str, payload: bytes, name: str, detail: str, job_id: str,
+                    attempt: int, features: Features, now: int, *, failed_reason: str = "",
+                    duration_us: int = 0) -> Call:
+        k = self.keys
+        return script_call(
+            "dead_letter",
+            (k.stream, k.dlq, k.events),
+            (self.group, entry_id, features.xackdel_flag, self.settings.dlq_max_len, self.events_max, now,
+             payload, name, reason, detail, job_id, attempt, failed_reason, duration_us,
+             self.failure_ttl_ms, k.prefix),
+        )
+
+    def reject(self, r: Rejected, features: Features, now: int) -> Call:
+        return self.dead_letter(r.entry_id, r.reason, r.payload, r.name, r.detail, r.job_id, r.attempt, features, now)
+
+
+def entry_id_str(entry_id: Any) -> str:
+    return str_reply(entry_id)

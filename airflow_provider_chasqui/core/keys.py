@@ -1,0 +1,134 @@
+"""Every Redis key name the project uses, built in one place.
+
+All keys of a queue share the Cluster hash tag ``{chasqui:<queue>}`` so every Lua script
+touches a single slot.  The ChasquiMQ 1.x keys come first; the keys this project adds
+(results, unique markers, cursors) live under the same tag and never inside an envelope.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = ["QueueKeys", "validate_queue_name", "MAX_QUEUE_NAME_BYTES", "DEFAULT_GROUP"]
+
+MAX_QUEUE_NAME_BYTES = 256
+DEFAULT_GROUP = "default"
+_FORBIDDEN = set("{}\r\n\0")
+
+
+def validate_queue_name(name: object) -> str:
+    """Reject queue names that would break the hash tag or inject into other keys."""
+    if not isinstance(name, str):
+        raise ConfigError(f"queue name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ConfigError("queue name must not be empty")
+    bad = _FORBIDDEN.intersection(name)
+    if bad:
+        raise ConfigError(
+            f"queue name {name!r} contains {''.join(sorted(bad))!r}: braces and control "
+            "characters would break the {chasqui:<queue>} hash tag"
+        )
+    if len(name.encode("utf-8")) > MAX_QUEUE_NAME_BYTES:
+        raise ConfigError(f"queue name is longer than {MAX_QUEUE_NAME_BYTES} bytes")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The key set of one queue.  Construct through :meth:`for_queue` to validate the name."""
+
+    queue: str
+    prefix: str
+
+    @classmethod
+    def for_queue(cls, queue: str) -> "QueueKeys":
+        validate_queue_name(queue)
+        return cls(queue=queue, prefix="{chasqui:" + queue + "}")
+
+    # --- ChasquiMQ 1.x layout -------------------------------------------------------
+    @property
+    def stream(self) -> str:
+        return self.prefix + ":stream"
+
+    @property
+    def delayed(self) -> str:
+        return self.prefix + ":delayed"
+
+    @property
+    def dlq(self) -> str:
+        return self.prefix + ":dlq"
+
+    @property
+    def events(self) -> str:
+        return self.prefix + ":events"
+
+    @property
+    def promoter_lock(self) -> str:
+        return self.prefix + ":promoter:lock"
+
+    @property
+    def scheduler_lock(self) -> str:
+        return self.prefix + ":scheduler:lock"
+
+    @property
+    def repeat(self) -> str:
+        return self.prefix + ":repeat"
+
+    def repeat_spec(self, spec_key: str) -> str:
+        return self.prefix + ":repeat:spec:" + spec_key
+
+    def dlid(self, job_id: str) -> str:
+        return self.prefix + ":dlid:" + job_id
+
+    def didx(self, job_id: str) -> str:
+        return self.prefix + ":didx:" + job_id
+
+    # --- extensions of this project (same hash tag, extra keys only) ----------------
+    def result(self, job_id: str) -> str:
+        """msgpack of the handler's return value (opt-in, with a TTL)."""
+        return self.prefix + ":result:" + job_id
+
+    def failure(self, job_id: str) -> str:
+        """msgpack ``[reason, detail, finished_ms]`` of a job that ended in the DLQ (opt-in)."""
+        return self.prefix + ":failure:" + job_id
+
+    def unique(self, unique_key: str) -> str:
+        """Marker of ``add_unique``: holds the first job id for the window."""
+        return self.prefix + ":unique:" + unique_key
+
+    def cursor(self, name: str) -> str:
+        """A consumer cursor kept in Redis (event-driven DAG triggers)."""
+        return self.prefix + ":cursor:" + name
+
+    @property
+    def repeat_meta(self) -> str:
+        """HASH spec_key -> msgpack extension metadata (pause state, overrides, deadlines)."""
+        return self.prefix + ":repeat:meta"
+
+    @property
+    def repeat_paused(self) -> str:
+        """ZSET of paused spec keys (score = the next fire they had when paused)."""
+        return self.prefix + ":repeat:paused"
+
+    @property
+    def repeat_quarantine(self) -> str:
+        """HASH spec_key -> raw bytes of stored specs that could not be decoded."""
+        return self.prefix + ":repeat:quarantine"
+
+    def fire_claim(self, spec_key: str, fire_at_ms: int) -> str:
+        """Deterministic fire identity: claimed atomically so no fire happens twice."""
+        return self.prefix + ":fire:" + spec_key + ":" + str(int(fire_at_ms))
+
+
+def finite_ms(value: float, what: str) -> int:
+    """Shared guard for millisecond quantities coming from users."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{what} must be finite, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"{what} must not be negative, got {value!r}")
+    return int(value)

@@ -1,0 +1,29 @@
+"""Frozen settings shared by producers and workers (defaults are ChasquiMQ's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = ["QueueSettings"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueSettings:
+    """Bounds every writer applies.  All streams are trimmed (MAXLEN ~) so memory stays bounded."""
+
+    max_stream_len: int = 1_000_000
+    max_delay_secs: int = 30 * 24 * 3600  # 0 disables the check
+    max_payload_bytes: int = 1_048_576
+    events_max_len: int = 100_000
+    dlq_max_len: int = 100_000
+    unique_window_ms: int = 100_000  # immediate add with job_id: like XADD IDMP's 100 s window
+
+    def __post_init__(self) -> None:
+        for name in ("max_stream_len", "max_payload_bytes", "events_max_len", "dlq_max_len", "unique_window_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(self.max_delay_secs, bool) or not isinstance(self.max_delay_secs, int) or self.max_delay_secs < 0:
+            raise ConfigError(f"max_delay_secs must be a non-negative int, got {self.max_delay_secs!r}")

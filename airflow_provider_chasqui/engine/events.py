@@ -1,0 +1,76 @@
+"""``QueueEvents``: follow ``{chasqui:<q>}:events`` with plain XREAD (no consumer group).
+
+Compatible with chasquimq's ``QueueEvents`` (``async for ev in QueueEvents(q)``); the cursor
+is kept in the object, starting at ``$`` (only new events) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+from ..core.calls import command, str_reply
+from ..core.keys import QueueKeys
+from ..core.producer import parse_fields
+from ..types import QueueEvent
+from ._driver import AsyncDriver
+from .leader import TRANSIENT
+
+__all__ = ["QueueEvents", "parse_event"]
+
+log = logging.getLogger(__name__)
+
+
+def parse_event(entry_id: Any, flat: list[Any]) -> QueueEvent:
+    f = {k: str_reply(v) for k, v in parse_fields(flat or []).items()}
+    name = f.pop("e", "")
+    job_id = f.pop("id", "")
+    ts = f.pop("ts", "0")
+    job_name = f.pop("n", "")
+    return QueueEvent(name=name, job_id=job_id or None, job_name=job_name, fields=f,
+                      ts_ms=int(ts) if ts.isdigit() else 0, event_id=str_reply(entry_id))
+
+
+class QueueEvents:
+    """Async iterator over a queue's events.  One consumer task per instance."""
+
+    def __init__(self, queue_name: str, *, redis_url: str = "redis://127.0.0.1:6379", last_event_id: str = "$",
+                 block_ms: int = 5000, count: int = 100, driver: AsyncDriver | None = None) -> None:
+        self.keys = QueueKeys.for_queue(queue_name)
+        self.last_event_id = last_event_id
+        self.block_ms = block_ms
+        self.count = count
+        self._driver = driver or AsyncDriver(redis_url)
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self.keys.queue
+
+    async def _resolve_start(self) -> None:
+        if self.last_event_id == "$":  # pin "$" to a concrete id so no event slips between reads
+            last = await self._driver.call(command("XREVRANGE", self.keys.events, "+", "-", "COUNT", 1))
+            self.last_event_id = str_reply(last[0][0]) if last else "0-0"
+
+    def __aiter__(self) -> AsyncIterator[QueueEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[QueueEvent]:
+        await self._resolve_start()
+        while not self._closed:
+            try:
+                rows = await self._driver.call(command(
+                    "XREAD", "COUNT", self.count, "BLOCK", self.block_ms, "STREAMS", self.keys.events, self.last_event_id))
+            except TRANSIENT as exc:
+                log.warning("events of %s: Redis unavailable (%s); retrying", self.name, exc)
+                await asyncio.sleep(0.5)
+                continue
+            for _stream, entries in rows or []:
+                for entry_id, flat in entries:
+                    self.last_event_id = str_reply(entry_id)
+                    yield parse_event(entry_id, flat)
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._driver.close()

@@ -1,0 +1,89 @@
+"""A leader-locked periodic loop: the shared shape of the promoter and the scheduler.
+
+Every tick renews (or takes) the lock with the ChasquiMQ acquire script, so a dead leader's
+lock lapses within its TTL and another process takes over; work runs only while leading.
+Redis outages are retried with capped backoff and never end the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from redis import exceptions as rexc
+
+from ..core.calls import int_reply, script_call
+from ..errors import ChasquiError
+from ._driver import AsyncDriver
+
+__all__ = ["LeaderLoop", "TRANSIENT"]
+
+log = logging.getLogger(__name__)
+TRANSIENT = (rexc.ConnectionError, rexc.TimeoutError, OSError, rexc.BusyLoadingError, rexc.ReadOnlyError)
+
+
+class LeaderLoop:
+    """Subclasses set ``lock_key`` and implement ``tick() -> bool`` (True = run again now)."""
+
+    role = "leader"
+
+    def __init__(self, driver: AsyncDriver, lock_key: str, *, holder: str | None = None,
+                 interval_ms: int = 100, lock_ttl_secs: int = 5) -> None:
+        self.driver = driver
+        self.lock_key = lock_key
+        self.holder = holder or f"{self.role[0]}-{uuid.uuid4()}"
+        self.interval = interval_ms / 1000
+        self.lock_ttl_secs = lock_ttl_secs
+        self.is_leader = False
+        self._stop = asyncio.Event()
+
+    async def tick(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _acquire(self) -> bool:
+        reply = await self.driver.call(script_call("acquire_lock", (self.lock_key,), (self.holder, self.lock_ttl_secs)))
+        leader = int_reply(reply) == 1
+        if leader != self.is_leader:
+            log.info("%s %s %s lock %s", self.role, self.holder, "acquired" if leader else "lost", self.lock_key)
+        self.is_leader = leader
+        return leader
+
+    async def run(self) -> None:
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                again = False
+                try:
+                    if await self._acquire():
+                        again = await self.tick()
+                    failures = 0
+                except TRANSIENT as exc:
+                    failures += 1
+                    log.warning("%s %s: Redis unavailable (%s); retrying", self.role, self.holder, exc)
+                    await self._sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
+                    continue
+                except (rexc.ResponseError, ChasquiError) as exc:
+                    log.error("%s %s tick failed: %s", self.role, self.holder, exc)
+                if not again:
+                    await self._sleep(self.interval)
+        finally:
+            await self._release()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _release(self) -> None:
+        if not self.is_leader:
+            return
+        try:
+            await self.driver.call(script_call("release_lock", (self.lock_key,), (self.holder,)))
+        except TRANSIENT as exc:
+            log.warning("%s %s could not release %s: %s", self.role, self.holder, self.lock_key, exc)
+        self.is_leader = False

@@ -1,0 +1,67 @@
+"""The error tree.  Everything the package raises on purpose derives from ChasquiError.
+
+``UnrecoverableError`` and ``NotSupportedError`` keep the chasquimq base class
+(``RuntimeError``) so ``except RuntimeError`` in code written for chasquimq still works.
+Bad arguments raise ``ConfigError``, which is also a ``ValueError`` for the same reason.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChasquiError",
+    "ConfigError",
+    "CodecError",
+    "ScriptError",
+    "ChasquiConnectionError",
+    "JobNotFound",
+    "JobFailed",
+    "NotSupportedError",
+    "UnrecoverableError",
+    "HandlerNotFound",
+]
+
+
+class ChasquiError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConfigError(ChasquiError, ValueError):
+    """An argument or setting is invalid; the message names it and says why."""
+
+
+class CodecError(ChasquiError, ValueError):
+    """Bytes that should hold a ChasquiMQ envelope, member or spec do not decode."""
+
+
+class ScriptError(ChasquiError):
+    """A Lua script failed inside Redis."""
+
+
+class ChasquiConnectionError(ChasquiError, ConnectionError):
+    """Redis could not be reached (after the driver's own retries)."""
+
+
+class JobNotFound(ChasquiError, LookupError):
+    """No trace of the job id: never added, expired, or results were not stored."""
+
+
+class JobFailed(ChasquiError):
+    """The awaited job ended in the dead-letter queue."""
+
+    def __init__(self, job_id: str, reason: str, detail: str = "") -> None:
+        super().__init__(f"job {job_id} failed: {reason}" + (f" ({detail})" if detail else ""))
+        self.job_id = job_id
+        self.reason = reason
+        self.detail = detail
+
+
+class NotSupportedError(ChasquiError, RuntimeError):
+    """A chasquimq/BullMQ feature deliberately left out."""
+
+
+class UnrecoverableError(ChasquiError, RuntimeError):
+    """Raise from a handler to send the job straight to the DLQ (subclasses count too)."""
+
+
+class HandlerNotFound(ChasquiError, LookupError):
+    """A job arrived whose name has no registered handler."""

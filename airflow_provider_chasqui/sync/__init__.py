@@ -1,0 +1,1 @@
+"""Blocking twins of the producer side, for Airflow hooks and operators (no event loop)."""

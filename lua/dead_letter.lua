@@ -1,0 +1,42 @@
+-- dead_letter: move a stream entry to the DLQ atomically (ChasquiMQ pipelines this; one
+-- script makes it exactly-once): ack + delete, XADD to the DLQ with the exact reason, and
+-- the `failed` (when a handler ran) and `dlq` events; optionally a failure record.
+-- KEYS[1] = stream   KEYS[2] = dlq   KEYS[3] = events
+-- ARGV    = [group, entry_id, use_xackdel (0|1), dlq_max_len, events_max_len (0 = off), now_ms,
+--            payload, name, reason, detail, job_id, attempt, failed_reason ("" = no handler run),
+--            duration_us, failure_ttl_ms (0 = no record), key_prefix]
+-- Reply   = 1 dead-lettered, 0 the entry was no longer pending
+local ok
+if ARGV[3] == '1' then
+  local r = redis.call('XACKDEL', KEYS[1], ARGV[1], 'IDS', 1, ARGV[2])
+  ok = tonumber(r[1]) == 1 or tonumber(r[1]) == 2
+else
+  ok = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 1
+  if ok then redis.call('XDEL', KEYS[1], ARGV[2]) end
+end
+if not ok then
+  return 0
+end
+local d = {'XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'd', ARGV[7]}
+if ARGV[8] ~= '' then d[#d + 1] = 'n'; d[#d + 1] = ARGV[8] end
+for _, v in ipairs({'source_id', ARGV[2], 'reason', ARGV[9]}) do d[#d + 1] = v end
+if ARGV[10] ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = ARGV[10] end
+redis.call(unpack(d))
+local job_id = ARGV[11]
+local events_max = tonumber(ARGV[5])
+if events_max > 0 then
+  local function event(kind, extra)
+    local a = {'XADD', KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', kind, 'id', job_id, 'ts', ARGV[6]}
+    if ARGV[8] ~= '' and job_id ~= '' then a[#a + 1] = 'n'; a[#a + 1] = ARGV[8] end
+    for _, v in ipairs(extra) do a[#a + 1] = v end
+    redis.call(unpack(a))
+  end
+  if ARGV[13] ~= '' then
+    event('failed', {'attempt', ARGV[12], 'reason', ARGV[13], 'duration_us', ARGV[14]})
+  end
+  event('dlq', {'attempt', ARGV[12], 'reason', ARGV[9]})
+end
+if tonumber(ARGV[15]) > 0 and job_id ~= '' then
+  redis.call('SET', ARGV[16] .. ':failure:' .. job_id, cmsgpack.pack({ARGV[9], ARGV[10], tonumber(ARGV[6])}), 'PX', ARGV[15])
+end
+return 1

@@ -1,0 +1,16 @@
+-- enqueue_batch: XADD many jobs in one round trip (the bulk producer path).
+-- KEYS[1] = {chasqui:<q>}:stream
+-- ARGV    = [max_stream_len, envelope_1, name_1, envelope_2, name_2, ...]  (name "" = no `n` field)
+-- Reply   = number of entries added
+local maxlen = ARGV[1]
+local n = 0
+for i = 2, #ARGV, 2 do
+  local name = ARGV[i + 1]
+  if name == '' then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', ARGV[i])
+  else
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', ARGV[i], 'n', name)
+  end
+  n = n + 1
+end
+return n

