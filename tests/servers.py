@@ -120,6 +120,7 @@ class RunningServer:
             raise RuntimeError(f"{self.kind} at {self.url} was not started by this process")
         if self.running:
             raise RuntimeError(f"{self.kind} on port {self.port} is already running")
+        self.stop()  # reap a process that died on its own (a fault test's crash)
         if extra_args is not None:
             self.extra_args = tuple(extra_args)
         self._spawn(timeout)
