@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging as _logging
 
-#TMP from .core.repeat import MissedFiresPolicy, RepeatableMeta, RepeatPattern
+from .core.repeat import MissedFiresPolicy, RepeatableMeta, RepeatPattern
 from .engine.events import QueueEvents
 from .engine.promoter import Promoter
 from .engine.queue import Queue

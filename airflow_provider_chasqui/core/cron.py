@@ -79,13 +79,13 @@ def _resolve_timezone(tz: str | None) -> tzinfo:
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise ConfigError(f"unknown timezone '{tz}': not an IANA zone name") from exc
+        raise ConfigError(f"unknown timezone {tz!r}: not an IANA zone name") from exc
 
 
 def _fixed_offset(tz: str) -> tzinfo:
     m = _FIXED_OFFSET.fullmatch(tz)
     if m is None or int(m.group(2)) > 23 or int(m.group(3)) > 59:
-        raise ConfigError(f"unknown timezone '{tz}': fixed offsets are ±HH:MM or ±HHMM")
+        raise ConfigError(f"unknown timezone {tz!r}: fixed offsets are ±HH:MM or ±HHMM")
     minutes = int(m.group(2)) * 60 + int(m.group(3))
     return timezone(timedelta(minutes=-minutes if m.group(1) == "-" else minutes))
 
@@ -256,7 +256,9 @@ class _CronFields:
             d, hms = 1, (0, 0, 0)
         return None
 
-    def _in_month(self, y: int, mo: int, d: int, hms: tuple[int, int, int]) -> tuple[int, tuple[int, int, int]] | None:
+    def _in_month(
+        self, y: int, mo: int, d: int, hms: tuple[int, int, int]
+    ) -> tuple[int, tuple[int, int, int]] | None:
         days = self.days.of(y, mo)
         for day in days[bisect_left(days, d):]:
             t = self._time_at_or_after(*(hms if day == d else (0, 0, 0)))
