@@ -1,0 +1,44 @@
+"""``chasqui``: one console script, a table of subcommands.
+
+``worker`` starts a worker (``worker/cli.py``); ``inspect``, ``watch``, ``dlq``,
+``repeatable`` and ``events`` are the operator's tools (``ops/commands.py``).  Importing this
+module loads neither Airflow nor PySpark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .ops.commands import register
+
+    parser = argparse.ArgumentParser(
+        prog="chasqui",
+        description="ChasquiMQ-compatible job queue: run workers and inspect queues.",
+        epilog="exit codes: 0 ok, 1 failed, 2 bad usage, 3 Redis unreachable, 4 not found",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("worker", help="run a worker (see `chasqui worker --help`)", add_help=False)
+    register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "worker":
+        from .worker.cli import main as worker_main
+
+        return worker_main(argv[1:])
+    from .ops.commands import run
+
+    args = build_parser().parse_args(argv)
+    return run(args.func, args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

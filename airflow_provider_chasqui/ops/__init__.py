@@ -1,0 +1,1 @@
+"""The ``chasqui`` command line for operators (inspect, dlq, repeatable, events, watch)."""
