@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "ChasquiError",
     "ConfigError",
+    "ConfigTypeError",
     "CodecError",
     "ScriptError",
     "ChasquiConnectionError",
@@ -27,6 +28,10 @@ class ChasquiError(Exception):
 
 class ConfigError(ChasquiError, ValueError):
     """An argument or setting is invalid; the message names it and says why."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument of the wrong type (e.g. a bool delay): a ``TypeError``, as chasquimq raises."""
 
 
 class CodecError(ChasquiError, ValueError):

@@ -9,6 +9,10 @@ local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, now = ARGV[5], ARGV[6]
 local acked = 0
+-- Without XACKDEL the acked entries are deleted with one XDEL per 500 at the end: on Redis 7.0
+-- a lone XDEL of the stream's first entry rescans for the new first id, so deleting entry by
+-- entry costs several times more than the whole rest of this script.
+local to_delete = {}
 for i = 7, #ARGV, 6 do
   local eid = ARGV[i]
   local ok
@@ -17,7 +21,7 @@ for i = 7, #ARGV, 6 do
     ok = tonumber(r[1]) == 1 or tonumber(r[1]) == 2
   else
     ok = redis.call('XACK', KEYS[1], group, eid) == 1
-    if ok then redis.call('XDEL', KEYS[1], eid) end
+    if ok then to_delete[#to_delete + 1] = eid end
   end
   if ok then
     acked = acked + 1
@@ -35,5 +39,8 @@ for i = 7, #ARGV, 6 do
       end
     end
   end
+end
+for j = 1, #to_delete, 500 do
+  redis.call('XDEL', KEYS[1], unpack(to_delete, j, math.min(j + 499, #to_delete)))
 end
 return acked

@@ -2,14 +2,41 @@
 -- KEYS[1] = {chasqui:<q>}:events
 -- ARGV    = [max_len, count_1, f, v, f, v, ..., count_2, f, v, ...]  (count = number of fields)
 -- Reply   = number of events written
-local i, n = 2, 0
-while i <= #ARGV do
-  local c = tonumber(ARGV[i])
-  local args = {'XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*'}
-  for j = 1, c * 2 do
-    args[#args + 1] = ARGV[i + j]
+-- Compact form for one kind of job event, 3 arguments per job instead of 11 (the worker's
+-- per-batch `active` events): ARGV = [max_len, 0, kind, ts, id_1, name_1, attempt_1, id_2, ...]
+-- writes `e kind id <id> ts <ts> [n <name>] attempt <attempt>` per job (no `n` when name is "").
+-- The 4- and 5-field events are written without building an argument table: that halves this
+-- script's cost per event.
+local m = ARGV[1]
+local i, n, last = 2, 0, #ARGV
+if ARGV[2] == '0' then
+  local kind, ts = ARGV[3], ARGV[4]
+  for j = 5, last, 3 do
+    if ARGV[j + 1] == '' then
+      redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', 'e', kind, 'id', ARGV[j], 'ts', ts, 'attempt', ARGV[j + 2])
+    else
+      redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', 'e', kind, 'id', ARGV[j], 'ts', ts, 'n', ARGV[j + 1],
+        'attempt', ARGV[j + 2])
+    end
+    n = n + 1
   end
-  redis.call(unpack(args))
+  return n
+end
+while i <= last do
+  local c = tonumber(ARGV[i])
+  if c == 5 then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10])
+  elseif c == 4 then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
+  else
+    local args = {'XADD', KEYS[1], 'MAXLEN', '~', m, '*'}
+    for j = 1, c * 2 do
+      args[#args + 1] = ARGV[i + j]
+    end
+    redis.call(unpack(args))
+  end
   i = i + c * 2 + 1
   n = n + 1
 end

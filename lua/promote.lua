@@ -3,26 +3,54 @@
 -- KEYS[1] = delayed   KEYS[2] = stream   KEYS[3] = events
 -- ARGV    = [limit, max_stream_len, events_max_len (0 = events off), key_prefix]
 -- Reply   = {promoted, depth, oldest_lag_ms, now_ms}
+-- The envelope's id, read by hand: Redis' cmsgpack cannot decode the bin payload that follows
+-- it, so unpacking the whole envelope fails.  Envelope = array header (fixarray, array16,
+-- array32) then the id as fixstr/str8/str16/str32.  Returns nil for anything else.
+local function envelope_id(env)
+  local a = string.byte(env, 1)
+  local pos
+  if a and a >= 0x90 and a <= 0x9f then pos = 2
+  elseif a == 0xdc then pos = 4
+  elseif a == 0xdd then pos = 6
+  else return nil end
+  local t = string.byte(env, pos)
+  local len, start
+  if not t then return nil
+  elseif t >= 0xa0 and t <= 0xbf then len, start = t - 0xa0, pos + 1
+  elseif t == 0xd9 then len, start = string.byte(env, pos + 1), pos + 2
+  elseif t == 0xda then
+    local b1, b2 = string.byte(env, pos + 1, pos + 2)
+    if b2 then len, start = b1 * 256 + b2, pos + 3 end
+  elseif t == 0xdb then
+    local b1, b2, b3, b4 = string.byte(env, pos + 1, pos + 4)
+    if b4 then len, start = ((b1 * 256 + b2) * 256 + b3) * 256 + b4, pos + 5 end
+  end
+  if not len or start + len - 1 > #env then return nil end
+  return string.sub(env, start, start + len - 1)
+end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local events_max = tonumber(ARGV[3])
 for _, member in ipairs(due) do
   local b1, b2, b3, b4 = string.byte(member, 1, 4)
-  local n = b1 + b2 * 256 + b3 * 65536 + b4 * 16777216
+  -- A member shorter than its 4-byte prefix is moved whole (the worker dead-letters it as
+  -- decode_failed) instead of failing the script, which would stall every due member for ever.
+  local n = b4 and (b1 + b2 * 256 + b3 * 65536 + b4 * 16777216) or -4
   local name = string.sub(member, 5, 4 + n)
   local env = string.sub(member, 5 + n)
-  if n == 0 then
+  if n <= 0 then
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'd', env)
   else
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'd', env, 'n', name)
   end
   redis.call('ZREM', KEYS[1], member)
-  local ok, decoded = pcall(cmsgpack.unpack, env)
-  if ok and type(decoded) == 'table' and type(decoded[1]) == 'string' then
-    redis.call('DEL', ARGV[4] .. ':didx:' .. decoded[1])
+  local id = envelope_id(env)
+  if id then
+    redis.call('DEL', ARGV[4] .. ':didx:' .. id)
     if events_max > 0 then
-      redis.call('XADD', KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', 'waiting', 'id', decoded[1], 'ts', now)
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', 'waiting', 'id', id, 'ts', now)
     end
   end
 end

@@ -1,7 +1,7 @@
 """A Redis call as plain data, and the protocol that drives multi-step operations.
 
 Operations are generators that ``yield`` a :class:`Call` (or a list of them, meaning "one
-pipeline") and receive the reply; their ``return`` value is the operation's result.  The
+pipeline", or a :class:`Stream` of them) and receive the reply; their ``return`` value is the operation's result.  The
 asyncio and blocking drivers both run the same generators, in the manner of httpx's
 ``auth_flow``, so the decisions live here once and the drivers only move bytes.
 """
@@ -9,11 +9,11 @@ asyncio and blocking drivers both run the same generators, in the manner of http
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generator, Union
+from typing import Any, Generator, Iterable, Union
 
 from .scripts import SCRIPTS, Script
 
-__all__ = ["Call", "Flow", "script_call", "command", "int_reply", "str_reply"]
+__all__ = ["Call", "Stream", "Flow", "script_call", "command", "int_reply", "str_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,17 @@ class Call:
         return f"script {self.script.name}" if self.script else str(self.args[0])
 
 
-Step = Union[Call, list[Call]]
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """Calls produced lazily, answered together: the driver sends each call as soon as the
+    iterable yields it (so the next is built while Redis runs this one) and sends the flow
+    the list of replies, in order.  For batches of independent calls (bulk writes, the
+    scheduler's per-chunk scripts); a cluster client runs them as one pipeline."""
+
+    calls: Iterable[Call]
+
+
+Step = Union[Call, list[Call], Stream]
 Flow = Generator[Step, Any, Any]
 
 

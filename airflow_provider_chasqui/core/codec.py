@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields as dataclass_fields
 from typing import Any
 
 import msgpack
@@ -38,6 +38,11 @@ MAX_JOB_NAME_BYTES = 256
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _U32 = struct.Struct("<I")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_CROCKFORD_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+# byte -> Crockford digit of its low 5 bits: 256 is a multiple of 32, so a random byte gives a
+# uniformly random digit, and 16 random bytes give the ULID's 80 random bits.
+_RANDOM_DIGITS = bytes.maketrans(bytes(range(256)), bytes(ord(_CROCKFORD[b & 31]) for b in range(256)))
+_id_prefix: tuple[int | None, str] = (None, "")  # (ms, its 10 time digits), swapped whole: thread-safe
 
 
 def now_ms() -> int:
@@ -46,12 +51,14 @@ def now_ms() -> int:
 
 def new_job_id(ms: int | None = None) -> str:
     """A canonical 26-character ULID: 48-bit ms timestamp + 80 random bits."""
-    value = ((now_ms() if ms is None else ms) << 80) | int.from_bytes(os.urandom(10), "big")
-    out = []
-    for _ in range(26):
-        out.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(out))
+    global _id_prefix
+    if ms is None:
+        ms = time.time_ns() // 1_000_000
+    cached = _id_prefix
+    if cached[0] != ms:  # the time digits: the low 50 bits of ms, two digits (10 bits) at a time
+        pairs = _CROCKFORD_PAIRS
+        cached = _id_prefix = (ms, "".join([pairs[(ms >> shift) & 1023] for shift in (40, 30, 20, 10, 0)]))
+    return cached[1] + os.urandom(16).translate(_RANDOM_DIGITS).decode("ascii")
 
 
 def validate_job_name(name: object) -> bytes:
@@ -116,30 +123,74 @@ class Envelope:
         return Envelope(self.id, self.inner, self.created_at_ms, attempt, self.retry)
 
 
+def _envelope_builder() -> Any:
+    """``Envelope(id, inner, created_at_ms, attempt, retry)`` for the worker's hot path, filled
+    through the slot descriptors: a frozen dataclass' ``__init__`` costs about twice as much.
+    Falls back to the class itself should its fields ever change."""
+    names = ("id", "inner", "created_at_ms", "attempt", "retry")
+    if tuple(f.name for f in dataclass_fields(Envelope)) != names or hasattr(Envelope, "__post_init__"):
+        return Envelope
+    new = object.__new__
+    set_id, set_inner, set_created, set_attempt, set_retry = (Envelope.__dict__[n].__set__ for n in names)
+
+    def build(job_id: str, inner: bytes, created_at_ms: int, attempt: int, retry: Any) -> Envelope:
+        env = new(Envelope)
+        set_id(env, job_id)
+        set_inner(env, inner)
+        set_created(env, created_at_ms)
+        set_attempt(env, attempt)
+        set_retry(env, retry)
+        return env
+
+    return build
+
+
+_new_envelope = _envelope_builder()
+
+
 def encode_envelope(env: Envelope) -> bytes:
     if env.retry is None:
         return _packb([env.id, env.inner, env.created_at_ms, env.attempt])
     return _packb([env.id, env.inner, env.created_at_ms, env.attempt, env.retry.to_wire()])
 
 
-def _uint(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CodecError(f"{what} must be an unsigned integer, got {value!r}")
+def encode_new_envelope(job_id: str, inner: bytes, created_at_ms: int, retry: RetryOverride | None = None) -> bytes:
+    """``encode_envelope(Envelope(job_id, inner, created_at_ms, 0, retry))``, the same bytes,
+    without building the object (the producers' hot path)."""
+    if retry is None:
+        return _packb([job_id, inner, created_at_ms, 0])
+    return _packb([job_id, inner, created_at_ms, 0, retry.to_wire()])
+
+
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+
+
+def _uint(value: Any, what: str, top: int = _U64_MAX) -> int:
+    """An unsigned integer that fits the Rust field (``u64`` unless ``top`` says ``u32``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise CodecError(f"{what} must be an unsigned integer up to {top}, got {value!r}")
     return value
 
 
-def _opt_uint(value: Any, what: str) -> int | None:
-    return None if value is None else _uint(value, what)
+def _opt_uint(value: Any, what: str, top: int = _U64_MAX) -> int | None:
+    return None if value is None else _uint(value, what, top)
+
+
+def _fields(raw: dict, names: tuple[str, ...], what: str) -> list[Any]:
+    """A serde struct in map form, as its positional array (missing fields = nil)."""
+    if not all(isinstance(k, str) for k in raw):
+        raise CodecError(f"{what} map keys must be strings")
+    return [raw.get(name) for name in names]
 
 
 def _decode_backoff(raw: Any) -> BackoffWire | None:
     if raw is None:
         return None
     if isinstance(raw, dict):  # serde also accepts the named-map form
-        raw = [raw.get(k) for k in ("kind", "delay_ms", "max_delay_ms", "multiplier", "jitter_ms")]
-    if not isinstance(raw, list) or not 2 <= len(raw) <= 5:
-        raise CodecError("backoff must be an array of 2 to 5 elements")
-    raw = raw + [None] * (5 - len(raw))
+        raw = _fields(raw, ("kind", "delay_ms", "max_delay_ms", "multiplier", "jitter_ms"), "backoff")
+    if not isinstance(raw, list) or len(raw) != 5:
+        raise CodecError("backoff must be an array of exactly 5 elements")
     kind, delay, cap, mult, jitter = raw
     if not isinstance(kind, str):
         raise CodecError("backoff kind must be a string")
@@ -157,9 +208,11 @@ def _decode_backoff(raw: Any) -> BackoffWire | None:
 def _decode_retry(raw: Any) -> RetryOverride | None:
     if raw is None:
         return None
+    if isinstance(raw, dict):
+        raw = _fields(raw, ("max_attempts", "backoff"), "retry override")
     if not isinstance(raw, list) or len(raw) != 2:
         raise CodecError("retry override must be an array of exactly 2 elements")
-    return RetryOverride(_opt_uint(raw[0], "retry max_attempts"), _decode_backoff(raw[1]))
+    return RetryOverride(_opt_uint(raw[0], "retry max_attempts", _U32_MAX), _decode_backoff(raw[1]))
 
 
 def decode_envelope(raw: bytes) -> Envelope:
@@ -168,17 +221,26 @@ def decode_envelope(raw: bytes) -> Envelope:
         arr = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception as exc:
         raise CodecError(f"envelope is not valid msgpack: {exc}") from exc
+    if type(arr) is list and len(arr) == 4:  # fast path: the shape every producer writes
+        job_id, inner, created, attempt = arr
+        if type(job_id) is str and type(inner) is bytes and type(created) is int and type(attempt) is int \
+                and 0 <= created <= _U64_MAX and 0 <= attempt <= _U32_MAX:
+            return _new_envelope(job_id, inner, created, attempt, None)
+    if isinstance(arr, dict):  # serde's map form: fields by name, defaults may be missing
+        fields = _fields(arr, ("id", "payload", "created_at_ms", "attempt", "retry"), "envelope")
+        fields[3] = fields[3] if "attempt" in arr else 0
+        arr = fields
     if not isinstance(arr, list) or not 3 <= len(arr) <= 5:
         raise CodecError("envelope must be an array of 3 to 5 elements")
     job_id, inner = arr[0], arr[1]
     if not isinstance(job_id, str):
         raise CodecError("envelope id must be a string")
-    if isinstance(inner, list) and all(isinstance(b, int) and 0 <= b < 256 for b in inner):
+    if isinstance(inner, list) and all(type(b) is int and 0 <= b < 256 for b in inner):
         inner = bytes(inner)
     if not isinstance(inner, bytes):
         raise CodecError("envelope payload must be msgpack bin")
     created = _uint(arr[2], "created_at_ms")
-    attempt = _uint(arr[3], "attempt") if len(arr) > 3 else 0
+    attempt = _uint(arr[3], "attempt", _U32_MAX) if len(arr) > 3 else 0
     retry = _decode_retry(arr[4]) if len(arr) > 4 else None
     return Envelope(job_id, inner, created, attempt, retry)
 

@@ -103,11 +103,9 @@ class QueueKeys:
         """A consumer cursor kept in Redis (event-driven DAG triggers)."""
         return self.prefix + ":cursor:" + name
 
-    @property
-    def repeat_meta(self) -> str:
-        """HASH spec_key -> msgpack extension metadata (pause state, overrides, deadlines)."""
-        return self.prefix + ":repeat:meta"
-
+    # Repeatable specs add no per-spec key: their overrides and deadline live in the spec
+    # hash's ``ext`` field, and a fire's identity (spec key + scheduled time) is claimed by a
+    # compare-and-set on the spec's score in ``repeat`` (see lua/schedule_batch.lua).
     @property
     def repeat_paused(self) -> str:
         """ZSET of paused spec keys (score = the next fire they had when paused)."""
@@ -117,10 +115,6 @@ class QueueKeys:
     def repeat_quarantine(self) -> str:
         """HASH spec_key -> raw bytes of stored specs that could not be decoded."""
         return self.prefix + ":repeat:quarantine"
-
-    def fire_claim(self, spec_key: str, fire_at_ms: int) -> str:
-        """Deterministic fire identity: claimed atomically so no fire happens twice."""
-        return self.prefix + ":fire:" + spec_key + ":" + str(int(fire_at_ms))
 
 
 def finite_ms(value: float, what: str) -> int:

@@ -33,7 +33,10 @@ def backoff_ms(n: int, spec: BackoffWire | None, policy: RetryPolicy, rng: rando
     if kind == "fixed":
         base = float(delay)
     else:  # "exponential" and unknown kinds, as ChasquiMQ's consumer does
-        base = delay * (mult ** max(0, n - 1))
+        try:
+            base = delay * (mult ** max(0, n - 1))
+        except OverflowError:  # f64 saturates to infinity in ChasquiMQ; the cap applies
+            base = float("inf") if delay > 0 else 0.0
     capped = int(min(max(base, 0.0), float(cap)))
     if jitter > 0:
         capped += (rng or random).randrange(jitter)

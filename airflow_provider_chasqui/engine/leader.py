@@ -24,7 +24,8 @@ TRANSIENT = (rexc.ConnectionError, rexc.TimeoutError, OSError, rexc.BusyLoadingE
 
 
 class LeaderLoop:
-    """Subclasses set ``lock_key`` and implement ``tick() -> bool`` (True = run again now)."""
+    """Subclasses set ``lock_key`` and implement ``tick()``: True = run again now, False =
+    sleep one interval, a number = sleep that many seconds (at most one interval)."""
 
     role = "leader"
 
@@ -38,7 +39,7 @@ class LeaderLoop:
         self.is_leader = False
         self._stop = asyncio.Event()
 
-    async def tick(self) -> bool:
+    async def tick(self) -> bool | float:
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -56,7 +57,7 @@ class LeaderLoop:
         failures = 0
         try:
             while not self._stop.is_set():
-                again = False
+                again: bool | float = False
                 try:
                     if await self._acquire():
                         again = await self.tick()
@@ -68,7 +69,9 @@ class LeaderLoop:
                     continue
                 except (rexc.ResponseError, ChasquiError) as exc:
                     log.error("%s %s tick failed: %s", self.role, self.holder, exc)
-                if not again:
+                if isinstance(again, (int, float)) and not isinstance(again, bool):
+                    await self._sleep(max(0.0, min(float(again), self.interval)))
+                elif again is not True:
                     await self._sleep(self.interval)
         finally:
             await self._release()

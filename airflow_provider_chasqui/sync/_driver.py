@@ -10,17 +10,43 @@ from typing import Any, Iterable, Iterator
 
 import redis
 from redis import exceptions as rexc
+from redis.cluster import RedisCluster
 
-from ..core.calls import Call, Flow
+from ..core.calls import Call, Flow, Stream
+from ..core.urls import split_cluster_flag
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["SyncDriver", "translate_errors"]
 
 
-def raw_client(url: str, **kwargs: Any) -> redis.Redis:
+def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> redis.Redis:
+    """A client with redis-py's reply reshaping switched off (``?cluster=true``: RedisCluster)."""
+    url, use_cluster = split_cluster_flag(url, cluster)
+    if use_cluster:
+        kwargs.pop("single_connection_client", None)
+        return _raw_cluster(RedisCluster.from_url(url, decode_responses=False, **kwargs))  # type: ignore[return-value]
     client = redis.Redis.from_url(url, decode_responses=False, **kwargs)
     client.response_callbacks.clear()
+    return client
+
+
+def _raw_cluster(client: RedisCluster) -> RedisCluster:
+    """The sync cluster client parses replies with each node's own client: clear those too,
+    including for nodes it connects to later (failover, resharding)."""
+    client.cluster_response_callbacks.clear()
+    manager = client.nodes_manager
+    create = manager.create_redis_node
+
+    def create_raw(host: str, port: int, **kw: Any) -> redis.Redis:
+        node = create(host, port, **kw)
+        node.response_callbacks.clear()
+        return node
+
+    manager.create_redis_node = create_raw  # type: ignore[method-assign]
+    for node in manager.nodes_cache.values():
+        if node.redis_connection is not None:
+            node.redis_connection.response_callbacks.clear()
     return client
 
 
@@ -32,6 +58,20 @@ def translate_errors() -> Iterator[None]:
         raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
     except rexc.ResponseError as exc:
         raise ScriptError(str(exc)) from exc
+
+
+def _args(c: Call) -> tuple[Any, ...]:
+    return c.args if c.script is None else ("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
+
+
+def _get_connection(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py < 5.3 wants a command name
+        return pool.get_connection("EVALSHA")
+
+
+CLUSTER = RedisCluster
 
 
 class SyncDriver:
@@ -57,16 +97,43 @@ class SyncDriver:
         try:
             return self.client.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
         except rexc.NoScriptError:
-            self.client.execute_command("SCRIPT", "LOAD", c.script.body)
+            self.client.execute_command("SCRIPT LOAD", c.script.body)
             return self.client.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
 
     def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
-        replies = self._pipe(calls)
+        return self._settle(calls, self._pipe(calls))
+
+    def stream(self, calls: Iterable[Call]) -> list[Any]:
+        """Send each call as the iterable produces it, on one connection, then read every reply
+        (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
+        if isinstance(self.client, CLUSTER):
+            return self.pipeline(list(calls))
+        pool = self.client.connection_pool
+        conn = _get_connection(pool)
+        sent: list[Call] = []
+        replies: list[Any] = []
+        try:
+            for c in calls:
+                conn.send_packed_command(conn.pack_command(*_args(c)), check_health=not sent)
+                sent.append(c)
+            for _c in sent:
+                try:
+                    replies.append(conn.read_response())
+                except rexc.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        return self._settle(sent, replies)
+
+    def _settle(self, calls: list[Call], replies: list[Any]) -> list[Any]:
         missing = [i for i, r in enumerate(replies) if isinstance(r, rexc.NoScriptError)]
         if missing:
             for body in {calls[i].script.body for i in missing if calls[i].script}:
-                self.client.execute_command("SCRIPT", "LOAD", body)
+                self.client.execute_command("SCRIPT LOAD", body)
             again = self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):
                 replies[i] = r
@@ -90,7 +157,12 @@ class SyncDriver:
             try:
                 step = next(flow)
                 while True:
-                    reply = self.pipeline(step) if isinstance(step, list) else self.call(step)
+                    if isinstance(step, list):
+                        reply = self.pipeline(step)
+                    elif isinstance(step, Stream):
+                        reply = self.stream(step.calls)
+                    else:
+                        reply = self.call(step)
                     step = flow.send(reply)
             except StopIteration as stop:
                 return stop.value

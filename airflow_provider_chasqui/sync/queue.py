@@ -9,7 +9,10 @@ import time
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
+from ..core.codec import now_ms
 from ..core.producer import QueueFlows, single_outcome
+from ..core.repeat import RepeatableMeta
+from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings
 from ..engine.queue import DEFAULT_URL, window_to_ms
 from ..errors import ConfigError
@@ -35,6 +38,7 @@ class SyncQueue:
             raise ConfigError("pass settings= or the individual limits, not both")
         settings = settings or QueueSettings(**overrides)
         self._flows = QueueFlows(name, settings)
+        self._specs = SpecFlows(name, settings)
         if tls and redis_url.startswith("redis://"):
             redis_url = "rediss://" + redis_url[len("redis://"):]
         self._url = redis_url
@@ -69,7 +73,7 @@ class SyncQueue:
         """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given)."""
         if repeat is not None:
             return self.upsert_repeatable_job(name, data, repeat=repeat, attempts=attempts, backoff=backoff,
-                                              key=job_id, missed_fires=missed_fires)
+                                              job_id=job_id, missed_fires=missed_fires)
         if missed_fires is not None:
             raise ConfigError("missed_fires only applies together with repeat=")
         flow = self._flows.enqueue(name, data, delay=delay, delay_ms=delay_ms, attempts=attempts,
@@ -93,6 +97,73 @@ class SyncQueue:
 
     def cancel_delayed(self, job_id: str) -> bool:
         return self.driver.run(self._flows.cancel_delayed(job_id))
+
+    # ---- repeatable specs (cron / every) -------------------------------------------------
+    def upsert_repeatable_job(self, name: str, data: Any, *, repeat: Any, key: str | None = None,
+                              limit: int | None = None, start_after: Any = None, end_before: Any = None,
+                              missed_fires: Any = None, attempts: int | None = None, backoff: Any = None,
+                              deadline: Any = None, job_id: str | None = None, start_after_ms: int | None = None,
+                              end_before_ms: int | None = None) -> Job:
+        """Create or replace a repeatable spec; the returned Job's ``id`` is the spec key.
+
+        ``repeat``: ``RepeatPattern.cron(expr, tz=...)`` or ``RepeatPattern.every(ms)`` (or the
+        chasquimq classes, or their dict forms).  ``key`` defaults to ``<name>::cron:<expr>:<tz>``
+        / ``<name>::every:<ms>``.  ``start_after``/``end_before``: datetime (naive = UTC) or
+        epoch ms (``*_ms``: chasquimq's names).  ``missed_fires``: skip (default), fire-once or
+        fire-all(n).  ``attempts``/``backoff``: retry override of every fire; ``deadline``
+        (timedelta or ms): a fire later than that past its scheduled time is skipped and
+        counted.  ``job_id`` is accepted and ignored, as in chasquimq.  Re-upserting a key
+        replaces the spec and its timeline (the old next fire never fires) and resumes it if
+        paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
+        raise ConfigError.
+        """
+        flow = self._specs.upsert(name, data, repeat=repeat, key=key, limit=limit, start_after=start_after,
+                                  end_before=end_before, missed_fires=missed_fires, attempts=attempts, backoff=backoff,
+                                  deadline=deadline, job_id=job_id, start_after_ms=start_after_ms,
+                                  end_before_ms=end_before_ms)
+        spec_key, created = self.driver.run(flow)
+        return self._job(spec_key, created, name, data)
+
+    def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[Job]:
+        """Upsert many specs (dicts with ``upsert_repeatable_job``'s argument names plus ``name``
+        and ``data``): all validated first, then one script call per 1,000, one round trip."""
+        keys, created = self.driver.run(self._specs.upsert_bulk(list(specs)))
+        return [self._job(k, created, s["name"], s.get("data")) for k, s in zip(keys, specs)]
+
+    def get_repeatable_job(self, key: str) -> RepeatableInfo | None:
+        """One spec, active or paused, with its counters and overrides; None if absent."""
+        return self.driver.run(self._specs.get(key))
+
+    def get_repeatable_jobs(self, limit: int = 100) -> list[RepeatableMeta]:
+        """chasquimq's listing: the first ``limit`` active specs by next fire (no payload)."""
+        return self.driver.run(self._specs.list_meta(limit))
+
+    def list_repeatable(self, cursor: str | None = None, count: int = 100) -> tuple[list[RepeatableInfo], str | None]:
+        """One page of all specs (active, then paused) and the cursor of the next (None at the end)."""
+        return self.driver.run(self._specs.list_page(cursor, count))
+
+    def remove_repeatable_by_key(self, key: str) -> bool:
+        return self.driver.run(self._specs.remove(key))
+
+    def pause_repeatable(self, key: str) -> bool:
+        """Stop a spec firing (no scheduler, ChasquiMQ's included, sees it); False if absent."""
+        return self.driver.run(self._specs.pause(key))
+
+    def resume_repeatable(self, key: str) -> bool:
+        """Fire again from the next future instant (windows passed while paused are not fired)."""
+        return self.driver.run(self._specs.resume(key))
+
+    def trigger_repeatable(self, key: str) -> Job | None:
+        """Fire one job from the spec now, leaving its schedule and counters alone."""
+        fired = self.driver.run(self._specs.trigger(key))
+        if fired is None:
+            return None
+        jid, name, data = fired
+        return self._job(jid, now_ms(), name, data)
+
+    def get_quarantined(self) -> dict[str, bytes]:
+        """Stored specs the scheduler could not decode, moved aside: ``{key: raw bytes}``."""
+        return self.driver.run(self._specs.quarantined())
 
     # ---- dead letters ------------------------------------------------------------------
     def peek_dlq(self, limit: int = 20) -> list[dict[str, Any]]:

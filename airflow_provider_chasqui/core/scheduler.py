@@ -1,0 +1,275 @@
+"""The scheduler's tick as a flow (sans-I/O): read the due specs, plan their fires, fire them.
+
+One tick is two round trips whatever the batch size: ``fetch_due`` (the due keys with their
+scores and stored fields) and ``schedule_batch`` (every spec's fires and next score, each
+under a compare-and-set on the score read).  The score is the fire's identity, together with
+the spec key: two schedulers leading at once, or an update that moved the timeline while a
+tick was planning, can never fire the same window twice.
+
+Next fires are computed from the scheduled time, never from now (spec §15.3-15.4); specs
+that share a pattern, scheduled time, ``start_after`` and policy share one computation per
+tick.  Each fire's job id is a ULID whose time part is the scheduled time and whose random
+part is a hash of spec key and scheduled time: the same fire always has the same id, so
+downstream consumers can deduplicate and anyone can read a fire's lag off the stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgpack
+
+from ..errors import CodecError, ConfigError
+from .calls import Call, Flow, Stream, script_call, str_reply
+from .codec import Envelope, encode_envelope
+from .keys import QueueKeys
+from .repeat import MissedFiresPolicy, RepeatPattern, StoredSpec, plan_fires
+from .schedules import _NO_EXT, SpecExt
+from .settings import QueueSettings
+
+__all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "fire_time_of", "DEFAULT_BATCH"]
+
+DEFAULT_BATCH = 1000
+DEFAULT_CHUNK = 250
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+_blake2b = hashlib.blake2b
+
+
+def fire_job_id(spec_key: str, fire_at_ms: int) -> str:
+    """The job id of the fire of ``spec_key`` scheduled at ``fire_at_ms``: a canonical ULID
+    (48-bit time = the scheduled time, 80 bits of BLAKE2b of time and key)."""
+    digest = _blake2b(b"%d\0%s" % (fire_at_ms, spec_key.encode()), digest_size=10).digest()
+    v = ((fire_at_ms & 0xFFFF_FFFF_FFFF) << 80) | int.from_bytes(digest, "big")
+    p = _PAIRS  # 26 Crockford characters = 13 pairs of 10 bits, the top 2 bits being zero
+    return (p[v >> 120] + p[(v >> 110) & 1023] + p[(v >> 100) & 1023] + p[(v >> 90) & 1023]
+            + p[(v >> 80) & 1023] + p[(v >> 70) & 1023] + p[(v >> 60) & 1023] + p[(v >> 50) & 1023]
+            + p[(v >> 40) & 1023] + p[(v >> 30) & 1023] + p[(v >> 20) & 1023] + p[(v >> 10) & 1023]
+            + p[v & 1023])
+
+
+def fire_time_of(job_id: str) -> int:
+    """The scheduled time (ms) in a fire's job id (the ULID time part)."""
+    value = 0
+    for ch in job_id[:10]:
+        value = value * 32 + _CROCKFORD.index(ch)
+    return value
+
+
+@dataclass(slots=True)
+class TickResult:
+    """What one tick did.  ``lag_ms``: the largest (now - scheduled) among fired specs."""
+
+    now_ms: int
+    due: int = 0
+    fired: int = 0
+    skipped: int = 0
+    removed: int = 0
+    lost: int = 0
+    full: bool = False
+    next_due_ms: int | None = None
+    lag_ms: int | None = None
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def _score(raw: Any) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        return int(float(str_reply(raw)))
+
+
+_unpackb = msgpack.unpackb
+_U64 = 2**64 - 1
+_PATTERNS: dict[Any, RepeatPattern] = {}
+_POLICIES: dict[Any, MissedFiresPolicy] = {"": MissedFiresPolicy.skip()}
+
+
+class DueSpec(NamedTuple):
+    """The fields of a ``StoredSpec`` the scheduler uses (a light tuple for the hot loop)."""
+
+    key: str
+    job_name: str
+    pattern: RepeatPattern
+    payload_inner: bytes
+    limit: int | None
+    start_after_ms: int | None
+    end_before_ms: int | None
+    missed_fires: MissedFiresPolicy
+
+
+def _slow(raw: bytes) -> DueSpec:
+    s = StoredSpec.decode(raw)
+    return DueSpec(s.key, s.job_name, s.pattern, s.payload_inner, s.limit, s.start_after_ms, s.end_before_ms,
+                   s.missed_fires)
+
+
+def _decode_spec(raw: bytes) -> DueSpec:
+    """``StoredSpec.decode`` for the hot loop: the common shape is unpacked once and its
+    pattern and policy come from caches keyed by their exact wire values; anything unusual
+    takes ``StoredSpec.decode`` itself (same fields, or its CodecError)."""
+    try:
+        arr = _unpackb(raw)
+    except Exception:  # noqa: BLE001 - the slow path names the problem
+        return _slow(raw)
+    if type(arr) is not list or not 8 <= len(arr) <= 9:
+        return _slow(raw)
+    key, name, pat, payload, limit, start, end, fired = arr[:8]
+    if (type(key) is not str or type(name) is not str or type(pat) is not dict or len(pat) != 1
+            or type(payload) is not bytes or len(payload) < 2):
+        return _slow(raw)
+    for v in (limit, start, end):
+        if v is not None and (type(v) is not int or not 0 <= v <= _U64):
+            return _slow(raw)
+    if type(fired) is not int or fired < 0:
+        return _slow(raw)
+    ((variant, body),) = pat.items()
+    if type(body) is not list:
+        return _slow(raw)
+    try:
+        pkey = (variant, *body)
+        pattern = _PATTERNS.get(pkey)
+        policy_wire = arr[8] if len(arr) == 9 else ""
+        qkey = policy_wire if type(policy_wire) is str else tuple((k, *v) for k, v in policy_wire.items())
+        policy = _POLICIES.get(qkey)
+    except (TypeError, AttributeError):
+        return _slow(raw)
+    if pattern is None or policy is None:
+        spec = _slow(raw)  # validates; then remember the pieces
+        if len(_PATTERNS) > 4096:
+            _PATTERNS.clear()
+        _PATTERNS[pkey] = spec.pattern
+        _POLICIES[qkey] = spec.missed_fires
+        return spec
+    inner = _bin_body(payload)
+    if inner is None:
+        return _slow(raw)
+    return DueSpec(key, name, pattern, inner, limit, start, end, policy)
+
+
+def _bin_body(payload: bytes) -> bytes | None:
+    """The bytes of a msgpack bin (the RawBytes layer of the stored payload), else None."""
+    tag = payload[0]
+    if tag == 0xC4:
+        n, head = payload[1], 2
+    elif tag == 0xC5 and len(payload) >= 3:
+        n, head = int.from_bytes(payload[1:3], "big"), 3
+    elif tag == 0xC6 and len(payload) >= 5:
+        n, head = int.from_bytes(payload[1:5], "big"), 5
+    else:
+        return None
+    return payload[head:] if len(payload) == head + n else None
+
+
+class SchedulerCore:
+    """Pure scheduler logic for one queue."""
+
+    def __init__(self, queue: str, settings: QueueSettings | None = None, *, batch: int = DEFAULT_BATCH,
+                 chunk: int = DEFAULT_CHUNK) -> None:
+        for name, value in (("batch", batch), ("chunk", chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        self.chunk = chunk
+        self.keys = QueueKeys.for_queue(queue)
+        self.settings = settings or QueueSettings()
+        self.batch = batch
+        self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
+
+    def tick(self, now: int) -> Flow:
+        k = self.keys
+        reply = yield script_call("fetch_due", (k.repeat,), (now, self.batch, k.prefix))
+        result = TickResult(now_ms=now)
+        upcoming = None if reply[0] is None else _score(reply[0])
+        rows = [reply[i : i + 4] for i in range(1, len(reply), 4)]
+        result.due = len(rows)
+        result.full = len(rows) >= self.batch
+        result.next_due_ms = upcoming
+        if not rows:
+            return result
+        cache: dict[Any, tuple[list[int], int]] = {}
+        planned: list[list[tuple[str, str, int, int, str]]] = []
+
+        def calls() -> Iterator[Call]:  # chunk i+1 is planned while Redis fires chunk i
+            for i in range(0, len(rows), self.chunk):
+                call, plans = self._plan(rows[i : i + self.chunk], now, cache)
+                planned.append(plans)
+                yield call
+
+        replies = yield Stream(calls())
+        for plans, reply in zip(planned, replies):
+            self._account(result, plans, reply, now)
+        return result
+
+    def _plan(self, rows: list[list[Any]], now: int, cache: dict[Any, tuple[list[int], int]]
+              ) -> tuple[Call, list[tuple[str, str, int, int, str]]]:
+        """One ``schedule_batch`` call for ``rows`` of ``fetch_due`` and what each entry asked."""
+        k = self.keys
+        base = k.repeat_spec("")
+        keys: list[Any] = [k.stream, k.delayed, k.repeat, k.repeat_quarantine]
+        argv: list[Any] = [now, self.settings.max_stream_len]
+        plans: list[tuple[str, str, int, int, str]] = []  # (op, key, first fire, next, reason)
+        for raw_key, raw_score, raw_spec, raw_ext in rows:
+            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+            keys.append(base + key)
+            if raw_spec is None:  # a dangling ZSET entry: drop it unless the spec reappears
+                argv += ("D", key, raw_score, 0, 0, 0, "", 0)
+                plans.append(("D", key, 0, 0, ""))
+                continue
+            fire_at = _score(raw_score)
+            try:
+                spec = _decode_spec(raw_spec)
+                ext = SpecExt.decode(raw_ext) if raw_ext else _NO_EXT
+                ck = (spec.pattern, fire_at, spec.start_after_ms, spec.missed_fires)
+                plan = cache.get(ck)
+                if plan is None:
+                    self.plans_computed += 1
+                    plan = cache[ck] = plan_fires(spec.pattern, fire_at, now, spec.start_after_ms, spec.missed_fires)
+            except (CodecError, ConfigError, ValueError, OverflowError) as exc:
+                argv += ("Q", key, raw_score, 0, 0, 0, raw_spec, 0)
+                plans.append(("Q", key, 0, 0, f"{type(exc).__name__}: {exc}"))
+                continue
+            fires, nxt = plan
+            end = spec.end_before_ms
+            if end is not None:
+                fires = [f for f in fires if f <= end]
+            deadline = ext.deadline_ms
+            argv += ("F", key, raw_score, nxt, spec.limit or 0, end or 0, spec.job_name, len(fires))
+            inner, retry = spec.payload_inner, ext.retry
+            for at in fires:
+                if deadline is not None and now - at > deadline:
+                    argv += (at, b"")
+                elif retry is None:
+                    argv += (at, _packb([fire_job_id(key, at), inner, now, 0]))
+                else:
+                    argv += (at, encode_envelope(Envelope(fire_job_id(key, at), inner, now, 0, retry)))
+            plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
+        return script_call("schedule_batch", keys, argv), plans
+
+    @staticmethod
+    def _account(result: TickResult, plans: list[tuple[str, str, int, int, str]], reply: list[Any], now: int) -> None:
+        fired, skipped, removed, lost = (int(x) for x in reply[:4])
+        result.fired += fired
+        result.skipped += skipped
+        result.removed += removed
+        result.lost += lost
+        next_due = result.next_due_ms
+        for (op, key, first, nxt, reason), status in zip(plans, reply[4:]):
+            status = int(status)
+            if status < 0:
+                continue
+            if op == "Q":
+                result.quarantined.append((key, reason))
+            elif op == "D":
+                result.dropped.append(key)
+            else:
+                if status >= 2:
+                    lag = now - first
+                    result.lag_ms = lag if result.lag_ms is None else max(result.lag_ms, lag)
+                if not status & 1 and nxt > 0:
+                    next_due = nxt if next_due is None else min(next_due, nxt)
+        result.next_due_ms = next_due

@@ -1,0 +1,640 @@
+"""Repeatable-spec CRUD as flows: every decision of the ``*_repeatable*`` methods of ``Queue``
+and ``SyncQueue`` (and their sharded forms) lives here.
+
+Storage is ChasquiMQ's (wire spec §8): ZSET ``repeat`` (member = spec key, score = next fire
+ms) and one HASH ``repeat:spec:<key>`` per spec with the ``spec`` field (``StoredSpec``) and
+the ``fired`` counter.  This project adds no per-spec keys, only:
+
+* the optional hash field ``ext``: msgpack ``[1, retry_override|nil, deadline_ms|nil]``, the
+  per-spec retry override (applied to every fire; ChasquiMQ ignores the field) and the
+  execution deadline (a fire later than that past its scheduled time is skipped and counted
+  in the hash field ``skipped``);
+* the ZSET ``repeat:paused`` (score = the next fire when paused): a paused spec is not in
+  ``repeat``, so no scheduler, not even a ChasquiMQ one sharing the queue, can fire it;
+* the HASH ``repeat:quarantine`` (spec key -> raw bytes of a stored spec that did not decode).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import msgpack
+
+from ..errors import CodecError, ConfigError
+from ..types import BackoffSpec, build_retry_override
+from .calls import Call, Flow, Stream, command, int_reply, script_call, str_reply
+from .codec import (
+    Envelope,
+    RetryOverride,
+    decode_data,
+    decode_envelope,
+    encode_data,
+    encode_envelope,
+    new_job_id,
+    now_ms,
+    validate_job_name,
+)
+from .cron import compile_cron, first_fire_after_now, next_fire_after
+from .keys import QueueKeys
+from .repeat import (
+    MissedFiresPolicy,
+    RepeatableMeta,
+    RepeatPattern,
+    StoredSpec,
+    derive_spec_key,
+    pattern_to_wire,
+    policy_to_wire,
+)
+from .settings import QueueSettings
+
+__all__ = [
+    "SpecExt",
+    "RepeatableInfo",
+    "PreparedSpec",
+    "SpecFlows",
+    "coerce_pattern",
+    "coerce_policy",
+    "bulk_spec_key",
+    "UPSERT_CHUNK",
+    "REPEAT_BULK_KEYS",
+]
+
+UPSERT_CHUNK = 1000
+MAX_PAGE = 10_000
+EXT_VERSION = 1
+REPEAT_BULK_KEYS = frozenset({
+    "name", "data", "repeat", "key", "limit", "start_after", "end_before", "start_after_ms",
+    "end_before_ms", "missed_fires", "attempts", "backoff", "deadline", "job_id",
+})
+_U64 = 2**64 - 1
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+# --------------------------------------------------------------------------- ext field
+
+
+@dataclass(frozen=True, slots=True)
+class SpecExt:
+    """This project's per-spec extensions, stored in the spec hash's ``ext`` field."""
+
+    retry: RetryOverride | None = None
+    deadline_ms: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.retry is None and self.deadline_ms is None
+
+    def encode(self) -> bytes:
+        return _packb([EXT_VERSION, None if self.retry is None else self.retry.to_wire(), self.deadline_ms])
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> SpecExt:
+        if raw is None or raw == b"":
+            return _NO_EXT
+        try:
+            arr = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise CodecError(f"spec ext is not valid msgpack: {exc!r}") from exc
+        if not isinstance(arr, list) or len(arr) < 3 or arr[0] != EXT_VERSION:
+            raise CodecError(f"spec ext must be [{EXT_VERSION}, retry|nil, deadline_ms|nil], got {arr!r}")
+        retry = None
+        if arr[1] is not None:  # validated by the envelope codec, the field's real home
+            retry = decode_envelope(_packb(["", b"", 0, 0, arr[1]])).retry
+        deadline = arr[2]
+        if deadline is not None and (type(deadline) is not int or not 0 < deadline <= _U64):
+            raise CodecError(f"spec ext deadline_ms must be a positive int or nil, got {deadline!r}")
+        return cls(retry, deadline)
+
+
+_NO_EXT = SpecExt()
+_SKIP = MissedFiresPolicy.skip()
+
+
+# --------------------------------------------------------------------------- listing type
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatableInfo(RepeatableMeta):
+    """Everything about one spec: the chasquimq ``RepeatableMeta`` fields plus this project's.
+
+    ``next_fire_ms`` is the score: the next fire, or for a paused spec the next fire it had
+    when paused.  ``data`` is the decoded payload every fire carries.
+    """
+
+    paused: bool = False
+    fired: int = 0
+    skipped: int = 0
+    data: Any = None
+    attempts: int | None = None
+    backoff: BackoffSpec | None = None
+    deadline_ms: int | None = None
+
+
+class PreparedSpec(NamedTuple):
+    """A validated, encoded spec: what one upsert writes."""
+
+    key: str
+    next_fire_ms: int
+    spec: bytes
+    ext: bytes = b""
+
+
+# --------------------------------------------------------------------------- coercion
+
+
+def coerce_pattern(repeat: Any) -> RepeatPattern:
+    """A ``RepeatPattern`` (ours or chasquimq's) or its dict form, validated (cron and zone)."""
+    if type(repeat) is RepeatPattern and repeat in _VALIDATED:
+        return repeat
+    if repeat is None:
+        raise ConfigError("repeat is required: RepeatPattern.cron(expr, tz=...) or RepeatPattern.every(ms)")
+    if isinstance(repeat, Mapping):
+        kind = repeat.get("kind")
+        if kind == "cron":
+            unknown = set(repeat) - {"kind", "expression", "pattern", "tz"}
+            expr = repeat.get("expression", repeat.get("pattern"))
+            pattern = RepeatPattern(kind="cron", expression=expr, tz=repeat.get("tz"))
+        elif kind == "every":
+            unknown = set(repeat) - {"kind", "interval_ms", "every"}
+            pattern = RepeatPattern(kind="every", interval_ms=repeat.get("interval_ms", repeat.get("every")))
+        else:
+            raise ConfigError(f"repeat dict must have kind 'cron' or 'every', got {kind!r}")
+        if unknown:
+            raise ConfigError(f"unknown repeat keys {sorted(unknown)}")
+    elif isinstance(repeat, RepeatPattern):
+        pattern = repeat
+    elif hasattr(repeat, "kind"):  # chasquimq.RepeatPattern and look-alikes
+        if repeat.kind == "cron":
+            pattern = RepeatPattern(kind="cron", expression=repeat.expression, tz=getattr(repeat, "tz", None))
+        else:
+            pattern = RepeatPattern(kind=repeat.kind, interval_ms=getattr(repeat, "interval_ms", None))
+    else:
+        raise ConfigError(f"repeat must be a RepeatPattern or a dict, got {type(repeat).__name__}")
+    if pattern.kind == "cron":
+        compile_cron(pattern.expression, pattern.tz)  # type: ignore[arg-type]
+    if len(_VALIDATED) > 4096:
+        _VALIDATED.clear()
+    _VALIDATED.add(pattern)
+    return pattern
+
+
+_VALIDATED: set[RepeatPattern] = set()  # patterns already checked (bulk upserts share a few)
+
+_POLICY_NAMES = {"skip": "skip", "fire-once": "fire-once", "fire_once": "fire-once",
+                 "fire-all": "fire-all", "fire_all": "fire-all"}
+
+
+def coerce_policy(value: Any) -> MissedFiresPolicy:
+    """A ``MissedFiresPolicy`` (ours or chasquimq's), its dict form, a name, or None (= skip)."""
+    if value is None:
+        return _SKIP
+    if isinstance(value, MissedFiresPolicy):
+        return value
+    if isinstance(value, str):
+        kind, cap = _POLICY_NAMES.get(value.lower()), None
+        if kind == "fire-all":
+            raise ConfigError("fire-all needs max_catchup: MissedFiresPolicy.fire_all(n)")
+    elif isinstance(value, Mapping):
+        raw = value.get("kind")
+        kind = _POLICY_NAMES.get(raw.lower()) if isinstance(raw, str) else None
+        cap = value.get("max_catchup", 100 if kind == "fire-all" else None)  # the native binding's default
+    elif hasattr(value, "kind"):
+        kind, cap = _POLICY_NAMES.get(str(value.kind).lower()), getattr(value, "max_catchup", None)
+    else:
+        raise ConfigError(f"missed_fires must be a MissedFiresPolicy, dict or name, got {type(value).__name__}")
+    if kind is None:
+        raise ConfigError(f"unknown missed_fires policy {value!r}; expected skip, fire-once or fire-all")
+    return MissedFiresPolicy(kind=kind, max_catchup=cap if kind == "fire-all" else None)
+
+
+def _epoch_ms(value: Any, what: str) -> int | None:
+    """datetime (naive = UTC) or epoch milliseconds."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        when = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        ms = math.floor(when.timestamp() * 1000)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}")
+    elif not math.isfinite(value):
+        raise ConfigError(f"{what} must be finite, got {value!r}")
+    else:
+        ms = int(value)
+    if not 0 <= ms <= _U64:
+        raise ConfigError(f"{what} must be at or after the epoch, got {value!r}")
+    return ms
+
+
+def _one_of(a: Any, b: Any, what: str) -> Any:
+    if a is not None and b is not None:
+        raise ConfigError(f"pass either {what} or {what}_ms, not both")
+    return a if a is not None else b
+
+
+def _deadline_ms(value: Any) -> int | None:
+    """timedelta, or milliseconds."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        ms = value.total_seconds() * 1000
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"deadline must be a timedelta or milliseconds, got {type(value).__name__}")
+    else:
+        ms = float(value)
+    if not math.isfinite(ms) or ms < 1:
+        raise ConfigError(f"deadline must be at least 1 ms, got {value!r}")
+    return int(ms)
+
+
+def _limit(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _U64:
+        raise ConfigError(f"limit must be a positive int (the number of fires) or None, got {value!r}")
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _pattern_wire(pattern: RepeatPattern) -> Any:
+    return pattern_to_wire(pattern)
+
+
+def _encode_spec(key: str, name: str, pattern: RepeatPattern, inner: bytes, limit: int | None, start: int | None,
+                 end: int | None, policy: MissedFiresPolicy) -> bytes:
+    """``StoredSpec(...).encode()`` for already validated fields (the bulk path's hot loop);
+    a test checks both give the same bytes."""
+    items = [key, name, _pattern_wire(pattern), _packb(inner), limit, start, end, 0]
+    if policy.kind != "skip":
+        items.append(policy_to_wire(policy))
+    return _packb(items)
+
+
+_FAST_KEYS = frozenset({"name", "data", "repeat", "key"})
+
+
+def _fast_pattern(pattern: RepeatPattern, now: int) -> tuple[int, Any, str]:
+    """(first fire after now, wire form, derived key suffix) of a pattern, validated."""
+    coerce_pattern(pattern)
+    nxt = next_fire_after(pattern, now, None)
+    if nxt is None:
+        raise ConfigError(f"repeat pattern {_describe(pattern)} has no future fire")
+    return nxt, _pattern_wire(pattern), derive_spec_key("", pattern)
+
+
+def bulk_spec_key(item: Mapping[str, Any]) -> str:
+    """The key an ``upsert_repeatable_bulk`` item resolves to (for routing to a shard)."""
+    _check_item(item)
+    return derive_spec_key(item["name"], coerce_pattern(item.get("repeat")), item.get("key"))
+
+
+def _check_item(item: Any) -> None:
+    if type(item) is not dict and not isinstance(item, Mapping):
+        raise ConfigError(f"upsert_repeatable_bulk items must be dicts, got {type(item).__name__}")
+    unknown = item.keys() - REPEAT_BULK_KEYS
+    if unknown:
+        raise ConfigError(f"unknown upsert_repeatable_bulk keys {sorted(unknown)}; allowed: {sorted(REPEAT_BULK_KEYS)}")
+    for required in ("name", "repeat"):
+        if item.get(required) is None:
+            raise ConfigError(f"every upsert_repeatable_bulk item needs {required!r}")
+
+
+def _score(raw: Any) -> int:
+    text = str_reply(raw)
+    try:
+        return int(text)
+    except ValueError:
+        return int(float(text))
+
+
+def _backoff_spec(retry: RetryOverride | None) -> BackoffSpec | None:
+    if retry is None or retry.backoff is None:
+        return None
+    b = retry.backoff
+    return BackoffSpec(b.kind, b.delay_ms, b.max_delay_ms, b.multiplier, b.jitter_ms)
+
+
+# --------------------------------------------------------------------------- flows
+
+
+class SpecFlows:
+    """Pure repeatable-spec logic for one queue; safe to share between tasks and threads."""
+
+    def __init__(self, queue: str, settings: QueueSettings | None = None) -> None:
+        self.keys = QueueKeys.for_queue(queue)
+        self.settings = settings or QueueSettings()
+
+    # ---- preparation (no I/O) ----------------------------------------------------------
+    def prepare(
+        self,
+        name: str,
+        data: Any,
+        *,
+        repeat: Any,
+        key: str | None = None,
+        limit: int | None = None,
+        start_after: Any = None,
+        end_before: Any = None,
+        missed_fires: Any = None,
+        attempts: int | None = None,
+        backoff: Any = None,
+        deadline: Any = None,
+        job_id: str | None = None,
+        start_after_ms: int | None = None,
+        end_before_ms: int | None = None,
+        now: int | None = None,
+        next_cache: dict[Any, int | None] | None = None,
+    ) -> PreparedSpec:
+        """Validate and encode one spec.  ``job_id`` is accepted and ignored, as chasquimq 1.3
+        does: every fire gets its own id, and the spec is named by ``key``."""
+        del job_id
+        now = now_ms() if now is None else now
+        name_bytes = validate_job_name(name)
+        if not name_bytes:
+            raise ConfigError("a repeatable spec needs a non-empty job name")
+        pattern = coerce_pattern(repeat)
+        policy = coerce_policy(missed_fires)
+        spec_key = derive_spec_key(name, pattern, key)
+        if len(spec_key.encode("utf-8")) > 1024:
+            raise ConfigError("spec key is longer than 1024 bytes")
+        start = _epoch_ms(_one_of(start_after, start_after_ms, "start_after"), "start_after")
+        end = _epoch_ms(_one_of(end_before, end_before_ms, "end_before"), "end_before")
+        if start is not None and end is not None and end <= start:
+            raise ConfigError(f"end_before ({end}) must be after start_after ({start})")
+        if end is not None and end <= now:
+            raise ConfigError(f"end_before ({end}) is in the past: the spec would never fire")
+        cache_key = (pattern, start)
+        if next_cache is not None and cache_key in next_cache:
+            nxt = next_cache[cache_key]
+        else:
+            nxt = next_fire_after(pattern, now, start)
+            if next_cache is not None:
+                next_cache[cache_key] = nxt
+        if nxt is None:
+            raise ConfigError(f"repeat pattern {_describe(pattern)} has no future fire")
+        if end is not None and nxt > end:
+            raise ConfigError(f"the first fire ({nxt}) of {_describe(pattern)} is after end_before ({end})")
+        inner = encode_data(data)
+        ext = b""
+        if attempts is not None or backoff is not None or deadline is not None:
+            ext_value = SpecExt(build_retry_override(attempts, backoff), _deadline_ms(deadline))
+            ext = b"" if ext_value.empty else ext_value.encode()
+        spec = _encode_spec(spec_key, name, pattern, inner, _limit(limit), start, end, policy)
+        if len(spec) > self.settings.max_payload_bytes:
+            raise ConfigError(f"spec {spec_key!r} encodes to {len(spec)} bytes; "
+                              f"max_payload_bytes is {self.settings.max_payload_bytes}")
+        return PreparedSpec(spec_key, nxt, spec, ext)
+
+    def _upsert_call(self, specs: list[PreparedSpec]) -> Call:
+        k = self.keys
+        base = k.repeat_spec("")
+        keys: list[Any] = [k.repeat, k.repeat_paused]
+        keys += [base + p[0] for p in specs]
+        argv: list[Any] = []
+        for key, nxt, spec, ext in specs:
+            argv += (nxt, key, spec, ext)
+        return script_call("upsert_repeatable", keys, argv)
+
+    # ---- writes ------------------------------------------------------------------------
+    def upsert(self, name: str, data: Any, **options: Any) -> Flow:
+        """Returns ``(spec_key, now_ms)``."""
+        now = now_ms()
+        prepared = self.prepare(name, data, now=now, **options)
+        yield self._upsert_call([prepared])
+        return prepared.key, now
+
+    def upsert_prepared(self, specs: list[PreparedSpec]) -> Flow:
+        calls = [self._upsert_call(specs[i : i + UPSERT_CHUNK]) for i in range(0, len(specs), UPSERT_CHUNK)]
+        if calls:
+            yield calls
+        return [p.key for p in specs]
+
+    def prepare_bulk(self, items: Iterable[Mapping[str, Any]], now: int | None = None,
+                     caches: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> list[PreparedSpec]:
+        """``prepare`` for many specs.  Items with only name, data, repeat (a RepeatPattern) and
+        key take an inlined path (the same checks and bytes) that shares per pattern the
+        validation, the next fire and the wire form."""
+        now = now_ms() if now is None else now
+        cache, fast = caches if caches is not None else ({}, {})
+        out = []
+        prepare = self.prepare
+        limit = self.settings.max_payload_bytes
+        for item in items:
+            if type(item) is dict and not (item.keys() - _FAST_KEYS):
+                name, repeat, key = item.get("name"), item.get("repeat"), item.get("key")
+                if type(name) is str and type(repeat) is RepeatPattern and (key is None or type(key) is str):
+                    per = fast.get(repeat)
+                    if per is None:
+                        per = fast[repeat] = _fast_pattern(repeat, now)
+                    nxt, wire, suffix = per
+                    if name and len(name) <= 64 and (not key or len(key) <= 256):
+                        try:
+                            inner = _packb(item.get("data"))
+                        except (TypeError, ValueError, OverflowError):
+                            inner = None
+                        if inner is not None:
+                            spec_key = key or name + suffix
+                            spec = _packb([spec_key, name, wire, _packb(inner), None, None, None, 0])
+                            if len(spec) <= limit:
+                                out.append(PreparedSpec(spec_key, nxt, spec, b""))
+                                continue
+            _check_item(item)  # the general path, with its precise errors
+            out.append(prepare(now=now, next_cache=cache, **item) if "data" in item
+                       else prepare(data=None, now=now, next_cache=cache, **item))
+        return out
+
+    def upsert_bulk(self, items: Iterable[Mapping[str, Any]]) -> Flow:
+        """One script call per 1,000 specs, streamed: each chunk is validated and encoded while
+        Redis writes the previous one.  A bad item fails the call before its chunk is sent
+        (chunks before it stay written; upserts are idempotent).  Returns ``(keys, now_ms)``."""
+        items = items if isinstance(items, list) else list(items)
+        now = now_ms()
+        keys: list[str] = []
+        caches: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
+
+        def calls() -> Iterator[Call]:
+            for i in range(0, len(items), UPSERT_CHUNK):
+                prepared = self.prepare_bulk(items[i : i + UPSERT_CHUNK], now, caches)
+                keys.extend(p.key for p in prepared)
+                yield self._upsert_call(prepared)
+
+        if items:
+            yield Stream(calls())
+        return keys, now
+
+    def remove(self, key: str) -> Flow:
+        k = self.keys
+        reply = yield script_call("remove_repeatable", (k.repeat, k.repeat_spec(_key(key)), k.repeat_paused), (key,))
+        return int_reply(reply) == 1
+
+    def pause(self, key: str) -> Flow:
+        """True when the spec is paused now (or already was); False when there is no such spec."""
+        k = self.keys
+        reply = yield script_call("pause_repeatable", (k.repeat, k.repeat_paused, k.repeat_spec(_key(key))), (key,))
+        return int_reply(reply) in (1, 2)
+
+    def resume(self, key: str, now: int | None = None) -> Flow:
+        """Back into ``repeat`` at the first fire after now (windows passed while paused are
+        not fired).  True when resumed (or already active), False when there is no such spec."""
+        k = self.keys
+        for _ in range(5):
+            raw, paused_score, active = yield [
+                command("HGET", k.repeat_spec(_key(key)), "spec"),
+                command("ZSCORE", k.repeat_paused, key),
+                command("ZSCORE", k.repeat, key),
+            ]
+            if raw is None:
+                return False
+            if paused_score is None:
+                return active is not None
+            spec = StoredSpec.decode(raw)
+            t = now_ms() if now is None else now
+            was = _score(paused_score)
+            # The spec's own timeline (an interval keeps its phase), from its first fire after now.
+            nxt = was if was > t else first_fire_after_now(spec.pattern, was, t, spec.start_after_ms)
+            if nxt <= 0 or (spec.end_before_ms is not None and nxt > spec.end_before_ms):
+                raise ConfigError(f"spec {key!r} has no fire left (pattern or end_before); remove it instead")
+            done = yield script_call("resume_repeatable", (k.repeat, k.repeat_paused, k.repeat_spec(key)),
+                                     (key, paused_score, nxt))
+            if int_reply(done) == 1:
+                return True
+        raise ConfigError(f"spec {key!r} kept changing while it was being resumed; try again")
+
+    def trigger(self, key: str, now: int | None = None) -> Flow:
+        """Fire one job from the spec now, leaving its schedule, counters and pause state alone.
+
+        Returns ``(job_id, job_name, data)``, or None when there is no such spec.
+        """
+        k = self.keys
+        raw, ext_raw = yield command("HMGET", k.repeat_spec(_key(key)), "spec", "ext")
+        if raw is None:
+            return None
+        spec = StoredSpec.decode(raw)
+        ext = SpecExt.decode(ext_raw)
+        t = now_ms() if now is None else now
+        jid = new_job_id(t)
+        env = encode_envelope(Envelope(jid, spec.payload_inner, t, 0, ext.retry))
+        name = spec.job_name.encode("utf-8")
+        args: tuple[Any, ...] = ("XADD", k.stream, "MAXLEN", "~", self.settings.max_stream_len, "*", "d", env)
+        yield command(*(args + ("n", name) if name else args))
+        return jid, spec.job_name, decode_data(spec.payload_inner)
+
+    # ---- reads -------------------------------------------------------------------------
+    def _info(self, key: str, score: Any, paused: bool, fields: list[Any]) -> RepeatableInfo | None:
+        raw, ext_raw, fired, skipped = fields
+        if raw is None:
+            return None
+        spec = StoredSpec.decode(raw)
+        ext = SpecExt.decode(ext_raw)
+        try:
+            data = decode_data(spec.payload_inner)
+        except CodecError:
+            data = spec.payload_inner
+        return RepeatableInfo(
+            key=spec.key if spec.key else key, job_name=spec.job_name, pattern=spec.pattern,
+            next_fire_ms=_score(score), limit=spec.limit, start_after_ms=spec.start_after_ms,
+            end_before_ms=spec.end_before_ms, missed_fires=spec.missed_fires, paused=paused,
+            fired=int_reply(fired), skipped=int_reply(skipped), data=data,
+            attempts=None if ext.retry is None else ext.retry.max_attempts, backoff=_backoff_spec(ext.retry),
+            deadline_ms=ext.deadline_ms,
+        )
+
+    def get(self, key: str) -> Flow:
+        """RepeatableInfo, or None.  A stored spec that does not decode raises CodecError."""
+        k = self.keys
+        fields, active, paused = yield [
+            command("HMGET", k.repeat_spec(_key(key)), "spec", "ext", "fired", "skipped"),
+            command("ZSCORE", k.repeat, key),
+            command("ZSCORE", k.repeat_paused, key),
+        ]
+        score = active if active is not None else paused
+        if score is None:
+            return None
+        return self._info(key, score, active is None, fields)
+
+    def list_page(self, cursor: str | None = None, count: int = 100) -> Flow:
+        """One page of specs, active then paused: ``(items, next_cursor)``; None = the end.
+
+        A ZSCAN cursor underneath: a spec present for the whole walk is listed at least once,
+        whatever fires or upserts happen meanwhile, and no call loads more than ``count``
+        or so entries.  Specs whose stored bytes do not decode are left out.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= MAX_PAGE:
+            raise ConfigError(f"count must be an int in 1..{MAX_PAGE}, got {count!r}")
+        phase, pos = _parse_cursor(cursor)
+        k = self.keys
+        items: list[RepeatableInfo] = []
+        while phase is not None and len(items) < count:
+            zset = k.repeat if phase == "r" else k.repeat_paused
+            nxt, flat = yield command("ZSCAN", zset, pos, "COUNT", count)
+            pairs = [(str_reply(flat[i]), flat[i + 1]) for i in range(0, len(flat or []), 2)]
+            if pairs:
+                rows = yield [command("HMGET", k.repeat_spec(key), "spec", "ext", "fired", "skipped")
+                              for key, _s in pairs]
+                for (key, score), fields in zip(pairs, rows):
+                    try:
+                        info = self._info(key, score, phase == "p", fields)
+                    except (CodecError, ConfigError):
+                        continue
+                    if info is not None:
+                        items.append(info)
+            pos = int_reply(nxt)
+            if pos == 0:
+                phase, pos = ("p", 0) if phase == "r" else (None, 0)
+        return items, None if phase is None else f"{phase}:{pos}"
+
+    def list_meta(self, limit: int = 100) -> Flow:
+        """chasquimq's ``get_repeatable_jobs``: the first ``limit`` active specs by next fire."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_PAGE:
+            raise ConfigError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r}")
+        k = self.keys
+        flat = yield command("ZRANGE", k.repeat, 0, limit - 1, "WITHSCORES")
+        pairs = [(str_reply(flat[i]), flat[i + 1]) for i in range(0, len(flat or []), 2)]
+        if not pairs:
+            return []
+        raws = yield [command("HGET", k.repeat_spec(key), "spec") for key, _s in pairs]
+        out: list[RepeatableMeta] = []
+        for (_key_, score), raw in zip(pairs, raws):
+            if raw is None:
+                continue
+            try:
+                out.append(StoredSpec.decode(raw).to_meta(_score(score)))
+            except (CodecError, ConfigError):
+                continue
+        return out
+
+    def quarantined(self) -> Flow:
+        """``{spec_key: raw stored bytes}`` of the specs the scheduler moved aside."""
+        out: dict[str, bytes] = {}
+        pos = 0
+        while True:
+            nxt, flat = yield command("HSCAN", self.keys.repeat_quarantine, pos, "COUNT", 1000)
+            for i in range(0, len(flat or []), 2):
+                out[str_reply(flat[i])] = bytes(flat[i + 1])
+            pos = int_reply(nxt)
+            if pos == 0:
+                return out
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"spec key must be a non-empty str, got {key!r}")
+    return key
+
+
+def _parse_cursor(cursor: str | None) -> tuple[str | None, int]:
+    if cursor is None or cursor == "":
+        return "r", 0
+    if isinstance(cursor, str) and len(cursor) > 2 and cursor[0] in "rp" and cursor[1] == ":" and cursor[2:].isdigit():
+        return cursor[0], int(cursor[2:])
+    raise ConfigError(f"invalid cursor {cursor!r}: pass None to start, then the cursor a page returned")
+
+
+def _describe(pattern: RepeatPattern) -> str:
+    if pattern.kind == "cron":
+        return f"cron {pattern.expression!r} in {pattern.tz or 'UTC'}"
+    return f"every {pattern.interval_ms} ms"

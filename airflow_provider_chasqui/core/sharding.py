@@ -1,0 +1,60 @@
+"""One logical schedule set spread over N queues ``<name>.<i>`` (sans-I/O routing rules).
+
+Each shard is a queue of its own, so its keys carry their own hash tag ``{chasqui:<name>.<i>}``
+and Redis Cluster places each shard on whatever node owns that slot.  A spec lives on shard
+``crc32(spec key) % N`` (stable across processes, Python versions and restarts; changing N
+moves specs, so N is fixed for the life of a schedule set).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Iterable, Mapping
+
+from ..errors import ConfigError
+from .keys import validate_queue_name
+
+__all__ = ["shard_of", "shard_queue_names", "split_by_shard", "encode_cursor", "decode_cursor", "MAX_SHARDS"]
+
+MAX_SHARDS = 16384
+
+
+def _check_shards(shards: Any) -> int:
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 0 < shards <= MAX_SHARDS:
+        raise ConfigError(f"shards must be an int in 1..{MAX_SHARDS}, got {shards!r}")
+    return shards
+
+
+def shard_queue_names(name: str, shards: int) -> list[str]:
+    _check_shards(shards)
+    validate_queue_name(name)
+    return [validate_queue_name(f"{name}.{i}") for i in range(shards)]
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The shard index of a spec key (or of any routing key, e.g. a caller's job id)."""
+    if not isinstance(key, str):
+        raise ConfigError(f"a routing key must be a str, got {type(key).__name__}")
+    return zlib.crc32(key.encode("utf-8")) % shards
+
+
+def split_by_shard(items: Iterable[Mapping[str, Any]], keys: Iterable[str], shards: int) -> dict[int, list[Any]]:
+    """Group items by the shard of their resolved key, keeping their order within a shard."""
+    out: dict[int, list[Any]] = {}
+    for item, key in zip(items, keys):
+        out.setdefault(shard_of(key, shards), []).append(item)
+    return out
+
+
+def encode_cursor(shard: int, inner: str | None) -> str | None:
+    return None if inner is None else f"{shard}/{inner}"
+
+
+def decode_cursor(cursor: str | None, shards: int) -> tuple[int, str | None]:
+    """``(shard, that shard's cursor)``; None starts at shard 0."""
+    if cursor is None or cursor == "":
+        return 0, None
+    head, sep, inner = cursor.partition("/") if isinstance(cursor, str) else ("", "", "")
+    if not sep or not head.isdigit() or int(head) >= shards:
+        raise ConfigError(f"invalid cursor {cursor!r} for {shards} shards")
+    return int(head), inner

@@ -1,0 +1,152 @@
+"""The scheduler: fires repeatable specs, leader-locked (wire spec 15.2), HA across processes.
+
+Runs embedded in every ``Worker`` (``run_scheduler=True``) and standalone for producer-only
+deployments::
+
+    python -m airflow_provider_chasqui.engine.scheduler --queue emails --redis-url redis://host:6379 --promoter
+    python -m airflow_provider_chasqui.engine.scheduler --queue emails --shards 8 --redis-url 'redis://host:7000?cluster=true'
+
+The lock ``{chasqui:<q>}:scheduler:lock`` (holder ``s-<uuid>``, TTL 5 s) is renewed every loop,
+so a dead leader is replaced within the TTL plus one tick.  Each tick fires up to ``batch``
+due specs with two script calls (see ``core/scheduler.py``); every fire is a compare-and-set
+on the spec's score, so even two leaders at once cannot fire a window twice.  Between ticks
+the leader sleeps until the earliest next fire, at most ``tick_ms``, so fires are late by
+milliseconds rather than by up to a tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any, Callable, Sequence
+
+from ..core.codec import now_ms
+from ..core.keys import QueueKeys
+from ..core.scheduler import DEFAULT_BATCH, SchedulerCore, TickResult
+from ..core.settings import QueueSettings
+from ._driver import AsyncDriver
+from .leader import LeaderLoop
+
+__all__ = ["Scheduler", "run_standalone", "main"]
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler(LeaderLoop):
+    role = "scheduler"
+
+    def __init__(self, driver: AsyncDriver, queue: str, *, holder: str | None = None, tick_ms: int = 1000,
+                 batch: int = DEFAULT_BATCH, lock_ttl_secs: int = 5, settings: QueueSettings | None = None,
+                 metrics: Any = None, now_fn: Callable[[], int] | None = None, min_sleep_ms: int = 5) -> None:
+        """``now_fn`` returns the scheduler's clock in epoch ms (tests inject a fake one)."""
+        keys = QueueKeys.for_queue(queue)
+        super().__init__(driver, keys.scheduler_lock, holder=holder, interval_ms=tick_ms, lock_ttl_secs=lock_ttl_secs)
+        self.keys = keys
+        self.core = SchedulerCore(queue, settings, batch=batch)
+        self.metrics = metrics
+        self.now_fn = now_fn or now_ms
+        self.min_sleep = min_sleep_ms / 1000
+        self.fired_total = 0
+        self.skipped_total = 0
+        self.lost_total = 0
+        self.quarantined_total = 0
+        self.ticks = 0
+        self.last: TickResult | None = None
+
+    async def tick(self) -> bool | float:
+        now = self.now_fn()
+        result: TickResult = await self.driver.run(self.core.tick(now))
+        self.last = result
+        self.ticks += 1
+        self.fired_total += result.fired
+        self.skipped_total += result.skipped
+        self.lost_total += result.lost
+        for key, reason in result.quarantined:
+            self.quarantined_total += 1
+            log.error("scheduler %s: stored spec %r of queue %s does not decode (%s); moved to %s",
+                      self.holder, key, self.keys.queue, reason, self.keys.repeat_quarantine)
+        for key in result.dropped:
+            log.warning("scheduler %s: spec %r of queue %s had no stored spec; its entry was removed",
+                        self.holder, key, self.keys.queue)
+        if result.skipped:
+            log.info("scheduler %s: %d fires of queue %s skipped past their execution deadline",
+                     self.holder, result.skipped, self.keys.queue)
+        if self.metrics is not None and (result.fired or result.due):
+            self.metrics.scheduler_fire(self.keys.queue, result.fired, result.lag_ms or 0)
+        if result.full:
+            return True
+        if result.next_due_ms is None:
+            return False
+        return max(self.min_sleep, (result.next_due_ms - self.now_fn()) / 1000)
+
+
+# --------------------------------------------------------------------------- standalone
+
+
+async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bool = True, promoter: bool = False,
+                         tick_ms: int = 1000, poll_ms: int = 100, settings: QueueSettings | None = None,
+                         stop: asyncio.Event | None = None) -> None:
+    """Run a scheduler (and optionally a promoter) for each queue until ``stop`` is set."""
+    from .promoter import Promoter  # noqa: PLC0415 - only the standalone path needs it
+
+    driver = AsyncDriver(redis_url)
+    loops: list[LeaderLoop] = []
+    for q in queues:
+        if scheduler:
+            loops.append(Scheduler(driver, q, tick_ms=tick_ms, settings=settings))
+        if promoter:
+            loops.append(Promoter(driver, q, holder=None, poll_interval_ms=poll_ms, settings=settings))
+    stop = stop or asyncio.Event()
+    tasks = [asyncio.create_task(lp.run(), name=f"chasqui-{lp.role}") for lp in loops]
+    log.info("standalone %s for %d queue(s) on %s", "+".join(sorted({lp.role for lp in loops})), len(queues),
+             redis_url.split("@")[-1])
+    try:
+        await stop.wait()
+    finally:
+        for lp in loops:
+            lp.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await driver.close()
+
+
+def _queues(args: argparse.Namespace) -> list[str]:
+    if args.shards is None:
+        return list(args.queue)
+    from ..core.sharding import shard_queue_names  # noqa: PLC0415
+
+    return [s for q in args.queue for s in shard_queue_names(q, args.shards)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_provider_chasqui.engine.scheduler",
+                                     description="Standalone scheduler (and promoter) for producer-only deployments.")
+    parser.add_argument("--queue", action="append", required=True, help="queue name (repeat for several)")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="append ?cluster=true for Redis Cluster")
+    parser.add_argument("--shards", type=int, default=None, help="serve the shards <queue>.0 .. <queue>.N-1")
+    parser.add_argument("--promoter", action="store_true", help="also promote delayed jobs")
+    parser.add_argument("--no-scheduler", action="store_true", help="promoter only")
+    parser.add_argument("--tick-ms", type=int, default=1000)
+    parser.add_argument("--poll-ms", type=int, default=100)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if args.no_scheduler and not args.promoter:
+        parser.error("--no-scheduler needs --promoter")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_standalone(_queues(args), args.redis_url, scheduler=not args.no_scheduler, promoter=args.promoter,
+                             tick_ms=args.tick_ms, poll_ms=args.poll_ms, stop=stop)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

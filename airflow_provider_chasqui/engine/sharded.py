@@ -1,0 +1,196 @@
+"""Scale-out: one logical queue and schedule set spread over N queues ``<name>.<i>``.
+
+``ShardedQueue`` routes every spec operation by a stable hash of the spec key (see
+``core/sharding.py``) and hides the shards: upsert, get, list, pause, resume, trigger and
+remove take the same arguments as on ``Queue``.  ``ShardedWorker`` runs one ``Worker`` per
+shard in one process (each with its embedded promoter and scheduler), so a fleet of them
+serves every shard; ``python -m airflow_provider_chasqui.engine.scheduler --shards N`` is
+the standalone scheduler of a sharded set.  With a ``?cluster=true`` URL each shard's keys
+live on whichever Redis Cluster node owns that shard's hash slot.
+
+``sync/sharded.py`` is the blocking twin of ``ShardedQueue``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from typing import Any, Mapping, Sequence
+
+from ..core.repeat import RepeatableMeta, derive_spec_key
+from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
+from ..core.settings import QueueSettings
+from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
+from ..errors import ConfigError
+from ..types import Job
+from ._driver import AsyncDriver
+from .queue import DEFAULT_URL, Queue
+
+__all__ = ["ShardedQueue", "AsyncShardedQueue", "ShardedWorker"]
+
+
+class ShardedQueue:
+    """Producer and spec manager over ``shards`` queues ``<name>.0`` .. ``<name>.<shards-1>``."""
+
+    def __init__(self, name: str, shards: int, *, redis_url: str = DEFAULT_URL, tls: bool = False,
+                 settings: QueueSettings | None = None, fast_paths: bool | None = None,
+                 driver: AsyncDriver | None = None) -> None:
+        names = shard_queue_names(name, shards)
+        if tls and redis_url.startswith("redis://"):
+            redis_url = "rediss://" + redis_url[len("redis://"):]
+        self._name = name
+        self._url = redis_url
+        self._fast_paths = fast_paths
+        self._driver = driver
+        self.queues = [Queue(n, settings=settings, driver=_Lazy(self)) for n in names]  # type: ignore[arg-type]
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shards(self) -> int:
+        return len(self.queues)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def driver(self) -> AsyncDriver:
+        """One connection pool (or cluster client) shared by every shard."""
+        if self._driver is None:
+            self._driver = AsyncDriver(self._url, fast_paths=self._fast_paths)
+        return self._driver
+
+    def shard_for(self, key: str) -> Queue:
+        """The shard queue holding spec ``key``."""
+        return self.queues[shard_of(key, len(self.queues))]
+
+    # ---- jobs --------------------------------------------------------------------------
+    async def add(self, name: str, data: Any, *, job_id: str | None = None, repeat: Any = None,
+                  **options: Any) -> Job:
+        """A job on the shard of its ``job_id`` (random without one); with ``repeat``, a spec
+        on the shard of its key."""
+        if repeat is not None:
+            opts = {k: v for k, v in options.items() if k in ("attempts", "backoff", "missed_fires")}
+            return await self.upsert_repeatable_job(name, data, repeat=repeat, job_id=job_id, **opts)
+        queue = self.shard_for(job_id) if job_id is not None else random.choice(self.queues)
+        return await queue.add(name, data, job_id=job_id, **options)
+
+    # ---- repeatable specs --------------------------------------------------------------
+    async def upsert_repeatable_job(self, name: str, data: Any, *, repeat: Any, key: str | None = None,
+                                    **options: Any) -> Job:
+        spec_key = derive_spec_key(name, coerce_pattern(repeat), key)
+        return await self.shard_for(spec_key).upsert_repeatable_job(name, data, repeat=repeat, key=key, **options)
+
+    async def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[Job]:
+        """Specs grouped by shard, every shard's group written concurrently; Jobs in input order."""
+        specs = list(specs)
+        n = len(self.queues)
+        indexed = split_by_shard(list(enumerate(specs)), [bulk_spec_key(s) for s in specs], n)  # type: ignore[arg-type]
+        results = await asyncio.gather(*(self.queues[i].upsert_repeatable_bulk([s for _j, s in group])
+                                         for i, group in indexed.items()))
+        out: list[Job | None] = [None] * len(specs)
+        for group, jobs in zip(indexed.values(), results):
+            for (j, _s), job in zip(group, jobs):
+                out[j] = job
+        return out  # type: ignore[return-value]
+
+    async def get_repeatable_job(self, key: str) -> RepeatableInfo | None:
+        return await self.shard_for(key).get_repeatable_job(key)
+
+    async def remove_repeatable_by_key(self, key: str) -> bool:
+        return await self.shard_for(key).remove_repeatable_by_key(key)
+
+    async def pause_repeatable(self, key: str) -> bool:
+        return await self.shard_for(key).pause_repeatable(key)
+
+    async def resume_repeatable(self, key: str) -> bool:
+        return await self.shard_for(key).resume_repeatable(key)
+
+    async def trigger_repeatable(self, key: str) -> Job | None:
+        return await self.shard_for(key).trigger_repeatable(key)
+
+    async def list_repeatable(self, cursor: str | None = None, count: int = 100) -> tuple[list[RepeatableInfo], str | None]:
+        """One page across the shards, one shard after another; the cursor names the shard."""
+        shard, inner = decode_cursor(cursor, len(self.queues))
+        items, nxt = await self.queues[shard].list_repeatable(inner, count)
+        if nxt is None and shard + 1 < len(self.queues):
+            return items, encode_cursor(shard + 1, "")
+        return items, encode_cursor(shard, nxt)
+
+    async def get_repeatable_jobs(self, limit: int = 100) -> list[RepeatableMeta]:
+        """The first ``limit`` active specs of all shards by next fire."""
+        pages = await asyncio.gather(*(q.get_repeatable_jobs(limit) for q in self.queues))
+        return sorted((m for page in pages for m in page), key=lambda m: (m.next_fire_ms, m.key))[:limit]
+
+    async def get_quarantined(self) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for page in await asyncio.gather(*(q.get_quarantined() for q in self.queues)):
+            out.update(page)
+        return out
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    async def close(self) -> None:
+        if self._driver is not None:
+            await self._driver.close()
+            self._driver = None
+        self._closed = True
+
+    async def __aenter__(self) -> "ShardedQueue":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+AsyncShardedQueue = ShardedQueue
+
+
+class _Lazy:
+    """Stands in for the shared driver until first use, so constructing opens nothing."""
+
+    def __init__(self, owner: ShardedQueue) -> None:
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._owner.driver, name)
+
+
+class ShardedWorker:
+    """One ``Worker`` per shard, in this process; each also runs its shard's promoter and
+    scheduler (leader-locked per shard, so any number of ShardedWorkers may run)."""
+
+    def __init__(self, name: str, handler: Any, *, shards: int, redis_url: str = DEFAULT_URL,
+                 install_signal_handlers: bool = False, **worker_options: Any) -> None:
+        from .worker import Worker  # noqa: PLC0415 - producers never pay for the worker
+
+        if "queue_name" in worker_options:
+            raise ConfigError("ShardedWorker takes the logical name; the shards are <name>.<i>")
+        self.name = name
+        self.workers = [Worker(q, handler, redis_url=redis_url, **worker_options)
+                        for q in shard_queue_names(name, shards)]
+        self._signals = install_signal_handlers
+
+    @property
+    def processed(self) -> int:
+        return sum(getattr(w, "processed", 0) for w in self.workers)
+
+    async def run(self) -> None:
+        if self._signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.close()))
+        await asyncio.gather(*(w.run() for w in self.workers))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(w.close() for w in self.workers))
+
+    async def __aenter__(self) -> "ShardedWorker":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,146 @@
+"""``SyncShardedQueue``: the blocking twin of ``engine/sharded.py``'s ``ShardedQueue``.
+
+Same methods, same routing (``core/sharding.py``), no ``await``.  Thread-safe.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping, Sequence
+
+from ..core.repeat import RepeatableMeta, derive_spec_key
+from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
+from ..core.settings import QueueSettings
+from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
+from ..engine.queue import DEFAULT_URL
+from ..types import Job
+from ._driver import SyncDriver
+from .queue import SyncQueue
+
+__all__ = ["SyncShardedQueue"]
+
+
+class SyncShardedQueue:
+    """Producer and spec manager over ``shards`` queues ``<name>.0`` .. ``<name>.<shards-1>``."""
+
+    def __init__(self, name: str, shards: int, *, redis_url: str = DEFAULT_URL, tls: bool = False,
+                 settings: QueueSettings | None = None, fast_paths: bool | None = None,
+                 driver: SyncDriver | None = None) -> None:
+        names = shard_queue_names(name, shards)
+        if tls and redis_url.startswith("redis://"):
+            redis_url = "rediss://" + redis_url[len("redis://"):]
+        self._name = name
+        self._url = redis_url
+        self._fast_paths = fast_paths
+        self._driver = driver
+        self.queues = [SyncQueue(n, settings=settings, driver=_Lazy(self)) for n in names]  # type: ignore[arg-type]
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shards(self) -> int:
+        return len(self.queues)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def driver(self) -> SyncDriver:
+        """One connection pool (or cluster client) shared by every shard."""
+        if self._driver is None:
+            self._driver = SyncDriver(self._url, fast_paths=self._fast_paths)
+        return self._driver
+
+    def shard_for(self, key: str) -> SyncQueue:
+        """The shard queue holding spec ``key``."""
+        return self.queues[shard_of(key, len(self.queues))]
+
+    # ---- jobs --------------------------------------------------------------------------
+    def add(self, name: str, data: Any, *, job_id: str | None = None, repeat: Any = None,
+            **options: Any) -> Job:
+        """A job on the shard of its ``job_id`` (random without one); with ``repeat``, a spec
+        on the shard of its key."""
+        if repeat is not None:
+            opts = {k: v for k, v in options.items() if k in ("attempts", "backoff", "missed_fires")}
+            return self.upsert_repeatable_job(name, data, repeat=repeat, job_id=job_id, **opts)
+        queue = self.shard_for(job_id) if job_id is not None else random.choice(self.queues)
+        return queue.add(name, data, job_id=job_id, **options)
+
+    # ---- repeatable specs --------------------------------------------------------------
+    def upsert_repeatable_job(self, name: str, data: Any, *, repeat: Any, key: str | None = None,
+                              **options: Any) -> Job:
+        spec_key = derive_spec_key(name, coerce_pattern(repeat), key)
+        return self.shard_for(spec_key).upsert_repeatable_job(name, data, repeat=repeat, key=key, **options)
+
+    def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[Job]:
+        """Specs grouped by shard, one shard's group after another; Jobs in input order."""
+        specs = list(specs)
+        n = len(self.queues)
+        indexed = split_by_shard(list(enumerate(specs)), [bulk_spec_key(s) for s in specs], n)  # type: ignore[arg-type]
+        results = [self.queues[i].upsert_repeatable_bulk([s for _j, s in group]) for i, group in indexed.items()]
+        out: list[Job | None] = [None] * len(specs)
+        for group, jobs in zip(indexed.values(), results):
+            for (j, _s), job in zip(group, jobs):
+                out[j] = job
+        return out  # type: ignore[return-value]
+
+    def get_repeatable_job(self, key: str) -> RepeatableInfo | None:
+        return self.shard_for(key).get_repeatable_job(key)
+
+    def remove_repeatable_by_key(self, key: str) -> bool:
+        return self.shard_for(key).remove_repeatable_by_key(key)
+
+    def pause_repeatable(self, key: str) -> bool:
+        return self.shard_for(key).pause_repeatable(key)
+
+    def resume_repeatable(self, key: str) -> bool:
+        return self.shard_for(key).resume_repeatable(key)
+
+    def trigger_repeatable(self, key: str) -> Job | None:
+        return self.shard_for(key).trigger_repeatable(key)
+
+    def list_repeatable(self, cursor: str | None = None, count: int = 100) -> tuple[list[RepeatableInfo], str | None]:
+        """One page across the shards, one shard after another; the cursor names the shard."""
+        shard, inner = decode_cursor(cursor, len(self.queues))
+        items, nxt = self.queues[shard].list_repeatable(inner, count)
+        if nxt is None and shard + 1 < len(self.queues):
+            return items, encode_cursor(shard + 1, "")
+        return items, encode_cursor(shard, nxt)
+
+    def get_repeatable_jobs(self, limit: int = 100) -> list[RepeatableMeta]:
+        """The first ``limit`` active specs of all shards by next fire."""
+        pages = [q.get_repeatable_jobs(limit) for q in self.queues]
+        return sorted((m for page in pages for m in page), key=lambda m: (m.next_fire_ms, m.key))[:limit]
+
+    def get_quarantined(self) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for page in (q.get_quarantined() for q in self.queues):
+            out.update(page)
+        return out
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+        self._closed = True
+
+    def __enter__(self) -> "SyncShardedQueue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Lazy:
+    """Stands in for the shared driver until first use, so constructing opens nothing."""
+
+    def __init__(self, owner: SyncShardedQueue) -> None:
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._owner.driver, name)

@@ -1,0 +1,108 @@
+"""Helpers shared by the engine, Lua and sync suites: deadline waits and a worker harness.
+
+Tests never sleep to synchronise: they wait for a condition with ``wait_until`` (or its
+blocking twin), which fails loudly with what it was waiting for once the deadline passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from airflow_provider_chasqui.core.keys import QueueKeys
+
+__all__ = [
+    "wait_until",
+    "wait_until_sync",
+    "running",
+    "fields_of",
+    "events_of",
+    "kv",
+    "raw_async",
+    "raw_sync",
+    "pending_count",
+]
+
+
+async def wait_until(cond: Callable[[], Any], timeout: float = 15.0, *, what: str = "", interval: float = 0.01) -> Any:
+    """Re-check ``cond`` (sync or async) until it is truthy; return its value.
+
+    Raises AssertionError naming ``what`` once ``timeout`` seconds pass.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}; last value {value!r}")
+        await asyncio.sleep(interval)
+
+
+def wait_until_sync(cond: Callable[[], Any], timeout: float = 15.0, *, what: str = "", interval: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}; last value {value!r}")
+        time.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Any, *, stop_timeout: float = 30.0) -> AsyncIterator[asyncio.Task[None]]:
+    """Run ``worker.run()`` as a task; on exit close it and await the drain (errors surface)."""
+    task = asyncio.create_task(worker.run(), name="test-worker")
+    try:
+        yield task
+    finally:
+        await worker.close()
+        await asyncio.wait_for(task, stop_timeout)
+
+
+def raw_async(url: str) -> aioredis.Redis:
+    """A binary-safe asyncio client (redis-py's reply reshaping is kept: it is only for inspecting)."""
+    return aioredis.Redis.from_url(url, decode_responses=False)
+
+
+def raw_sync(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=False)
+
+
+def kv(fields: Any) -> list[tuple[str, bytes]]:
+    """An entry's fields as an ordered list of (name, raw value); accepts a dict or a flat list."""
+    if isinstance(fields, dict):
+        items = list(fields.items())
+    else:
+        items = [(fields[i], fields[i + 1]) for i in range(0, len(fields), 2)]
+    return [(k.decode() if isinstance(k, bytes) else k, v) for k, v in items]
+
+
+def fields_of(entry: Any) -> dict[str, str]:
+    """An event entry's fields as str -> str (order kept by dict)."""
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in kv(entry[1])}
+
+
+async def events_of(client: aioredis.Redis, queue: str) -> list[dict[str, str]]:
+    return [fields_of(e) for e in await client.xrange(QueueKeys.for_queue(queue).events)]
+
+
+async def pending_count(client: aioredis.Redis, queue: str, group: str = "default") -> int:
+    k = QueueKeys.for_queue(queue)
+    try:
+        info = await client.xpending(k.stream, group)
+    except redis.ResponseError:
+        return 0
+    return int(info["pending"])
+
+

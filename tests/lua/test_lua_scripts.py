@@ -1,0 +1,407 @@
+"""Each Lua script, run with EVALSHA on real servers, against the effects of wire spec 11.
+
+Runs on the matrix (Redis 7.0, Valkey 8.1, Redis 8.2; fast paths forced off and detected),
+because the servers differ where it matters: XACKDEL exists only on 8.2, and each server
+ships its own Lua libraries.  Script arguments are built by hand here, from the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+from airflow_provider_chasqui.core.codec import Envelope, encode_envelope, encode_member
+from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.scripts import SCRIPTS
+from engine_support import kv
+from wire_vectors import JOB_ID, NAME, V1, V2, V3, V7, V8
+
+REASON = "handler: Python handler raised: ValueError('boom')"
+
+
+class Lua:
+    """EVALSHA runner for one queue on one server (scripts loaded first, SHAs checked)."""
+
+    def __init__(self, r: redis.Redis, queue: str, xackdel: bool) -> None:
+        self.r = r
+        self.k = QueueKeys.for_queue(queue)
+        self.flag = "1" if xackdel else "0"
+
+    def __call__(self, name: str, keys: list[Any], argv: list[Any]) -> Any:
+        script = SCRIPTS[name]
+        assert self.r.script_load(script.body) == script.sha
+        return self.r.evalsha(script.sha, len(keys), *keys, *argv)
+
+    # small helpers over the queue's keys
+    def events(self) -> list[list[tuple[str, bytes]]]:
+        return [kv(fields) for _id, fields in self.r.xrange(self.k.events)]
+
+    def stream(self) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+        return [(eid, kv(fields)) for eid, fields in self.r.xrange(self.k.stream)]
+
+    def pending_entry(self, fields: dict[str, Any]) -> bytes:
+        """XADD an entry and deliver it to consumer c1, so it sits in the PEL."""
+        try:
+            self.r.xgroup_create(self.k.stream, "default", id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            assert "BUSYGROUP" in str(exc)
+        eid = self.r.xadd(self.k.stream, fields)
+        got = self.r.xreadgroup("default", "c1", {self.k.stream: ">"}, count=100)
+        assert eid in [e for _s, entries in got for e, _f in entries]
+        return eid
+
+    def pending(self) -> int:
+        return int(self.r.xpending(self.k.stream, "default")["pending"])
+
+
+@pytest.fixture
+def lua(matrix_url, queue_name: str) -> Iterator[Lua]:
+    with redis.Redis.from_url(matrix_url.url) as r:
+        xackdel = matrix_url.kind == "redis82" and not matrix_url.force_compat
+        yield Lua(r, queue_name, xackdel)
+
+
+def redis_now_ms(r: redis.Redis) -> int:
+    sec, usec = r.time()
+    return sec * 1000 + usec // 1000
+
+
+# ---- 11.1 PROMOTE ------------------------------------------------------------------------------
+
+
+def promote(lua: Lua, limit: int = 256, events_max: int = 100_000) -> list[int]:
+    k = lua.k
+    return lua("promote", [k.delayed, k.stream, k.events], [limit, 1_000_000, events_max, k.prefix])
+
+
+def test_promote_v7_gives_d_v2_and_n_send_email(lua: Lua) -> None:
+    k = lua.k
+    lua.r.zadd(k.delayed, {V7: 1_700_000_060_000})
+    lua.r.set(k.didx(JOB_ID), V7)
+    lua.r.set(k.dlid(JOB_ID), "1")
+    before = redis_now_ms(lua.r)
+    promoted, depth, lag, now = promote(lua)
+    assert (promoted, depth, lag) == (1, 0, 0)
+    assert before <= now <= redis_now_ms(lua.r)
+    ((_eid, fields),) = lua.stream()
+    assert fields == [("d", V2), ("n", b"send-email")]
+    assert lua.r.zcard(k.delayed) == 0
+    assert lua.r.exists(k.didx(JOB_ID)) == 0  # side index cleaned up with the promotion
+    assert lua.r.get(k.dlid(JOB_ID)) == b"1"  # the dedup marker is left to expire
+    assert lua.events() == [[("e", b"waiting"), ("id", JOB_ID.encode()), ("ts", str(now).encode())]]
+
+
+def test_promote_unnamed_member_writes_no_n(lua: Lua) -> None:
+    lua.r.zadd(lua.k.delayed, {encode_member(b"", V2): 1})
+    assert promote(lua)[0] == 1
+    ((_eid, fields),) = lua.stream()
+    assert fields == [("d", V2)]
+
+
+@pytest.mark.parametrize("id_len", [31, 32, 255, 256, 70_000], ids=["fixstr", "str8", "str8-max", "str16", "str32"])
+def test_promote_reads_ids_of_every_msgpack_str_width(lua: Lua, id_len: int) -> None:
+    jid = ("J" * id_len)
+    env = encode_envelope(Envelope(jid, V1, 1, 0))
+    lua.r.zadd(lua.k.delayed, {encode_member(b"n", env): 1})
+    lua.r.set(lua.k.didx(jid), b"x")
+    assert promote(lua)[0] == 1
+    assert lua.r.exists(lua.k.didx(jid)) == 0
+    ((ev,),) = [[e for e in lua.events()]]
+    assert ev[1] == ("id", jid.encode())
+
+
+def test_promote_leaves_future_members_and_reports_depth_and_lag(lua: Lua) -> None:
+    k = lua.k
+    now = redis_now_ms(lua.r)
+    old = encode_member(b"a", encode_envelope(Envelope("A", V1, 1, 0)))
+    older = encode_member(b"b", encode_envelope(Envelope("B", V1, 1, 0)))
+    future = encode_member(b"c", encode_envelope(Envelope("C", V1, 1, 0)))
+    lua.r.zadd(k.delayed, {older: now - 5000, old: now - 2000, future: now + 3_600_000})
+    promoted, depth, lag, t = promote(lua, limit=1)
+    assert (promoted, depth) == (1, 2)
+    assert lag >= 2000 and lag == t - (now - 2000)  # the oldest remaining member is `old`
+    assert [dict(f)["n"] for _e, f in lua.stream()] == [b"b"]
+    promoted, depth, lag, _t = promote(lua)
+    assert (promoted, depth, lag) == (1, 1, 0)  # only the future one is left: no lag
+    assert lua.r.zrange(k.delayed, 0, -1) == [future]
+
+
+def test_promote_with_events_off_writes_none(lua: Lua) -> None:
+    lua.r.zadd(lua.k.delayed, {V7: 1})
+    assert promote(lua, events_max=0)[0] == 1
+    assert lua.r.exists(lua.k.events) == 0
+
+
+def test_promote_tolerates_an_envelope_it_cannot_parse(lua: Lua) -> None:
+    """The member still moves (the consumer DLQs it as decode_failed); no waiting event."""
+    lua.r.zadd(lua.k.delayed, {encode_member(b"bad", b"\xc1garbage"): 1})
+    assert promote(lua)[0] == 1
+    ((_eid, fields),) = lua.stream()
+    assert fields == [("d", b"\xc1garbage"), ("n", b"bad")]
+    assert lua.events() == []
+
+
+def test_promote_moves_a_member_shorter_than_its_prefix_instead_of_failing(lua: Lua) -> None:
+    """A broken member must not stall promotion of everything due after it."""
+    lua.r.zadd(lua.k.delayed, {b"\x01\x02": 1, V7: 2})
+    assert promote(lua)[0] == 2
+    assert [f for _e, f in lua.stream()] == [[("d", b"\x01\x02")], [("d", V2), ("n", b"send-email")]]
+
+
+def test_two_promoters_cannot_promote_a_member_twice(lua: Lua) -> None:
+    lua.r.zadd(lua.k.delayed, {V7: 1})
+    assert promote(lua)[0] == 1
+    assert promote(lua)[0] == 0
+    assert lua.r.xlen(lua.k.stream) == 1
+
+
+# ---- 11.2 RETRY ------------------------------------------------------------------------------
+
+
+def retry_args(lua: Lua, eid: bytes, run_at: int, member: bytes, name: str, events_max: int = 100_000) -> list[Any]:
+    return ["default", eid, run_at, member, lua.flag, events_max, 1_700_000_000_200, JOB_ID, name, 1, REASON, 511, 2, 137]
+
+
+def test_retry_gate_returns_1_then_0(lua: Lua) -> None:
+    k = lua.k
+    eid = lua.pending_entry({"d": V2, "n": NAME})
+    keys = [k.stream, k.delayed, k.events]
+    run_at = 1_700_000_000_337
+    assert lua("retry", keys, retry_args(lua, eid, run_at, V8, NAME)) == 1
+    assert lua.r.zscore(k.delayed, V8) == run_at
+    assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0  # acked and deleted
+    expected_events = [
+        [("e", b"failed"), ("id", JOB_ID.encode()), ("ts", b"1700000000200"), ("n", b"send-email"),
+         ("attempt", b"1"), ("reason", REASON.encode()), ("duration_us", b"511")],
+        [("e", b"retry-scheduled"), ("id", JOB_ID.encode()), ("ts", b"1700000000200"), ("n", b"send-email"),
+         ("attempt", b"2"), ("backoff_ms", b"137")],
+    ]
+    assert lua.events() == expected_events
+    # a repeated call (e.g. a client retry after a lost reply) schedules nothing twice
+    assert lua("retry", keys, retry_args(lua, eid, run_at + 5, V8, NAME)) == 0
+    assert lua.r.zrange(k.delayed, 0, -1, withscores=True) == [(V8, run_at)]
+    assert lua.events() == expected_events
+
+
+def test_retry_unnamed_job_has_no_n_in_events(lua: Lua) -> None:
+    k = lua.k
+    eid = lua.pending_entry({"d": V2})
+    member = encode_member(b"", encode_envelope(Envelope(JOB_ID, V1, 1_700_000_000_000, 1)))
+    assert lua("retry", [k.stream, k.delayed, k.events], retry_args(lua, eid, 5, member, "")) == 1
+    assert [dict(e).get("n") for e in lua.events()] == [None, None]
+
+
+def test_retry_of_an_entry_nobody_holds_does_nothing(lua: Lua) -> None:
+    k = lua.k
+    lua.pending_entry({"d": V2})
+    assert lua("retry", [k.stream, k.delayed, k.events], retry_args(lua, b"1-1", 5, V8, NAME)) == 0
+    assert lua.r.zcard(k.delayed) == 0 and lua.events() == [] and lua.r.xlen(k.stream) == 1
+
+
+# ---- DLQ relocation (7.1, as one script) ----------------------------------------------------------
+
+
+def dead_letter_args(lua: Lua, eid: bytes, **over: Any) -> list[Any]:
+    a = {"payload": V3, "name": NAME, "reason": "retries_exhausted", "detail": "", "job_id": JOB_ID, "attempt": 3,
+         "failed": REASON, "duration_us": 9, "failure_ttl": 0}
+    a.update(over)
+    return ["default", eid, lua.flag, 100_000, 100_000, 1_700_000_005_100, a["payload"], a["name"], a["reason"],
+            a["detail"], a["job_id"], a["attempt"], a["failed"], a["duration_us"], a["failure_ttl"], lua.k.prefix]
+
+
+def test_dead_letter_after_the_last_run(lua: Lua) -> None:
+    k = lua.k
+    eid = lua.pending_entry({"d": V3, "n": NAME})
+    keys = [k.stream, k.dlq, k.events]
+    assert lua("dead_letter", keys, dead_letter_args(lua, eid)) == 1
+    assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0
+    ((_id, fields),) = lua.r.xrange(k.dlq)
+    assert kv(fields) == [("d", V3), ("n", b"send-email"), ("source_id", eid), ("reason", b"retries_exhausted")]
+    assert lua.events() == [
+        [("e", b"failed"), ("id", JOB_ID.encode()), ("ts", b"1700000005100"), ("n", b"send-email"), ("attempt", b"3"),
+         ("reason", REASON.encode()), ("duration_us", b"9")],
+        [("e", b"dlq"), ("id", JOB_ID.encode()), ("ts", b"1700000005100"), ("n", b"send-email"), ("attempt", b"3"),
+         ("reason", b"retries_exhausted")],
+    ]
+    # exactly once: the entry is no longer pending, so a repeat writes nothing
+    assert lua("dead_letter", keys, dead_letter_args(lua, eid)) == 0
+    assert lua.r.xlen(k.dlq) == 1 and len(lua.events()) == 2
+
+
+def test_dead_letter_reader_side_malformed(lua: Lua) -> None:
+    k = lua.k
+    eid = lua.pending_entry({"x": "no d"})
+    args = dead_letter_args(lua, eid, payload=b"", name="", reason="malformed",
+                            detail="missing or non-bytes payload field", job_id="", attempt=0, failed="")
+    assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
+    ((_id, fields),) = lua.r.xrange(k.dlq)
+    assert kv(fields) == [("d", b""), ("source_id", eid), ("reason", b"malformed"),
+                          ("detail", b"missing or non-bytes payload field")]
+    assert lua.events() == [[("e", b"dlq"), ("id", b""), ("ts", b"1700000005100"), ("attempt", b"0"),
+                             ("reason", b"malformed")]]
+
+
+def test_dead_letter_failure_record(lua: Lua) -> None:
+    k = lua.k
+    eid = lua.pending_entry({"d": V2})
+    args = dead_letter_args(lua, eid, payload=V2, name="", reason="unrecoverable", attempt=1, failure_ttl=60_000)
+    assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
+    assert msgpack.unpackb(lua.r.get(k.failure(JOB_ID)), raw=False) == ["unrecoverable", "", 1_700_000_005_100]
+    assert 0 < lua.r.pttl(k.failure(JOB_ID)) <= 60_000
+
+
+# ---- 11.3 REPLAY_DLQ ---------------------------------------------------------------------------
+
+
+def test_replay_moves_each_entry_once(lua: Lua) -> None:
+    k = lua.k
+    named = lua.r.xadd(k.dlq, {"d": V3, "n": NAME, "source_id": "1-0", "reason": "retries_exhausted"})
+    unnamed = lua.r.xadd(k.dlq, {"d": V3, "source_id": "1-1", "reason": "unrecoverable"})
+    argv = [1_000_000, named, V2, NAME, unnamed, V2, ""]
+    assert lua("replay_dlq", [k.dlq, k.stream], argv) == 2
+    assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")], [("d", V2)]]
+    assert lua.r.xlen(k.dlq) == 0
+    assert lua("replay_dlq", [k.dlq, k.stream], argv) == 0  # concurrent/repeated replays cannot duplicate
+    assert lua.r.xlen(k.stream) == 2
+
+
+# ---- 11.4 / 11.5 locks -----------------------------------------------------------------------------
+
+
+def test_locks_acquire_renew_and_compare_and_delete(lua: Lua) -> None:
+    lock = lua.k.promoter_lock
+    assert lua("acquire_lock", [lock], ["c-a", 5]) == 1
+    assert lua.r.get(lock) == b"c-a" and 0 < lua.r.ttl(lock) <= 5
+    assert lua("acquire_lock", [lock], ["c-b", 5]) == 0  # someone else leads
+    lua.r.expire(lock, 2)
+    assert lua("acquire_lock", [lock], ["c-a", 5]) == 1  # renewal restores the TTL
+    assert lua.r.ttl(lock) > 2
+    assert lua("release_lock", [lock], ["c-b"]) == 0
+    assert lua.r.get(lock) == b"c-a"
+    assert lua("release_lock", [lock], ["c-a"]) == 1
+    assert lua.r.exists(lock) == 0
+    assert lua("acquire_lock", [lock], ["c-b", 5]) == 1
+
+
+def test_scheduler_lock_is_independent(lua: Lua) -> None:
+    assert lua("acquire_lock", [lua.k.promoter_lock], ["c-a", 5]) == 1
+    assert lua("acquire_lock", [lua.k.scheduler_lock], ["s-b", 5]) == 1
+
+
+# ---- 11.6 / 11.7 idempotent schedule and cancel ------------------------------------------------------
+
+
+def schedule(lua: Lua, member: bytes = V7, run_at: int = 1_700_000_060_000) -> int:
+    k = lua.k
+    return lua("schedule_delayed_idempotent", [k.dlid(JOB_ID), k.delayed, k.didx(JOB_ID)], [3660, run_at, member])
+
+
+def cancel(lua: Lua) -> int:
+    k = lua.k
+    return lua("cancel_delayed", [k.delayed, k.didx(JOB_ID), k.dlid(JOB_ID)], [])
+
+
+def test_idempotent_schedule_1_then_0(lua: Lua) -> None:
+    k = lua.k
+    assert schedule(lua) == 1
+    assert lua.r.zrange(k.delayed, 0, -1, withscores=True) == [(V7, 1_700_000_060_000)]
+    assert lua.r.get(k.dlid(JOB_ID)) == b"1" and lua.r.get(k.didx(JOB_ID)) == V7
+    assert 3650 < lua.r.ttl(k.dlid(JOB_ID)) <= 3660 and 3650 < lua.r.ttl(k.didx(JOB_ID)) <= 3660
+    other = encode_member(b"other", V2)
+    assert schedule(lua, other, 5) == 0  # duplicate suppressed, nothing changes
+    assert lua.r.zrange(k.delayed, 0, -1, withscores=True) == [(V7, 1_700_000_060_000)]
+
+
+def test_cancel_then_schedule_again(lua: Lua) -> None:
+    k = lua.k
+    assert schedule(lua) == 1
+    assert cancel(lua) == 1
+    assert lua.r.zcard(k.delayed) == 0
+    assert lua.r.exists(k.didx(JOB_ID), k.dlid(JOB_ID)) == 0
+    assert cancel(lua) == 0
+    assert schedule(lua) == 1  # the same id may be scheduled again
+
+
+def test_cancel_after_promotion_returns_0_and_leaves_the_marker(lua: Lua) -> None:
+    k = lua.k
+    assert schedule(lua) == 1
+    lua.r.zrem(k.delayed, V7)  # promoted (or otherwise gone) in between
+    assert cancel(lua) == 0
+    assert lua.r.get(k.dlid(JOB_ID)) == b"1"  # left to expire: a late duplicate is still suppressed
+
+
+def test_cancel_of_an_unknown_id(lua: Lua) -> None:
+    assert cancel(lua) == 0
+
+
+# ---- our batch scripts ----------------------------------------------------------------------------
+
+
+def test_complete_batch_acks_records_results_and_events(lua: Lua) -> None:
+    k = lua.k
+    e1 = lua.pending_entry({"d": V2, "n": NAME})
+    e2 = lua.pending_entry({"d": V2})
+    argv = ["default", lua.flag, 100_000, 60_000, k.prefix, 1_700_000_000_106,
+            e1, "J1", NAME, 1, 842, msgpack.packb({"ok": 1}),
+            e2, "J2", "", 2, 7, ""]
+    assert lua("complete_batch", [k.stream, k.events], argv) == 2
+    assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0
+    assert msgpack.unpackb(lua.r.get(k.result("J1"))) == {"ok": 1}
+    assert 0 < lua.r.pttl(k.result("J1")) <= 60_000
+    assert lua.r.exists(k.result("J2")) == 0  # "" = nothing to store
+    expected = [
+        [("e", b"completed"), ("id", b"J1"), ("ts", b"1700000000106"), ("n", b"send-email"), ("attempt", b"1"),
+         ("duration_us", b"842")],
+        [("e", b"completed"), ("id", b"J2"), ("ts", b"1700000000106"), ("attempt", b"2"), ("duration_us", b"7")],
+    ]
+    assert lua.events() == expected
+    assert lua("complete_batch", [k.stream, k.events], argv) == 0  # already acked: no second event
+    assert lua.events() == expected
+
+
+def test_complete_batch_with_events_and_results_off(lua: Lua) -> None:
+    k = lua.k
+    e1 = lua.pending_entry({"d": V2})
+    argv = ["default", lua.flag, 0, 0, k.prefix, 1, e1, "J1", "", 1, 5, b"\x01"]
+    assert lua("complete_batch", [k.stream, k.events], argv) == 1
+    assert lua.r.exists(k.events, k.result("J1")) == 0
+
+
+def test_enqueue_batch_and_delay_batch(lua: Lua) -> None:
+    k = lua.k
+    assert lua("enqueue_batch", [k.stream], [1_000_000, V2, NAME, V3, ""]) == 2
+    assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")], [("d", V3)]]
+    assert lua("delay_batch", [k.delayed], [10, V7, 20, V8]) == 2
+    assert lua.r.zrange(k.delayed, 0, -1, withscores=True) == [(V7, 10), (V8, 20)]
+
+
+def test_emit_events_writes_each_event_in_order(lua: Lua) -> None:
+    k = lua.k
+    argv = [100_000, 2, "e", "drained", "id", "", 3, "e", "active", "id", "J", "attempt", "1"]
+    assert lua("emit_events", [k.events], argv) == 2
+    assert lua.events() == [[("e", b"drained"), ("id", b"")],
+                            [("e", b"active"), ("id", b"J"), ("attempt", b"1")]]
+
+
+def test_add_unique_marker(lua: Lua) -> None:
+    k = lua.k
+    keys = [k.unique("u1"), k.stream, k.delayed]
+    assert lua("add_unique", keys, [60_000, "J1", 0, 1_000_000, V2, NAME, b""]) == [1, b"J1"]
+    assert lua("add_unique", keys, [60_000, "J2", 0, 1_000_000, V3, NAME, b""]) == [0, b"J1"]
+    assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")]]
+    assert 0 < lua.r.pttl(k.unique("u1")) <= 60_000
+    delayed_keys = [k.unique("u2"), k.stream, k.delayed]
+    assert lua("add_unique", delayed_keys, [60_000, "J3", 99, 1_000_000, V2, "", V7]) == [1, b"J3"]
+    assert lua.r.zrange(k.delayed, 0, -1, withscores=True) == [(V7, 99)]
+
+
+def test_every_engine_script_has_a_test() -> None:
+    """The engine's scripts (the scheduler's are tested with the scheduler)."""
+    tested = {"promote", "retry", "dead_letter", "replay_dlq", "acquire_lock", "release_lock",
+              "schedule_delayed_idempotent", "cancel_delayed", "complete_batch", "enqueue_batch", "delay_batch",
+              "emit_events", "add_unique"}
+    assert tested <= set(SCRIPTS)

@@ -1,0 +1,159 @@
+"""``sync/queue.py`` is the blocking twin of ``engine/queue.py``: the same methods with the
+same bodies, differing only in async/await/aclose-style tokens.  And importing the package
+(or the worker) never pulls in Airflow or PySpark."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import airflow_provider_chasqui.engine.queue as async_mod
+import airflow_provider_chasqui.sync.queue as sync_mod
+from airflow_provider_chasqui import Queue, SyncQueue
+
+# async-side name -> sync-side name; everything else must be identical
+RENAMES = {
+    "Queue": "SyncQueue",
+    "AsyncDriver": "SyncDriver",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "aclose": "close",
+}
+# The one deliberate difference: an asyncio Job can await its own result (Job.wait_for_result
+# is a coroutine), so only the async twin hands the Job its queue.
+ASYNC_ONLY_KEYWORDS = {("_job", "_queue")}
+
+
+class _ToSync(ast.NodeTransformer):
+    """async def -> def, await x -> x, async with/for -> with/for, renames applied, no docstrings."""
+
+    def __init__(self, method: str = "") -> None:
+        self.method = method
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+        new = ast.FunctionDef(**{f: getattr(node, f) for f in node._fields})
+        return self.visit_FunctionDef(ast.copy_location(new, node))
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        node.name = RENAMES.get(node.name, node.name)
+        self.generic_visit(node)
+        return node
+
+    def visit_Await(self, node: ast.Await) -> ast.AST:
+        return self.visit(node.value)
+
+    def visit_AsyncWith(self, node: ast.AsyncWith) -> ast.AST:
+        return self.visit(ast.copy_location(ast.With(items=node.items, body=node.body, type_comment=None), node))
+
+    def visit_AsyncFor(self, node: ast.AsyncFor) -> ast.AST:
+        new = ast.For(target=node.target, iter=node.iter, body=node.body, orelse=node.orelse, type_comment=None)
+        return self.visit(ast.copy_location(new, node))
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        node.id = RENAMES.get(node.id, node.id)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        node.attr = RENAMES.get(node.attr, node.attr)
+        return node
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        if isinstance(node.value, str):  # string annotations such as "Queue"
+            node.value = RENAMES.get(node.value, node.value)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        node.keywords = [kw for kw in node.keywords if (self.method, kw.arg) not in ASYNC_ONLY_KEYWORDS]
+        return node
+
+
+def _strip_docstrings(node: ast.AST) -> None:
+    for child in ast.walk(node):
+        body = getattr(child, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            child.body = body[1:] or [ast.Pass()]
+
+
+def _class(module, name: str) -> ast.ClassDef:
+    tree = ast.parse(Path(module.__file__).read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    _strip_docstrings(cls)
+    return cls
+
+
+def _methods(cls: ast.ClassDef, to_sync: bool) -> dict[str, str]:
+    out = {}
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if to_sync:
+                node = _ToSync(node.name).visit(node)
+            out[node.name] = ast.dump(node, include_attributes=False)
+    return out
+
+
+def test_the_twins_have_the_same_methods_with_the_same_bodies() -> None:
+    async_methods = _methods(_class(async_mod, "Queue"), to_sync=True)
+    sync_methods = _methods(_class(sync_mod, "SyncQueue"), to_sync=False)
+    assert sorted(async_methods) == sorted(sync_methods)
+    differ = [name for name in async_methods if async_methods[name] != sync_methods[name]]
+    assert differ == [], f"methods that differ beyond async/await tokens: {differ}"
+
+
+def test_the_only_async_only_keyword_is_still_there() -> None:
+    """Keep the exception list honest: if the async twin stops passing _queue, drop the rule."""
+    src = inspect.getsource(Queue._job)
+    assert "_queue=self" in src
+    assert "_queue" not in inspect.getsource(SyncQueue._job)
+
+
+def test_every_async_method_is_a_coroutine_and_every_sync_one_is_not() -> None:
+    for name, fn in inspect.getmembers(Queue, inspect.isfunction):
+        if name.startswith("_") and name not in ("__aenter__", "__aexit__"):
+            continue
+        twin = getattr(SyncQueue, RENAMES.get(name, name))
+        assert inspect.iscoroutinefunction(fn), name
+        assert not inspect.iscoroutinefunction(twin), name
+        a, s = inspect.signature(fn), inspect.signature(twin)
+        assert list(a.parameters) == list(s.parameters), name
+        for p in a.parameters:
+            assert a.parameters[p].default == s.parameters[p].default, (name, p)
+
+
+def test_shared_module_helpers_are_shared_not_copied() -> None:
+    assert sync_mod.window_to_ms is async_mod.window_to_ms
+    assert sync_mod.DEFAULT_URL is async_mod.DEFAULT_URL
+    sync_tree = ast.parse(Path(sync_mod.__file__).read_text())
+    async_tree = ast.parse(Path(async_mod.__file__).read_text())
+    sync_fns = {n.name: n for n in sync_tree.body if isinstance(n, ast.FunctionDef)}
+    async_fns = {n.name: n for n in async_tree.body if isinstance(n, ast.FunctionDef)}
+    for name, fn in sync_fns.items():
+        if name in async_fns:
+            assert ast.dump(fn) == ast.dump(async_fns[name]), name
+
+
+ISOLATION = textwrap.dedent(
+    """
+    import sys
+    import airflow_provider_chasqui
+    import airflow_provider_chasqui.engine.worker
+    import airflow_provider_chasqui.engine.queue
+    import airflow_provider_chasqui.sync.queue
+    from airflow_provider_chasqui import Queue, SyncQueue, Worker, QueueEvents
+    bad = sorted(m for m in sys.modules
+                 if m.split(".")[0] in ("airflow", "pyspark", "py4j", "sqlalchemy", "pendulum"))
+    print("LEAKED", bad)
+    """
+)
+
+
+def test_importing_the_package_and_the_worker_does_not_import_airflow_or_pyspark() -> None:
+    proc = subprocess.run([sys.executable, "-c", ISOLATION], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "LEAKED []" in proc.stdout, proc.stdout
