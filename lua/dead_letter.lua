@@ -37,6 +37,9 @@ if events_max > 0 then
   event('dlq', {'attempt', ARGV[12], 'reason', ARGV[9]})
 end
 if tonumber(ARGV[15]) > 0 and job_id ~= '' then
-  redis.call('SET', ARGV[16] .. ':failure:' .. job_id, cmsgpack.pack({ARGV[9], ARGV[10], tonumber(ARGV[6])}), 'PX', ARGV[15])
+  -- the record's detail: the DLQ detail, else the handler's error (our key, not on the wire)
+  local detail = ARGV[10]
+  if detail == '' then detail = ARGV[13] end
+  redis.call('SET', ARGV[16] .. ':failure:' .. job_id, cmsgpack.pack({ARGV[9], detail, tonumber(ARGV[6])}), 'PX', ARGV[15])
 end
 return 1

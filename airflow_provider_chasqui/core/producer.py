@@ -273,20 +273,23 @@ class ProducerCore:
             return "failed"
         return "delayed" if int_reply(delayed) else "unknown"
 
-    def wait_for_jobs(self, job_ids: Iterable[str], timeout_ms: int, clock: Any) -> Flow:
+    def wait_for_jobs(self, job_ids: Iterable[str], timeout_ms: int, clock: Any, *,
+                      stop_on_failure: bool = False) -> Flow:
         """Block on the events stream until every id completed or failed.
 
         Returns ``{id: ("completed", result) | ("failed", reason, detail)}``; ids still
-        running at the deadline are absent.  ``clock()`` gives monotonic ms.
+        running at the deadline are absent.  ``clock()`` gives monotonic ms.  With
+        ``stop_on_failure`` it returns as soon as one job is known to have failed.
         """
         pending = set(job_ids)
         k = self.keys
         deadline = clock() + timeout_ms
+        failed_ids: list[str] = []
         last = yield command("XREVRANGE", k.events, "+", "-", "COUNT", 1)
         cursor = str_reply(last[0][0]) if last else "0-0"
         outcomes = yield from self._stored_outcomes(sorted(pending))
         pending -= set(outcomes)
-        while pending:
+        while pending and not (stop_on_failure and any(o[0] == "failed" for o in outcomes.values())):
             remaining = deadline - clock()
             if remaining <= 0:
                 break
@@ -300,9 +303,12 @@ class ProducerCore:
                     if jid in pending and kind in ("completed", "dlq"):
                         pending.discard(jid)
                         if kind == "dlq":
+                            failed_ids.append(jid)
                             outcomes[jid] = ("failed", str_reply(f.get("reason", b"")), "")
                         else:
                             outcomes[jid] = ("completed", None)
+        if failed_ids:  # the failure records carry the handler's error as detail
+            outcomes.update((yield from self._stored_outcomes(failed_ids)))
         done = [j for j, o in outcomes.items() if o[0] == "completed" and o[1] is None]
         if done:
             values = yield from self.get_results(done)

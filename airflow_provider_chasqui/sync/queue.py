@@ -124,11 +124,13 @@ class SyncQueue:
         spec_key, created = self.driver.run(flow)
         return self._job(spec_key, created, name, data)
 
-    def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[Job]:
+    def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[str]:
         """Upsert many specs (dicts with ``upsert_repeatable_job``'s argument names plus ``name``
-        and ``data``): all validated first, then one script call per 1,000, one round trip."""
-        keys, created = self.driver.run(self._specs.upsert_bulk(list(specs)))
-        return [self._job(k, created, s["name"], s.get("data")) for k, s in zip(keys, specs)]
+        and ``data``); returns their keys.  One script call per 1,000 specs, streamed: each
+        chunk is validated and encoded while Redis writes the previous one, and a bad item
+        fails the call before its chunk is sent (earlier chunks stay written)."""
+        keys, _created = self.driver.run(self._specs.upsert_bulk(list(specs)))
+        return keys
 
     def get_repeatable_job(self, key: str) -> RepeatableInfo | None:
         """One spec, active or paused, with its counters and overrides; None if absent."""
@@ -183,9 +185,10 @@ class SyncQueue:
         """``completed``, ``failed`` (in the DLQ), ``delayed`` or ``unknown``."""
         return self.driver.run(self._flows.get_job_state(job_id))
 
-    def wait_for_results(self, job_ids: Sequence[str], timeout: float = 30.0) -> dict[str, tuple[Any, ...]]:
-        """Block on the events stream until the jobs end; see ``QueueFlows.wait_for_jobs``."""
-        flow = self._flows.wait_for_jobs(job_ids, int(timeout * 1000), _monotonic_ms)
+    def wait_for_results(self, job_ids: Sequence[str], timeout: float = 30.0, *,
+                   stop_on_failure: bool = False) -> dict[str, tuple[Any, ...]]:
+        """Block on the events stream until the jobs end (or one failed, with ``stop_on_failure``)."""
+        flow = self._flows.wait_for_jobs(job_ids, int(timeout * 1000), _monotonic_ms, stop_on_failure=stop_on_failure)
         return self.driver.run(flow)
 
     def wait_for_result(self, job_id: str, timeout: float = 30.0) -> Any:

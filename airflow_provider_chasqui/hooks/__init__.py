@@ -1,0 +1,1 @@
+"""Airflow hooks of the Chasqui provider (``chasqui`` connection type).  Imports Airflow."""

@@ -1,0 +1,82 @@
+"""``ChasquiHook``: an Airflow ``chasqui`` connection turned into engine queues.
+
+The hook is deliberately thin: it resolves the connection (sync ``get_connection`` for
+operators, ``aget_connection`` for triggers, which must not block the triggerer's loop),
+validates it into :class:`~._connection.ChasquiConnectionSettings`, and opens a blocking
+:class:`~airflow_provider_chasqui.SyncQueue` or an asyncio
+:class:`~airflow_provider_chasqui.Queue`.  Everything else is the engine's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from ..engine.queue import Queue
+from ..sync._driver import translate_errors
+from ..sync.queue import SyncQueue
+from ._connection import ChasquiConnectionSettings
+
+__all__ = ["ChasquiHook"]
+
+
+def _settings(conn: Any, extra: dict[str, Any]) -> ChasquiConnectionSettings:
+    return ChasquiConnectionSettings.from_fields(host=conn.host, port=conn.port, login=conn.login,
+                                                 password=conn.password, schema=conn.schema, extra=extra)
+
+
+class ChasquiHook(BaseHook):
+    """Opens Chasqui queues on the Redis an Airflow connection describes.
+
+    One hook per connection id; each ``get_queue``/``aget_queue`` call returns a new queue
+    with its own connection pool, which the caller closes (both are context managers).
+    The hook itself holds no client, so it is safe to share between threads.
+
+    :param chasqui_conn_id: the ``chasqui`` connection (host, port, db, ACL user and password,
+        TLS and mode in the extras; see the provider's ``conn-fields``).
+
+    .. seealso:: ``airflow_provider_chasqui.hooks._connection`` for every connection field.
+    """
+
+    conn_name_attr = "chasqui_conn_id"
+    default_conn_name = "chasqui_default"
+    conn_type = "chasqui"
+    hook_name = "Chasqui (Redis Streams)"
+
+    def __init__(self, chasqui_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.chasqui_conn_id = chasqui_conn_id
+
+    # ---- settings ---------------------------------------------------------------------
+    def get_settings(self) -> ChasquiConnectionSettings:
+        conn = self.get_connection(self.chasqui_conn_id)
+        return _settings(conn, conn.extra_dejson)
+
+    async def aget_settings(self) -> ChasquiConnectionSettings:
+        conn = await self.aget_connection(self.chasqui_conn_id)
+        return _settings(conn, await conn.aextra_dejson())
+
+    # ---- queues -----------------------------------------------------------------------
+    def get_queue(self, queue_name: str | None = None) -> SyncQueue:
+        """A blocking queue (``queue_name`` or the connection's ``default_queue``)."""
+        settings = self.get_settings()
+        return SyncQueue(settings.queue_name(queue_name), redis_url=settings.redis_url())
+
+    async def aget_queue(self, queue_name: str | None = None) -> Queue:
+        """The asyncio twin of :meth:`get_queue`, for triggers."""
+        settings = await self.aget_settings()
+        return Queue(settings.queue_name(queue_name), redis_url=settings.redis_url())
+
+    def get_conn(self) -> SyncQueue:
+        """``BaseHook`` protocol: the connection's default queue."""
+        return self.get_queue()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the UI's Test button: PING the server the connection points at."""
+        try:
+            with self.get_queue(self.get_settings().default_queue or "connection-test") as queue, translate_errors():
+                queue.driver.client.execute_command("PING")
+        except Exception as exc:  # noqa: BLE001 - the UI shows the reason instead of a traceback
+            return False, f"{type(exc).__name__}: {exc}"
+        return True, "Redis answered PING"

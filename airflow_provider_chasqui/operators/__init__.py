@@ -1,0 +1,1 @@
+"""Airflow operators of the Chasqui provider.  Imports Airflow."""

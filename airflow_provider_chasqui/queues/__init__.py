@@ -1,0 +1,1 @@
+"""common-messaging queue providers of the Chasqui provider (``MessageQueueTrigger(scheme="chasqui")``)."""

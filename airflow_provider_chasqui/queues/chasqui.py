@@ -1,0 +1,83 @@
+"""The ``chasqui`` scheme of common-messaging's ``MessageQueueTrigger``.
+
+``MessageQueueTrigger(scheme="chasqui", queue_name=..., mode="queue" | "completion",
+job_names=[...], chasqui_conn_id=..., cursor=...)`` inside an ``AssetWatcher`` resolves to
+:class:`~airflow_provider_chasqui.triggers.queue_events.ChasquiQueueEventTrigger` with those
+keyword arguments.  The deprecated URI form is understood too::
+
+    MessageQueueTrigger(queue="chasqui://chasqui_default/files?job_names=file_arrived")
+    MessageQueueTrigger(queue="chasqui:///reports?mode=completion&job_names=report,rollup&cursor=nightly")
+
+(host = connection id, empty for ``chasqui_default``; path = the queue name, percent-encoded).
+
+Airflow imports this module whenever ``MessageQueueTrigger`` is imported (DAG parsing included),
+so it stays light: the trigger module, which pulls in Redis and the engine, is imported only
+when a trigger is built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from airflow.sdk.exceptions import AirflowOptionalProviderFeatureException
+
+try:
+    from airflow.providers.common.messaging.providers.base_provider import BaseMessageQueueProvider
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise AirflowOptionalProviderFeatureException(
+        "The chasqui message-queue provider needs apache-airflow-providers-common-messaging "
+        "(pip install 'airflow-provider-chasqui[airflow]')") from exc
+
+if TYPE_CHECKING:
+    from airflow.triggers.base import BaseEventTrigger
+
+__all__ = ["ChasquiMessageQueueProvider", "SCHEME"]
+
+SCHEME = "chasqui"
+_URI_KEYS = {"mode", "job_names", "cursor"}
+
+
+class ChasquiMessageQueueProvider(BaseMessageQueueProvider):
+    """Chasqui queues (jobs or completions) as asset-watcher triggers: scheme ``chasqui``."""
+
+    scheme = SCHEME
+
+    def queue_matches(self, queue: str) -> bool:
+        return urlsplit(queue).scheme == SCHEME
+
+    def trigger_class(self) -> type[BaseEventTrigger]:
+        from ..triggers.queue_events import ChasquiQueueEventTrigger
+
+        return ChasquiQueueEventTrigger
+
+    def trigger_kwargs(self, queue: str, **kwargs: Any) -> dict[str, Any]:
+        """``chasqui://[<conn id>]/<queue>[?mode=..&job_names=a,b&cursor=..]`` -> trigger kwargs.
+
+        Keyword arguments given next to the URI are passed by common-messaging as well, so a
+        setting may come from one place only.
+        """
+        parts = urlsplit(queue)
+        if parts.scheme != SCHEME:
+            raise ValueError(f"not a chasqui queue URI: {queue!r}")
+        name = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if not name:
+            raise ValueError(f"{queue!r} names no queue: use chasqui://[<conn id>]/<queue name>")
+        query = parse_qs(parts.query, keep_blank_values=False, strict_parsing=False)
+        unknown = set(query) - _URI_KEYS
+        if unknown:
+            raise ValueError(f"unknown chasqui URI parameters {sorted(unknown)}; known: {sorted(_URI_KEYS)}")
+        out: dict[str, Any] = {"queue_name": name}
+        if parts.netloc:
+            out["chasqui_conn_id"] = unquote(parts.netloc)
+        for key in ("mode", "cursor"):
+            if key in query:
+                if len(query[key]) != 1:
+                    raise ValueError(f"{key} given {len(query[key])} times in {queue!r}")
+                out[key] = query[key][0]
+        if "job_names" in query:
+            out["job_names"] = [n for value in query["job_names"] for n in value.split(",") if n]
+        clash = set(out) & set(kwargs)
+        if clash:
+            raise ValueError(f"{sorted(clash)} given both in the URI and as keyword arguments")
+        return out

@@ -1,0 +1,1 @@
+"""Airflow sensors of the Chasqui provider.  Imports Airflow."""

@@ -1,0 +1,137 @@
+"""``ChasquiJobSensor``: wait for one or many Chasqui jobs to finish and return their results."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
+
+from ..hooks.chasqui import ChasquiHook
+from ..operators._common import default_deferrable, failure_message, result_from_event
+from ..sync.queue import SyncQueue
+from ..triggers.job import ChasquiJobTrigger, first_error
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["ChasquiJobSensor"]
+
+
+class ChasquiJobSensor(BaseSensorOperator):
+    """Waits until Chasqui jobs completed; fails with the reason when one is dead-lettered.
+
+    Give the ids directly (``job_id``: one id, a list, or an upstream ``.output``) or name the
+    upstream task whose XCom holds them (``upstream_task_id`` + ``xcom_key``).  The sensor
+    checks once; if the jobs are not done it defers to :class:`ChasquiJobTrigger`, which
+    blocks on Redis in the triggerer, so one sensor can wait for thousands of jobs without a
+    worker slot.  With ``deferrable=False`` it pokes (``poke``/``reschedule`` modes) instead.
+    ``timeout``, ``soft_fail`` and ``never_fail`` behave as in Airflow's own sensors; a
+    dead-lettered job counts as a failure (so ``soft_fail`` skips).
+
+    Returns the handler's result for a single id, or ``{job_id: result}`` for a list.  The
+    worker must run with ``store_results=True``.  One instance per task; not thread-safe.
+
+    :param job_id: a job id or a list of ids. (templated)
+    :param upstream_task_id: instead of ``job_id``: the task whose XCom holds the id(s). (templated)
+    :param xcom_key: the XCom key to pull from ``upstream_task_id``. (templated)
+    :param queue_name: the jobs' queue; default: the connection's ``default_queue``. (templated)
+    :param chasqui_conn_id: the ``chasqui`` connection. (templated)
+    :param deferrable: defer to the triggerer (default: ``[chasqui] default_deferrable``, True
+        unless configured; see :func:`~airflow_provider_chasqui.operators._common.default_deferrable`).
+    :param wait_chunk_secs: longest single blocking wait of the trigger on Redis.
+
+    .. seealso:: :class:`~airflow_provider_chasqui.triggers.job.ChasquiJobTrigger`
+    """
+
+    template_fields: Sequence[str] = ("job_id", "upstream_task_id", "xcom_key", "queue_name", "chasqui_conn_id")
+    ui_color = "#f4d35e"
+
+    def __init__(self, *, job_id: str | list[str] | Any = None, upstream_task_id: str | None = None,
+                 xcom_key: str = "return_value", queue_name: str | None = None,
+                 chasqui_conn_id: str = ChasquiHook.default_conn_name, deferrable: bool | None = None,
+                 wait_chunk_secs: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if (job_id is None) == (upstream_task_id is None):
+            raise ValueError("give exactly one of job_id and upstream_task_id")
+        self.job_id = job_id
+        self.upstream_task_id = upstream_task_id
+        self.xcom_key = xcom_key
+        self.queue_name = queue_name
+        self.chasqui_conn_id = chasqui_conn_id
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
+        self.wait_chunk_secs = wait_chunk_secs
+        self._queue: SyncQueue | None = None
+
+    # ---- ids --------------------------------------------------------------------------
+    def _job_ids(self, context: Context) -> tuple[list[str], bool]:
+        """``(ids, single)`` from ``job_id`` or the upstream XCom; rejects empty or odd values."""
+        value = self.job_id
+        if self.upstream_task_id is not None:
+            value = context["ti"].xcom_pull(task_ids=self.upstream_task_id, key=self.xcom_key)
+        single = isinstance(value, str)
+        ids = [value] if single else list(value) if isinstance(value, (list, tuple)) else None
+        if not ids or not all(isinstance(j, str) and j for j in ids):
+            raise AirflowFailException(f"no Chasqui job id(s) to wait for: got {value!r}")
+        return list(dict.fromkeys(ids)), single
+
+    # ---- checking ---------------------------------------------------------------------
+    def _check(self, ids: list[str], single: bool) -> tuple[str, PokeReturnValue]:
+        """One non-blocking look at the stored outcomes; returns ``(queue name, verdict)``."""
+        self._queue = sync_queue = ChasquiHook(self.chasqui_conn_id).get_queue(self.queue_name)
+        queue = sync_queue.name
+        try:
+            outcomes = sync_queue.wait_for_results(ids, timeout=0)
+        finally:
+            self._queue = None
+            sync_queue.close()
+        error = first_error(ids, outcomes, queue)
+        if error is not None:
+            raise AirflowFailException(failure_message(error))
+        if len(outcomes) < len(ids):
+            self.log.info("queue %s: %d of %d job(s) finished", queue, len(outcomes), len(ids))
+            return queue, PokeReturnValue(False)
+        results = {"status": "success", "results": {j: outcomes[j][1] for j in ids}}
+        return queue, PokeReturnValue(True, result_from_event(results, ids, single))
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        ids, single = self._job_ids(context)
+        return self._check(ids, single)[1]
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        try:
+            ids, single = self._job_ids(context)
+            queue, verdict = self._check(ids, single)
+        except AirflowFailException as exc:
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"Skipping due to soft_fail/never_fail: {exc}") from exc
+            raise
+        if verdict.is_done:
+            return verdict.xcom_value
+        trigger = ChasquiJobTrigger(job_ids=ids, queue_name=queue, chasqui_conn_id=self.chasqui_conn_id,
+                                    deadline=time.time() + self.timeout, wait_chunk_secs=self.wait_chunk_secs)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        """Resume after the trigger fired (``resume_execution`` applies soft_fail/never_fail).
+
+        The ids are resolved again from the re-rendered fields rather than carried in the
+        defer kwargs, which ``dag.test()`` drops (it resumes with ``{"event": ...}`` only).
+        """
+        if event and event.get("status") == "timeout":
+            pending = event["pending"]
+            raise AirflowSensorTimeout(f"Sensor has timed out after {self.timeout} s; still running: {pending}")
+        job_ids, single = self._job_ids(context)
+        result = result_from_event(event, job_ids, single)
+        self.log.info("%d Chasqui job(s) completed", len(job_ids))
+        return result
+
+    def on_kill(self) -> None:
+        """Close the Redis client of a check in progress (the deferred wait holds none here)."""
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            queue.close()

@@ -1,0 +1,1 @@
+"""Airflow triggers of the Chasqui provider; they run in the triggerer.  Imports Airflow."""

@@ -1,0 +1,173 @@
+"""``ChasquiJobTrigger``: waits in the triggerer until Chasqui jobs end.
+
+It blocks on Redis through the asyncio engine (``Queue.wait_for_results``: stored outcomes
+first, then XREAD BLOCK on the queue's events stream), never in a sleep-and-poll loop.  The
+wait runs in bounded chunks so cancellation, the optional deadline and Redis outages are
+handled between chunks.  Events are JSON-safe dicts:
+
+* ``{"status": "success", "results": {job_id: handler result}}``
+* ``{"status": "error", "job_id": ..., "reason": ..., "detail": ...}`` (a job in the DLQ, or a
+  result Airflow cannot carry)
+* ``{"status": "timeout", "pending": [job_id, ...]}`` (the deadline passed)
+
+Outcomes are read from the result/failure records, so the worker must run with
+``store_results=True``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from ..engine.queue import Queue
+from ..errors import ChasquiConnectionError
+from ..hooks.chasqui import ChasquiHook
+
+__all__ = ["ChasquiJobTrigger", "first_error", "json_safe_problem"]
+
+_MAX_BACKOFF_SECS = 10.0
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def json_safe_problem(value: Any, path: str = "result") -> str | None:
+    """Where ``value`` holds something Airflow's serde cannot carry (bytes, msgpack ext...)."""
+    if isinstance(value, _JSON_SCALARS):
+        return None
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            problem = json_safe_problem(item, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has a non-string key {key!r}"
+            problem = json_safe_problem(item, f"{path}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    return f"{path} is a {type(value).__name__}"
+
+
+def first_error(job_ids: list[str], outcomes: dict[str, tuple[Any, ...]], queue: str) -> dict[str, Any] | None:
+    """The error event for the first job (in ``job_ids`` order) that was dead-lettered or
+    returned something Airflow cannot carry; None when every finished job is fine."""
+    for jid in job_ids:
+        outcome = outcomes.get(jid)
+        if outcome is None:
+            continue
+        if outcome[0] == "failed":
+            detail = outcome[2] if len(outcome) > 2 else ""
+            return {"status": "error", "job_id": jid, "reason": outcome[1], "detail": detail, "queue": queue}
+        problem = json_safe_problem(outcome[1])
+        if problem:
+            return {"status": "error", "job_id": jid, "reason": "result_not_json_safe",
+                    "detail": f"{problem}; handlers awaited by Airflow must return JSON-compatible values "
+                              "(str, numbers, bools, None, lists, dicts with str keys)", "queue": queue}
+    return None
+
+
+class ChasquiJobTrigger(BaseTrigger):
+    """Fires once every job in ``job_ids`` completed, or when one was dead-lettered.
+
+    A dead letter is noticed when the wait chunk it happened in ends (the engine's wait
+    returns when all jobs finished or at its timeout), so at most ``wait_chunk_secs`` late.
+
+    Runs in the triggerer's event loop; holds one connection pool while running and closes
+    it on every exit.  Free of side effects unless ``cancel_on_kill`` (a user kill then
+    cancels the jobs that are still delayed), so running it twice (triggerer HA) is harmless.
+
+    :param job_ids: the jobs to wait for.
+    :param queue_name: their queue.
+    :param chasqui_conn_id: the ``chasqui`` connection.
+    :param deadline: Unix time (seconds) after which a ``timeout`` event fires; None = never.
+    :param wait_chunk_secs: longest single blocking wait on Redis.
+    :param cancel_on_kill: on a user kill, cancel the jobs that are still delayed.
+    """
+
+    def __init__(self, *, job_ids: list[str], queue_name: str, chasqui_conn_id: str = ChasquiHook.default_conn_name,
+                 deadline: float | None = None, wait_chunk_secs: float = 10.0, cancel_on_kill: bool = False) -> None:
+        super().__init__()
+        if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
+            raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
+        if wait_chunk_secs <= 0:
+            raise ValueError(f"wait_chunk_secs must be positive, got {wait_chunk_secs!r}")
+        self.job_ids = list(dict.fromkeys(job_ids))
+        self.queue_name = queue_name
+        self.chasqui_conn_id = chasqui_conn_id
+        self.deadline = deadline
+        self.wait_chunk_secs = wait_chunk_secs
+        self.cancel_on_kill = cancel_on_kill
+        self._queue: Queue | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_ids": list(self.job_ids),
+                "queue_name": self.queue_name,
+                "chasqui_conn_id": self.chasqui_conn_id,
+                "deadline": self.deadline,
+                "wait_chunk_secs": self.wait_chunk_secs,
+                "cancel_on_kill": self.cancel_on_kill,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        self._queue = queue = await ChasquiHook(self.chasqui_conn_id).aget_queue(self.queue_name)
+        try:
+            payload = await self._wait(queue)
+        finally:
+            await self.cleanup()
+        yield TriggerEvent(payload)
+
+    async def cleanup(self) -> None:
+        """Close the queue's pool; ``run()`` calls it in ``finally``, the triggerer again (a no-op)."""
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            await queue.close()
+
+    async def _wait(self, queue: Queue) -> dict[str, Any]:
+        pending, results = list(self.job_ids), {}
+        failures = 0
+        self.log.info("waiting for %d job(s) on queue %s", len(pending), self.queue_name)
+        while pending:
+            chunk = self.wait_chunk_secs
+            if self.deadline is not None:
+                remaining = self.deadline - time.time()
+                if remaining <= 0:
+                    return {"status": "timeout", "pending": pending, "queue": self.queue_name}
+                chunk = min(chunk, remaining)
+            try:
+                outcomes = await queue.wait_for_results(pending, timeout=chunk, stop_on_failure=True)
+                failures = 0
+            except ChasquiConnectionError as exc:
+                failures += 1
+                delay = min(0.5 * 2 ** min(failures, 5), _MAX_BACKOFF_SECS, chunk)
+                self.log.warning("queue %s: Redis unavailable (%s); retrying in %.1f s", self.queue_name, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            error = first_error(pending, outcomes, self.queue_name)
+            if error is not None:
+                return error
+            for jid in pending:
+                if jid in outcomes:
+                    results[jid] = outcomes[jid][1]
+            pending = [j for j in pending if j not in results]
+        return {"status": "success", "results": {j: results[j] for j in self.job_ids}, "queue": self.queue_name}
+
+    async def on_kill(self) -> None:
+        """A user killed the task: cancel the still-delayed jobs when ``cancel_on_kill``."""
+        if not self.cancel_on_kill:
+            return
+        queue = await ChasquiHook(self.chasqui_conn_id).aget_queue(self.queue_name)
+        try:
+            for jid in self.job_ids:
+                if await queue.cancel_delayed(jid):
+                    self.log.info("queue %s: cancelled delayed job %s", self.queue_name, jid)
+        finally:
+            await queue.close()

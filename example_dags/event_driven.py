@@ -1,0 +1,85 @@
+"""Event-driven DAGs (Airflow 3.3+): Chasqui queues as asset events, no sensors, no polling DAGs.
+
+* ``chasqui_on_queue_jobs`` -- *queue mode*.  Jobs named ``file_arrived`` enqueued on the queue
+  ``chasqui-events`` become asset events; each DAG run reads the jobs that triggered it.  The
+  asset watcher is that queue's consumer (ChasquiMQ's ``default`` group), so run no worker on
+  it.  A job is acknowledged only after Airflow saved its asset event.  From any producer
+  (chasquimq included)::
+
+      SyncQueue("chasqui-events", redis_url=...).add("file_arrived", {"path": "/landing/a.csv"})
+
+* ``chasqui_on_square_completed`` -- *completion mode*.  Runs when ``square`` jobs of the queue
+  ``chasqui-examples`` complete (the worker of the other example DAGs runs them, with
+  ``store_results=True``), reading each job's result.  The watcher keeps its cursor in Redis
+  (``{chasqui:chasqui-examples}:cursor:airflow:square``), so a triggerer restart neither
+  replays nor skips completions.
+
+Watchers are registered when the dag-processor parses an *unpaused* DAG, and run in the
+triggerer.  The queue names can be changed per deployment with the environment variables
+``CHASQUI_EVENTS_QUEUE`` and ``CHASQUI_EXAMPLES_QUEUE`` (read when the DAG file is parsed);
+the connection is ``chasqui_default``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+
+from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
+
+EVENTS_QUEUE = os.environ.get("CHASQUI_EVENTS_QUEUE", "chasqui-events")
+EXAMPLES_QUEUE = os.environ.get("CHASQUI_EXAMPLES_QUEUE", "chasqui-examples")
+
+incoming_files = Asset(
+    "chasqui_incoming_files",
+    watchers=[AssetWatcher(
+        name="chasqui_incoming_files_watcher",
+        trigger=MessageQueueTrigger(scheme="chasqui", queue_name=EVENTS_QUEUE, job_names=["file_arrived"]),
+    )],
+)
+
+squares_completed = Asset(
+    "chasqui_squares_completed",
+    watchers=[AssetWatcher(
+        name="chasqui_squares_completed_watcher",
+        trigger=MessageQueueTrigger(scheme="chasqui", queue_name=EXAMPLES_QUEUE, mode="completion",
+                                    job_names=["square"]),
+    )],
+)
+
+with DAG(
+    dag_id="chasqui_on_queue_jobs",
+    schedule=[incoming_files],
+    catchup=False,
+    tags=["chasqui", "example", "event-driven"],
+):
+
+    @task
+    def handle_files(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
+        """One run may carry several jobs (events saved before the run was created)."""
+        jobs = [event.extra["payload"] for event in triggering_asset_events[incoming_files]]
+        for job in jobs:
+            print(f"job {job['job_id']} ({job['name']}, attempt {job['attempt']}): {job['data']}")
+        return [{"job_id": job["job_id"], "path": (job["data"] or {}).get("path")} for job in jobs]
+
+    handle_files()
+
+with DAG(
+    dag_id="chasqui_on_square_completed",
+    schedule=[squares_completed],
+    catchup=False,
+    tags=["chasqui", "example", "event-driven"],
+):
+
+    @task
+    def collect_results(triggering_asset_events: Any = None) -> dict[str, Any]:
+        """The completed jobs' results, stored by the worker (``store_results=True``)."""
+        done = [event.extra["payload"] for event in triggering_asset_events[squares_completed]]
+        with ChasquiHook().get_queue(EXAMPLES_QUEUE) as queue:
+            results = queue.get_job_result_bulk([job["job_id"] for job in done])
+        return {job["job_id"]: result for job, result in zip(done, results)}
+
+    collect_results()

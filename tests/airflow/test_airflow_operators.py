@@ -1,0 +1,205 @@
+"""The Chasqui operators against real Redis (and a real worker subprocess where jobs run)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
+from airflow_provider_chasqui import BackoffSpec, ConfigError, SyncQueue
+from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.operators.dlq import ChasquiReplayDLQOperator
+from airflow_provider_chasqui.operators.enqueue import ChasquiEnqueueOperator
+from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger
+from engine_support import raw_sync, wait_until_sync
+from test_airflow_sensor import RecordingTI
+
+
+def enqueue(**kwargs: object) -> ChasquiEnqueueOperator:
+    kwargs.setdefault("task_id", "enqueue")
+    kwargs.setdefault("job_name", "square")
+    return ChasquiEnqueueOperator(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str):
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        yield q
+
+
+def _stream_len(redis_url: str, queue_name: str) -> int:
+    with raw_sync(redis_url) as r:
+        return r.xlen(QueueKeys.for_queue(queue_name).stream)
+
+
+def _delayed(redis_url: str, queue_name: str) -> int:
+    with raw_sync(redis_url) as r:
+        return r.zcard(QueueKeys.for_queue(queue_name).delayed)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"delay": 1.0, "run_at": "2030-01-01T00:00:00"}, "delay or run_at"),
+    ({"unique_key": "k"}, "need unique=True"),
+    ({"wait_timeout": 5}, "needs wait_for_result"),
+    ({"attempts": -1}, "attempts"),
+    ({"backoff": {"kind": "linear", "delay_ms": 1}}, "backoff kind"),
+    ({"delay": "soon"}, "delay must be"),
+])
+def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:
+    with pytest.raises((ValueError, ConfigError), match=message):
+        enqueue(**kwargs)
+
+
+def test_enqueue_returns_the_job_id_and_pushes_it(queue_name: str, redis_url: str) -> None:
+    ti = RecordingTI()
+    job_id = enqueue(data={"x": 2}, queue_name=queue_name, attempts=2,
+                     backoff=BackoffSpec.fixed(50)).execute({"ti": ti})
+    assert ti.xcoms[("self", "job_id")] == job_id
+    assert _stream_len(redis_url, queue_name) == 1
+
+
+def test_delay_and_run_at_go_to_the_delayed_set(queue_name: str, redis_url: str) -> None:
+    enqueue(queue_name=queue_name, data={"x": 1}, delay=timedelta(minutes=5)).execute({"ti": RecordingTI()})
+    later = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    enqueue(queue_name=queue_name, data={"x": 1}, run_at=later).execute({"ti": RecordingTI()})
+    assert _delayed(redis_url, queue_name) == 2 and _stream_len(redis_url, queue_name) == 0
+
+
+def test_job_id_and_unique_make_the_add_idempotent(queue_name: str, redis_url: str) -> None:
+    first = enqueue(queue_name=queue_name, data={"x": 1}, job_id="run-1").execute({"ti": RecordingTI()})
+    again = enqueue(queue_name=queue_name, data={"x": 1}, job_id="run-1").execute({"ti": RecordingTI()})
+    assert first == again == "run-1"
+    a = enqueue(queue_name=queue_name, data={"x": 5}, unique=True).execute({"ti": RecordingTI()})
+    b = enqueue(queue_name=queue_name, data={"x": 5}, unique=True, unique_window=60).execute({"ti": RecordingTI()})
+    c = enqueue(queue_name=queue_name, data={"x": 5}, unique=True, unique_key="other").execute({"ti": RecordingTI()})
+    assert a == b != c
+    assert _stream_len(redis_url, queue_name) == 3
+
+
+def test_wait_for_result_defers_with_the_job(queue_name: str) -> None:
+    op = enqueue(queue_name=queue_name, data={"x": 4}, wait_for_result=True, wait_timeout=60)
+    ti = RecordingTI()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+    exc = deferred.value
+    job_id = ti.xcoms[("self", "job_id")]
+    assert isinstance(exc.trigger, ChasquiJobTrigger) and exc.trigger.job_ids == [job_id]
+    assert exc.trigger.cancel_on_kill is True and exc.trigger.deadline is not None
+    assert exc.method_name == "execute_complete" and exc.kwargs is None
+    assert exc.timeout == timedelta(seconds=60)
+    event = {"status": "success", "queue": queue_name, "results": {job_id: {"x": 4, "square": 16}}}
+    assert op.resume_execution("execute_complete", {"event": event}, {}) == {"x": 4, "square": 16}
+    failed = {"status": "error", "job_id": job_id, "reason": "unrecoverable", "detail": "", "queue": queue_name}
+    with pytest.raises(AirflowFailException, match="unrecoverable"):
+        op.resume_execution("execute_complete", {"event": failed}, {})
+
+
+def test_blocking_wait_with_a_real_worker(queue_name: str, start_worker) -> None:
+    start_worker(queue_name)
+    ok = enqueue(queue_name=queue_name, data={"x": 12}, wait_for_result=True, deferrable=False)
+    assert ok.execute({"ti": RecordingTI()}) == {"x": 12, "square": 144}
+    bad = enqueue(job_name="explode", queue_name=queue_name, wait_for_result=True, deferrable=False)
+    with pytest.raises(AirflowFailException, match="unrecoverable"):
+        bad.execute({"ti": RecordingTI()})
+
+
+def test_blocking_wait_times_out(queue_name: str) -> None:
+    op = enqueue(queue_name=queue_name, wait_for_result=True, deferrable=False, wait_timeout=0.5,
+                 wait_chunk_secs=0.2)
+    started = time.monotonic()
+    with pytest.raises(AirflowException, match="still running"):
+        op.execute({"ti": RecordingTI()})
+    assert time.monotonic() - started < 5
+
+
+def test_on_kill_cancels_a_delayed_job(queue_name: str, redis_url: str) -> None:
+    op = enqueue(queue_name=queue_name, data={"x": 1}, delay=600.0, job_id="later")
+    op.execute({"ti": RecordingTI()})
+    assert _delayed(redis_url, queue_name) == 1
+    op.on_kill()
+    assert _delayed(redis_url, queue_name) == 0
+
+
+def test_replay_dlq(queue: SyncQueue, queue_name: str, redis_url: str, start_worker) -> None:
+    for n in range(3):
+        queue.add("explode", {"n": n})
+    worker = start_worker(queue_name)
+    wait_until_sync(lambda: len(queue.peek_dlq(10)) == 3, timeout=30, what="three dead letters")
+    worker.stop()
+    assert ChasquiReplayDLQOperator(task_id="replay", queue_name=queue_name, limit=2).execute({}) == 2
+    assert len(queue.peek_dlq(10)) == 1 and _stream_len(redis_url, queue_name) == 2
+    with pytest.raises(ValueError, match="limit"):
+        ChasquiReplayDLQOperator(task_id="replay", limit=0)
+
+
+# ---- repeatable specs ---------------------------------------------------------------------
+from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern  # noqa: E402
+from airflow_provider_chasqui.operators.repeatable import (  # noqa: E402
+    ChasquiPauseRepeatableOperator,
+    ChasquiRemoveRepeatableOperator,
+    ChasquiResumeRepeatableOperator,
+    ChasquiUpsertRepeatableOperator,
+)
+
+
+def upsert(**kwargs: object) -> ChasquiUpsertRepeatableOperator:
+    kwargs.setdefault("task_id", "upsert")
+    kwargs.setdefault("job_name", "daily_report")
+    return ChasquiUpsertRepeatableOperator(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({}, "exactly one of cron and every"),
+    ({"cron": "0 6 * * *", "every": 60}, "exactly one of cron and every"),
+    ({"every": 60, "tz": "UTC"}, "tz only applies to cron"),
+    ({"every": 0.0001}, "at least one millisecond"),
+    ({"cron": "* * * * *", "missed_fires": "fire-all"}, "needs max_catchup"),
+    ({"cron": "* * * * *", "missed_fires": "skip", "max_catchup": 2}, "only applies to missed_fires='fire-all'"),
+    ({"cron": "* * * * *", "missed_fires": "sometimes"}, "must be 'skip', 'fire-once' or 'fire-all'"),
+    ({"cron": "* * * * *", "limit": 0}, "limit must be a positive int"),
+])
+def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        upsert(**kwargs)
+
+
+def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: str) -> None:
+    start = (datetime.now(timezone.utc) + timedelta(days=1)).replace(microsecond=0)
+    key = upsert(queue_name=queue_name, data={"report": "sales"}, cron="0 6 * * *", tz="America/Lima",
+                 key="daily-sales", start_after=start.isoformat(), missed_fires="fire-all", max_catchup=3,
+                 deadline=timedelta(minutes=30), attempts=4, backoff={"kind": "fixed", "delay_ms": 1000},
+                 limit=10).execute({})
+    assert key == "daily-sales"
+    info = queue.get_repeatable_job(key)
+    assert info.pattern == RepeatPattern.cron("0 6 * * *", tz="America/Lima")
+    assert info.data == {"report": "sales"} and info.attempts == 4 and info.limit == 10
+    assert info.missed_fires == MissedFiresPolicy.fire_all(3) and info.deadline_ms == 30 * 60 * 1000
+    assert info.start_after_ms == int(start.timestamp() * 1000) and info.next_fire_ms > info.start_after_ms
+    again = upsert(queue_name=queue_name, data={"report": "costs"}, cron="0 7 * * *", tz="America/Lima",
+                   key="daily-sales").execute({})
+    assert again == key
+    assert queue.get_repeatable_job(key).data == {"report": "costs"}
+    assert [m.key for m in queue.get_repeatable_jobs()] == [key]
+
+
+def test_upsert_every_derives_the_key(queue: SyncQueue, queue_name: str) -> None:
+    key = upsert(queue_name=queue_name, data=None, every=timedelta(minutes=5)).execute({})
+    assert queue.get_repeatable_job(key).pattern == RepeatPattern.every(300_000)
+
+
+def test_pause_resume_remove(queue: SyncQueue, queue_name: str) -> None:
+    key = upsert(queue_name=queue_name, cron="*/5 * * * *", key="k").execute({})
+
+    def run(cls: type, **kwargs: object) -> bool:
+        return cls(task_id="t", key=key, queue_name=queue_name, **kwargs).execute({})
+
+    assert run(ChasquiPauseRepeatableOperator) is True and queue.get_repeatable_job(key).paused
+    assert run(ChasquiPauseRepeatableOperator) is True  # idempotent
+    assert run(ChasquiResumeRepeatableOperator) is True and not queue.get_repeatable_job(key).paused
+    assert run(ChasquiRemoveRepeatableOperator) is True and queue.get_repeatable_job(key) is None
+    assert run(ChasquiRemoveRepeatableOperator) is False
+    for cls in (ChasquiRemoveRepeatableOperator, ChasquiPauseRepeatableOperator, ChasquiResumeRepeatableOperator):
+        with pytest.raises(AirflowFailException, match="no repeatable spec with key 'k'"):
+            run(cls, missing_ok=False)

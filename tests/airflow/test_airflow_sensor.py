@@ -1,0 +1,173 @@
+"""ChasquiJobSensor: the check before deferring, the deferral itself, resuming, and the
+poke/reschedule path, against real Redis with a real worker subprocess where jobs must run.
+
+``context`` is a plain dict: only the upstream-XCom case needs a ``ti``, given by a small
+recorder (the real task instance is exercised by the ``dag.test()`` end-to-end tests).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from airflow.sdk.exceptions import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    TaskDeferred,
+)
+
+from airflow_provider_chasqui import JobFailed, SyncQueue
+from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
+from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger
+from airflow_support import conn_json
+
+
+class RecordingTI:
+    """Just enough of a task instance for ``xcom_pull``/``xcom_push``."""
+
+    def __init__(self, xcoms: dict[tuple[str, str], object] | None = None) -> None:
+        self.xcoms = dict(xcoms or {})
+
+    def xcom_pull(self, task_ids: str, key: str = "return_value") -> object:
+        return self.xcoms.get((task_ids, key))
+
+    def xcom_push(self, key: str, value: object) -> None:
+        self.xcoms[("self", key)] = value
+
+
+def sensor(**kwargs: object) -> ChasquiJobSensor:
+    kwargs.setdefault("task_id", "wait")
+    return ChasquiJobSensor(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def queue(queue_name: str, redis_url: str):
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        yield q
+
+
+def test_deferrable_by_default_with_a_provider_switch(monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "false")  # what airflow.cfg says by default
+    assert sensor(job_id="x").deferrable is True
+    monkeypatch.setenv("AIRFLOW__CHASQUI__DEFAULT_DEFERRABLE", "false")
+    assert sensor(job_id="x").deferrable is False
+    assert sensor(job_id="x", deferrable=True).deferrable is True
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"job_id": "a", "upstream_task_id": "up"}])
+def test_needs_exactly_one_source_of_ids(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        sensor(**kwargs)
+
+
+def test_defers_when_the_job_is_not_done(queue: SyncQueue, queue_name: str) -> None:
+    job = queue.add("square", {"x": 3})
+    op = sensor(job_id=job.id, queue_name=queue_name, timeout=120, wait_chunk_secs=5)
+    before = time.time()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({})
+    exc = deferred.value
+    assert exc.method_name == "execute_complete"
+    assert exc.kwargs is None  # dag.test() would drop them: the resume re-derives the ids
+    assert exc.timeout == timedelta(seconds=120)
+    assert isinstance(exc.trigger, ChasquiJobTrigger)
+    _, kwargs = exc.trigger.serialize()
+    assert kwargs["job_ids"] == [job.id] and kwargs["queue_name"] == queue_name
+    assert kwargs["chasqui_conn_id"] == "chasqui_default" and kwargs["wait_chunk_secs"] == 5
+    assert before + 120 <= kwargs["deadline"] <= time.time() + 120
+    assert kwargs["cancel_on_kill"] is False  # the sensor does not own the jobs
+
+
+def test_queue_name_defaults_to_the_connection(queue: SyncQueue, queue_name: str, redis_url: str,
+                                               monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_WITH_QUEUE", conn_json(redis_url, default_queue=queue_name))
+    job = queue.add("square", {"x": 3})
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor(job_id=job.id, chasqui_conn_id="with_queue").execute({})
+    assert deferred.value.trigger.queue_name == queue_name
+
+
+def test_checks_once_before_deferring(queue: SyncQueue, queue_name: str, start_worker) -> None:
+    jobs = [queue.add("square", {"x": x}) for x in (5, 6)]
+    start_worker(queue_name)
+    for job in jobs:
+        queue.wait_for_result(job.id, timeout=30)
+    op = sensor(job_id=[j.id for j in jobs], queue_name=queue_name)
+    assert op.execute({}) == {jobs[0].id: {"x": 5, "square": 25}, jobs[1].id: {"x": 6, "square": 36}}
+
+
+def test_dead_lettered_job_fails_the_check(queue: SyncQueue, queue_name: str, start_worker) -> None:
+    job = queue.add("explode", {"n": 1})
+    start_worker(queue_name)
+    with pytest.raises(JobFailed):
+        queue.wait_for_result(job.id, timeout=30)
+    with pytest.raises(AirflowFailException, match=f"job {job.id} on queue {queue_name} failed: unrecoverable"):
+        sensor(job_id=job.id, queue_name=queue_name).execute({})
+    with pytest.raises(AirflowSkipException):
+        sensor(job_id=job.id, queue_name=queue_name, soft_fail=True).execute({})
+
+
+def test_ids_from_upstream_xcom(queue: SyncQueue, queue_name: str) -> None:
+    job = queue.add("square", {"x": 1})
+    ti = RecordingTI({("enqueue", "job_id"): job.id})
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor(upstream_task_id="enqueue", xcom_key="job_id", queue_name=queue_name).execute({"ti": ti})
+    assert deferred.value.trigger.job_ids == [job.id]
+    with pytest.raises(AirflowFailException, match="no Chasqui job id"):
+        sensor(upstream_task_id="missing", queue_name=queue_name).execute({"ti": ti})
+
+
+SUCCESS = {"status": "success", "queue": "q", "results": {"a": 1, "b": {"k": [2]}}}
+
+
+@pytest.mark.parametrize(("job_id", "expected"), [
+    ("a", 1),
+    (["b", "a"], {"b": {"k": [2]}, "a": 1}),
+])
+def test_execute_complete_returns_results(job_id: object, expected: object) -> None:
+    assert sensor(job_id=job_id).execute_complete({}, SUCCESS) == expected
+
+
+def test_resume_maps_errors_like_airflow_sensors() -> None:
+    """Through ``resume_execution``, the path the task runner takes after a trigger fired."""
+    error = {"status": "error", "job_id": "a", "reason": "retries_exhausted", "detail": "", "queue": "q"}
+    timeout = {"status": "timeout", "pending": ["a"], "queue": "q"}
+    kwargs: dict = {}
+    with pytest.raises(AirflowFailException, match="job a on queue q failed: retries_exhausted"):
+        sensor(job_id="a").resume_execution("execute_complete", {**kwargs, "event": error}, {})
+    with pytest.raises(AirflowSensorTimeout, match="still running"):
+        sensor(job_id="a").resume_execution("execute_complete", {**kwargs, "event": timeout}, {})
+    for event in (error, timeout):
+        with pytest.raises(AirflowSkipException):
+            sensor(job_id="a", soft_fail=True).resume_execution("execute_complete", {**kwargs, "event": event}, {})
+    assert sensor(job_id="a").resume_execution("execute_complete", {**kwargs, "event": SUCCESS}, {}) == 1
+
+
+def test_poke_mode_waits_for_a_real_worker(queue: SyncQueue, queue_name: str, start_worker) -> None:
+    job = queue.add("square", {"x": 9}, delay=1.0)  # still delayed at the first pokes
+    start_worker(queue_name)
+    op = sensor(job_id=job.id, queue_name=queue_name, deferrable=False, poke_interval=0.1, timeout=30)
+    assert op.execute({}) == {"x": 9, "square": 81}
+
+
+def test_poke_mode_timeout_and_soft_fail(queue: SyncQueue, queue_name: str) -> None:
+    job = queue.add("square", {"x": 1})  # no worker
+    with pytest.raises(AirflowSensorTimeout):
+        sensor(job_id=job.id, queue_name=queue_name, deferrable=False, poke_interval=0.1, timeout=0.5).execute({})
+    with pytest.raises(AirflowSkipException):
+        sensor(job_id=job.id, queue_name=queue_name, deferrable=False, poke_interval=0.1, timeout=0.5,
+               soft_fail=True).execute({})
+
+
+def test_poke_mode_fails_on_the_dlq(queue: SyncQueue, queue_name: str, start_worker) -> None:
+    job = queue.add("explode", {"n": 2})
+    start_worker(queue_name)
+    op = sensor(job_id=job.id, queue_name=queue_name, deferrable=False, poke_interval=0.1, timeout=30)
+    with pytest.raises(AirflowFailException, match="unrecoverable"):
+        op.execute({})
+
+
+def test_on_kill_without_a_check_in_progress_is_a_no_op() -> None:
+    sensor(job_id="a").on_kill()
