@@ -78,8 +78,10 @@ while i <= #ARGV do
       removed_total = removed_total + removed
       status = fired * 2 + removed
     elseif op == 'D' then
-      if redis.call('EXISTS', hash) == 0 then
+      -- no stored spec (a hash left with only other fields counts too: it would stay due for ever)
+      if redis.call('HEXISTS', hash, 'spec') == 0 then
         redis.call('ZREM', KEYS[3], key)
+        redis.call('DEL', hash)
         removed_total = removed_total + 1
         status = 1
       end

@@ -1,10 +1,11 @@
 """The scheduler's tick as a flow (sans-I/O): read the due specs, plan their fires, fire them.
 
 One tick is two round trips whatever the batch size: ``fetch_due`` (the due keys with their
-scores and stored fields) and ``schedule_batch`` (every spec's fires and next score, each
-under a compare-and-set on the score read).  The score is the fire's identity, together with
-the spec key: two schedulers leading at once, or an update that moved the timeline while a
-tick was planning, can never fire the same window twice.
+scores and stored fields), then ``schedule_batch`` calls (every spec's fires and next score,
+each under a compare-and-set on the score read) streamed one chunk at a time, so the next
+chunk is planned while Redis fires the previous one.  The score is the fire's identity,
+together with the spec key: two schedulers leading at once, or an update that moved the
+timeline while a tick was planning, can never fire the same window twice.
 
 Next fires are computed from the scheduled time, never from now (spec §15.3-15.4); specs
 that share a pattern, scheduled time, ``start_after`` and policy share one computation per
@@ -16,17 +17,19 @@ downstream consumers can deduplicate and anyone can read a fire's lag off the st
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgpack
 
-from ..errors import CodecError, ConfigError
+from ..errors import ConfigError
 from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
 from .keys import QueueKeys
-from .repeat import MissedFiresPolicy, RepeatPattern, StoredSpec, plan_fires
+from .cron import next_fire_after
+from .repeat import FIRE_ALL_LIST_CAP, MissedFiresPolicy, RepeatPattern, StoredSpec, plan_fires
 from .schedules import _NO_EXT, SpecExt
 from .settings import QueueSettings
 
@@ -36,20 +39,26 @@ DEFAULT_BATCH = 1000
 DEFAULT_CHUNK = 250
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
+_TIME_PART: dict[int, str] = {}
 _blake2b = hashlib.blake2b
 
 
 def fire_job_id(spec_key: str, fire_at_ms: int) -> str:
     """The job id of the fire of ``spec_key`` scheduled at ``fire_at_ms``: a canonical ULID
     (48-bit time = the scheduled time, 80 bits of BLAKE2b of time and key)."""
-    digest = _blake2b(b"%d\0%s" % (fire_at_ms, spec_key.encode()), digest_size=10).digest()
-    v = ((fire_at_ms & 0xFFFF_FFFF_FFFF) << 80) | int.from_bytes(digest, "big")
-    p = _PAIRS  # 26 Crockford characters = 13 pairs of 10 bits, the top 2 bits being zero
-    return (p[v >> 120] + p[(v >> 110) & 1023] + p[(v >> 100) & 1023] + p[(v >> 90) & 1023]
-            + p[(v >> 80) & 1023] + p[(v >> 70) & 1023] + p[(v >> 60) & 1023] + p[(v >> 50) & 1023]
-            + p[(v >> 40) & 1023] + p[(v >> 30) & 1023] + p[(v >> 20) & 1023] + p[(v >> 10) & 1023]
-            + p[v & 1023])
+    head = _TIME_PART.get(fire_at_ms)
+    if head is None:  # many specs share a scheduled time: its 10 characters are made once
+        if len(_TIME_PART) > 4096:
+            _TIME_PART.clear()
+        t = fire_at_ms & 0xFFFF_FFFF_FFFF
+        p = _PAIRS
+        head = _TIME_PART[fire_at_ms] = (p[t >> 40] + p[(t >> 30) & 1023] + p[(t >> 20) & 1023]
+                                         + p[(t >> 10) & 1023] + p[t & 1023])
+    v = int.from_bytes(_blake2b(b"%d\0%s" % (fire_at_ms, spec_key.encode()), digest_size=10).digest(), "big")
+    p = _PAIRS
+    return (head + p[v >> 70] + p[(v >> 60) & 1023] + p[(v >> 50) & 1023] + p[(v >> 40) & 1023]
+            + p[(v >> 30) & 1023] + p[(v >> 20) & 1023] + p[(v >> 10) & 1023] + p[v & 1023])
 
 
 def fire_time_of(job_id: str) -> int:
@@ -77,6 +86,32 @@ class TickResult:
     dropped: list[str] = field(default_factory=list)
 
 
+def _fire_at(raw: Any) -> int | None:
+    """The score read as a fire instant; None when it is none (negative, infinite, NaN)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        f = float(str_reply(raw))
+        if not math.isfinite(f):
+            return None
+        value = int(f)
+    return value if value >= 0 else None
+
+
+def _plan_fires(spec: DueSpec, fire_at: int | None, now: int) -> tuple[list[int], int]:
+    """``plan_fires`` with two guards: a score that is no instant re-anchors the spec at its
+    first fire after now (nothing fires for it), and a fire-all catch-up walks at most
+    ``FIRE_ALL_LIST_CAP`` windows per tick (the fires dispatched are the same; a cap of
+    2**32 would otherwise walk billions of cron instants in one tick)."""
+    if fire_at is None:
+        nxt = next_fire_after(spec.pattern, now, spec.start_after_ms)
+        return [], 0 if nxt is None else nxt
+    policy = spec.missed_fires
+    if policy.kind == "fire-all" and (policy.max_catchup or 0) > FIRE_ALL_LIST_CAP:
+        policy = _CAPPED_FIRE_ALL
+    return plan_fires(spec.pattern, fire_at, now, spec.start_after_ms, policy)
+
+
 def _score(raw: Any) -> int:
     try:
         return int(raw)
@@ -85,8 +120,10 @@ def _score(raw: Any) -> int:
 
 
 _unpackb = msgpack.unpackb
+_CAPPED_FIRE_ALL = MissedFiresPolicy.fire_all(FIRE_ALL_LIST_CAP)
 _U64 = 2**64 - 1
 _PATTERNS: dict[Any, RepeatPattern] = {}
+_PLAIN = (int, str, type(None))
 _POLICIES: dict[Any, MissedFiresPolicy] = {"": MissedFiresPolicy.skip()}
 
 
@@ -101,12 +138,13 @@ class DueSpec(NamedTuple):
     start_after_ms: int | None
     end_before_ms: int | None
     missed_fires: MissedFiresPolicy
+    ident: Any  # hashable stand-in for (pattern, start_after_ms, missed_fires): the plan cache's key
 
 
 def _slow(raw: bytes) -> DueSpec:
     s = StoredSpec.decode(raw)
     return DueSpec(s.key, s.job_name, s.pattern, s.payload_inner, s.limit, s.start_after_ms, s.end_before_ms,
-                   s.missed_fires)
+                   s.missed_fires, (s.pattern, s.start_after_ms, s.missed_fires))
 
 
 def _decode_spec(raw: bytes) -> DueSpec:
@@ -129,16 +167,19 @@ def _decode_spec(raw: bytes) -> DueSpec:
     if type(fired) is not int or fired < 0:
         return _slow(raw)
     ((variant, body),) = pat.items()
-    if type(body) is not list:
+    if type(body) is not list or not all(type(x) in _PLAIN for x in body):
+        return _slow(raw)  # exact types only: True or 1.0 must not hit the cache entry of 1
+    pkey = (variant, *body)
+    pattern = _PATTERNS.get(pkey)
+    policy_wire = arr[8] if len(arr) == 9 else ""
+    if type(policy_wire) is str:
+        qkey: Any = policy_wire
+    elif (type(policy_wire) is dict and len(policy_wire) == 1
+          and all(type(v) is list and all(type(x) in _PLAIN for x in v) for v in policy_wire.values())):
+        qkey = tuple((k, *v) for k, v in policy_wire.items())
+    else:
         return _slow(raw)
-    try:
-        pkey = (variant, *body)
-        pattern = _PATTERNS.get(pkey)
-        policy_wire = arr[8] if len(arr) == 9 else ""
-        qkey = policy_wire if type(policy_wire) is str else tuple((k, *v) for k, v in policy_wire.items())
-        policy = _POLICIES.get(qkey)
-    except (TypeError, AttributeError):
-        return _slow(raw)
+    policy = _POLICIES.get(qkey)
     if pattern is None or policy is None:
         spec = _slow(raw)  # validates; then remember the pieces
         if len(_PATTERNS) > 4096:
@@ -149,7 +190,7 @@ def _decode_spec(raw: bytes) -> DueSpec:
     inner = _bin_body(payload)
     if inner is None:
         return _slow(raw)
-    return DueSpec(key, name, pattern, inner, limit, start, end, policy)
+    return DueSpec(key, name, pattern, inner, limit, start, end, policy, (pkey, start, qkey))
 
 
 def _bin_body(payload: bytes) -> bytes | None:
@@ -184,7 +225,10 @@ class SchedulerCore:
         k = self.keys
         reply = yield script_call("fetch_due", (k.repeat,), (now, self.batch, k.prefix))
         result = TickResult(now_ms=now)
-        upcoming = None if reply[0] is None else _score(reply[0])
+        try:
+            upcoming = None if reply[0] is None else _score(reply[0])
+        except (ValueError, OverflowError):  # a +inf score: nothing due within reach
+            upcoming = None
         rows = [reply[i : i + 4] for i in range(1, len(reply), 4)]
         result.due = len(rows)
         result.full = len(rows) >= self.batch
@@ -220,16 +264,16 @@ class SchedulerCore:
                 argv += ("D", key, raw_score, 0, 0, 0, "", 0)
                 plans.append(("D", key, 0, 0, ""))
                 continue
-            fire_at = _score(raw_score)
             try:
                 spec = _decode_spec(raw_spec)
                 ext = SpecExt.decode(raw_ext) if raw_ext else _NO_EXT
-                ck = (spec.pattern, fire_at, spec.start_after_ms, spec.missed_fires)
+                fire_at = _fire_at(raw_score)  # a -inf or negative score re-anchors the spec
+                ck = (spec.ident, fire_at)
                 plan = cache.get(ck)
                 if plan is None:
                     self.plans_computed += 1
-                    plan = cache[ck] = plan_fires(spec.pattern, fire_at, now, spec.start_after_ms, spec.missed_fires)
-            except (CodecError, ConfigError, ValueError, OverflowError) as exc:
+                    plan = cache[ck] = _plan_fires(spec, fire_at, now)
+            except Exception as exc:  # noqa: BLE001 - whatever a stored spec does, it is moved aside, not fired
                 argv += ("Q", key, raw_score, 0, 0, 0, raw_spec, 0)
                 plans.append(("Q", key, 0, 0, f"{type(exc).__name__}: {exc}"))
                 continue

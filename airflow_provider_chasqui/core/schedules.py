@@ -423,14 +423,20 @@ class SpecFlows:
         out = []
         prepare = self.prepare
         limit = self.settings.max_payload_bytes
+        superset = _FAST_KEYS.issuperset
         for item in items:
-            if type(item) is dict and not (item.keys() - _FAST_KEYS):
+            if type(item) is dict and superset(item):
                 name, repeat, key = item.get("name"), item.get("repeat"), item.get("key")
                 if type(name) is str and type(repeat) is RepeatPattern and (key is None or type(key) is str):
-                    per = fast.get(repeat)
-                    if per is None:
-                        per = fast[repeat] = _fast_pattern(repeat, now)
-                    nxt, wire, suffix = per
+                    per = fast.get(id(repeat))  # items usually share pattern objects: skip hashing them
+                    if per is None or per[3] is not repeat:
+                        if len(fast) > 10_000:
+                            fast.clear()
+                        shared = cache.get(("fast", repeat))  # an equal pattern seen before
+                        if shared is None:
+                            shared = cache[("fast", repeat)] = _fast_pattern(repeat, now)
+                        per = fast[id(repeat)] = (*shared, repeat)
+                    nxt, wire, suffix, _ = per
                     if name and len(name) <= 64 and (not key or len(key) <= 256):
                         try:
                             inner = _packb(item.get("data"))
@@ -450,7 +456,8 @@ class SpecFlows:
     def upsert_bulk(self, items: Iterable[Mapping[str, Any]]) -> Flow:
         """One script call per 1,000 specs, streamed: each chunk is validated and encoded while
         Redis writes the previous one.  A bad item fails the call before its chunk is sent
-        (chunks before it stay written; upserts are idempotent).  Returns ``(keys, now_ms)``."""
+        (the chunks before it are written, except on a cluster client, which sends nothing;
+        upserts are idempotent).  Returns ``(keys, now_ms)``."""
         items = items if isinstance(items, list) else list(items)
         now = now_ms()
         keys: list[str] = []

@@ -17,6 +17,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from ..core.calls import Call, Flow, Stream
 from ..core.urls import split_cluster_flag
+from ._sentinel import make_client
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..errors import ChasquiConnectionError, ScriptError
 
@@ -70,7 +71,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
         cclient.response_callbacks.clear()  # the nodes share this dict
         cclient.response_callbacks["COMMAND"] = _command_listing_only
         return cclient  # type: ignore[return-value]
-    client = aioredis.Redis.from_url(url, decode_responses=False, **kwargs)
+    client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
     pool = client.connection_pool
     if _hiredis_pack is not None and str(pool.connection_kwargs.get("encoding", "utf-8")).lower() in ("utf-8", "utf8") \
@@ -162,8 +163,17 @@ class AsyncDriver:
         conn = await _get_connection(pool)
         sent: list[Call] = []
         replies: list[Any] = []
+        failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
+        it = iter(calls)
         try:
-            for c in calls:
+            while True:
+                try:
+                    c = next(it)
+                except StopIteration:
+                    break
+                except BaseException as exc:  # noqa: BLE001 - re-raised below
+                    failed = exc
+                    break
                 await conn.send_packed_command(conn.pack_command(*_args(c)), check_health=not sent)
                 sent.append(c)
             for _c in sent:
@@ -176,7 +186,10 @@ class AsyncDriver:
             raise
         finally:
             await pool.release(conn)
-        return await self._settle(sent, replies)
+        settled = await self._settle(sent, replies)
+        if failed is not None:
+            raise failed
+        return settled
 
     async def _settle(self, calls: list[Call], replies: list[Any]) -> list[Any]:
         missing = [i for i, r in enumerate(replies) if isinstance(r, rexc.NoScriptError)]

@@ -8,8 +8,9 @@ deployments::
 
 The lock ``{chasqui:<q>}:scheduler:lock`` (holder ``s-<uuid>``, TTL 5 s) is renewed every loop,
 so a dead leader is replaced within the TTL plus one tick.  Each tick fires up to ``batch``
-due specs with two script calls (see ``core/scheduler.py``); every fire is a compare-and-set
-on the spec's score, so even two leaders at once cannot fire a window twice.  Between ticks
+due specs in two round trips (one read script, then the firing scripts streamed a chunk at a
+time; see ``core/scheduler.py``); every fire is a compare-and-set on the spec's score, so
+even two leaders at once cannot fire a window twice.  Between ticks
 the leader sleeps until the earliest next fire, at most ``tick_ms``, so fires are late by
 milliseconds rather than by up to a tick.
 """
@@ -23,16 +24,20 @@ import signal
 import sys
 from typing import Any, Callable, Sequence
 
+from redis import exceptions as rexc
+
 from ..core.codec import now_ms
 from ..core.keys import QueueKeys
 from ..core.scheduler import DEFAULT_BATCH, SchedulerCore, TickResult
 from ..core.settings import QueueSettings
+from ..errors import ChasquiError
 from ._driver import AsyncDriver
-from .leader import LeaderLoop
+from .leader import TRANSIENT, LeaderLoop
 
 __all__ = ["Scheduler", "run_standalone", "main"]
 
 log = logging.getLogger(__name__)
+LOOP_ERRORS = (*TRANSIENT, ChasquiError, rexc.ResponseError)
 
 
 class Scheduler(LeaderLoop):
@@ -58,7 +63,13 @@ class Scheduler(LeaderLoop):
 
     async def tick(self) -> bool | float:
         now = self.now_fn()
-        result: TickResult = await self.driver.run(self.core.tick(now))
+        try:
+            result: TickResult = await self.driver.run(self.core.tick(now))
+        except LOOP_ERRORS:
+            raise  # the leader loop retries these (with backoff for connection errors)
+        except Exception:  # noqa: BLE001 - a bug must not end the loop that every schedule depends on
+            log.exception("scheduler %s: tick of queue %s failed", self.holder, self.keys.queue)
+            return False
         self.last = result
         self.ticks += 1
         self.fired_total += result.fired

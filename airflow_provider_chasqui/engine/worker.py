@@ -457,8 +457,7 @@ class Worker:
         if self.metrics is not None:
             self.metrics.batch(self.name, len(ready))
         await self._emit(self.core.active_events_compact(ready, now))
-        for dl in ready:
-            self._inflight.add(dl.entry_id)
+        self._inflight.update([dl.entry_id for dl in ready])
         self._deque.extend(ready)
         self._wake(len(ready))
 
@@ -595,8 +594,8 @@ class Worker:
                         lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))
                 finally:
                     self._acking -= len(rows)
-                for row in rows:
-                    self._release(row[0])
+                self._inflight.difference_update([row[0] for row in rows])  # _release() of each row, batched
+                self._release(rows[0][0])  # already discarded: this only wakes a reader waiting for room
             if self._final_flush:
                 return
 

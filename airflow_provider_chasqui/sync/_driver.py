@@ -14,6 +14,7 @@ from redis.cluster import RedisCluster
 
 from ..core.calls import Call, Flow, Stream
 from ..core.urls import split_cluster_flag
+from ._sentinel import make_client
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..errors import ChasquiConnectionError, ScriptError
 
@@ -26,7 +27,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> redis
     if use_cluster:
         kwargs.pop("single_connection_client", None)
         return _raw_cluster(RedisCluster.from_url(url, decode_responses=False, **kwargs))  # type: ignore[return-value]
-    client = redis.Redis.from_url(url, decode_responses=False, **kwargs)
+    client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
     return client
 
@@ -113,8 +114,17 @@ class SyncDriver:
         conn = _get_connection(pool)
         sent: list[Call] = []
         replies: list[Any] = []
+        failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
+        it = iter(calls)
         try:
-            for c in calls:
+            while True:
+                try:
+                    c = next(it)
+                except StopIteration:
+                    break
+                except BaseException as exc:  # noqa: BLE001 - re-raised below
+                    failed = exc
+                    break
                 conn.send_packed_command(conn.pack_command(*_args(c)), check_health=not sent)
                 sent.append(c)
             for _c in sent:
@@ -127,7 +137,10 @@ class SyncDriver:
             raise
         finally:
             pool.release(conn)
-        return self._settle(sent, replies)
+        settled = self._settle(sent, replies)
+        if failed is not None:
+            raise failed
+        return settled
 
     def _settle(self, calls: list[Call], replies: list[Any]) -> list[Any]:
         missing = [i for i, r in enumerate(replies) if isinstance(r, rexc.NoScriptError)]

@@ -76,17 +76,17 @@ class SyncShardedQueue:
         spec_key = derive_spec_key(name, coerce_pattern(repeat), key)
         return self.shard_for(spec_key).upsert_repeatable_job(name, data, repeat=repeat, key=key, **options)
 
-    def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[Job]:
-        """Specs grouped by shard, one shard's group after another; Jobs in input order."""
+    def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Specs grouped by shard, one shard's group after another; keys in input order."""
         specs = list(specs)
         n = len(self.queues)
         indexed = split_by_shard(list(enumerate(specs)), [bulk_spec_key(s) for s in specs], n)  # type: ignore[arg-type]
         results = [self.queues[i].upsert_repeatable_bulk([s for _j, s in group]) for i, group in indexed.items()]
-        out: list[Job | None] = [None] * len(specs)
-        for group, jobs in zip(indexed.values(), results):
-            for (j, _s), job in zip(group, jobs):
-                out[j] = job
-        return out  # type: ignore[return-value]
+        out: list[str] = [""] * len(specs)
+        for group, keys in zip(indexed.values(), results):
+            for (j, _s), key in zip(group, keys):
+                out[j] = key
+        return out
 
     def get_repeatable_job(self, key: str) -> RepeatableInfo | None:
         return self.shard_for(key).get_repeatable_job(key)

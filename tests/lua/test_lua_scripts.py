@@ -250,8 +250,14 @@ def test_dead_letter_failure_record(lua: Lua) -> None:
     eid = lua.pending_entry({"d": V2})
     args = dead_letter_args(lua, eid, payload=V2, name="", reason="unrecoverable", attempt=1, failure_ttl=60_000)
     assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
-    assert msgpack.unpackb(lua.r.get(k.failure(JOB_ID)), raw=False) == ["unrecoverable", "", 1_700_000_005_100]
+    # no DLQ detail: the record keeps the handler's error instead (our key, not on the wire)
+    assert msgpack.unpackb(lua.r.get(k.failure(JOB_ID)), raw=False) == ["unrecoverable", REASON, 1_700_000_005_100]
     assert 0 < lua.r.pttl(k.failure(JOB_ID)) <= 60_000
+    eid = lua.pending_entry({"d": V2})
+    args = dead_letter_args(lua, eid, payload=V2, reason="malformed", detail="fields not an array", failed="",
+                            failure_ttl=60_000)
+    assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
+    assert msgpack.unpackb(lua.r.get(k.failure(JOB_ID)), raw=False)[:2] == ["malformed", "fields not an array"]
 
 
 # ---- 11.3 REPLAY_DLQ ---------------------------------------------------------------------------

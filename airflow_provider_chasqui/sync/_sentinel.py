@@ -1,0 +1,60 @@
+"""``make_client``: the blocking twin of ``engine/_sentinel.py`` (same URL forms)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.connection import SSLConnection, parse_url
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
+
+from ..core.sentinel_url import is_sentinel_url, parse_sentinel_url
+
+__all__ = ["make_client"]
+
+
+class _AskSentinelOnReconnect:
+    """Reconnect through Sentinel (see ``engine/_sentinel.py``: redis-py's
+    ``send_packed_command`` reconnects to the old address otherwise)."""
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._sock:  # type: ignore[attr-defined]
+            self.connect()  # type: ignore[attr-defined]
+        super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+
+class _Connection(_AskSentinelOnReconnect, SentinelManagedConnection):
+    pass
+
+
+class _SSLConnection(_AskSentinelOnReconnect, SentinelManagedSSLConnection):
+    pass
+
+
+class _OwnedSentinelPool(SentinelConnectionPool):
+    """Closing the client also closes its connections to the Sentinels."""
+
+    def disconnect(self, inuse_connections: bool = True) -> None:
+        super().disconnect(inuse_connections)
+        if inuse_connections:
+            for client in self.sentinel_manager.sentinels:
+                client.close()
+
+
+def make_client(url: str, **kwargs: Any) -> redis.Redis:
+    if not is_sentinel_url(url):
+        return redis.Redis.from_url(url, **kwargs)
+    target = parse_sentinel_url(url)
+    single = bool(kwargs.pop("single_connection_client", False))
+    options = parse_url(target.node_url)
+    options.pop("host", None)
+    options.pop("port", None)
+    ssl = options.pop("connection_class", None) is SSLConnection or bool(kwargs.pop("ssl", False))
+    merged = {**kwargs, **options, "connection_class": _SSLConnection if ssl else _Connection}
+    sentinel_kwargs: dict[str, Any] = {k: v for k, v in merged.items() if k.startswith("socket_")}
+    sentinel_kwargs.update(target.sentinel_kwargs)
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)
+    pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)
+    client = redis.Redis(connection_pool=pool, single_connection_client=single)
+    client.auto_close_connection_pool = True
+    return client

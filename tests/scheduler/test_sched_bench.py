@@ -1,0 +1,29 @@
+"""The scheduler benchmark runs (smoke size, its own Redis) and reports every figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_scheduler_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "scheduler.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_scheduler.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["mode"] == "smoke" and data["redis_version"]
+    mem, up, burst, spread = data["memory"], data["upsert"], data["fire_burst"], data["fire_spread"]
+    assert mem["specs"] == 20_000 and mem["stored_spec_bytes"] > 100
+    assert 200 < mem["floor_bytes_per_spec"] < 2000
+    assert mem["ratio"] <= 1.1  # no per-spec keys of our own: memory does not depend on load
+    assert up["upsert_specs_per_s"] > 0 and burst["fires_per_s"] > 0 and burst["fires"] == 5_000
+    for phase in (burst, spread):
+        assert 0 <= phase["lag_p50_ms"] <= phase["lag_p99_ms"] <= phase["lag_max_ms"]
+        assert phase["next_fire_computations"] <= 4 * phase["ticks"] + 60  # shared, not one per spec
+    assert set(data["meets"]) == {"memory_ratio", "upsert_rate", "fire_rate", "spread_lag_p99"}
+    assert "memory per spec" in proc.stdout and "fire spread" in proc.stdout
