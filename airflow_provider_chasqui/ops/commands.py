@@ -155,6 +155,7 @@ def _meta_dict(m: Any) -> dict[str, Any]:
         "pattern": p.expression if p.kind == "cron" else f"every {p.interval_ms}ms",
         "tz": (p.tz or "UTC") if p.kind == "cron" else None, "next_fire_ms": m.next_fire_ms,
         "next_fire": iso_ms(m.next_fire_ms), "limit": m.limit,
+        "paused": getattr(m, "paused", False), "fired": getattr(m, "fired", 0), "skipped": getattr(m, "skipped", 0),
     }
 
 
@@ -163,8 +164,9 @@ def cmd_repeatable_list(args: argparse.Namespace) -> int:
     data = {"items": [_meta_dict(m) for m in items], "next_cursor": cursor}
 
     def human(out: TextIO) -> None:
-        table([(d["key"], d["job_name"], d["pattern"], d["tz"], d["next_fire"], d["limit"]) for d in data["items"]],
-              ("key", "job", "pattern", "tz", "next fire (UTC)", "limit"), out)
+        table([(d["key"], d["job_name"], d["pattern"], d["tz"], d["next_fire"], d["limit"],
+                "paused" if d["paused"] else "active", d["fired"]) for d in data["items"]],
+              ("key", "job", "pattern", "tz", "next fire (UTC)", "limit", "state", "fired"), out)
         if cursor:
             out.write(f"\nmore: --cursor {cursor}\n")
 
@@ -326,7 +328,8 @@ def register(sub: Any) -> None:
 
     rep = sub.add_parser("repeatable", help="repeatable (cron / interval) specs").add_subparsers(
         dest="rep_cmd", required=True)
-    p = rep.add_parser("list", help="list specs by next fire, one page at a time")
+    p = rep.add_parser("list", help="list specs one page at a time (active, then paused; pages follow a "
+                                    "ZSCAN cursor, so they are not sorted)")
     _common(p)
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--cursor", default=None)
