@@ -165,29 +165,40 @@ class ProducerCore:
     def add_with_id(self, job: PreparedJob) -> Flow:
         """Caller-chosen id: delayed adds use ChasquiMQ's dlid/didx script (cancellable);
         immediate adds use a marker held for ``unique_window_ms`` (XADD IDMP's stand-in)."""
+        reply = yield self._with_id_call(job)
+        return self._with_id_reply(job, reply)
+
+    def _with_id_call(self, job: PreparedJob) -> Call:
         k = self.keys
         if job.run_at_ms is None:
-            return (yield from self._unique(job, job.id, self.settings.unique_window_ms))
+            return self._unique_call(job, job.id, self.settings.unique_window_ms)
         ttl = max(1, (job.run_at_ms - job.created_at_ms) // 1000) + 3600
         member = encode_member(job.name_bytes, job.envelope)
-        yield script_call(
+        return script_call(
             "schedule_delayed_idempotent", (k.dlid(job.id), k.delayed, k.didx(job.id)), (ttl, job.run_at_ms, member)
         )
-        return job.id
+
+    @staticmethod
+    def _with_id_reply(job: PreparedJob, reply: Any) -> str:
+        """The first id for an immediate add (``add_unique``'s reply); the caller's for a delayed one."""
+        return str_reply(reply[1]) if job.run_at_ms is None else job.id
 
     def add_unique(self, job: PreparedJob, unique_key: str | None, window_ms: int) -> Flow:
         key = unique_key or job.id
         return (yield from self._unique(job, key, window_ms))
 
     def _unique(self, job: PreparedJob, key: str, window_ms: int) -> Flow:
+        reply = yield self._unique_call(job, key, window_ms)
+        return str_reply(reply[1])
+
+    def _unique_call(self, job: PreparedJob, key: str, window_ms: int) -> Call:
         k = self.keys
         member = encode_member(job.name_bytes, job.envelope) if job.run_at_ms else b""
-        reply = yield script_call(
+        return script_call(
             "add_unique",
             (k.unique(key), k.stream, k.delayed),
             (window_ms, job.id, job.run_at_ms or 0, self.settings.max_stream_len, job.envelope, job.name_bytes, member),
         )
-        return str_reply(reply[1])
 
     def add_bulk(self, jobs: list[PreparedJob]) -> Flow:
         """Immediate jobs go through one script call per 1,000 (the batch-per-round-trip path);
@@ -388,7 +399,7 @@ class QueueFlows(ProducerCore):
         return jid, job.created_at_ms
 
     def enqueue_bulk(self, items: list[Mapping[str, Any]]) -> Flow:
-        """Returns ``[(job_id, created_at_ms, name, data)]``; caller ids go one by one."""
+        """Returns ``[(job_id, created_at_ms, name, data)]``; caller ids go in one pipeline."""
         checked = [bulk_item(i) for i in items]
         if any(i.get("repeat") is not None for i in checked):
             raise ConfigError("add_bulk does not take 'repeat'; use upsert_repeatable_job")
@@ -416,8 +427,10 @@ class QueueFlows(ProducerCore):
             return [(p.id, p.created_at_ms, i["name"], i["data"]) for i, p in zip(checked, prepared)]
         plain = [p for i, p in zip(checked, prepared) if i.get("job_id") is None]
         yield from self.add_bulk(plain)
+        with_id = [p for i, p in zip(checked, prepared) if i.get("job_id") is not None]
+        replies = iter((yield [self._with_id_call(p) for p in with_id]))  # one pipeline for all of them
         ids = []
         for i, p in zip(checked, prepared):
-            jid = (yield from self.add_with_id(p)) if i.get("job_id") is not None else p.id
+            jid = self._with_id_reply(p, next(replies)) if i.get("job_id") is not None else p.id
             ids.append((jid, p.created_at_ms, i["name"], i["data"]))
         return ids

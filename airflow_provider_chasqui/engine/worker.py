@@ -377,7 +377,9 @@ class Worker:
                 if room <= 0:
                     await self._wait_for_room()
                     continue
-                block = None if self._stopping.is_set() else min(s.read_block_ms, self._block_budget_ms(next_recovery))
+                if self._stopping.is_set():  # close() landed during recovery or the wait for room
+                    break
+                block = min(s.read_block_ms, self._block_budget_ms(next_recovery))
                 reply = await self._reader_client.execute_command(*self.core.read(min(room, s.read_count), block).args)
                 failures = 0
             except TRANSIENT as exc:

@@ -1,0 +1,352 @@
+"""``chasqui worker``: run a ``Worker`` for one queue with handlers named on the command line.
+
+::
+
+    chasqui worker --queue Q --handlers pkg.module[:attr] [--handlers ...]
+                   [--redis-url URL | --conn-id ID] [--concurrency N] [--no-scheduler]
+                   [--max-jobs N] [--idle-exit S] [--metrics-port P] [--log-level LEVEL]
+
+The process: parse arguments, configure logging (this module owns the process's
+``logging.dictConfig``; library modules only log), load the handler registry, then run the
+worker until SIGTERM/SIGINT (graceful: stop reading, finish running and buffered jobs within
+``--shutdown-deadline``, flush acknowledgements; a second signal exits at once), ``--max-jobs``
+or ``--idle-exit`` (batch mode).  Exit status: 0 after a clean stop, 1 when the worker
+failed, 2 for bad arguments or handlers.
+
+If a handler declares a ``spark`` parameter, the same command starts a SparkSession in this
+process (see :mod:`.spark`); under ``spark-submit`` run ``worker/spark.py`` instead.
+
+``--conn-id`` resolves an Airflow ``chasqui`` connection and is the only path that imports
+Airflow; this module imports neither airflow nor pyspark at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import logging.config
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..errors import ConfigError
+from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
+
+__all__ = ["build_parser", "configure_logging", "main", "resolve_target", "run_worker", "worker_options",
+           "RunHooks", "DEFAULT_REDIS_URL"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s [%(process)d]: %(message)s"
+
+
+# ---- arguments ------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite, non-negative number of seconds, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port in 0..65535, got {text!r}")
+    return value
+
+
+def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argparse.ArgumentParser:
+    """The worker's arguments; ``spark=True`` adds the Spark entry's options."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Consume one Chasqui queue with the handlers named by --handlers.",
+        epilog="Environment: CHASQUI_REDIS_URL (default for --redis-url), CHASQUI_LOG_LEVEL.",
+    )
+    p.add_argument("--queue", "-q", help="queue to consume (default with --conn-id: the connection's default_queue)")
+    p.add_argument("--handlers", "-H", action="append", required=True, metavar="pkg.module[:attr]",
+                   help="handler module or object; repeat to combine (a job name may appear once)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--redis-url", help=f"Redis URL (default: $CHASQUI_REDIS_URL or {DEFAULT_REDIS_URL})")
+    where.add_argument("--conn-id", help="an Airflow 'chasqui' connection id (imports Airflow)")
+    p.add_argument("--concurrency", "-c", type=_positive_int,
+                   help="jobs run at once (default: 100; 2 for the Spark worker)")
+    p.add_argument("--sync-threads", type=_positive_int,
+                   help="threads for plain (non-async) handlers (default: min(concurrency, 64))")
+    p.add_argument("--prefetch", type=_positive_int, dest="read_count",
+                   help="entries read per XREADGROUP beyond the running ones (default: 256; the Spark worker: 1)")
+    p.add_argument("--max-attempts", type=int, help="attempts before a failing job is dead-lettered (default 25)")
+    p.add_argument("--group", help="consumer group (default: 'default')")
+    p.add_argument("--no-scheduler", action="store_true", help="do not run the repeatable-job scheduler loop")
+    p.add_argument("--no-promoter", action="store_true", help="do not run the delayed-job promoter loop")
+    p.add_argument("--max-jobs", type=_positive_int, help="exit after this many jobs (batch mode)")
+    p.add_argument("--idle-exit", type=_non_negative_float, metavar="SECONDS",
+                   help="exit after this long with nothing to do (batch mode)")
+    p.add_argument("--shutdown-deadline", type=_non_negative_float, default=None, metavar="SECONDS",
+                   help="on SIGTERM, how long running jobs may take to finish (default 30)")
+    results = p.add_mutually_exclusive_group()
+    results.add_argument("--store-results", dest="store_results", action="store_true", default=True,
+                         help="store handler results for Queue.get_job_result and the Airflow sensor (default)")
+    results.add_argument("--no-store-results", dest="store_results", action="store_false",
+                         help="do not store results (chasquimq's default)")
+    p.add_argument("--result-ttl", type=_non_negative_float, metavar="SECONDS",
+                   help="how long stored results live (default 86400)")
+    p.add_argument("--metrics-port", type=_port, help="serve /metrics and /healthz on this port (0: any free port)")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address for --metrics-port (default 0.0.0.0)")
+    p.add_argument("--metrics-interval", type=float, default=5.0, metavar="SECONDS",
+                   help="how often queue depths are sampled for /metrics (default 5)")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                   default=os.environ.get("CHASQUI_LOG_LEVEL", "INFO").upper(),
+                   help="level of this package's loggers (default INFO; DEBUG logs every job)")
+    if spark:
+        p.add_argument("--app-name", default=None, help="Spark application name (default: chasqui-worker-<queue>)")
+        p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="extra Spark setting for the session this worker builds (repeatable)")
+    return p
+
+
+@dataclass
+class RunHooks:
+    """How a runtime (the Spark one) plugs into :func:`run_worker`.
+
+    ``resources``: objects handlers ask for by parameter name; ``wrap(name, fn)``: decorates
+    each bound handler; ``on_start(request_stop)``: called on the loop once the worker exists,
+    with a thread-safe ``request_stop(signal_name, route)``; ``defaults``: Worker options used when the
+    command line leaves them unset.
+    """
+
+    resources: dict[str, Any] = field(default_factory=dict)
+    wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None
+    on_start: Callable[[Callable[[str, str], None]], None] | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``Worker(**options)`` keywords from parsed arguments (None = the engine's default)."""
+    opts: dict[str, Any] = {
+        "concurrency": args.concurrency,
+        "sync_threads": args.sync_threads,
+        "read_count": args.read_count,
+        "max_attempts": args.max_attempts,
+        "group": args.group,
+        "max_jobs": args.max_jobs,
+        "idle_exit_secs": args.idle_exit,
+        "shutdown_deadline_secs": args.shutdown_deadline,
+        "store_results": args.store_results,
+        "result_ttl_ms": None if args.result_ttl is None else int(args.result_ttl * 1000),
+        "run_scheduler": not args.no_scheduler,
+        "delayed_enabled": not args.no_promoter,
+    }
+    for key, value in (defaults or {}).items():
+        if opts.get(key) is None:
+            opts[key] = value(opts) if callable(value) else value
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
+    """``(redis_url, queue)`` from --redis-url / --conn-id / the environment."""
+    queue = args.queue
+    if args.conn_id:
+        url, default_queue = _from_airflow_connection(args.conn_id)
+        queue = queue or default_queue
+        configure_logging(args.log_level)  # importing Airflow installed its own logging setup
+    else:
+        url = args.redis_url or os.environ.get("CHASQUI_REDIS_URL") or DEFAULT_REDIS_URL
+    if not queue:
+        raise ConfigError("no queue: pass --queue (or a --conn-id whose connection sets default_queue)")
+    return url, queue
+
+
+def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
+    """The only place this command touches Airflow (imported here, on demand)."""
+    try:
+        from ..hooks.chasqui import ChasquiHook
+    except ImportError as exc:
+        raise ConfigError(f"--conn-id needs Airflow ({exc}); install 'airflow-provider-chasqui[airflow]' "
+                          "or pass --redis-url") from exc
+    try:
+        settings = ChasquiHook(chasqui_conn_id=conn_id).get_settings()
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends, shown plainly
+        raise ConfigError(f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {exc}") from exc
+    if settings.mode != "standalone":
+        raise ConfigError(f"connection {conn_id!r} is in {settings.mode} mode; the worker takes one Redis URL "
+                          "(standalone mode) for now")
+    return settings.redis_url(), settings.default_queue
+
+
+# ---- logging --------------------------------------------------------------------------------
+def configure_logging(level: str) -> None:
+    """The worker process's logging: one line per record on stderr.  Only CLIs call this."""
+    logging.config.dictConfig({
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"line": {"format": _LOG_FORMAT}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
+        "loggers": {
+            "airflow_provider_chasqui": {"level": level},
+            "py4j": {"level": "WARNING"},
+            "asyncio": {"level": "WARNING"},
+        },
+        "root": {"level": level, "handlers": ["stderr"]},
+    })
+
+
+# ---- running --------------------------------------------------------------------------------
+def load_registry(args: argparse.Namespace) -> HandlerRegistry:
+    registry = load_handlers(args.handlers)
+    log.info("handlers: %s", ", ".join(f"{n} <- {registry.origin(n)}" for n in registry))
+    return registry
+
+
+def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHooks | None = None) -> int:
+    """Build the Worker (and the metrics server) and run it to completion; returns the exit status."""
+    from ..engine.worker import Worker  # the engine's import cost is paid once arguments are valid
+
+    hooks = hooks or RunHooks()
+    url, queue = resolve_target(args)
+    table = bind(registry, hooks.resources, wrap=hooks.wrap)
+    options = worker_options(args, hooks.defaults)
+    sink = server = None
+    if args.metrics_port is not None:
+        from .metrics import DepthSampler, MetricsServer, PrometheusMetrics
+
+        sink = PrometheusMetrics(known_names=table)
+        sampler = DepthSampler(url, queue, group=options.get("group", "default"))
+        try:
+            server = MetricsServer(sink, port=args.metrics_port, host=args.metrics_host, sampler=sampler,
+                                   interval=args.metrics_interval, queue=queue,
+                                   info={"handlers": sorted(table)})
+        except OSError as exc:
+            sampler.close()
+            raise ConfigError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}") from exc
+    worker = Worker(queue, table, redis_url=url, metrics=sink, install_signal_handlers=False, **options)
+    if server is not None:
+        server.is_running = lambda: worker.is_running
+        server.info["consumer"] = worker.consumer_id
+        server.start()
+    try:
+        asyncio.run(_serve(worker, server, hooks))
+    except Exception:
+        log.exception("worker %s on queue %s failed", worker.consumer_id, queue)
+        return 1
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+#: A signal relayed by another route (the JVM) within this many seconds of the same signal
+#: received directly is the same delivery (e.g. an init that signals the whole process group).
+_SAME_SIGNAL_WINDOW = 5.0
+
+
+async def _serve(worker: Any, server: Any, hooks: RunHooks) -> None:
+    loop = asyncio.get_running_loop()
+    first: list[tuple[str, str, float]] = []  # (signal, route, when) of the stop request
+    closing: list[asyncio.Future[None]] = []
+
+    async def _close() -> None:
+        await worker.close()  # returns once the blocked read is released: nothing new is read after this line
+        log.info("worker %s: no longer reading; running jobs get %.0fs to finish", worker.consumer_id,
+                 worker.settings.shutdown_deadline_secs)
+
+    def stop(signame: str, route: str = "") -> None:  # on the loop
+        reason = f"{signame} (via {route})" if route else signame
+        now = time.monotonic()
+        if not first:
+            first.append((signame, route, now))
+            log.info("worker %s: %s: stopping", worker.consumer_id, reason)
+            closing.append(asyncio.ensure_future(_close()))
+            return
+        sig0, route0, t0 = first[0]
+        if signame == sig0 and route != route0 and now - t0 < _SAME_SIGNAL_WINDOW:
+            log.debug("worker %s: %s is the same delivery as the first %s", worker.consumer_id, reason, sig0)
+            return
+        log.warning("worker %s: %s again: exiting now; unfinished jobs stay pending and are reclaimed",
+                    worker.consumer_id, reason)
+        logging.shutdown()
+        os._exit(130)
+
+    def request_stop(signame: str, route: str) -> None:  # any thread
+        loop.call_soon_threadsafe(stop, signame, route)
+
+    installed = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop, sig.name)
+            installed.append(sig)
+    if hooks.on_start is not None:
+        hooks.on_start(request_stop)
+    beat = asyncio.create_task(_heartbeat(server)) if server is not None else None
+    try:
+        await worker.run()
+    finally:
+        if beat is not None:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+async def _heartbeat(server: Any) -> None:
+    while True:
+        server.beat()
+        await asyncio.sleep(1.0)
+
+
+def _straggler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("chasqui-") and not t.daemon and t.is_alive()]
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "chasqui worker") -> int:
+    """Entry point of ``chasqui worker`` and ``python -m airflow_provider_chasqui.worker``."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        registry = load_registry(args)
+        if registry.needs("spark"):
+            from .spark import run_with_spark
+
+            log.info("handlers %s use Spark: starting a SparkSession in this process", registry.needs("spark"))
+            code = run_with_spark(args, registry)
+        else:
+            code = run_worker(args, registry)
+    except (HandlerLoadError, ConfigError) as exc:
+        log.error("%s", exc)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    stragglers = _straggler_threads()
+    if stragglers:
+        # Handlers past the shutdown deadline: their entries stay pending and are reclaimed by
+        # another worker; do not let them hold the process (the interpreter would join them).
+        log.warning("%d handler thread(s) still running after the shutdown deadline; exiting without them",
+                    len(stragglers))
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(code)
+    return code

@@ -1,0 +1,259 @@
+"""The Spark worker: a ``chasqui worker`` whose handlers share one SparkSession.
+
+Run it as the application file of ``spark-submit`` (client mode)::
+
+    spark-submit --master local[2] .../airflow_provider_chasqui/worker/spark.py \\
+        --queue sales --handlers airflow_provider_chasqui.examples.spark_handlers --max-jobs 10
+
+(or ``python -m airflow_provider_chasqui.worker.spark ...``, or plain ``chasqui worker`` when a
+handler declares ``spark``: pyspark then starts the JVM itself).  Same arguments as
+``chasqui worker`` plus ``--app-name`` and ``--spark-conf KEY=VALUE``.
+
+Theory of operation.  ``main()`` builds exactly one SparkSession per process (pyspark is
+imported there and nowhere at module level, so importing this module stays cheap) and hands
+it to every handler that declares a ``spark`` parameter.  Spark handlers are plain functions
+run in the worker's thread pool; a Spark job already spreads over every executor core, so
+the defaults keep few of them at once (concurrency 2, prefetch 1, threads = concurrency), and
+the scheduler runs in FAIR mode with one pool per handler thread so concurrent handlers share
+the executors instead of queueing behind each other.  Each handler call runs in a Spark job
+group named after the job id (visible in the Spark UI, and cancellable).
+
+Stopping.  Under spark-submit the JVM is the parent process and, in a container, PID 1: a
+SIGTERM reaches the JVM, whose default reaction (shutdown hooks: stop the SparkContext, kill
+the Python child) would kill running jobs.  So once the session exists, the JVM's SIGTERM
+and SIGINT handlers are replaced (through py4j's callback server) by one that forwards the
+signal to this process's worker.  Either way the worker stops reading, lets running and
+already-read jobs finish within ``--shutdown-deadline`` (default 30 s), acknowledges them,
+then cancels whatever Spark jobs are left, stops the session and exits 0; Python's exit code
+becomes spark-submit's.  If the JVM itself dies (OOM kill, SIGKILL), a watchdog stops the
+worker too and the process exits 1 instead of failing every job it would still read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+if __name__ == "__main__":  # run as a file by spark-submit / python: drop this folder from sys.path
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+
+from airflow_provider_chasqui.errors import ConfigError
+from airflow_provider_chasqui.worker import cli
+from airflow_provider_chasqui.worker.registry import HandlerLoadError, HandlerRegistry, bind
+
+__all__ = ["main", "run_with_spark", "SparkRuntime", "DEFAULT_SPARK_CONCURRENCY"]
+
+log = logging.getLogger("airflow_provider_chasqui.worker.spark")
+
+#: Spark handlers run at once by default: each Spark job already uses every core it is given.
+DEFAULT_SPARK_CONCURRENCY = 2
+
+
+def _spark_defaults() -> dict[str, Any]:
+    return {
+        "concurrency": DEFAULT_SPARK_CONCURRENCY,
+        "read_count": 1,  # prefetch one: a read job waits for a slot (and must finish on SIGTERM)
+        "sync_threads": lambda opts: opts.get("concurrency") or DEFAULT_SPARK_CONCURRENCY,
+    }
+
+
+def _parse_conf(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--spark-conf takes KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value
+    return out
+
+
+def build_session(app_name: str | None, conf: dict[str, str], *, default_name: str = "chasqui-worker") -> Any:
+    """The process's SparkSession; spark-submit's ``--master``/``--conf`` win over our defaults."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    SparkContext._ensure_initialized()  # joins spark-submit's JVM (or starts one) so its settings are visible
+    existing = SparkConf()  # spark-submit's --master/--conf, as JVM system properties
+    builder = SparkSession.builder
+    given = existing.get("spark.app.name", None)  # spark-submit --name; its default is the file's name
+    if app_name or not given or given == os.path.basename(sys.argv[0] or ""):
+        builder = builder.appName(app_name or default_name)
+    if not existing.contains("spark.scheduler.mode") and "spark.scheduler.mode" not in conf:
+        builder = builder.config("spark.scheduler.mode", "FAIR")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+class SparkRuntime:
+    """Glue between one SparkSession and the worker: job groups, signals, the final stop.
+
+    ``wrap`` is called once per handler at start-up; the wrapped handlers and ``active`` are
+    used from the worker's handler threads; ``forward_jvm_signals`` from the loop thread.
+    """
+
+    def __init__(self, spark: Any, queue_hint: str = "") -> None:
+        self.spark = spark
+        self.sc = spark.sparkContext
+        self.queue_hint = queue_hint
+        self._lock = threading.Lock()
+        self.active = 0
+        self._jvm_handlers: list[Any] = []
+        self._finished = threading.Event()
+        self.jvm_lost = False
+
+    # ---- handlers ------------------------------------------------------------------------
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if "spark" not in _declared(fn):
+            return fn
+        if inspect.iscoroutinefunction(fn):
+            log.warning("Spark handler for %r is async: its Spark calls block the event loop; make it a plain def",
+                        name)
+            return fn
+        sc = self.sc
+
+        def run_in_job_group(job: Any) -> Any:
+            with self._lock:
+                self.active += 1
+            # One FAIR pool per handler thread, so concurrent handlers share the executors.
+            sc.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
+            sc.setJobGroup(f"chasqui-{job.id}", f"chasqui {self.queue_hint} {name} {job.id}", True)
+            try:
+                return fn(job)
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+                sc.setLocalProperty("spark.job.description", None)
+                with self._lock:
+                    self.active -= 1
+
+        run_in_job_group.__name__ = getattr(fn, "__name__", name)
+        return run_in_job_group
+
+    # ---- signals -------------------------------------------------------------------------
+    def forward_jvm_signals(self, request_stop: Callable[[str, str], None]) -> None:
+        """Make the JVM hand SIGTERM/SIGINT to the worker instead of shutting Spark down."""
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        gateway = self.sc._gateway
+        ensure_callback_server_started(gateway)
+        jvm = self.sc._jvm
+
+        class _Forward:
+            def handle(self, sig: Any) -> None:  # called by the JVM's signal thread via py4j
+                request_stop(f"SIG{sig.getName()}", "the JVM")
+
+            class Java:
+                implements = ["sun.misc.SignalHandler"]
+
+        for name in ("TERM", "INT"):
+            try:
+                handler = _Forward()
+                jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), handler)
+                self._jvm_handlers.append(handler)  # keep the proxy alive for the JVM
+            except Exception as exc:  # noqa: BLE001 - an exotic JVM: fall back to Python's handlers only
+                log.warning("could not forward the JVM's SIG%s to the worker (%s); a SIGTERM to the JVM stops "
+                            "Spark at once", name, exc)
+
+    def start(self, request_stop: Callable[[str, str], None]) -> None:
+        """``RunHooks.on_start``: forward the JVM's signals and watch that the JVM stays up."""
+        self.forward_jvm_signals(request_stop)
+        self.watch_jvm(request_stop)
+
+    def watch_jvm(self, request_stop: Callable[[str, str], None], interval: float = 1.0) -> None:
+        """Stop the worker if the JVM dies (OOM-killed, SIGKILL): without it every Spark job would
+        fail, and under spark-submit this process would live on as an orphan."""
+        parent = os.getppid()
+        under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit's JVM is our parent
+        launched = getattr(self.sc._gateway, "proc", None)  # or pyspark started the JVM as our child
+
+        def alive() -> bool:
+            if launched is not None:
+                return launched.poll() is None
+            return not under_submit or os.getppid() == parent
+
+        def watch() -> None:
+            while not self._finished.wait(interval):
+                if not alive():
+                    self.jvm_lost = True
+                    log.error("the Spark JVM is gone: stopping the worker (running jobs fail and are retried)")
+                    request_stop("JVM exit", "watchdog")
+                    return
+
+        threading.Thread(target=watch, name="chasqui-jvm-watchdog", daemon=True).start()
+
+    # ---- stopping ------------------------------------------------------------------------
+    def finish(self, grace: float = 10.0) -> None:
+        """After the worker returned: cancel Spark jobs of handlers past the deadline, stop Spark."""
+        self._finished.set()
+        if self.jvm_lost:
+            return
+        if self.active:
+            log.warning("%d Spark handler(s) still running after the shutdown deadline: cancelling their Spark jobs "
+                        "(their entries stay pending and are reclaimed)", self.active)
+            self.sc.cancelAllJobs()
+            deadline = time.monotonic() + grace
+            while self.active and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.spark.stop()
+
+
+def _declared(fn: Any) -> set[str]:
+    """Parameter names of the user's function (``bind`` hands us a partial with spark= bound)."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    try:
+        return set(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def run_with_spark(args: argparse.Namespace, registry: HandlerRegistry) -> int:
+    """Start the session, run the worker with it, stop the session; returns the exit status."""
+    conf = _parse_conf(getattr(args, "spark_conf", []) or [])
+    # Fail on bad arguments or handlers before paying for a JVM.
+    cli.resolve_target(args)
+    bind(registry, {"spark": None})
+    started = time.monotonic()
+    spark = build_session(getattr(args, "app_name", None), conf,
+                          default_name=f"chasqui-worker-{args.queue or args.conn_id or 'queue'}")
+    log.info("SparkSession %s up in %.1fs (master %s, Spark %s)", spark.sparkContext.appName,
+             time.monotonic() - started, spark.sparkContext.master, spark.version)
+    runtime = SparkRuntime(spark, args.queue or "")
+    hooks = cli.RunHooks(resources={"spark": spark}, wrap=runtime.wrap, on_start=runtime.start,
+                         defaults=_spark_defaults())
+    try:
+        code = cli.run_worker(args, registry, hooks)
+    finally:
+        runtime.finish()
+    return 1 if runtime.jvm_lost else code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the Spark worker (spark-submit application, or ``python -m``)."""
+    parser = cli.build_parser("spark-submit .../worker/spark.py", spark=True)
+    args = parser.parse_args(argv)
+    cli.configure_logging(args.log_level)
+    try:
+        registry = cli.load_registry(args)
+        code = run_with_spark(args, registry)
+    except (HandlerLoadError, ConfigError) as exc:
+        log.error("%s", exc)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    stragglers = cli._straggler_threads()
+    if stragglers:
+        log.warning("%d handler thread(s) still running; exiting without them", len(stragglers))
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

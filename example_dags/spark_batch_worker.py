@@ -1,0 +1,79 @@
+"""Start a batch-mode Chasqui Spark worker from Airflow with the Spark provider's ``SparkSubmitOperator``.
+
+The task runs ``spark-submit <.../worker/spark.py> --queue Q --handlers ... --max-jobs N
+--idle-exit S``: the worker drains the queue with one SparkSession and exits 0 after ``N``
+jobs or after ``S`` seconds with nothing to do, so the task ends when the backlog is done.
+Pair it with producers that enqueue a batch first (``seed_batch`` here does), or schedule it
+after an upstream bulk load.
+
+Needs the ``spark_default`` connection (``conn_type`` spark; host = the master, e.g.
+``local[2]``, ``spark://host:7077`` or ``k8s://...``), ``spark-submit`` on the Airflow
+worker's PATH (full ``pyspark``, not only ``pyspark-client``), this package installed where
+the Spark driver runs, and ``chasqui_default`` for the enqueue.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, get_current_context, task
+
+from airflow_provider_chasqui.worker import spark as spark_worker
+
+# The entry file's path, found from the installed package (importing the module is cheap:
+# it imports pyspark only inside main()).
+SPARK_WORKER_ENTRY = spark_worker.__file__
+
+with DAG(
+    dag_id="chasqui_spark_batch_worker",
+    schedule=None,
+    catchup=False,
+    params={
+        "queue": Param(os.environ.get("CHASQUI_SPARK_QUEUE", "spark-batch"), type="string"),
+        "redis_url": Param(os.environ.get("CHASQUI_REDIS_URL", "redis://127.0.0.1:6379/0"), type="string",
+                           description="Redis as the Spark driver sees it"),
+        "data_dir": Param(os.environ.get("CHASQUI_DATA_DIR", "/tmp/chasqui-data"), type="string"),
+        "datasets": Param(3, type="integer", minimum=1, description="how many rollup jobs to seed"),
+        "max_jobs": Param(100, type="integer", minimum=1),
+        "idle_exit_secs": Param(20, type="integer", minimum=1),
+    },
+    tags=["chasqui", "example", "spark"],
+) as dag:
+
+    @task
+    def seed_batch() -> list[str]:
+        """Enqueue one ``sales_rollup`` job per generated dataset (the backlog the worker drains)."""
+        from airflow_provider_chasqui.examples.spark_handlers import generate_sales_csv
+        from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
+
+        ctx = get_current_context()
+        params, run = ctx["params"], ctx["run_id"].replace(":", "_").replace("+", "_")
+        jobs = []
+        for i in range(int(params["datasets"])):
+            base = os.path.join(params["data_dir"], "batch", run)
+            made = generate_sales_csv(os.path.join(base, f"sales-{i}.csv"), rows=5_000, seed=i)
+            jobs.append({"name": "sales_rollup",
+                         "data": {"input": made["path"], "output": os.path.join(base, f"rollup-{i}")}})
+        with ChasquiHook().get_queue(params["queue"]) as queue:
+            return [job.id for job in queue.add_bulk(jobs)]
+
+    drain = SparkSubmitOperator(
+        task_id="drain_with_spark",
+        conn_id="spark_default",
+        application=SPARK_WORKER_ENTRY,
+        name="chasqui-batch-worker",
+        application_args=[
+            "--queue", "{{ params.queue }}",
+            "--redis-url", "{{ params.redis_url }}",
+            "--handlers", "airflow_provider_chasqui.examples.spark_handlers",
+            "--max-jobs", "{{ params.max_jobs }}",
+            "--idle-exit", "{{ params.idle_exit_secs }}",
+            "--no-scheduler",
+        ],
+        conf={"spark.ui.enabled": "false"},
+        execution_timeout=timedelta(hours=2),
+    )
+
+    seed_batch() >> drain
