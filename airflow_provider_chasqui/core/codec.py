@@ -61,6 +61,17 @@ def new_job_id(ms: int | None = None) -> str:
     return cached[1] + os.urandom(16).translate(_RANDOM_DIGITS).decode("ascii")
 
 
+def new_job_ids(n: int, ms: int | None = None) -> list[str]:
+    """``n`` ids as :func:`new_job_id` makes them for one millisecond, with one read of the
+    system's randomness for all of them (``add_bulk``'s hot path)."""
+    if n <= 0:
+        return []
+    first = new_job_id(ms)
+    prefix, size = first[:10], 16 * (n - 1)
+    digits = os.urandom(size).translate(_RANDOM_DIGITS).decode("ascii")
+    return [first, *(prefix + digits[i:i + 16] for i in range(0, size, 16))]
+
+
 def validate_job_name(name: object) -> bytes:
     if not isinstance(name, str):
         raise ConfigError(f"job name must be a str, got {type(name).__name__}")

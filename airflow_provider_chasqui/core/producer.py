@@ -26,6 +26,7 @@ from .codec import (
     encode_member,
     encode_new_envelope,
     new_job_id,
+    new_job_ids,
     now_ms,
     validate_job_name,
 )
@@ -407,13 +408,14 @@ class QueueFlows(ProducerCore):
         prepared = []
         names: dict[str, bytes] = {}
         max_payload = self.settings.max_payload_bytes
-        for i in checked:
+        fresh_ids = new_job_ids(len(checked), now)
+        for k, i in enumerate(checked):
             if len(i) == 2:  # just name and data: prepare() inlined, the same checks and bytes
                 name = i["name"]
                 name_bytes = names.get(name) if type(name) is str else None
                 if name_bytes is None:
                     name_bytes = names[name] = validate_job_name(name)
-                jid = new_job_id(now)
+                jid = fresh_ids[k]
                 envelope = encode_new_envelope(jid, encode_data(i["data"]), now)
                 if len(envelope) > max_payload:
                     self.prepare(name, i["data"], now=now)  # raises prepare()'s own error

@@ -1,0 +1,127 @@
+"""Shared helpers of the benchmark scripts: a private Redis, medians, machine facts.
+
+Standard library only, so ``run_peers.py`` can import it from any interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def private_redis(url: str | None = None) -> Iterator[str]:
+    """Yield a Redis URL: ``url`` as given, else a fresh ``redis-server`` on a free loopback
+    port (no persistence), stopped by its pid on exit."""
+    if url:
+        yield url
+        return
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server not found on PATH; pass --redis-url")
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--daemonize", "no", "--maxmemory", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not _ping(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"redis-server on port {port} did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def redis_version(url: str) -> str:
+    host, port = url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=2) as s:
+        s.sendall(b"INFO server\r\n")
+        data = b""
+        while b"\r\n" not in data or len(data) < 64:
+            data += s.recv(65536)
+        header, _, rest = data.partition(b"\r\n")
+        size = int(header[1:])
+        while len(rest) < size:
+            rest += s.recv(65536)
+    for line in rest.decode().splitlines():
+        if line.startswith("redis_version:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_at_start": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median of every numeric field across runs (``runs`` keeps the raw values)."""
+    out: dict[str, Any] = {}
+    keys = {k for r in runs for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for k in sorted(keys):
+        values = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
+        if values:
+            out[k] = statistics.median(values)
+    out["runs"] = runs
+    return out
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
