@@ -27,6 +27,7 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 # validates docker-compose.yaml offline in the tests (no Docker engine is needed for `config`)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the TLS tests make their certificates
 if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi

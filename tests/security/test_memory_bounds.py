@@ -1,0 +1,185 @@
+"""Memory hygiene: nothing the engine writes grows without bound by default.
+
+* the job stream, the events stream and the DLQ are written with ``MAXLEN ~``: with small
+  limits their lengths stay within one stream node (``stream-node-max-entries``, 100) of the
+  limit however much flows through;
+* result and failure records (opt-in) carry a TTL; unique markers, idempotency keys and
+  leader locks expire on their own;
+* after a mixed workload every key of the queue either expires or is one of the bounded
+  structures above (plus the repeatable-spec index, bounded by the specs the user keeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_chasqui import Queue, RepeatPattern, UnrecoverableError, Worker, WorkerSettings
+from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.settings import QueueSettings
+from engine_support import raw_async, running, wait_until
+from fault_support import chunks
+
+NODE = 100  # stream-node-max-entries: MAXLEN ~ trims whole nodes, so a stream may exceed its limit by < 1 node
+
+
+def test_defaults_are_bounded() -> None:
+    q = QueueSettings()
+    assert (q.max_stream_len, q.events_max_len, q.dlq_max_len) == (1_000_000, 100_000, 100_000)
+    assert q.max_payload_bytes == 1_048_576 and q.unique_window_ms > 0
+    w = WorkerSettings()
+    assert w.store_results is False  # results are opt-in
+    assert w.result_ttl_ms == w.failure_ttl_ms == 24 * 3600 * 1000
+    worker = Worker("bounded", lambda job: None)
+    assert worker.core.events_max == 100_000 and worker.core.settings.dlq_max_len == 100_000
+
+
+async def _watch_max(r, key: str, stop: asyncio.Event) -> int:
+    """Largest XLEN seen while the workload runs (sampled, not just at the end)."""
+    top = 0
+    while not stop.is_set():
+        top = max(top, int(await r.execute_command("XLEN", key)))
+        await asyncio.sleep(0.005)
+    return max(top, int(await r.execute_command("XLEN", key)))
+
+
+@pytest.mark.timeout(120)
+async def test_events_dlq_and_stream_stay_near_their_max_len(redis_url: str, queue_name: str) -> None:
+    keys = QueueKeys.for_queue(queue_name)
+    done: list[int] = []
+
+    async def ok(job) -> None:
+        done.append(job.data["i"])
+
+    async def bad(job) -> None:
+        raise UnrecoverableError("to the DLQ")
+
+    async with raw_async(redis_url) as r, Queue(queue_name, redis_url=redis_url) as q:
+        r.response_callbacks.clear()
+        stop = asyncio.Event()
+        watchers = [asyncio.create_task(_watch_max(r, k, stop)) for k in (keys.events, keys.dlq)]
+        for part in chunks(list(range(3000)), 500):
+            await q.add_bulk([{"name": "ok" if i % 3 else "bad", "data": {"i": i}} for i in part])
+        worker = Worker(queue_name, {"ok": ok, "bad": bad}, redis_url=redis_url, run_scheduler=False,
+                        events_max_stream_len=100, dlq_max_stream_len=50)
+        async with running(worker):
+            await wait_until(lambda: len(done) == 2000, 60, what="the ok jobs")
+            await wait_until(lambda: _xlen(r, keys.stream, 0), 30, what="the stream to drain")
+        stop.set()
+        events_top, dlq_top = await asyncio.gather(*watchers)
+        # The producer side: a stream capped at 100 while nobody consumes.
+        async with Queue(queue_name + "-s", redis_url=redis_url, max_stream_len=100) as capped:
+            for part in chunks(list(range(2000)), 250):
+                await capped.add_bulk([{"name": "x", "data": i} for i in part])
+            for i in range(300):
+                await capped.add("x", i)
+            stream_len = int(await r.execute_command("XLEN", QueueKeys.for_queue(queue_name + "-s").stream))
+            await r.delete(QueueKeys.for_queue(queue_name + "-s").stream)
+    assert 100 <= events_top < 100 + NODE, events_top
+    assert 50 <= dlq_top < 50 + NODE, dlq_top
+    assert 100 <= stream_len < 100 + NODE, stream_len
+    print(f"\n[memory] events max_len=100 peak XLEN={events_top} (6000+ events written); dlq max_len=50 peak "
+          f"XLEN={dlq_top} (1000 dead); stream max_len=100 XLEN={stream_len} (2300 added)")
+
+
+async def _xlen(r, key: str, want: int) -> bool:
+    return int(await r.execute_command("XLEN", key)) == want
+
+
+@pytest.mark.timeout(120)
+async def test_results_failures_and_markers_expire(redis_url: str, queue_name: str) -> None:
+    keys = QueueKeys.for_queue(queue_name)
+    async with raw_async(redis_url) as r, Queue(queue_name, redis_url=redis_url) as q:
+        r.response_callbacks.clear()
+        oks = [await q.add("ok", {"i": i}) for i in range(5)]
+        bads = [await q.add("bad", {"i": i}) for i in range(5)]
+        unique = await q.add_unique("ok", {"u": 1}, key="u-1", window=timedelta(seconds=30))
+        await q.add("ok", {"later": 1}, delay_ms=60_000, job_id="d-1")
+
+        async def ok(job) -> str:
+            return "r" * 100
+
+        async def bad(job) -> None:
+            raise UnrecoverableError("no")
+
+        worker = Worker(queue_name, {"ok": ok, "bad": bad}, redis_url=redis_url, run_scheduler=False,
+                        store_results=True, result_ttl=timedelta(seconds=40), failure_ttl_ms=20_000)
+        async with running(worker):
+            for job in oks:
+                assert await q.wait_for_result(job.id, timeout=15) == "r" * 100
+            await wait_until(lambda: _all_exist(r, [keys.failure(b.id) for b in bads]), 15, what="failure records")
+            ttls = {
+                "result": [int(await r.execute_command("PTTL", keys.result(j.id))) for j in oks],
+                "failure": [int(await r.execute_command("PTTL", keys.failure(j.id))) for j in bads],
+                "unique": [int(await r.execute_command("PTTL", keys.unique("u-1")))],
+                "dlid": [int(await r.execute_command("PTTL", keys.dlid("d-1")))],
+                "didx": [int(await r.execute_command("PTTL", keys.didx("d-1")))],
+                "promoter lock": [int(await r.execute_command("PTTL", keys.promoter_lock))],
+            }
+    assert unique.id
+    assert all(0 < t <= 40_000 for t in ttls["result"]), ttls
+    assert all(0 < t <= 20_000 for t in ttls["failure"]), ttls
+    assert 0 < ttls["unique"][0] <= 30_000
+    assert all(0 < ttls[k][0] for k in ("dlid", "didx", "promoter lock")), ttls
+
+
+async def _all_exist(r, names: list[str]) -> bool:
+    return int(await r.execute_command("EXISTS", *names)) == len(names)
+
+
+@pytest.mark.timeout(120)
+async def test_key_census_after_a_mixed_workload(redis_url: str, queue_name: str) -> None:
+    """Every key left behind expires, or is a bounded structure."""
+    keys = QueueKeys.for_queue(queue_name)
+    bounded = {keys.stream: "MAXLEN", keys.events: "MAXLEN", keys.dlq: "MAXLEN",
+               keys.delayed: "drained by the promoter", keys.repeat: "one member per spec the user keeps"}
+    runs: list[str] = []
+
+    async def ok(job) -> str:
+        runs.append(job.name)
+        return "ok"
+
+    async def flaky(job) -> None:
+        if job.attempt < 1:
+            raise RuntimeError("retry me")
+
+    async def bad(job) -> None:
+        raise UnrecoverableError("dead")
+
+    async with raw_async(redis_url) as r, Queue(queue_name, redis_url=redis_url) as q:
+        r.response_callbacks.clear()
+        await q.add_bulk([{"name": "ok", "data": i} for i in range(200)])
+        await q.add("flaky", {}, backoff=10)
+        await q.add("bad", {})
+        await q.add_unique("ok", {}, key="once")
+        await q.add("ok", {}, job_id="with-id")
+        await q.add("ok", {}, delay_ms=30, job_id="delayed-id")
+        await q.add("ok", {}, delay_ms=60_000, job_id="cancel-me")
+        assert await q.cancel_delayed("cancel-me")
+        await q.upsert_repeatable_job("ok", {}, repeat=RepeatPattern.every(100), key="spec-kept")
+        await q.upsert_repeatable_job("ok", {}, repeat=RepeatPattern.every(100), key="spec-removed")
+        worker = Worker(queue_name, {"ok": ok, "flaky": flaky, "bad": bad}, redis_url=redis_url,
+                        store_results=True, run_scheduler=True, scheduler_tick_ms=20, promoter_poll_ms=20)
+        async with running(worker):
+            await wait_until(lambda: runs.count("ok") >= 203 + 2, 30, what="plain, unique, delayed and fired jobs")
+            assert await q.remove_repeatable_by_key("spec-removed")
+            await wait_until(lambda: _xlen(r, keys.stream, 0), 30, what="the stream to drain")
+        left: dict[str, int] = {}
+        pattern = keys.prefix.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?") + "*"
+        cursor = b"0"
+        while True:  # raw replies (callbacks cleared): the cursor is bytes, so no scan_iter
+            cursor, batch = await r.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+            for key in batch:
+                left[key.decode()] = int(await r.execute_command("PTTL", key))
+            if cursor in (b"0", 0):
+                break
+    persistent = {k for k, ttl in left.items() if ttl == -1}
+    spec_storage = {k for k in persistent if k.startswith(keys.prefix + ":repeat")}
+    unexpected = persistent - set(bounded) - spec_storage
+    assert not unexpected, f"keys with no TTL and no bound: {sorted(unexpected)}"
+    assert not any("spec-removed" in k for k in left), "a removed spec left keys behind"
+    assert all(k.startswith(keys.prefix) for k in left)
+    print(f"\n[memory census] {len(left)} keys left: {len(persistent)} persistent "
+          f"({sorted(k.removeprefix(keys.prefix) for k in persistent)}), {len(left) - len(persistent)} with a TTL")

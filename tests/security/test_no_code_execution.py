@@ -1,0 +1,142 @@
+"""Nothing a producer writes is ever executed, imported or unpickled.
+
+Statically (AST of every module, text of every Lua script): no pickle-family module, no
+eval/exec/compile, no ``__import__``, ``importlib.import_module`` only in the handler registry
+(whose module names come from the operator's ``--handlers``), msgpack decoding without hooks
+that could build objects, and no dynamic code in Lua.  At run time: a malicious pickle sent
+as job data reaches the handler as inert bytes, sent as a raw envelope it is dead-lettered,
+and job names that look like code or import paths find no handler and are dead-lettered.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_chasqui import Queue, Worker
+from airflow_provider_chasqui.core.keys import QueueKeys
+from engine_support import raw_async, running, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "airflow_provider_chasqui"
+FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle",
+                     "joblib"}
+FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
+IMPORT_MODULE_ALLOWED = {"worker/registry.py"}  # operator-given --handlers only, never job data
+MSGPACK_HOOKS = {"ext_hook", "object_hook", "object_pairs_hook", "list_hook"}
+
+
+def _modules() -> list[tuple[str, ast.AST]]:
+    return [(str(p.relative_to(PACKAGE)), ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def test_no_pickle_family_module_is_imported() -> None:
+    bad = []
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad += [f"{rel}: {n}" for n in names if n.split(".")[0] in FORBIDDEN_MODULES]
+    assert not bad, bad
+    # and not through a string either (importlib, __import__ of "pickle")
+    for p in PACKAGE.rglob("*.py"):
+        assert not re.search(r"""["'](c?[Pp]ickle|dill|cloudpickle|marshal)["']""", p.read_text()), p
+
+
+def test_no_eval_exec_or_dynamic_import_outside_the_registry() -> None:
+    bad = []
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            if isinstance(fn, ast.Name) and fn.id in FORBIDDEN_CALLS:
+                bad.append(f"{rel}:{node.lineno} {fn.id}()")
+            if isinstance(fn, ast.Attribute) and fn.attr == "import_module" and rel not in IMPORT_MODULE_ALLOWED:
+                bad.append(f"{rel}:{node.lineno} import_module()")
+            if isinstance(fn, ast.Attribute) and fn.attr in ("unpackb", "Unpacker", "unpack") or \
+                    isinstance(fn, ast.Name) and fn.id in ("_unpackb",):
+                hooks = {k.arg for k in node.keywords} & MSGPACK_HOOKS
+                if hooks:
+                    bad.append(f"{rel}:{node.lineno} msgpack decoding with {sorted(hooks)}")
+            if isinstance(fn, ast.Attribute) and fn.attr in ("load", "unsafe_load") and \
+                    isinstance(fn.value, ast.Name) and fn.value.id == "yaml":
+                bad.append(f"{rel}:{node.lineno} yaml.{fn.attr}()")
+    assert not bad, bad
+
+
+def test_the_consuming_path_cannot_import_anything() -> None:
+    """core/, engine/ and sync/ (everything between Redis and a handler) never import importlib
+    or the handler registry: dispatch is a dict lookup of the job name in the handlers the
+    worker was constructed with."""
+    bad = []
+    for rel, tree in _modules():
+        if rel.split("/")[0] not in ("core", "engine", "sync"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bad += [f"{rel}: import {a.name}" for a in node.names if a.name.split(".")[0] == "importlib"]
+            elif isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if mod.split(".")[0] == "importlib" and not (rel == "core/scripts.py" and mod == "importlib"
+                                                            and [a.name for a in node.names] == ["resources"]):
+                    bad.append(f"{rel}: from {mod}")
+                if "registry" in mod:
+                    bad.append(f"{rel}: from {mod}")
+    assert not bad, bad
+
+
+def test_lua_scripts_run_no_dynamic_code() -> None:
+    for path in (ROOT / "lua").glob("*.lua"):
+        text = re.sub(r"--[^\n]*", "", path.read_text())  # comments may mention anything
+        for word in ("loadstring", "dofile", "loadfile", "require", "load(", "setfenv", "getfenv", "debug."):
+            assert word not in text, f"{path.name} uses {word}"
+
+
+class _Bomb:
+    """Unpickling this would create the marker file: the proof that nothing unpickles."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.timeout(60)
+async def test_pickles_and_code_like_names_stay_inert(redis_url: str, queue_name: str, tmp_path) -> None:
+    marker = tmp_path / "unpickled"
+    bomb = pickle.dumps(_Bomb(str(marker)))
+    keys = QueueKeys.for_queue(queue_name)
+    got: list[object] = []
+
+    async def data(job) -> None:
+        got.append(job.data)
+
+    async with Queue(queue_name, redis_url=redis_url) as q:
+        await q.add("data", bomb)  # a pickle as job data: msgpack bin, handed over as bytes
+        for name in ("os.system", "builtins:eval", "__import__", "subprocess.Popen", "data\x00", "DATA"):
+            await q.add(name, {"cmd": "touch " + str(marker)})
+        async with raw_async(redis_url) as r:  # a pickle where the envelope should be
+            await r.execute_command("XADD", keys.stream, "*", "d", bomb, "n", "data")
+            worker = Worker(queue_name, {"data": data}, redis_url=redis_url, run_scheduler=False)
+            async with running(worker):
+                await wait_until(lambda: len(got) == 1, 15, what="the pickled data job")
+                dead = await wait_until(lambda: _dlq(q, 7), 15, what="seven dead letters")
+    assert got == [bomb] and isinstance(got[0], bytes)
+    reasons = sorted(d["reason"] for d in dead)
+    assert reasons == ["decode_failed"] + ["unrecoverable"] * 6, reasons
+    assert not marker.exists() and not os.path.exists(marker)
+
+
+async def _dlq(q: Queue, n: int):
+    rows = await q.peek_dlq(100)
+    return rows if len(rows) >= n else None

@@ -1,0 +1,101 @@
+"""TLS: ``rediss://`` to a loopback redis-server with a certificate the test makes.
+
+The server listens on a TLS port only (its plain port is closed with ``CONFIG SET port 0``
+once it is up), so every byte the producer, the worker and the events reader exchange is
+encrypted.  The CA is passed through the URL (``?ssl_ca_certs=``); hostname checking stays
+on.  Negative cases: an unknown CA, a hostname the certificate does not name, plain
+``redis://`` and, with mutual TLS, a client without a certificate all fail to connect.
+Redis 7 (Debian's build) is the only test server with TLS compiled in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import quote
+
+import pytest
+import redis
+
+from airflow_provider_chasqui import Queue, QueueEvents, SyncQueue, Worker
+from airflow_provider_chasqui.errors import ChasquiConnectionError
+from engine_support import running, wait_until
+from fault_support import free_port, make_tls_files
+from servers import start_server
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    return make_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(params=[False, True], ids=["server-auth", "mutual-tls"])
+def tls_server(request, tmp_path, tls_files):
+    files = tls_files
+    port = free_port()
+    mutual = request.param
+    server = start_server("redis7", tmpdir=tmp_path, extra_args=(
+        "--tls-port", str(port), "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
+        "--tls-ca-cert-file", str(files.ca), "--tls-auth-clients", "yes" if mutual else "no"))
+    try:
+        with server.client() as plain:
+            plain.config_set("port", 0)  # from here on the server speaks TLS only
+        yield server, port, files, mutual
+    finally:
+        server.stop()
+
+
+def _url(port: int, files, mutual: bool, *, ca=None, host: str = "127.0.0.1", scheme: str = "rediss") -> str:
+    query = f"ssl_ca_certs={quote(str(ca or files.ca))}"
+    if mutual:
+        query += f"&ssl_certfile={quote(str(files.client_cert))}&ssl_keyfile={quote(str(files.client_key))}"
+    return f"{scheme}://{host}:{port}/0?{query}"
+
+
+@pytest.mark.timeout(120)
+async def test_producer_worker_and_events_over_tls(tls_server) -> None:
+    server, port, files, mutual = tls_server
+    url = _url(port, files, mutual)
+    ran: set[int] = set()
+
+    async def handler(job) -> int:
+        ran.add(job.data["i"])
+        return job.data["i"]
+
+    async with Queue("tls-q", redis_url=url) as q:
+        await q.add_bulk([{"name": "t", "data": {"i": i}} for i in range(200)])
+        delayed = await q.add("t", {"i": 200}, delay_ms=20)
+        events = QueueEvents("tls-q", redis_url=url, last_event_id="0-0", block_ms=200)
+        # tls=True upgrades a redis:// URL, as chasquimq's flag does.
+        worker = Worker("tls-q", handler, redis_url=_url(port, files, mutual, scheme="redis"), tls=True,
+                        store_results=True, run_scheduler=False, promoter_poll_ms=20)
+        async with running(worker):
+            await wait_until(lambda: len(ran) == 201, 30, what="every job over TLS")
+            assert await q.wait_for_result(delayed.id, timeout=10) == 200
+            async for ev in events:
+                if ev.name == "completed":
+                    break
+        await events.close()
+    with SyncQueue("tls-q", redis_url=url) as sq:
+        assert sq.get_job_state(delayed.id) == "completed"
+    with redis.Redis.from_url(url) as admin:  # the plain port really is closed
+        assert admin.config_get("port") == {"port": "0"}
+        assert int(admin.info("stats")["total_connections_received"]) > 0
+
+
+@pytest.mark.timeout(120)
+async def test_tls_refuses_wrong_ca_wrong_host_and_plaintext(tls_server) -> None:
+    server, port, files, mutual = tls_server
+    bad = {
+        "unknown CA": _url(port, files, mutual, ca=files.other_ca),
+        "hostname not in the certificate": _url(port, files, mutual, host="localhost"),
+        "plain redis:// to the TLS port": f"redis://127.0.0.1:{port}/0?socket_timeout=5",
+    }
+    if mutual:
+        bad["no client certificate"] = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={quote(str(files.ca))}"
+    for what, url in bad.items():
+        async with Queue("tls-q", redis_url=url) as q:
+            with pytest.raises(ChasquiConnectionError):
+                await asyncio.wait_for(q.add("t", {}), 20)
+        with SyncQueue("tls-q", redis_url=url) as sq:
+            with pytest.raises(ChasquiConnectionError):
+                sq.add("t", {})
