@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -83,3 +85,16 @@ def _run_log(log: str, index: int) -> str:
     """The log lines of run ``index`` (runs are separated by their RESULT lines)."""
     parts = log.split("\nRESULT ")
     return parts[index] if index < len(parts) else ""
+
+
+def stop_services(procs: dict[str, subprocess.Popen]) -> None:
+    """Stop Airflow service subprocesses (each its own process group): TERM, then KILL at 30 s."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs.values():
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

@@ -11,9 +11,7 @@ Airflow 3.3.2, so the scheduler drives the run here).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -25,7 +23,7 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
-from airflow_support import WorkerProcess, delete_queue_keys
+from airflow_support import WorkerProcess, delete_queue_keys, stop_services
 from redis_topologies import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -125,15 +123,7 @@ def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], r
         print(f"real triggerer: services up + run {finished - started:.1f} s "
               f"(DAG run {finished - triggered:.1f} s after `airflow dags trigger`)")
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_services(procs)
         worker.stop()
         delete_queue_keys(redis_url, queue)
 

@@ -54,7 +54,7 @@ from airflow_provider_chasqui.triggers.queue_events import (
     QueueModeProducer,
     default_cursor,
 )
-from airflow_support import WorkerProcess, conn_json, delete_queue_keys
+from airflow_support import WorkerProcess, conn_json, delete_queue_keys, stop_services
 from engine_support import running, wait_until
 from redis_topologies import free_port
 
@@ -791,15 +791,7 @@ def test_end_to_end_with_the_real_scheduler_and_triggerer(airflow_home: dict[str
         mark("verified")
         print(f"event-driven e2e timings (s from the first service start): {marks}")
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_services(procs)
         if worker is not None:
             worker.stop()
         for queue in (events_queue, work_queue):
