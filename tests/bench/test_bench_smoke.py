@@ -86,3 +86,15 @@ def test_report_merges_the_smoke_outputs(smoke_results: dict[str, Path]) -> None
     assert report["inputs_missing"] == ["scheduler"]
     png = smoke_results["png"].read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+def test_latency_smoke_json_has_both_percentiles(tmp_path: Path) -> None:
+    out = tmp_path / "latency.json"
+    proc = _run(str(BENCH / "bench_latency.py"), "--smoke", "--out", str(out))
+    assert "enqueue -> handler start" in proc.stdout and "job completion -> trigger event" in proc.stdout
+    data = json.loads(out.read_text())
+    e, t = data["enqueue_to_handler"], data["completion_to_trigger"]
+    assert e["jobs"] == 500 and _positive(e["achieved_rate"])
+    assert t["jobs"] == 20  # every trigger fired with status success (the script asserts it)
+    for block in (e, t):
+        assert _positive(block["p50_ms"]) and block["p99_ms"] >= block["p50_ms"]
