@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from .calls import Call, command, script_call, str_reply
+from .calls import Call, command, script_call
 from .codec import Envelope, decode_data, decode_envelope, encode_envelope, encode_member
 from .features import Features
 from .keys import QueueKeys
@@ -198,7 +198,3 @@ class ConsumerCore:
         # Only `malformed` carries a `detail` field on the wire (spec 7.2); the others are logged.
         detail = r.detail if r.reason == MALFORMED else ""
         return self.dead_letter(r.entry_id, r.reason, r.payload, r.name, detail, r.job_id, r.attempt, features, now)
-
-
-def entry_id_str(entry_id: Any) -> str:
-    return str_reply(entry_id)

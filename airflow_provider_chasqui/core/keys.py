@@ -7,7 +7,6 @@ touches a single slot.  The ChasquiMQ 1.x keys come first; the keys this project
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -115,14 +114,3 @@ class QueueKeys:
     def repeat_quarantine(self) -> str:
         """HASH spec_key -> raw bytes of stored specs that could not be decoded."""
         return self.prefix + ":repeat:quarantine"
-
-
-def finite_ms(value: float, what: str) -> int:
-    """Shared guard for millisecond quantities coming from users."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{what} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{what} must be finite, got {value!r}")
-    if value < 0:
-        raise ConfigError(f"{what} must not be negative, got {value!r}")
-    return int(value)

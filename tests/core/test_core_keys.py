@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_chasqui.core.keys import MAX_QUEUE_NAME_BYTES, QueueKeys, finite_ms, validate_queue_name
+from airflow_provider_chasqui.core.keys import MAX_QUEUE_NAME_BYTES, QueueKeys, validate_queue_name
 from airflow_provider_chasqui.errors import ConfigError
 
 
@@ -66,9 +66,3 @@ def test_queue_name_must_be_a_str(name) -> None:
     with pytest.raises(ConfigError):
         validate_queue_name(name)
 
-
-def test_finite_ms_guard() -> None:
-    assert finite_ms(5.9, "x") == 5
-    for bad in (-1, float("nan"), float("inf"), True, "5", None):
-        with pytest.raises(ConfigError):
-            finite_ms(bad, "x")
