@@ -4,6 +4,8 @@
 * ``queue_name``  -- a fresh queue name per test; its ``{chasqui:<name>}*`` keys are deleted after
 * ``server_matrix`` / ``compat_mode`` / ``matrix_url`` -- run a test on Redis 7.0, Valkey 8.1 and
   Redis 8.2, each once with server fast paths forced off and once with auto detection
+* ``cluster_server`` -- a three-master Redis Cluster on loopback, started once per session on first
+  use (``tests/engine`` runs its tests on it too, see tests/engine/conftest.py)
 
 Deliberately free of airflow and pyspark imports: the core suite must not pay for them.
 """
@@ -26,7 +28,8 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
-from servers import KINDS, RunningServer, attach_server, start_server  # noqa: E402
+from airflow_provider_chasqui.core.urls import split_cluster_flag  # noqa: E402
+from servers import CLUSTER_KIND, KINDS, Cluster, RunningServer, attach_server, start_cluster, start_server  # noqa: E402
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -41,8 +44,13 @@ class MatrixTarget:
     version: str
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "single_node(reason): runs on the single shared server only, never on the test cluster")
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> str:
+def shared_redis_url() -> str:
     """URL of the shared server; checked once so a missing server is one clear error."""
     url = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
     try:
@@ -53,21 +61,37 @@ def redis_url() -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def redis_url(shared_redis_url: str) -> str:
+    """The server a test runs on: the shared one (tests/engine also gives it the cluster's URL)."""
+    return shared_redis_url
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _delete_queue_keys(url: str, queue: str) -> None:
-    pattern = _glob_escape(QueueKeys.for_queue(queue).prefix) + "*"
+    prefix = QueueKeys.for_queue(queue).prefix
+    pattern = _glob_escape(prefix) + "*"
+    url, cluster = split_cluster_flag(url)
+    if cluster:  # every key of a queue shares its hash tag, so one node holds them all
+        with redis.RedisCluster.from_url(url, socket_timeout=10) as rc:
+            _unlink_matching(rc.get_redis_connection(rc.get_node_from_key(prefix)), pattern)
+        return
     with redis.Redis.from_url(url, socket_timeout=10) as r:
-        batch: list[bytes] = []
-        for key in r.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                r.unlink(*batch)
-                batch.clear()
-        if batch:
+        _unlink_matching(r, pattern)
+
+
+def _unlink_matching(r: redis.Redis, pattern: str) -> None:
+    batch: list[bytes] = []
+    for key in r.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
             r.unlink(*batch)
+            batch.clear()
+    if batch:
+        r.unlink(*batch)
 
 
 @pytest.fixture
@@ -77,6 +101,8 @@ def queue_name(request: pytest.FixtureRequest) -> Iterator[str]:
     urls = []
     if "matrix_url" in request.fixturenames:
         urls.append(request.getfixturevalue("matrix_url").url)
+    if "cluster_server" in request.fixturenames:
+        urls.append(request.getfixturevalue("cluster_server").url)
     if "redis_url" in request.fixturenames or not urls:
         urls.append(request.getfixturevalue("redis_url"))
     name = f"t-{uuid.uuid4().hex[:8]}"
@@ -87,15 +113,18 @@ def queue_name(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def _server_pool(
-    redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[[str], RunningServer]]:
-    """Each matrix server started at most once per session, all stopped at its end."""
-    servers: dict[str, RunningServer] = {}
+    shared_redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], RunningServer | Cluster]]:
+    """Each matrix server (and the cluster) started at most once per session, all stopped at its end."""
+    servers: dict[str, RunningServer | Cluster] = {}
 
-    def get(kind: str) -> RunningServer:
+    def get(kind: str) -> RunningServer | Cluster:
         if kind not in servers:
+            if kind == CLUSTER_KIND:
+                servers[kind] = start_cluster(tmpdir=tmp_path_factory.mktemp("cluster"))
+                return servers[kind]
             if kind == "redis7":
-                shared = attach_server(redis_url, "redis7")
+                shared = attach_server(shared_redis_url, "redis7")
                 if shared.version.startswith("7."):
                     servers[kind] = shared
                     return shared
@@ -114,6 +143,12 @@ def server_matrix(
 ) -> RunningServer:
     """One of redis7 (the shared 6379 when it is 7.x), valkey8, redis82; never stop it."""
     return _server_pool(request.param)
+
+
+@pytest.fixture(scope="session")
+def cluster_server(_server_pool: Callable[[str], RunningServer | Cluster]) -> Cluster:
+    """Three redis7 masters joined as a cluster (``.url`` has ``?cluster=true``); never stop it."""
+    return _server_pool(CLUSTER_KIND)
 
 
 @pytest.fixture(params=[True, False], ids=["compat", "auto"])

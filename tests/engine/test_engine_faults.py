@@ -11,11 +11,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import redis
 
 from airflow_provider_chasqui import Job, Queue
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import running, wait_until, wait_until_sync
+from engine_support import raw_sync, running, wait_until, wait_until_sync
 from servers import start_server
 
 WORKER_SCRIPT = textwrap.dedent(
@@ -27,7 +26,10 @@ WORKER_SCRIPT = textwrap.dedent(
     url, queue, tag = sys.argv[1:4]
 
     async def main():
-        r = aioredis.Redis.from_url(url)
+        if url.endswith("?cluster=true"):  # the test cluster: route by key slot
+            r = aioredis.RedisCluster.from_url(url.removesuffix("?cluster=true"))
+        else:
+            r = aioredis.Redis.from_url(url)
 
         async def handler(job):
             await r.rpush(tag + ":started", job.id)
@@ -52,7 +54,7 @@ def test_signal_drains_in_flight_jobs_in_a_real_process(redis_url, queue_name, t
     tag = k.prefix + ":test"  # under the queue's hash tag, so the fixture cleans it up
     script = tmp_path / "worker_proc.py"
     script.write_text(WORKER_SCRIPT)
-    with redis.Redis.from_url(redis_url) as r:
+    with raw_sync(redis_url) as r:
         async def add_two() -> list[str]:
             async with Queue(queue_name, redis_url=redis_url) as q:
                 return [(await q.add("slow", i)).id for i in range(2)]
@@ -82,6 +84,7 @@ def test_signal_drains_in_flight_jobs_in_a_real_process(redis_url, queue_name, t
         assert r.exists(k.promoter_lock) == 0  # released on the way out
 
 
+# Single node by nature (no redis_url): it kills and restarts the one server it started.
 @pytest.mark.parametrize("persistence", ["aof", "none"])
 async def test_worker_survives_a_redis_restart_on_the_same_port(tmp_path: Path, persistence, worker_factory) -> None:
     extra = ("--appendonly", "yes", "--appendfsync", "always") if persistence == "aof" else ()

@@ -22,6 +22,10 @@ from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.types import build_retry_override
 from engine_support import running, wait_until
 
+# chasquimq 1.3.0 has no Redis Cluster client (on a cluster its commands fail with MOVED):
+# interop is tested on the single shared server only.
+pytestmark = pytest.mark.single_node("the chasquimq wheel cannot talk to a Redis Cluster")
+
 DATA = {"to": "ada@example.com", "n": [1, 2.5, None, True], "blob": b"\x00\xff"}
 
 

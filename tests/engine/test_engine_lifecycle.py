@@ -163,9 +163,11 @@ async def _dlq_len(r, k, n) -> bool:
     return await r.xlen(k.dlq) == n
 
 
-async def test_close_while_redis_was_never_reachable_is_a_clean_stop(worker_factory) -> None:
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?cluster=true"],
+                         ids=["single", "cluster"])
+async def test_close_while_redis_was_never_reachable_is_a_clean_stop(worker_factory, url) -> None:
     """The worker retries a missing Redis for ever; close() ends that without raising."""
-    w = worker_factory("never-reachable", lambda job: None, "redis://127.0.0.1:1/0")
+    w = worker_factory("never-reachable", lambda job: None, url)
     task = asyncio.create_task(w.run())
     await wait_until(lambda: w.is_running, what="running (and retrying)")
     assert not task.done()

@@ -15,7 +15,7 @@ from airflow_provider_chasqui import Job, JobFailed, Queue, QueueEvents, Unrecov
 from airflow_provider_chasqui.core.codec import decode_envelope, split_member
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine._driver import AsyncDriver
-from engine_support import events_of, kv, pending_count, running, wait_until
+from engine_support import client_lists, events_of, kv, pending_count, running, wait_until
 
 
 async def _xlen_is(r, key, n) -> bool:
@@ -272,7 +272,7 @@ async def test_wait_for_result_blocks_on_the_events_stream(redis_url, queue_name
 
 
 async def _blocked_in_xread(r, client_name: str) -> bool:
-    for c in await r.client_list():
+    for c in await client_lists(r):  # every node of a cluster: the XREAD runs on the events key's
         if c.get("name") == client_name and c.get("cmd") == "xread" and "b" in c.get("flags", ""):
             return True
     return False

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,16 +16,16 @@ from airflow_provider_chasqui.core.scheduler import fire_time_of
 from airflow_provider_chasqui.core.sharding import shard_of
 from airflow_provider_chasqui.engine.sharded import ShardedQueue, ShardedWorker
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
-from sched_support import Cluster, redis_cluster
+from servers import Cluster
 
 SHARDS = 6
 SPECS = 300
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with redis_cluster(Path(tmp_path_factory.mktemp("cluster"))) as c:
-        yield c
+@pytest.fixture
+def cluster(cluster_server: Cluster) -> Cluster:
+    """The session's test cluster (tests/conftest.py), shared with the engine suite."""
+    return cluster_server
 
 
 def node_of_shard(rc: RedisCluster, name: str, i: int) -> str:
