@@ -2,7 +2,10 @@
 
 Every tick renews (or takes) the lock with the ChasquiMQ acquire script, so a dead leader's
 lock lapses within its TTL and another process takes over; work runs only while leading.
-Redis outages are retried with capped backoff and never end the loop.
+Redis outages are retried with capped backoff and never end the loop.  A leader whose lock
+renewals succeed while its ticks keep failing on connection errors for a whole lock TTL has
+a problem of its own (a broken connection, a stuck client): it releases the lock and stays
+out for one TTL so a healthy process takes over, instead of holding the lock for ever.
 """
 
 from __future__ import annotations
@@ -55,16 +58,29 @@ class LeaderLoop:
 
     async def run(self) -> None:
         failures = 0
+        failing_since: float | None = None  # first of the ticks in a row that failed right after a renewal
+        loop = asyncio.get_running_loop()
         try:
             while not self._stop.is_set():
                 again: bool | float = False
+                leading = False
                 try:
-                    if await self._acquire():
+                    leading = await self._acquire()
+                    if leading:
                         again = await self.tick()
                     failures = 0
+                    failing_since = None
                 except TRANSIENT as exc:
                     failures += 1
                     log.warning("%s %s: Redis unavailable (%s); retrying", self.role, self.holder, exc)
+                    if not leading:  # the renewal itself failed: Redis is down for everyone
+                        failing_since = None
+                    elif failing_since is None:
+                        failing_since = loop.time()
+                    elif loop.time() - failing_since >= self.lock_ttl_secs:
+                        failing_since = None
+                        await self._step_down(exc)
+                        continue
                     await self._sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
                     continue
                 except (rexc.ResponseError, ChasquiError) as exc:
@@ -81,6 +97,17 @@ class LeaderLoop:
             await asyncio.wait_for(self._stop.wait(), seconds)
         except asyncio.TimeoutError:
             pass
+
+    async def _step_down(self, exc: BaseException) -> None:
+        """Hand the lock over: this leader renews it but cannot work (see the module docstring)."""
+        log.error("%s %s: every tick failed for %d s while the lock renewed (%s); releases %s and stays out %d s",
+                  self.role, self.holder, self.lock_ttl_secs, exc, self.lock_key, self.lock_ttl_secs)
+        try:
+            await self._release()
+        except (rexc.ResponseError, ChasquiError) as err:  # it lapses within its TTL anyway
+            log.warning("%s %s could not release %s: %s", self.role, self.holder, self.lock_key, err)
+        self.is_leader = False
+        await self._sleep(self.lock_ttl_secs)
 
     async def _release(self) -> None:
         if not self.is_leader:
