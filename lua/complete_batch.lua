@@ -5,23 +5,37 @@
 --            key_prefix, now_ms, then 6 per job: entry_id, job_id, name, attempt, duration_us, result]
 --           (result "" = nothing to store)
 -- Reply   = number of entries acknowledged
+-- A job gets its `completed` event (and result) only if this call acknowledged its entry.
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, now = ARGV[5], ARGV[6]
+local stream, events = KEYS[1], KEYS[2]
+local last = #ARGV
 local acked = 0
--- Without XACKDEL the acked entries are deleted with one XDEL per 500 at the end: on Redis 7.0
--- a lone XDEL of the stream's first entry rescans for the new first id, so deleting entry by
--- entry costs several times more than the whole rest of this script.
-local to_delete = {}
-for i = 7, #ARGV, 6 do
-  local eid = ARGV[i]
+
+-- XACKDEL takes many ids and answers per id: one call per 500 instead of one per job.
+local codes
+if xackdel then
+  codes = {}
+  local ids = {}
+  for i = 7, last, 6 do ids[#ids + 1] = ARGV[i] end
+  for j = 1, #ids, 500 do
+    local hi = math.min(j + 499, #ids)
+    local r = redis.call('XACKDEL', stream, group, 'IDS', hi - j + 1, unpack(ids, j, hi))
+    for k = 1, #r do codes[#codes + 1] = r[k] end
+  end
+end
+
+local done, n = {}, 0  -- entries XACKed here (7.0 path), deleted below
+local j = 0
+for i = 7, last, 6 do
+  j = j + 1
   local ok
   if xackdel then
-    local r = redis.call('XACKDEL', KEYS[1], group, 'IDS', 1, eid)
-    ok = tonumber(r[1]) == 1 or tonumber(r[1]) == 2
+    ok = codes[j] == 1 or codes[j] == 2
   else
-    ok = redis.call('XACK', KEYS[1], group, eid) == 1
-    if ok then to_delete[#to_delete + 1] = eid end
+    ok = redis.call('XACK', stream, group, ARGV[i]) == 1
+    if ok then n = n + 1; done[n] = ARGV[i] end
   end
   if ok then
     acked = acked + 1
@@ -29,18 +43,74 @@ for i = 7, #ARGV, 6 do
     if ttl > 0 and ARGV[i + 5] ~= '' then
       redis.call('SET', prefix .. ':result:' .. id, ARGV[i + 5], 'PX', ttl)
     end
+    -- MAXLEN ~ once per batch (below), not per XADD: the same whole nodes go, for less.
     if events_max > 0 then
       if name == '' then
-        redis.call('XADD', KEYS[2], 'MAXLEN', '~', events_max, '*', 'e', 'completed', 'id', id, 'ts', now,
+        redis.call('XADD', events, '*', 'e', 'completed', 'id', id, 'ts', now,
           'attempt', ARGV[i + 3], 'duration_us', ARGV[i + 4])
       else
-        redis.call('XADD', KEYS[2], 'MAXLEN', '~', events_max, '*', 'e', 'completed', 'id', id, 'ts', now,
+        redis.call('XADD', events, '*', 'e', 'completed', 'id', id, 'ts', now,
           'n', name, 'attempt', ARGV[i + 3], 'duration_us', ARGV[i + 4])
       end
     end
   end
 end
-for j = 1, #to_delete, 500 do
-  redis.call('XDEL', KEYS[1], unpack(to_delete, j, math.min(j + 499, #to_delete)))
+if acked > 0 and events_max > 0 then
+  redis.call('XTRIM', events, 'MAXLEN', '~', events_max)
+end
+if n == 0 then
+  return acked
+end
+
+-- Deleting the acked entries (7.0).  XDEL finds each id by walking its stream node from the
+-- start, tombstones included (~2 us an id, a third of this script); trimming below an id is
+-- one walk.  Every entry older than the group's oldest pending entry was delivered to the
+-- group and, not being pending, acked; acked entries are deleted in the same script that
+-- acks them, so the only such entries left are this batch's.  XTRIM MINID T, with T = min(oldest
+-- pending, newest acked here), thus deletes exactly this batch's entries below T, provided
+-- the stream's oldest entry is this batch's oldest (else entries the group never read could
+-- precede it: a group created or moved past them); the rest are XDELed as before.
+local function split(id)  -- "ms-seq" -> ms, seq ("ms" alone means seq 0, as XACK reads it)
+  local p = string.find(id, '-', 1, true)
+  if not p then return id, '0' end
+  return string.sub(id, 1, p - 1), string.sub(id, p + 1)
+end
+local function lt(am, as, bm, bs)  -- id a < id b; both parts are decimal strings of any length
+  if am ~= bm then
+    if #am ~= #bm then return #am < #bm end
+    return am < bm
+  end
+  if #as ~= #bs then return #as < #bs end
+  return as < bs
+end
+local ms, ss = {}, {}
+local minm, mins = split(done[1])
+local tm, ts = minm, mins
+ms[1], ss[1] = minm, mins
+for k = 2, n do
+  local a, b = split(done[k])
+  ms[k], ss[k] = a, b
+  if lt(a, b, minm, mins) then minm, mins = a, b elseif lt(tm, ts, a, b) then tm, ts = a, b end
+end
+local rest = done
+if lt(minm, mins, tm, ts) then
+  local oldest = redis.call('XPENDING', stream, group, '-', '+', 1)[1]
+  if oldest then
+    local pm, ps = split(oldest[1])
+    if lt(pm, ps, tm, ts) then tm, ts = pm, ps end
+  end
+  if lt(minm, mins, tm, ts) then
+    local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+    if first and first[1] == minm .. '-' .. mins then
+      redis.call('XTRIM', stream, 'MINID', tm .. '-' .. ts)
+      rest = {}
+      for k = 1, n do
+        if not lt(ms[k], ss[k], tm, ts) then rest[#rest + 1] = done[k] end
+      end
+    end
+  end
+end
+for k = 1, #rest, 500 do
+  redis.call('XDEL', stream, unpack(rest, k, math.min(k + 499, #rest)))
 end
 return acked

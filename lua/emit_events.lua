@@ -6,19 +6,22 @@
 -- per-batch `active` events): ARGV = [max_len, 0, kind, ts, id_1, name_1, attempt_1, id_2, ...]
 -- writes `e kind id <id> ts <ts> [n <name>] attempt <attempt>` per job (no `n` when name is "").
 -- The 4- and 5-field events are written without building an argument table: that halves this
--- script's cost per event.
+-- script's cost per event.  The compact form trims (MAXLEN ~) once after the batch instead of
+-- on every XADD: the same whole nodes go, and each XADD is cheaper.
 local m = ARGV[1]
 local i, n, last = 2, 0, #ARGV
 if ARGV[2] == '0' then
   local kind, ts = ARGV[3], ARGV[4]
   for j = 5, last, 3 do
     if ARGV[j + 1] == '' then
-      redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', 'e', kind, 'id', ARGV[j], 'ts', ts, 'attempt', ARGV[j + 2])
+      redis.call('XADD', KEYS[1], '*', 'e', kind, 'id', ARGV[j], 'ts', ts, 'attempt', ARGV[j + 2])
     else
-      redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', 'e', kind, 'id', ARGV[j], 'ts', ts, 'n', ARGV[j + 1],
-        'attempt', ARGV[j + 2])
+      redis.call('XADD', KEYS[1], '*', 'e', kind, 'id', ARGV[j], 'ts', ts, 'n', ARGV[j + 1], 'attempt', ARGV[j + 2])
     end
     n = n + 1
+  end
+  if n > 0 then
+    redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', m)
   end
   return n
 end

@@ -18,16 +18,18 @@ if not ok then
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 local events_max = tonumber(ARGV[6])
-if events_max > 0 then
-  local name_f = {}
-  if ARGV[9] ~= '' then name_f = {'n', ARGV[9]} end
-  local a = {'XADD', KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', ARGV[8], 'ts', ARGV[7]}
-  for _, v in ipairs(name_f) do a[#a + 1] = v end
-  for _, v in ipairs({'attempt', ARGV[10], 'reason', ARGV[11], 'duration_us', ARGV[12]}) do a[#a + 1] = v end
-  redis.call(unpack(a))
-  local b = {'XADD', KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', 'retry-scheduled', 'id', ARGV[8], 'ts', ARGV[7]}
-  for _, v in ipairs(name_f) do b[#b + 1] = v end
-  for _, v in ipairs({'attempt', ARGV[13], 'backoff_ms', ARGV[14]}) do b[#b + 1] = v end
-  redis.call(unpack(b))
+if events_max > 0 then  -- direct calls: no argument tables built per event
+  local ev, m, id, ts = KEYS[3], events_max, ARGV[8], ARGV[7]
+  if ARGV[9] == '' then
+    redis.call('XADD', ev, 'MAXLEN', '~', m, '*', 'e', 'failed', 'id', id, 'ts', ts,
+      'attempt', ARGV[10], 'reason', ARGV[11], 'duration_us', ARGV[12])
+    redis.call('XADD', ev, 'MAXLEN', '~', m, '*', 'e', 'retry-scheduled', 'id', id, 'ts', ts,
+      'attempt', ARGV[13], 'backoff_ms', ARGV[14])
+  else
+    redis.call('XADD', ev, 'MAXLEN', '~', m, '*', 'e', 'failed', 'id', id, 'ts', ts, 'n', ARGV[9],
+      'attempt', ARGV[10], 'reason', ARGV[11], 'duration_us', ARGV[12])
+    redis.call('XADD', ev, 'MAXLEN', '~', m, '*', 'e', 'retry-scheduled', 'id', id, 'ts', ts, 'n', ARGV[9],
+      'attempt', ARGV[13], 'backoff_ms', ARGV[14])
+  end
 end
 return 1

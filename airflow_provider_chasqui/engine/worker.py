@@ -5,8 +5,11 @@ Theory of operation.  One *reader* task reads batches with XREADGROUP (and, ever
 7.0 stand-in for XREADGROUP CLAIM), runs the arrival gate, writes the batch's ``active``
 events in one script call and appends the jobs to an in-process deque.  ``concurrency``
 *slot* coroutines pop jobs and run the handler (async handlers on the loop, sync ones in a
-thread pool).  Successes are buffered and one *flusher* task acknowledges them up to 256 at
-a time or every 5 ms with one script call that also writes ``completed`` events and results.
+thread pool).  A batch wakes one slot, and more only once that one yields (a handler
+suspended): jobs that finish without suspending all run in the first slot, without waking
+the others for nothing.  Successes are buffered and one *flusher* task acknowledges them up
+to 256 at a time or every 5 ms with one script call that also writes ``completed`` events
+and results (``lua/complete_batch.lua``).
 Failures go through one script each (retry via the delayed set, or the DLQ).  The embedded
 promoter and scheduler are leader-locked loops of their own.
 
@@ -401,7 +404,8 @@ class Worker:
             entries = reply[0][1] if reply else []
             if entries:
                 busy, idle_since = True, time.monotonic()
-                await self._admit([(eid, fields, 1) for eid, fields in entries])
+                ready, rejected = self.core.gate_fresh(entries)
+                await self._admit(ready, rejected)
                 await asyncio.sleep(0)  # let the woken slots start before the next read is sized
             else:
                 if busy:
@@ -442,18 +446,23 @@ class Worker:
         batch = [(eid, fields, counts.get(eid, 1) + 1) for eid, fields in claimed or [] if eid is not None]
         if batch:
             log.info("worker %s reclaimed %d idle entries", self.consumer_id, len(batch))
-            await self._admit(batch)
+            ready: list[Delivery] = []
+            rejected: list[Rejected] = []
+            for entry_id, fields, count in batch:
+                verdict = self.core.gate(entry_id, fields, count)
+                if isinstance(verdict, Rejected):
+                    rejected.append(verdict)
+                else:
+                    ready.append(verdict)
+            await self._admit(ready, rejected)
         return bool(batch)
 
-    async def _admit(self, batch: list[tuple[bytes, Any, int]]) -> None:
+    async def _admit(self, ready: list[Delivery], rejected: list[Rejected]) -> None:
+        """Dead-letter what the arrival gate refused, then write the ``active`` events of the
+        rest in one script call and hand them to the slots."""
         now = now_ms()
-        ready: list[Delivery] = []
-        for entry_id, fields, count in batch:
-            verdict = self.core.gate(entry_id, fields, count)
-            if isinstance(verdict, Rejected):
-                await self._dead_letter(verdict, now)
-            else:
-                ready.append(verdict)
+        for verdict in rejected:
+            await self._dead_letter(verdict, now)
         if not ready:
             return
         if self.metrics is not None:
@@ -461,7 +470,15 @@ class Worker:
         await self._emit(self.core.active_events_compact(ready, now))
         self._inflight.update([dl.entry_id for dl in ready])
         self._deque.extend(ready)
-        self._wake(len(ready))
+        self._wake(1)
+        if len(ready) > 1:
+            asyncio.get_running_loop().call_soon(self._top_up)
+
+    def _top_up(self) -> None:
+        """Runs once the slot woken for a batch first yields: wakes a slot per job still queued.
+        When handlers finish without suspending, that one slot runs the whole batch and the
+        others stay parked (waking every idle slot per batch cost ~1 us a job)."""
+        self._wake(len(self._deque))
 
     async def _emit(self, call: Any) -> None:
         """Events are best effort: a failure is logged, never fatal (as in ChasquiMQ)."""
@@ -491,49 +508,62 @@ class Worker:
         self._wake(len(self._idle))
 
     async def _slot(self) -> None:
+        """Run queued jobs one after another until the deque is empty, then park.  The success
+        path is inline (a coroutine per job for it cost about a tenth of the worker's CPU)."""
         assert self._stopping is not None
         loop = asyncio.get_running_loop()
+        queue, stopping, idle, rows = self._deque, self._stopping, self._idle, self._done_rows
+        s = self.settings
+        store, ack_batch, metrics, name = s.store_results, s.ack_batch, self.metrics, self.name
+        handler = self._handler
+        dispatch = handler if isinstance(handler, _Dispatch) else None
+        async_fns = self._async_fns
+        clock = time.perf_counter_ns
+        max_jobs = s.max_jobs
         while True:
-            while self._deque:
-                await self._process(self._deque.popleft())
-            if self._stopping.is_set():
+            debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
+            while queue:
+                dl = queue.popleft()
+                env = dl.envelope
+                job = _new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
+                if debug:
+                    log.debug("job %s %s attempt %d started", env.id, dl.name, env.attempt + 1)
+                start = clock()
+                try:
+                    fn = handler if dispatch is None else dispatch.lookup(dl.name)
+                    try:
+                        is_async = async_fns[fn]
+                    except (KeyError, TypeError):  # TypeError: an unhashable callable, never cached
+                        is_async = _is_async(fn)
+                        with contextlib.suppress(TypeError):
+                            async_fns[fn] = is_async
+                    result = await (fn(job) if is_async else self._call(fn, job))
+                    encoded = _packb(result) if store else b""
+                except asyncio.CancelledError:
+                    self._inflight.discard(dl.entry_id)  # stays pending; reclaimed after claim_min_idle_ms
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
+                    await self._failed(dl, exc, (clock() - start) // 1000)
+                    continue
+                duration_us = (clock() - start) // 1000
+                rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
+                self._acking += 1
+                if len(rows) == 1 or len(rows) >= ack_batch:
+                    self._flush_wanted.set()
+                waiter = self._room_waiter  # a finished job frees reading room (see _capacity)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                if metrics is not None:
+                    metrics.job_completed(name, dl.name, duration_us / 1e6)
+                if max_jobs is None:
+                    self.processed += 1
+                else:
+                    self._count_processed()
+            if stopping.is_set():
                 return
             fut = loop.create_future()
-            self._idle.append(fut)
+            idle.append(fut)
             await fut
-
-    async def _process(self, dl: Delivery) -> None:
-        env = dl.envelope
-        job = _new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
-        log.debug("job %s %s attempt %d started", env.id, dl.name, env.attempt + 1)
-        start = time.perf_counter_ns()
-        try:
-            fn = self._handler.lookup(dl.name) if isinstance(self._handler, _Dispatch) else self._handler
-            try:
-                is_async = self._async_fns[fn]
-            except (KeyError, TypeError):  # TypeError: an unhashable callable, never cached
-                is_async = _is_async(fn)
-                with contextlib.suppress(TypeError):
-                    self._async_fns[fn] = is_async
-            result = await (fn(job) if is_async else self._call(fn, job))
-            encoded = _packb(result) if self.settings.store_results else b""
-        except asyncio.CancelledError:
-            self._inflight.discard(dl.entry_id)  # stays pending; reclaimed after claim_min_idle_ms
-            raise
-        except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
-            await self._failed(dl, exc, (time.perf_counter_ns() - start) // 1000)
-            return
-        duration_us = (time.perf_counter_ns() - start) // 1000
-        self._done_rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
-        self._acking += 1
-        if len(self._done_rows) >= self.settings.ack_batch or len(self._done_rows) == 1:
-            self._flush_wanted.set()
-        waiter = self._room_waiter  # a finished job frees reading room (see _capacity)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        if self.metrics is not None:
-            self.metrics.job_completed(self.name, dl.name, duration_us / 1e6)
-        self._count_processed()
 
     async def _call(self, fn: Callable[[Job], Any], job: Job) -> Any:
         if _is_async(fn):
@@ -590,7 +620,8 @@ class Worker:
                     and (self._deque or len(self._inflight) > self._acking):
                 await asyncio.sleep(s.ack_idle_ms / 1000)
             while self._done_rows:
-                rows, self._done_rows = self._done_rows[: s.ack_batch], self._done_rows[s.ack_batch:]
+                rows = self._done_rows[: s.ack_batch]
+                del self._done_rows[: s.ack_batch]  # in place: the slots append to this list
                 try:
                     await self._with_retry(
                         lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))
