@@ -8,12 +8,12 @@ asyncio and blocking drivers both run the same generators, in the manner of http
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generator, Iterable, Union
 
 from .scripts import SCRIPTS, Script
 
-__all__ = ["Call", "Stream", "Flow", "script_call", "command", "int_reply", "str_reply"]
+__all__ = ["Call", "Stream", "Flow", "script_call", "command", "packed_command", "resp_bulk", "int_reply", "str_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,9 @@ class Call:
     script: Script | None = None
     keys: tuple[Any, ...] = ()
     argv: tuple[Any, ...] = ()
+    # ``args`` already encoded as a RESP request (hot paths build it from a cached prefix);
+    # drivers that write raw bytes may send it instead of packing ``args`` again
+    packed: bytes | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         return f"script {self.script.name}" if self.script else str(self.args[0])
@@ -49,6 +52,40 @@ def script_call(name: str, keys: tuple[Any, ...] | list[Any], argv: tuple[Any, .
 
 def command(*args: Any) -> Call:
     return Call(args=args)
+
+
+def _packed_builder() -> Any:
+    """``Call(args=args, packed=packed)`` filled through the slot descriptors: a frozen
+    dataclass' ``__init__`` costs more than packing the command."""
+    new = object.__new__
+    sets = [Call.__dict__[n].__set__ for n in ("args", "script", "keys", "argv", "packed")]
+    s_args, s_script, s_keys, s_argv, s_packed = sets
+
+    def build(args: tuple[Any, ...], packed: bytes) -> Call:
+        c = new(Call)
+        s_args(c, args)
+        s_script(c, None)
+        s_keys(c, ())
+        s_argv(c, ())
+        s_packed(c, packed)
+        return c
+
+    return build
+
+
+packed_command = _packed_builder()
+
+
+def resp_bulk(value: Any) -> bytes:
+    """One argument as a RESP bulk string, encoded as redis-py and hiredis encode it
+    (str as UTF-8, int in decimal, bytes as they are)."""
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = str(value).encode("ascii")
+    elif not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"cannot encode {type(value).__name__} as a RESP argument")
+    return b"$%d\r\n%b\r\n" % (len(value), bytes(value))
 
 
 def int_reply(value: Any) -> int:

@@ -8,6 +8,7 @@ worker rejects extra trailing fields.  Imports only the standard library and msg
 
 from __future__ import annotations
 
+import collections
 import os
 import struct
 import time
@@ -49,16 +50,39 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def new_job_id(ms: int | None = None) -> str:
-    """A canonical 26-character ULID: 48-bit ms timestamp + 80 random bits."""
+_RANDOM_BATCH = 256
+_random_parts: collections.deque[str] = collections.deque()  # popleft is atomic: thread-safe
+os.register_at_fork(after_in_child=_random_parts.clear)  # a child must not reuse the parent's
+
+
+def _random_part() -> str:
+    """16 random Crockford digits (80 bits).  Read from the system's randomness 256 ids at a
+    time: one ``os.urandom`` per id cost about half a ``Queue.add``'s encoding."""
+    try:
+        return _random_parts.popleft()
+    except IndexError:
+        digits = os.urandom(16 * _RANDOM_BATCH).translate(_RANDOM_DIGITS).decode("ascii")
+        _random_parts.extend([digits[i:i + 16] for i in range(16, len(digits), 16)])
+        return digits[:16]
+
+
+def _time_digits(ms: int) -> str:
     global _id_prefix
-    if ms is None:
-        ms = time.time_ns() // 1_000_000
     cached = _id_prefix
     if cached[0] != ms:  # the time digits: the low 50 bits of ms, two digits (10 bits) at a time
         pairs = _CROCKFORD_PAIRS
         cached = _id_prefix = (ms, "".join([pairs[(ms >> shift) & 1023] for shift in (40, 30, 20, 10, 0)]))
-    return cached[1] + os.urandom(16).translate(_RANDOM_DIGITS).decode("ascii")
+    return cached[1]
+
+
+def new_job_id(ms: int | None = None) -> str:
+    """A canonical 26-character ULID: 48-bit ms timestamp + 80 random bits."""
+    cached = _id_prefix
+    if ms is None:
+        ms = time.time_ns() // 1_000_000
+    if cached[0] == ms:
+        return cached[1] + _random_part()
+    return _time_digits(ms) + _random_part()
 
 
 def new_job_ids(n: int, ms: int | None = None) -> list[str]:
@@ -66,10 +90,10 @@ def new_job_ids(n: int, ms: int | None = None) -> list[str]:
     system's randomness for all of them (``add_bulk``'s hot path)."""
     if n <= 0:
         return []
-    first = new_job_id(ms)
-    prefix, size = first[:10], 16 * (n - 1)
+    prefix = _time_digits(time.time_ns() // 1_000_000 if ms is None else ms)
+    size = 16 * n
     digits = os.urandom(size).translate(_RANDOM_DIGITS).decode("ascii")
-    return [first, *(prefix + digits[i:i + 16] for i in range(0, size, 16))]
+    return [prefix + digits[i:i + 16] for i in range(0, size, 16)]
 
 
 def validate_job_name(name: object) -> bytes:

@@ -3,25 +3,36 @@
 The only asyncio code that touches Redis for producers, workers and triggers.  Replies are
 kept raw (no redis-py reshaping) so the core parses one format; EVALSHA falls back to
 SCRIPT LOAD on NOSCRIPT; redis errors become ChasquiError subclasses in one place.
+Non-blocking calls (scripts, XADD, ...) take the "lane" of ``_wire.py``, one pinned connection
+with a few microseconds of Python per call; the rest, and any call the lane could not
+deliver, go through redis.asyncio (cluster clients always do).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
+import weakref
 from typing import Any, AsyncIterator, Iterable
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
 from redis._parsers.helpers import parse_command as _parse_command
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 
 from ..core.calls import Call, Flow, Stream
 from ..core.urls import split_cluster_flag
 from ._sentinel import make_client
+from ._wire import AsyncLane, lane_ok, pack_call
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["AsyncDriver", "translate_errors"]
+
+_running_loop = asyncio.get_running_loop
 
 
 try:  # a dependency (redis[hiredis]); without it redis-py's own packer is used
@@ -66,10 +77,13 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
     """
     url, use_cluster = split_cluster_flag(url, cluster)
     if use_cluster:
-        kwargs.pop("single_connection_client", None)  # the cluster client pools per node
+        # the cluster client pools per node; a "single connection" client is a blocking reader
+        reader = bool(kwargs.pop("single_connection_client", False))
         cclient = _RawCluster.from_url(url, decode_responses=False, **kwargs)
         cclient.response_callbacks.clear()  # the nodes share this dict
         cclient.response_callbacks["COMMAND"] = _command_listing_only
+        if reader:
+            cclient._make_reader()
         return cclient  # type: ignore[return-value]
     client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
@@ -80,16 +94,127 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
     return client
 
 
+# Blocking readers of this process by the handle their ``CLIENT ID`` returned (see _RawCluster).
+_READERS: "weakref.WeakValueDictionary[int, _RawCluster]" = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1 << 62)
+_STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
+
+
 class _RawCluster(AsyncRedisCluster):
     """Routes two-word commands sent as separate arguments (``"CLIENT", "ID"``) the way the
-    sync cluster client does: by their joined name's node flag, not by key lookup."""
+    sync cluster client does: by their joined name's node flag, not by key lookup.
+
+    A blocking reader (``single_connection_client=True``) has no one connection: its
+    ``CLIENT ID`` returns a process-local handle, and each keyed command first learns the real
+    client id of the connection it runs on, so ``CLIENT UNBLOCK <handle>`` from any cluster
+    client of this process reaches the node and connection that is blocked.
+    """
+
+    _reader = False
+
+    def _make_reader(self) -> None:
+        self._reader = True
+        self._handle = next(_HANDLES)
+        self._node_ids: dict[str, int] = {}  # node name -> id of our connection there
+        self._blocked_on: tuple[str, int] | None = None
+        self._resolving = False  # awaiting the id of the connection the next read goes to
+        self._skip_read = False  # an unblock arrived meanwhile: that read returns nil at once
+        _READERS[self._handle] = self
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) > 1 and isinstance(args[0], str) and isinstance(args[1], str):
             joined = f"{args[0]} {args[1]}".upper()
             if joined in self.command_flags:
                 args = (joined, *args[2:])
+        name = args[0].upper() if args and isinstance(args[0], str) else None
+        if name == "CLIENT UNBLOCK" and len(args) > 1 and not kwargs.get("target_nodes"):
+            reader = _READERS.get(int(args[1])) if str(args[1]).lstrip("-").isdigit() else None
+            if reader is not None:
+                return await self._unblock(reader, *args[2:])
+        if self._reader and not kwargs.get("target_nodes"):
+            if name == "CLIENT ID":  # (re)connecting: forget the ids of the old connections
+                self._node_ids.clear()
+                self._blocked_on = None
+                return self._handle
+            if name is not None and name not in self.command_flags:
+                await self._note_connection(args)
+                if self._skip_read:  # as if CLIENT UNBLOCK had ended it, as on one server
+                    self._skip_read = False
+                    return None
         return await super().execute_command(*args, **kwargs)
+
+    async def _note_connection(self, args: tuple[Any, ...]) -> None:
+        """Learn the client id of the connection the keyed command ``args`` will run on."""
+        self._blocked_on = None
+        self._resolving = True
+        try:
+            if self._initialize:
+                await self.initialize()
+            node = self.nodes_manager.get_node_from_slot(await self._determine_slot(*args))
+            cid = self._node_ids.get(node.name)
+            if cid is None:  # one command at a time: the node's only connection runs both
+                cid = int(await super().execute_command("CLIENT ID", target_nodes=node))
+                self._node_ids[node.name] = cid
+        finally:
+            self._resolving = False
+        self._blocked_on = (node.name, cid)
+
+    async def _unblock(self, reader: "_RawCluster", *mode: Any) -> Any:
+        if reader._resolving:
+            reader._skip_read = True
+            return 1
+        if reader._blocked_on is None:
+            return 0
+        node_name, cid = reader._blocked_on
+        if self._initialize:
+            await self.initialize()
+        node = self.get_node(node_name=node_name)
+        if node is None:  # the node left the cluster: its read ended with it
+            return 0
+        return await super().execute_command("CLIENT UNBLOCK", cid, *mode, target_nodes=node)
+
+    async def initialize(self) -> "_RawCluster":
+        """No reachable seed node is a connection error (retried like one), not a config error."""
+        try:
+            return await super().initialize()
+        except RedisClusterException as exc:
+            if isinstance(exc.__cause__, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
+                raise rexc.ConnectionError(str(exc)) from exc
+            raise
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        """XREAD/XREADGROUP keys are parsed here: redis-py asks a node (COMMAND GETKEYS) per call."""
+        if isinstance(command, str) and command.upper() in _STREAM_READS:
+            slot = _stream_read_slot(self.encoder, args)
+            if slot is not None:
+                return slot
+        return await super()._determine_slot(command, *args)
+
+
+def _stream_read_slot(encoder: Any, args: tuple[Any, ...]) -> int | None:
+    """The slot of an XREAD/XREADGROUP's streams (the keys after ``STREAMS``), or None for a
+    shape not known here (redis-py then decides)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        tok = (a.decode() if isinstance(a, bytes) else a).upper() if isinstance(a, (str, bytes)) else None
+        if tok == "STREAMS":
+            rest = args[i + 1:]
+            if not rest or len(rest) % 2:
+                return None
+            slots = {key_slot(encoder.encode(k)) for k in rest[: len(rest) // 2]}
+            if len(slots) != 1:
+                raise RedisClusterException("XREAD streams of one call must share a hash slot")
+            return slots.pop()
+        if tok == "GROUP":
+            i += 3
+        elif tok in ("COUNT", "BLOCK", "CLAIM"):
+            i += 2
+        elif tok == "NOACK":
+            i += 1
+        else:
+            return None
+    return None
 
 
 def _command_listing_only(response: Any, **options: Any) -> Any:
@@ -128,13 +253,15 @@ class AsyncDriver:
     """One connection pool plus the feature flags of its server.  Task-safe."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", *, client: aioredis.Redis | None = None,
-                 fast_paths: bool | None = None, **client_kwargs: Any) -> None:
+                 fast_paths: bool | None = None, lane: bool = True, **client_kwargs: Any) -> None:
         self.url = url
         self.client = client if client is not None else raw_client(url, **client_kwargs)
         if client is not None:
             self.client.response_callbacks.clear()
         self._fast_paths = fast_paths_default() if fast_paths is None else fast_paths
         self._features: Features | None = None
+        # non-blocking calls share one pinned connection, past redis.asyncio (see ``_wire.py``)
+        self._lane = AsyncLane(self.client.connection_pool) if lane and not isinstance(self.client, CLUSTER) else None
 
     async def features(self) -> Features:
         if self._features is None:
@@ -142,6 +269,36 @@ class AsyncDriver:
         return self._features
 
     async def call(self, c: Call) -> Any:
+        lane = self._lane
+        if lane is not None and (c.packed is not None or lane_ok(c)):
+            proto = lane.proto
+            if proto is None or proto.closed or proto.loop is not _running_loop():
+                proto = await lane.open()
+            if proto is not None:
+                fut = proto.send(c.packed or pack_call(c))
+                try:
+                    reply = await fut
+                except (rexc.ConnectionError, rexc.TimeoutError):
+                    pass  # re-run on redis.asyncio below: its reconnect and retry policy decide
+                else:
+                    if not isinstance(reply, Exception):
+                        return reply
+                    if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
+                        lane.close()
+                    elif not isinstance(reply, rexc.NoScriptError):
+                        raise reply
+        return await self._call(c)
+
+    async def run_call(self, c: Call) -> Any:
+        """``call`` with errors translated as ``run`` does (the one-call hot paths)."""
+        try:
+            return await self.call(c)
+        except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+            raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
+        except rexc.ResponseError as exc:
+            raise ScriptError(str(exc)) from exc
+
+    async def _call(self, c: Call) -> Any:
         if c.script is None:
             return await self.client.execute_command(*c.args)
         try:
@@ -152,6 +309,21 @@ class AsyncDriver:
 
     async def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
+        lane = self._lane
+        if lane is not None and calls and all(lane_ok(c) for c in calls):
+            proto = lane.proto
+            if proto is None or proto.closed or proto.loop is not _running_loop():
+                proto = await lane.open()
+            if proto is not None:
+                futures = [proto.send(c.packed or pack_call(c)) for c in calls]
+                try:
+                    replies = [await f for f in futures]
+                except (rexc.ConnectionError, rexc.TimeoutError):
+                    pass  # re-run on redis.asyncio, as a redis-py pipeline would retry
+                else:
+                    if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
+                        return await self._settle(calls, replies)
+                    lane.close()
         return await self._settle(calls, await self._pipe(calls))
 
     async def stream(self, calls: Iterable[Call]) -> list[Any]:
@@ -159,6 +331,13 @@ class AsyncDriver:
         (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
         if isinstance(self.client, CLUSTER):
             return await self.pipeline(list(calls))
+        lane = self._lane
+        if lane is not None:
+            proto = lane.proto
+            if proto is None or proto.closed or proto.loop is not _running_loop():
+                proto = await lane.open()
+            if proto is not None:
+                return await self._stream_lane(proto, calls)
         pool = self.client.connection_pool
         conn = await _get_connection(pool)
         sent: list[Call] = []
@@ -186,6 +365,36 @@ class AsyncDriver:
             raise
         finally:
             await pool.release(conn)
+        settled = await self._settle(sent, replies)
+        if failed is not None:
+            raise failed
+        return settled
+
+    async def _stream_lane(self, proto: Any, calls: Iterable[Call]) -> list[Any]:
+        """``stream`` on the lane: each call is written as produced; other calls (blocking
+        ones) run on redis.asyncio in their turn.  A dropped connection fails the stream, as
+        on a pool connection (the calls already sent may have run)."""
+        sent: list[Call] = []
+        pending: list[Any] = []
+        failed: BaseException | None = None
+        it = iter(calls)
+        while True:
+            try:
+                c = next(it)
+            except StopIteration:
+                break
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, once the sent calls are answered
+                failed = exc
+                break
+            sent.append(c)
+            if lane_ok(c) and not proto.closed:
+                pending.append(proto.send(c.packed or pack_call(c)))
+            else:
+                try:
+                    pending.append(await self._call(c))
+                except rexc.ResponseError as exc:
+                    pending.append(exc)
+        replies = [await p if isinstance(p, asyncio.Future) else p for p in pending]
         settled = await self._settle(sent, replies)
         if failed is not None:
             raise failed
@@ -234,4 +443,6 @@ class AsyncDriver:
             raise ScriptError(str(exc)) from exc
 
     async def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
         await self.client.aclose()

@@ -1,6 +1,7 @@
 """The blocking driver: the synchronous twin of ``engine/_driver.py`` (same method names).
 
-Used by Airflow hooks and operators, which run in threads without an event loop.
+Used by Airflow hooks and operators, which run in threads without an event loop.  As there,
+non-blocking calls take a pinned connection past redis-py's per-call machinery (``_wire.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from redis.cluster import RedisCluster
 
 from ..core.calls import Call, Flow, Stream
 from ..core.urls import split_cluster_flag
+from ..engine._driver import _stream_read_slot
 from ._sentinel import make_client
+from ._wire import BUSY, SyncLane
+from ..engine._wire import lane_ok, pack_call
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..errors import ChasquiConnectionError, ScriptError
 
@@ -26,10 +30,22 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> redis
     url, use_cluster = split_cluster_flag(url, cluster)
     if use_cluster:
         kwargs.pop("single_connection_client", None)
-        return _raw_cluster(RedisCluster.from_url(url, decode_responses=False, **kwargs))  # type: ignore[return-value]
+        return _raw_cluster(_RawCluster.from_url(url, decode_responses=False, **kwargs))  # type: ignore[return-value]
     client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
     return client
+
+
+class _RawCluster(RedisCluster):
+    """Finds an XREAD/XREADGROUP's slot from its STREAMS keys: redis-py asks a node
+    (COMMAND GETKEYS) on every such call, one more round trip per read."""
+
+    def determine_slot(self, *args: Any) -> int:
+        if args and isinstance(args[0], str) and args[0].upper() in ("XREAD", "XREADGROUP"):
+            slot = _stream_read_slot(self.encoder, args[1:])
+            if slot is not None:
+                return slot
+        return super().determine_slot(*args)
 
 
 def _raw_cluster(client: RedisCluster) -> RedisCluster:
@@ -75,17 +91,24 @@ def _get_connection(pool: Any) -> Any:
 CLUSTER = RedisCluster
 
 
+def _lane_pack(c: Call) -> bytes:
+    """A streamed call as the lane sends it (the lane is this thread's alone while it streams)."""
+    return c.packed or pack_call(c)
+
+
 class SyncDriver:
     """One connection pool plus the feature flags of its server.  Thread-safe."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", *, client: redis.Redis | None = None,
-                 fast_paths: bool | None = None, **client_kwargs: Any) -> None:
+                 fast_paths: bool | None = None, lane: bool = True, **client_kwargs: Any) -> None:
         self.url = url
         self.client = client if client is not None else raw_client(url, **client_kwargs)
         if client is not None:
             self.client.response_callbacks.clear()
         self._fast_paths = fast_paths_default() if fast_paths is None else fast_paths
         self._features: Features | None = None
+        # non-blocking calls skip redis-py's per-call machinery (see ``sync/_wire.py``)
+        self._lane = SyncLane(self.client.connection_pool) if lane and not isinstance(self.client, CLUSTER) else None
 
     def features(self) -> Features:
         if self._features is None:
@@ -93,6 +116,31 @@ class SyncDriver:
         return self._features
 
     def call(self, c: Call) -> Any:
+        lane = self._lane
+        if lane is not None and (c.packed is not None or lane_ok(c)):
+            try:
+                reply = lane.request(c.packed or pack_call(c))
+            except (rexc.ConnectionError, rexc.TimeoutError):
+                reply = BUSY  # re-run on redis-py: its reconnect and retry policy decide
+            if reply is not BUSY:
+                if not isinstance(reply, Exception):
+                    return reply
+                if not isinstance(reply, (rexc.NoScriptError, rexc.ReadOnlyError)):
+                    raise reply
+                if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
+                    lane.close()
+        return self._call(c)
+
+    def run_call(self, c: Call) -> Any:
+        """``call`` with errors translated as ``run`` does (the one-call hot paths)."""
+        try:
+            return self.call(c)
+        except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+            raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
+        except rexc.ResponseError as exc:
+            raise ScriptError(str(exc)) from exc
+
+    def _call(self, c: Call) -> Any:
         if c.script is None:
             return self.client.execute_command(*c.args)
         try:
@@ -103,6 +151,16 @@ class SyncDriver:
 
     def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
+        lane = self._lane
+        if lane is not None and calls and all(lane_ok(c) for c in calls):
+            try:
+                replies = lane.request(b"".join([c.packed or pack_call(c) for c in calls]), len(calls))
+            except (rexc.ConnectionError, rexc.TimeoutError):
+                replies = BUSY
+            if replies is not BUSY:
+                if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
+                    return self._settle(calls, replies)
+                lane.close()
         return self._settle(calls, self._pipe(calls))
 
     def stream(self, calls: Iterable[Call]) -> list[Any]:
@@ -110,6 +168,17 @@ class SyncDriver:
         (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
         if isinstance(self.client, CLUSTER):
             return self.pipeline(list(calls))
+        lane = self._lane
+        if lane is not None:
+            it = iter(calls)
+            done = lane.stream(it, _lane_pack)
+            if done is not BUSY:
+                sent, replies, failed = done
+                settled = self._settle(sent, replies)
+                if failed is not None:
+                    raise failed
+                return settled
+            calls = it
         pool = self.client.connection_pool
         conn = _get_connection(pool)
         sent: list[Call] = []
@@ -181,4 +250,6 @@ class SyncDriver:
                 return stop.value
 
     def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
         self.client.close()

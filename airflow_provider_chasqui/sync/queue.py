@@ -16,7 +16,7 @@ from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings
 from ..engine.queue import DEFAULT_URL, window_to_ms
 from ..errors import ConfigError
-from ..types import Job
+from ..types import Job, new_job
 from ._driver import SyncDriver
 
 __all__ = ["SyncQueue"]
@@ -65,12 +65,18 @@ class SyncQueue:
         return self._driver
 
     def _job(self, jid: str, created: int, name: str, data: Any) -> Job:
-        return Job(id=jid, name=name, data=data, attempt=0, created_at_ms=created)
+        return new_job(jid, name, data, 0, created)
 
     # ---- adding ------------------------------------------------------------------------
     def add(self, name: str, data: Any, *, delay: Any = None, delay_ms: Any = None, attempts: int | None = None,
             backoff: Any = None, job_id: str | None = None, repeat: Any = None, missed_fires: Any = None) -> Job:
         """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given)."""
+        if delay is None and delay_ms is None and attempts is None and backoff is None and job_id is None \
+                and repeat is None and missed_fires is None:  # the plain add: one call, no flow
+            call, jid, created = self._flows.quick_add(name, data)
+            driver = self._driver if self._driver is not None else self.driver
+            driver.run_call(call)
+            return self._job(jid, created, name, data)
         if repeat is not None:
             return self.upsert_repeatable_job(name, data, repeat=repeat, attempts=attempts, backoff=backoff,
                                               job_id=job_id, missed_fires=missed_fires)
@@ -91,9 +97,10 @@ class SyncQueue:
         return self._job(jid, created, name, data)
 
     def add_bulk(self, jobs: Sequence[Mapping[str, Any]]) -> list[Job]:
-        """Enqueue many jobs: one script call per 1,000 jobs, all in one round trip."""
-        rows = self.driver.run(self._flows.enqueue_bulk(list(jobs)))
-        return [self._job(*row) for row in rows]
+        """Enqueue many jobs in one round trip: every item is validated and encoded before
+        anything is sent, then script calls of 250 jobs stream out as their ids and envelopes
+        are made (of 1,000 when items carry options)."""
+        return self.driver.run(self._flows.enqueue_bulk(list(jobs), self._job))
 
     def cancel_delayed(self, job_id: str) -> bool:
         return self.driver.run(self._flows.cancel_delayed(job_id))
