@@ -10,10 +10,10 @@ local out = {false}
 local base = ARGV[3] .. ':repeat:spec:'
 for i = 1, #due, 2 do
   local fields = redis.call('HMGET', base .. due[i], 'spec', 'ext')
-  out[#out + 1] = due[i]
-  out[#out + 1] = due[i + 1]
-  out[#out + 1] = fields[1]
-  out[#out + 1] = fields[2]
+  out[2 * i] = due[i]
+  out[2 * i + 1] = due[i + 1]
+  out[2 * i + 2] = fields[1]
+  out[2 * i + 3] = fields[2]
 end
 if #due < 2 * tonumber(ARGV[2]) then
   local nxt = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)

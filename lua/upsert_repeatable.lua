@@ -1,36 +1,48 @@
 -- upsert_repeatable: write one or many repeatable specs (wire spec 11.8, batched), plus the
 -- optional `ext` field of this project (per-spec retry override and execution deadline).
--- KEYS[1] = repeat   KEYS[2] = repeat:paused   KEYS[2 + i] = repeat:spec:<key_i>
--- ARGV    = per spec i, 4 values: next_fire_ms, spec_key, stored_spec_bytes, ext ("" = none)
+-- KEYS[1] = repeat   KEYS[2] = repeat:paused
+-- ARGV[1] = spec hash prefix (<prefix>:repeat:spec:, same hash slot as KEYS[1])
+-- ARGV[2] = width: 3 = per spec (next_fire_ms, spec_key, stored_spec_bytes);
+--           4 = the same plus ext ("" = none)
 -- Reply   = number of specs written
--- Per spec: HSET spec; HSET ext (or HDEL it when the hash already existed); ZADD repeat next
--- key (one ZADD for up to 1,000 specs); a paused spec of that key is resumed by the upsert
--- (ZREM repeat:paused).  The `fired` counter is kept across re-upserts, as ChasquiMQ does.
-local scored, keys = {}, {}
-local n = 0
-for i = 1, #ARGV, 4 do
-  n = n + 1
-  local hash = KEYS[2 + n]
-  local created = redis.call('HSET', hash, 'spec', ARGV[i + 2])
-  if ARGV[i + 3] ~= '' then
-    redis.call('HSET', hash, 'ext', ARGV[i + 3])
-  elseif created == 0 then
+-- Per spec: one HSET (spec, and ext when given); a spec without ext whose hash already
+-- existed loses a stale ext (HDEL); ZADD repeat next key (one ZADD per 1,000 specs); a paused
+-- spec of that key is resumed by the upsert (ZREM repeat:paused).  The `fired` counter is kept
+-- across re-upserts, as ChasquiMQ does.  The hash keys are built here rather than passed as
+-- KEYS: one argument less per spec (fetch_due does the same; same slot as KEYS[1]).
+local base, width = ARGV[1], tonumber(ARGV[2])
+local scored, m, n = {}, 0, 0
+for i = 3, #ARGV, width do
+  local key = ARGV[i + 1]
+  local hash = base .. key
+  if width == 4 and ARGV[i + 3] ~= '' then
+    redis.call('HSET', hash, 'spec', ARGV[i + 2], 'ext', ARGV[i + 3])
+  elseif redis.call('HSET', hash, 'spec', ARGV[i + 2]) == 0 then
     redis.call('HDEL', hash, 'ext')
   end
-  scored[#scored + 1] = ARGV[i]
-  scored[#scored + 1] = ARGV[i + 1]
-  keys[n] = ARGV[i + 1]
-  if n % 1000 == 0 then
+  scored[m + 1] = ARGV[i]
+  scored[m + 2] = key
+  m = m + 2
+  n = n + 1
+  if m == 2000 then
     redis.call('ZADD', KEYS[1], unpack(scored))
-    scored = {}
+    scored, m = {}, 0
   end
 end
-if #scored > 0 then
-  redis.call('ZADD', KEYS[1], unpack(scored))
+if m > 0 then
+  redis.call('ZADD', KEYS[1], unpack(scored, 1, m))
 end
 if n > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  for i = 1, n, 1000 do
-    redis.call('ZREM', KEYS[2], unpack(keys, i, math.min(n, i + 999)))
+  local keys = {}
+  for i = 3, #ARGV, width do
+    keys[#keys + 1] = ARGV[i + 1]
+    if #keys == 1000 then
+      redis.call('ZREM', KEYS[2], unpack(keys))
+      keys = {}
+    end
+  end
+  if #keys > 0 then
+    redis.call('ZREM', KEYS[2], unpack(keys))
   end
 end
 return n

@@ -124,7 +124,9 @@ _CAPPED_FIRE_ALL = MissedFiresPolicy.fire_all(FIRE_ALL_LIST_CAP)
 _U64 = 2**64 - 1
 _PATTERNS: dict[Any, RepeatPattern] = {}
 _PLAIN = (int, str, type(None))
-_POLICIES: dict[Any, MissedFiresPolicy] = {"": MissedFiresPolicy.skip()}
+_SKIP_POLICY = MissedFiresPolicy.skip()
+_POLICIES: dict[Any, MissedFiresPolicy] = {"": _SKIP_POLICY}
+_new_tuple = tuple.__new__
 
 
 class DueSpec(NamedTuple):
@@ -155,6 +157,25 @@ def _decode_spec(raw: bytes) -> DueSpec:
         arr = _unpackb(raw)
     except Exception:  # noqa: BLE001 - the slow path names the problem
         return _slow(raw)
+    # the shape upserts write by default (8 elements, no limit, no window, skip policy, a
+    # bin8 payload), checked with exact types and no loops; the rest takes the general path
+    if type(arr) is list and len(arr) == 8:
+        key, name, pat, payload, limit, start, end, fired = arr
+        if (limit is None and start is None and end is None and type(fired) is int and fired >= 0
+                and type(key) is str and type(name) is str and type(pat) is dict and len(pat) == 1
+                and type(payload) is bytes and len(payload) >= 2 and payload[0] == 0xC4
+                and len(payload) == payload[1] + 2):
+            body = pat.get("Every")
+            if body is not None:
+                pkey = ("Every", body[0]) if type(body) is list and len(body) == 1 and type(body[0]) is int else None
+            else:
+                body = pat.get("Cron")
+                pkey = (("Cron", body[0], body[1]) if type(body) is list and len(body) == 2 and type(body[0]) is str
+                        and (body[1] is None or type(body[1]) is str) else None)
+            pattern = _PATTERNS.get(pkey) if pkey is not None else None
+            if pattern is not None:
+                return _new_tuple(DueSpec, (key, name, pattern, payload[2:], None, None, None, _SKIP_POLICY,
+                                            (pkey, None, "")))
     if type(arr) is not list or not 8 <= len(arr) <= 9:
         return _slow(raw)
     key, name, pat, payload, limit, start, end, fired = arr[:8]
@@ -219,6 +240,7 @@ class SchedulerCore:
         self.keys = QueueKeys.for_queue(queue)
         self.settings = settings or QueueSettings()
         self.batch = batch
+        self._spec_base = self.keys.repeat_spec("")
         self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
 
     def tick(self, now: int) -> Flow:
@@ -229,7 +251,8 @@ class SchedulerCore:
             upcoming = None if reply[0] is None else _score(reply[0])
         except (ValueError, OverflowError):  # a +inf score: nothing due within reach
             upcoming = None
-        rows = [reply[i : i + 4] for i in range(1, len(reply), 4)]
+        it = iter(reply[1:])
+        rows = list(zip(it, it, it, it))  # (key, score, spec, ext) per due spec
         result.due = len(rows)
         result.full = len(rows) >= self.batch
         result.next_due_ms = upcoming
@@ -249,19 +272,19 @@ class SchedulerCore:
             self._account(result, plans, reply, now)
         return result
 
-    def _plan(self, rows: list[list[Any]], now: int, cache: dict[Any, tuple[list[int], int]]
+    def _plan(self, rows: list[tuple[Any, ...]], now: int, cache: dict[Any, tuple[list[int], int]]
               ) -> tuple[Call, list[tuple[str, str, int, int, str]]]:
         """One ``schedule_batch`` call for ``rows`` of ``fetch_due`` and what each entry asked."""
         k = self.keys
-        base = k.repeat_spec("")
-        keys: list[Any] = [k.stream, k.delayed, k.repeat, k.repeat_quarantine]
-        argv: list[Any] = [now, self.settings.max_stream_len]
+        argv: list[Any] = [now, self.settings.max_stream_len, self._spec_base, len(rows)]
+        body: list[Any] = []
         plans: list[tuple[str, str, int, int, str]] = []  # (op, key, first fire, next, reason)
+        packb = _packb
         for raw_key, raw_score, raw_spec, raw_ext in rows:
-            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
-            keys.append(base + key)
+            key = raw_key.decode() if type(raw_key) is bytes else str(raw_key)
+            argv.append(raw_key)
             if raw_spec is None:  # a dangling ZSET entry: drop it unless the spec reappears
-                argv += ("D", key, raw_score, 0, 0, 0, "", 0)
+                body += ("D", raw_score)
                 plans.append(("D", key, 0, 0, ""))
                 continue
             try:
@@ -274,25 +297,34 @@ class SchedulerCore:
                     self.plans_computed += 1
                     plan = cache[ck] = _plan_fires(spec, fire_at, now)
             except Exception as exc:  # noqa: BLE001 - whatever a stored spec does, it is moved aside, not fired
-                argv += ("Q", key, raw_score, 0, 0, 0, raw_spec, 0)
+                body += ("Q", raw_score, raw_spec)
                 plans.append(("Q", key, 0, 0, f"{type(exc).__name__}: {exc}"))
                 continue
             fires, nxt = plan
             end = spec.end_before_ms
+            deadline = ext.deadline_ms
+            inner, retry = spec.payload_inner, ext.retry
+            if (end is None and spec.limit is None and nxt > 0 and len(fires) == 1 and fires[0] == fire_at
+                    and fire_at <= now and (deadline is None or now - fire_at <= deadline)):
+                # the common case (one fire at the score read): a short entry
+                env = (packb([fire_job_id(key, fire_at), inner, now, 0]) if retry is None
+                       else encode_envelope(Envelope(fire_job_id(key, fire_at), inner, now, 0, retry)))
+                body += ("f", raw_score, nxt, spec.job_name, env)
+                plans.append(("F", key, fire_at, nxt, ""))
+                continue
             if end is not None:
                 fires = [f for f in fires if f <= end]
-            deadline = ext.deadline_ms
-            argv += ("F", key, raw_score, nxt, spec.limit or 0, end or 0, spec.job_name, len(fires))
-            inner, retry = spec.payload_inner, ext.retry
+            body += ("F", raw_score, nxt, spec.limit or 0, end or 0, spec.job_name, len(fires))
             for at in fires:
                 if deadline is not None and now - at > deadline:
-                    argv += (at, b"")
+                    body += (at, b"")
                 elif retry is None:
-                    argv += (at, _packb([fire_job_id(key, at), inner, now, 0]))
+                    body += (at, packb([fire_job_id(key, at), inner, now, 0]))
                 else:
-                    argv += (at, encode_envelope(Envelope(fire_job_id(key, at), inner, now, 0, retry)))
+                    body += (at, encode_envelope(Envelope(fire_job_id(key, at), inner, now, 0, retry)))
             plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
-        return script_call("schedule_batch", keys, argv), plans
+        argv += body
+        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv), plans
 
     @staticmethod
     def _account(result: TickResult, plans: list[tuple[str, str, int, int, str]], reply: list[Any], now: int) -> None:

@@ -275,6 +275,8 @@ def _encode_spec(key: str, name: str, pattern: RepeatPattern, inner: bytes, limi
 
 
 _FAST_KEYS = frozenset({"name", "data", "repeat", "key"})
+_BIN8 = [bytes((0xC4, n)) for n in range(256)]  # msgpack bin8 headers
+_SPEC_TAIL = b"\xc0\xc0\xc0\x00"  # limit, start_after, end_before = nil; fired = 0
 
 
 def _fast_pattern(pattern: RepeatPattern, now: int) -> tuple[int, Any, str]:
@@ -327,6 +329,7 @@ class SpecFlows:
     def __init__(self, queue: str, settings: QueueSettings | None = None) -> None:
         self.keys = QueueKeys.for_queue(queue)
         self.settings = settings or QueueSettings()
+        self._spec_base = self.keys.repeat_spec("")
 
     # ---- preparation (no I/O) ----------------------------------------------------------
     def prepare(
@@ -390,14 +393,21 @@ class SpecFlows:
         return PreparedSpec(spec_key, nxt, spec, ext)
 
     def _upsert_call(self, specs: list[PreparedSpec]) -> Call:
-        k = self.keys
-        base = k.repeat_spec("")
-        keys: list[Any] = [k.repeat, k.repeat_paused]
-        keys += [base + p[0] for p in specs]
-        argv: list[Any] = []
-        for key, nxt, spec, ext in specs:
-            argv += (nxt, key, spec, ext)
-        return script_call("upsert_repeatable", keys, argv)
+        argv: list[Any] = [self._spec_base, 3]
+        for key, nxt, spec, _ext in specs:
+            argv += (nxt, key, spec)
+        return self._upsert_argv(argv, [(j, p[3]) for j, p in enumerate(specs) if p[3]])
+
+    def _upsert_argv(self, argv: list[Any], exts: list[tuple[int, bytes]]) -> Call:
+        """The script call for ``argv`` = [base, 3, (next, key, spec) ...]; ``exts`` = the
+        (position, ext) of the specs that carry one: then every spec gets its ext slot."""
+        if exts:
+            wide: list[Any] = [argv[0], 4]
+            ext_of = dict(exts)
+            for j, i in enumerate(range(2, len(argv), 3)):
+                wide += (argv[i], argv[i + 1], argv[i + 2], ext_of.get(j, b""))
+            argv = wide
+        return script_call("upsert_repeatable", (self.keys.repeat, self.keys.repeat_paused), argv)
 
     # ---- writes ------------------------------------------------------------------------
     def upsert(self, name: str, data: Any, **options: Any) -> Flow:
@@ -415,43 +425,77 @@ class SpecFlows:
 
     def prepare_bulk(self, items: Iterable[Mapping[str, Any]], now: int | None = None,
                      caches: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> list[PreparedSpec]:
-        """``prepare`` for many specs.  Items with only name, data, repeat (a RepeatPattern) and
-        key take an inlined path (the same checks and bytes) that shares per pattern the
-        validation, the next fire and the wire form."""
+        """``prepare`` for many specs (the bulk path's encoding, as ``PreparedSpec``s)."""
         now = now_ms() if now is None else now
-        cache, fast = caches if caches is not None else ({}, {})
-        out = []
+        argv, exts = self._bulk_argv(items if isinstance(items, list) else list(items), now, caches or ({}, {}))
+        ext_of = dict(exts)
+        return [PreparedSpec(argv[i + 1], argv[i], argv[i + 2], ext_of.get(j, b""))
+                for j, i in enumerate(range(2, len(argv), 3))]
+
+    def _bulk_argv(self, items: list[Any], now: int, caches: tuple[dict[Any, Any], dict[Any, Any]]
+                   ) -> tuple[list[Any], list[tuple[int, bytes]]]:
+        """The ``upsert_repeatable`` arguments of ``items``: ``[base, 3, (next, key, spec) ...]``
+        and the (position, ext) of those with an ext.  Items with only name, data, repeat (a
+        RepeatPattern) and key take an inlined path (the same checks and bytes as ``prepare``;
+        a test compares them) that shares per (pattern, name) the validation, the next fire and
+        the encoded head of the StoredSpec; the rest go through ``prepare``."""
+        cache, fast = caches
+        argv: list[Any] = [self._spec_base, 3]
+        exts: list[tuple[int, bytes]] = []
         prepare = self.prepare
         limit = self.settings.max_payload_bytes
         superset = _FAST_KEYS.issuperset
+        packb = _packb
+        join = b"".join
+        bin8 = _BIN8
         for item in items:
             if type(item) is dict and superset(item):
                 name, repeat, key = item.get("name"), item.get("repeat"), item.get("key")
-                if type(name) is str and type(repeat) is RepeatPattern and (key is None or type(key) is str):
-                    per = fast.get(id(repeat))  # items usually share pattern objects: skip hashing them
-                    if per is None or per[3] is not repeat:
+                if type(repeat) is RepeatPattern and type(name) is str:
+                    per = fast.get((id(repeat), name))  # items share pattern objects: no hashing them
+                    if per is None or per[0] is not repeat:
                         if len(fast) > 10_000:
                             fast.clear()
-                        shared = cache.get(("fast", repeat))  # an equal pattern seen before
-                        if shared is None:
-                            shared = cache[("fast", repeat)] = _fast_pattern(repeat, now)
-                        per = fast[id(repeat)] = (*shared, repeat)
-                    nxt, wire, suffix, _ = per
-                    if name and len(name) <= 64 and (not key or len(key) <= 256):
+                        per = fast[(id(repeat), name)] = (repeat, *self._fast_head(repeat, name, now, cache))
+                    _, nxt, head, wire, suffix = per
+                    if head is not None and (key is None or (type(key) is str and len(key) <= 256)):
                         try:
-                            inner = _packb(item.get("data"))
+                            inner = packb(item.get("data"))
                         except (TypeError, ValueError, OverflowError):
                             inner = None
                         if inner is not None:
                             spec_key = key or name + suffix
-                            spec = _packb([spec_key, name, wire, _packb(inner), None, None, None, 0])
+                            n = len(inner)
+                            if n < 254:  # bin8(bin8(inner)): the common size, assembled directly
+                                spec = join((b"\x98", packb(spec_key), head, bin8[n + 2], bin8[n], inner, _SPEC_TAIL))
+                            else:
+                                spec = packb([spec_key, name, wire, packb(inner), None, None, None, 0])
                             if len(spec) <= limit:
-                                out.append(PreparedSpec(spec_key, nxt, spec, b""))
+                                argv += (nxt, spec_key, spec)
                                 continue
             _check_item(item)  # the general path, with its precise errors
-            out.append(prepare(now=now, next_cache=cache, **item) if "data" in item
-                       else prepare(data=None, now=now, next_cache=cache, **item))
-        return out
+            p = (prepare(now=now, next_cache=cache, **item) if "data" in item
+                 else prepare(data=None, now=now, next_cache=cache, **item))
+            if p.ext:
+                exts.append(((len(argv) - 2) // 3, p.ext))
+            argv += (p.next_fire_ms, p.key, p.spec)
+        return argv, exts
+
+    @staticmethod
+    def _fast_head(pattern: RepeatPattern, name: str, now: int, cache: dict[Any, Any]
+                   ) -> tuple[int, bytes | None, Any, str]:
+        """(next fire, packed name + pattern or None when the name needs the general path,
+        pattern wire form, derived key suffix) of a (pattern, name) pair."""
+        shared = cache.get(("fast", pattern))  # an equal pattern seen before
+        if shared is None:
+            shared = cache[("fast", pattern)] = _fast_pattern(pattern, now)
+        nxt, wire, suffix = shared
+        try:
+            raw = validate_job_name(name)
+        except (ConfigError, UnicodeError):
+            return nxt, None, wire, suffix
+        ok = 0 < len(raw) and len(raw) + len(suffix.encode("utf-8")) <= 1024
+        return nxt, (_packb(name) + _packb(wire)) if ok else None, wire, suffix
 
     def upsert_bulk(self, items: Iterable[Mapping[str, Any]]) -> Flow:
         """One script call per 1,000 specs, streamed: each chunk is validated and encoded while
@@ -465,9 +509,9 @@ class SpecFlows:
 
         def calls() -> Iterator[Call]:
             for i in range(0, len(items), UPSERT_CHUNK):
-                prepared = self.prepare_bulk(items[i : i + UPSERT_CHUNK], now, caches)
-                keys.extend(p.key for p in prepared)
-                yield self._upsert_call(prepared)
+                argv, exts = self._bulk_argv(items[i : i + UPSERT_CHUNK], now, caches)
+                keys.extend(argv[3::3])
+                yield self._upsert_argv(argv, exts)
 
         if items:
             yield Stream(calls())

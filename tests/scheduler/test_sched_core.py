@@ -102,6 +102,10 @@ def test_bulk_fast_path_gives_the_same_bytes_as_prepare() -> None:
     flows = SpecFlows("q")
     items = [{"name": "n", "data": {"i": i}, "repeat": RepeatPattern.every(1000 + i % 3), "key": None if i % 2 else f"k{i}"}
              for i in range(20)]
+    # payloads around the bin8/bin16 edges, cron in a zone, a non-ASCII name, an ext (general path)
+    items += [{"name": "ñandú" * 3, "data": "x" * size, "repeat": RepeatPattern.cron("0 3 * * *", tz="Europe/Madrid")}
+              for size in (0, 249, 250, 251, 252, 253, 300, 70_000)]
+    items += [{"name": "n", "data": 1, "repeat": RepeatPattern.every(5000), "key": "with-ext", "attempts": 3}]
     fast = flows.prepare_bulk(items, now=1_000)
     slow = [flows.prepare(**item, now=1_000) for item in items]
     assert fast == slow

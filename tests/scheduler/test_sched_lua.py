@@ -29,19 +29,26 @@ class Lua:
 
     def upsert(self, *specs: tuple[int, str, bytes, bytes]) -> Any:
         k = self.k
-        return self("upsert_repeatable", [k.repeat, k.repeat_paused, *[k.repeat_spec(s[1]) for s in specs]],
-                    [x for s in specs for x in s])
+        return self("upsert_repeatable", [k.repeat, k.repeat_paused],
+                    [k.repeat_spec(""), 4, *[x for s in specs for x in s]])
 
     def schedule(self, now: int, *specs: tuple[Any, ...], maxlen: int = 1000) -> list[int]:
-        """specs: (op, key, expected, next, limit, end_before, name, [(at, env), ...])."""
+        """specs: (op, key, expected, next, limit, end_before, name, [(at, env), ...]); 'f' takes
+        expected, next, name and the one envelope; 'D' only expected; 'Q' the raw bytes as name."""
         k = self.k
-        argv: list[Any] = [now, maxlen]
-        for op, key, expected, nxt, limit, endb, name, pairs in specs:
-            argv += [op, key, expected, nxt, limit, endb, name, len(pairs)]
-            for at, env in pairs:
-                argv += [at, env]
-        return self("schedule_batch", [k.stream, k.delayed, k.repeat, k.repeat_quarantine,
-                                       *[k.repeat_spec(s[1]) for s in specs]], argv)
+        argv: list[Any] = [now, maxlen, k.repeat_spec(""), len(specs), *[s[1] for s in specs]]
+        for op, _key, expected, nxt, limit, endb, name, pairs in specs:
+            if op == "D":
+                argv += [op, expected]
+            elif op == "Q":
+                argv += [op, expected, name]
+            elif op == "f":
+                argv += [op, expected, nxt, name, pairs[0][1]]
+            else:
+                argv += [op, expected, nxt, limit, endb, name, len(pairs)]
+                for at, env in pairs:
+                    argv += [at, env]
+        return self("schedule_batch", [k.stream, k.delayed, k.repeat, k.repeat_quarantine], argv)
 
 
 @pytest.fixture
@@ -63,6 +70,13 @@ def test_upsert_writes_the_chasquimq_layout_and_ext(lua: Lua) -> None:
     assert lua.upsert((7000, "k2", SPEC, b"")) == 1  # re-upsert: ext dropped, fired kept
     assert lua.r.hgetall(k.repeat_spec("k2")) == {b"spec": SPEC, b"fired": b"3"}
     assert lua.r.zscore(k.repeat, "k2") == 7000
+    lua.r.hset(k.repeat_spec("k2"), "ext", b"EXT")
+    # the narrow layout (no ext slots, what a bulk chunk without ext sends) drops a stale ext too
+    assert lua("upsert_repeatable", [k.repeat, k.repeat_paused], [k.repeat_spec(""), 3, 8000, "k2", SPEC,
+                                                                   8000, "k3", SPEC]) == 2
+    assert lua.r.hgetall(k.repeat_spec("k2")) == {b"spec": SPEC, b"fired": b"3"}
+    assert lua.r.hgetall(k.repeat_spec("k3")) == {b"spec": SPEC}
+    assert lua.r.zscore(k.repeat, "k2") == 8000 and lua.r.zscore(k.repeat, "k3") == 8000
 
 
 def test_pause_resume_remove(lua: Lua) -> None:
@@ -105,6 +119,20 @@ def test_schedule_fires_and_reanchors_under_compare_and_set(lua: Lua) -> None:
     # a second scheduler that read the same score loses: nothing fires twice
     assert lua.schedule(1500, ("F", "k1", "1000", 2000, 0, 0, "rep", [(1000, b"ENV1")])) == [0, 0, 0, 1, -1]
     assert lua.r.xlen(k.stream) == 1
+
+
+def test_schedule_short_entries_fire_under_compare_and_set_next_to_long_ones(lua: Lua) -> None:
+    k = lua.k
+    lua.upsert((1000, "a", SPEC, b""), (1000, "b", SPEC, b""), (1000, "c", SPEC, b""))
+    reply = lua.schedule(1500, ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]),
+                         ("F", "b", "1000", 3000, 0, 0, "", [(1000, b"B")]),
+                         ("f", "c", "999", 2000, 0, 0, "rep", [(999, b"C")]))  # not the score: lost
+    assert reply == [2, 0, 0, 1, 2, 2, -1]
+    assert [(f[b"d"], f.get(b"n")) for _i, f in lua.r.xrange(k.stream)] == [(b"A", b"rep"), (b"B", None)]
+    assert lua.r.zrange(k.repeat, 0, -1, withscores=True) == [(b"c", 1000), (b"a", 2000), (b"b", 3000)]
+    assert lua.r.hget(k.repeat_spec("a"), "fired") == b"1" and lua.r.hget(k.repeat_spec("c"), "fired") is None
+    assert lua.schedule(1500, ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")])) == [0, 0, 0, 1, -1]
+    assert lua.schedule(1500) == [0, 0, 0, 0]
 
 
 def test_schedule_limit_end_before_and_no_next_remove_the_spec(lua: Lua) -> None:
