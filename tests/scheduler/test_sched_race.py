@@ -66,7 +66,11 @@ def test_several_scheduler_processes_fire_each_window_exactly_once(redis_url: st
     try:
         for p in procs:
             wait_ready(p)
-        time.sleep(10)
+        # let them race for ten windows of every spec (a condition, not a clock: a loaded box is slower)
+        stream, deadline = f"{{chasqui:{queue_name}}}:stream", time.monotonic() + 60
+        while r.xlen(stream) < SPECS * 10:
+            assert time.monotonic() < deadline, f"only {r.xlen(stream)} fires in 60 s"
+            time.sleep(0.05)
         # stop the scheduling, then everything fired up to the last window due before it
         with SyncQueue(queue_name, redis_url=redis_url) as q:
             for i in range(SPECS):
@@ -100,9 +104,16 @@ def test_killed_leader_is_replaced_within_lock_ttl_plus_one_tick(redis_url: str,
         killed_at = now_ms()
         holders[leader].send_signal(signal.SIGKILL)
         holders[leader].wait(10)
-        time.sleep(8.5)
-        new_leader = r.get(f"{{chasqui:{queue_name}}}:scheduler:lock")
-        assert new_leader is not None and new_leader.decode() != leader
+        # wait for another holder, then for every spec to fire twice more under it
+        lock, stream = f"{{chasqui:{queue_name}}}:scheduler:lock", f"{{chasqui:{queue_name}}}:stream"
+        deadline = time.monotonic() + 30
+        while (new_leader := r.get(lock)) is None or new_leader.decode() == leader:
+            assert time.monotonic() < deadline, "nobody took the lock over"
+            time.sleep(0.05)
+        target = r.xlen(stream) + 2 * n
+        while r.xlen(stream) < target:
+            assert time.monotonic() < deadline, "no fires after the takeover"
+            time.sleep(0.05)
         with SyncQueue(queue_name, redis_url=redis_url) as q:
             for i in range(n):
                 q.pause_repeatable(f"s{i:03}")
