@@ -12,6 +12,7 @@ See ``engine/_wire.py`` for which calls qualify and how errors fall back to redi
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -81,6 +82,15 @@ class SyncLane:
                 return False
         return True
 
+    def _closed_by_server(self) -> bool:
+        """Whether the idle socket is readable: the server closed it (idle ``timeout``, CLIENT
+        KILL, a restart).  A stream cannot be re-run once sent, so it is checked first, as
+        redis-py checks a pool connection at checkout; single calls fall back on error instead."""
+        try:
+            return bool(select.select([self._sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
+
     def _read(self, count: int) -> list[Any]:
         sock, reader, replies = self._sock, self._reader, []
         while len(replies) < count:
@@ -99,6 +109,11 @@ class SyncLane:
         replies, the producer's exception or None)``, or ``BUSY`` before anything was sent."""
         if not self._acquire():
             return BUSY
+        if self._closed_by_server():
+            self._drop()
+            if not self._open():
+                self._lock.release()
+                return BUSY
         try:
             sent: list[Any] = []
             failed: BaseException | None = None
