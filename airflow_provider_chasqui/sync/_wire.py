@@ -145,19 +145,9 @@ class SyncLane:
         if not self._acquire():
             return BUSY
         try:
-            sock, reader = self._sock, self._reader
             try:
-                sock.sendall(packed)
-                if count is not None:
-                    return self._read(count)
-                reply = reader.gets()
-                while reply is False:
-                    data = sock.recv(_READ_SIZE)
-                    if not data:
-                        raise rexc.ConnectionError("Connection closed by server.")
-                    reader.feed(data)
-                    reply = reader.gets()
-                return reply
+                self._sock.sendall(packed)
+                return self._read(count) if count is not None else self._read(1)[0]
             except BaseException as exc:
                 error = self._broken(exc)
                 if error is exc:
