@@ -30,7 +30,13 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> redis
     url, use_cluster = split_cluster_flag(url, cluster)
     if use_cluster:
         kwargs.pop("single_connection_client", None)
-        return _raw_cluster(_RawCluster.from_url(url, decode_responses=False, **kwargs))  # type: ignore[return-value]
+        try:
+            cluster_client = _RawCluster.from_url(url, decode_responses=False, **kwargs)
+        except rexc.RedisClusterException as exc:  # no seed node answered: say so as for one server
+            if isinstance(exc.__cause__, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
+                raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
+            raise
+        return _raw_cluster(cluster_client)  # type: ignore[return-value]
     client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
     return client

@@ -25,6 +25,7 @@ from airflow_provider_chasqui import (
     Worker,
 )
 from airflow_provider_chasqui.core.codec import decode_envelope, split_member
+from airflow_provider_chasqui.errors import ChasquiConnectionError
 from airflow_provider_chasqui.core.keys import QueueKeys
 from engine_support import kv, wait_until_sync
 
@@ -184,3 +185,12 @@ def test_one_sync_queue_shared_by_threads(queue_name, r, sq) -> None:
         ids = list(pool.map(lambda i: sq.add("t", i).id, range(200)))
     assert len(set(ids)) == 200
     assert r.xlen(k.stream) == 200
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?cluster=true"],
+                         ids=["single", "cluster"])
+def test_sync_queue_on_an_unreachable_server_says_so(url: str) -> None:
+    """Nothing listens on port 1: one clear connection error, for a server and for a cluster."""
+    with SyncQueue("t-unreachable", redis_url=url) as q:
+        with pytest.raises(ChasquiConnectionError, match="unreachable"):
+            q.add("a", 1)
