@@ -218,6 +218,36 @@ class ConsumerCore:
         )
         return call, "retry", delay
 
+    def failure_row(self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int,
+                    now: int) -> tuple[tuple[Any, ...], str, int]:
+        """:meth:`on_failure`'s decision as one ``fail_batch`` row (the worker buffers failures
+        like successes).  Returns (row, outcome, backoff_ms); the run-at time is fixed here."""
+        env, reason = dl.envelope, handler_failure_reason(exc)
+        run = env.attempt + 1
+        nxt = env.attempt + 1
+        if unrecoverable or nxt >= self._max_attempts(env):
+            why = UNRECOVERABLE if unrecoverable else RETRIES_EXHAUSTED
+            return ("d", dl.entry_id, env.id, dl.name, run, reason, duration_us,
+                    encode_envelope(env), why, "", ""), why, 0
+        delay = backoff_ms(nxt, env.retry.backoff if env.retry else None, self.retry_policy, self.rng)
+        member = encode_member(dl.name.encode("utf-8"), encode_envelope(env.with_attempt(nxt)))
+        return ("r", dl.entry_id, env.id, dl.name, run, reason, duration_us, now + delay, member, nxt + 1, delay), \
+            "retry", delay
+
+    def reject_row(self, r: Rejected) -> tuple[Any, ...]:
+        """:meth:`reject` as one ``fail_batch`` row (no handler ran: no ``failed`` event)."""
+        detail = r.detail if r.reason == MALFORMED else ""
+        return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, "")
+
+    def fail(self, rows: list[tuple[Any, ...]], features: Features, now: int) -> Call:
+        """One ``fail_batch`` call for rows of :meth:`failure_row` / :meth:`reject_row`."""
+        k = self.keys
+        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.settings.dlq_max_len,
+                           self.failure_ttl_ms, k.prefix, now]
+        for row in rows:
+            argv.extend(row)
+        return script_call("fail_batch", (k.stream, k.delayed, k.dlq, k.events), argv)
+
     def dead_letter(self, entry_id: bytes, reason: str, payload: bytes, name: str, detail: str, job_id: str,
                     attempt: int, features: Features, now: int, *, failed_reason: str = "",
                     duration_us: int = 0) -> Call:

@@ -10,7 +10,10 @@ suspended): jobs that finish without suspending all run in the first slot, witho
 the others for nothing.  Successes are buffered and one *flusher* task acknowledges them up
 to 256 at a time or every 5 ms with one script call that also writes ``completed`` events
 and results (``lua/complete_batch.lua``).
-Failures go through one script each (retry via the delayed set, or the DLQ).  The embedded
+Failures are buffered the same way: the flusher writes them up to ``ack_batch`` per script
+call (``lua/fail_batch.lua``: per entry, the ack plus the retry via the delayed set or the
+DLQ move, in the same script, so a job is never acked without being re-published).  Their
+log is one WARNING per flushed batch, with each job's error at DEBUG.  The embedded
 promoter and scheduler are leader-locked loops of their own.
 
 Nothing is acknowledged before its handler finished, so a crash or a lost connection only
@@ -33,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping
 
 import msgpack
+from redis import exceptions as rexc
 
 from ..core.calls import int_reply
 from ..core.codec import now_ms
@@ -52,6 +56,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _IO_MARGIN_SECS = 10.0  # socket timeout beyond the longest expected call (see Worker._run)
+# A cluster failing over answers CLUSTERDOWN / TRYAGAIN / MASTERDOWN for a while: wait it out
+# like a lost connection (an ack batch that gave up would strand its entries in _inflight).
+_RETRYABLE = TRANSIENT + (rexc.ClusterDownError, rexc.TryAgainError, rexc.MasterDownError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,7 +217,7 @@ class Worker:
         try:
             self._features: Features = await self._with_retry(self.driver.features)
             await self._with_retry(self._ensure_group)
-        except TRANSIENT:
+        except _RETRYABLE:
             if not self._stopping.is_set():
                 raise
             # close() before Redis was ever reachable: a clean stop, not a crash
@@ -222,6 +229,8 @@ class Worker:
         self._idle: list[asyncio.Future[None]] = []
         self._inflight: set[bytes] = set()
         self._done_rows: list[tuple[Any, ...]] = []
+        self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
+        self._fail_info: list[tuple[Any, ...]] = []  # (job_id, name, attempt, exc, outcome, delay)
         self._acking = 0  # entries of _inflight whose handler finished and whose ack is not yet done
         self._async_fns: dict[Any, bool] = {}
         self._flush_wanted = asyncio.Event()
@@ -298,7 +307,7 @@ class Worker:
         while True:
             try:
                 return await fn()
-            except TRANSIENT as exc:
+            except _RETRYABLE as exc:
                 failures += 1
                 if self._stopping is not None and self._stopping.is_set() and failures > 3:
                     raise
@@ -424,14 +433,13 @@ class Worker:
     async def _admit(self, ready: list[Delivery], rejected: list[Rejected]) -> None:
         """Dead-letter what the arrival gate refused, then write the ``active`` events of the
         rest in one script call and hand them to the slots."""
-        now = now_ms()
-        for verdict in rejected:
-            await self._dead_letter(verdict, now)
+        if rejected:
+            await self._reject(rejected)
         if not ready:
             return
         if self.metrics is not None:
             self.metrics.batch(self.name, len(ready))
-        await self._emit(self.core.active_events_compact(ready, now))
+        await self._emit(self.core.active_events_compact(ready, now_ms()))
         self._inflight.update([dl.entry_id for dl in ready])
         self._deque.extend(ready)
         self._wake(1)
@@ -453,12 +461,16 @@ class Worker:
         except Exception as exc:  # noqa: BLE001
             log.warning("worker %s: events write failed: %s", self.consumer_id, exc)
 
-    async def _dead_letter(self, r: Rejected, now: int) -> None:
-        log.error("worker %s: entry %s of %s dead-lettered: %s %s", self.consumer_id, r.entry_id, self.name,
-                  r.reason, r.detail)
-        await self._with_retry(lambda: self.driver.call(self.core.reject(r, self._features, now)))
+    async def _reject(self, rejected: list[Rejected]) -> None:
+        """Dead-letter what the arrival gate refused, in one script call (entries never admitted)."""
+        for r in rejected:
+            log.error("worker %s: entry %s of %s dead-lettered: %s %s", self.consumer_id, r.entry_id, self.name,
+                      r.reason, r.detail)
+        rows = [self.core.reject_row(r) for r in rejected]
+        await self._with_retry(lambda: self.driver.call(self.core.fail(rows, self._features, now_ms())))
         if self.metrics is not None:
-            self.metrics.job_dead(self.name, r.name, r.reason)
+            for r in rejected:
+                self.metrics.job_dead(self.name, r.name, r.reason)
 
     # ---- handler slots ----------------------------------------------------------------
     def _wake(self, n: int) -> None:
@@ -507,7 +519,7 @@ class Worker:
                     self._inflight.discard(dl.entry_id)  # stays pending; reclaimed after claim_min_idle_ms
                     raise
                 except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
-                    await self._failed(dl, exc, (clock() - start) // 1000)
+                    self._failed(dl, exc, (clock() - start) // 1000)
                     continue
                 duration_us = (clock() - start) // 1000
                 rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
@@ -538,16 +550,20 @@ class Worker:
             result = await result
         return result
 
-    async def _failed(self, dl: Delivery, exc: BaseException, duration_us: int) -> None:
+    def _failed(self, dl: Delivery, exc: BaseException, duration_us: int) -> None:
+        """Buffer a failure for the flusher (like a success row); the entry stays in flight,
+        pending in Redis, until the batch that retries or dead-letters it is written."""
         env = dl.envelope
         unrecoverable = isinstance(exc, UnrecoverableError)
-        call, outcome, delay = self.core.on_failure(dl, exc, unrecoverable, duration_us, self._features, now_ms())
-        log.warning("job %s %s attempt %d failed (%r): %s", env.id, dl.name, env.attempt + 1, exc,
-                    outcome if outcome != "retry" else f"retry in {delay} ms")
-        try:
-            await self._with_retry(lambda: self.driver.call(call))
-        finally:
-            self._release(dl.entry_id)
+        row, outcome, delay = self.core.failure_row(dl, exc, unrecoverable, duration_us, now_ms())
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("job %s %s attempt %d failed (%r): %s", env.id, dl.name, env.attempt + 1, exc,
+                      outcome if outcome != "retry" else f"retry in {delay} ms")
+        self._fail_rows.append(row)
+        self._fail_info.append((env.id, dl.name, env.attempt + 1, exc, outcome, delay))
+        self._acking += 1
+        if len(self._fail_rows) == 1 or len(self._fail_rows) >= self.settings.ack_batch:
+            self._flush_wanted.set()
         if self.metrics is not None:
             self.metrics.job_failed(self.name, dl.name)
             if outcome == "retry":
@@ -580,21 +596,54 @@ class Worker:
             self._flush_wanted.clear()
             # Wait up to ack_idle_ms for more rows only while handlers are queued or running;
             # with none left, waiting would only delay the acks.
-            if len(self._done_rows) < s.ack_batch and not self._final_flush \
+            if len(self._done_rows) < s.ack_batch and len(self._fail_rows) < s.ack_batch and not self._final_flush \
                     and (self._deque or len(self._inflight) > self._acking):
                 await asyncio.sleep(s.ack_idle_ms / 1000)
+            while self._fail_rows:
+                await self._flush_failures()
             while self._done_rows:
                 rows = self._done_rows[: s.ack_batch]
                 del self._done_rows[: s.ack_batch]  # in place: the slots append to this list
                 try:
                     await self._with_retry(
                         lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))
+                except Exception as exc:  # noqa: BLE001 - see _unacked
+                    self._unacked(len(rows), exc)
                 finally:
                     self._acking -= len(rows)
                 self._inflight.difference_update([row[0] for row in rows])  # _release() of each row, batched
                 self._release(rows[0][0])  # already discarded: this only wakes a reader waiting for room
             if self._final_flush:
+                if self._fail_rows or self._done_rows:  # written while the others were
+                    self._flush_wanted.set()
+                    continue
                 return
+
+    def _unacked(self, n: int, exc: BaseException) -> None:
+        """A batch that could not be written stays pending in Redis; releasing its entries
+        (the caller does) lets recovery reclaim them after ``claim_min_idle_ms`` and re-run
+        them (at-least-once), and the flusher lives on for the next batches."""
+        log.error("worker %s: %d acks not written (%s); the entries stay pending and will be reclaimed",
+                  self.consumer_id, n, exc)
+
+    async def _flush_failures(self) -> None:
+        """Write up to ``ack_batch`` buffered failures in one ``fail_batch`` call."""
+        n = self.settings.ack_batch
+        rows, info = self._fail_rows[:n], self._fail_info[:n]
+        del self._fail_rows[:n], self._fail_info[:n]
+        try:
+            await self._with_retry(lambda: self.driver.call(self.core.fail(rows, self._features, now_ms())))
+        except Exception as exc:  # noqa: BLE001 - see _unacked
+            self._unacked(len(rows), exc)
+        finally:
+            self._acking -= len(rows)
+        self._inflight.difference_update([row[1] for row in rows])
+        self._release(rows[0][1])  # already discarded: this only wakes a reader waiting for room
+        retried = sum(1 for row in rows if row[0] == "r")
+        job_id, name, attempt, exc, outcome, delay = info[0]
+        log.warning("worker %s: %d jobs failed (%d retried, %d dead-lettered); first: job %s %s attempt %d "
+                    "failed (%r): %s", self.consumer_id, len(rows), retried, len(rows) - retried, job_id, name,
+                    attempt, exc, outcome if outcome != "retry" else f"retry in {delay} ms")
 
 
 _OPTION_FIELDS = {

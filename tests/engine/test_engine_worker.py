@@ -4,6 +4,7 @@ threads, real parallelism, max_jobs / idle_exit_secs and the drain on close().""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -309,6 +310,44 @@ async def test_close_drains_in_flight_and_buffered_jobs_and_flushes_acks(redis_u
     assert await _count_events(r, queue_name, "completed") == 3
     await q.add("after", 9)  # nobody consumes any more
     assert await r.xlen(k.stream) == 1
+
+
+async def test_close_flushes_buffered_failures_as_retries_and_dead_letters(redis_url, queue_name, clients, queues,
+                                                                          worker_factory, caplog) -> None:
+    """Failures raised after close() are buffered like acks and written by the final flush:
+    every one ends retried (delayed set) or dead-lettered, none stays pending or is lost."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    q = queues(queue_name, redis_url)
+    started: list[int] = []
+    release = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        started.append(job.data)
+        await release.wait()
+        raise UnrecoverableError("fatal") if job.data % 2 else ValueError("again")
+
+    jobs = await q.add_bulk([{"name": "f", "data": i} for i in range(8)])
+    w = worker_factory(queue_name, handler, redis_url, concurrency=8, delayed_enabled=False)
+    task = asyncio.create_task(w.run())
+    await wait_until(lambda: len(started) == 8, what="all handlers running")
+    await asyncio.wait_for(w.close(), 10)
+    assert not task.done()
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_chasqui.engine.worker"):
+        release.set()
+        await asyncio.wait_for(task, 30)
+    assert await r.xlen(k.stream) == 0 and await pending_count(r, queue_name) == 0
+    members = await r.zrange(k.delayed, 0, -1)
+    assert sorted(decode_envelope(split_env(m)).id for m in members) == sorted(j.id for j in jobs[0::2])
+    assert all(decode_envelope(split_env(m)).attempt == 1 for m in members)
+    dlq = [dict(kv(f)) for _e, f in await r.xrange(k.dlq)]
+    assert sorted(f["reason"] for f in dlq) == [b"unrecoverable"] * 4
+    evs = await events_of(r, queue_name)
+    assert sum(e["e"] == "failed" for e in evs) == 8 and sum(e["e"] == "retry-scheduled" for e in evs) == 4
+    assert sum(e["e"] == "dlq" for e in evs) == 4
+    # one WARNING per flushed batch, which together cover the 8 failures
+    summaries = [rec.getMessage() for rec in caplog.records if "jobs failed" in rec.getMessage()]
+    assert summaries and sum(int(m.split(": ")[1].split()[0]) for m in summaries) == 8
 
 
 async def test_close_before_run_makes_run_return(redis_url, queue_name, worker_factory) -> None:

@@ -409,5 +409,107 @@ def test_every_engine_script_has_a_test() -> None:
     """The engine's scripts (the scheduler's are tested with the scheduler)."""
     tested = {"promote", "retry", "dead_letter", "replay_dlq", "acquire_lock", "release_lock",
               "schedule_delayed_idempotent", "cancel_delayed", "complete_batch", "enqueue_batch", "delay_batch",
-              "emit_events", "add_unique"}
+              "emit_events", "add_unique", "fail_batch"}
     assert tested <= set(SCRIPTS)
+
+
+# ---- fail_batch: the worker's failures, a batch per call --------------------------------------------
+
+NOW = 1_700_000_009_000
+
+
+def _fail_cases(lua: Lua) -> list[dict[str, Any]]:
+    """One of each: retries with and without a name, handler DLQ moves (exhausted, unrecoverable,
+    unnamed), a gate rejection (no handler ran), and entries no longer pending (retry and DLQ)."""
+    unnamed_member = encode_member(b"", encode_envelope(Envelope(JOB_ID, V1, 1_700_000_000_000, 1)))
+    return [
+        {"kind": "r", "fields": {"d": V2, "n": NAME}, "job": JOB_ID, "name": NAME, "attempt": 1, "failed": REASON,
+         "dur": 511, "run_at": NOW + 137, "member": V8, "next": 2, "backoff": 137},
+        {"kind": "r", "fields": {"d": V2}, "job": "J-unnamed", "name": "", "attempt": 1, "failed": REASON,
+         "dur": 7, "run_at": NOW + 50, "member": unnamed_member, "next": 2, "backoff": 50},
+        {"kind": "r", "fields": {"d": V2, "n": NAME}, "job": "J-gone-r", "name": NAME, "attempt": 1, "failed": REASON,
+         "dur": 3, "run_at": NOW + 9, "member": b"gone-member", "next": 2, "backoff": 9, "gone": True},
+        {"kind": "d", "fields": {"d": V3, "n": NAME}, "job": "J-exhausted", "name": NAME, "attempt": 3,
+         "failed": REASON, "dur": 9, "payload": V3, "reason": "retries_exhausted", "detail": ""},
+        {"kind": "d", "fields": {"d": V2}, "job": "J-unrec", "name": "", "attempt": 1, "failed": REASON, "dur": 4,
+         "payload": V2, "reason": "unrecoverable", "detail": ""},
+        {"kind": "d", "fields": {"x": "no d"}, "job": "", "name": "", "attempt": 0, "failed": "", "dur": 0,
+         "payload": b"", "reason": "malformed", "detail": "missing or non-bytes payload field"},
+        {"kind": "d", "fields": {"d": V3, "n": NAME}, "job": "J-gone-d", "name": NAME, "attempt": 2,
+         "failed": REASON, "dur": 1, "payload": V3, "reason": "retries_exhausted", "detail": "", "gone": True},
+    ]
+
+
+def _fail_state(lua: Lua, eids: list[bytes], jobs: list[str]) -> dict[str, Any]:
+    """Everything the scripts write, with entry ids replaced by their case's index."""
+    k = lua.k
+    index = {eid: i for i, eid in enumerate(eids)}
+    dlq = [[(f, index.get(v, v) if f == "source_id" else v) for f, v in kv(fields)] for _e, fields in lua.r.xrange(k.dlq)]
+    records = {j: lua.r.get(k.failure(j)) for j in jobs if j}
+    return {"delayed": lua.r.zrange(k.delayed, 0, -1, withscores=True), "dlq": dlq, "events": lua.events(),
+            "records": records, "stream": [index[e] for e, _f in lua.stream()], "pending": lua.pending()}
+
+
+def _load_cases(lua: Lua, cases: list[dict[str, Any]]) -> list[bytes]:
+    eids = [lua.pending_entry(c["fields"]) for c in cases]
+    for c, eid in zip(cases, eids):
+        if c.get("gone"):  # handled elsewhere first: acked, still in the stream
+            assert lua.r.xack(lua.k.stream, "default", eid) == 1
+    return eids
+
+
+def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str) -> None:
+    ref = Lua(lua.r, queue_name + "-ref", lua.flag == "1")
+    cases = _fail_cases(lua)
+    jobs = [c["job"] for c in cases]
+    # reference: one retry / dead_letter call per case
+    ref_eids = _load_cases(ref, cases)
+    ref_replies = []
+    for c, eid in zip(cases, ref_eids):
+        if c["kind"] == "r":
+            argv = ["default", eid, c["run_at"], c["member"], ref.flag, 100_000, NOW, c["job"], c["name"],
+                    c["attempt"], c["failed"], c["dur"], c["next"], c["backoff"]]
+            ref_replies.append(ref("retry", [ref.k.stream, ref.k.delayed, ref.k.events], argv))
+        else:
+            argv = ["default", eid, ref.flag, 100_000, 100_000, NOW, c["payload"], c["name"], c["reason"], c["detail"],
+                    c["job"], c["attempt"], c["failed"], c["dur"], 60_000, ref.k.prefix]
+            ref_replies.append(ref("dead_letter", [ref.k.stream, ref.k.dlq, ref.k.events], argv))
+    # the same cases as one batch
+    eids = _load_cases(lua, cases)
+    argv: list[Any] = ["default", lua.flag, 100_000, 100_000, 60_000, lua.k.prefix, NOW]
+    for c, eid in zip(cases, eids):
+        tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
+            [c["payload"], c["reason"], c["detail"], ""]
+        argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail]
+    k = lua.k
+    keys = [k.stream, k.delayed, k.dlq, k.events]
+    replies = lua("fail_batch", keys, argv)
+    assert replies == ref_replies == [1, 1, 0, 1, 1, 1, 0]
+    state = _fail_state(lua, eids, jobs)
+    assert state == _fail_state(ref, ref_eids, jobs)
+    # spot checks against the spec, so the reference itself is pinned
+    assert state["stream"] == [2, 6] and state["pending"] == 0  # only the entries handled elsewhere remain
+    assert [m for m, _s in state["delayed"]] == sorted([V8, cases[1]["member"]])
+    assert [dict(f)["reason"] for f in state["dlq"]] == [b"retries_exhausted", b"unrecoverable", b"malformed"]
+    assert [e[0][1] for e in state["events"]] == [b"failed", b"retry-scheduled", b"failed", b"retry-scheduled",
+                                                  b"failed", b"dlq", b"failed", b"dlq", b"dlq"]
+    assert msgpack.unpackb(state["records"]["J-unrec"], raw=False) == ["unrecoverable", REASON, NOW]
+    assert state["records"]["J-gone-d"] is None and state["records"]["J-gone-r"] is None
+    # a repeated batch (a client retry after a lost reply) writes nothing twice
+    assert lua("fail_batch", keys, argv) == [0] * len(cases)
+    assert _fail_state(lua, eids, jobs) == state
+
+
+def test_fail_batch_with_events_off_writes_no_events(lua: Lua) -> None:
+    k = lua.k
+    cases = [c for c in _fail_cases(lua) if not c.get("gone")]
+    eids = _load_cases(lua, cases)
+    argv: list[Any] = ["default", lua.flag, 0, 100_000, 0, k.prefix, NOW]
+    for c, eid in zip(cases, eids):
+        tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
+            [c["payload"], c["reason"], c["detail"], ""]
+        argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail]
+    assert lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], argv) == [1] * len(cases)
+    assert lua.events() == [] and lua.r.zcard(k.delayed) == 2 and lua.r.xlen(k.dlq) == 3
+    assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0
+    assert lua.r.get(k.failure("J-unrec")) is None  # failure_ttl_ms 0: no records

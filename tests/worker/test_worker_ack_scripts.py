@@ -186,3 +186,53 @@ def test_events_trimmed_per_batch_as_per_xadd(q: Q) -> None:
         assert q.complete(q.deliver("c1", batch), events_max=cap) == batch
         _trimmed_as_maxlen_approx(q.r, q.k.events, cap, batch * (b + 1))
     assert q.ids() == []
+
+
+# ---- fail_batch rows: the same decisions as the one-script-per-failure builders ------------------
+
+
+@pytest.mark.parametrize("xackdel", [False, True])
+@pytest.mark.parametrize("case", ["retry", "retries_exhausted", "unrecoverable", "rejected"])
+def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str, xackdel: bool) -> None:
+    """``failure_row``/``reject_row`` + ``fail`` against ``on_failure``/``reject`` (sans I/O):
+    same keys, member, run-at, DLQ payload, reasons and event fields; seeded jitter alike."""
+    from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
+    from airflow_provider_chasqui.core.consumer import ConsumerCore, Rejected
+    from airflow_provider_chasqui.core.features import Features
+    from airflow_provider_chasqui.core.retry import RetryPolicy
+    from airflow_provider_chasqui.core.settings import QueueSettings
+    from airflow_provider_chasqui.errors import UnrecoverableError
+
+    def core() -> ConsumerCore:
+        c = ConsumerCore("emails", group="g", consumer_id="c", max_attempts=2, settings=QueueSettings(),
+                         retry=RetryPolicy(), events=True, result_ttl_ms=0, failure_ttl_ms=5_000)
+        c.rng.seed(7)
+        return c
+
+    features, now = Features(xackdel=xackdel), 1_700_000_000_000
+    attempt = 1 if case == "retries_exhausted" else 0
+    payload = encode_envelope(Envelope("J1", b"\x01", now - 5, attempt))
+    a, b = core(), core()
+    if case == "rejected":
+        r = Rejected(b"9-1", "malformed", b"", "", "fields not an array")
+        one, row = a.reject(r, features, now), b.reject_row(r)
+    else:
+        dl = a.gate(b"9-1", [b"d", payload, b"n", b"mail"], 1)
+        exc = UnrecoverableError("x") if case == "unrecoverable" else ValueError("boom")
+        one, outcome, delay = a.on_failure(dl, exc, case == "unrecoverable", 42, features, now)
+        row, outcome2, delay2 = b.failure_row(dl, exc, case == "unrecoverable", 42, now)
+        assert (outcome, delay) == (outcome2, delay2)
+    batch = b.fail([row], features, now)
+    assert batch.script.name == "fail_batch"
+    k = a.keys
+    assert batch.keys == (k.stream, k.delayed, k.dlq, k.events)
+    head, (kind, eid, job, name, att, failed, dur, *tail) = batch.argv[:7], batch.argv[7:]
+    assert head == ("g", features.xackdel_flag, a.events_max, a.settings.dlq_max_len, 5_000, k.prefix, now)
+    if case == "retry":
+        assert one.script.name == "retry" and kind == "r"
+        assert one.argv == ("g", eid, tail[0], tail[1], features.xackdel_flag, a.events_max, now, job, name, att,
+                            failed, dur, tail[2], tail[3])
+    else:
+        assert one.script.name == "dead_letter" and kind == "d" and tail[3] == ""
+        assert one.argv == ("g", eid, features.xackdel_flag, a.settings.dlq_max_len, a.events_max, now, tail[0],
+                            name, tail[1], tail[2], job, att, failed, dur, 5_000, k.prefix)

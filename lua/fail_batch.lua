@@ -1,0 +1,81 @@
+-- fail_batch: the worker's failed jobs, up to a batch per round trip.  Each entry does exactly
+-- what retry.lua or dead_letter.lua does for it (same keys, members, DLQ fields, reasons,
+-- events, failure records), and, as there, only if this call acked its entry: a repeat (a
+-- client retry after a lost reply, a job another consumer already handled) writes nothing.
+-- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = dlq   KEYS[4] = events
+-- ARGV    = [group, use_xackdel (0|1), events_max_len (0 = off), dlq_max_len,
+--            failure_ttl_ms (0 = no records), key_prefix, now_ms, then 11 per entry:
+--            kind, entry_id, job_id, name, attempt, failed_reason ("" = no handler ran),
+--            duration_us, and for kind 'r' (retry): run_at_ms, member, next_attempt, backoff_ms;
+--            for kind 'd' (DLQ): payload, dlq_reason, detail, (unused)]
+-- Reply   = per entry, 1 rescheduled or dead-lettered, 0 no longer pending (nothing written)
+local group, xackdel = ARGV[1], ARGV[2] == '1'
+local events_max, dlq_max = tonumber(ARGV[3]), ARGV[4]
+local ttl, prefix, now = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local stream, delayed, dlq, ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local out = {}
+
+for i = 8, #ARGV, 11 do
+  local eid = ARGV[i + 1]
+  local ok
+  if xackdel then
+    local r = redis.call('XACKDEL', stream, group, 'IDS', 1, eid)
+    ok = tonumber(r[1]) == 1 or tonumber(r[1]) == 2
+  else
+    ok = redis.call('XACK', stream, group, eid) == 1
+    if ok then redis.call('XDEL', stream, eid) end
+  end
+  out[#out + 1] = ok and 1 or 0
+  if ok then
+    local kind, id, name, attempt = ARGV[i], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+    local failed, dur = ARGV[i + 5], ARGV[i + 6]
+    if kind == 'r' then  -- retry.lua
+      redis.call('ZADD', delayed, ARGV[i + 7], ARGV[i + 8])
+      if events_max > 0 then
+        if name == '' then
+          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now,
+            'attempt', attempt, 'reason', failed, 'duration_us', dur)
+          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
+            'attempt', ARGV[i + 9], 'backoff_ms', ARGV[i + 10])
+        else
+          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
+            'attempt', attempt, 'reason', failed, 'duration_us', dur)
+          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
+            'n', name, 'attempt', ARGV[i + 9], 'backoff_ms', ARGV[i + 10])
+        end
+      end
+    else  -- dead_letter.lua
+      local reason, detail = ARGV[i + 8], ARGV[i + 9]
+      local d = {'XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'd', ARGV[i + 7]}
+      if name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = name end
+      d[#d + 1] = 'source_id'; d[#d + 1] = eid; d[#d + 1] = 'reason'; d[#d + 1] = reason
+      if detail ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = detail end
+      redis.call(unpack(d))
+      if events_max > 0 then
+        local named = name ~= '' and id ~= ''
+        if failed ~= '' then
+          if named then
+            redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
+              'attempt', attempt, 'reason', failed, 'duration_us', dur)
+          else
+            redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now,
+              'attempt', attempt, 'reason', failed, 'duration_us', dur)
+          end
+        end
+        if named then
+          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'dlq', 'id', id, 'ts', now, 'n', name,
+            'attempt', attempt, 'reason', reason)
+        else
+          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'dlq', 'id', id, 'ts', now,
+            'attempt', attempt, 'reason', reason)
+        end
+      end
+      if ttl > 0 and id ~= '' then
+        -- the record's detail: the DLQ detail, else the handler's error (our key, not on the wire)
+        if detail == '' then detail = failed end
+        redis.call('SET', prefix .. ':failure:' .. id, cmsgpack.pack({reason, detail, tonumber(now)}), 'PX', ttl)
+      end
+    end
+  end
+end
+return out
