@@ -198,30 +198,31 @@ class ConsumerCore:
 
     def on_failure(self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int,
                    features: Features, now: int) -> tuple[Call, str, int]:
-        """Retry or dead-letter after a handler error.  Returns (call, outcome, backoff_ms)."""
-        env, reason = dl.envelope, handler_failure_reason(exc)
-        run = env.attempt + 1
-        nxt = env.attempt + 1
-        if unrecoverable or nxt >= self._max_attempts(env):
-            why = UNRECOVERABLE if unrecoverable else RETRIES_EXHAUSTED
-            call = self.dead_letter(dl.entry_id, why, encode_envelope(env), dl.name, "", env.id, run,
-                                    features, now, failed_reason=reason, duration_us=duration_us)
-            return call, why, 0
-        delay = backoff_ms(nxt, env.retry.backoff if env.retry else None, self.retry_policy, self.rng)
-        member = encode_member(dl.name.encode("utf-8"), encode_envelope(env.with_attempt(nxt)))
+        """Retry or dead-letter after a handler error, as one per-entry script call
+        (``retry.lua`` / ``dead_letter.lua``).  The worker batches :meth:`failure_row` instead;
+        this single-entry form is the reference the wire-vector and ``fail_batch`` equivalence
+        tests check against.  Returns (call, outcome, backoff_ms)."""
+        row, outcome, delay = self.failure_row(dl, exc, unrecoverable, duration_us, now)
+        kind, entry_id, job_id, name, run, reason, duration_us = row[:7]
+        if kind == "d":
+            payload, why = row[7], row[8]
+            return self.dead_letter(entry_id, why, payload, name, "", job_id, run, features, now,
+                                    failed_reason=reason, duration_us=duration_us), outcome, delay
+        run_at, member, next_run = row[7], row[8], row[9]
         k = self.keys
         call = script_call(
             "retry",
             (k.stream, k.delayed, k.events),
-            (self.group, dl.entry_id, now + delay, member, features.xackdel_flag, self.events_max, now,
-             env.id, dl.name, run, reason, duration_us, nxt + 1, delay),
+            (self.group, entry_id, run_at, member, features.xackdel_flag, self.events_max, now,
+             job_id, name, run, reason, duration_us, next_run, delay),
         )
-        return call, "retry", delay
+        return call, outcome, delay
 
     def failure_row(self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int,
                     now: int) -> tuple[tuple[Any, ...], str, int]:
-        """:meth:`on_failure`'s decision as one ``fail_batch`` row (the worker buffers failures
-        like successes).  Returns (row, outcome, backoff_ms); the run-at time is fixed here."""
+        """The retry-or-DLQ decision after a handler error, as one ``fail_batch`` row (the worker
+        buffers failures like successes).  Returns (row, outcome, backoff_ms); the run-at time
+        is fixed here."""
         env, reason = dl.envelope, handler_failure_reason(exc)
         run = env.attempt + 1
         nxt = env.attempt + 1
