@@ -111,6 +111,23 @@ def queue_name(request: pytest.FixtureRequest) -> Iterator[str]:
         _delete_queue_keys(url, name)
 
 
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A Redis 7 of the requesting module alone: its tests kill connections and flush scripts."""
+    server = start_server("redis7", tmpdir=tmp_path_factory.mktemp("own"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_url(own_server: RunningServer, queue_name: str) -> Iterator[str]:
+    """``own_server``'s URL; the queue's keys go from it afterwards (``queue_name`` cleans the shared one)."""
+    yield own_server.url
+    _delete_queue_keys(own_server.url, queue_name)
+
+
 @pytest.fixture(scope="session")
 def _server_pool(
     shared_redis_url: str, tmp_path_factory: pytest.TempPathFactory

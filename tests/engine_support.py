@@ -16,6 +16,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.urls import split_cluster_flag
 
@@ -125,3 +126,28 @@ async def pending_count(client: aioredis.Redis, queue: str, group: str = "defaul
     return int(info["pending"])
 
 
+
+
+# ---- the driver lanes' tests (tests/engine/test_engine_lane.py, tests/sync/test_sync_lane.py) ----
+def stream_entries(url: str, queue: str) -> list[tuple[bytes, dict[str, bytes]]]:
+    """The queue's stream as ``(entry id, {field: raw value})``, oldest first."""
+    with redis.Redis.from_url(url) as r:
+        return [(eid, dict(kv(fields))) for eid, fields in r.xrange(QueueKeys.for_queue(queue).stream)]
+
+
+def stream_job_ids(url: str, queue: str) -> list[str]:
+    return [decode_envelope(f["d"]).id for _eid, f in stream_entries(url, queue)]
+
+
+def client_at(url: str, host: str, port: int) -> dict:
+    """The server's CLIENT LIST entry of the connection whose local address is ``host:port``."""
+    with redis.Redis.from_url(url) as r:
+        found = [c for c in r.client_list() if c["addr"] == f"{host}:{port}"]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def pool_connections(driver: Any) -> int:
+    """Connections the driver's redis-py pool has made (0: every call took the lane)."""
+    pool = driver.client.connection_pool
+    return len(pool._available_connections) + len(pool._in_use_connections)

@@ -236,7 +236,8 @@ class ConsumerCore:
             "retry", delay
 
     def reject_row(self, r: Rejected) -> tuple[Any, ...]:
-        """:meth:`reject` as one ``fail_batch`` row (no handler ran: no ``failed`` event)."""
+        """A refused arrival as one ``fail_batch`` row (no handler ran: no ``failed`` event)."""
+        # Only `malformed` carries a `detail` field on the wire (spec 7.2); the others are logged.
         detail = r.detail if r.reason == MALFORMED else ""
         return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, "")
 
@@ -262,6 +263,6 @@ class ConsumerCore:
         )
 
     def reject(self, r: Rejected, features: Features, now: int) -> Call:
-        # Only `malformed` carries a `detail` field on the wire (spec 7.2); the others are logged.
-        detail = r.detail if r.reason == MALFORMED else ""
-        return self.dead_letter(r.entry_id, r.reason, r.payload, r.name, detail, r.job_id, r.attempt, features, now)
+        """:meth:`reject_row` as one ``dead_letter`` call (the queue trigger's path)."""
+        _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, _ = self.reject_row(r)
+        return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now)

@@ -44,6 +44,12 @@ _TIME_PART: dict[int, str] = {}
 _blake2b = hashlib.blake2b
 
 
+def _fire_envelope(spec_key: str, fire_at_ms: int, inner: bytes, now: int, retry: Any) -> bytes:
+    """The envelope of one fire (attempt 0, created now; the retry override when the spec has one)."""
+    jid = fire_job_id(spec_key, fire_at_ms)
+    return _packb([jid, inner, now, 0]) if retry is None else encode_envelope(Envelope(jid, inner, now, 0, retry))
+
+
 def fire_job_id(spec_key: str, fire_at_ms: int) -> str:
     """The job id of the fire of ``spec_key`` scheduled at ``fire_at_ms``: a canonical ULID
     (48-bit time = the scheduled time, 80 bits of BLAKE2b of time and key)."""
@@ -279,7 +285,6 @@ class SchedulerCore:
         argv: list[Any] = [now, self.settings.max_stream_len, self._spec_base, len(rows)]
         body: list[Any] = []
         plans: list[tuple[str, str, int, int, str]] = []  # (op, key, first fire, next, reason)
-        packb = _packb
         for raw_key, raw_score, raw_spec, raw_ext in rows:
             key = raw_key.decode() if type(raw_key) is bytes else str(raw_key)
             argv.append(raw_key)
@@ -307,9 +312,7 @@ class SchedulerCore:
             if (end is None and spec.limit is None and nxt > 0 and len(fires) == 1 and fires[0] == fire_at
                     and fire_at <= now and (deadline is None or now - fire_at <= deadline)):
                 # the common case (one fire at the score read): a short entry
-                env = (packb([fire_job_id(key, fire_at), inner, now, 0]) if retry is None
-                       else encode_envelope(Envelope(fire_job_id(key, fire_at), inner, now, 0, retry)))
-                body += ("f", raw_score, nxt, spec.job_name, env)
+                body += ("f", raw_score, nxt, spec.job_name, _fire_envelope(key, fire_at, inner, now, retry))
                 plans.append(("F", key, fire_at, nxt, ""))
                 continue
             if end is not None:
@@ -318,10 +321,8 @@ class SchedulerCore:
             for at in fires:
                 if deadline is not None and now - at > deadline:
                     body += (at, b"")
-                elif retry is None:
-                    body += (at, packb([fire_job_id(key, at), inner, now, 0]))
                 else:
-                    body += (at, encode_envelope(Envelope(fire_job_id(key, at), inner, now, 0, retry)))
+                    body += (at, _fire_envelope(key, at, inner, now, retry))
             plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
         argv += body
         return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv), plans

@@ -32,8 +32,6 @@ from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["AsyncDriver", "translate_errors"]
 
-_running_loop = asyncio.get_running_loop
-
 
 try:  # a dependency (redis[hiredis]); without it redis-py's own packer is used
     from hiredis import pack_command as _hiredis_pack
@@ -270,12 +268,10 @@ class AsyncDriver:
 
     async def call(self, c: Call) -> Any:
         lane = self._lane
-        if lane is not None and (c.packed is not None or lane_ok(c)):
-            proto = lane.proto
-            if proto is None or proto.closed or proto.loop is not _running_loop():
-                proto = await lane.open()
+        if lane is not None and lane_ok(c):
+            proto = lane.live() or await lane.open()
             if proto is not None:
-                fut = proto.send(c.packed or pack_call(c))
+                fut = proto.send(pack_call(c))
                 try:
                     reply = await fut
                 except (rexc.ConnectionError, rexc.TimeoutError):
@@ -311,11 +307,9 @@ class AsyncDriver:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
         lane = self._lane
         if lane is not None and calls and all(lane_ok(c) for c in calls):
-            proto = lane.proto
-            if proto is None or proto.closed or proto.loop is not _running_loop():
-                proto = await lane.open()
+            proto = lane.live() or await lane.open()
             if proto is not None:
-                futures = [proto.send(c.packed or pack_call(c)) for c in calls]
+                futures = [proto.send(pack_call(c)) for c in calls]
                 try:
                     replies = [await f for f in futures]
                 except (rexc.ConnectionError, rexc.TimeoutError):
@@ -333,9 +327,7 @@ class AsyncDriver:
             return await self.pipeline(list(calls))
         lane = self._lane
         if lane is not None:
-            proto = lane.proto
-            if proto is None or proto.closed or proto.loop is not _running_loop():
-                proto = await lane.open()
+            proto = lane.live() or await lane.open()
             if proto is not None:
                 return await self._stream_lane(proto, calls)
         pool = self.client.connection_pool
@@ -388,7 +380,7 @@ class AsyncDriver:
                 break
             sent.append(c)
             if lane_ok(c) and not proto.closed:
-                pending.append(proto.send(c.packed or pack_call(c)))
+                pending.append(proto.send(pack_call(c)))
             else:
                 try:
                     pending.append(await self._call(c))

@@ -37,7 +37,7 @@ _RETRY_AFTER_S = 1.0  # after the lane failed to connect, use the redis-py path 
 
 
 def lane_ok(c: Call) -> bool:
-    if c.script is not None:
+    if c.packed is not None or c.script is not None:  # pre-packed calls are XADDs
         return True
     name = c.args[0] if c.args else None
     return type(name) is str and name in LANE_COMMANDS
@@ -45,6 +45,8 @@ def lane_ok(c: Call) -> bool:
 
 def pack_call(c: Call) -> bytes:
     """The RESP bytes redis-py would send for ``c`` (it packs with hiredis as well)."""
+    if c.packed is not None:
+        return c.packed
     if c.script is None:
         return hiredis.pack_command(c.args)
     return hiredis.pack_command(("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv))
@@ -148,6 +150,13 @@ class AsyncLane:
         self._opening: asyncio.Future[Any] | None = None
         self._retry_at = 0.0
         self.disabled = False
+
+    def live(self) -> _Protocol | None:
+        """The connected protocol if it serves the running event loop, without awaiting."""
+        proto = self.proto
+        if proto is None or proto.closed or proto.loop is not asyncio.get_running_loop():
+            return None
+        return proto
 
     async def open(self) -> _Protocol | None:
         """The connected protocol, or None (the caller then uses redis-py)."""

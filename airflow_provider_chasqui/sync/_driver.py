@@ -97,11 +97,6 @@ def _get_connection(pool: Any) -> Any:
 CLUSTER = RedisCluster
 
 
-def _lane_pack(c: Call) -> bytes:
-    """A streamed call as the lane sends it (the lane is this thread's alone while it streams)."""
-    return c.packed or pack_call(c)
-
-
 class SyncDriver:
     """One connection pool plus the feature flags of its server.  Thread-safe."""
 
@@ -123,9 +118,9 @@ class SyncDriver:
 
     def call(self, c: Call) -> Any:
         lane = self._lane
-        if lane is not None and (c.packed is not None or lane_ok(c)):
+        if lane is not None and lane_ok(c):
             try:
-                reply = lane.request(c.packed or pack_call(c))
+                reply = lane.request(pack_call(c))
             except (rexc.ConnectionError, rexc.TimeoutError):
                 reply = BUSY  # re-run on redis-py: its reconnect and retry policy decide
             if reply is not BUSY:
@@ -160,7 +155,7 @@ class SyncDriver:
         lane = self._lane
         if lane is not None and calls and all(lane_ok(c) for c in calls):
             try:
-                replies = lane.request(b"".join([c.packed or pack_call(c) for c in calls]), len(calls))
+                replies = lane.request(b"".join([pack_call(c) for c in calls]), len(calls))
             except (rexc.ConnectionError, rexc.TimeoutError):
                 replies = BUSY
             if replies is not BUSY:
@@ -177,7 +172,7 @@ class SyncDriver:
         lane = self._lane
         if lane is not None:
             it = iter(calls)
-            done = lane.stream(it, _lane_pack)
+            done = lane.stream(it, pack_call)
             if done is not BUSY:
                 sent, replies, failed = done
                 settled = self._settle(sent, replies)

@@ -74,8 +74,7 @@ class SyncQueue:
         if delay is None and delay_ms is None and attempts is None and backoff is None and job_id is None \
                 and repeat is None and missed_fires is None:  # the plain add: one call, no flow
             call, jid, created = self._flows.quick_add(name, data)
-            driver = self._driver if self._driver is not None else self.driver
-            driver.run_call(call)
+            self.driver.run_call(call)
             return self._job(jid, created, name, data)
         if repeat is not None:
             return self.upsert_repeatable_job(name, data, repeat=repeat, attempts=attempts, backoff=backoff,

@@ -27,53 +27,16 @@ from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ChasquiConnectionError
-from engine_support import kv, wait_until, wait_until_sync
+from engine_support import client_at, pool_connections, stream_entries, stream_job_ids, wait_until, wait_until_sync
 from fault_support import FaultProxy
 from servers import RunningServer, start_server
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.single_node("cluster clients never use the lane")]
 
 
-@pytest.fixture(scope="module")
-def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A Redis of this module: its connections are killed and its scripts flushed."""
-    server = start_server("redis7", tmpdir=tmp_path_factory.mktemp("lane"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def own_url(own_server: RunningServer, queue_name: str) -> Iterator[str]:
-    yield own_server.url
-    with own_server.client() as r:  # queue_name cleans the shared server; this one is ours
-        keys = list(r.scan_iter(match=QueueKeys.for_queue(queue_name).prefix.replace("{", "\\{").replace("}", "\\}") + "*"))
-        if keys:
-            r.delete(*keys)
-
-
-def _entries(url: str, queue: str) -> list[tuple[bytes, dict[str, bytes]]]:
-    with redis.Redis.from_url(url) as r:
-        return [(eid, dict(kv(fields))) for eid, fields in r.xrange(QueueKeys.for_queue(queue).stream)]
-
-
-def _job_ids(url: str, queue: str) -> list[str]:
-    return [decode_envelope(f["d"]).id for _eid, f in _entries(url, queue)]
-
-
 def _lane_client(url: str, driver: AsyncDriver) -> dict:
     """The CLIENT LIST entry of the driver's lane connection (found by its local address)."""
-    host, port = driver._lane.proto.transport.get_extra_info("sockname")[:2]
-    with redis.Redis.from_url(url) as r:
-        found = [c for c in r.client_list() if c["addr"] == f"{host}:{port}"]
-    assert len(found) == 1, found
-    return found[0]
-
-
-def _pool_connections(driver: AsyncDriver) -> int:
-    pool = driver.client.connection_pool
-    return len(pool._available_connections) + len(pool._in_use_connections)
+    return client_at(url, *driver._lane.proto.transport.get_extra_info("sockname")[:2])
 
 
 # ---- pre-packed bytes --------------------------------------------------------------------------
@@ -116,9 +79,9 @@ async def test_lane_and_redis_py_write_the_same_entry(redis_url: str, queue_name
         jobs = [await fast.add("named", data), await fast.add("", data),
                 await slow.add("named", data), await slow.add("", data)]
         assert fast.driver._lane.proto is not None and not fast.driver._lane.proto.closed
-        assert _pool_connections(fast.driver) == 0  # every call took the lane
+        assert pool_connections(fast.driver) == 0  # every call took the lane
         assert slow.driver._lane is None
-    entries = _entries(redis_url, queue_name)
+    entries = stream_entries(redis_url, queue_name)
     assert len(entries) == 4
     for job, (_eid, fields) in zip(jobs, entries):
         env = decode_envelope(fields["d"])
@@ -136,10 +99,10 @@ async def test_lane_and_redis_py_write_the_same_entry(redis_url: str, queue_name
 async def test_500_concurrent_adds_each_land_once(redis_url: str, queue_name: str) -> None:
     async with Queue(queue_name, redis_url=redis_url) as q:
         jobs = await asyncio.gather(*(q.add("c", {"i": i}) for i in range(500)))
-        assert _pool_connections(q.driver) == 0
+        assert pool_connections(q.driver) == 0
     assert len({j.id for j in jobs}) == 500
     by_id = {}
-    for _eid, fields in _entries(redis_url, queue_name):
+    for _eid, fields in stream_entries(redis_url, queue_name):
         env = decode_envelope(fields["d"])
         assert env.id not in by_id, f"{env.id} written twice"
         by_id[env.id] = decode_data(env.inner)["i"]
@@ -159,7 +122,7 @@ async def test_concurrent_replies_go_to_their_callers(redis_url: str, queue_name
             return i, eid, await driver.call(command("GET", f"{prefix}:k{i}"))
 
         results = await asyncio.gather(*(one(i) for i in range(300)))
-        assert _pool_connections(driver) == 0
+        assert pool_connections(driver) == 0
     finally:
         await driver.close()
     with redis.Redis.from_url(redis_url) as r:
@@ -187,7 +150,7 @@ async def test_cancelled_callers_do_not_shift_replies(redis_url: str, queue_name
             done = await asyncio.gather(*doomed, return_exceptions=True)
             for i, r in enumerate(done):
                 assert isinstance(r, asyncio.CancelledError) if i % 2 == 0 else r == f"v{i}".encode()
-        assert not driver._lane.proto.closed and _pool_connections(driver) == 0
+        assert not driver._lane.proto.closed and pool_connections(driver) == 0
     finally:
         await driver.close()
 
@@ -212,7 +175,7 @@ def test_driver_reused_across_asyncio_run(redis_url: str, queue_name: str) -> No
         return jobs
 
     bulk = asyncio.run(more())
-    ids = _job_ids(redis_url, queue_name)
+    ids = stream_job_ids(redis_url, queue_name)
     assert ids == [first.id, second.id] + [j.id for j in bulk]
 
 
@@ -247,7 +210,7 @@ async def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue
         assert driver._lane.proto is not proto2 and not driver._lane.proto.closed
     finally:
         await q.close()
-    ids = _job_ids(own_url, queue_name)
+    ids = stream_job_ids(own_url, queue_name)
     assert sorted(ids) == sorted(j.id for j in jobs)  # all there, none twice
     assert len(set(ids)) == len(ids) == 521
 
@@ -277,7 +240,7 @@ async def test_silent_server_times_out_then_recovers(own_url: str, own_server: R
             after += await q.add_bulk([{"name": "s", "data": {"i": i}} for i in range(10, 210)])
         finally:
             await q.close()
-    envs = [decode_envelope(f["d"]) for _e, f in _entries(own_url, queue_name)]
+    envs = [decode_envelope(f["d"]) for _e, f in stream_entries(own_url, queue_name)]
     counts: dict[str, int] = {}
     for env in envs:
         counts[env.id] = counts.get(env.id, 0) + 1
@@ -343,7 +306,7 @@ async def test_script_flush_is_reloaded_on_the_lane(own_url: str, queue_name: st
         assert driver._lane.proto is proto and not proto.closed  # NOSCRIPT does not drop the lane
     finally:
         await q.close()
-    ids = _job_ids(own_url, queue_name)
+    ids = stream_job_ids(own_url, queue_name)
     with redis.Redis.from_url(own_url) as r:
         assert r.zcard(keys.delayed) == 3
     assert len(ids) == len(set(ids)) == 1202  # each streamed chunk ran once, none twice
@@ -381,7 +344,7 @@ async def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp
         await q.close()
         admin.close()
         other.stop()
-    ids = _job_ids(own_url, queue_name)  # a finished resync from ``other`` may have emptied the stream
+    ids = stream_job_ids(own_url, queue_name)  # a finished resync from ``other`` may have emptied the stream
     assert jobs[-1].id in ids and set(ids) <= {j.id for j in jobs}
 
 
@@ -411,14 +374,14 @@ def test_lane_over_tls_and_across_event_loops(tls_url: str, queue_name: str) -> 
     q = Queue(queue_name, redis_url=tls_url)
     first = asyncio.run(q.add("tls", {"i": 0}))
     proto1 = q.driver._lane.proto
-    assert proto1 is not None and _pool_connections(q.driver) == 0  # the lane took it, encrypted
+    assert proto1 is not None and pool_connections(q.driver) == 0  # the lane took it, encrypted
 
     async def more() -> list:
         jobs = [await q.add("tls", {"i": 1})]
         jobs += await asyncio.gather(*(q.add("tls", {"i": i}) for i in range(2, 200)))
         jobs += await q.add_bulk([{"name": "tls", "data": {"i": i}} for i in range(200, 700)])
         assert q.driver._lane.proto is not proto1
-        assert _pool_connections(q.driver) <= 1  # the SCRIPT LOAD of a new server's first NOSCRIPT
+        assert pool_connections(q.driver) <= 1  # the SCRIPT LOAD of a new server's first NOSCRIPT
         await q.close()
         return jobs
 
@@ -443,7 +406,7 @@ async def test_lane_with_an_acl_user(own_url: str, own_server: RunningServer, qu
         async with Queue(queue_name, redis_url=url) as q:
             jobs = [await q.add("acl", {"i": i}) for i in range(5)]
             jobs += await q.add_bulk([{"name": "acl", "data": {"i": i}} for i in range(5, 300)])
-            assert q.driver._lane.proto is not None and _pool_connections(q.driver) <= 1  # SCRIPT LOAD
+            assert q.driver._lane.proto is not None and pool_connections(q.driver) <= 1  # SCRIPT LOAD
             lane = _lane_client(own_url, q.driver)
             assert lane["user"] == user and lane["cmd"] == "evalsha"
             with pytest.raises(redis.exceptions.NoPermissionError):  # a key outside the user's pattern
@@ -453,4 +416,4 @@ async def test_lane_with_an_acl_user(own_url: str, own_server: RunningServer, qu
     finally:
         with own_server.client() as admin:
             admin.acl_deluser(user)
-    assert len(_job_ids(own_url, queue_name)) == 301
+    assert len(stream_job_ids(own_url, queue_name)) == 301

@@ -29,54 +29,16 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.errors import ChasquiConnectionError
 from airflow_provider_chasqui.sync._driver import SyncDriver
-from engine_support import kv, wait_until_sync
+from engine_support import client_at, pool_connections, stream_entries, stream_job_ids, wait_until_sync
 from fault_support import FaultProxy
 from servers import RunningServer, start_server
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A Redis of this module: its connections are killed and its scripts flushed."""
-    server = start_server("redis7", tmpdir=tmp_path_factory.mktemp("sync-lane"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def own_url(own_server: RunningServer, queue_name: str) -> Iterator[str]:
-    yield own_server.url
-    prefix = QueueKeys.for_queue(queue_name).prefix
-    with own_server.client() as r:  # queue_name cleans the shared server; this one is ours
-        keys = [k for k in r.scan_iter(count=1000) if k.startswith(prefix.encode())]
-        if keys:
-            r.delete(*keys)
-
-
-def _entries(url: str, queue: str) -> list[dict[str, bytes]]:
-    with redis.Redis.from_url(url) as r:
-        return [dict(kv(fields)) for _eid, fields in r.xrange(QueueKeys.for_queue(queue).stream)]
-
-
-def _job_ids(url: str, queue: str) -> list[str]:
-    return [decode_envelope(f["d"]).id for f in _entries(url, queue)]
-
-
 def _lane_client(url: str, driver: SyncDriver) -> dict:
     """The CLIENT LIST entry of the driver's lane socket (found by its local address)."""
-    host, port = driver._lane._sock.getsockname()[:2]
-    with redis.Redis.from_url(url) as r:
-        found = [c for c in r.client_list() if c["addr"] == f"{host}:{port}"]
-    assert len(found) == 1, found
-    return found[0]
-
-
-def _pool_connections(driver: SyncDriver) -> int:
-    pool = driver.client.connection_pool
-    return len(pool._available_connections) + len(pool._in_use_connections)
+    return client_at(url, *driver._lane._sock.getsockname()[:2])
 
 
 @contextlib.contextmanager
@@ -112,8 +74,8 @@ def test_adds_take_the_lane_and_write_the_generic_entry(redis_url: str, queue_na
         jobs = [fast.add("named", data), fast.add("", data), slow.add("named", data), slow.add("", data)]
         jobs += fast.add_bulk([{"name": "named", "data": data}] * 3)
         assert fast.driver._lane._sock is not None
-        assert _pool_connections(fast.driver) == 0  # every call took the lane
-    entries = _entries(redis_url, queue_name)
+        assert pool_connections(fast.driver) == 0  # every call took the lane
+    entries = [f for _eid, f in stream_entries(redis_url, queue_name)]
     assert [sorted(f) for f in entries] == [["d", "n"], ["d"], ["d", "n"], ["d"]] + [["d", "n"]] * 3
     for job, fields in zip(jobs, entries):
         env = decode_envelope(fields["d"])
@@ -147,7 +109,7 @@ def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue_name:
             assert r.client_kill_filter(_id=_lane_client(own_url, driver)["id"]) == 1
         jobs += q.add_bulk([{"name": "k", "data": {"i": i}} for i in range(520, 620)])
         assert driver._lane._sock is not None and driver._lane._sock is not sock
-    ids = _job_ids(own_url, queue_name)
+    ids = stream_job_ids(own_url, queue_name)
     assert sorted(ids) == sorted(j.id for j in jobs)  # all there, none twice, the failed bulk not written
     assert len(set(ids)) == len(ids) == 620
 
@@ -179,7 +141,7 @@ def test_silent_server_times_out_then_recovers(own_url: str, own_server: Running
 
             wait_until_sync(lane_back, 15, what="the lane to reopen", interval=0.1)
     counts: dict[str, int] = {}
-    for fields in _entries(own_url, queue_name):
+    for _eid, fields in stream_entries(own_url, queue_name):
         jid = decode_envelope(fields["d"]).id
         counts[jid] = counts.get(jid, 0) + 1
     for job in before + after:
@@ -209,7 +171,7 @@ def test_script_flush_is_reloaded_on_the_lane(own_url: str, queue_name: str) -> 
             assert driver._lane._sock is sock  # NOSCRIPT does not drop the lane
     finally:
         flush.close()
-    ids = _job_ids(own_url, queue_name)
+    ids = stream_job_ids(own_url, queue_name)
     assert len(ids) == len(set(ids)) == 1202  # each streamed chunk ran once
     assert set(ids) == {j.id for j in jobs} | {one.id, two.id}
     with redis.Redis.from_url(own_url) as r:
@@ -242,7 +204,7 @@ def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path)
             assert driver._lane._sock is not None
     finally:
         other.stop()
-    ids = _job_ids(own_url, queue_name)  # a finished resync from ``other`` may have emptied the stream
+    ids = stream_job_ids(own_url, queue_name)  # a finished resync from ``other`` may have emptied the stream
     assert jobs[-1].id in ids and set(ids) <= {j.id for j in jobs}
 
 # ---- threads and processes ----------------------------------------------------------------------
@@ -273,11 +235,11 @@ def test_four_threads_share_one_queue(redis_url: str, queue_name: str) -> None:
             th.join(90)
         assert not any(th.is_alive() for th in threads)
         assert not errors, errors
-        busy_fallbacks = _pool_connections(q.driver)
+        busy_fallbacks = pool_connections(q.driver)
     per_thread = n_adds + 3 * n_bulk
     assert sorted(len(v) for v in results.values()) == [per_thread] * n_threads
     written = {}
-    for fields in _entries(redis_url, queue_name)[1:]:
+    for _eid, fields in stream_entries(redis_url, queue_name)[1:]:
         env = decode_envelope(fields["d"])
         assert env.id not in written, f"{env.id} written twice"
         written[env.id] = decode_data(env.inner)
@@ -337,7 +299,7 @@ def test_forked_child_gets_its_own_connection_and_ids(redis_url: str, queue_name
     assert len(child_ids) == 100
     parent_ids = [j.id for j in parent_jobs]
     assert not {i[10:] for i in child_ids} & {i[10:] for i in parent_ids}, "child and parent drew the same randomness"
-    ids = _job_ids(redis_url, queue_name)
+    ids = stream_job_ids(redis_url, queue_name)
     assert sorted(ids) == sorted(parent_ids + child_ids)
     assert len(set(ids)) == len(ids)
 
@@ -361,7 +323,7 @@ def test_lane_over_tls(tmp_path, queue_name: str) -> None:  # noqa: ANN001
             jobs = [q.add("tls", {"i": i}) for i in range(100)]
             jobs += q.add_bulk([{"name": "tls", "data": {"i": i}} for i in range(100, 600)])
             assert "SSL" in type(q.driver._lane._sock).__name__
-            assert _pool_connections(q.driver) <= 1  # the SCRIPT LOAD of a new server's first NOSCRIPT
+            assert pool_connections(q.driver) <= 1  # the SCRIPT LOAD of a new server's first NOSCRIPT
             with redis.Redis.from_url(url) as r:  # killed while idle: the stream reopens first
                 host, lport = q.driver._lane._sock.getsockname()[:2]
                 assert r.client_kill_filter(addr=f"{host}:{lport}") == 1
@@ -396,4 +358,4 @@ def test_lane_with_an_acl_user(own_url: str, own_server: RunningServer, queue_na
     finally:
         with own_server.client() as admin:
             admin.acl_deluser(user)
-    assert sorted(_job_ids(own_url, queue_name)) == sorted(j.id for j in jobs)
+    assert sorted(stream_job_ids(own_url, queue_name)) == sorted(j.id for j in jobs)
