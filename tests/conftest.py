@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import redis
@@ -29,6 +30,7 @@ if _HERE not in sys.path:
 
 from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
 from airflow_provider_chasqui.core.urls import split_cluster_flag  # noqa: E402
+from fault_support import free_port, make_tls_files  # noqa: E402
 from servers import CLUSTER_KIND, KINDS, Cluster, RunningServer, attach_server, start_cluster, start_server  # noqa: E402
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -126,6 +128,23 @@ def own_url(own_server: RunningServer, queue_name: str) -> Iterator[str]:
     """``own_server``'s URL; the queue's keys go from it afterwards (``queue_name`` cleans the shared one)."""
     yield own_server.url
     _delete_queue_keys(own_server.url, queue_name)
+
+
+@pytest.fixture(scope="module")
+def tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A TLS-only Redis (its plain port closed once up) and a ``rediss://`` URL trusting its CA."""
+    d = tmp_path_factory.mktemp("tls")
+    files = make_tls_files(d)
+    port = free_port()
+    server = start_server("redis7", tmpdir=d, extra_args=(
+        "--tls-port", str(port), "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
+        "--tls-ca-cert-file", str(files.ca), "--tls-auth-clients", "no"))
+    try:
+        with server.client() as plain:
+            plain.config_set("port", 0)
+        yield f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={quote(str(files.ca))}"
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import hiredis
 import pytest
@@ -349,25 +348,6 @@ async def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp
 
 
 # ---- TLS and ACL: the lane inherits redis-py's handshake -----------------------------------------
-@pytest.fixture(scope="module")
-def tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A TLS-only Redis (its plain port closed once up) and a ``rediss://`` URL trusting its CA."""
-    from urllib.parse import quote
-
-    from fault_support import free_port, make_tls_files
-
-    d = tmp_path_factory.mktemp("lane-tls")
-    files = make_tls_files(d)
-    port = free_port()
-    server = start_server("redis7", tmpdir=d, extra_args=(
-        "--tls-port", str(port), "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
-        "--tls-ca-cert-file", str(files.ca), "--tls-auth-clients", "no"))
-    try:
-        with server.client() as plain:
-            plain.config_set("port", 0)
-        yield f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={quote(str(files.ca))}"
-    finally:
-        server.stop()
 
 
 def test_lane_over_tls_and_across_event_loops(tls_url: str, queue_name: str) -> None:

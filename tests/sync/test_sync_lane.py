@@ -305,34 +305,18 @@ def test_forked_child_gets_its_own_connection_and_ids(redis_url: str, queue_name
 
 
 # ---- TLS and ACL: the lane inherits redis-py's handshake -----------------------------------------
-def test_lane_over_tls(tmp_path, queue_name: str) -> None:  # noqa: ANN001
-    from urllib.parse import quote
-
-    from fault_support import free_port, make_tls_files
-
-    files = make_tls_files(tmp_path)
-    port = free_port()
-    server = start_server("redis7", tmpdir=tmp_path, extra_args=(
-        "--tls-port", str(port), "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
-        "--tls-ca-cert-file", str(files.ca), "--tls-auth-clients", "no"))
-    try:
-        with server.client() as plain:
-            plain.config_set("port", 0)
-        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={quote(str(files.ca))}"
-        with SyncQueue(queue_name, redis_url=url) as q:
-            jobs = [q.add("tls", {"i": i}) for i in range(100)]
-            jobs += q.add_bulk([{"name": "tls", "data": {"i": i}} for i in range(100, 600)])
-            assert "SSL" in type(q.driver._lane._sock).__name__
-            assert pool_connections(q.driver) <= 1  # the SCRIPT LOAD of a new server's first NOSCRIPT
-            with redis.Redis.from_url(url) as r:  # killed while idle: the stream reopens first
-                host, lport = q.driver._lane._sock.getsockname()[:2]
-                assert r.client_kill_filter(addr=f"{host}:{lport}") == 1
-            jobs += q.add_bulk([{"name": "tls", "data": {"i": i}} for i in range(600, 700)])
-            jobs.append(q.add("tls", {"i": 700}))
-        with redis.Redis.from_url(url) as r:
-            ids = [decode_envelope(f[b"d"]).id for _e, f in r.xrange(QueueKeys.for_queue(queue_name).stream)]
-    finally:
-        server.stop()
+def test_lane_over_tls(tls_url: str, queue_name: str) -> None:
+    with SyncQueue(queue_name, redis_url=tls_url) as q:
+        jobs = [q.add("tls", {"i": i}) for i in range(100)]
+        jobs += q.add_bulk([{"name": "tls", "data": {"i": i}} for i in range(100, 600)])
+        assert "SSL" in type(q.driver._lane._sock).__name__
+        assert pool_connections(q.driver) <= 1  # the SCRIPT LOAD of a new server's first NOSCRIPT
+        with redis.Redis.from_url(tls_url) as r:  # killed while idle: the stream reopens first
+            host, lport = q.driver._lane._sock.getsockname()[:2]
+            assert r.client_kill_filter(addr=f"{host}:{lport}") == 1
+        jobs += q.add_bulk([{"name": "tls", "data": {"i": i}} for i in range(600, 700)])
+        jobs.append(q.add("tls", {"i": 700}))
+    ids = stream_job_ids(tls_url, queue_name)
     assert sorted(ids) == sorted(j.id for j in jobs) and len(ids) == 701
 
 
