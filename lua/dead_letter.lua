@@ -4,7 +4,8 @@
 -- KEYS[1] = stream   KEYS[2] = dlq   KEYS[3] = events
 -- ARGV    = [group, entry_id, use_xackdel (0|1), dlq_max_len, events_max_len (0 = off), now_ms,
 --            payload, name, reason, detail, job_id, attempt, failed_reason ("" = no handler run),
---            duration_us, failure_ttl_ms (0 = no record), key_prefix]
+--            duration_us, failure_ttl_ms (0 = no record), key_prefix, failures_max_len,
+--            dlq_name (the DLQ's `n` when it is not `name`: an entry's original bytes; "" = name)]
 -- Reply   = 1 dead-lettered, 0 the entry was no longer pending
 local ok
 if ARGV[3] == '1' then
@@ -18,7 +19,8 @@ if not ok then
   return 0
 end
 local d = {'XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'd', ARGV[7]}
-if ARGV[8] ~= '' then d[#d + 1] = 'n'; d[#d + 1] = ARGV[8] end
+local dlq_name = ARGV[18] ~= '' and ARGV[18] or ARGV[8]
+if dlq_name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = dlq_name end
 for _, v in ipairs({'source_id', ARGV[2], 'reason', ARGV[9]}) do d[#d + 1] = v end
 if ARGV[10] ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = ARGV[10] end
 redis.call(unpack(d))
@@ -41,5 +43,14 @@ if tonumber(ARGV[15]) > 0 and job_id ~= '' then
   local detail = ARGV[10]
   if detail == '' then detail = ARGV[13] end
   redis.call('SET', ARGV[16] .. ':failure:' .. job_id, cmsgpack.pack({ARGV[9], detail, tonumber(ARGV[6])}), 'PX', ARGV[15])
+  -- capped by count too, as in fail_batch.lua (one record here: trim at most a few)
+  local index = ARGV[16] .. ':failures'
+  redis.call('ZADD', index, ARGV[6], job_id)
+  local over = redis.call('ZCARD', index) - tonumber(ARGV[17])
+  if over > 0 then
+    local gone = redis.call('ZPOPMIN', index, math.min(over, 64))
+    for k = 1, #gone, 2 do redis.call('DEL', ARGV[16] .. ':failure:' .. gone[k]) end
+  end
+  redis.call('PEXPIRE', index, ARGV[15])
 end
 return 1

@@ -4,18 +4,23 @@
 -- client retry after a lost reply, a job another consumer already handled) writes nothing.
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = dlq   KEYS[4] = events
 -- ARGV    = [group, use_xackdel (0|1), events_max_len (0 = off), dlq_max_len,
---            failure_ttl_ms (0 = no records), key_prefix, now_ms, then 11 per entry:
+--            failure_ttl_ms (0 = no records), key_prefix, now_ms, failures_max_len, then 11 per entry:
 --            kind, entry_id, job_id, name, attempt, failed_reason ("" = no handler ran),
 --            duration_us, and for kind 'r' (retry): run_at_ms, member, next_attempt, backoff_ms;
---            for kind 'd' (DLQ): payload, dlq_reason, detail, (unused)]
+--            for kind 'd' (DLQ): payload, dlq_reason, detail, dlq_name (the DLQ's `n` when it is
+--            not `name`: an entry's original bytes; "" = name)]
 -- Reply   = per entry, 1 rescheduled or dead-lettered, 0 no longer pending (nothing written)
+-- Failure records are capped by count as well as TTL, like results in complete_batch.lua
+-- (index `<prefix>:failures`).
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, dlq_max = tonumber(ARGV[3]), ARGV[4]
 local ttl, prefix, now = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local failures_max = tonumber(ARGV[8])
 local stream, delayed, dlq, ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local out = {}
+local stored = {}  -- score, id pairs for the failures index
 
-for i = 8, #ARGV, 11 do
+for i = 9, #ARGV, 11 do
   local eid = ARGV[i + 1]
   local ok
   if xackdel then
@@ -47,7 +52,8 @@ for i = 8, #ARGV, 11 do
     else  -- dead_letter.lua
       local reason, detail = ARGV[i + 8], ARGV[i + 9]
       local d = {'XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'd', ARGV[i + 7]}
-      if name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = name end
+      local dlq_name = ARGV[i + 10] ~= '' and ARGV[i + 10] or name
+      if dlq_name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = dlq_name end
       d[#d + 1] = 'source_id'; d[#d + 1] = eid; d[#d + 1] = 'reason'; d[#d + 1] = reason
       if detail ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = detail end
       redis.call(unpack(d))
@@ -74,8 +80,25 @@ for i = 8, #ARGV, 11 do
         -- the record's detail: the DLQ detail, else the handler's error (our key, not on the wire)
         if detail == '' then detail = failed end
         redis.call('SET', prefix .. ':failure:' .. id, cmsgpack.pack({reason, detail, tonumber(now)}), 'PX', ttl)
+        stored[#stored + 1] = now; stored[#stored + 1] = id
       end
     end
   end
+end
+if #stored > 0 then
+  local index = prefix .. ':failures'
+  for k = 1, #stored, 1000 do
+    redis.call('ZADD', index, unpack(stored, k, math.min(k + 999, #stored)))
+  end
+  local over = redis.call('ZCARD', index) - failures_max
+  if over > 0 then
+    local gone = redis.call('ZPOPMIN', index, math.min(over, #stored / 2 + 64))
+    local keys = {}
+    for k = 1, #gone, 2 do keys[#keys + 1] = prefix .. ':failure:' .. gone[k] end
+    for k = 1, #keys, 500 do
+      redis.call('DEL', unpack(keys, k, math.min(k + 499, #keys)))
+    end
+  end
+  redis.call('PEXPIRE', index, ttl)
 end
 return out

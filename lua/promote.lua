@@ -1,8 +1,12 @@
 -- promote: move due delayed members into the stream (wire spec 11.1), plus the side-index
 -- cleanup and `waiting` events ChasquiMQ's caller does afterwards, in the same round trip.
--- KEYS[1] = delayed   KEYS[2] = stream   KEYS[3] = events
--- ARGV    = [limit, max_stream_len, events_max_len (0 = events off), key_prefix]
--- Reply   = {promoted, depth, oldest_lag_ms, now_ms}
+-- KEYS[1] = delayed   KEYS[2] = stream   KEYS[3] = events   KEYS[4] = dlq
+-- ARGV    = [limit, max_stream_len, events_max_len (0 = events off), key_prefix, dlq_max_len]
+-- Reply   = {moved (promoted + dead-lettered), depth, oldest_lag_ms, now_ms}
+-- A member shorter than its 4-byte name prefix, or whose prefix runs past its end, has no
+-- envelope to promote: it goes to the DLQ whole (`d` = every byte of the member, reason
+-- decode_failed, a detail saying why) instead of failing the script, which would stall every
+-- due member for ever.
 -- The envelope's id, read by hand: Redis' cmsgpack cannot decode the bin payload that follows
 -- it, so unpacking the whole envelope fails.  Envelope = array header (fixarray, array16,
 -- array32) then the id as fixstr/str8/str16/str32.  Returns nil for anything else.
@@ -39,17 +43,21 @@ local events_max = tonumber(ARGV[3])
 local didx, waiting = {}, 0
 for _, member in ipairs(due) do
   local b1, b2, b3, b4 = string.byte(member, 1, 4)
-  -- A member shorter than its 4-byte prefix is moved whole (the worker dead-letters it as
-  -- decode_failed) instead of failing the script, which would stall every due member for ever.
-  local n = b4 and (b1 + b2 * 256 + b3 * 65536 + b4 * 16777216) or -4
-  local name = string.sub(member, 5, 4 + n)
-  local env = string.sub(member, 5 + n)
-  if n <= 0 then
+  local n = b4 and (b1 + b2 * 256 + b3 * 65536 + b4 * 16777216)
+  local env
+  if not n or 4 + n > #member then
+    local why = n and ('name length ' .. n .. ' runs past the member (' .. #member .. ' bytes)')
+      or ('member of ' .. #member .. ' bytes is shorter than its 4-byte name prefix')
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'd', member, 'source_id', '',
+      'reason', 'decode_failed', 'detail', 'delayed member: ' .. why)
+  elseif n == 0 then
+    env = string.sub(member, 5)
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'd', env)
   else
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'd', env, 'n', name)
+    env = string.sub(member, 5 + n)
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'd', env, 'n', string.sub(member, 5, 4 + n))
   end
-  local id = envelope_id(env)
+  local id = env and envelope_id(env)
   if id then
     didx[#didx + 1] = ARGV[4] .. ':didx:' .. id
     if events_max > 0 then

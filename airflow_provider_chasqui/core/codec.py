@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import struct
+import sys
 import time
 from dataclasses import dataclass, fields as dataclass_fields
 from typing import Any
@@ -32,10 +33,13 @@ __all__ = [
     "new_job_id",
     "now_ms",
     "MAX_JOB_NAME_BYTES",
+    "MAX_JOB_ID_CHARS",
     "validate_job_name",
 ]
 
 MAX_JOB_NAME_BYTES = 256
+MAX_JOB_ID_CHARS = 1024  # producers refuse longer ids; a foreign envelope with one is decode_failed
+_MAX_FLOAT = sys.float_info.max
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _U32 = struct.Struct("<I")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -229,8 +233,10 @@ def _decode_backoff(raw: Any) -> BackoffWire | None:
     kind, delay, cap, mult, jitter = raw
     if not isinstance(kind, str):
         raise CodecError("backoff kind must be a string")
-    if mult is not None and (isinstance(mult, bool) or not isinstance(mult, (int, float))):
-        raise CodecError("backoff multiplier must be a float")
+    # NaN fails both comparisons; inf and ints beyond a float fail the upper one.
+    if mult is not None and (isinstance(mult, bool) or not isinstance(mult, (int, float))
+                             or not 0 <= mult <= _MAX_FLOAT):
+        raise CodecError(f"backoff multiplier must be a finite non-negative number, got {mult!r}")
     return BackoffWire(
         kind,
         _uint(delay, "backoff delay_ms"),
@@ -259,7 +265,7 @@ def decode_envelope(raw: bytes) -> Envelope:
     if type(arr) is list and len(arr) == 4:  # fast path: the shape every producer writes
         job_id, inner, created, attempt = arr
         if type(job_id) is str and type(inner) is bytes and type(created) is int and type(attempt) is int \
-                and 0 <= created <= _U64_MAX and 0 <= attempt <= _U32_MAX:
+                and 0 <= created <= _U64_MAX and 0 <= attempt <= _U32_MAX and len(job_id) <= MAX_JOB_ID_CHARS:
             return _new_envelope(job_id, inner, created, attempt, None)
     if isinstance(arr, dict):  # serde's map form: fields by name, defaults may be missing
         fields = _fields(arr, ("id", "payload", "created_at_ms", "attempt", "retry"), "envelope")
@@ -270,6 +276,8 @@ def decode_envelope(raw: bytes) -> Envelope:
     job_id, inner = arr[0], arr[1]
     if not isinstance(job_id, str):
         raise CodecError("envelope id must be a string")
+    if len(job_id) > MAX_JOB_ID_CHARS:
+        raise CodecError(f"envelope id is {len(job_id)} characters; the limit is {MAX_JOB_ID_CHARS}")
     if isinstance(inner, list) and all(type(b) is int and 0 <= b < 256 for b in inner):
         inner = bytes(inner)
     if not isinstance(inner, bytes):

@@ -11,14 +11,14 @@ from typing import Any
 import msgpack
 
 from .calls import Call, command, script_call
-from .codec import _U32_MAX, _U64_MAX, _new_envelope
+from .codec import _U32_MAX, _U64_MAX, _new_envelope, MAX_JOB_ID_CHARS, MAX_JOB_NAME_BYTES
 from .codec import Envelope, decode_data, decode_envelope, encode_envelope, encode_member
 from .features import Features
 from .keys import QueueKeys
 from .retry import RetryPolicy, backoff_ms
 from .settings import QueueSettings
 
-__all__ = ["ConsumerCore", "Delivery", "Rejected", "handler_failure_reason"]
+__all__ = ["ConsumerCore", "Delivery", "Rejected", "handler_failure_reason", "clip_text", "MAX_REASON_BYTES"]
 
 # DLQ reason strings, exactly as ChasquiMQ writes them (wire spec 7.2).
 RETRIES_EXHAUSTED = "retries_exhausted"
@@ -26,6 +26,9 @@ UNRECOVERABLE = "unrecoverable"
 DECODE_FAILED = "decode_failed"
 OVERSIZE = "oversize_payload"
 MALFORMED = "malformed"
+
+MAX_REASON_BYTES = 4096
+"""Longest failure reason or detail written to an event, a failure record or the DLQ (UTF-8)."""
 
 
 @dataclass(slots=True)
@@ -52,11 +55,29 @@ class Rejected:
     detail: str = ""
     job_id: str = ""
     attempt: int = 0
+    dlq_name: bytes = b""  # the entry's original ``n`` bytes when ``name`` does not carry them
+
+
+def clip_text(text: str, limit: int = MAX_REASON_BYTES) -> str:
+    """``text`` as at most ``limit`` UTF-8 bytes, cut with a marker saying how long it was;
+    unencodable characters (lone surrogates) become U+FFFD, so the result always encodes."""
+    if len(text) <= limit // 4 and text.isascii():
+        return text
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return raw.decode("utf-8")
+    marker = f"... [truncated: {len(raw)} bytes]"
+    return raw[:limit - len(marker)].decode("utf-8", "ignore") + marker
 
 
 def handler_failure_reason(exc: BaseException) -> str:
-    """The ``failed`` event reason ChasquiMQ's Python shim writes."""
-    return f"handler: Python handler raised: {exc!r}"
+    """The ``failed`` event reason ChasquiMQ's Python shim writes, clipped to
+    ``MAX_REASON_BYTES`` (an exception's repr is unbounded, and may itself raise)."""
+    try:
+        text = repr(exc)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not break the failure path
+        text = f"<{type(exc).__name__}: repr() failed>"
+    return clip_text(f"handler: Python handler raised: {text}")
 
 
 class ConsumerCore:
@@ -68,7 +89,7 @@ class ConsumerCore:
         self.keys = QueueKeys.for_queue(queue)
         self.group = group
         self.consumer_id = consumer_id
-        self.max_attempts = max_attempts
+        self.max_attempts = min(max_attempts, _U32_MAX)  # an attempt past u32 cannot be encoded
         self.settings = settings
         self.retry_policy = retry
         self.events_max = settings.events_max_len if events else 0
@@ -106,20 +127,26 @@ class ConsumerCore:
                     d = fields[i + 1]
                 elif key == b"n":
                     n = fields[i + 1]
-        name = n.decode("utf-8", "replace") if isinstance(n, bytes) else ""
+        # the DLQ keeps the original ``n`` bytes; events get the decoded name, if not too long
+        raw_name = n if isinstance(n, bytes) else b""
+        long_name = len(raw_name) > MAX_JOB_NAME_BYTES
+        name = "" if long_name else raw_name.decode("utf-8", "replace")
+        keep = raw_name if long_name or name.encode("utf-8") != raw_name else b""
         if not isinstance(d, bytes):
             return Rejected(entry_id, MALFORMED, b"", "", "missing or non-bytes payload field")
         if len(d) > self.settings.max_payload_bytes:
-            return Rejected(entry_id, OVERSIZE, d, name)
+            return Rejected(entry_id, OVERSIZE, d, name, dlq_name=keep)
         try:
+            if long_name:
+                raise ValueError(f"job name is {len(raw_name)} bytes; the limit is {MAX_JOB_NAME_BYTES}")
             env = decode_envelope(d)
             data = decode_data(env.inner)
         except Exception as exc:  # noqa: BLE001 - any decode problem is decode_failed
-            return Rejected(entry_id, DECODE_FAILED, d, "", str(exc)[:200])
+            return Rejected(entry_id, DECODE_FAILED, d, "", clip_text(str(exc), 200), dlq_name=raw_name)
         limit = self._max_attempts(env)
         prior = max(env.attempt, delivery_count - 1)
         if prior + 1 > limit:
-            return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior)
+            return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior, keep)
         return Delivery(entry_id, env, name, d, delivery_count, 0, data)
 
     def gate_fresh(self, entries: list[Any]) -> tuple[list[Delivery], list[Rejected]]:
@@ -134,14 +161,15 @@ class ConsumerCore:
         for entry_id, fields in entries:
             if type(fields) is list and len(fields) == 4 and fields[0] == b"d" and fields[2] == b"n":
                 d, n = fields[1], fields[3]
-                if type(d) is bytes and type(n) is bytes and len(d) <= max_bytes:
+                if type(d) is bytes and type(n) is bytes and len(d) <= max_bytes and len(n) <= MAX_JOB_NAME_BYTES:
                     try:
                         arr = unpackb(d, raw=False, strict_map_key=False)
                         if type(arr) is list and len(arr) == 4:
                             job_id, inner, created, attempt = arr
                             if type(job_id) is str and type(inner) is bytes and type(created) is int \
                                     and type(attempt) is int and 0 <= created <= _U64_MAX \
-                                    and 0 <= attempt < limit and attempt <= _U32_MAX:
+                                    and 0 <= attempt < limit and attempt <= _U32_MAX \
+                                    and len(job_id) <= MAX_JOB_ID_CHARS:
                                 data = unpackb(inner, raw=False, strict_map_key=False)
                                 ready.append(Delivery(entry_id, _new_envelope(job_id, inner, created, attempt, None),
                                                       n.decode("utf-8", "replace"), d, 1, 0, data))
@@ -157,7 +185,7 @@ class ConsumerCore:
 
     def _max_attempts(self, env: Envelope) -> int:
         if env.retry is not None and env.retry.max_attempts is not None:
-            return env.retry.max_attempts
+            return env.retry.max_attempts  # a u32: the decoder checked it
         return self.max_attempts
 
     # ---- outcomes ----------------------------------------------------------------------
@@ -191,7 +219,8 @@ class ConsumerCore:
 
     def complete(self, done: list[tuple[bytes, str, str, int, int, bytes]], features: Features, now: int) -> Call:
         """``done`` rows: (entry_id, job_id, name, attempt_1_indexed, duration_us, result)."""
-        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.result_ttl_ms, self.keys.prefix, now]
+        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.result_ttl_ms, self.keys.prefix, now,
+                           self.settings.results_max_len]
         for row in done:
             argv.extend(row)
         return script_call("complete_batch", (self.keys.stream, self.keys.events), argv)
@@ -207,7 +236,7 @@ class ConsumerCore:
         if kind == "d":
             payload, why = row[7], row[8]
             return self.dead_letter(entry_id, why, payload, name, "", job_id, run, features, now,
-                                    failed_reason=reason, duration_us=duration_us), outcome, delay
+                                    failed_reason=reason, duration_us=duration_us, dlq_name=row[10]), outcome, delay
         run_at, member, next_run = row[7], row[8], row[9]
         k = self.keys
         call = script_call(
@@ -236,33 +265,37 @@ class ConsumerCore:
             "retry", delay
 
     def reject_row(self, r: Rejected) -> tuple[Any, ...]:
-        """A refused arrival as one ``fail_batch`` row (no handler ran: no ``failed`` event)."""
-        # Only `malformed` carries a `detail` field on the wire (spec 7.2); the others are logged.
-        detail = r.detail if r.reason == MALFORMED else ""
-        return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, "")
+        """A refused arrival as one ``fail_batch`` row (no handler ran: no ``failed`` event).
+        The DLQ entry keeps the original ``d`` and ``n`` bytes (``dlq_name`` when ``name``
+        does not carry them)."""
+        # `malformed` carries a `detail` on the wire (spec 7.2); `decode_failed` too, here: the
+        # field that failed (an optional field ChasquiMQ's readers accept).  The others are logged.
+        detail = r.detail if r.reason in (MALFORMED, DECODE_FAILED) else ""
+        return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, r.dlq_name)
 
     def fail(self, rows: list[tuple[Any, ...]], features: Features, now: int) -> Call:
         """One ``fail_batch`` call for rows of :meth:`failure_row` / :meth:`reject_row`."""
         k = self.keys
         argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.settings.dlq_max_len,
-                           self.failure_ttl_ms, k.prefix, now]
+                           self.failure_ttl_ms, k.prefix, now, self.settings.failures_max_len]
         for row in rows:
             argv.extend(row)
         return script_call("fail_batch", (k.stream, k.delayed, k.dlq, k.events), argv)
 
     def dead_letter(self, entry_id: bytes, reason: str, payload: bytes, name: str, detail: str, job_id: str,
                     attempt: int, features: Features, now: int, *, failed_reason: str = "",
-                    duration_us: int = 0) -> Call:
+                    duration_us: int = 0, dlq_name: bytes = b"") -> Call:
         k = self.keys
         return script_call(
             "dead_letter",
             (k.stream, k.dlq, k.events),
             (self.group, entry_id, features.xackdel_flag, self.settings.dlq_max_len, self.events_max, now,
-             payload, name, reason, detail, job_id, attempt, failed_reason, duration_us,
-             self.failure_ttl_ms, k.prefix),
+             payload, name, reason, clip_text(detail), job_id, attempt, failed_reason, duration_us,
+             self.failure_ttl_ms, k.prefix, self.settings.failures_max_len, dlq_name),
         )
 
     def reject(self, r: Rejected, features: Features, now: int) -> Call:
         """:meth:`reject_row` as one ``dead_letter`` call (the queue trigger's path)."""
-        _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, _ = self.reject_row(r)
-        return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now)
+        _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, dlq_name = self.reject_row(r)
+        return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now,
+                                dlq_name=dlq_name)

@@ -19,6 +19,7 @@ from ..errors import ConfigError, ConfigTypeError, JobFailed
 from ..types import build_retry_override
 from .calls import Call, Flow, Stream, command, int_reply, packed_command, resp_bulk, script_call, str_reply
 from .codec import (
+    MAX_JOB_ID_CHARS,
     RetryOverride,
     decode_data,
     decode_envelope,
@@ -42,6 +43,15 @@ STREAM_CHUNK = 250  # add_bulk's plain path: jobs per streamed script call (meas
 _ENVELOPE_OVERHEAD = 64
 JOB_STATES = ("completed", "failed", "delayed", "unknown")
 _BULK_KEYS = {"name", "data", "delay", "delay_ms", "attempts", "backoff", "job_id", "repeat"}
+MAX_UNIQUE_KEY_CHARS = MAX_JOB_ID_CHARS  # a unique key becomes a Redis key name: bounded like job ids
+
+
+def validate_unique_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"unique key must be a non-empty str, got {type(key).__name__} {str(key)[:50]!r}")
+    if len(key) > MAX_UNIQUE_KEY_CHARS:
+        raise ConfigError(f"unique key is {len(key)} characters; the limit is {MAX_UNIQUE_KEY_CHARS}")
+    return key
 
 
 def coerce_delay(delay: Any = None, delay_ms: Any = None, *, now: int) -> int | None:
@@ -171,8 +181,8 @@ class ProducerCore:
     ) -> PreparedJob:
         now = now_ms() if now is None else now
         name_bytes = self._name(name)[0]
-        if job_id is not None and (not isinstance(job_id, str) or not job_id.strip() or len(job_id) > 1024):
-            raise ConfigError("job_id must be a non-empty string of at most 1024 characters")
+        if job_id is not None and (not isinstance(job_id, str) or not job_id.strip() or len(job_id) > MAX_JOB_ID_CHARS):
+            raise ConfigError(f"job_id must be a non-empty string of at most {MAX_JOB_ID_CHARS} characters")
         run_at = coerce_delay(delay, delay_ms, now=now)
         limit = self.settings.max_delay_secs
         if run_at is not None and limit and (run_at - now) // 1000 > limit:
@@ -222,7 +232,7 @@ class ProducerCore:
         return str_reply(reply[1]) if job.run_at_ms is None else job.id
 
     def add_unique(self, job: PreparedJob, unique_key: str | None, window_ms: int) -> Flow:
-        key = unique_key or job.id
+        key = validate_unique_key(unique_key or job.id)
         return (yield from self._unique(job, key, window_ms))
 
     def _unique(self, job: PreparedJob, key: str, window_ms: int) -> Flow:

@@ -11,7 +11,8 @@ __all__ = ["QueueSettings"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueSettings:
-    """Bounds every writer applies.  All streams are trimmed (MAXLEN ~) so memory stays bounded."""
+    """Bounds every writer applies.  All streams are trimmed (MAXLEN ~), and stored results and
+    failure records are capped by count as well as by TTL, so memory stays bounded."""
 
     max_stream_len: int = 1_000_000
     max_delay_secs: int = 30 * 24 * 3600  # 0 disables the check
@@ -19,9 +20,14 @@ class QueueSettings:
     events_max_len: int = 100_000
     dlq_max_len: int = 100_000
     unique_window_ms: int = 100_000  # immediate add with job_id: like XADD IDMP's 100 s window
+    # Stored results / failure records kept per queue (newest first), besides their TTL: the
+    # oldest beyond this count are deleted by the script that writes new ones.
+    results_max_len: int = 10_000
+    failures_max_len: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("max_stream_len", "max_payload_bytes", "events_max_len", "dlq_max_len", "unique_window_ms"):
+        for name in ("max_stream_len", "max_payload_bytes", "events_max_len", "dlq_max_len", "unique_window_ms",
+                     "results_max_len", "failures_max_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")

@@ -36,8 +36,8 @@ class Promoter(LeaderLoop):
     async def tick(self) -> bool:
         k = self.keys
         reply = await self.driver.call(script_call(
-            "promote", (k.delayed, k.stream, k.events),
-            (self.batch, self.settings.max_stream_len, self.events_max, k.prefix),
+            "promote", (k.delayed, k.stream, k.events, k.dlq),
+            (self.batch, self.settings.max_stream_len, self.events_max, k.prefix, self.settings.dlq_max_len),
         ))
         promoted, depth, lag = (int_reply(x) for x in reply[:3])
         self.promoted_total += promoted

@@ -653,7 +653,8 @@ _OPTION_FIELDS = {
     "max_jobs", "idle_exit_secs", "retry",
 }
 _QUEUE_FIELDS = {"max_payload_bytes": "max_payload_bytes", "dlq_max_stream_len": "dlq_max_len",
-                 "max_stream_len": "max_stream_len", "events_max_stream_len": "events_max_len"}
+                 "max_stream_len": "max_stream_len", "events_max_stream_len": "events_max_len",
+                 "results_max_len": "results_max_len", "failures_max_len": "failures_max_len"}
 
 
 def _options_to_fields(options: dict[str, Any]) -> dict[str, Any]:

@@ -113,6 +113,10 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
                          help="do not store results (chasquimq's default)")
     p.add_argument("--result-ttl", type=_non_negative_float, metavar="SECONDS",
                    help="how long stored results live (default 86400)")
+    p.add_argument("--max-results", type=_positive_int, dest="results_max_len", metavar="N",
+                   help="stored results kept per queue besides their TTL; the oldest go first (default 10000)")
+    p.add_argument("--max-failures", type=_positive_int, dest="failures_max_len", metavar="N",
+                   help="failure records kept per queue besides their TTL (default 10000)")
     p.add_argument("--metrics-port", type=_port, help="serve /metrics and /healthz on this port (0: any free port)")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for --metrics-port (default 0.0.0.0)")
     p.add_argument("--metrics-interval", type=float, default=5.0, metavar="SECONDS",
@@ -156,6 +160,8 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
         "shutdown_deadline_secs": args.shutdown_deadline,
         "store_results": args.store_results,
         "result_ttl_ms": None if args.result_ttl is None else int(args.result_ttl * 1000),
+        "results_max_len": args.results_max_len,
+        "failures_max_len": args.failures_max_len,
         "run_scheduler": not args.no_scheduler,
         "delayed_enabled": not args.no_promoter,
     }

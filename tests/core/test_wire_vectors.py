@@ -185,12 +185,12 @@ def test_v3_is_the_dlq_payload_of_the_last_allowed_run() -> None:
     assert call.script.name == "dead_letter"
     assert call.keys == ("{chasqui:emails}:stream", "{chasqui:emails}:dlq", "{chasqui:emails}:events")
     (group, entry_id, xackdel, dlq_max, events_max, now, payload, name, reason, detail, job_id, attempt,
-     failed_reason, duration_us, failure_ttl, prefix) = call.argv
+     failed_reason, duration_us, failure_ttl, prefix, failures_max, dlq_name) = call.argv
     assert (group, entry_id, xackdel, dlq_max, events_max, now) == ("default", b"1700000005000-0", "1", 100_000, 100_000, NOW)
     assert payload == V3
     assert (name, reason, detail, job_id, attempt) == (NAME, "retries_exhausted", "", JOB_ID, 3)
     assert failed_reason == "handler: Python handler raised: ValueError('boom')"
-    assert (duration_us, failure_ttl, prefix) == (7, 0, "{chasqui:emails}")
+    assert (duration_us, failure_ttl, prefix, failures_max, dlq_name) == (7, 0, "{chasqui:emails}", 10_000, "")
 
 
 # ---- V13: a native typed payload is not shim-compatible ----------------------------------------
@@ -202,7 +202,8 @@ def test_v13_inline_typed_payload_is_a_decode_error() -> None:
     verdict = _consumer().gate(b"1-0", [b"d", V13, b"n", b"send-email"], 1)
     assert verdict.reason == "decode_failed"
     assert verdict.payload == V13
-    assert verdict.name == ""  # decode_failed drops the name (spec 7.2)
+    assert verdict.name == ""  # decode_failed names no job in its events (spec 7.2) ...
+    assert verdict.dlq_name == b"send-email"  # ... but its DLQ entry keeps the original `n` bytes
 
 
 def test_v13_layout_is_what_the_spec_says() -> None:

@@ -75,7 +75,7 @@ def redis_now_ms(r: redis.Redis) -> int:
 
 def promote(lua: Lua, limit: int = 256, events_max: int = 100_000) -> list[int]:
     k = lua.k
-    return lua("promote", [k.delayed, k.stream, k.events], [limit, 1_000_000, events_max, k.prefix])
+    return lua("promote", [k.delayed, k.stream, k.events, k.dlq], [limit, 1_000_000, events_max, k.prefix, 100_000])
 
 
 def test_promote_v7_gives_d_v2_and_n_send_email(lua: Lua) -> None:
@@ -145,11 +145,31 @@ def test_promote_tolerates_an_envelope_it_cannot_parse(lua: Lua) -> None:
     assert lua.events() == []
 
 
-def test_promote_moves_a_member_shorter_than_its_prefix_instead_of_failing(lua: Lua) -> None:
-    """A broken member must not stall promotion of everything due after it."""
+def test_promote_dead_letters_a_member_shorter_than_its_prefix_instead_of_failing(lua: Lua) -> None:
+    """A broken member must not stall promotion of everything due after it; it goes to the
+    DLQ with every byte it had."""
     lua.r.zadd(lua.k.delayed, {b"\x01\x02": 1, V7: 2})
     assert promote(lua)[0] == 2
-    assert [f for _e, f in lua.stream()] == [[("d", b"\x01\x02")], [("d", V2), ("n", b"send-email")]]
+    assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")]]
+    ((_id, fields),) = lua.r.xrange(lua.k.dlq)
+    assert kv(fields) == [("d", b"\x01\x02"), ("source_id", b""), ("reason", b"decode_failed"),
+                          ("detail", b"delayed member: member of 2 bytes is shorter than its 4-byte name prefix")]
+    assert lua.r.zcard(lua.k.delayed) == 0
+
+
+@pytest.mark.parametrize("prefix", [b"\x09\x00\x00\x00", b"\xff\xff\xff\xff"])
+def test_promote_dead_letters_a_member_whose_name_length_overruns_with_all_its_bytes(lua: Lua, prefix: bytes) -> None:
+    """Issue #12: the old script XADDed ``d ""`` and the bytes as ``n``; the worker's
+    decode_failed then dropped the name: every byte was lost."""
+    member = prefix + b"short" + b"\x00\xc1"
+    lua.r.zadd(lua.k.delayed, {member: 1, V7: 2})
+    assert promote(lua)[0] == 2
+    assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")]]
+    ((_id, fields),) = lua.r.xrange(lua.k.dlq)
+    n = int.from_bytes(prefix, "little")
+    assert kv(fields) == [("d", member), ("source_id", b""), ("reason", b"decode_failed"),
+                          ("detail", f"delayed member: name length {n} runs past the member (11 bytes)".encode())]
+    assert [dict(e)["e"] for e in lua.events()] == [b"waiting"]  # the good member only
 
 
 def test_two_promoters_cannot_promote_a_member_twice(lua: Lua) -> None:
@@ -210,7 +230,8 @@ def dead_letter_args(lua: Lua, eid: bytes, **over: Any) -> list[Any]:
          "failed": REASON, "duration_us": 9, "failure_ttl": 0}
     a.update(over)
     return ["default", eid, lua.flag, 100_000, 100_000, 1_700_000_005_100, a["payload"], a["name"], a["reason"],
-            a["detail"], a["job_id"], a["attempt"], a["failed"], a["duration_us"], a["failure_ttl"], lua.k.prefix]
+            a["detail"], a["job_id"], a["attempt"], a["failed"], a["duration_us"], a["failure_ttl"], lua.k.prefix,
+            a.get("failures_max", 10_000), a.get("dlq_name", b"")]
 
 
 def test_dead_letter_after_the_last_run(lua: Lua) -> None:
@@ -258,6 +279,20 @@ def test_dead_letter_failure_record(lua: Lua) -> None:
                             failure_ttl=60_000)
     assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
     assert msgpack.unpackb(lua.r.get(k.failure(JOB_ID)), raw=False)[:2] == ["malformed", "fields not an array"]
+
+
+def test_dead_letter_keeps_the_original_name_bytes_and_caps_failure_records(lua: Lua) -> None:
+    k = lua.k
+    raw_name = b"\xff" + b"x" * 300  # not UTF-8, over the name limit: the events name nothing
+    for i in range(5):
+        eid = lua.pending_entry({"d": b"\xc1", "n": raw_name})
+        args = dead_letter_args(lua, eid, payload=b"\xc1", name="", reason="decode_failed", detail="bad", failed="",
+                                job_id=f"J{i}", failure_ttl=60_000, failures_max=3, dlq_name=raw_name)
+        assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
+    assert all(kv(f)[:2] == [("d", b"\xc1"), ("n", raw_name)] for _e, f in lua.r.xrange(k.dlq))
+    assert all(b"n" not in dict(e) for e in lua.events())
+    assert [lua.r.exists(k.failure(f"J{i}")) for i in range(5)] == [0, 0, 1, 1, 1]  # the 3 newest
+    assert lua.r.zcard(k.prefix + ":failures") == 3 and 0 < lua.r.pttl(k.prefix + ":failures") <= 60_000
 
 
 # ---- 11.3 REPLAY_DLQ ---------------------------------------------------------------------------
@@ -351,7 +386,7 @@ def test_complete_batch_acks_records_results_and_events(lua: Lua) -> None:
     k = lua.k
     e1 = lua.pending_entry({"d": V2, "n": NAME})
     e2 = lua.pending_entry({"d": V2})
-    argv = ["default", lua.flag, 100_000, 60_000, k.prefix, 1_700_000_000_106,
+    argv = ["default", lua.flag, 100_000, 60_000, k.prefix, 1_700_000_000_106, 10_000,
             e1, "J1", NAME, 1, 842, msgpack.packb({"ok": 1}),
             e2, "J2", "", 2, 7, ""]
     assert lua("complete_batch", [k.stream, k.events], argv) == 2
@@ -372,9 +407,32 @@ def test_complete_batch_acks_records_results_and_events(lua: Lua) -> None:
 def test_complete_batch_with_events_and_results_off(lua: Lua) -> None:
     k = lua.k
     e1 = lua.pending_entry({"d": V2})
-    argv = ["default", lua.flag, 0, 0, k.prefix, 1, e1, "J1", "", 1, 5, b"\x01"]
+    argv = ["default", lua.flag, 0, 0, k.prefix, 1, 10_000, e1, "J1", "", 1, 5, b"\x01"]
     assert lua("complete_batch", [k.stream, k.events], argv) == 1
-    assert lua.r.exists(k.events, k.result("J1")) == 0
+    assert lua.r.exists(k.events, k.result("J1"), k.prefix + ":results") == 0
+
+
+def test_complete_batch_keeps_the_newest_results_up_to_the_cap(lua: Lua) -> None:
+    """Results are bounded by count as well as TTL: the index keeps the newest ``max``, the
+    oldest result keys are deleted in the same call, at most (stored + 64) per call."""
+    k, index = lua.k, lua.k.prefix + ":results"
+    for batch in range(6):
+        eids = [lua.pending_entry({"d": V2}) for _ in range(10)]
+        argv: list[Any] = ["default", lua.flag, 0, 60_000, k.prefix, 1_000 + batch, 25]
+        for i, eid in enumerate(eids):
+            argv += [eid, f"J{batch}-{i}", "", 1, 1, b"r"]
+        assert lua("complete_batch", [k.stream, k.events], argv) == 10
+        assert lua.r.zcard(index) == min(25, 10 * (batch + 1))
+    kept = [f"J{b}-{i}" for b in range(6) for i in range(10) if lua.r.exists(k.result(f"J{b}-{i}"))]
+    assert kept == [f"J3-{i}" for i in range(5, 10)] + [f"J{b}-{i}" for b in (4, 5) for i in range(10)]
+    assert sorted(m.decode() for m in lua.r.zrange(index, 0, -1)) == sorted(kept)
+    assert 0 < lua.r.pttl(index) <= 60_000
+    # a lowered cap: the next call trims down to it (at most stored + 64 keys per call)
+    eids = [lua.pending_entry({"d": V2}) for _ in range(2)]
+    argv = ["default", lua.flag, 0, 60_000, k.prefix, 2_000, 1, eids[0], "L0", "", 1, 1, b"r",
+            eids[1], "L1", "", 1, 1, b"r"]
+    assert lua("complete_batch", [k.stream, k.events], argv) == 2
+    assert lua.r.zcard(index) == 1 and lua.r.exists(k.result("L1")) == 1
 
 
 def test_enqueue_batch_and_delay_batch(lua: Lua) -> None:
@@ -472,11 +530,11 @@ def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str
             ref_replies.append(ref("retry", [ref.k.stream, ref.k.delayed, ref.k.events], argv))
         else:
             argv = ["default", eid, ref.flag, 100_000, 100_000, NOW, c["payload"], c["name"], c["reason"], c["detail"],
-                    c["job"], c["attempt"], c["failed"], c["dur"], 60_000, ref.k.prefix]
+                    c["job"], c["attempt"], c["failed"], c["dur"], 60_000, ref.k.prefix, 10_000, b""]
             ref_replies.append(ref("dead_letter", [ref.k.stream, ref.k.dlq, ref.k.events], argv))
     # the same cases as one batch
     eids = _load_cases(lua, cases)
-    argv: list[Any] = ["default", lua.flag, 100_000, 100_000, 60_000, lua.k.prefix, NOW]
+    argv: list[Any] = ["default", lua.flag, 100_000, 100_000, 60_000, lua.k.prefix, NOW, 10_000]
     for c, eid in zip(cases, eids):
         tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
             [c["payload"], c["reason"], c["detail"], ""]
@@ -504,7 +562,7 @@ def test_fail_batch_with_events_off_writes_no_events(lua: Lua) -> None:
     k = lua.k
     cases = [c for c in _fail_cases(lua) if not c.get("gone")]
     eids = _load_cases(lua, cases)
-    argv: list[Any] = ["default", lua.flag, 0, 100_000, 0, k.prefix, NOW]
+    argv: list[Any] = ["default", lua.flag, 0, 100_000, 0, k.prefix, NOW, 10_000]
     for c, eid in zip(cases, eids):
         tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
             [c["payload"], c["reason"], c["detail"], ""]
@@ -513,3 +571,20 @@ def test_fail_batch_with_events_off_writes_no_events(lua: Lua) -> None:
     assert lua.events() == [] and lua.r.zcard(k.delayed) == 2 and lua.r.xlen(k.dlq) == 3
     assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0
     assert lua.r.get(k.failure("J-unrec")) is None  # failure_ttl_ms 0: no records
+
+
+def test_fail_batch_keeps_original_name_bytes_and_caps_failure_records(lua: Lua) -> None:
+    k, index = lua.k, lua.k.prefix + ":failures"
+    raw_name = b"\xfe" * 400
+    for batch in range(4):
+        eids = [lua.pending_entry({"d": V2, "n": raw_name}) for _ in range(5)]
+        argv: list[Any] = ["default", lua.flag, 100_000, 100_000, 60_000, k.prefix, NOW + batch, 7]
+        for i, eid in enumerate(eids):
+            argv += ["d", eid, f"F{batch}-{i}", "", 0, "", 0, V2, "decode_failed", "too long", raw_name]
+        assert lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], argv) == [1] * 5
+        assert lua.r.zcard(index) == min(7, 5 * (batch + 1))
+    assert all(kv(f)[:2] == [("d", V2), ("n", raw_name)] for _e, f in lua.r.xrange(k.dlq))
+    assert all(b"n" not in dict(e) for e in lua.events())
+    kept = [f"F{b}-{i}" for b in range(4) for i in range(5) if lua.r.exists(k.failure(f"F{b}-{i}"))]
+    assert kept == ["F2-3", "F2-4"] + [f"F3-{i}" for i in range(5)]
+    assert 0 < lua.r.pttl(index) <= 60_000

@@ -44,7 +44,7 @@ class Q:
         return [eid for _s, entries in got for eid, _f in entries]
 
     def complete(self, entry_ids: list[bytes], events_max: int = 100_000) -> int:
-        argv: list[Any] = [GROUP, self.flag, events_max, 0, self.k.prefix, 1_700_000_000_000]
+        argv: list[Any] = [GROUP, self.flag, events_max, 0, self.k.prefix, 1_700_000_000_000, 10_000]
         for n, eid in enumerate(entry_ids):
             argv += [eid, f"J{n}", "noop" if n % 2 else "", 1, 5, ""]
         return self.script("complete_batch", [self.k.stream, self.k.events], argv)
@@ -226,13 +226,15 @@ def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str,
     assert batch.script.name == "fail_batch"
     k = a.keys
     assert batch.keys == (k.stream, k.delayed, k.dlq, k.events)
-    head, (kind, eid, job, name, att, failed, dur, *tail) = batch.argv[:7], batch.argv[7:]
-    assert head == ("g", features.xackdel_flag, a.events_max, a.settings.dlq_max_len, 5_000, k.prefix, now)
+    head, (kind, eid, job, name, att, failed, dur, *tail) = batch.argv[:8], batch.argv[8:]
+    assert head == ("g", features.xackdel_flag, a.events_max, a.settings.dlq_max_len, 5_000, k.prefix, now,
+                    a.settings.failures_max_len)
     if case == "retry":
         assert one.script.name == "retry" and kind == "r"
         assert one.argv == ("g", eid, tail[0], tail[1], features.xackdel_flag, a.events_max, now, job, name, att,
                             failed, dur, tail[2], tail[3])
     else:
-        assert one.script.name == "dead_letter" and kind == "d" and tail[3] == ""
+        assert one.script.name == "dead_letter" and kind == "d" and not tail[3]  # the DLQ's `n` is `name`
         assert one.argv == ("g", eid, features.xackdel_flag, a.settings.dlq_max_len, a.events_max, now, tail[0],
-                            name, tail[1], tail[2], job, att, failed, dur, 5_000, k.prefix)
+                            name, tail[1], tail[2], job, att, failed, dur, 5_000, k.prefix,
+                            a.settings.failures_max_len, tail[3])
