@@ -3,8 +3,9 @@
 * the job stream, the events stream and the DLQ are written with ``MAXLEN ~``: with small
   limits their lengths stay within one stream node (``stream-node-max-entries``, 100) of the
   limit however much flows through;
-* result and failure records (opt-in) carry a TTL; unique markers, idempotency keys and
-  leader locks expire on their own;
+* result and failure records carry a TTL and are capped by count per queue (the newest
+  ``results_max_len`` / ``failures_max_len`` are kept; the oldest go in the script that writes
+  new ones); unique markers, idempotency keys and leader locks expire on their own;
 * after a mixed workload every key of the queue either expires or is one of the bounded
   structures above (plus the repeatable-spec index, bounded by the specs the user keeps).
 """
@@ -29,6 +30,7 @@ def test_defaults_are_bounded() -> None:
     q = QueueSettings()
     assert (q.max_stream_len, q.events_max_len, q.dlq_max_len) == (1_000_000, 100_000, 100_000)
     assert q.max_payload_bytes == 1_048_576 and q.unique_window_ms > 0
+    assert q.results_max_len == q.failures_max_len == 10_000
     w = WorkerSettings()
     assert w.store_results is False  # results are opt-in
     assert w.result_ttl_ms == w.failure_ttl_ms == 24 * 3600 * 1000
@@ -123,6 +125,65 @@ async def test_results_failures_and_markers_expire(redis_url: str, queue_name: s
     assert all(0 < t <= 20_000 for t in ttls["failure"]), ttls
     assert 0 < ttls["unique"][0] <= 30_000
     assert all(0 < ttls[k][0] for k in ("dlid", "didx", "promoter lock")), ttls
+
+
+async def _scan(r, pattern: str) -> list[bytes]:
+    out: list[bytes] = []
+    cursor = b"0"
+    while True:  # raw replies (callbacks cleared): the cursor is bytes, so no scan_iter
+        cursor, batch = await r.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+        out += batch
+        if cursor in (b"0", 0):
+            return out
+
+
+def _glob(text: str) -> str:
+    return text.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?")
+
+
+@pytest.mark.timeout(120)
+async def test_results_and_failure_records_are_capped_by_count(redis_url: str, queue_name: str) -> None:
+    """Issue #12: results (stored by default by ``chasqui worker``) and failure records were
+    bounded only by their 24 h TTL, so a sustained rate grew Redis without bound.  With caps of
+    40 and 30, 1,500 results and 600 failures leave at most the cap (plus the jobs of one batch
+    in flight) of each, the newest ones, and the indexes stay at the cap."""
+    keys = QueueKeys.for_queue(queue_name)
+    done: list[int] = []
+
+    async def ok(job) -> str:
+        done.append(job.data["i"])
+        return "r" * 200
+
+    async def bad(job) -> None:
+        done.append(job.data["i"])
+        raise UnrecoverableError("x" * 100_000)  # a huge reason: clipped in events and records
+
+    async with raw_async(redis_url) as r, Queue(queue_name, redis_url=redis_url) as q:
+        r.response_callbacks.clear()
+        items = [{"name": "bad" if i % 5 == 0 else "ok", "data": {"i": i}} for i in range(2100)]
+        jobs = []
+        for part in chunks(items, 500):
+            jobs += await q.add_bulk(part)
+        worker = Worker(queue_name, {"ok": ok, "bad": bad}, redis_url=redis_url, run_scheduler=False,
+                        store_results=True, results_max_len=40, failures_max_len=30)
+        async with running(worker):
+            await wait_until(lambda: len(done) == len(items), 60, what="every job")
+            await wait_until(lambda: _xlen(r, keys.stream, 0), 30, what="the stream to drain")
+        results = await _scan(r, _glob(keys.prefix) + ":result:*")
+        failures = await _scan(r, _glob(keys.prefix) + ":failure:*")
+        result_index = int(await r.execute_command("ZCARD", keys.prefix + ":results"))
+        failure_index = int(await r.execute_command("ZCARD", keys.prefix + ":failures"))
+        assert await q.get_job_result(jobs[-1].id) == "r" * 200  # the newest are kept
+        records = [await r.execute_command("GET", k) for k in failures]
+        events = await r.execute_command("XRANGE", keys.events, "-", "+")
+    assert len(done) == 2100
+    assert 0 < len(results) <= 40 and result_index == len(results), (len(results), result_index)
+    assert 0 < len(failures) <= 30 and failure_index == len(failures), (len(failures), failure_index)
+    assert all(len(rec) <= 4096 + 64 for rec in records)
+    reasons = [f[f.index(b"reason") + 1] for _id, f in events if f[1] == b"failed"]
+    assert reasons and max(len(x) for x in reasons) <= 4096
+    print(f"\n[memory] 1680 results / 420 failures written; kept {len(results)} results (cap 40) and "
+          f"{len(failures)} failure records (cap 30)")
 
 
 async def _all_exist(r, names: list[str]) -> bool:
