@@ -185,7 +185,7 @@ class ConsumerCore:
 
     def _max_attempts(self, env: Envelope) -> int:
         if env.retry is not None and env.retry.max_attempts is not None:
-            return env.retry.max_attempts  # a u32: the decoder checked it
+            return env.retry.max_attempts
         return self.max_attempts
 
     # ---- outcomes ----------------------------------------------------------------------

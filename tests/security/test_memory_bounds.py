@@ -18,6 +18,8 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_chasqui import Queue, RepeatPattern, UnrecoverableError, Worker, WorkerSettings
+from airflow_provider_chasqui.errors import ConfigError
+from airflow_provider_chasqui.core.features import Features
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.settings import QueueSettings
 from engine_support import raw_async, running, wait_until
@@ -36,6 +38,24 @@ def test_defaults_are_bounded() -> None:
     assert w.result_ttl_ms == w.failure_ttl_ms == 24 * 3600 * 1000
     worker = Worker("bounded", lambda job: None)
     assert worker.core.events_max == 100_000 and worker.core.settings.dlq_max_len == 100_000
+
+
+def test_the_caps_are_settable_from_the_worker_command_line() -> None:
+    from airflow_provider_chasqui.worker.cli import build_parser, worker_options
+
+    args = build_parser().parse_args(["--queue", "q", "--handlers", "m", "--max-results", "7", "--max-failures", "9"])
+    worker = Worker("q", lambda job: None, **worker_options(args))
+    assert worker.settings.store_results is True  # chasqui worker stores results by default
+    assert (worker.core.settings.results_max_len, worker.core.settings.failures_max_len) == (7, 9)
+    call = worker.core.complete([], Features(xackdel=False), 1)
+    assert call.argv[6] == 7
+    defaults = Worker("q", lambda job: None, **worker_options(build_parser().parse_args(["-q", "q", "-H", "m"])))
+    assert defaults.core.settings.results_max_len == 10_000
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["-q", "q", "-H", "m", "--max-results", bad])
+    with pytest.raises(ConfigError, match="results_max_len"):
+        QueueSettings(results_max_len=0)
 
 
 async def _watch_max(r, key: str, stop: asyncio.Event) -> int:
