@@ -3,8 +3,9 @@
 A producer offers a fixed rate (default 3,000 jobs/s) for ``--minutes`` (default 3) to one
 queue on a private ``redis-server``; one ``chasqui worker`` process (defaults: results stored,
 events on; 1% of jobs fail once and are retried) consumes it.  Every ``--interval`` seconds
-the script samples Redis ``used_memory``, ``DBSIZE``, the stream backlog, the events stream,
-the results index and the worker's RSS.  After a warm-up (the events stream and the results
+the script samples Redis ``used_memory`` (also without the job stream, whose size is the
+backlog when the worker falls behind the offer), ``DBSIZE``, the stream backlog, the events
+stream, the results index and the worker's RSS.  After a warm-up (the events stream and the results
 cap fill up: the first third of the run, at least 30 s for full runs) it reports, per metric,
 the mean of the first and the last third of the remaining samples and the least-squares
 slope per minute.  Flat = the last third is within a few percent of the first.
@@ -37,7 +38,7 @@ from _common import HERE, RESULTS, ROOT, log, machine, private_redis, redis_vers
 from airflow_provider_chasqui import Queue  # noqa: E402
 from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
 
-METRICS = ("used_memory", "dbsize", "result_keys", "events_len", "worker_rss", "backlog")
+METRICS = ("used_memory", "memory_excl_stream", "dbsize", "result_keys", "events_len", "worker_rss", "backlog")
 
 
 def _rss(pid: int) -> int:
@@ -57,8 +58,11 @@ def _sample(r: redis.Redis, keys: QueueKeys, worker_pid: int, t0: float, offered
     pipe.zcard(keys.prefix + ":results")
     pipe.xlen(keys.events)
     pipe.xlen(keys.stream)
-    mem, dbsize, results, events, backlog = pipe.execute()
-    return {"t": round(time.monotonic() - t0, 2), "offered": offered, "used_memory": int(mem["used_memory"]),
+    pipe.memory_usage(keys.stream)
+    mem, dbsize, results, events, backlog, stream_mem = pipe.execute()
+    used = int(mem["used_memory"])
+    return {"t": round(time.monotonic() - t0, 2), "offered": offered, "used_memory": used,
+            "memory_excl_stream": used - int(stream_mem or 0),
             "dbsize": int(dbsize), "result_keys": int(results), "events_len": int(events),
             "backlog": int(backlog), "worker_rss": _rss(worker_pid)}
 
@@ -165,10 +169,10 @@ def _table(res: dict[str, Any]) -> str:
     s = res["summary"]
     lines = [f"soak: {res['offered']} jobs offered at {res['achieved_offer_rate']}/s (target {res['offered_rate']}/s) "
              f"for {res['minutes']} min; steady state from t={s['steady_from_s']} s ({s['steady_samples']} samples)",
-             f"{'metric':<12} {'first third':>14} {'last third':>14} {'change':>8} {'slope/min':>12} {'max':>14}"]
+             f"{'metric':<19} {'first third':>14} {'last third':>14} {'change':>8} {'slope/min':>12} {'max':>14}"]
     for m in METRICS:
         v = s[m]
-        lines.append(f"{m:<12} {v['first_third']:>14,} {v['last_third']:>14,} {v['change_pct']:>7}% "
+        lines.append(f"{m:<19} {v['first_third']:>14,} {v['last_third']:>14,} {v['change_pct']:>7}% "
                      f"{v['slope_per_min']:>12,} {v['max']:>14,}")
     return "\n".join(lines)
 
@@ -182,9 +186,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = ap.parse_args()
     interval = args.interval or min(5.0, max(1.0, args.minutes * 60 / 36))
+    facts = machine()  # the load average before the run
     with private_redis(args.redis_url) as url:
         res = asyncio.run(soak(url, args.rate, args.minutes, interval))
-        res["meta"] = {"redis_version": redis_version(url), "private_server": args.redis_url is None, **machine()}
+        res["meta"] = {"redis_version": redis_version(url), "private_server": args.redis_url is None, **facts}
     write_json(args.out, res)
     print(_table(res))
     print(f"written: {args.out}")

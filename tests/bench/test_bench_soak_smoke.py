@@ -29,7 +29,7 @@ def test_soak_smoke_keeps_the_key_count_at_the_results_cap(tmp_path: Path) -> No
     data = json.loads(out.read_text())
     assert "first third" in proc.stdout and "slope/min" in proc.stdout
     assert data["meta"]["private_server"] is True and len(data["samples"]) >= 5
-    for metric in ("used_memory", "dbsize", "result_keys", "events_len", "worker_rss", "backlog"):
+    for metric in ("used_memory", "memory_excl_stream", "dbsize", "result_keys", "events_len", "worker_rss", "backlog"):
         assert set(data["summary"][metric]) == {"first_third", "last_third", "change_pct", "slope_per_min", "max"}
     cap = QueueSettings().results_max_len
     # far more jobs than the cap ran (shape, not speed: the bar is a quarter of the offer) ...
