@@ -81,6 +81,22 @@ def test_spec_ext_with_a_bad_multiplier_does_not_decode(mult: float) -> None:
         SpecExt.decode(ext)
 
 
+def test_the_scheduler_moves_a_spec_with_a_bad_ext_aside_instead_of_firing_it() -> None:
+    """The ext's override would reach every fire: the spec is quarantined, the reason naming
+    the multiplier, and the good spec in the same batch still fires."""
+    from airflow_provider_chasqui.core.repeat import RepeatPattern, StoredSpec
+    from airflow_provider_chasqui.core.scheduler import SchedulerCore
+
+    core = SchedulerCore("totality")
+    spec = StoredSpec("k", "job", RepeatPattern.every(1000), msgpack.packb(1)).encode()
+    bad_ext = msgpack.packb([1, [3, ["exponential", 100, None, math.nan, None]], None], use_bin_type=True)
+    good_ext = msgpack.packb([1, [3, ["exponential", 100, None, 2.0, None]], None], use_bin_type=True)
+    call, plans = core._plan([(b"bad", b"1000", spec, bad_ext), (b"good", b"1000", spec, good_ext)], NOW, {})
+    (op_bad, key_bad, *_r, why), (op_good, key_good, *_rest) = plans
+    assert (op_bad, key_bad) == ("Q", "bad") and "multiplier" in why
+    assert (op_good, key_good) != ("Q", "good") and call.script.name == "schedule_batch"
+
+
 def test_finite_multipliers_still_decode_as_before() -> None:
     for mult in (0.0, 0.5, 2, 2.0, 1e308, 2**64 - 1):
         env = decode_envelope(_envelope([None, ["exponential", 100, None, mult, None]]))
