@@ -55,7 +55,7 @@ def _sample(r: redis.Redis, keys: QueueKeys, worker_pid: int, t0: float, offered
     pipe = r.pipeline(transaction=False)
     pipe.info("memory")
     pipe.dbsize()
-    pipe.zcard(keys.prefix + ":results")
+    pipe.zcard(keys.results)
     pipe.xlen(keys.events)
     pipe.xlen(keys.stream)
     pipe.memory_usage(keys.stream)
@@ -150,7 +150,7 @@ async def soak(url: str, rate: int, minutes: float, interval: float) -> dict[str
             while r.xlen(keys.stream) and time.monotonic() < drained_by:
                 await asyncio.sleep(0.1)
             backlog_end = int(r.xlen(keys.stream))
-            completed = int(r.zcard(keys.prefix + ":results"))
+            completed = int(r.zcard(keys.results))
     finally:
         worker.terminate()
         try:

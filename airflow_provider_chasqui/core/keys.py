@@ -87,12 +87,24 @@ class QueueKeys:
 
     # --- extensions of this project (same hash tag, extra keys only) ----------------
     def result(self, job_id: str) -> str:
-        """msgpack of the handler's return value (opt-in, with a TTL)."""
+        """msgpack of the handler's return value (opt-in, with a TTL, the newest
+        ``results_max_len`` kept)."""
         return self.prefix + ":result:" + job_id
 
+    @property
+    def results(self) -> str:
+        """ZSET of the stored result ids (score = time stored): the count cap's index."""
+        return self.prefix + ":results"
+
     def failure(self, job_id: str) -> str:
-        """msgpack ``[reason, detail, finished_ms]`` of a job that ended in the DLQ (opt-in)."""
+        """msgpack ``[reason, detail, finished_ms]`` of a job that ended in the DLQ (opt-in,
+        with a TTL, the newest ``failures_max_len`` kept)."""
         return self.prefix + ":failure:" + job_id
+
+    @property
+    def failures(self) -> str:
+        """ZSET of the failure record ids (score = time written): the count cap's index."""
+        return self.prefix + ":failures"
 
     def unique(self, unique_key: str) -> str:
         """Marker of ``add_unique``: holds the first job id for the window."""

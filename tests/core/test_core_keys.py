@@ -66,3 +66,11 @@ def test_queue_name_must_be_a_str(name) -> None:
     with pytest.raises(ConfigError):
         validate_queue_name(name)
 
+
+
+def test_the_count_cap_indexes_cannot_collide_with_a_record() -> None:
+    """``results``/``failures`` (what the Lua scripts derive from the prefix) are no job's
+    ``result:<id>``/``failure:<id>`` key, whatever the id."""
+    k = QueueKeys.for_queue("emails")
+    assert (k.results, k.failures) == ("{chasqui:emails}:results", "{chasqui:emails}:failures")
+    assert not any(idx.startswith(k.prefix + p) for idx in (k.results, k.failures) for p in (":result:", ":failure:"))

@@ -292,7 +292,7 @@ def test_dead_letter_keeps_the_original_name_bytes_and_caps_failure_records(lua:
     assert all(kv(f)[:2] == [("d", b"\xc1"), ("n", raw_name)] for _e, f in lua.r.xrange(k.dlq))
     assert all(b"n" not in dict(e) for e in lua.events())
     assert [lua.r.exists(k.failure(f"J{i}")) for i in range(5)] == [0, 0, 1, 1, 1]  # the 3 newest
-    assert lua.r.zcard(k.prefix + ":failures") == 3 and 0 < lua.r.pttl(k.prefix + ":failures") <= 60_000
+    assert lua.r.zcard(k.failures) == 3 and 0 < lua.r.pttl(k.failures) <= 60_000
 
 
 # ---- 11.3 REPLAY_DLQ ---------------------------------------------------------------------------
@@ -409,13 +409,13 @@ def test_complete_batch_with_events_and_results_off(lua: Lua) -> None:
     e1 = lua.pending_entry({"d": V2})
     argv = ["default", lua.flag, 0, 0, k.prefix, 1, 10_000, e1, "J1", "", 1, 5, b"\x01"]
     assert lua("complete_batch", [k.stream, k.events], argv) == 1
-    assert lua.r.exists(k.events, k.result("J1"), k.prefix + ":results") == 0
+    assert lua.r.exists(k.events, k.result("J1"), k.results) == 0
 
 
 def test_complete_batch_keeps_the_newest_results_up_to_the_cap(lua: Lua) -> None:
     """Results are bounded by count as well as TTL: the index keeps the newest ``max``, the
     oldest result keys are deleted in the same call, at most (stored + 64) per call."""
-    k, index = lua.k, lua.k.prefix + ":results"
+    k, index = lua.k, lua.k.results
     for batch in range(6):
         eids = [lua.pending_entry({"d": V2}) for _ in range(10)]
         argv: list[Any] = ["default", lua.flag, 0, 60_000, k.prefix, 1_000 + batch, 25]
@@ -574,7 +574,7 @@ def test_fail_batch_with_events_off_writes_no_events(lua: Lua) -> None:
 
 
 def test_fail_batch_keeps_original_name_bytes_and_caps_failure_records(lua: Lua) -> None:
-    k, index = lua.k, lua.k.prefix + ":failures"
+    k, index = lua.k, lua.k.failures
     raw_name = b"\xfe" * 400
     for batch in range(4):
         eids = [lua.pending_entry({"d": V2, "n": raw_name}) for _ in range(5)]

@@ -191,8 +191,8 @@ async def test_results_and_failure_records_are_capped_by_count(redis_url: str, q
             await wait_until(lambda: _xlen(r, keys.stream, 0), 30, what="the stream to drain")
         results = await _scan(r, _glob(keys.prefix) + ":result:*")
         failures = await _scan(r, _glob(keys.prefix) + ":failure:*")
-        result_index = int(await r.execute_command("ZCARD", keys.prefix + ":results"))
-        failure_index = int(await r.execute_command("ZCARD", keys.prefix + ":failures"))
+        result_index = int(await r.execute_command("ZCARD", keys.results))
+        failure_index = int(await r.execute_command("ZCARD", keys.failures))
         assert await q.get_job_result(jobs[-1].id) == "r" * 200  # the newest are kept
         records = [await r.execute_command("GET", k) for k in failures]
         events = await r.execute_command("XRANGE", keys.events, "-", "+")
