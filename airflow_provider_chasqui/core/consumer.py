@@ -219,8 +219,8 @@ class ConsumerCore:
 
     def complete(self, done: list[tuple[bytes, str, str, int, int, bytes]], features: Features, now: int) -> Call:
         """``done`` rows: (entry_id, job_id, name, attempt_1_indexed, duration_us, result)."""
-        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.result_ttl_ms, self.keys.prefix, now,
-                           self.settings.results_max_len]
+        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.result_ttl_ms, self.keys.prefix,
+                           now, self.settings.results_max_len]
         for row in done:
             argv.extend(row)
         return script_call("complete_batch", (self.keys.stream, self.keys.events), argv)
