@@ -26,6 +26,8 @@ UNRECOVERABLE = "unrecoverable"
 DECODE_FAILED = "decode_failed"
 OVERSIZE = "oversize_payload"
 MALFORMED = "malformed"
+# Ours, not ChasquiMQ's: routing a handler's failure raised (see ConsumerCore.routing_failed_row).
+ROUTING_FAILED = "routing_failed"
 
 
 @dataclass(slots=True)
@@ -91,6 +93,17 @@ class ConsumerCore:
 
     def claim(self, min_idle_ms: int, entry_ids: list[bytes]) -> Call:
         return command("XCLAIM", self.keys.stream, self.group, self.consumer_id, min_idle_ms, *entry_ids)
+
+    def renew_lease(self, entry_ids: list[bytes]) -> Call:
+        """Re-claim (``XCLAIM ... 0 ... JUSTID``: idle time reset, delivery count kept) the
+        entries this consumer still owns, in one ``renew_lease`` call; the reply lists
+        ``entry_id, owner`` of each one it no longer owns (owner ``b""``: not pending)."""
+        return script_call("renew_lease", (self.keys.stream,), (self.group, self.consumer_id, *entry_ids))
+
+    def reap_consumers(self, min_idle_ms: int, name: str = "") -> Call:
+        """``XGROUP DELCONSUMER`` each consumer (or only ``name``) with nothing pending and idle
+        at least ``min_idle_ms``, atomically with the check; the reply lists the names removed."""
+        return script_call("reap_consumers", (self.keys.stream,), (self.group, min_idle_ms, name))
 
     def gate(self, entry_id: bytes, fields: Any, delivery_count: int) -> Delivery | Rejected:
         """Arrival gate, in ChasquiMQ's order: malformed, oversize, decode, attempts."""
@@ -266,3 +279,28 @@ class ConsumerCore:
         """:meth:`reject_row` as one ``dead_letter`` call (the queue trigger's path)."""
         _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, _ = self.reject_row(r)
         return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now)
+
+    def routing_failed_row(self, dl: Delivery, exc: BaseException, err: BaseException, duration_us: int) -> tuple[Any, ...]:
+        """A DLQ row (reason ``routing_failed``) for a failure whose routing itself raised
+        (``err``: a hostile retry override, an exception whose ``repr`` raises...).  Built only
+        from values that cannot raise, so the entry is always settled."""
+        try:
+            job_id, run = dl.envelope.id, dl.envelope.attempt + 1
+        except Exception:  # noqa: BLE001 - a Delivery is ours, but this path must not raise
+            job_id, run = "", 0
+        return ("d", dl.entry_id, job_id, dl.name, run, _safe_text(exc, "handler: Python handler raised: "),
+                duration_us, dl.raw, ROUTING_FAILED, _safe_text(err, "routing the failure raised: "), "")
+
+
+def _safe_text(exc: BaseException, prefix: str, limit: int = 500) -> str:
+    """``prefix + repr(exc)``, bounded, or the type's name when ``repr`` itself raises."""
+    try:
+        text = repr(exc)
+    except Exception:  # noqa: BLE001
+        try:
+            text = f"<{type(exc).__name__}; repr() raised>"
+        except Exception:  # noqa: BLE001
+            text = "<unprintable exception>"
+    if not isinstance(text, str):
+        text = "<unprintable exception>"
+    return (prefix + text)[:limit]
