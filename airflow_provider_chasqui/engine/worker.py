@@ -418,7 +418,7 @@ class Worker:
         """One ``renew_lease`` call (per 1,000 entries) for all in-flight entries; entries
         another consumer took over are marked lost (see :meth:`_lease_lost`)."""
         started = time.monotonic()
-        ids = list(self._inflight)
+        ids = [eid for eid in self._inflight if eid not in self._lost] if self._lost else list(self._inflight)
         lost: list[Any] = []
         for i in range(0, len(ids), 1000):
             lost += await self.driver.call(self.core.renew_lease(ids[i:i + 1000])) or []
@@ -431,7 +431,7 @@ class Worker:
         than the lease, and another worker reclaimed them, maybe ran and acked them already).
         Queued ones are dropped; running ones finish, and the flusher discards their outcome
         instead of acking an entry another worker is running (XACK does not check ownership)."""
-        lost = {eid: owner for eid, owner in lost.items() if eid in self._inflight}
+        lost = {eid: owner for eid, owner in lost.items() if eid in self._inflight and eid not in self._lost}
         if not lost:
             return
         self._lost.update(lost)
