@@ -17,7 +17,16 @@ log is one WARNING per flushed batch, with each job's error at DEBUG.  The embed
 promoter and scheduler are leader-locked loops of their own.
 
 Nothing is acknowledged before its handler finished, so a crash or a lost connection only
-ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``.  ``close()``
+ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease: a
+*lease* task renews it on every in-flight entry every third of it, in one ``renew_lease`` call
+(XCLAIM JUSTID of the entries this consumer still owns), so the recovery of other workers
+never takes a job whose worker lives, however long the job runs.  Entries found taken over
+(this process was paused or cut off) are dropped if queued and never acked if running.
+
+Every task is supervised: an unexpected exception is logged with its traceback and the task
+restarted after a backoff; :meth:`Worker.health` reports them.  A failure whose routing raises
+is dead-lettered (``routing_failed``), so nothing ends a slot.  The reader also removes, every
+5 leases, consumers idle for 10 with nothing pending; a clean stop removes this one.  ``close()``
 stops reading (unblocking the pending read with CLIENT UNBLOCK), lets in-flight and buffered
 jobs finish within ``shutdown_deadline_secs`` and flushes the acks.
 """
@@ -213,11 +222,12 @@ class Worker:
         ``"scheduler"`` when they run.  Its value is True while the role's tasks run and
         never crashed, else a string: ``"restarted N times; last error: <type>: <text>"``
         (running again), ``"restarting: ..."`` (waiting for its backoff), ``"stalled for
-        Ns"`` (the reader) or ``"renewal late by Ns"`` (the lease).  Before ``run()`` and
-        after it returns: ``{"ok": False, "running": False}``.
+        Ns"`` (the reader) or ``"renewal late by Ns"`` (the lease).  While not consuming
+        (before ``run()``, while it first reaches Redis, after it returns): ``{"ok": False,
+        "running": self.is_running}``.
         """
         if not self._running or not hasattr(self, "_health"):
-            return {"ok": False, "running": False}
+            return {"ok": False, "running": self._running}
         now = time.monotonic()
         out: dict[str, bool | str] = {"ok": True}
         for role, h in self._health.items():
