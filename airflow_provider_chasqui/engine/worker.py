@@ -698,11 +698,11 @@ class Worker:
             while queue:
                 dl = queue.popleft()
                 env = dl.envelope
-                job = new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
                 if debug:
                     log.debug("job %s %s attempt %d started", env.id, dl.name, env.attempt + 1)
                 start = clock()
-                try:
+                try:  # everything that can raise before the outcome is buffered is in here
+                    job = new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
                     fn = handler if dispatch is None else dispatch.lookup(dl.name)
                     try:
                         is_async = async_fns[fn]
