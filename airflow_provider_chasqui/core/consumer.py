@@ -280,15 +280,13 @@ class ConsumerCore:
         _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, _ = self.reject_row(r)
         return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now)
 
-    def routing_failed_row(self, dl: Delivery, exc: BaseException, err: BaseException, duration_us: int) -> tuple[Any, ...]:
+    def routing_failed_row(self, dl: Delivery, exc: BaseException, err: BaseException,
+                           duration_us: int) -> tuple[Any, ...]:
         """A DLQ row (reason ``routing_failed``) for a failure whose routing itself raised
         (``err``: a hostile retry override, an exception whose ``repr`` raises...).  Built only
         from values that cannot raise, so the entry is always settled."""
-        try:
-            job_id, run = dl.envelope.id, dl.envelope.attempt + 1
-        except Exception:  # noqa: BLE001 - a Delivery is ours, but this path must not raise
-            job_id, run = "", 0
-        return ("d", dl.entry_id, job_id, dl.name, run, _safe_text(exc, "handler: Python handler raised: "),
+        env = dl.envelope
+        return ("d", dl.entry_id, env.id, dl.name, env.attempt + 1, _safe_text(exc, "handler: Python handler raised: "),
                 duration_us, dl.raw, ROUTING_FAILED, _safe_text(err, "routing the failure raised: "), "")
 
 

@@ -404,7 +404,8 @@ class Worker:
                 h.failed_at = now
                 h.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 delay = min(0.05 * 2 ** min(streak, 7), 5.0)
-                log.error("worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay, exc_info=True)
+                log.error("worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay,
+                          exc_info=True)
                 h.backing_off += 1
                 try:
                     await asyncio.sleep(delay)
