@@ -26,6 +26,8 @@ UNRECOVERABLE = "unrecoverable"
 DECODE_FAILED = "decode_failed"
 OVERSIZE = "oversize_payload"
 MALFORMED = "malformed"
+# Ours, not ChasquiMQ's: routing a handler's failure raised (see ConsumerCore.routing_failed_row).
+ROUTING_FAILED = "routing_failed"
 
 MAX_REASON_BYTES = 4096
 """Longest failure reason or detail written to an event, a failure record or the DLQ (UTF-8)."""
@@ -73,11 +75,16 @@ def clip_text(text: str, limit: int = MAX_REASON_BYTES) -> str:
 def handler_failure_reason(exc: BaseException) -> str:
     """The ``failed`` event reason ChasquiMQ's Python shim writes, clipped to
     ``MAX_REASON_BYTES`` (an exception's repr is unbounded, and may itself raise)."""
+    return clip_text(f"handler: Python handler raised: {_safe_repr(exc)}")
+
+
+def _safe_repr(exc: BaseException) -> str:
+    """``repr(exc)``, or a stand-in when a hostile ``__repr__`` raises or returns a non-str."""
     try:
         text = repr(exc)
     except Exception:  # noqa: BLE001 - a broken __repr__ must not break the failure path
-        text = f"<{type(exc).__name__}: repr() failed>"
-    return clip_text(f"handler: Python handler raised: {text}")
+        return f"<{type(exc).__name__}: repr() failed>"
+    return text if isinstance(text, str) else "<unprintable exception>"
 
 
 class ConsumerCore:
@@ -112,6 +119,17 @@ class ConsumerCore:
 
     def claim(self, min_idle_ms: int, entry_ids: list[bytes]) -> Call:
         return command("XCLAIM", self.keys.stream, self.group, self.consumer_id, min_idle_ms, *entry_ids)
+
+    def renew_lease(self, entry_ids: list[bytes]) -> Call:
+        """Re-claim (``XCLAIM ... 0 ... JUSTID``: idle time reset, delivery count kept) the
+        entries this consumer still owns, in one ``renew_lease`` call; the reply lists
+        ``entry_id, owner`` of each one it no longer owns (owner ``b""``: not pending)."""
+        return script_call("renew_lease", (self.keys.stream,), (self.group, self.consumer_id, *entry_ids))
+
+    def reap_consumers(self, min_idle_ms: int, name: str = "") -> Call:
+        """``XGROUP DELCONSUMER`` each consumer (or only ``name``) with nothing pending and idle
+        at least ``min_idle_ms``, atomically with the check; the reply lists the names removed."""
+        return script_call("reap_consumers", (self.keys.stream,), (self.group, min_idle_ms, name))
 
     def gate(self, entry_id: bytes, fields: Any, delivery_count: int) -> Delivery | Rejected:
         """Arrival gate, in ChasquiMQ's order: malformed, oversize, decode, attempts."""
@@ -299,3 +317,12 @@ class ConsumerCore:
         _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, dlq_name = self.reject_row(r)
         return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now,
                                 dlq_name=dlq_name)
+
+    def routing_failed_row(self, dl: Delivery, exc: BaseException, err: BaseException,
+                           duration_us: int) -> tuple[Any, ...]:
+        """A DLQ row (reason ``routing_failed``) for a failure whose routing itself raised
+        (``err``: a hostile retry override, an exception whose ``repr`` raises...).  Built only
+        from values that cannot raise, so the entry is always settled."""
+        env = dl.envelope
+        return ("d", dl.entry_id, env.id, dl.name, env.attempt + 1, handler_failure_reason(exc),
+                duration_us, dl.raw, ROUTING_FAILED, clip_text("routing the failure raised: " + _safe_repr(err)), "")

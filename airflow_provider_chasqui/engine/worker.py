@@ -17,7 +17,16 @@ log is one WARNING per flushed batch, with each job's error at DEBUG.  The embed
 promoter and scheduler are leader-locked loops of their own.
 
 Nothing is acknowledged before its handler finished, so a crash or a lost connection only
-ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``.  ``close()``
+ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease: a
+*lease* task renews it on every in-flight entry every third of it, in one ``renew_lease`` call
+(XCLAIM JUSTID of the entries this consumer still owns), so the recovery of other workers
+never takes a job whose worker lives, however long the job runs.  Entries found taken over
+(this process was paused or cut off) are dropped if queued and never acked if running.
+
+Every task is supervised: an unexpected exception is logged with its traceback and the task
+restarted after a backoff; :meth:`Worker.health` reports them.  A failure whose routing raises
+is dead-lettered (``routing_failed``), so nothing ends a slot.  The reader also removes, every
+5 leases, consumers idle for 10 with nothing pending; a clean stop removes this one.  ``close()``
 stops reading (unblocking the pending read with CLIENT UNBLOCK), lets in-flight and buffered
 jobs finish within ``shutdown_deadline_secs`` and flushes the acks.
 """
@@ -40,7 +49,7 @@ from redis import exceptions as rexc
 
 from ..core.calls import int_reply
 from ..core.codec import now_ms
-from ..core.consumer import ConsumerCore, Delivery, Rejected
+from ..core.consumer import ROUTING_FAILED, ConsumerCore, Delivery, Rejected
 from ..core.features import Features
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
@@ -59,6 +68,17 @@ _IO_MARGIN_SECS = 10.0  # socket timeout beyond the longest expected call (see W
 # A cluster failing over answers CLUSTERDOWN / TRYAGAIN / MASTERDOWN for a while: wait it out
 # like a lost connection (an ack batch that gave up would strand its entries in _inflight).
 _RETRYABLE = TRANSIENT + (rexc.ClusterDownError, rexc.TryAgainError, rexc.MasterDownError)
+
+
+@dataclass(slots=True)
+class _TaskHealth:
+    """One supervised role's record (a role can be many tasks: the slots)."""
+
+    restarts: int = 0
+    last_error: str = ""
+    failed_at: float = 0.0
+    backing_off: int = 0  # tasks of this role waiting to restart
+    done: int = 0  # tasks of this role that returned
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +211,42 @@ class Worker:
             self._closed = True
             self._done.set()
 
+    def health(self) -> dict[str, bool | str]:
+        """Liveness of the worker's tasks, for a ``/healthz`` endpoint.
+
+        Keys: ``"ok"`` (bool) is True while the worker runs, no task is waiting to restart
+        after a crash, the reader is not stalled (no loop turn for ``read_block_ms`` + 20 s)
+        and the lease renewal is not failing (the last full renewal is older than
+        ``claim_min_idle_ms``); otherwise False.  Then one key per supervised role:
+        ``"reader"``, ``"slots"``, ``"flusher"``, ``"lease"``, and ``"promoter"`` /
+        ``"scheduler"`` when they run.  Its value is True while the role's tasks run and
+        never crashed, else a string: ``"restarted N times; last error: <type>: <text>"``
+        (running again), ``"restarting: ..."`` (waiting for its backoff), ``"stalled for
+        Ns"`` (the reader) or ``"renewal late by Ns"`` (the lease).  While not consuming
+        (before ``run()``, while it first reaches Redis, after it returns): ``{"ok": False,
+        "running": self.is_running}``.
+        """
+        if not self._running or not hasattr(self, "_health"):
+            return {"ok": False, "running": self._running}
+        now = time.monotonic()
+        out: dict[str, bool | str] = {"ok": True}
+        for role, h in self._health.items():
+            if h.backing_off:
+                out[role] = f"restarting: {h.last_error}"
+                out["ok"] = False
+            elif h.restarts:
+                out[role] = f"restarted {h.restarts} times; last error: {h.last_error}"
+            else:
+                out[role] = True
+        stalled = now - self._beat
+        if "reader" in out and self._health["reader"].done == 0 \
+                and stalled > self.settings.read_block_ms / 1000 + 2 * _IO_MARGIN_SECS:
+            out["reader"], out["ok"] = f"stalled for {stalled:.0f}s", False
+        late = now - self._renewed_at - self.settings.claim_min_idle_ms / 1000
+        if self._inflight and late > 0:
+            out["lease"], out["ok"] = f"renewal late by {late:.1f}s", False
+        return out
+
     async def close(self) -> None:
         """Ask the worker to stop; safe to call repeatedly and before ``run()``."""
         self._closed = True
@@ -228,6 +284,10 @@ class Worker:
         self._deque: collections.deque[Delivery] = collections.deque()
         self._idle: list[asyncio.Future[None]] = []
         self._inflight: set[bytes] = set()
+        self._lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
+        self._renewed_at = time.monotonic()  # when the last renewal that covered every in-flight entry began
+        self._health: dict[str, _TaskHealth] = {}
+        self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
         self._done_rows: list[tuple[Any, ...]] = []
         self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
         self._fail_info: list[tuple[Any, ...]] = []  # (job_id, name, attempt, exc, outcome, delay)
@@ -242,15 +302,16 @@ class Worker:
         if self._signals:
             self._install_signals(loop)
         background = self._start_background()
-        reader = asyncio.create_task(self._reader(), name="chasqui-reader")
-        slots = [asyncio.create_task(self._slot(), name=f"chasqui-slot-{i}") for i in range(s.concurrency)]
-        flusher = asyncio.create_task(self._flusher(), name="chasqui-flusher")
+        reader = self._supervised("reader", self._reader)
+        slots = [self._supervised("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency)]
+        flusher = self._supervised("flusher", self._flusher)
+        leaser = self._supervised("lease", self._leaser)
         log.info("worker %s consuming %s (concurrency %d, xackdel %s)", self.consumer_id, self.name,
                  s.concurrency, self._features.xackdel)
         try:
             await self._stopping.wait()
         finally:
-            await self._shutdown(reader, slots, flusher, background)
+            await self._shutdown(reader, slots, flusher, background, leaser)
 
     def _start_background(self) -> list[tuple[Any, asyncio.Task[None]]]:
         s = self.settings
@@ -263,10 +324,11 @@ class Worker:
 
             loops.append(Scheduler(self.driver, self.name, tick_ms=s.scheduler_tick_ms,
                                    settings=s.queue, metrics=self.metrics))
-        return [(lp, asyncio.create_task(lp.run(), name=f"chasqui-{lp.role}")) for lp in loops]
+        return [(lp, self._supervised(lp.role, lp.run)) for lp in loops]
 
     async def _shutdown(self, reader: asyncio.Task[None], slots: list[asyncio.Task[None]],
-                        flusher: asyncio.Task[None], background: list[tuple[Any, asyncio.Task[None]]]) -> None:
+                        flusher: asyncio.Task[None], background: list[tuple[Any, asyncio.Task[None]]],
+                        leaser: asyncio.Task[None]) -> None:
         s = self.settings
         await self._unblock_reader()
         await asyncio.gather(reader, return_exceptions=True)
@@ -282,7 +344,9 @@ class Worker:
         self._final_flush = True
         self._flush_wanted.set()
         await asyncio.gather(flusher, return_exceptions=True)
-        await asyncio.gather(*(t for _lp, t in background), return_exceptions=True)
+        leaser.cancel()  # the leases were renewed until the last ack was written
+        await asyncio.gather(leaser, *(t for _lp, t in background), return_exceptions=True)
+        await self._leave_group()
         self._executor.shutdown(wait=False, cancel_futures=True)
         await self._reader_client.aclose()
         await self.driver.close()
@@ -315,6 +379,133 @@ class Worker:
                 log.warning("worker %s: Redis unavailable (%s); retry in %.2fs", self.consumer_id, exc, delay)
                 await asyncio.sleep(delay)
 
+    # ---- supervision ------------------------------------------------------------------
+    def _supervised(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
+        self._health.setdefault(role, _TaskHealth())
+        return asyncio.create_task(self._supervise(role, fn), name=name or f"chasqui-{role}")
+
+    async def _supervise(self, role: str, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn`` until it returns; an unexpected exception is logged with its traceback
+        and ``fn`` restarted after a backoff (0.1 s doubling to 5 s; reset after a minute
+        without a crash).  Every loop re-reads its state on start, so a restart is safe."""
+        h = self._health[role]
+        streak = 0
+        while True:
+            try:
+                await fn()
+                h.done += 1
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - logged in full, then the task restarts
+                now = time.monotonic()
+                streak = streak + 1 if now - h.failed_at < 60 else 1
+                h.restarts += 1
+                h.failed_at = now
+                h.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                delay = min(0.05 * 2 ** min(streak, 7), 5.0)
+                log.error("worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay,
+                          exc_info=True)
+                h.backing_off += 1
+                try:
+                    await asyncio.sleep(delay)
+                finally:
+                    h.backing_off -= 1
+
+    # ---- leases -----------------------------------------------------------------------
+    async def _leaser(self) -> None:
+        """Renew the lease on every in-flight entry three times per ``claim_min_idle_ms``.
+        Runs until cancelled after the final ack flush (the drain keeps its leases)."""
+        interval = self.settings.claim_min_idle_ms / 3000
+        while True:
+            await asyncio.sleep(max(0.0, self._renewed_at + interval - time.monotonic()))
+            try:
+                await self._renew()
+            except _RETRYABLE as exc:
+                log.warning("worker %s: lease renewal failed (%s); retrying", self.consumer_id, exc)
+                await asyncio.sleep(min(interval, 1.0))
+
+    async def _renew(self) -> None:
+        """One ``renew_lease`` call (per 1,000 entries) for all in-flight entries; entries
+        another consumer took over are marked lost (see :meth:`_lease_lost`)."""
+        started = time.monotonic()
+        ids = [eid for eid in self._inflight if eid not in self._lost] if self._lost else list(self._inflight)
+        lost: list[Any] = []
+        for i in range(0, len(ids), 1000):
+            lost += await self.driver.call(self.core.renew_lease(ids[i:i + 1000])) or []
+        self._renewed_at = started
+        if lost:
+            self._lease_lost({lost[i]: lost[i + 1] for i in range(0, len(lost) - 1, 2)})
+
+    def _lease_lost(self, lost: dict[bytes, bytes]) -> None:
+        """Entries this worker held but no longer owns (it was paused or cut off for longer
+        than the lease, and another worker reclaimed them, maybe ran and acked them already).
+        Queued ones are dropped; running ones finish, and the flusher discards their outcome
+        instead of acking an entry another worker is running (XACK does not check ownership)."""
+        lost = {eid: owner for eid, owner in lost.items() if eid in self._inflight and eid not in self._lost}
+        if not lost:
+            return
+        self._lost.update(lost)
+        queued = [dl for dl in self._deque if dl.entry_id in lost]
+        if queued:
+            keep = [dl for dl in self._deque if dl.entry_id not in lost]
+            self._deque.clear()  # in place: the slots hold this deque
+            self._deque.extend(keep)
+            for dl in queued:
+                self._lost.pop(dl.entry_id, None)
+                self._release(dl.entry_id)
+        log.warning("worker %s: lease lost on %d entries (first: %s, now held by %r); %d were still queued and are "
+                    "dropped, the outcome of the others will not be acked", self.consumer_id, len(lost),
+                    next(iter(lost)), next(iter(lost.values())) or "nobody (done)", len(queued))
+
+    def _drop_lost(self, rows: list[tuple[Any, ...]], at: int) -> list[tuple[Any, ...]]:
+        """The rows whose entry this worker still owns; the others are released unwritten."""
+        keep = []
+        for row in rows:
+            owner = self._lost.pop(row[at], None)
+            if owner is None:
+                keep.append(row)
+            else:
+                log.warning("worker %s: entry %s finished after its lease was lost to %r: outcome not recorded",
+                            self.consumer_id, row[at], owner or "nobody (done)")
+                self._acking -= 1
+                self._release(row[at])
+        return keep
+
+    def _forget_lost(self, rows: list[tuple[Any, ...]], at: int) -> None:
+        for row in rows:
+            self._lost.pop(row[at], None)
+
+    async def _check_lease(self) -> None:
+        """Before acks are written: if no renewal began within half a lease (the process was
+        paused, or Redis unreachable), renew first, so an entry taken over meanwhile is known lost."""
+        if self._inflight and time.monotonic() - self._renewed_at > self.settings.claim_min_idle_ms / 2000:
+            try:
+                await self._renew()
+            except Exception as exc:  # noqa: BLE001 - the acks' own retries handle an outage
+                log.warning("worker %s: lease check before acking failed: %s", self.consumer_id, exc)
+
+    async def _reap(self) -> None:
+        """The janitor: remove consumers of the group with nothing pending and idle for 10
+        leases (or 10 read blocks, if longer): workers that died or left without cleaning up."""
+        s = self.settings
+        try:
+            gone = await self.driver.call(self.core.reap_consumers(10 * max(s.claim_min_idle_ms, s.read_block_ms)))
+        except Exception as exc:  # noqa: BLE001 - housekeeping: tried again next time
+            log.warning("worker %s: removing idle consumers failed: %s", self.consumer_id, exc)
+            return
+        if gone:
+            log.info("worker %s removed %d idle consumers of %s: %s", self.consumer_id, len(gone), self.name, gone)
+
+    async def _leave_group(self) -> None:
+        """At a clean stop, remove this worker's consumer if it holds nothing pending."""
+        if self._inflight:
+            return
+        try:
+            await self.driver.call(self.core.reap_consumers(0, self.consumer_id))
+        except Exception as exc:  # noqa: BLE001 - the janitor of another worker removes it later
+            log.info("worker %s: could not remove its consumer: %s", self.consumer_id, exc)
+
     # ---- reading ----------------------------------------------------------------------
     async def _unblock_reader(self) -> None:
         if getattr(self, "_reader_client_id", None) is None:
@@ -338,10 +529,12 @@ class Worker:
         assert self._stopping is not None
         s = self.settings
         next_recovery = 0.0
+        next_reap = time.monotonic() + 5 * s.claim_min_idle_ms / 1000
         busy = False
         idle_since = time.monotonic()
         failures = 0
         while not self._stopping.is_set():
+            self._beat = time.monotonic()
             try:
                 if self._reader_client_id is None:
                     self._reader_client_id = int_reply(await self._reader_client.execute_command("CLIENT", "ID"))
@@ -349,6 +542,9 @@ class Worker:
                     next_recovery = time.monotonic() + max(0.05, s.claim_min_idle_ms / 2000)
                     if await self._recover():
                         busy, idle_since = True, time.monotonic()
+                    if time.monotonic() >= next_reap:
+                        next_reap = time.monotonic() + 5 * s.claim_min_idle_ms / 1000
+                        await self._reap()
                 room = self._capacity()
                 if room <= 0:
                     await self._wait_for_room()
@@ -431,20 +627,21 @@ class Worker:
         return bool(batch)
 
     async def _admit(self, ready: list[Delivery], rejected: list[Rejected]) -> None:
-        """Dead-letter what the arrival gate refused, then write the ``active`` events of the
-        rest in one script call and hand them to the slots."""
+        """Write the ``active`` events of the ready jobs in one script call and hand them to
+        the slots, then dead-letter what the arrival gate refused.  The jobs come first: if the
+        dead-lettering fails for good (and ends the reader, which is restarted), they run
+        anyway, and the refused entries stay pending, to be reclaimed and tried again."""
+        if ready:
+            if self.metrics is not None:
+                self.metrics.batch(self.name, len(ready))
+            await self._emit(self.core.active_events_compact(ready, now_ms()))
+            self._inflight.update([dl.entry_id for dl in ready])
+            self._deque.extend(ready)
+            self._wake(1)
+            if len(ready) > 1:
+                asyncio.get_running_loop().call_soon(self._top_up)
         if rejected:
             await self._reject(rejected)
-        if not ready:
-            return
-        if self.metrics is not None:
-            self.metrics.batch(self.name, len(ready))
-        await self._emit(self.core.active_events_compact(ready, now_ms()))
-        self._inflight.update([dl.entry_id for dl in ready])
-        self._deque.extend(ready)
-        self._wake(1)
-        if len(ready) > 1:
-            asyncio.get_running_loop().call_soon(self._top_up)
 
     def _top_up(self) -> None:
         """Runs once the slot woken for a batch first yields: wakes a slot per job still queued.
@@ -496,16 +693,17 @@ class Worker:
         async_fns = self._async_fns
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
+        me = asyncio.current_task()
         while True:
             debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
             while queue:
                 dl = queue.popleft()
                 env = dl.envelope
-                job = new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
                 if debug:
                     log.debug("job %s %s attempt %d started", env.id, dl.name, env.attempt + 1)
                 start = clock()
-                try:
+                try:  # everything that can raise before the outcome is buffered is in here
+                    job = new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
                     fn = handler if dispatch is None else dispatch.lookup(dl.name)
                     try:
                         is_async = async_fns[fn]
@@ -514,13 +712,23 @@ class Worker:
                         with contextlib.suppress(TypeError):
                             async_fns[fn] = is_async
                     result = await (fn(job) if is_async else self._call(fn, job))
-                    encoded = _packb(result) if store else b""
-                except asyncio.CancelledError:
-                    self._inflight.discard(dl.entry_id)  # stays pending; reclaimed after claim_min_idle_ms
-                    raise
                 except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
+                    if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
+                        # our own cancellation (the shutdown deadline): the entry stays pending, unrenewed,
+                        # and is reclaimed after claim_min_idle_ms.  A handler's own CancelledError is a failure.
+                        self._release(dl.entry_id)
+                        raise
                     self._failed(dl, exc, (clock() - start) // 1000)
                     continue
+                if store:
+                    try:
+                        encoded = _packb(result)
+                    except Exception as exc:  # noqa: BLE001 - the handler ran: never run it again for this
+                        self._failed(dl, UnrecoverableError(f"handler result cannot be stored: {exc!r}"),
+                                     (clock() - start) // 1000)
+                        continue
+                else:
+                    encoded = b""
                 duration_us = (clock() - start) // 1000
                 rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
                 self._acking += 1
@@ -552,10 +760,19 @@ class Worker:
 
     def _failed(self, dl: Delivery, exc: BaseException, duration_us: int) -> None:
         """Buffer a failure for the flusher (like a success row); the entry stays in flight,
-        pending in Redis, until the batch that retries or dead-letters it is written."""
+        pending in Redis, until the batch that retries or dead-letters it is written.
+
+        Total: if deciding the route raises (a hostile retry override, an exception whose
+        ``repr`` raises...), the entry is dead-lettered with reason ``routing_failed`` and the
+        error as detail; nothing raised here can end a slot."""
         env = dl.envelope
-        unrecoverable = isinstance(exc, UnrecoverableError)
-        row, outcome, delay = self.core.failure_row(dl, exc, unrecoverable, duration_us, now_ms())
+        try:
+            unrecoverable = isinstance(exc, UnrecoverableError)
+            row, outcome, delay = self.core.failure_row(dl, exc, unrecoverable, duration_us, now_ms())
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            log.error("worker %s: routing the failure of entry %s raised %r; dead-lettered as %s", self.consumer_id,
+                      dl.entry_id, err, ROUTING_FAILED)
+            row, outcome, delay = self.core.routing_failed_row(dl, exc, err, duration_us), ROUTING_FAILED, 0
         if log.isEnabledFor(logging.DEBUG):
             log.debug("job %s %s attempt %d failed (%r): %s", env.id, dl.name, env.attempt + 1, exc,
                       outcome if outcome != "retry" else f"retry in {delay} ms")
@@ -565,11 +782,14 @@ class Worker:
         if len(self._fail_rows) == 1 or len(self._fail_rows) >= self.settings.ack_batch:
             self._flush_wanted.set()
         if self.metrics is not None:
-            self.metrics.job_failed(self.name, dl.name)
-            if outcome == "retry":
-                self.metrics.job_retried(self.name, dl.name)
-            else:
-                self.metrics.job_dead(self.name, dl.name, outcome)
+            try:
+                self.metrics.job_failed(self.name, dl.name)
+                if outcome == "retry":
+                    self.metrics.job_retried(self.name, dl.name)
+                else:
+                    self.metrics.job_dead(self.name, dl.name, outcome)
+            except Exception:  # noqa: BLE001 - metrics never decide a job's fate
+                log.exception("worker %s: metrics failed", self.consumer_id)
         self._count_processed()
 
     def _release(self, entry_id: bytes) -> None:
@@ -599,11 +819,16 @@ class Worker:
             if len(self._done_rows) < s.ack_batch and len(self._fail_rows) < s.ack_batch and not self._final_flush \
                     and (self._deque or len(self._inflight) > self._acking):
                 await asyncio.sleep(s.ack_idle_ms / 1000)
+            await self._check_lease()
             while self._fail_rows:
                 await self._flush_failures()
             while self._done_rows:
                 rows = self._done_rows[: s.ack_batch]
                 del self._done_rows[: s.ack_batch]  # in place: the slots append to this list
+                if self._lost:
+                    rows = self._drop_lost(rows, 0)
+                    if not rows:
+                        continue
                 try:
                     await self._with_retry(
                         lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))
@@ -613,6 +838,8 @@ class Worker:
                     self._acking -= len(rows)
                 self._inflight.difference_update([row[0] for row in rows])  # _release() of each row, batched
                 self._release(rows[0][0])  # already discarded: this only wakes a reader waiting for room
+                if self._lost:  # marked lost by a renewal that ran while this batch was acked
+                    self._forget_lost(rows, 0)
             if self._final_flush:
                 if self._fail_rows or self._done_rows:  # written while the others were
                     self._flush_wanted.set()
@@ -631,6 +858,12 @@ class Worker:
         n = self.settings.ack_batch
         rows, info = self._fail_rows[:n], self._fail_info[:n]
         del self._fail_rows[:n], self._fail_info[:n]
+        if self._lost:
+            kept = set(map(id, self._drop_lost(rows, 1)))
+            info = [i for row, i in zip(rows, info) if id(row) in kept]
+            rows = [row for row in rows if id(row) in kept]
+            if not rows:
+                return
         try:
             await self._with_retry(lambda: self.driver.call(self.core.fail(rows, self._features, now_ms())))
         except Exception as exc:  # noqa: BLE001 - see _unacked
@@ -639,6 +872,8 @@ class Worker:
             self._acking -= len(rows)
         self._inflight.difference_update([row[1] for row in rows])
         self._release(rows[0][1])  # already discarded: this only wakes a reader waiting for room
+        if self._lost:
+            self._forget_lost(rows, 1)
         retried = sum(1 for row in rows if row[0] == "r")
         job_id, name, attempt, exc, outcome, delay = info[0]
         log.warning("worker %s: %d jobs failed (%d retried, %d dead-lettered); first: job %s %s attempt %d "

@@ -97,6 +97,9 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
                    help="threads for plain (non-async) handlers (default: min(concurrency, 64))")
     p.add_argument("--prefetch", type=_positive_int, dest="read_count",
                    help="entries read per XREADGROUP beyond the running ones (default: 256; the Spark worker: 1)")
+    p.add_argument("--claim-min-idle-ms", type=_positive_int, metavar="MS",
+                   help="job lease: a running job's worker renews it every MS/3; a dead or paused worker's jobs "
+                        "are taken over by another worker after MS (default 30000)")
     p.add_argument("--max-attempts", type=int, help="attempts before a failing job is dead-lettered (default 25)")
     p.add_argument("--group", help="consumer group (default: 'default')")
     p.add_argument("--no-scheduler", action="store_true", help="do not run the repeatable-job scheduler loop")
@@ -154,6 +157,7 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
         "sync_threads": args.sync_threads,
         "read_count": args.read_count,
         "max_attempts": args.max_attempts,
+        "claim_min_idle_ms": args.claim_min_idle_ms,
         "group": args.group,
         "max_jobs": args.max_jobs,
         "idle_exit_secs": args.idle_exit,

@@ -16,7 +16,9 @@ run in the worker's thread pool; a Spark job already spreads over every executor
 the defaults keep few of them at once (concurrency 2, prefetch 1, threads = concurrency), and
 the scheduler runs in FAIR mode with one pool per handler thread so concurrent handlers share
 the executors instead of queueing behind each other.  Each handler call runs in a Spark job
-group named after the job id (visible in the Spark UI, and cancellable).
+group named after the job id (visible in the Spark UI, and cancellable).  A Spark job may run
+for hours: the worker renews its lease every ``--claim-min-idle-ms`` / 3 (default 30 s), so no
+other worker starts it again while this one lives.
 
 Stopping.  Under spark-submit the JVM is the parent process and, in a container, PID 1: a
 SIGTERM reaches the JVM, whose default reaction (shutdown hooks: stop the SparkContext, kill

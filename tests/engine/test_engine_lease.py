@@ -1,0 +1,191 @@
+"""Leases, total failure routing, supervised tasks and consumer clean-up (issue #12).
+
+- A job running far longer than ``claim_min_idle_ms`` runs once: its worker renews the lease
+  (XCLAIM JUSTID) so the other workers' recovery never takes it.
+- Whatever raises while a failure is routed (a NaN/inf backoff multiplier, a handler's own
+  ``CancelledError``, a result msgpack cannot encode) settles the entry and never ends a slot.
+- A reader that fails for good is restarted and ``health()`` says so; later jobs still run.
+- Consumers leave the group: a worker's own at a clean stop, idle empty ones via the janitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import msgpack
+import pytest
+
+from airflow_provider_chasqui import Job
+from airflow_provider_chasqui.core.codec import BackoffWire, Envelope, RetryOverride, encode_envelope
+from airflow_provider_chasqui.core.keys import QueueKeys
+from engine_support import events_of, kv, pending_count, running, wait_until
+
+
+async def _xlen_is(r, key: str, n: int) -> bool:
+    return await r.xlen(key) == n
+
+
+def _reason(entry) -> str:
+    return dict(kv(entry[1]))["reason"].decode()
+
+
+async def _consumers(r, stream: str) -> set[str]:
+    return {c["name"].decode() for c in await r.xinfo_consumers(stream, "default")}
+
+
+async def _settled(r, queue: str) -> bool:
+    return await r.xlen(QueueKeys.for_queue(queue).stream) == 0 and await pending_count(r, queue) == 0
+
+
+@pytest.mark.timeout(60)
+async def test_a_long_job_runs_once_across_three_workers(redis_url, queue_name, clients, queues,
+                                                         worker_factory) -> None:
+    """3 workers, claim_min_idle_ms=1000, one 3.5 s job: before leases it ran 3 times, 3 at once."""
+    r = clients(redis_url)
+    runs, now_running, most = [], [0], [0]
+
+    async def slow(job: Job) -> str:
+        runs.append(job.id)
+        now_running[0] += 1
+        most[0] = max(most[0], now_running[0])
+        try:
+            await asyncio.sleep(3.5)
+        finally:
+            now_running[0] -= 1
+        return "done"
+
+    workers = [worker_factory(queue_name, slow, redis_url, claim_min_idle_ms=1000, concurrency=4, store_results=True)
+               for _ in range(3)]
+    async with running(workers[0]), running(workers[1]), running(workers[2]):
+        job = await queues(queue_name, redis_url).add("slow", {"n": 1})
+        await wait_until(lambda: _settled(r, queue_name), 30, what="the job to be acked", interval=0.05)
+        assert runs == [job.id] and most[0] == 1
+        assert all(w.health()["ok"] is True for w in workers), [w.health() for w in workers]
+    completed = [e for e in await events_of(r, queue_name) if e["e"] == "completed"]
+    assert [e["id"] for e in completed] == [job.id]
+
+
+def _hostile_envelope(multiplier: float, delay_ms: int) -> bytes:
+    """Decodes (today), but its second retry's backoff is NaN (NaN ** 1, 0 * inf)."""
+    backoff = BackoffWire("exponential", delay_ms, None, multiplier, None)
+    return encode_envelope(Envelope(f"hostile-{multiplier}-{delay_ms}", msgpack.packb({}), 1, 1,
+                                    RetryOverride(5, backoff)))
+
+
+@pytest.mark.timeout(60)
+async def test_failure_routing_never_ends_a_slot(redis_url, queue_name, clients, queues, worker_factory) -> None:
+    """Four hostile retry overrides and a stray CancelledError on concurrency=4: before, 0 of
+    20 later jobs ran; now every hostile entry is dead-lettered and all 20 run."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    done: list[int] = []
+
+    async def fail(job: Job) -> None:
+        raise ValueError("handler failed")
+
+    async def stray(job: Job) -> None:
+        raise asyncio.CancelledError("not ours")
+
+    async def ok(job: Job) -> None:
+        done.append(job.data["i"])
+
+    w = worker_factory(queue_name, {"bad": fail, "stray": stray, "ok": ok}, redis_url, concurrency=4,
+                       delayed_enabled=False)
+    q = queues(queue_name, redis_url)
+    async with running(w):
+        for mult, delay in ((math.nan, 100), (math.nan, 0), (math.inf, 0), (-math.inf, 0)):
+            await r.xadd(k.stream, {"d": _hostile_envelope(mult, delay), "n": "bad"})
+        await q.add("stray", {}, attempts=1)
+        await wait_until(lambda: _settled(r, queue_name), 20, what="the hostile entries to be settled")
+        await q.add_bulk([{"name": "ok", "data": {"i": i}} for i in range(20)])
+        await wait_until(lambda: len(done) == 20, 20, what="the 20 later jobs")
+        assert w.is_running and w.health()["ok"] is True, w.health()
+    reasons = sorted(_reason(e) for e in await r.xrange(k.dlq))
+    assert len(reasons) == 5
+    assert sorted(done) == list(range(20))
+    # the stray CancelledError was an ordinary failure of a one-attempt job
+    assert reasons.count("retries_exhausted") == 1
+    # the hostile overrides: routing_failed here, or decode_failed once the decoder refuses them
+    assert all(reason in ("routing_failed", "decode_failed") for reason in reasons if reason != "retries_exhausted")
+    assert await _settled(r, queue_name)
+
+
+@pytest.mark.timeout(60)
+async def test_an_unencodable_result_never_reruns_the_handler(redis_url, queue_name, clients, queues,
+                                                              worker_factory) -> None:
+    """The handler ran (its side effects happened): the job is dead-lettered as unrecoverable."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    runs: list[int] = []
+
+    async def handler(job: Job) -> object:
+        runs.append(job.attempt)
+        return object()
+
+    w = worker_factory(queue_name, handler, redis_url, store_results=True, max_attempts=5)
+    async with running(w):
+        job = await queues(queue_name, redis_url).add("obj", {})
+        await wait_until(lambda: r.xlen(k.dlq), 20, what="the job to be dead-lettered")
+        await wait_until(lambda: _settled(r, queue_name), 20, what="the entry to be acked")
+    assert runs == [0]
+    (entry,) = await r.xrange(k.dlq)
+    assert _reason(entry) == "unrecoverable"
+    failed = [e for e in await events_of(r, queue_name) if e["e"] == "failed"]
+    assert [e["id"] for e in failed] == [job.id] and "cannot be stored" in failed[0]["reason"]
+    assert await r.zcard(k.delayed) == 0
+
+
+@pytest.mark.timeout(60)
+async def test_a_failing_reader_is_restarted_and_reported(redis_url, queue_name, clients, queues,
+                                                          worker_factory, caplog) -> None:
+    """The DLQ key has the wrong type, so dead-lettering a malformed arrival fails for good:
+    before, the reader died and the worker stalled; now it is restarted with its traceback
+    logged, later jobs run and health() reports the restart."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    done: list[int] = []
+
+    async def ok(job: Job) -> None:
+        done.append(job.data["i"])
+
+    await r.set(k.dlq, "not a stream")
+    w = worker_factory(queue_name, ok, redis_url, concurrency=4)
+    async with running(w):
+        await r.xadd(k.stream, {"x": "no payload"})
+        # fail_batch acks and deletes the entry before its XADD to the DLQ fails (see the report)
+        await wait_until(lambda: _xlen_is(r, k.stream, 0), 10, what="the worker to take the malformed entry")
+        await queues(queue_name, redis_url).add_bulk([{"name": "ok", "data": {"i": i}} for i in range(20)])
+        await wait_until(lambda: len(done) == 20, 20, what="the later jobs")
+        health = await wait_until(lambda: (h := w.health())["ok"] and h, 10, what="health to recover")
+        assert health["reader"].startswith("restarted 1 times; last error: ResponseError")
+        assert "WRONGTYPE" in health["reader"]
+        assert health["flusher"] is True and health["slots"] is True and health["lease"] is True
+    assert any(rec.exc_info and "reader task failed" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.timeout(60)
+async def test_consumers_leave_the_group(redis_url, queue_name, clients, queues, worker_factory) -> None:
+    """A clean stop removes the worker's own consumer; the janitor removes idle consumers with
+    nothing pending (after recovery took their entries), never one that still holds entries."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    q = queues(queue_name, redis_url)
+    done: list[str] = []
+
+    async def ok(job: Job) -> None:
+        done.append(job.id)
+
+    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    await r.xgroup_createconsumer(k.stream, "default", "ghost-idle")
+    job = await q.add("held", {})
+    await r.xreadgroup("default", "ghost-holder", {k.stream: ">"}, count=1)  # dies holding the job
+    w = worker_factory(queue_name, ok, redis_url, claim_min_idle_ms=200, read_block_ms=200)
+    async with running(w):
+        await wait_until(lambda: done == [job.id], 10, what="the held job to be reclaimed and run")
+        await wait_until(lambda: _only_worker(r, k.stream, w), 15, what="the janitor to remove both ghosts")
+    assert await _consumers(r, k.stream) == set()
+
+
+async def _only_worker(r, stream: str, w) -> bool:
+    return await _consumers(r, stream) == {w.consumer_id}
