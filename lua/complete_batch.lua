@@ -14,6 +14,12 @@ local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, now, results_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 local stream, events = KEYS[1], KEYS[2]
+-- Scripts do not roll back, and the acks come first: a wrong-typed events or index key is
+-- skipped (those writes are best effort) rather than failing after the acks.
+local function type_of(key) return redis.call('TYPE', key)['ok'] end
+local et = type_of(events)
+if et ~= 'stream' and et ~= 'none' then events_max = 0 end
+local index_ok = (function(t) return t == 'zset' or t == 'none' end)(type_of(prefix .. ':results'))
 local row0, last = 8, #ARGV
 local acked = 0
 local stored = {}  -- score, id pairs for the results index
@@ -64,7 +70,7 @@ end
 if acked > 0 and events_max > 0 then
   redis.call('XTRIM', events, 'MAXLEN', '~', events_max)
 end
-if #stored > 0 then
+if #stored > 0 and index_ok then
   local index = prefix .. ':results'
   for k = 1, #stored, 1000 do
     redis.call('ZADD', index, unpack(stored, k, math.min(k + 999, #stored)))

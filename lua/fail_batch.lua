@@ -17,6 +17,18 @@ local events_max, dlq_max = tonumber(ARGV[3]), ARGV[4]
 local ttl, prefix, now = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local failures_max = tonumber(ARGV[8])
 local stream, delayed, dlq, ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- Scripts do not roll back: a write that fails after an entry was acked would lose it.  So a
+-- wrong-typed retry or DLQ key refuses the whole call before any write (the entries stay
+-- pending, and the error names the key); wrong-typed events or index keys are only skipped.
+local function type_of(key) return redis.call('TYPE', key)['ok'] end
+local dt, qt = type_of(delayed), type_of(dlq)
+if (dt ~= 'zset' and dt ~= 'none') or (qt ~= 'stream' and qt ~= 'none') then
+  return redis.error_reply('WRONGTYPE chasqui fail_batch: ' .. delayed .. ' is a ' .. dt .. ' and ' .. dlq ..
+    ' a ' .. qt .. ' (expected a zset and a stream); nothing was acked')
+end
+local et = type_of(ev)
+if et ~= 'stream' and et ~= 'none' then events_max = 0 end
+local index_ok = (function(t) return t == 'zset' or t == 'none' end)(type_of(prefix .. ':failures'))
 local out = {}
 local stored = {}  -- score, id pairs for the failures index
 
@@ -85,7 +97,7 @@ for i = 9, #ARGV, 11 do
     end
   end
 end
-if #stored > 0 then
+if #stored > 0 and index_ok then
   local index = prefix .. ':failures'
   for k = 1, #stored, 1000 do
     redis.call('ZADD', index, unpack(stored, k, math.min(k + 999, #stored)))

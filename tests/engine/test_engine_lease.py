@@ -15,6 +15,7 @@ import math
 
 import msgpack
 import pytest
+from redis.exceptions import ResponseError
 
 from airflow_provider_chasqui import Job
 from airflow_provider_chasqui.core.codec import BackoffWire, Envelope, RetryOverride, encode_envelope
@@ -140,8 +141,10 @@ async def test_an_unencodable_result_never_reruns_the_handler(redis_url, queue_n
 async def test_a_failing_reader_is_restarted_and_reported(redis_url, queue_name, clients, queues,
                                                           worker_factory, caplog) -> None:
     """The DLQ key has the wrong type, so dead-lettering a malformed arrival fails for good:
-    before, the reader died and the worker stalled; now it is restarted with its traceback
-    logged, later jobs run and health() reports the restart."""
+    before, the reader died and the worker stalled (and fail_batch had already acked and
+    deleted the entry); now the script refuses before any write, so the entry stays pending,
+    the reader is restarted with its traceback logged, later jobs run, health() reports the
+    restart, and once the key is repaired the entry reaches the DLQ."""
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     done: list[int] = []
@@ -150,17 +153,30 @@ async def test_a_failing_reader_is_restarted_and_reported(redis_url, queue_name,
         done.append(job.data["i"])
 
     await r.set(k.dlq, "not a stream")
-    w = worker_factory(queue_name, ok, redis_url, concurrency=4)
+    w = worker_factory(queue_name, ok, redis_url, concurrency=4, claim_min_idle_ms=1000)
     async with running(w):
-        await r.xadd(k.stream, {"x": "no payload"})
-        # fail_batch acks and deletes the entry before its XADD to the DLQ fails (see the report)
-        await wait_until(lambda: _xlen_is(r, k.stream, 0), 10, what="the worker to take the malformed entry")
+        eid = await r.xadd(k.stream, {"x": "no payload"})
+
+        async def held() -> bool:
+            try:
+                return (await r.xpending(k.stream, "default"))["pending"] == 1
+            except ResponseError:  # NOGROUP: the worker has not created its group yet
+                return False
+
+        await wait_until(held, 10, what="the worker to take the malformed entry")
         await queues(queue_name, redis_url).add_bulk([{"name": "ok", "data": {"i": i}} for i in range(20)])
         await wait_until(lambda: len(done) == 20, 20, what="the later jobs")
         health = await wait_until(lambda: (h := w.health())["ok"] and h, 10, what="health to recover")
         assert health["reader"].startswith("restarted 1 times; last error: ResponseError")
         assert "WRONGTYPE" in health["reader"]
         assert health["flusher"] is True and health["slots"] is True and health["lease"] is True
+        assert await r.xrange(k.stream, eid, eid), "the malformed entry was lost"
+        await r.delete(k.dlq)  # repaired: the next recovery pass dead-letters it
+
+        async def dead_lettered() -> bool:
+            return await r.exists(k.dlq) and await r.xlen(k.dlq) == 1 and await _xlen_is(r, k.stream, 0)
+
+        await wait_until(dead_lettered, 20, what="the entry to reach the repaired DLQ")
     assert any(rec.exc_info and "reader task failed" in rec.getMessage() for rec in caplog.records)
 
 
