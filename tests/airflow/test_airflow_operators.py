@@ -79,7 +79,7 @@ def test_job_id_and_unique_make_the_add_idempotent(queue_name: str, redis_url: s
 
 
 def test_wait_for_result_defers_with_the_job(queue_name: str) -> None:
-    op = enqueue(queue_name=queue_name, data={"x": 4}, wait_for_result=True, wait_timeout=60)
+    op = enqueue(queue_name=queue_name, data={"x": 4}, wait_for_result=True, wait_timeout=60, deferrable=True)
     ti = RecordingTI()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
