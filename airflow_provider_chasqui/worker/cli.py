@@ -202,7 +202,7 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
     """``(redis_url, queue)`` from --redis-url / --conn-id / the environment."""
     url, default_queue = resolve_url(args.redis_url, args.conn_id)
     queue = args.queue or default_queue
-    if args.conn_id and not args.redis_url:
+    if args.conn_id:
         configure_logging(args.log_level)  # importing Airflow installed its own logging setup
     if not queue:
         raise ConfigError("no queue: pass --queue (or a --conn-id whose connection sets default_queue)")

@@ -129,6 +129,54 @@ def test_env_url_is_used_and_argv_wins(redis_url: str, queue_name: str) -> None:
     assert both.returncode == 2 and "not allowed with" in both.stderr
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["sentinel", "cluster"])
+def test_worker_logs_hold_no_password(kind: str, tmp_path) -> None:
+    """``chasqui worker`` retrying an unreachable Redis logs each failure; none shows the password."""
+    import signal
+    import time
+
+    url = _urls(HOSTILE, _free_port())[kind]
+    log_path = tmp_path / "worker.log"
+    handlers = tmp_path / "secret_test_handlers.py"
+    handlers.write_text("HANDLERS = {'noop': lambda job: None}\n")
+    env = dict(os.environ, CHASQUI_REDIS_URL=url, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "-q", "q", "-H",
+                                 "secret_test_handlers", "--metrics-port", "0"], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while "Redis unavailable" not in log_path.read_text() or "depth sample failed" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    out = log_path.read_text()
+    assert "127.0.0.1" in out and not _leaks(out, HOSTILE), out
+
+
+def test_worker_refuses_an_unparsable_url_without_quoting_it() -> None:
+    url = f"redis://app:{HOSTILE}@127.0.0.1:{_free_port()}/0"
+    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "-q", "q", "-H",
+                           "airflow_provider_chasqui.examples.handlers"], capture_output=True, text=True, timeout=90,
+                          env=dict(os.environ, CHASQUI_REDIS_URL=url))
+    assert proc.returncode == 2 and "not a valid Redis URL" in proc.stderr, proc.stderr
+    assert not _leaks(proc.stdout + proc.stderr, HOSTILE) and "rd%40x" not in proc.stderr, proc.stderr
+
+
+def test_version_from_package_metadata() -> None:
+    from importlib.metadata import version
+
+    want = version("airflow-provider-chasqui")
+    for args, prog in ((["--version"], "chasqui"), (["worker", "--version"], "chasqui worker")):
+        proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True,
+                              text=True, timeout=60)
+        assert (proc.returncode, proc.stdout) == (0, f"{prog} {want}\n"), proc.stderr
+
+
 # ---- in process: exceptions and log records ------------------------------------------------------
 @pytest.mark.parametrize("kind", ["plain", "sentinel", "cluster"])
 def test_connection_errors_and_logs_hold_no_password(kind: str, caplog: pytest.LogCaptureFixture) -> None:
