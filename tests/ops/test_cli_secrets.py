@@ -117,6 +117,35 @@ def test_wrong_password_on_a_real_server_is_not_echoed(tmp_path) -> None:
         server.stop()
 
 
+@pytest.mark.timeout(300)
+def test_conn_id_reads_redis_from_an_airflow_connection(tmp_path) -> None:
+    """``--conn-id`` on the operator commands: the password lives in the connection, not in argv."""
+    import json
+
+    server = start_server("redis7", tmpdir=tmp_path)
+    try:
+        with server.client() as r:
+            r.config_set("requirepass", HOSTILE)
+            r.auth(HOSTILE)
+            r.xadd("{chasqui:cq}:dlq", {"d": b"\xc1", "reason": "malformed"})
+
+        def conn(password: str) -> str:
+            return json.dumps({"conn_type": "chasqui", "host": "127.0.0.1", "port": server.port,
+                               "password": password, "extra": {"db": 0}})
+
+        env = {"AIRFLOW_HOME": str(tmp_path / "af"), "AIRFLOW_CONN_CHASQUI_OPS_TEST": conn(HOSTILE),
+               "AIRFLOW_CONN_CHASQUI_OPS_WRONG": conn(HOSTILE + "x")}
+        ok = chasqui("dlq", "peek", "cq", "--json", "--conn-id", "chasqui_ops_test", env=env)
+        assert ok.returncode == 0 and [e["reason"] for e in json.loads(ok.stdout)] == ["malformed"], ok.stderr
+        wrong = chasqui("inspect", "cq", "--conn-id", "chasqui_ops_wrong", env=env)
+        assert wrong.returncode in (1, 3) and wrong.stderr.startswith("chasqui: "), wrong.stderr
+        assert not _leaks(wrong.stdout + wrong.stderr, HOSTILE), wrong.stderr
+        missing = chasqui("inspect", "cq", "--conn-id", "no_such_conn_ops", env=env)
+        assert missing.returncode == 2 and "no_such_conn_ops" in missing.stderr, missing.stderr
+    finally:
+        server.stop()
+
+
 def test_env_url_is_used_and_argv_wins(redis_url: str, queue_name: str) -> None:
     dead = f"redis://127.0.0.1:{_free_port()}/0"
     with SyncQueue(queue_name, redis_url=redis_url) as q:
