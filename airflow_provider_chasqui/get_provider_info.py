@@ -51,12 +51,13 @@ _CONFIG: dict[str, Any] = {
         "options": {
             "default_deferrable": {
                 "description": "Whether ChasquiJobSensor and ChasquiEnqueueOperator(wait_for_result=True) "
-                               "wait in the triggerer when their deferrable argument is not given. "
-                               "[operators] default_deferrable is not used: Airflow writes it as False.",
+                               "wait in the triggerer when their deferrable argument is not given.  Unset "
+                               "(the default), they follow [operators] default_deferrable, as the official "
+                               "providers' operators do; set, it overrides that for Chasqui only.",
                 "version_added": "0.1.0",
                 "type": "boolean",
-                "example": "False",
-                "default": "True",
+                "example": "True",
+                "default": None,
             },
         },
     },

@@ -41,6 +41,7 @@ with DAG(
         backoff={"kind": "exponential", "delay_ms": 200},
         wait_for_result=True,
         wait_timeout=timedelta(minutes=10),
+        deferrable=True,  # wait in the triggerer whatever [operators] default_deferrable says
     )
     enqueue_greet = ChasquiEnqueueOperator(
         task_id="enqueue_greet",
@@ -53,6 +54,7 @@ with DAG(
         upstream_task_id="enqueue_greet",
         queue_name="{{ params.queue }}",
         timeout=timedelta(minutes=10),
+        deferrable=True,
     )
 
     @task

@@ -39,6 +39,7 @@ with DAG(
         job_id=fan_out(),
         queue_name="{{ params.queue }}",
         timeout=timedelta(minutes=10),
+        deferrable=True,  # one blocking read in the triggerer, no worker slot
     )
 
     @task

@@ -10,6 +10,12 @@ Needs the ``spark_default`` connection (``conn_type`` spark; host = the master, 
 ``local[2]``, ``spark://host:7077`` or ``k8s://...``), ``spark-submit`` on the Airflow
 worker's PATH (full ``pyspark``, not only ``pyspark-client``), this package installed where
 the Spark driver runs, and ``chasqui_default`` for the enqueue.
+
+The worker finds Redis through the same Airflow connection (``--conn-id``), never through a
+``--redis-url`` argument: spark-submit's argv (and so a password in it) is visible to every
+user of the machine and in the Spark UI.  Where the driver cannot read Airflow connections
+(cluster deploy mode), drop ``--conn-id`` and give the driver ``CHASQUI_REDIS_URL`` in its
+environment instead, from a secret (e.g. ``spark.kubernetes.driver.secretKeyRef.CHASQUI_REDIS_URL``).
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ with DAG(
     catchup=False,
     params={
         "queue": Param(os.environ.get("CHASQUI_SPARK_QUEUE", "spark-batch"), type="string"),
-        "redis_url": Param(os.environ.get("CHASQUI_REDIS_URL", "redis://127.0.0.1:6379/0"), type="string",
-                           description="Redis as the Spark driver sees it"),
+        "conn_id": Param("chasqui_default", type="string",
+                         description="the chasqui connection the Spark driver reads Redis from"),
         "data_dir": Param(os.environ.get("CHASQUI_DATA_DIR", "/tmp/chasqui-data"), type="string"),
         "datasets": Param(3, type="integer", minimum=1, description="how many rollup jobs to seed"),
         "max_jobs": Param(100, type="integer", minimum=1),
@@ -66,7 +72,7 @@ with DAG(
         name="chasqui-batch-worker",
         application_args=[
             "--queue", "{{ params.queue }}",
-            "--redis-url", "{{ params.redis_url }}",
+            "--conn-id", "{{ params.conn_id }}",
             "--handlers", "airflow_provider_chasqui.examples.spark_handlers",
             "--max-jobs", "{{ params.max_jobs }}",
             "--idle-exit", "{{ params.idle_exit_secs }}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from datetime import datetime, timedelta, timezone
@@ -294,19 +295,86 @@ class ProducerCore:
         return out
 
     def replay_dlq(self, limit: int = 100) -> Flow:
-        """Reset ``attempt`` to 0 and move entries back; undecodable ones stay (as ChasquiMQ)."""
-        entries = yield from self.peek_dlq(limit)
-        argv: list[Any] = [self.settings.max_stream_len]
-        for e in entries:
-            try:
-                env = decode_envelope(e["payload"])
-            except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
-                continue
-            argv += (e["dlq_id"], encode_envelope(env.with_attempt(0)), e["name"])
-        if len(argv) == 1:
+        """Reset ``attempt`` to 0 and move up to ``limit`` entries back; the number moved."""
+        report = yield from self.replay_dlq_report(limit)
+        return report["replayed"]
+
+    def replay_dlq_report(self, limit: int = 100) -> Flow:
+        """``replay_dlq`` that pages past undecodable entries: ``{"replayed": n, "skipped": k}``.
+
+        Entries are read oldest first, a page at a time, until ``limit`` were replayed or the
+        DLQ ends; entries whose payload does not decode stay in the DLQ (as ChasquiMQ) and are
+        counted in ``skipped``, so a head of corrupt entries no longer hides the good ones
+        behind it.  The name is replayed byte for byte.
+        """
+        _positive(limit, "limit")
+        k = self.keys
+        replayed = skipped = 0
+        start = "-"
+        while replayed < limit:
+            rows = (yield command("XRANGE", k.dlq, start, "+", "COUNT", DLQ_PAGE)) or []
+            argv: list[Any] = [self.settings.max_stream_len]
+            taken, full = 0, False
+            for entry_id, flat in rows:
+                if taken == limit - replayed:
+                    full = True
+                    break
+                start = "(" + str_reply(entry_id)
+                f = parse_fields(flat or [])
+                try:
+                    env = decode_envelope(bytes(f.get("d", b"")))
+                except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
+                    skipped += 1
+                    continue
+                argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))
+                taken += 1
+            if taken:  # fewer than taken when a concurrent replay moved some first
+                replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
+            if len(rows) < DLQ_PAGE and not full:
+                break
+        return {"replayed": replayed, "skipped": skipped}
+
+    def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow:
+        """Delete DLQ entries by id; the number that existed."""
+        ids = list(dlq_ids) if not isinstance(dlq_ids, str) else [dlq_ids]
+        bad = [i for i in ids if not isinstance(i, str) or not _STREAM_ID.fullmatch(i)]
+        if bad:
+            raise ConfigError(f"DLQ ids look like 1700000000000-0; got {bad[:5]!r}")
+        if not ids:
             return 0
-        reply = yield script_call("replay_dlq", (self.keys.dlq, self.keys.stream), argv)
-        return int_reply(reply)
+        removed = 0
+        for i in range(0, len(ids), DLQ_PAGE):
+            removed += int_reply((yield command("XDEL", self.keys.dlq, *ids[i : i + DLQ_PAGE])))
+        return removed
+
+    def purge_dlq(self, *, reason: str | None = None, name: str | None = None) -> Flow:
+        """Delete every DLQ entry there now (entries dead-lettered meanwhile stay), or only
+        those with this ``reason`` and/or job ``name``; the number deleted."""
+        for what, value in (("reason", reason), ("name", name)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{what} must be a str, got {value!r}")
+        k = self.keys
+        last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
+        if not last:
+            return 0
+        last_id = str_reply(last[0][0])
+        if reason is None and name is None:
+            ms, _, seq = last_id.partition("-")
+            return int_reply((yield command("XTRIM", k.dlq, "MINID", f"{ms}-{int(seq or 0) + 1}")))
+        removed, start = 0, "-"
+        while True:
+            rows = (yield command("XRANGE", k.dlq, start, last_id, "COUNT", DLQ_PAGE)) or []
+            doomed = []
+            for entry_id, flat in rows:
+                f = parse_fields(flat or [])
+                if ((reason is None or str_reply(f.get("reason", b"")) == reason)
+                        and (name is None or str_reply(f.get("n", b"")) == name)):
+                    doomed.append(entry_id)
+            if doomed:
+                removed += int_reply((yield command("XDEL", k.dlq, *doomed)))
+            if len(rows) < DLQ_PAGE:
+                return removed
+            start = "(" + str_reply(rows[-1][0])
 
     # ---- results and state (our extension keys) ----------------------------------------
     def get_result(self, job_id: str) -> Flow:
@@ -423,6 +491,11 @@ def _row(job_id: str, created_at_ms: int, name: str, data: Any) -> tuple[str, in
 def unique_key_for(name: str, inner: bytes) -> str:
     """Default ``add_unique`` key when the caller gives neither key nor job id."""
     return hashlib.sha1(name.encode() + b"\0" + inner).hexdigest()
+
+
+#: Entries read (or deleted) per round trip by the DLQ tools.
+DLQ_PAGE = 500
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 def _positive(value: Any, what: str) -> None:

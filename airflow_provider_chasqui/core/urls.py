@@ -1,16 +1,19 @@
-"""Connection-URL options of this project that redis-py does not know.
+"""Connection-URL options of this project that redis-py does not know, and secret redaction.
 
 ``?cluster=true`` (or ``cluster=True`` passed to a driver) selects the Redis Cluster client;
-the option is removed from the URL before redis-py parses it.  Pure string handling.
+the option is removed from the URL before redis-py parses it.  :func:`redact_url` and
+:func:`redact_text` are the one way any log line, error or CLI message shows a URL.  Pure
+string handling.
 """
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+import re
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError
 
-__all__ = ["split_cluster_flag"]
+__all__ = ["split_cluster_flag", "redact_url", "redact_text", "check_url", "REDACTED"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -42,3 +45,85 @@ def split_cluster_flag(url: str, cluster: object = None) -> tuple[str, bool]:
     if from_url is None:
         return url, flag
     return urlunsplit(parts._replace(query=urlencode(kept))), flag
+
+
+# ---- redaction --------------------------------------------------------------------------------
+REDACTED = "***"
+#: A query option or ``key=value`` whose name contains one of these holds a secret.
+_SECRET_WORDS = ("pass", "token", "secret", "credential")
+_URL_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_SECRET_KV = re.compile(
+    r"""(?P<key>(?P<q>['"]?)[\w.-]*(?:pass|token|secret|credential)[\w.-]*(?P=q)\s*[=:]\s*)"""
+    r"""(?P<value>'[^']*'|"[^"]*"|[^\s,;&)}\]'"]+)""",
+    re.IGNORECASE,
+)
+
+
+def _is_secret_name(name: str) -> bool:
+    low = unquote(name).lower()
+    return any(word in low for word in _SECRET_WORDS)
+
+
+def _redact_query(query: str) -> str:
+    parts = re.split(r"([&;])", query)
+    for i in range(0, len(parts), 2):
+        name, eq, _value = parts[i].partition("=")
+        if eq and _is_secret_name(name):
+            parts[i] = f"{name}={REDACTED}"
+    return "".join(parts)
+
+
+def redact_url(url: object) -> str:
+    """``url`` with its secrets replaced by ``***``: the password of the userinfo (the whole
+    userinfo when it has no ``user:`` part) and every query option whose name contains
+    "pass", "token", "secret" or "credential" (``password``, ``sentinel_password``,
+    ``ssl_password``...).  Hosts, ports, paths and other options stay, so the message still
+    says where.  Robust to unescaped ``@ : / %`` in the password: the userinfo ends at the
+    last ``@`` that is not inside the query.  Never raises; a non-string is shown as ``str()``.
+    """
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        head, q, query = text.partition("?")
+        return head + q + _redact_query(query) if q else text
+    at = rest.rfind("@")
+    while at != -1:  # an '@' inside a "name=value" query option is not the end of the userinfo
+        qpos = rest.find("?", 0, at)
+        if qpos == -1 or "=" not in rest[qpos:at]:
+            break
+        at = rest.rfind("@", 0, qpos)
+    auth = ""
+    if at != -1:
+        user, colon, _password = rest[:at].partition(":")
+        auth = f"{user}:{REDACTED}@" if colon else f"{REDACTED}@"
+        rest = rest[at + 1:]
+    head, q, query = rest.partition("?")
+    return f"{scheme}://{auth}{head}" + (q + _redact_query(query) if q else "")
+
+
+def redact_text(text: object) -> str:
+    """Free text (an exception message, a log record) with secrets removed: each URL in it
+    through :func:`redact_url`, then ``password=...``-like pairs (as in redis-py's connection
+    reprs, ``password=s3cret,``) replaced by ``***``."""
+    out = _URL_TOKEN.sub(lambda m: redact_url(m.group(0)), str(text))
+    return _SECRET_KV.sub(lambda m: m.group("key") + REDACTED, out)
+
+
+def check_url(url: str) -> str:
+    """``url`` if redis-py (or the Sentinel parser) can read it, else a ``ConfigError`` that
+    shows it redacted: a parser's own message may quote a piece of a mis-escaped password."""
+    from .sentinel_url import is_sentinel_url, parse_sentinel_url
+
+    try:
+        if is_sentinel_url(url):
+            parse_sentinel_url(url)
+        else:
+            parts = urlsplit(split_cluster_flag(url)[0])
+            if parts.scheme not in ("redis", "rediss", "unix") or (parts.scheme != "unix" and not parts.hostname):
+                raise ValueError("scheme or host")
+            parts.port  # noqa: B018 - raises on a non-numeric port
+    except ValueError:
+        raise ConfigError(f"not a valid Redis URL: {redact_url(url)} (redis[s]://[[user]:password@]host[:port]"
+                          "[/db][?options] or redis[s]+sentinel://...; percent-encode @ : / % in the password, "
+                          "e.g. @ as %40)") from None
+    return url

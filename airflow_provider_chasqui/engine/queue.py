@@ -196,6 +196,18 @@ class Queue:
     async def replay_dlq(self, limit: int = 100) -> int:
         return await self.driver.run(self._flows.replay_dlq(limit))
 
+    async def replay_dlq_report(self, limit: int = 100) -> dict[str, int]:
+        """``replay_dlq`` that pages past undecodable entries: ``{"replayed": n, "skipped": k}``."""
+        return await self.driver.run(self._flows.replay_dlq_report(limit))
+
+    async def remove_dlq(self, dlq_ids: Sequence[str]) -> int:
+        """Delete DLQ entries by id (``peek_dlq``'s ``dlq_id``); the number that existed."""
+        return await self.driver.run(self._flows.remove_dlq(dlq_ids))
+
+    async def purge_dlq(self, *, reason: str | None = None, name: str | None = None) -> int:
+        """Delete the DLQ's entries (all, or those with this reason and/or job name); the count."""
+        return await self.driver.run(self._flows.purge_dlq(reason=reason, name=name))
+
     # ---- results (workers started with store_results=True) -------------------------------
     async def get_job_result(self, job_id: str) -> Any:
         return await self.driver.run(self._flows.get_result(job_id))

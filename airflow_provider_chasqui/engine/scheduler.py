@@ -30,6 +30,7 @@ from ..core.codec import now_ms
 from ..core.keys import QueueKeys
 from ..core.scheduler import DEFAULT_BATCH, SchedulerCore, TickResult
 from ..core.settings import QueueSettings
+from ..core.urls import redact_url
 from ..errors import ChasquiError
 from ._driver import AsyncDriver
 from .leader import TRANSIENT, LeaderLoop
@@ -113,7 +114,7 @@ async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bo
     stop = stop or asyncio.Event()
     tasks = [asyncio.create_task(lp.run(), name=f"chasqui-{lp.role}") for lp in loops]
     log.info("standalone %s for %d queue(s) on %s", "+".join(sorted({lp.role for lp in loops})), len(queues),
-             redis_url.split("@")[-1])
+             redact_url(redis_url))
     try:
         await stop.wait()
     finally:

@@ -2,8 +2,11 @@
 
 Run them with the Spark worker::
 
-    spark-submit --master local[2] "$(python -c 'import airflow_provider_chasqui.worker.spark as m; print(m.__file__)')" \\
+    CHASQUI_REDIS_URL=redis://... spark-submit --master local[2] \\
+        "$(python -c 'import airflow_provider_chasqui.worker.spark as m; print(m.__file__)')" \\
         --queue spark --handlers airflow_provider_chasqui.examples.spark_handlers
+
+(the URL from the environment or ``--conn-id``, never a spark-submit argument: argv is public).
 
 ``sales_rollup`` reads a sales CSV (as written by :func:`generate_sales_csv`), aggregates it
 per day and region into a Parquet rollup and returns ``{"rows", "input_rows", "revenue",

@@ -13,15 +13,16 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 __all__ = ["default_deferrable", "as_seconds", "as_datetime", "result_from_event", "failure_message"]
 
 def default_deferrable() -> bool:
-    """``[chasqui] default_deferrable`` (default True): whether Chasqui waits defer.
+    """Whether a Chasqui wait defers when its ``deferrable`` argument is not given.
 
-    Not ``[operators] default_deferrable``: Airflow ships that option as False and
-    ``airflow db migrate`` writes it into airflow.cfg, so ``fallback=True`` would never apply
-    and every Chasqui wait would hold a worker slot by default.  Waiting in the triggerer
-    costs one blocked Redis read, hence the provider's own switch, on by default
-    (``AIRFLOW__CHASQUI__DEFAULT_DEFERRABLE=false`` turns it off).
+    Airflow's convention, as in the official providers: ``[operators] default_deferrable``
+    (False unless configured).  ``[chasqui] default_deferrable``, when set, overrides it for
+    this provider's operators and sensor only (``AIRFLOW__CHASQUI__DEFAULT_DEFERRABLE=true``
+    defers Chasqui waits while other operators keep blocking).
     """
-    return conf.getboolean("chasqui", "default_deferrable", fallback=True)
+    if conf.get("chasqui", "default_deferrable", fallback=None) not in (None, ""):
+        return conf.getboolean("chasqui", "default_deferrable")
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
 
 
 def as_seconds(value: timedelta | float | None, what: str) -> float | None:

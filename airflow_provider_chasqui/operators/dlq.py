@@ -17,7 +17,8 @@ __all__ = ["ChasquiReplayDLQOperator"]
 class ChasquiReplayDLQOperator(BaseOperator):
     """Replays up to ``limit`` DLQ entries (oldest first, attempts reset) and returns the count.
 
-    Entries that no longer decode stay in the DLQ, as in ChasquiMQ.  Typical use: a manual or
+    Entries that no longer decode stay in the DLQ, as in ChasquiMQ; the replay pages past them
+    (they never hide the entries behind them) and logs how many it skipped.  Typical use: a manual or
     scheduled DAG run after the bug that dead-lettered the jobs is fixed.
 
     :param queue_name: the queue; default: the connection's ``default_queue``. (templated)
@@ -39,6 +40,7 @@ class ChasquiReplayDLQOperator(BaseOperator):
 
     def execute(self, context: Context) -> int:
         with ChasquiHook(self.chasqui_conn_id).get_queue(self.queue_name) as queue:
-            moved = queue.replay_dlq(self.limit)
-            self.log.info("queue %s: replayed %d dead-lettered job(s)", queue.name, moved)
-        return moved
+            report = queue.replay_dlq_report(self.limit)
+            self.log.info("queue %s: replayed %d dead-lettered job(s); skipped %d undecodable entries "
+                          "(they stay in the DLQ)", queue.name, report["replayed"], report["skipped"])
+        return report["replayed"]

@@ -25,8 +25,9 @@ class ChasquiEnqueueOperator(BaseOperator):
 
     Without ``wait_for_result`` the task ends as soon as the job is in Redis and returns the
     job id.  With ``wait_for_result=True`` it waits for the job and returns the handler's
-    result (the worker needs ``store_results=True``): deferred to the triggerer by default,
-    or blocking in the worker slot with ``deferrable=False``.  A dead-lettered job fails the
+    result (the worker needs ``store_results=True``): deferred to the triggerer with
+    ``deferrable=True`` (the default follows ``[operators] default_deferrable``), or blocking in
+    the worker slot otherwise.  A dead-lettered job fails the
     task with the DLQ reason.  An Airflow retry enqueues again unless ``job_id`` (or
     ``unique``) makes the add idempotent.  Not thread-safe (one instance per task).
 
@@ -44,8 +45,9 @@ class ChasquiEnqueueOperator(BaseOperator):
     :param backoff: retry backoff: int ms (fixed), a ``BackoffSpec`` or its dict form.
     :param wait_for_result: wait for the job and return the handler's result.
     :param wait_timeout: give up waiting after this long (``timedelta`` or seconds); None = no limit.
-    :param deferrable: wait in the triggerer (default: ``[chasqui] default_deferrable``, True
-        unless configured; see :func:`~airflow_provider_chasqui.operators._common.default_deferrable`).
+    :param deferrable: wait in the triggerer (default: ``[operators] default_deferrable``, False
+        unless configured, or ``[chasqui] default_deferrable`` when set; see
+        :func:`~airflow_provider_chasqui.operators._common.default_deferrable`).
     :param cancel_on_kill: when the task is killed while waiting, cancel the job if it is still delayed.
     :param wait_chunk_secs: longest single blocking wait on Redis.
 

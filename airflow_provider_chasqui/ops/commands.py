@@ -1,8 +1,11 @@
 """The operator's commands: ``chasqui inspect | dlq | repeatable | events | watch``.
 
 Tables for people, ``--json`` for scripts.  Exit codes: 0 ok, 1 failed, 2 bad usage,
-3 Redis unreachable, 4 not found.  Errors name the problem and the fix.  Blocking code on
-``SyncQueue``/``SyncDriver``: no event loop, no Airflow import.
+3 Redis unreachable, 4 not found.  Errors name the problem and the fix, and never show a
+password (every message goes through ``core.urls.redact_text``).  Redis is ``--redis-url``,
+else ``--conn-id`` (an Airflow connection), else ``$CHASQUI_REDIS_URL``, else
+``redis://127.0.0.1:6379``.  Blocking code on ``SyncQueue``/``SyncDriver``: no event loop;
+Airflow is imported only for ``--conn-id``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from ..core.codec import now_ms
 from ..core.inspect import snapshot
 from ..core.keys import QueueKeys
 from ..core.producer import parse_fields
+from ..core.urls import redact_text, redact_url
 from ..errors import ChasquiConnectionError, ChasquiError, ConfigError
 from ..sync._driver import translate_errors
 from ..sync.queue import SyncQueue
+from ..worker.cli import resolve_url
 
 __all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNREACHABLE", "EXIT_NOT_FOUND"]
 
@@ -59,7 +64,20 @@ def emit(args: argparse.Namespace, data: Any, human: Callable[[TextIO], None]) -
 
 
 def _queue(args: argparse.Namespace) -> SyncQueue:
-    return SyncQueue(args.queue, redis_url=args.redis_url)
+    args.resolved_url, _ = resolve_url(args.redis_url, args.conn_id, DEFAULT_URL)
+    return SyncQueue(args.queue, redis_url=args.resolved_url)
+
+
+def confirm(args: argparse.Namespace, question: str) -> bool:
+    """``--yes``, or a "y" typed on a terminal; refuses (ConfigError) without a terminal."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise ConfigError(f"refusing to {args.dlq_cmd} without confirmation: pass --yes when not on a terminal")
+    if input(f"{question} [y/N] ").strip().lower() == "y":
+        return True
+    print("cancelled")
+    return False
 
 
 # ---- inspect / watch ----------------------------------------------------------------------
@@ -136,14 +154,43 @@ def cmd_dlq_peek(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq_replay(args: argparse.Namespace) -> int:
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ConfigError("refusing to replay without confirmation: pass --yes when not on a terminal")
-        if input(f"replay up to {args.limit} DLQ entries of {args.queue}? [y/N] ").strip().lower() != "y":
-            print("cancelled")
-            return EXIT_FAILED
-    n = _queue(args).replay_dlq(args.limit)
-    emit(args, {"replayed": n, "limit": args.limit}, lambda out: out.write(f"replayed {n} of {args.limit} entries\n"))
+    if not confirm(args, f"replay up to {args.limit} DLQ entries of {args.queue}?"):
+        return EXIT_FAILED
+    report = _queue(args).replay_dlq_report(args.limit)
+    n, skipped = report["replayed"], report["skipped"]
+
+    def human(out: TextIO) -> None:
+        out.write(f"replayed {n} of {args.limit} entries\n")
+        if skipped:
+            out.write(f"skipped {skipped} undecodable entries (they stay; `chasqui dlq peek` shows them, "
+                      "`chasqui dlq remove` deletes them)\n")
+
+    emit(args, {"replayed": n, "limit": args.limit, "skipped": skipped}, human)
+    return EXIT_OK
+
+
+def cmd_dlq_remove(args: argparse.Namespace) -> int:
+    q = _queue(args)
+    if not confirm(args, f"delete {len(args.ids)} DLQ entries of {args.queue}?"):
+        return EXIT_FAILED
+    n = q.remove_dlq(args.ids)
+    emit(args, {"removed": n, "asked": len(args.ids)},
+         lambda out: out.write(f"removed {n} of {len(args.ids)} entries\n"))
+    if n < len(args.ids) and not args.json:
+        sys.stderr.write(f"chasqui: {len(args.ids) - n} id(s) were not in the DLQ of {args.queue}\n")
+    return EXIT_OK if n == len(args.ids) else EXIT_NOT_FOUND
+
+
+def cmd_dlq_purge(args: argparse.Namespace) -> int:
+    q = _queue(args)
+    which = " and ".join(f"{k} {v!r}" for k, v in (("reason", args.reason), ("name", args.name)) if v is not None)
+    total = int(q.driver.call(command("XLEN", q.keys.dlq)))
+    question = (f"delete the DLQ entries with {which} of {args.queue} (of {total})?" if which
+                else f"delete all {total} DLQ entries of {args.queue}?")
+    if not confirm(args, question):
+        return EXIT_FAILED
+    n = q.purge_dlq(reason=args.reason, name=args.name)
+    emit(args, {"purged": n}, lambda out: out.write(f"purged {n} entries\n"))
     return EXIT_OK
 
 
@@ -297,7 +344,10 @@ def cmd_events(args: argparse.Namespace) -> int:
 # ---- wiring -------------------------------------------------------------------------------
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("queue", help="queue name")
-    p.add_argument("--redis-url", default=DEFAULT_URL, help=f"Redis URL (default {DEFAULT_URL})")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--redis-url", help=f"Redis URL (default: $CHASQUI_REDIS_URL, else {DEFAULT_URL}; "
+                                           "prefer the environment: argv is visible in ps)")
+    where.add_argument("--conn-id", help="an Airflow 'chasqui' connection id instead of a URL (imports Airflow)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -320,11 +370,23 @@ def register(sub: Any) -> None:
     _common(p)
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(func=cmd_dlq_peek)
-    p = dlq.add_parser("replay", help="move DLQ entries back to the stream (attempt reset to 0)")
+    p = dlq.add_parser("replay", help="move DLQ entries back to the stream (attempt reset to 0); "
+                                      "undecodable ones are skipped, counted and stay")
     _common(p)
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_dlq_replay)
+    p = dlq.add_parser("remove", help="delete DLQ entries by id (the 'dlq id' column of peek)")
+    _common(p)
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_dlq_remove)
+    p = dlq.add_parser("purge", help="delete every DLQ entry, or those with --reason / --name")
+    _common(p)
+    p.add_argument("--reason", help="only entries with this reason (e.g. malformed, retries_exhausted)")
+    p.add_argument("--name", help="only entries of this job name")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_dlq_purge)
 
     rep = sub.add_parser("repeatable", help="repeatable (cron / interval) specs").add_subparsers(
         dest="rep_cmd", required=True)
@@ -358,19 +420,23 @@ def register(sub: Any) -> None:
 
 def run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a subcommand, mapping errors to exit codes with a one-line message on stderr."""
+    def say(text: str) -> None:
+        print(f"chasqui: {redact_text(text)}", file=sys.stderr)
+
     try:
         with translate_errors():
             return func(args)
     except NotFound as exc:
-        print(f"chasqui: {exc}", file=sys.stderr)
+        say(str(exc))
         return EXIT_NOT_FOUND
     except ChasquiConnectionError as exc:
-        print(f"chasqui: {exc} -- is Redis running at {getattr(args, 'redis_url', '?')}? "
-              "Pass --redis-url to point elsewhere.", file=sys.stderr)
+        url = getattr(args, "resolved_url", None)
+        say(f"{exc} -- is Redis running at {redact_url(url) if url else '?'}? "
+            "Pass --redis-url (or set CHASQUI_REDIS_URL, or --conn-id) to point elsewhere.")
         return EXIT_UNREACHABLE
     except ConfigError as exc:
-        print(f"chasqui: {exc}", file=sys.stderr)
+        say(str(exc))
         return EXIT_USAGE
     except ChasquiError as exc:
-        print(f"chasqui: {exc}", file=sys.stderr)
+        say(str(exc))
         return EXIT_FAILED

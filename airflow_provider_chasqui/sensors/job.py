@@ -24,10 +24,11 @@ class ChasquiJobSensor(BaseSensorOperator):
     """Waits until Chasqui jobs completed; fails with the reason when one is dead-lettered.
 
     Give the ids directly (``job_id``: one id, a list, or an upstream ``.output``) or name the
-    upstream task whose XCom holds them (``upstream_task_id`` + ``xcom_key``).  The sensor
-    checks once; if the jobs are not done it defers to :class:`ChasquiJobTrigger`, which
-    blocks on Redis in the triggerer, so one sensor can wait for thousands of jobs without a
-    worker slot.  With ``deferrable=False`` it pokes (``poke``/``reschedule`` modes) instead.
+    upstream task whose XCom holds them (``upstream_task_id`` + ``xcom_key``).  Deferrable (the
+    default follows ``[operators] default_deferrable``), the sensor checks once; if the jobs are
+    not done it defers to :class:`ChasquiJobTrigger`, which blocks on Redis in the triggerer, so
+    one sensor can wait for thousands of jobs without a worker slot.  Otherwise it pokes
+    (``poke``/``reschedule`` modes).
     ``timeout``, ``soft_fail`` and ``never_fail`` behave as in Airflow's own sensors; a
     dead-lettered job counts as a failure (so ``soft_fail`` skips).
 
@@ -39,8 +40,9 @@ class ChasquiJobSensor(BaseSensorOperator):
     :param xcom_key: the XCom key to pull from ``upstream_task_id``. (templated)
     :param queue_name: the jobs' queue; default: the connection's ``default_queue``. (templated)
     :param chasqui_conn_id: the ``chasqui`` connection. (templated)
-    :param deferrable: defer to the triggerer (default: ``[chasqui] default_deferrable``, True
-        unless configured; see :func:`~airflow_provider_chasqui.operators._common.default_deferrable`).
+    :param deferrable: defer to the triggerer (default: ``[operators] default_deferrable``, False
+        unless configured, or ``[chasqui] default_deferrable`` when set; see
+        :func:`~airflow_provider_chasqui.operators._common.default_deferrable`).
     :param wait_chunk_secs: longest single blocking wait of the trigger on Redis.
 
     .. seealso:: :class:`~airflow_provider_chasqui.triggers.job.ChasquiJobTrigger`

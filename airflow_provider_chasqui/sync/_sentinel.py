@@ -6,9 +6,11 @@ from typing import Any
 
 import redis
 from redis.connection import SSLConnection, parse_url
-from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
+from redis.sentinel import (MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection,
+                            SentinelManagedSSLConnection)
 
 from ..core.sentinel_url import is_sentinel_url, parse_sentinel_url
+from ..core.urls import redact_text
 
 __all__ = ["make_client"]
 
@@ -29,6 +31,16 @@ class _Connection(_AskSentinelOnReconnect, SentinelManagedConnection):
 
 class _SSLConnection(_AskSentinelOnReconnect, SentinelManagedSSLConnection):
     pass
+
+
+class _RedactingSentinel(Sentinel):
+    """redis-py's ``MasterNotFoundError`` shows each Sentinel client's repr, passwords included."""
+
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)
+        except MasterNotFoundError as exc:
+            raise MasterNotFoundError(redact_text(exc)) from None
 
 
 class _OwnedSentinelPool(SentinelConnectionPool):
@@ -53,7 +65,7 @@ def make_client(url: str, **kwargs: Any) -> redis.Redis:
     merged = {**kwargs, **options, "connection_class": _SSLConnection if ssl else _Connection}
     sentinel_kwargs: dict[str, Any] = {k: v for k, v in merged.items() if k.startswith("socket_")}
     sentinel_kwargs.update(target.sentinel_kwargs)
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)
+    sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)
     pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)
     client = redis.Redis(connection_pool=pool, single_connection_client=single)
     client.auto_close_connection_pool = True

@@ -180,6 +180,18 @@ class SyncQueue:
     def replay_dlq(self, limit: int = 100) -> int:
         return self.driver.run(self._flows.replay_dlq(limit))
 
+    def replay_dlq_report(self, limit: int = 100) -> dict[str, int]:
+        """``replay_dlq`` that pages past undecodable entries: ``{"replayed": n, "skipped": k}``."""
+        return self.driver.run(self._flows.replay_dlq_report(limit))
+
+    def remove_dlq(self, dlq_ids: Sequence[str]) -> int:
+        """Delete DLQ entries by id (``peek_dlq``'s ``dlq_id``); the number that existed."""
+        return self.driver.run(self._flows.remove_dlq(dlq_ids))
+
+    def purge_dlq(self, *, reason: str | None = None, name: str | None = None) -> int:
+        """Delete the DLQ's entries (all, or those with this reason and/or job name); the count."""
+        return self.driver.run(self._flows.purge_dlq(reason=reason, name=name))
+
     # ---- results (workers started with store_results=True) -------------------------------
     def get_job_result(self, job_id: str) -> Any:
         return self.driver.run(self._flows.get_result(job_id))

@@ -4,7 +4,8 @@
 
     chasqui worker --queue Q --handlers pkg.module[:attr] [--handlers ...]
                    [--redis-url URL | --conn-id ID] [--concurrency N] [--no-scheduler]
-                   [--max-jobs N] [--idle-exit S] [--metrics-port P] [--log-level LEVEL]
+                   [--max-jobs N] [--idle-exit S] [--metrics-port P [--metrics-host H]]
+                   [--log-level LEVEL] [--version]
 
 The process: parse arguments, configure logging (this module owns the process's
 ``logging.dictConfig``; library modules only log), load the handler registry, then run the
@@ -16,8 +17,13 @@ failed, 2 for bad arguments or handlers.
 If a handler declares a ``spark`` parameter, the same command starts a SparkSession in this
 process (see :mod:`.spark`); under ``spark-submit`` run ``worker/spark.py`` instead.
 
-``--conn-id`` resolves an Airflow ``chasqui`` connection and is the only path that imports
-Airflow; this module imports neither airflow nor pyspark at import time.
+Where Redis is (:func:`resolve_url`, shared with the operator commands): ``--redis-url``, else
+``--conn-id`` (an Airflow ``chasqui`` connection: standalone, Sentinel or Cluster), else
+``$CHASQUI_REDIS_URL``, else ``redis://127.0.0.1:6379/0``; the two flags exclude each other.  Prefer
+the environment or a connection: an argv is visible to every user of the machine (``ps``).
+``--conn-id`` is the only path that imports Airflow; this module imports neither airflow nor
+pyspark at import time.  Every log line goes through a formatter that redacts secrets
+(:func:`..core.urls.redact_text`), tracebacks included.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..core.urls import check_url, redact_text
 from ..errors import ConfigError
 from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
 
-__all__ = ["build_parser", "configure_logging", "main", "resolve_target", "run_worker", "worker_options",
-           "RunHooks", "DEFAULT_REDIS_URL"]
+__all__ = ["build_parser", "configure_logging", "main", "resolve_target", "resolve_url", "run_worker",
+           "worker_options", "package_version", "RedactingFormatter", "RunHooks", "DEFAULT_REDIS_URL"]
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +85,26 @@ def _port(text: str) -> int:
     return value
 
 
+def package_version() -> str:
+    """This package's version, from its installed metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("airflow-provider-chasqui")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argparse.ArgumentParser:
     """The worker's arguments; ``spark=True`` adds the Spark entry's options."""
     p = argparse.ArgumentParser(
         prog=prog,
         description="Consume one Chasqui queue with the handlers named by --handlers.",
-        epilog="Environment: CHASQUI_REDIS_URL (default for --redis-url), CHASQUI_LOG_LEVEL.",
+        epilog="Redis: --redis-url, else --conn-id, else $CHASQUI_REDIS_URL, else " + DEFAULT_REDIS_URL
+               + " (prefer the environment or a connection: argv is visible in ps).  CHASQUI_LOG_LEVEL sets "
+               "the default --log-level.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--queue", "-q", help="queue to consume (default with --conn-id: the connection's default_queue)")
     p.add_argument("--handlers", "-H", action="append", required=True, metavar="pkg.module[:attr]",
                    help="handler module or object; repeat to combine (a job name may appear once)")
@@ -120,8 +140,10 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
                    help="stored results kept per queue besides their TTL; the oldest go first (default 10000)")
     p.add_argument("--max-failures", type=_positive_int, dest="failures_max_len", metavar="N",
                    help="failure records kept per queue besides their TTL (default 10000)")
-    p.add_argument("--metrics-port", type=_port, help="serve /metrics and /healthz on this port (0: any free port)")
-    p.add_argument("--metrics-host", default="0.0.0.0", help="address for --metrics-port (default 0.0.0.0)")
+    p.add_argument("--metrics-port", type=_port,
+                   help="serve /metrics, /livez, /readyz (and /healthz = /readyz) on this port (0: any free port)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus in a pod scrape it)")
     p.add_argument("--metrics-interval", type=float, default=5.0, metavar="SECONDS",
                    help="how often queue depths are sampled for /metrics (default 5)")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
@@ -175,15 +197,23 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
     return {k: v for k, v in opts.items() if v is not None}
 
 
+def resolve_url(redis_url: str | None, conn_id: str | None,
+                default: str = DEFAULT_REDIS_URL) -> tuple[str, str | None]:
+    """``(url, the connection's default queue)``: ``redis_url``, else the Airflow connection
+    ``conn_id``, else ``$CHASQUI_REDIS_URL``, else ``default``."""
+    if redis_url:
+        return check_url(redis_url), None
+    if conn_id:
+        return _from_airflow_connection(conn_id)
+    return check_url(os.environ.get("CHASQUI_REDIS_URL") or default), None
+
+
 def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
     """``(redis_url, queue)`` from --redis-url / --conn-id / the environment."""
-    queue = args.queue
+    url, default_queue = resolve_url(args.redis_url, args.conn_id)
+    queue = args.queue or default_queue
     if args.conn_id:
-        url, default_queue = _from_airflow_connection(args.conn_id)
-        queue = queue or default_queue
         configure_logging(args.log_level)  # importing Airflow installed its own logging setup
-    else:
-        url = args.redis_url or os.environ.get("CHASQUI_REDIS_URL") or DEFAULT_REDIS_URL
     if not queue:
         raise ConfigError("no queue: pass --queue (or a --conn-id whose connection sets default_queue)")
     return url, queue
@@ -201,20 +231,25 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends, shown plainly
-        raise ConfigError(f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {exc}") from exc
-    if settings.mode != "standalone":
-        raise ConfigError(f"connection {conn_id!r} is in {settings.mode} mode; the worker takes one Redis URL "
-                          "(standalone mode) for now")
+        raise ConfigError(f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: "
+                          f"{redact_text(exc)}") from exc
     return settings.redis_url(), settings.default_queue
 
 
 # ---- logging --------------------------------------------------------------------------------
+class RedactingFormatter(logging.Formatter):
+    """A formatter whose output (message, traceback, stack) never holds a password or token."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
 def configure_logging(level: str) -> None:
     """The worker process's logging: one line per record on stderr.  Only CLIs call this."""
     logging.config.dictConfig({
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"line": {"format": _LOG_FORMAT}},
+        "formatters": {"line": {"()": RedactingFormatter, "fmt": _LOG_FORMAT}},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
         "loggers": {
             "airflow_provider_chasqui": {"level": level},
@@ -248,15 +283,13 @@ def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHo
         sampler = DepthSampler(url, queue, group=options.get("group", "default"))
         try:
             server = MetricsServer(sink, port=args.metrics_port, host=args.metrics_host, sampler=sampler,
-                                   interval=args.metrics_interval, queue=queue,
-                                   info={"handlers": sorted(table)})
+                                   interval=args.metrics_interval, queue=queue)
         except OSError as exc:
-            sampler.close()
             raise ConfigError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}") from exc
     worker = Worker(queue, table, redis_url=url, metrics=sink, install_signal_handlers=False, **options)
     if server is not None:
         server.is_running = lambda: worker.is_running
-        server.info["consumer"] = worker.consumer_id
+        server.health_source = getattr(worker, "health", None)  # per-task liveness, when the engine has it
         server.start()
     try:
         asyncio.run(_serve(worker, server, hooks))
@@ -311,21 +344,13 @@ async def _serve(worker: Any, server: Any, hooks: RunHooks) -> None:
             installed.append(sig)
     if hooks.on_start is not None:
         hooks.on_start(request_stop)
-    beat = asyncio.create_task(_heartbeat(server)) if server is not None else None
+    if server is not None:
+        server.attach_loop(loop)
     try:
         await worker.run()
     finally:
-        if beat is not None:
-            beat.cancel()
-            await asyncio.gather(beat, return_exceptions=True)
         for sig in installed:
             loop.remove_signal_handler(sig)
-
-
-async def _heartbeat(server: Any) -> None:
-    while True:
-        server.beat()
-        await asyncio.sleep(1.0)
 
 
 def _straggler_threads() -> list[threading.Thread]:
@@ -348,7 +373,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "chasqui worker") -> 
             code = run_worker(args, registry)
     except (HandlerLoadError, ConfigError) as exc:
         log.error("%s", exc)
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {redact_text(exc)}", file=sys.stderr)
         return 2
     stragglers = _straggler_threads()
     if stragglers:

@@ -3,11 +3,20 @@
 * :class:`PrometheusMetrics` is the ``metrics=`` object ``Worker`` (and its promoter and
   scheduler) call: jobs completed / failed / retried / dead-lettered by job name, handler
   latency, jobs read, promoter lag, scheduler fires and fire lag.
-* :class:`DepthSampler` reads the queue's depths (stream XLEN, pending count from XPENDING,
-  delayed ZCARD, DLQ XLEN) in one pipelined round trip with its own blocking connection.
-* :class:`MetricsServer` serves ``/metrics`` (Prometheus text format) and ``/healthz`` (JSON;
-  200 or 503) from a daemon thread, and runs the sampler every ``interval`` seconds, so a
-  scrape never waits on Redis and a stuck event loop still shows up (its heartbeat goes stale).
+* :class:`DepthSampler` reads the queue's depths (stream XLEN, pending count of the group,
+  delayed ZCARD, DLQ XLEN) with its own blocking driver, for any URL the engine takes
+  (``redis://``, ``rediss://``, ``redis+sentinel://``, ``?cluster=true``).
+* :class:`MetricsServer` serves ``/metrics`` (Prometheus text format), ``/livez`` (the process
+  and its event loop answer), ``/readyz`` (the worker runs and Redis answered the last depth
+  sample; ``/healthz`` is an alias) from daemon threads, and runs the sampler every
+  ``interval`` seconds, so a scrape never waits on Redis.
+
+The HTTP side is small on purpose, because nothing authenticates it: it binds 127.0.0.1 unless
+told otherwise; one selector thread reads request heads (at most 8 KiB, within
+``header_timeout`` seconds, at most ``max_connections`` open: the oldest is dropped for a new
+one), so idle or slow clients hold no thread; a fixed pool of ``workers`` threads answers
+complete GET requests with ``Connection: close``.  Health bodies are ``{"status", "checks"}``
+only: error texts go to the log, never to the body.
 
 ``prometheus_client`` is an optional dependency (the ``metrics`` extra), imported only when a
 :class:`PrometheusMetrics` is built.  Imports neither airflow nor pyspark.
@@ -15,15 +24,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import queue as queue_mod
+import selectors
+import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable
 
-import redis
-
+from ..core.calls import command, int_reply, str_reply
 from ..core.keys import QueueKeys
 from ..errors import ConfigError
 
@@ -150,7 +161,7 @@ class PrometheusMetrics:
 
 
 class DepthSampler:
-    """Reads a queue's four depths in one pipeline on a blocking connection of its own.
+    """Reads a queue's four depths on a blocking driver of its own (any URL the engine takes).
 
     A missing stream or group counts as 0 (a worker that has not created its group yet).
     Used from the :class:`MetricsServer` thread only.
@@ -159,90 +170,95 @@ class DepthSampler:
     def __init__(self, redis_url: str, queue: str, *, group: str = "default") -> None:
         self.keys = QueueKeys.for_queue(queue)
         self.group = group
-        self._client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
+        self._url = redis_url
+        self._driver: Any = None  # made on first use: a cluster client connects when it is built
+
+    def _flow(self) -> Any:
+        k = self.keys
+        stream, delayed, dlq, exists = yield [command("XLEN", k.stream), command("ZCARD", k.delayed),
+                                              command("XLEN", k.dlq), command("EXISTS", k.stream)]
+        pending = 0
+        if int_reply(exists):
+            for flat in (yield command("XINFO", "GROUPS", k.stream)) or []:
+                info = {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+                if str_reply(info.get("name", b"")) == self.group:
+                    pending = int_reply(info.get("pending", 0))
+        return {"stream": int_reply(stream), "pending": pending, "delayed": int_reply(delayed), "dlq": int_reply(dlq)}
 
     def sample(self) -> dict[str, int]:
-        k = self.keys
-        pipe = self._client.pipeline(transaction=False)
-        pipe.xlen(k.stream)
-        pipe.execute_command("XPENDING", k.stream, self.group)
-        pipe.zcard(k.delayed)
-        pipe.xlen(k.dlq)
-        stream, pending, delayed, dlq = pipe.execute(raise_on_error=False)
-        for reply in (stream, delayed, dlq):
-            if isinstance(reply, Exception):
-                raise reply
-        if isinstance(pending, redis.ResponseError) and "NOGROUP" in str(pending):
-            pending_count = 0
-        elif isinstance(pending, Exception):
-            raise pending
-        else:
-            pending_count = int(pending[0] if isinstance(pending, (list, tuple)) else pending.get("pending", 0))
-        return {"stream": int(stream), "pending": pending_count, "delayed": int(delayed), "dlq": int(dlq)}
+        if self._driver is None:
+            from ..sync._driver import SyncDriver
+
+            self._driver = SyncDriver(self._url, lane=False, socket_connect_timeout=2, socket_timeout=5)
+        return self._driver.run(self._flow())
 
     def close(self) -> None:
-        self._client.close()
+        if self._driver is not None:
+            self._driver.close()
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` on ``host:port`` (port 0 = any free port, see :attr:`port`).
+    """``/metrics``, ``/livez``, ``/readyz`` and ``/healthz`` on ``host:port`` (port 0 = any
+    free port, see :attr:`port`).
 
-    ``/healthz`` answers 200 when every check passes and 503 otherwise, with a JSON body:
-    the worker reports running (``is_running``), its event loop beat within ``stale_after``
-    seconds (:meth:`beat`, called from the loop), and the last depth sample succeeded.
-    Start with :meth:`start`, stop with :meth:`stop`; the serving and sampling threads are
-    daemons, so a crashing worker never hangs on them.
+    ``/livez`` answers 200 while the process serves and the worker's event loop (given with
+    :meth:`attach_loop`) runs a callback within ``loop_deadline`` seconds, and every task the
+    worker's ``health()`` reports (when it has one) is alive; otherwise 503.  A Redis outage
+    does not fail it, so Kubernetes does not restart every pod when Redis goes away.
+    ``/readyz`` (and ``/healthz``) answers 200 when the worker reports running
+    (``is_running``) and the last depth sample reached Redis.  Start with :meth:`start`, stop
+    with :meth:`stop`; every thread is a daemon, so a crashing worker never hangs on them.
     """
 
-    def __init__(self, metrics: PrometheusMetrics, *, port: int, host: str = "0.0.0.0",
-                 sampler: DepthSampler | None = None, interval: float = 5.0, stale_after: float = 30.0,
-                 is_running: Callable[[], bool] | None = None, queue: str = "", info: dict[str, Any] | None = None) -> None:
-        if interval <= 0:
-            raise ConfigError(f"metrics interval must be positive, got {interval!r}")
+    def __init__(self, metrics: PrometheusMetrics, *, port: int, host: str = "127.0.0.1",
+                 sampler: DepthSampler | None = None, interval: float = 5.0, loop_deadline: float = 5.0,
+                 is_running: Callable[[], bool] | None = None, health: Callable[[], Any] | None = None,
+                 queue: str = "", header_timeout: float = 5.0, max_connections: int = 64,
+                 workers: int = 4) -> None:
+        for name, value in (("metrics interval", interval), ("loop_deadline", loop_deadline),
+                            ("header_timeout", header_timeout)):
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         self.metrics = metrics
         self.sampler = sampler
         self.interval = interval
-        self.stale_after = stale_after
+        self.loop_deadline = loop_deadline
         self.is_running = is_running or (lambda: True)
+        self.health_source = health
         self.queue = queue
-        self.info = dict(info or {})
-        self._last_beat = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._sample_ok: bool | None = None
-        self._sample_error = ""
         self._stop = threading.Event()
-        self._server = ThreadingHTTPServer((host, port), _handler_class(self))
-        self._server.daemon_threads = True
+        self._http = _HttpServer(host, port, self._respond, header_timeout=header_timeout,
+                                 max_connections=max_connections, workers=workers)
         self._threads: list[threading.Thread] = []
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._http.port
 
     @property
     def host(self) -> str:
-        return str(self._server.server_address[0])
+        return self._http.host
 
-    def beat(self) -> None:
-        """The worker's event loop is alive (thread-safe: a float store)."""
-        self._last_beat = time.monotonic()
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The worker's event loop, which ``/livez`` asks to run a callback."""
+        self._loop = loop
 
     def start(self) -> "MetricsServer":
-        serve = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                 name="chasqui-metrics-http", daemon=True)
-        serve.start()
-        self._threads.append(serve)
+        self._threads.extend(self._http.start())
         if self.sampler is not None:
             self.sample_now()
             sample = threading.Thread(target=self._sample_loop, name="chasqui-metrics-sampler", daemon=True)
             sample.start()
             self._threads.append(sample)
-        log.info("metrics for queue %s on http://%s:%d/metrics (health: /healthz)", self.queue, self.host, self.port)
+        log.info("metrics for queue %s on http://%s:%d/metrics (probes: /livez, /readyz)",
+                 self.queue, self.host, self.port)
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
         for thread in self._threads:
             thread.join(timeout=5)
         if self.sampler is not None:
@@ -252,53 +268,199 @@ class MetricsServer:
         assert self.sampler is not None
         try:
             depths = self.sampler.sample()
-        except (redis.RedisError, OSError) as exc:
-            self._sample_ok, self._sample_error = False, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - any failure (redis, cluster, OS) means "not ready", logged
+            self._sample_ok = False
             self.metrics.sample_failed(self.queue)
             log.warning("queue %s: depth sample failed: %s", self.queue, exc)
             return
         self.metrics.set_depths(self.queue, self.sampler.group, depths)
-        self._sample_ok, self._sample_error = True, ""
+        self._sample_ok = True
 
     def _sample_loop(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample_now()
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        beat_age = time.monotonic() - self._last_beat
-        checks = {
-            "worker_running": bool(self.is_running()),
-            "event_loop": beat_age <= self.stale_after,
-            "redis": self._sample_ok is not False,
-        }
-        body: dict[str, Any] = {"status": "ok" if all(checks.values()) else "fail", "queue": self.queue,
-                                "checks": checks, "loop_beat_age_s": round(beat_age, 3), **self.info}
-        if self._sample_error:
-            body["redis_error"] = self._sample_error
-        return all(checks.values()), body
+    # ---- probes ----------------------------------------------------------------------------
+    def _loop_answers(self) -> bool:
+        loop = self._loop
+        if loop is None:
+            return True  # not attached (the worker is starting, or a server without a worker)
+        answered = threading.Event()
+        try:
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # the loop is closed
+            return False
+        return answered.wait(self.loop_deadline)
+
+    def _tasks_alive(self) -> bool:
+        """False when the worker's ``health()`` names a dead task (``{task: bool}`` or
+        ``{task: {"alive": bool, ...}}``); a ``health()`` that raises counts as dead."""
+        if self.health_source is None:
+            return True
+        try:
+            report = self.health_source()
+        except Exception:  # noqa: BLE001 - a broken health report is a failed probe, logged
+            log.exception("queue %s: the worker's health() failed", self.queue)
+            return False
+        for task, state in dict(report or {}).items():
+            alive = state.get("alive", state.get("ok", True)) if isinstance(state, dict) else state
+            if alive is False:
+                log.warning("queue %s: worker task %s is not alive: %s", self.queue, task, state)
+                return False
+        return True
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        checks = {"event_loop": self._loop_answers(), "tasks": self._tasks_alive()}
+        return all(checks.values()), {"status": "ok" if all(checks.values()) else "fail", "checks": checks}
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        checks = {"worker_running": bool(self.is_running()), "redis": self._sample_ok is not False}
+        return all(checks.values()), {"status": "ok" if all(checks.values()) else "fail", "checks": checks}
+
+    def _respond(self, path: str) -> tuple[int, bytes, str]:
+        if path == "/metrics":
+            body, ctype = self.metrics.exposition()
+            return 200, body, ctype
+        probe = {"/livez": self.liveness, "/readyz": self.readiness, "/healthz": self.readiness}.get(path)
+        if probe is None:
+            return 404, b"not found\n", "text/plain; charset=utf-8"
+        ok, body = probe()
+        return (200 if ok else 503), json.dumps(body).encode(), "application/json"
 
 
-def _handler_class(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, ctype = server.metrics.exposition()
-                self._send(200, body, ctype)
-            elif path in ("/healthz", "/health", "/livez"):
-                ok, info = server.health()
-                self._send(200 if ok else 503, json.dumps(info).encode(), "application/json")
-            else:
-                self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+_MAX_HEAD = 8192
 
-        def _send(self, status: int, body: bytes, ctype: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-            log.debug("metrics http: " + format, *args)
+class _HttpServer:
+    """GET-only HTTP/1.0-style server: a selector thread collects request heads, a fixed pool
+    answers them (see the module docstring for the limits)."""
 
-    return Handler
+    def __init__(self, host: str, port: int, respond: Callable[[str], tuple[int, bytes, str]], *,
+                 header_timeout: float, max_connections: int, workers: int) -> None:
+        self._respond = respond
+        self._header_timeout = header_timeout
+        self._max = max_connections
+        self._workers = workers
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.create_server((host, port), family=family, backlog=max(16, max_connections))
+        self._sock.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ)
+        self._open: dict[socket.socket, tuple[float, bytearray]] = {}  # heads being read, by start time
+        self._ready: queue_mod.Queue[tuple[socket.socket, bytes] | None] = queue_mod.Queue(max_connections)
+        self._stop = threading.Event()
+
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
+
+    @property
+    def host(self) -> str:
+        return str(self._sock.getsockname()[0])
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._select_loop, name="chasqui-metrics-http", daemon=True)]
+        threads += [threading.Thread(target=self._answer_loop, name=f"chasqui-metrics-http-{i}", daemon=True)
+                    for i in range(self._workers)]
+        for t in threads:
+            t.start()
+        return threads
+
+    def stop(self) -> None:
+        self._stop.set()
+        for _ in range(self._workers):
+            try:
+                self._ready.put(None, timeout=1)
+            except queue_mod.Full:
+                break
+
+    def _drop(self, conn: socket.socket) -> None:
+        if self._open.pop(conn, None) is not None:
+            self._sel.unregister(conn)
+        conn.close()
+
+    def _select_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for key, _ in self._sel.select(timeout=0.2):
+                    if key.fileobj is self._sock:
+                        self._accept()
+                    else:
+                        self._read(key.fileobj)  # type: ignore[arg-type]
+                deadline = time.monotonic() - self._header_timeout
+                for conn in [c for c, (t, _) in self._open.items() if t < deadline]:
+                    self._drop(conn)  # a client that never finished its request
+        finally:
+            for conn in list(self._open):
+                self._drop(conn)
+            self._sel.close()
+            self._sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: keep serving the connections we have
+                log.warning("metrics http: accept failed: %s", exc)
+                return
+            if len(self._open) >= self._max:
+                self._drop(min(self._open, key=lambda c: self._open[c][0]))  # the oldest unfinished request
+            conn.setblocking(False)
+            self._open[conn] = (time.monotonic(), bytearray())
+            self._sel.register(conn, selectors.EVENT_READ)
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            chunk = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(conn)
+            return
+        buf = self._open[conn][1]
+        buf += chunk
+        if b"\r\n\r\n" not in buf and b"\n\n" not in buf and len(buf) <= _MAX_HEAD:
+            return
+        self._open.pop(conn)
+        self._sel.unregister(conn)
+        try:
+            self._ready.put_nowait((conn, bytes(buf)))
+        except queue_mod.Full:  # every answering thread is busy and the queue is full
+            conn.close()
+
+    def _answer_loop(self) -> None:
+        while True:
+            item = self._ready.get()
+            if item is None:
+                return
+            conn, head = item
+            try:
+                conn.settimeout(self._header_timeout)
+                status, body, ctype = self._answer(head)
+                conn.sendall(f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
+                             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            except OSError as exc:
+                log.debug("metrics http: could not answer: %s", exc)
+            finally:
+                conn.close()
+
+    def _answer(self, head: bytes) -> tuple[int, bytes, str]:
+        if len(head) > _MAX_HEAD:
+            return 431, b"request head too large\n", "text/plain; charset=utf-8"
+        parts = head.split(b"\r\n" if b"\r\n" in head else b"\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return 400, b"bad request\n", "text/plain; charset=utf-8"
+        if parts[0] != b"GET":
+            return 405, b"GET only\n", "text/plain; charset=utf-8"
+        path = parts[1].split(b"?", 1)[0].decode("latin-1")
+        try:
+            return self._respond(path)
+        except Exception:  # noqa: BLE001 - a bug must not kill the answering thread; details go to the log
+            log.exception("metrics http: %s failed", path)
+            return 500, b"internal error\n", "text/plain; charset=utf-8"

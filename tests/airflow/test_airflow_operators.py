@@ -79,7 +79,7 @@ def test_job_id_and_unique_make_the_add_idempotent(queue_name: str, redis_url: s
 
 
 def test_wait_for_result_defers_with_the_job(queue_name: str) -> None:
-    op = enqueue(queue_name=queue_name, data={"x": 4}, wait_for_result=True, wait_timeout=60)
+    op = enqueue(queue_name=queue_name, data={"x": 4}, wait_for_result=True, wait_timeout=60, deferrable=True)
     ti = RecordingTI()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
@@ -123,13 +123,16 @@ def test_on_kill_cancels_a_delayed_job(queue_name: str, redis_url: str) -> None:
 
 
 def test_replay_dlq(queue: SyncQueue, queue_name: str, redis_url: str, start_worker) -> None:
+    with raw_sync(redis_url) as r:  # undecodable entries at the head must not hide the others
+        for junk in (b"\xc1", b"\xff" * 8):
+            r.xadd(QueueKeys.for_queue(queue_name).dlq, {"d": junk, "reason": "decode_failed"})
     for n in range(3):
         queue.add("explode", {"n": n})
     worker = start_worker(queue_name)
-    wait_until_sync(lambda: len(queue.peek_dlq(10)) == 3, timeout=30, what="three dead letters")
+    wait_until_sync(lambda: len(queue.peek_dlq(10)) == 5, timeout=30, what="three dead letters")
     worker.stop()
     assert ChasquiReplayDLQOperator(task_id="replay", queue_name=queue_name, limit=2).execute({}) == 2
-    assert len(queue.peek_dlq(10)) == 1 and _stream_len(redis_url, queue_name) == 2
+    assert len(queue.peek_dlq(10)) == 3 and _stream_len(redis_url, queue_name) == 2
     with pytest.raises(ValueError, match="limit"):
         ChasquiReplayDLQOperator(task_id="replay", limit=0)
 

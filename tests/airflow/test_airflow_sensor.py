@@ -39,6 +39,7 @@ class RecordingTI:
 
 def sensor(**kwargs: object) -> ChasquiJobSensor:
     kwargs.setdefault("task_id", "wait")
+    kwargs.setdefault("deferrable", True)  # the default follows the config: test_airflow_deferrable.py
     return ChasquiJobSensor(**kwargs)  # type: ignore[arg-type]
 
 
@@ -46,14 +47,6 @@ def sensor(**kwargs: object) -> ChasquiJobSensor:
 def queue(queue_name: str, redis_url: str):
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         yield q
-
-
-def test_deferrable_by_default_with_a_provider_switch(monkeypatch) -> None:
-    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "false")  # what airflow.cfg says by default
-    assert sensor(job_id="x").deferrable is True
-    monkeypatch.setenv("AIRFLOW__CHASQUI__DEFAULT_DEFERRABLE", "false")
-    assert sensor(job_id="x").deferrable is False
-    assert sensor(job_id="x", deferrable=True).deferrable is True
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"job_id": "a", "upstream_task_id": "up"}])

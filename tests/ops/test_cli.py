@@ -60,7 +60,7 @@ def test_dlq_peek_and_replay(seeded: SyncQueue, redis_url: str) -> None:
     refused = chasqui("dlq", "replay", seeded.name, "--redis-url", redis_url, check=False, stdin="")
     assert refused.returncode == 2 and "--yes" in refused.stderr
     done = json.loads(chasqui("dlq", "replay", seeded.name, "--yes", "--json", "--redis-url", redis_url).stdout)
-    assert done == {"replayed": 1, "limit": 100}  # the malformed entry cannot be replayed and stays
+    assert done == {"replayed": 1, "limit": 100, "skipped": 1}  # the malformed entry cannot be replayed and stays
     left = seeded.peek_dlq()
     assert [r["reason"] for r in left] == ["malformed"]
     r = redis.Redis.from_url(redis_url)

@@ -98,7 +98,7 @@ def dag_runs(pipeline: dict, redis_url: str) -> dict:
     """Both Spark example DAGs with ``dag.test()`` in one runner process (Airflow starts once)."""
     plan = [
         ["chasqui_spark_sales_pipeline", {"queue": pipeline["queue"], "data_dir": str(pipeline["data"]), "rows": ROWS}],
-        ["chasqui_spark_batch_worker", {"queue": pipeline["batch_queue"], "redis_url": redis_url,
+        ["chasqui_spark_batch_worker", {"queue": pipeline["batch_queue"],
                                         "data_dir": str(pipeline["data"]), "datasets": 2, "max_jobs": 2,
                                         "idle_exit_secs": 60}],
     ]

@@ -1,11 +1,16 @@
-"""``/metrics`` and ``/healthz``: scraped from a real ``chasqui worker`` subprocess after known
-traffic, plus the health verdicts and the optional import, in process."""
+"""``/metrics``, ``/livez``, ``/readyz`` (``/healthz``): scraped from real ``chasqui worker``
+subprocesses (standalone, Sentinel and Cluster URLs; a Redis outage; a blocked event loop), plus
+the probe verdicts, the HTTP limits (idle and slow clients on real sockets) and the optional
+import, in process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +22,12 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.errors import ConfigError
 from airflow_provider_chasqui.worker.metrics import DepthSampler, MetricsServer, PrometheusMetrics
 from engine_support import wait_until_sync
-from worker_support import free_port, http_get, metric_value
+from fault_support import start_sentinel
+from servers import binary_for, start_server
+from worker_support import free_port, http_get, metric_value, subprocess_env
+
+READY = {"status": "ok", "checks": {"worker_running": True, "redis": True}}
+LIVE = {"status": "ok", "checks": {"event_loop": True, "tasks": True}}
 
 
 pytestmark = pytest.mark.timeout(300)  # deadlines are generous: CI machines are shared
@@ -41,9 +51,12 @@ def test_metrics_after_known_traffic(start_worker, redis_url: str, queue_name: s
     q.add("echo", "later still", delay=7_200_000)
     with redis.Redis.from_url(redis_url) as r:
         r.xadd(keys.stream, {"x": "not a chasqui entry"})                           # malformed
-    proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url, "--no-scheduler",
-                         "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--metrics-interval", "0.2"])
-    proc.wait_for_log(f"/metrics")
+    proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--no-scheduler",
+                         "--metrics-port", str(port), "--metrics-interval", "0.2"],
+                        env=subprocess_env(CHASQUI_REDIS_URL=redis_url))
+    proc.wait_for_log(f"on http://127.0.0.1:{port}/metrics")  # loopback unless --metrics-host says otherwise
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.2", port), timeout=5).close()
     labels = {"queue": queue_name}
 
     def settled() -> str | None:
@@ -77,12 +90,10 @@ def test_metrics_after_known_traffic(start_worker, redis_url: str, queue_name: s
     assert metric_value(text, "chasqui_depth_sample_timestamp_seconds", **labels) > time.time() - 60
     assert metric_value(text, "chasqui_handler_duration_seconds_bucket", **labels, name="echo", le="+Inf") == 6
 
-    status, body = http_get(f"http://127.0.0.1:{port}/healthz")
-    health = json.loads(body)
-    assert status == 200 and health["status"] == "ok", body
-    assert health["checks"] == {"worker_running": True, "event_loop": True, "redis": True}
-    assert health["queue"] == queue_name and health["handlers"] == ["echo", "fail", "hold", "slow_async"]
-    assert http_get(f"http://127.0.0.1:{port}/nope")[0] == 404
+    for path, want in (("/readyz", READY), ("/healthz", READY), ("/livez", LIVE)):
+        status, body = http_get(f"http://127.0.0.1:{port}{path}")
+        assert (status, json.loads(body)) == (200, want), (path, body)  # no handler list, no queue, no errors
+    assert http_get(f"http://127.0.0.1:{port}/nope") == (404, "not found\n")
 
     proc.signal(signal.SIGTERM)
     assert proc.wait_exit(180) == 0, proc.output()
@@ -111,39 +122,223 @@ def test_scheduler_fires_are_counted(start_worker, redis_url: str, queue_name: s
     assert proc.wait_exit(180) == 0, proc.output()
 
 
+def _probe(port: int, path: str) -> tuple[int, dict]:
+    status, body = http_get(f"http://127.0.0.1:{port}{path}", timeout=30)
+    return status, json.loads(body)
+
+
+def test_redis_outage_fails_readyz_but_not_livez(start_worker, tmp_path: Path, queue_name: str) -> None:
+    """Kubernetes restarts pods on a failed liveness probe: a Redis outage must only fail readiness."""
+    server = start_server("redis7", tmpdir=tmp_path)
+    try:
+        port = free_port()
+        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--metrics-port", str(port),
+                             "--metrics-interval", "0.2"], env=subprocess_env(CHASQUI_REDIS_URL=server.url))
+        proc.wait_for_log("/metrics")
+        wait_until_sync(lambda: _probe(port, "/readyz") == (200, READY), 120, what="ready")
+        server.stop()
+        outage = {"status": "fail", "checks": {"worker_running": True, "redis": False}}
+        wait_until_sync(lambda: _probe(port, "/readyz") == (503, outage), 120, what="readyz to fail")
+        assert _probe(port, "/healthz") == (503, outage)
+        assert _probe(port, "/livez") == (200, LIVE)
+        server.start()
+        wait_until_sync(lambda: _probe(port, "/readyz") == (200, READY), 120, what="ready again")
+        with SyncQueue(queue_name, redis_url=server.url) as q:
+            job = q.add("echo", "after the outage")
+            assert q.wait_for_result(job.id, timeout=120) == {"echo": "after the outage"}
+        proc.signal(signal.SIGTERM)
+        assert proc.wait_exit(180) == 0, proc.output()
+        assert proc.output().count("depth sample failed") >= 1  # the error text goes to the log, not the body
+    finally:
+        server.stop()
+
+
+BLOCKING_HANDLERS = """
+import os, time
+from airflow_provider_chasqui.worker import handler
+
+@handler("block_loop")
+async def block_loop(job):  # a bad async handler: blocks the event loop with a sync wait
+    open(os.path.join(job.data, "started"), "w").close()
+    while not os.path.exists(os.path.join(job.data, "release")):
+        time.sleep(0.01)
+    return "released"
+"""
+
+
+def test_a_blocked_event_loop_fails_livez(start_worker, tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    (tmp_path / "blocking_handlers.py").write_text(BLOCKING_HANDLERS)
+    env = subprocess_env(CHASQUI_REDIS_URL=redis_url)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    port = free_port()
+    proc = start_worker(["-q", queue_name, "-H", "blocking_handlers", "--metrics-port", str(port)], env=env)
+    proc.wait_for_log("/metrics")
+    wait_until_sync(lambda: _probe(port, "/livez") == (200, LIVE), 120, what="live")
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        job = q.add("block_loop", str(tmp_path))
+        wait_until_sync(lambda: (tmp_path / "started").exists(), 120, what="the blocking handler to start")
+        stuck = {"status": "fail", "checks": {"event_loop": False, "tasks": True}}
+        assert _probe(port, "/livez") == (503, stuck)
+        assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200  # scrapes still answer
+        (tmp_path / "release").touch()
+        assert q.wait_for_result(job.id, timeout=120) == "released"
+    wait_until_sync(lambda: _probe(port, "/livez") == (200, LIVE), 120, what="live again")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait_exit(180) == 0, proc.output()
+
+
+def _serve_jobs_with_metrics(start_worker, url: str, queue: str, n: int = 20) -> None:
+    port = free_port()
+    proc = start_worker(["-q", queue, "-H", "worker_handlers", "--metrics-port", str(port),
+                         "--metrics-interval", "0.2"], env=subprocess_env(CHASQUI_REDIS_URL=url))
+    proc.wait_for_log("/metrics")
+    with SyncQueue(queue, redis_url=url) as q:
+        q.add_bulk([{"name": "echo", "data": i} for i in range(n)])
+        q.add("echo", "later", delay=3_600_000)
+
+    def settled() -> str | None:
+        text = _scrape(port)
+        done = metric_value(text, "chasqui_jobs_completed_total", queue=queue, name="echo") == n
+        return text if done and metric_value(text, "chasqui_delayed_jobs", queue=queue) == 1 else None
+
+    text = wait_until_sync(settled, 120, what=f"{n} jobs completed and sampled", interval=0.05)
+    assert metric_value(text, "chasqui_pending_jobs", queue=queue, group="default") == 0
+    assert metric_value(text, "chasqui_depth_sample_errors_total", queue=queue) in (None, 0)
+    assert _probe(port, "/readyz") == (200, READY) and _probe(port, "/livez") == (200, LIVE)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait_exit(180) == 0, proc.output()
+    assert "Traceback" not in proc.output(), proc.output()
+
+
+@pytest.mark.timeout(300)
+def test_metrics_with_a_cluster_url(start_worker, cluster_server, queue_name: str) -> None:
+    """Regression: --metrics-port with a ?cluster=true URL failed at start."""
+    _serve_jobs_with_metrics(start_worker, cluster_server.url, queue_name)
+
+
+@pytest.mark.timeout(300)
+def test_metrics_with_a_sentinel_url(start_worker, tmp_path: Path, queue_name: str) -> None:
+    """Regression: --metrics-port with a redis+sentinel:// URL failed at start."""
+    master = start_server("redis7", tmpdir=tmp_path)
+    sentinel = None
+    try:
+        sentinel = start_sentinel(binary_for("redis7"), tmp_path, "chasqui-m", master.port)
+        _serve_jobs_with_metrics(start_worker, f"redis+sentinel://127.0.0.1:{sentinel.port}/chasqui-m/0", queue_name)
+    finally:
+        if sentinel is not None:
+            sentinel.stop()
+        master.stop()
+
+
 # ---- in process --------------------------------------------------------------------------
-def test_health_verdicts(redis_url: str, queue_name: str) -> None:
+def test_probe_verdicts(redis_url: str, queue_name: str) -> None:
     sink = PrometheusMetrics(known_names=["a"])
     running = {"yes": False}
-    server = MetricsServer(sink, port=0, host="127.0.0.1", sampler=DepthSampler(redis_url, queue_name),
-                           interval=60, stale_after=0.5, is_running=lambda: running["yes"], queue=queue_name).start()
+    report: dict = {"reader": True, "slots": {"alive": True, "busy": 3}, "flusher": True}
+    server = MetricsServer(sink, port=0, sampler=DepthSampler(redis_url, queue_name), interval=60,
+                           loop_deadline=0.5, is_running=lambda: running["yes"], health=lambda: report,
+                           queue=queue_name).start()
+    loop = asyncio.new_event_loop()
+    spinning = threading.Thread(target=loop.run_forever, daemon=True)
+    spinning.start()
     try:
-        url = f"http://127.0.0.1:{server.port}/healthz"
-        status, body = http_get(url)
-        assert status == 503 and json.loads(body)["checks"]["worker_running"] is False  # not started yet
+        assert server.host == "127.0.0.1"  # the default
+        assert _probe(server.port, "/readyz") == (503, {"status": "fail", "checks": {"worker_running": False,
+                                                                                     "redis": True}})
+        assert _probe(server.port, "/livez") == (200, LIVE)  # no loop attached yet: starting up
         running["yes"] = True
-        server.beat()
-        assert http_get(url)[0] == 200
-        wait_until_sync(lambda: http_get(url)[0] == 503, 120, what="the loop heartbeat to go stale")
-        assert json.loads(http_get(url)[1])["checks"]["event_loop"] is False
+        server.attach_loop(loop)
+        assert _probe(server.port, "/readyz") == (200, READY) and _probe(server.port, "/livez") == (200, LIVE)
+
+        release = threading.Event()
+        loop.call_soon_threadsafe(release.wait)  # the loop is stuck in a callback
+        assert _probe(server.port, "/livez") == (503, {"status": "fail", "checks": {"event_loop": False,
+                                                                                    "tasks": True}})
+        assert _probe(server.port, "/readyz") == (200, READY)
+        release.set()
+        wait_until_sync(lambda: _probe(server.port, "/livez") == (200, LIVE), 60, what="the loop to answer")
+
+        for dead in ({"flusher": False}, {"slots": {"alive": False}}, None):
+            report = dict(report, **dead) if dead else None  # None: health() raises below
+            if dead is None:
+                server.health_source = lambda: 1 / 0
+            status, body = _probe(server.port, "/livez")
+            assert (status, body["checks"]["tasks"]) == (503, False), body
+            assert "ZeroDivisionError" not in json.dumps(body)
+        loop.call_soon_threadsafe(loop.stop)
+        spinning.join(10)
+        loop.close()
+        assert _probe(server.port, "/livez")[1]["checks"]["event_loop"] is False  # a closed loop is dead
         text = _scrape(server.port)
         assert metric_value(text, "chasqui_stream_length", queue=queue_name) == 0  # no stream yet: 0, no error
     finally:
         server.stop()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
 
 
-def test_unreachable_redis_fails_health_and_counts(queue_name: str) -> None:
+def test_unreachable_redis_fails_readyz_without_error_text(queue_name: str) -> None:
     sink = PrometheusMetrics()
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    server = MetricsServer(sink, port=0, host="127.0.0.1", sampler=DepthSampler(dead, queue_name), interval=60,
+    dead = f"redis://:hunter2-pw@127.0.0.1:{free_port()}/0"
+    server = MetricsServer(sink, port=0, sampler=DepthSampler(dead, queue_name), interval=60,
                            queue=queue_name).start()
     try:
-        status, body = http_get(f"http://127.0.0.1:{server.port}/healthz")
-        info = json.loads(body)
-        assert status == 503 and info["checks"]["redis"] is False and "redis_error" in info
+        status, body = http_get(f"http://127.0.0.1:{server.port}/readyz")
+        assert (status, json.loads(body)) == (503, {"status": "fail", "checks": {"worker_running": True,
+                                                                                 "redis": False}})
+        assert _probe(server.port, "/livez") == (200, LIVE)
         assert metric_value(_scrape(server.port), "chasqui_depth_sample_errors_total", queue=queue_name) == 1
     finally:
         server.stop()
+
+
+def _threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("chasqui-metrics"))
+
+
+@pytest.mark.timeout(120)
+def test_idle_and_slow_clients_cannot_exhaust_the_server() -> None:
+    """A slowloris: hundreds of connections that send nothing or half a request head."""
+    server = MetricsServer(PrometheusMetrics(), port=0, header_timeout=2.0, max_connections=32, workers=2).start()
+    held: list[socket.socket] = []
+    try:
+        assert _threads() == 3  # the selector and two answering threads, fixed
+        for i in range(300):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            if i % 2:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")  # never finished
+            held.append(s)
+        started = time.monotonic()
+        assert _probe(server.port, "/livez") == (200, LIVE)
+        assert time.monotonic() - started < 10
+        assert _threads() == 3
+        # every idle or unfinished connection is closed by the server within the header timeout
+        for s in held:
+            s.settimeout(30)
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        for request, status in ((b"POST /metrics HTTP/1.1\r\n\r\n", b"405"), (b"\x00\xff junk\r\n\r\n", b"400"),
+                                (b"GET /" + b"a" * 10_000, b"431"), (b"GET /livez?x=1 HTTP/1.0\r\n\r\n", b"200")):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+                s.sendall(request)
+                reply = b""
+                while chunk := s.recv(65536):
+                    reply += chunk
+                assert reply.split(b" ", 2)[1] == status, reply[:200]
+                assert b"Connection: close" in reply
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
+    assert wait_until_sync(lambda: _threads() == 0, 30, what="the metrics threads to end")
+
+
+def test_bad_probe_settings_are_refused() -> None:
+    for bad in ({"interval": 0}, {"loop_deadline": float("nan")}, {"header_timeout": -1}):
+        with pytest.raises(ConfigError):
+            MetricsServer(PrometheusMetrics(), port=0, **bad)
 
 
 def test_unregistered_names_share_one_label() -> None:

@@ -16,7 +16,7 @@ from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
 
 QUEUE = "{{ params.queue }}"
 
-with DAG(dag_id="chasqui_sensor_cases", schedule=None, catchup=False,
+with DAG(dag_id="chasqui_sensor_cases", schedule=None, catchup=False, default_args={"deferrable": True},
          params={"queue": Param("chasqui-tests", type="string")}) as dag:
     enqueue_ok = ChasquiEnqueueOperator(task_id="enqueue_ok", job_name="square", data={"x": 11}, delay=1.5,
                                         queue_name=QUEUE)
