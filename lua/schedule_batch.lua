@@ -89,10 +89,10 @@ for s = 1, m do
     if ok then
       local hash = base .. key
       local res = redis.pcall('HINCRBY', hash, 'fired', 1)
-      if failed(res) then
+      if type(res) == 'table' then  -- an error reply (inlined `failed`: the hot path)
         quarantine(key, hash)
         corrupt[#corrupt + 1] = s
-        corrupt[#corrupt + 1] = res.err
+        corrupt[#corrupt + 1] = 'the fired counter: ' .. res.err
         removed_total = removed_total + 1
         status = 1
       else
@@ -124,7 +124,7 @@ for s = 1, m do
         if env == '' then
           local res = redis.pcall('HINCRBY', hash, 'skipped', 1)
           if failed(res) then
-            bad = res.err
+            bad = 'the skipped counter: ' .. res.err
             break
           end
           skipped_total = skipped_total + 1
@@ -141,7 +141,7 @@ for s = 1, m do
           end
           local res = redis.pcall('HINCRBY', hash, 'fired', 1)
           if failed(res) then
-            bad = res.err
+            bad = 'the fired counter: ' .. res.err
             break
           end
           emit(name, ARGV[j], env)

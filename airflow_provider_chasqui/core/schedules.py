@@ -144,7 +144,8 @@ class CorruptSpec:
     """A listed spec that cannot be read (``list_repeatable`` shows it instead of failing):
     ``key`` with bytes that are not UTF-8 escaped (``raw_key`` holds them), the score as
     Redis stores it (``score``, e.g. ``"inf"``), and ``reason``.  The scheduler moves such
-    a spec to the quarantine hash when it falls due; ``remove_repeatable_by_key`` deletes it."""
+    a spec to the quarantine hash when it cannot fire it; ``remove_repeatable_by_key``
+    deletes one whose key is UTF-8."""
 
     key: str
     raw_key: bytes

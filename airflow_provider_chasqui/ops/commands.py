@@ -180,7 +180,7 @@ def cmd_repeatable_list(args: argparse.Namespace) -> int:
         table(rows, ("key", "job", "pattern", "tz", "next fire (UTC)", "limit", "state", "fired"), out)
         bad = [d for d in data["items"] if d["corrupt"]]
         if bad:
-            out.write(f"\n{len(bad)} corrupt spec(s) (the scheduler quarantines each when it falls due):\n")
+            out.write(f"\n{len(bad)} corrupt spec(s):\n")
             for d in bad:
                 out.write(f"  {d['key']}: {d['reason']}\n")
         if cursor:

@@ -87,7 +87,7 @@ def plant_hostile(q: SyncQueue, r: redis.Redis, at: int) -> dict[bytes, str]:
     member(b"fired-text", "fired", spec=valid_spec("fired-text"), fired="abc")
     member(b"fired-float", "fired", spec=valid_spec("fired-float"), fired="1.5")
     member(b"fired-overflow", "fired", spec=valid_spec("fired-overflow"), fired=str(2**63 - 1))
-    member(b"skipped-text", "skipped", spec=valid_spec("skipped-text"), skipped="\xff")
+    # (a bad `skipped` counter matters once a fire is skipped: test_a_counter_corrupted_between_read_and_fire_is_fenced)
     member(b"spec-junk", "msgpack", spec=b"\xc1\xff\x00")
     member(b"ext-junk", "ext", spec=valid_spec("ext-junk"), ext=b"\x93\x07\xc0\xc0")
     member(b"spec-\x00\n\r", "deadline", spec=valid_spec("nul"), ext=msgpack.packb([1, None, -5]))
