@@ -43,6 +43,7 @@ __all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "fire_time_o
 
 DEFAULT_BATCH = 1000
 DEFAULT_CHUNK = 250
+FIRE_BUDGET = 1000  # a chunk also ends once it holds this many fires (fire-all catch-ups)
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
@@ -284,8 +285,9 @@ class SchedulerCore:
         planned: list[list[tuple[str, str, int, int, str]]] = []
 
         def calls() -> Iterator[Call]:  # chunk i+1 is planned while Redis fires chunk i
-            for i in range(0, len(rows), self.chunk):
-                call, plans = self._plan(rows[i : i + self.chunk], now, cache)
+            i = 0
+            while i < len(rows):
+                call, plans, i = self._plan(rows, i, now, cache)
                 planned.append(plans)
                 yield call
 
@@ -295,14 +297,21 @@ class SchedulerCore:
             self._account(result, plans, reply, now)
         return result
 
-    def _plan(self, rows: list[tuple[Any, ...]], now: int, cache: dict[Any, tuple[list[int], int]]
-              ) -> tuple[Call, list[tuple[str, str, int, int, str]]]:
-        """One ``schedule_batch`` call for ``rows`` of ``fetch_due`` and what each entry asked."""
+    def _plan(self, rows: list[tuple[Any, ...]], start: int, now: int, cache: dict[Any, tuple[list[int], int]]
+              ) -> tuple[Call, list[tuple[str, str, int, int, str]], int]:
+        """One ``schedule_batch`` call for the ``fetch_due`` rows from ``start``, what each
+        entry asked, and the index of the first row left for the next chunk: a chunk ends
+        after ``chunk`` specs or ``FIRE_BUDGET`` fires (catch-ups of many windows)."""
         k = self.keys
-        argv: list[Any] = [now, self.settings.max_stream_len, self._spec_base, len(rows)]
+        argv: list[Any] = [now, self.settings.max_stream_len, self._spec_base, 0]
         body: list[Any] = []
         plans: list[tuple[str, str, int, int, str]] = []  # (op, key, first fire, next, reason)
-        for raw_key, raw_score, raw_spec, raw_ext in rows:
+        budget = FIRE_BUDGET
+        end_row = min(len(rows), start + self.chunk)
+        i = start
+        while i < end_row and budget > 0:
+            raw_key, raw_score, raw_spec, raw_ext = rows[i]
+            i += 1
             argv.append(raw_key)
             if raw_spec is None:  # a dangling ZSET entry: drop it unless the spec reappears
                 body += ("D", raw_score)
@@ -339,6 +348,7 @@ class SchedulerCore:
                 continue
             if end is not None:
                 fires = [f for f in fires if f <= end]
+            budget -= len(fires)
             body += ("F", raw_score, nxt, spec.limit or 0, end or 0, spec.job_name, len(fires))
             for at in fires:
                 if deadline is not None and now - at > deadline:
@@ -346,8 +356,9 @@ class SchedulerCore:
                 else:
                     body += (at, _fire_envelope(key, at, inner, now, retry))
             plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
+        argv[3] = len(plans)
         argv += body
-        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv), plans
+        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv), plans, i
 
     @staticmethod
     def _account(result: TickResult, plans: list[tuple[str, str, int, int, str]], reply: list[Any], now: int) -> None:

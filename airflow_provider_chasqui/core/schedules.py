@@ -19,10 +19,9 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from dataclasses import dataclass
-from typing import ClassVar
 from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import msgpack
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from redis import exceptions as rexc
 
-from ..core.calls import Call, Flow, Stream
+from ..core.calls import Flow, Stream
 from ..core.keys import QueueKeys
 from ..core.scheduler import DEFAULT_BATCH, SchedulerCore, TickResult
 from ..core.settings import QueueSettings
@@ -74,7 +74,7 @@ class Scheduler(LeaderLoop):
                 sent: list[asyncio.Future[Any]] = []
                 try:
                     for call in step.calls:
-                        sent.append(asyncio.ensure_future(self._call(call)))
+                        sent.append(asyncio.ensure_future(self.driver.run_call(call)))
                         await asyncio.sleep(0)
                 finally:
                     replies = await asyncio.gather(*sent, return_exceptions=True)
@@ -83,14 +83,11 @@ class Scheduler(LeaderLoop):
                         raise reply
                 reply = replies
             else:
-                reply = await self._call(step)
+                reply = await self.driver.run_call(step)
             try:
                 step = flow.send(reply)
             except StopIteration as stop:
                 return stop.value
-
-    async def _call(self, call: Call) -> Any:
-        return await self.driver.run_call(call)
 
     async def tick(self) -> bool | float:
         now = None if self.now_fn is None else self.now_fn()
@@ -109,7 +106,7 @@ class Scheduler(LeaderLoop):
         self.lost_total += result.lost
         for key, reason in result.quarantined:
             self.quarantined_total += 1
-            log.error("scheduler %s: stored spec %r of queue %s does not decode (%s); moved to %s",
+            log.error("scheduler %s: spec %r of queue %s is corrupt (%s); moved to %s",
                       self.holder, key, self.keys.queue, reason, self.keys.repeat_quarantine)
         for key in result.dropped:
             log.warning("scheduler %s: spec %r of queue %s had no stored spec; its entry was removed",

@@ -220,3 +220,13 @@ def test_fetch_due_reports_corrupt_entries_instead_of_failing(lua: Lua) -> None:
     rows = {reply[i]: reply[i + 2] for i in range(2, len(reply), 4)}
     # a key of another type is reported; counters are checked where they are raised (schedule_batch)
     assert rows == {b"ok": SPEC, b"n": SPEC, b"s": [b"the spec key is a string, not a hash"], b"\xff": None}
+
+
+def test_upsert_replaces_a_key_of_another_type_instead_of_failing_the_batch(lua: Lua) -> None:
+    k = lua.k
+    lua.r.set(k.repeat_spec("s"), "x")
+    lua.r.rpush(k.repeat_spec("l"), "x")
+    assert lua.upsert((1000, "a", SPEC, b""), (1000, "s", SPEC, b""), (1000, "l", SPEC, b"EXT")) == 3
+    assert lua.r.hgetall(k.repeat_spec("s")) == {b"spec": SPEC}
+    assert lua.r.hgetall(k.repeat_spec("l")) == {b"spec": SPEC, b"ext": b"EXT"}
+    assert lua.r.zrange(k.repeat, 0, -1) == [b"a", b"l", b"s"]
