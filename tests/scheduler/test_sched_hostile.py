@@ -348,3 +348,43 @@ async def test_catch_ups_of_many_windows_are_split_into_chunks(q: SyncQueue, r: 
     for k in keys:
         assert sorted(f.scheduled_ms for f in got if f.name == k) == [first + w * SECOND for w in range(600)]
         assert r.zscore(q.keys.repeat, k) == now - 500 + SECOND  # then on the timeline after now
+
+
+@pytest.mark.timeout(120)
+async def test_a_running_scheduler_on_redis_time_isolates_hostile_entries_planted_while_it_runs(
+        q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
+    """The real loop (Redis TIME, real sleeps): hostile entries appear before it starts and
+    while it runs; every good spec fires each window once, in order, and the bad ones go."""
+    interval = 300
+    good = [q.upsert_repeatable_job(f"r{i}", i, repeat=RepeatPattern.every(interval), key=f"r{i}",
+                                    missed_fires=MissedFiresPolicy.fire_all(50)).id for i in range(4)]
+    def now_server() -> int:
+        sec, usec = r.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    bad = plant_hostile(q, r, now_server())
+    s = Scheduler(driver, q.name, tick_ms=100)
+    task = asyncio.create_task(s.run())
+    try:
+        await asyncio.sleep(1.2)
+        r.hset(spec_hash(q, b"late-\xfe"), "spec", valid_spec("late"))
+        r.set(spec_hash(q, b"late-string"), "x")
+        r.zadd(q.keys.repeat, dict.fromkeys((b"late-\xff", b"late-\xfe", b"late-string"), now_server()))
+        deadline = time.monotonic() + 20  # late-\xff has no hash: a dangling entry, dropped
+        while len(r.hkeys(q.keys.repeat_quarantine)) < len(bad) + 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+    finally:
+        s.stop()
+        await task
+    got = fires(r, q.name)
+    assert Counter(f.envelope.id for f in got).most_common(1)[0][1] == 1
+    for k in good:
+        times = [f.scheduled_ms for f in got if f.name == k]
+        assert len(times) >= 5, (k, times)
+        assert {b - a for a, b in zip(times, times[1:])} == {interval}, (k, times)  # each window once, in order
+    moved = set(r.hkeys(q.keys.repeat_quarantine))
+    assert moved == set(bad) | {b"late-string", b"late-\xfe"}
+    assert s.quarantined_total == len(moved)
+    assert r.zscore(q.keys.repeat, b"late-\xff") is None  # no spec hash: dropped as dangling
+    assert set(r.zrange(q.keys.repeat, 0, -1)) == {k.encode() for k in good}
