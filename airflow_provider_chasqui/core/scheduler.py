@@ -6,10 +6,11 @@ fires and next score, each under a compare-and-set on the score read) streamed o
 a time, so the next chunk is planned while Redis fires the previous one.  "Now" is Redis'
 TIME, read once per tick by ``fetch_due`` (the promoter's clock too), never the leader's.
 
-Every entry stands alone: a member that is not UTF-8, a spec key of another type, a counter
-that is no integer, a spec or ext that does not decode, all move that spec to the quarantine
-hash with the reason (``TickResult.quarantined``) and the others fire; a score that is no
-instant (-inf, negative) re-anchors its spec.  The score is the fire's identity,
+Every entry stands alone: a member that is not UTF-8, a spec key of another type, a spec or
+ext that does not decode (found here), a counter HINCRBY rejects (found by the firing script,
+before that spec's first write) all move that spec to the quarantine hash with the reason
+(``TickResult.quarantined``) and the others fire; a score that is no instant (-inf,
+negative) re-anchors its spec.  The score is the fire's identity,
 together with the spec key: two schedulers leading at once, or an update that moved the
 timeline while a tick was planning, can never fire the same window twice.
 
