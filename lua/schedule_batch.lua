@@ -13,10 +13,22 @@
 --       then n pairs (fire_at_ms, envelope) in chronological order; envelope "" = a fire past
 --       the spec's execution deadline: skipped and counted (HINCRBY skipped)
 --   'D' expected                                 drop a dangling entry (no spec in the hash)
---   'Q' expected raw_spec_bytes_read             quarantine an undecodable spec
--- Reply = {fired, skipped, removed, lost, status_1, ..., status_m}
+--   'Q' expected mode bytes                      quarantine a corrupt entry: mode 's' = its
+--                                                stored spec still is `bytes`; 'x' = any content
+-- Reply = {fired, skipped, removed, lost, status_1, ..., status_m, {i, reason, ...}}
 --   status_i: -1 the compare-and-set failed (nothing done), else fired_i * 2 + removed_i
---   ('D' and 'Q' report removed_i = 1 when they acted)
+--   ('D' and 'Q' report removed_i = 1 when they acted); the last element lists the specs
+--   quarantined here because their hash turned corrupt after the read (a counter HINCRBY
+--   rejects, a key of another type): their fires so far stand and the spec is moved aside.
+-- No command that can fail runs after a spec's first write: the hash commands are
+-- redis.pcall'd and each counter is raised before its fire is written, so the rescoring ZADD
+-- at the end, the fence of every fire, always runs (a script's writes are not rolled back).
+for j, want in ipairs({'stream', 'zset', 'zset', 'hash'}) do
+  local t = redis.call('TYPE', KEYS[j]).ok
+  if t ~= want and t ~= 'none' then
+    return redis.error_reply('schedule_batch: ' .. KEYS[j] .. ' is a ' .. t .. ', not a ' .. want)
+  end
+end
 local now = tonumber(ARGV[1])
 local maxlen = ARGV[2]
 local base = ARGV[3]
@@ -24,7 +36,32 @@ local m = tonumber(ARGV[4])
 local fired_total, skipped_total, removed_total, lost_total = 0, 0, 0, 0
 local out = {0, 0, 0, 0}
 local rescore, r = {}, 0
+local corrupt = {}
 local i = 5 + m
+
+local function failed(res)
+  return type(res) == 'table' and res.err
+end
+
+-- move a spec aside: its stored bytes (when it still is a hash) into the quarantine hash
+local function quarantine(key, hash)
+  local raw = ''
+  if redis.call('TYPE', hash).ok == 'hash' then
+    raw = redis.call('HGET', hash, 'spec') or ''
+  end
+  redis.call('HSET', KEYS[4], key, raw)
+  redis.call('ZREM', KEYS[3], key)
+  redis.call('DEL', hash)
+end
+
+-- the spec's fired counter as a number, or nil when it is none (wrong type, not an integer)
+local function fired_count(hash)
+  local v = redis.pcall('HGET', hash, 'fired')
+  if failed(v) then
+    return nil
+  end
+  return tonumber(v or '0')
+end
 
 local function emit(name, at, env)
   if tonumber(at) <= now then
@@ -50,18 +87,27 @@ for s = 1, m do
   local status = -1
   if op == 'f' then
     if ok then
-      local name = ARGV[i + 3]
-      if name == '' then
-        redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', ARGV[i + 4])
+      local hash = base .. key
+      local res = redis.pcall('HINCRBY', hash, 'fired', 1)
+      if type(res) == 'table' then  -- an error reply (inlined `failed`: the hot path)
+        quarantine(key, hash)
+        corrupt[#corrupt + 1] = s
+        corrupt[#corrupt + 1] = 'the fired counter: ' .. res.err
+        removed_total = removed_total + 1
+        status = 1
       else
-        redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', ARGV[i + 4], 'n', name)
+        local name = ARGV[i + 3]
+        if name == '' then
+          redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', ARGV[i + 4])
+        else
+          redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', ARGV[i + 4], 'n', name)
+        end
+        rescore[r + 1] = ARGV[i + 2]
+        rescore[r + 2] = key
+        r = r + 2
+        fired_total = fired_total + 1
+        status = 2
       end
-      redis.call('HINCRBY', base .. key, 'fired', 1)
-      rescore[r + 1] = ARGV[i + 2]
-      rescore[r + 2] = key
-      r = r + 2
-      fired_total = fired_total + 1
-      status = 2
     end
     i = i + 5
   elseif op == 'F' then
@@ -72,28 +118,48 @@ for s = 1, m do
     i = first + 2 * n
     if ok then
       local hash = base .. key
-      local fired, hit = 0, false
+      local fired, hit, bad = 0, false, nil
       for j = first, i - 1, 2 do
         local env = ARGV[j + 1]
         if env == '' then
-          redis.call('HINCRBY', hash, 'skipped', 1)
+          local res = redis.pcall('HINCRBY', hash, 'skipped', 1)
+          if failed(res) then
+            bad = 'the skipped counter: ' .. res.err
+            break
+          end
           skipped_total = skipped_total + 1
         else
-          if limit > 0 and tonumber(redis.call('HGET', hash, 'fired') or '0') >= limit then
-            hit = true
+          if limit > 0 then
+            local count = fired_count(hash)
+            if not count then
+              bad = 'the fired counter is not an integer'
+              break
+            elseif count >= limit then
+              hit = true
+              break
+            end
+          end
+          local res = redis.pcall('HINCRBY', hash, 'fired', 1)
+          if failed(res) then
+            bad = 'the fired counter: ' .. res.err
             break
           end
           emit(name, ARGV[j], env)
-          redis.call('HINCRBY', hash, 'fired', 1)
           fired = fired + 1
         end
       end
       local done = hit or nxt <= 0 or (endb > 0 and nxt > endb)
-      if not done and limit > 0 then
-        done = tonumber(redis.call('HGET', hash, 'fired') or '0') >= limit
+      if not done and not bad and limit > 0 then
+        local count = fired_count(hash)
+        done = count ~= nil and count >= limit
       end
       local removed = 0
-      if done then
+      if bad then
+        quarantine(key, hash)
+        corrupt[#corrupt + 1] = s
+        corrupt[#corrupt + 1] = bad
+        removed = 1
+      elseif done then
         redis.call('ZREM', KEYS[3], key)
         redis.call('DEL', hash)
         removed = 1
@@ -109,22 +175,29 @@ for s = 1, m do
   elseif op == 'D' then
     i = i + 2
     -- no stored spec (a hash left with only other fields counts too: it would stay due for ever)
-    if ok and redis.call('HEXISTS', base .. key, 'spec') == 0 then
-      redis.call('ZREM', KEYS[3], key)
-      redis.call('DEL', base .. key)
-      removed_total = removed_total + 1
-      status = 1
+    if ok then
+      local has = redis.pcall('HEXISTS', base .. key, 'spec')
+      if failed(has) then  -- the key turned into another type since the read
+        quarantine(key, base .. key)
+        corrupt[#corrupt + 1] = s
+        corrupt[#corrupt + 1] = has.err
+        removed_total = removed_total + 1
+        status = 1
+      elseif has == 0 then
+        redis.call('ZREM', KEYS[3], key)
+        redis.call('DEL', base .. key)
+        removed_total = removed_total + 1
+        status = 1
+      end
     end
   elseif op == 'Q' then
-    local bad = ARGV[i + 2]
-    i = i + 3
+    local mode, bad = ARGV[i + 2], ARGV[i + 3]
+    i = i + 4
     if ok then
       local hash = base .. key
-      local raw = redis.call('HGET', hash, 'spec')
-      if raw and raw == bad then
-        redis.call('HSET', KEYS[4], key, raw)
-        redis.call('ZREM', KEYS[3], key)
-        redis.call('DEL', hash)
+      local raw = mode == 's' and redis.pcall('HGET', hash, 'spec')
+      if mode ~= 's' or raw == bad then  -- 's': unless an upsert rewrote the spec since the read
+        quarantine(key, hash)
         removed_total = removed_total + 1
         status = 1
       end
@@ -142,4 +215,5 @@ for k = 1, r, 2000 do
   redis.call('ZADD', KEYS[3], unpack(rescore, k, math.min(r, k + 1999)))
 end
 out[1], out[2], out[3], out[4] = fired_total, skipped_total, removed_total, lost_total
+out[5 + m] = corrupt
 return out

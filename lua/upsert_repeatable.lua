@@ -8,7 +8,8 @@
 -- Per spec: one HSET (spec, and ext when given); a spec without ext whose hash already
 -- existed loses a stale ext (HDEL); ZADD repeat next key (one ZADD per 1,000 specs); a paused
 -- spec of that key is resumed by the upsert (ZREM repeat:paused).  The `fired` counter is kept
--- across re-upserts, as ChasquiMQ does.  The hash keys are built here rather than passed as
+-- across re-upserts, as ChasquiMQ does.  A key of another type where a spec hash goes (hostile
+-- or foreign data in the queue's keyspace) is replaced rather than failing the whole batch.  The hash keys are built here rather than passed as
 -- KEYS: one argument less per spec (fetch_due does the same; same slot as KEYS[1]).
 local base, width = ARGV[1], tonumber(ARGV[2])
 local scored, m, n = {}, 0, 0
@@ -16,9 +17,18 @@ for i = 3, #ARGV, width do
   local key = ARGV[i + 1]
   local hash = base .. key
   if width == 4 and ARGV[i + 3] ~= '' then
-    redis.call('HSET', hash, 'spec', ARGV[i + 2], 'ext', ARGV[i + 3])
-  elseif redis.call('HSET', hash, 'spec', ARGV[i + 2]) == 0 then
-    redis.call('HDEL', hash, 'ext')
+    if type(redis.pcall('HSET', hash, 'spec', ARGV[i + 2], 'ext', ARGV[i + 3])) == 'table' then
+      redis.call('DEL', hash)  -- a key of another type where the spec hash goes: replaced
+      redis.call('HSET', hash, 'spec', ARGV[i + 2], 'ext', ARGV[i + 3])
+    end
+  else
+    local added = redis.pcall('HSET', hash, 'spec', ARGV[i + 2])
+    if type(added) == 'table' then
+      redis.call('DEL', hash)
+      redis.call('HSET', hash, 'spec', ARGV[i + 2])
+    elseif added == 0 then
+      redis.call('HDEL', hash, 'ext')
+    end
   end
   scored[m + 1] = ARGV[i]
   scored[m + 2] = key

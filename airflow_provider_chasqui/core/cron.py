@@ -38,14 +38,7 @@ __all__ = [
     "resolve_timezone",
     "next_fire_after",
     "first_fire_after_now",
-    "WALK_CAP",
-    "REARM_MS",
 ]
-
-WALK_CAP = 100_000
-"""Most pattern steps taken when walking to the first future instant (spec §15.4)."""
-REARM_MS = 60_000
-"""Hitting ``WALK_CAP`` re-arms the spec at ``now + REARM_MS`` instead of removing it."""
 
 _ONE_SEC = timedelta(seconds=1)
 _EPOCH = datetime(1970, 1, 1)
@@ -382,35 +375,23 @@ def next_fire_after(pattern: PatternLike, t_ms: int, start_after_ms: int | None 
 def first_fire_after_now(
     pattern: PatternLike, fire_at_ms: int, now_ms: int, start_after_ms: int | None = None
 ) -> int:
-    """First pattern instant > ``now_ms`` walking from ``fire_at_ms`` (spec §15.4).
+    """First instant of the spec's timeline strictly after ``now_ms`` (spec §15.4), in O(1)
+    pattern evaluations however stale ``fire_at_ms`` is: cron instants do not depend on
+    where a walk starts, so it is the next instant after now; an interval keeps its phase
+    (closed form).  Returns 0 when the pattern has no further fire (the spec is removed).
 
-    Returns 0 when the pattern has no further fire (the spec is removed) and
-    ``now_ms + REARM_MS`` when the walk would take more than ``WALK_CAP`` steps.
+    Deliberate difference from ChasquiMQ, which walks from ``fire_at_ms`` at most 100,000
+    steps and re-arms at now + 60 s when that cap is hit: after a long outage that walk cost
+    a second of CPU per spec and moved the spec off its boundary.
     """
     if pattern.kind == "every" and pattern.interval_ms:
         return _every_after_now(pattern.interval_ms, fire_at_ms, now_ms, start_after_ms)
-    if now_ms - fire_at_ms <= (WALK_CAP - 2) * 1000:
-        # Cron instants are whole distinct seconds, so the walk cannot reach the cap and
-        # its end is simply the next instant after now.
-        nxt = next_fire_after(pattern, now_ms, start_after_ms)
-        return 0 if nxt is None else nxt
-    return _walk(pattern, fire_at_ms, now_ms, start_after_ms)
+    nxt = next_fire_after(pattern, now_ms, start_after_ms)
+    return 0 if nxt is None else nxt
 
 
 def _every_after_now(interval: int, cursor: int, now_ms: int, start_after_ms: int | None) -> int:
     first = max(cursor, start_after_ms or 0) + interval
     if first > now_ms:
         return first
-    steps = (now_ms - first) // interval + 2
-    return now_ms + REARM_MS if steps > WALK_CAP else first + (steps - 1) * interval
-
-
-def _walk(pattern: PatternLike, cursor: int, now_ms: int, start_after_ms: int | None) -> int:
-    for _ in range(WALK_CAP):
-        nxt = next_fire_after(pattern, cursor, start_after_ms)
-        if nxt is None:
-            return 0
-        if nxt > now_ms:
-            return nxt
-        cursor = nxt
-    return now_ms + REARM_MS
+    return first + ((now_ms - first) // interval + 1) * interval

@@ -2,15 +2,19 @@
 
 One flow, two round trips: the counters in one pipeline, then consumer details only when
 the stream and its group exist (XINFO on a missing group is an error, not an empty list).
+Corrupt data renders instead of failing the snapshot: a spec key that is not UTF-8 shows
+escaped, a score that is no instant (+-inf) shows as Redis' text of it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .calls import Flow, command, int_reply, str_reply
 from .keys import QueueKeys
+from .schedules import show_key
 
 __all__ = ["QueueSnapshot", "ConsumerInfo", "snapshot"]
 
@@ -32,7 +36,7 @@ class QueueSnapshot:
     dlq: int
     specs: int
     paused_specs: int
-    next_fires: list[tuple[str, int]]
+    next_fires: list[tuple[str, int | str]]  # (spec key, epoch ms, or the score's text when no instant)
     promoter_leader: str | None
     scheduler_leader: str | None
     group_exists: bool
@@ -44,6 +48,12 @@ class QueueSnapshot:
 
 def _parse_info(flat: list[Any]) -> dict[str, Any]:
     return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def score_ms(raw: Any) -> int | str:
+    """A ZSET score as epoch ms, or its text ("inf", "-inf") when it is no finite instant."""
+    value = float(raw)
+    return int(value) if math.isfinite(value) else str_reply(raw)
 
 
 def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int = 5) -> Flow:
@@ -76,8 +86,9 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
                 info = _parse_info(row)
                 consumers.append(ConsumerInfo(str_reply(info["name"]), int_reply(info.get("pending", 0)),
                                               int_reply(info.get("idle", 0))))
-    lag = max(0, now_ms - int(float(oldest[1]))) if oldest else None
-    pairs = [(str_reply(fires[i]), int(float(fires[i + 1]))) for i in range(0, len(fires or []), 2)]
+    first = score_ms(oldest[1]) if oldest else None
+    lag = max(0, now_ms - first) if isinstance(first, int) else None
+    pairs = [(show_key(fires[i]), score_ms(fires[i + 1])) for i in range(0, len(fires or []), 2)]
     return QueueSnapshot(
         queue=queue, stream=int_reply(stream), pending=pending, delayed=int_reply(delayed),
         oldest_delayed_lag_ms=lag, dlq=int_reply(dlq), specs=int_reply(specs), paused_specs=int_reply(paused),

@@ -354,6 +354,9 @@ def plan_fires(
 def _fire_all(
     pattern: RepeatPattern, fire_at: int, now: int, start_after: int | None, max_catchup: int
 ) -> tuple[list[int], int]:
+    # the backlog is capped at the list cap: the windows past it would be walked only to
+    # find the cursor, and either way the spec resumes at its first instant after now
+    max_catchup = min(max_catchup, FIRE_ALL_LIST_CAP)
     if pattern.kind == "every" and pattern.interval_ms:
         fires, cursor = _every_catchup(pattern.interval_ms, fire_at, now, start_after, max_catchup)
     else:
@@ -372,8 +375,7 @@ def _walk_catchup(
     count = 0
     cursor: int | None = at
     while cursor is not None and cursor <= now and count < max_catchup:
-        if count < FIRE_ALL_LIST_CAP:
-            fires.append(cursor)
+        fires.append(cursor)
         count += 1
         cursor = next_fire_after(pattern, cursor, start_after)
     return fires, cursor
@@ -390,4 +392,4 @@ def _every_catchup(
 
     due = 0 if at > now else 1 + (0 if first > now else (now - first) // interval + 1)
     count = min(due, max_catchup)
-    return [nth(k) for k in range(min(count, FIRE_ALL_LIST_CAP))], nth(count)
+    return [nth(k) for k in range(count)], nth(count)

@@ -1,9 +1,16 @@
 """The scheduler's tick as a flow (sans-I/O): read the due specs, plan their fires, fire them.
 
-One tick is two round trips whatever the batch size: ``fetch_due`` (the due keys with their
-scores and stored fields), then ``schedule_batch`` calls (every spec's fires and next score,
-each under a compare-and-set on the score read) streamed one chunk at a time, so the next
-chunk is planned while Redis fires the previous one.  The score is the fire's identity,
+One tick is two round trips whatever the batch size: ``fetch_due`` (the server's clock, the
+due keys with their scores and stored fields), then ``schedule_batch`` calls (every spec's
+fires and next score, each under a compare-and-set on the score read) streamed one chunk at
+a time, so the next chunk is planned while Redis fires the previous one.  "Now" is Redis'
+TIME, read once per tick by ``fetch_due`` (the promoter's clock too), never the leader's.
+
+Every entry stands alone: a member that is not UTF-8, a spec key of another type, a spec or
+ext that does not decode (found here), a counter HINCRBY rejects (found by the firing script,
+before that spec's first write) all move that spec to the quarantine hash with the reason
+(``TickResult.quarantined``) and the others fire; a score that is no instant (-inf,
+negative) re-anchors its spec.  The score is the fire's identity,
 together with the spec key: two schedulers leading at once, or an update that moved the
 timeline while a tick was planning, can never fire the same window twice.
 
@@ -29,14 +36,15 @@ from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
 from .keys import QueueKeys
 from .cron import next_fire_after
-from .repeat import FIRE_ALL_LIST_CAP, MissedFiresPolicy, RepeatPattern, StoredSpec, plan_fires
-from .schedules import _NO_EXT, SpecExt
+from .repeat import MissedFiresPolicy, RepeatPattern, StoredSpec, plan_fires
+from .schedules import _NO_EXT, SpecExt, show_key
 from .settings import QueueSettings
 
 __all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "fire_time_of", "DEFAULT_BATCH"]
 
 DEFAULT_BATCH = 1000
 DEFAULT_CHUNK = 250
+FIRE_BUDGET = 1000  # a chunk also ends once it holds this many fires (fire-all catch-ups)
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
@@ -90,6 +98,7 @@ class TickResult:
     lag_ms: int | None = None
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    chunks: int = 0  # schedule_batch calls (each plans at most ``SchedulerCore.chunk`` specs)
 
 
 def _fire_at(raw: Any) -> int | None:
@@ -104,18 +113,26 @@ def _fire_at(raw: Any) -> int | None:
     return value if value >= 0 else None
 
 
+class _Corrupt(Exception):
+    """An entry ``fetch_due`` found corrupt (its reason is the message)."""
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, _Corrupt):
+        return str(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        return f"the spec key is not UTF-8 (byte {exc.start})"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _plan_fires(spec: DueSpec, fire_at: int | None, now: int) -> tuple[list[int], int]:
-    """``plan_fires`` with two guards: a score that is no instant re-anchors the spec at its
-    first fire after now (nothing fires for it), and a fire-all catch-up walks at most
-    ``FIRE_ALL_LIST_CAP`` windows per tick (the fires dispatched are the same; a cap of
-    2**32 would otherwise walk billions of cron instants in one tick)."""
+    """``plan_fires``, except that a score that is no instant re-anchors the spec at its
+    first fire after now (nothing fires for it).  Either way O(1) pattern evaluations
+    beyond the fires themselves (a fire-all backlog is capped at ``FIRE_ALL_LIST_CAP``)."""
     if fire_at is None:
         nxt = next_fire_after(spec.pattern, now, spec.start_after_ms)
         return [], 0 if nxt is None else nxt
-    policy = spec.missed_fires
-    if policy.kind == "fire-all" and (policy.max_catchup or 0) > FIRE_ALL_LIST_CAP:
-        policy = _CAPPED_FIRE_ALL
-    return plan_fires(spec.pattern, fire_at, now, spec.start_after_ms, policy)
+    return plan_fires(spec.pattern, fire_at, now, spec.start_after_ms, spec.missed_fires)
 
 
 def _score(raw: Any) -> int:
@@ -126,7 +143,6 @@ def _score(raw: Any) -> int:
 
 
 _unpackb = msgpack.unpackb
-_CAPPED_FIRE_ALL = MissedFiresPolicy.fire_all(FIRE_ALL_LIST_CAP)
 _U64 = 2**64 - 1
 _PATTERNS: dict[Any, RepeatPattern] = {}
 _PLAIN = (int, str, type(None))
@@ -249,15 +265,17 @@ class SchedulerCore:
         self._spec_base = self.keys.repeat_spec("")
         self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
 
-    def tick(self, now: int) -> Flow:
+    def tick(self, now: int | None = None) -> Flow:
+        """One tick at ``now`` (epoch ms; None = the server's TIME, what schedulers use)."""
         k = self.keys
-        reply = yield script_call("fetch_due", (k.repeat,), (now, self.batch, k.prefix))
+        reply = yield script_call("fetch_due", (k.repeat,), ("" if now is None else now, self.batch, k.prefix))
+        now = int(reply[1])
         result = TickResult(now_ms=now)
         try:
             upcoming = None if reply[0] is None else _score(reply[0])
         except (ValueError, OverflowError):  # a +inf score: nothing due within reach
             upcoming = None
-        it = iter(reply[1:])
+        it = iter(reply[2:])
         rows = list(zip(it, it, it, it))  # (key, score, spec, ext) per due spec
         result.due = len(rows)
         result.full = len(rows) >= self.batch
@@ -268,31 +286,42 @@ class SchedulerCore:
         planned: list[list[tuple[str, str, int, int, str]]] = []
 
         def calls() -> Iterator[Call]:  # chunk i+1 is planned while Redis fires chunk i
-            for i in range(0, len(rows), self.chunk):
-                call, plans = self._plan(rows[i : i + self.chunk], now, cache)
+            i = 0
+            while i < len(rows):
+                call, plans, i = self._plan(rows, i, now, cache)
                 planned.append(plans)
                 yield call
 
         replies = yield Stream(calls())
+        result.chunks = len(planned)
         for plans, reply in zip(planned, replies):
             self._account(result, plans, reply, now)
         return result
 
-    def _plan(self, rows: list[tuple[Any, ...]], now: int, cache: dict[Any, tuple[list[int], int]]
-              ) -> tuple[Call, list[tuple[str, str, int, int, str]]]:
-        """One ``schedule_batch`` call for ``rows`` of ``fetch_due`` and what each entry asked."""
+    def _plan(self, rows: list[tuple[Any, ...]], start: int, now: int, cache: dict[Any, tuple[list[int], int]]
+              ) -> tuple[Call, list[tuple[str, str, int, int, str]], int]:
+        """One ``schedule_batch`` call for the ``fetch_due`` rows from ``start``, what each
+        entry asked, and the index of the first row left for the next chunk: a chunk ends
+        after ``chunk`` specs or ``FIRE_BUDGET`` fires (catch-ups of many windows)."""
         k = self.keys
-        argv: list[Any] = [now, self.settings.max_stream_len, self._spec_base, len(rows)]
+        argv: list[Any] = [now, self.settings.max_stream_len, self._spec_base, 0]
         body: list[Any] = []
         plans: list[tuple[str, str, int, int, str]] = []  # (op, key, first fire, next, reason)
-        for raw_key, raw_score, raw_spec, raw_ext in rows:
-            key = raw_key.decode() if type(raw_key) is bytes else str(raw_key)
+        budget = FIRE_BUDGET
+        end_row = min(len(rows), start + self.chunk)
+        i = start
+        while i < end_row and budget > 0:
+            raw_key, raw_score, raw_spec, raw_ext = rows[i]
+            i += 1
             argv.append(raw_key)
             if raw_spec is None:  # a dangling ZSET entry: drop it unless the spec reappears
                 body += ("D", raw_score)
-                plans.append(("D", key, 0, 0, ""))
+                plans.append(("D", show_key(raw_key), 0, 0, ""))
                 continue
             try:
+                key = raw_key.decode() if type(raw_key) is bytes else str(raw_key)  # not UTF-8: quarantined
+                if type(raw_spec) is list:  # fetch_due found the entry corrupt and says why
+                    raise _Corrupt(str_reply(raw_spec[0]))
                 spec = _decode_spec(raw_spec)
                 ext = SpecExt.decode(raw_ext) if raw_ext else _NO_EXT
                 fire_at = _fire_at(raw_score)  # a -inf or negative score re-anchors the spec
@@ -302,8 +331,11 @@ class SchedulerCore:
                     self.plans_computed += 1
                     plan = cache[ck] = _plan_fires(spec, fire_at, now)
             except Exception as exc:  # noqa: BLE001 - whatever a stored spec does, it is moved aside, not fired
-                body += ("Q", raw_score, raw_spec)
-                plans.append(("Q", key, 0, 0, f"{type(exc).__name__}: {exc}"))
+                if type(raw_spec) is bytes:  # unless an upsert rewrites the spec meanwhile
+                    body += ("Q", raw_score, "s", raw_spec)
+                else:
+                    body += ("Q", raw_score, "x", "")
+                plans.append(("Q", show_key(raw_key), 0, 0, _reason(exc)))
                 continue
             fires, nxt = plan
             end = spec.end_before_ms
@@ -317,6 +349,7 @@ class SchedulerCore:
                 continue
             if end is not None:
                 fires = [f for f in fires if f <= end]
+            budget -= len(fires)
             body += ("F", raw_score, nxt, spec.limit or 0, end or 0, spec.job_name, len(fires))
             for at in fires:
                 if deadline is not None and now - at > deadline:
@@ -324,8 +357,9 @@ class SchedulerCore:
                 else:
                     body += (at, _fire_envelope(key, at, inner, now, retry))
             plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
+        argv[3] = len(plans)
         argv += body
-        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv), plans
+        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv), plans, i
 
     @staticmethod
     def _account(result: TickResult, plans: list[tuple[str, str, int, int, str]], reply: list[Any], now: int) -> None:
@@ -335,11 +369,15 @@ class SchedulerCore:
         result.removed += removed
         result.lost += lost
         next_due = result.next_due_ms
-        for (op, key, first, nxt, reason), status in zip(plans, reply[4:]):
+        trailer = reply[4 + len(plans)] if len(reply) > 4 + len(plans) else []
+        corrupt = {int(trailer[j]) - 1: str_reply(trailer[j + 1]) for j in range(0, len(trailer), 2)}
+        for i, ((op, key, first, nxt, reason), status) in enumerate(zip(plans, reply[4:])):
             status = int(status)
             if status < 0:
                 continue
-            if op == "Q":
+            if i in corrupt:  # its hash turned corrupt between the read and the fire
+                result.quarantined.append((key, f"its hash is corrupt: {corrupt[i]}"))
+            elif op == "Q":
                 result.quarantined.append((key, reason))
             elif op == "D":
                 result.dropped.append(key)

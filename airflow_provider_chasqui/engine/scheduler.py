@@ -10,9 +10,11 @@ The lock ``{chasqui:<q>}:scheduler:lock`` (holder ``s-<uuid>``, TTL 5 s) is rene
 so a dead leader is replaced within the TTL plus one tick.  Each tick fires up to ``batch``
 due specs in two round trips (one read script, then the firing scripts streamed a chunk at a
 time; see ``core/scheduler.py``); every fire is a compare-and-set on the spec's score, so
-even two leaders at once cannot fire a window twice.  Between ticks
-the leader sleeps until the earliest next fire, at most ``tick_ms``, so fires are late by
-milliseconds rather than by up to a tick.
+even two leaders at once cannot fire a window twice.  "Now" is the server's TIME, read once
+per tick.  Between chunks the tick yields the event loop (a chunk is planned while Redis
+fires the one before), so a big tick never stalls the worker it is embedded in.  Between
+ticks the leader sleeps until the earliest next fire, at most ``tick_ms``, so fires are late
+by milliseconds rather than by up to a tick.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from redis import exceptions as rexc
 
-from ..core.codec import now_ms
+from ..core.calls import Flow, Stream
 from ..core.keys import QueueKeys
 from ..core.scheduler import DEFAULT_BATCH, SchedulerCore, TickResult
 from ..core.settings import QueueSettings
@@ -47,13 +49,14 @@ class Scheduler(LeaderLoop):
     def __init__(self, driver: AsyncDriver, queue: str, *, holder: str | None = None, tick_ms: int = 1000,
                  batch: int = DEFAULT_BATCH, lock_ttl_secs: int = 5, settings: QueueSettings | None = None,
                  metrics: Any = None, now_fn: Callable[[], int] | None = None, min_sleep_ms: int = 5) -> None:
-        """``now_fn`` returns the scheduler's clock in epoch ms (tests inject a fake one)."""
+        """``now_fn`` returns the scheduler's clock in epoch ms (tests inject a fake one); by
+        default it is the server's TIME."""
         keys = QueueKeys.for_queue(queue)
         super().__init__(driver, keys.scheduler_lock, holder=holder, interval_ms=tick_ms, lock_ttl_secs=lock_ttl_secs)
         self.keys = keys
         self.core = SchedulerCore(queue, settings, batch=batch)
         self.metrics = metrics
-        self.now_fn = now_fn or now_ms
+        self.now_fn = now_fn
         self.min_sleep = min_sleep_ms / 1000
         self.fired_total = 0
         self.skipped_total = 0
@@ -62,10 +65,36 @@ class Scheduler(LeaderLoop):
         self.ticks = 0
         self.last: TickResult | None = None
 
+    async def _run(self, flow: Flow) -> Any:
+        """``driver.run`` for the tick's flow, with the event loop yielded between the calls
+        of a stream: each chunk is sent as soon as it is planned, then other tasks run before
+        the next chunk is planned."""
+        step = next(flow)
+        while True:
+            if isinstance(step, Stream):
+                sent: list[asyncio.Future[Any]] = []
+                try:
+                    for call in step.calls:
+                        sent.append(asyncio.ensure_future(self.driver.run_call(call)))
+                        await asyncio.sleep(0)
+                finally:
+                    replies = await asyncio.gather(*sent, return_exceptions=True)
+                for reply in replies:
+                    if isinstance(reply, BaseException):
+                        raise reply
+                reply = replies
+            else:
+                reply = await self.driver.run_call(step)
+            try:
+                step = flow.send(reply)
+            except StopIteration as stop:
+                return stop.value
+
     async def tick(self) -> bool | float:
-        now = self.now_fn()
+        now = None if self.now_fn is None else self.now_fn()
+        started = asyncio.get_running_loop().time()
         try:
-            result: TickResult = await self.driver.run(self.core.tick(now))
+            result: TickResult = await self._run(self.core.tick(now))
         except LOOP_ERRORS:
             raise  # the leader loop retries these (with backoff for connection errors)
         except Exception:  # noqa: BLE001 - a bug must not end the loop that every schedule depends on
@@ -78,7 +107,7 @@ class Scheduler(LeaderLoop):
         self.lost_total += result.lost
         for key, reason in result.quarantined:
             self.quarantined_total += 1
-            log.error("scheduler %s: stored spec %r of queue %s does not decode (%s); moved to %s",
+            log.error("scheduler %s: spec %r of queue %s is corrupt (%s); moved to %s",
                       self.holder, key, self.keys.queue, reason, self.keys.repeat_quarantine)
         for key in result.dropped:
             log.warning("scheduler %s: spec %r of queue %s had no stored spec; its entry was removed",
@@ -92,7 +121,11 @@ class Scheduler(LeaderLoop):
             return True
         if result.next_due_ms is None:
             return False
-        return max(self.min_sleep, (result.next_due_ms - self.now_fn()) / 1000)
+        if self.now_fn is not None:
+            current = self.now_fn()
+        else:  # the server's clock, moved on by the time this tick took
+            current = result.now_ms + int((asyncio.get_running_loop().time() - started) * 1000)
+        return max(self.min_sleep, (result.next_due_ms - current) / 1000)
 
 
 # --------------------------------------------------------------------------- standalone

@@ -49,10 +49,13 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) ->
             out.write("  ".join("-" * w for w in widths) + "\n")
 
 
-def iso_ms(ms: int | None) -> str:
+def iso_ms(ms: int | str | None) -> str:
     if not ms:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")  # type: ignore[operator]
+    except (TypeError, ValueError, OverflowError, OSError):  # no instant ("inf") or beyond year 9999
+        return f"{ms} (no date)"
 
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[TextIO], None]) -> None:
@@ -196,6 +199,8 @@ def cmd_dlq_purge(args: argparse.Namespace) -> int:
 
 # ---- repeatable ---------------------------------------------------------------------------
 def _meta_dict(m: Any) -> dict[str, Any]:
+    if m.corrupt:  # a spec that cannot be read: its key (escaped), score text and the reason
+        return {"key": m.key, "corrupt": True, "reason": m.reason, "score": m.score, "paused": m.paused}
     p = m.pattern
     return {
         "key": m.key, "job_name": m.job_name, "kind": p.kind,
@@ -203,6 +208,7 @@ def _meta_dict(m: Any) -> dict[str, Any]:
         "tz": (p.tz or "UTC") if p.kind == "cron" else None, "next_fire_ms": m.next_fire_ms,
         "next_fire": iso_ms(m.next_fire_ms), "limit": m.limit,
         "paused": getattr(m, "paused", False), "fired": getattr(m, "fired", 0), "skipped": getattr(m, "skipped", 0),
+        "corrupt": False,
     }
 
 
@@ -211,9 +217,19 @@ def cmd_repeatable_list(args: argparse.Namespace) -> int:
     data = {"items": [_meta_dict(m) for m in items], "next_cursor": cursor}
 
     def human(out: TextIO) -> None:
-        table([(d["key"], d["job_name"], d["pattern"], d["tz"], d["next_fire"], d["limit"],
-                "paused" if d["paused"] else "active", d["fired"]) for d in data["items"]],
-              ("key", "job", "pattern", "tz", "next fire (UTC)", "limit", "state", "fired"), out)
+        rows = []
+        for d in data["items"]:
+            if d["corrupt"]:
+                rows.append((d["key"], "-", "-", "-", d["score"], "-", "CORRUPT", "-"))
+            else:
+                rows.append((d["key"], d["job_name"], d["pattern"], d["tz"], d["next_fire"], d["limit"],
+                             "paused" if d["paused"] else "active", d["fired"]))
+        table(rows, ("key", "job", "pattern", "tz", "next fire (UTC)", "limit", "state", "fired"), out)
+        bad = [d for d in data["items"] if d["corrupt"]]
+        if bad:
+            out.write(f"\n{len(bad)} corrupt spec(s):\n")
+            for d in bad:
+                out.write(f"  {d['key']}: {d['reason']}\n")
         if cursor:
             out.write(f"\nmore: --cursor {cursor}\n")
 
@@ -279,12 +295,53 @@ def _row_to_spec(row: dict[str, Any], line: int) -> dict[str, Any]:
     return spec
 
 
+def _valid_rows(queue: str, path: str, errors: list[str] | None) -> Iterable[dict[str, Any]]:
+    """The rows of ``path`` as upsert items, each checked as the upsert will encode it;
+    a bad row raises ConfigError naming its row number, or, with ``errors``, is noted there
+    and left out."""
+    from ..core.schedules import SpecFlows
+
+    specs = SpecFlows(queue)  # the CLI's SyncQueue has the default settings too
+    caches: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
+    now = now_ms()
+    for line, row in enumerate(_read_rows(path), start=2):
+        try:
+            spec = _row_to_spec(row, line)
+            specs.prepare_bulk([spec], now, caches)
+        except (ChasquiError, ValueError, TypeError) as exc:
+            text = str(exc)
+            message = text if text.startswith(f"row {line}:") else f"row {line}: {text}"
+            if errors is None:
+                raise ConfigError(message) from exc
+            errors.append(message)
+            continue
+        yield spec
+
+
 def cmd_repeatable_import(args: argparse.Namespace) -> int:
+    """Two passes over the file: every row is validated first (all errors reported, with row
+    numbers) and nothing is written unless all are valid (or ``--skip-invalid``); then the
+    valid rows are written in batches.  ``--dry-run`` stops after the first pass."""
+    errors: list[str] = []
+    try:
+        valid = sum(1 for _ in _valid_rows(args.queue, args.file, errors))
+    except (OSError, UnicodeError, csv.Error) as exc:
+        raise ConfigError(f"cannot read {args.file}: {exc}") from exc
+    if errors and not args.skip_invalid:
+        shown = "\n  ".join(errors[:20]) + (f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else "")
+        raise ConfigError(f"{len(errors)} invalid row(s) in {args.file}; nothing was imported "
+                          f"(fix them, or pass --skip-invalid to import the {valid} valid rows):\n  {shown}")
+    for message in errors:
+        print(f"chasqui: skipped {message}", file=sys.stderr)
+    if args.dry_run:
+        emit(args, {"valid": valid, "invalid": len(errors), "imported": 0},
+             lambda out: out.write(f"{valid} valid rows, {len(errors)} invalid; nothing imported (--dry-run)\n"))
+        return EXIT_OK
     q = _queue(args)
     total, batch = 0, []
     started = time.monotonic()
-    for line, row in enumerate(_read_rows(args.file), start=2):
-        batch.append(_row_to_spec(row, line))
+    for spec in _valid_rows(args.queue, args.file, [] if args.skip_invalid else None):
+        batch.append(spec)
         if len(batch) >= args.batch:
             total += len(q.upsert_repeatable_bulk(batch))
             batch = []
@@ -292,7 +349,9 @@ def cmd_repeatable_import(args: argparse.Namespace) -> int:
     if batch:
         total += len(q.upsert_repeatable_bulk(batch))
     _progress(total, started, final=True)
-    emit(args, {"imported": total}, lambda out: out.write(f"imported {total} specs into {args.queue}\n"))
+    emit(args, {"imported": total, **({"invalid": len(errors)} if errors else {})},
+         lambda out: out.write(f"imported {total} specs into {args.queue}"
+                               + (f" ({len(errors)} invalid rows skipped)" if errors else "") + "\n"))
     return EXIT_OK
 
 
@@ -403,10 +462,14 @@ def register(sub: Any) -> None:
         p.add_argument("key", help="spec key, e.g. 'report::every:60000'")
         p.set_defaults(func=cmd_repeatable_get if verb == "get" else _spec_action(verb))
     p = rep.add_parser("import", help="bulk upsert specs from CSV or Parquet "
-                                      "(columns: name, cron + tz or every_ms, data as JSON, key)")
+                                      "(columns: name, cron + tz or every_ms, data as JSON, key); every row "
+                                      "is validated before anything is written")
     _common(p)
     p.add_argument("file")
     p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--dry-run", action="store_true", help="validate every row, write nothing")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="import the valid rows and report the invalid ones (default: import nothing if any is invalid)")
     p.set_defaults(func=cmd_repeatable_import)
 
     p = sub.add_parser("events", help="print the events stream")

@@ -12,8 +12,6 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_chasqui.core.cron import (
-    REARM_MS,
-    WALK_CAP,
     compile_cron,
     first_fire_after_now,
     next_fire_after,
@@ -279,22 +277,18 @@ def test_first_fire_after_now_cron():
     assert first_fire_after_now(cron("0 0 30 2 *"), ms(2024, 1, 1), ms(2024, 2, 1)) == 0
 
 
-def test_walk_cap_boundary_every():
+def test_a_stale_timeline_jumps_to_now_on_its_own_boundaries():
+    """No walk cap, no re-arm off the timeline (ChasquiMQ re-arms at now + 60 s after 100,000
+    steps): an interval keeps its phase, a cron lands on its next instant, however stale."""
     p = RepeatPattern.every(1)
-    assert WALK_CAP == 100_000 and REARM_MS == 60_000
-    assert first_fire_after_now(p, 0, 99_999) == 100_000  # exactly WALK_CAP steps
-    assert first_fire_after_now(p, 0, 100_000) == 100_000 + 60_000  # one step too many
-    assert first_fire_after_now(p, 0, 5_000_000) == 5_060_000
-
-
-def test_walk_cap_boundary_cron_matches_every():
-    p = cron("* * * * * *")  # one instant per second, like every(1000)
+    assert first_fire_after_now(p, 0, 99_999) == 100_000
+    assert first_fire_after_now(p, 0, 100_000) == 100_001
+    assert first_fire_after_now(RepeatPattern.every(7), 3, 5_000_000_000) == 5_000_000_001  # 3 + 7k
     t0 = ms(2024, 1, 1)
-    assert first_fire_after_now(p, t0, t0 + 99_999_000) == t0 + 100_000_000
-    assert first_fire_after_now(p, t0, t0 + 100_000_000) == t0 + 100_000_000 + 60_000
-    e = RepeatPattern.every(1_000)
-    assert first_fire_after_now(e, t0, t0 + 99_999_000) == t0 + 100_000_000
-    assert first_fire_after_now(e, t0, t0 + 100_000_000) == t0 + 100_000_000 + 60_000
+    for gap in (99_999_000, 100_000_000, 10 * 365 * 86_400_000):
+        assert first_fire_after_now(cron("* * * * * *"), t0, t0 + gap + 1) == t0 + gap + 1000
+        assert first_fire_after_now(RepeatPattern.every(1_000), t0, t0 + gap + 1) == t0 + gap + 1000
+    assert first_fire_after_now(cron("*/5 * * * *"), t0, t0 + 40 * 86_400_000 + 7) == t0 + 40 * 86_400_000 + 300_000
 
 
 def test_long_walk_below_cap_for_sparse_cron():

@@ -442,11 +442,13 @@ def test_no_future_fire_removes_the_spec():
     assert plan_fires(never, T, T + 1, None, MissedFiresPolicy.fire_all(3)) == ([T], 0)
 
 
-def test_walk_cap_rearms_a_minute_later():
+def test_a_long_outage_resumes_on_the_timeline():
     p = RepeatPattern.every(1)
-    assert plan_fires(p, 0, 200_000, None, MissedFiresPolicy.skip()) == ([], 260_000)
-    assert plan_fires(p, 0, 200_000, None, MissedFiresPolicy.fire_once()) == ([0], 260_000)
+    assert plan_fires(p, 0, 200_000, None, MissedFiresPolicy.skip()) == ([], 200_001)
+    assert plan_fires(p, 0, 200_000, None, MissedFiresPolicy.fire_once()) == ([0], 200_001)
     fired, nxt = plan_fires(p, 0, 200_000, None, MissedFiresPolicy.fire_all(3))
-    assert fired == [0, 1, 2] and nxt == 260_000  # walk from cursor 3 needs > 100 000 steps
+    assert fired == [0, 1, 2] and nxt == 200_001
+    fired, nxt = plan_fires(p, 0, 200_000, None, MissedFiresPolicy.fire_all(2**32 - 1))
+    assert fired == list(range(10_000)) and nxt == 200_001  # the backlog is capped at the list cap
     fired, nxt = plan_fires(p, 0, 50_000, None, MissedFiresPolicy.fire_all(3))
     assert fired == [0, 1, 2] and nxt == 50_001

@@ -224,7 +224,7 @@ def test_update_moves_the_timeline_and_remove_deletes(q: SyncQueue, r: redis.Red
     assert not r.exists(q.keys.repeat_spec("upd"))
 
 
-def test_undecodable_spec_is_reported_by_get_and_skipped_by_lists(q: SyncQueue, r: redis.Redis) -> None:
+def test_undecodable_spec_is_reported_by_get_and_list_and_skipped_by_meta(q: SyncQueue, r: redis.Redis) -> None:
     q.upsert_repeatable_job("ok", 1, repeat=RepeatPattern.every(60_000))
     r.zadd(q.keys.repeat, {"bad": 1})
     r.hset(q.keys.repeat_spec("bad"), "spec", msgpack.packb([1, 2, 3]))
@@ -232,7 +232,8 @@ def test_undecodable_spec_is_reported_by_get_and_skipped_by_lists(q: SyncQueue, 
         q.get_repeatable_job("bad")
     assert [m.key for m in q.get_repeatable_jobs()] == ["ok::every:60000"]
     items, _ = q.list_repeatable()
-    assert [i.key for i in items] == ["ok::every:60000"]
+    assert [(i.key, i.corrupt) for i in items] == [("bad", True), ("ok::every:60000", False)]
+    assert "stored spec must be an array of 8 or 9 elements" in items[0].reason
 
 
 async def test_async_queue_is_the_same(redis_url: str, queue_name: str) -> None:

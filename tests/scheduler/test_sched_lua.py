@@ -21,6 +21,7 @@ class Lua:
     def __init__(self, r: redis.Redis, queue: str) -> None:
         self.r = r
         self.k = QueueKeys.for_queue(queue)
+        self.corrupt: list[Any] = []
 
     def __call__(self, name: str, keys: list[Any], argv: list[Any]) -> Any:
         script = SCRIPTS[name]
@@ -41,14 +42,15 @@ class Lua:
             if op == "D":
                 argv += [op, expected]
             elif op == "Q":
-                argv += [op, expected, name]
+                argv += [op, expected, "s", name]
             elif op == "f":
                 argv += [op, expected, nxt, name, pairs[0][1]]
             else:
                 argv += [op, expected, nxt, limit, endb, name, len(pairs)]
                 for at, env in pairs:
                     argv += [at, env]
-        return self("schedule_batch", [k.stream, k.delayed, k.repeat, k.repeat_quarantine], argv)
+        *reply, self.corrupt = self("schedule_batch", [k.stream, k.delayed, k.repeat, k.repeat_quarantine], argv)
+        return reply  # (the specs quarantined at fire time, the reply's last element, in self.corrupt)
 
 
 @pytest.fixture
@@ -104,9 +106,13 @@ def test_fetch_due_returns_scores_and_fields(lua: Lua) -> None:
     lua.upsert((1000, "a", SPEC, b""), (2000, "b", SPEC, b"E"), (9000, "c", SPEC, b""))
     lua.r.zadd(k.repeat, {"dangling": 1500})
     reply = lua("fetch_due", [k.repeat], [2000, 10, k.prefix])
-    assert reply == [b"9000", b"a", b"1000", SPEC, None, b"dangling", b"1500", None, None, b"b", b"2000", SPEC, b"E"]
+    assert reply == [b"9000", b"2000", b"a", b"1000", SPEC, None, b"dangling", b"1500", None, None,
+                     b"b", b"2000", SPEC, b"E"]
     full = lua("fetch_due", [k.repeat], [2000, 2, k.prefix])
-    assert full[0] is None and len(full) == 9  # batch full: no look-ahead
+    assert full[0] is None and len(full) == 10  # batch full: no look-ahead
+    server = lua.r.time()
+    now = int(lua("fetch_due", [k.repeat], ["", 10, k.prefix])[1])  # "" = the server's TIME
+    assert abs(now - (server[0] * 1000 + server[1] // 1000)) < 5_000
 
 
 def test_schedule_fires_and_reanchors_under_compare_and_set(lua: Lua) -> None:
@@ -172,3 +178,55 @@ def test_schedule_drops_dangling_entries_and_quarantines_bad_specs(lua: Lua) -> 
     assert lua.r.zrange(k.repeat, 0, -1) == [b"back"]
     assert lua.r.hgetall(k.repeat_quarantine) == {b"bad": b"\xc1junk"}
     assert not lua.r.exists(k.repeat_spec("bad"))
+
+
+def test_schedule_quarantines_a_spec_whose_hash_turned_corrupt_and_keeps_the_other_fences(lua: Lua) -> None:
+    """A counter HINCRBY rejects, or a key of another type, found at fire time: that spec is
+    moved aside before its fire is written; the specs around it fire and are rescored."""
+    k = lua.k
+    lua.upsert((1000, "a", SPEC, b""), (1000, "bad", SPEC, b""), (1000, "typed", SPEC, b""), (1000, "z", SPEC, b""))
+    lua.r.hset(k.repeat_spec("bad"), "fired", "1.5")
+    lua.r.delete(k.repeat_spec("typed"))
+    lua.r.rpush(k.repeat_spec("typed"), "x")
+    reply = lua.schedule(1500, ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]),
+                         ("f", "bad", "1000", 2000, 0, 0, "rep", [(1000, b"B")]),
+                         ("F", "typed", "1000", 2000, 0, 0, "rep", [(1000, b"T")]),
+                         ("f", "z", "1000", 2000, 0, 0, "rep", [(1000, b"Z")]))
+    assert reply == [2, 0, 2, 0, 2, 1, 1, 2]
+    assert lua.corrupt[0::2] == [2, 3]
+    assert lua.corrupt[1].startswith(b"the fired counter: ERR hash value is not an integer")
+    assert lua.corrupt[3].startswith(b"the fired counter: WRONGTYPE")
+    assert [f[b"d"] for _i, f in lua.r.xrange(k.stream)] == [b"A", b"Z"]
+    assert lua.r.zrange(k.repeat, 0, -1, withscores=True) == [(b"a", 2000), (b"z", 2000)]
+    assert lua.r.hgetall(k.repeat_quarantine) == {b"bad": SPEC, b"typed": b""}
+
+
+def test_schedule_refuses_queue_keys_of_the_wrong_type_before_any_write(lua: Lua) -> None:
+    k = lua.k
+    lua.upsert((1000, "a", SPEC, b""))
+    lua.r.set(k.stream, "x")
+    with pytest.raises(redis.ResponseError, match="is a string, not a stream"):
+        lua.schedule(1500, ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]))
+    assert lua.r.zscore(k.repeat, "a") == 1000 and lua.r.hget(k.repeat_spec("a"), "fired") is None
+
+
+def test_fetch_due_reports_corrupt_entries_instead_of_failing(lua: Lua) -> None:
+    k = lua.k
+    lua.upsert((1000, "ok", SPEC, b""), (1000, "n", SPEC, b""))
+    lua.r.zadd(k.repeat, {b"\xff": 1000, "s": 1000})
+    lua.r.set(k.repeat_spec("s"), "x")
+    lua.r.hset(k.repeat_spec("n"), mapping={"fired": "7", "skipped": "007"})
+    reply = lua("fetch_due", [k.repeat], [2000, 10, k.prefix])
+    rows = {reply[i]: reply[i + 2] for i in range(2, len(reply), 4)}
+    # a key of another type is reported; counters are checked where they are raised (schedule_batch)
+    assert rows == {b"ok": SPEC, b"n": SPEC, b"s": [b"the spec key is a string, not a hash"], b"\xff": None}
+
+
+def test_upsert_replaces_a_key_of_another_type_instead_of_failing_the_batch(lua: Lua) -> None:
+    k = lua.k
+    lua.r.set(k.repeat_spec("s"), "x")
+    lua.r.rpush(k.repeat_spec("l"), "x")
+    assert lua.upsert((1000, "a", SPEC, b""), (1000, "s", SPEC, b""), (1000, "l", SPEC, b"EXT")) == 3
+    assert lua.r.hgetall(k.repeat_spec("s")) == {b"spec": SPEC}
+    assert lua.r.hgetall(k.repeat_spec("l")) == {b"spec": SPEC, b"ext": b"EXT"}
+    assert lua.r.zrange(k.repeat, 0, -1) == [b"a", b"l", b"s"]
