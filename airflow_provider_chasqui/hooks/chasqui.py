@@ -15,15 +15,42 @@ from airflow.sdk import BaseHook
 
 from ..engine.queue import Queue
 from ..sync._driver import translate_errors
+from ..errors import ConfigError
 from ..sync.queue import SyncQueue
 from ._connection import ChasquiConnectionSettings
 
-__all__ = ["ChasquiHook"]
+__all__ = ["ChasquiHook", "settings_outside_task"]
 
 
 def _settings(conn: Any, extra: dict[str, Any]) -> ChasquiConnectionSettings:
     return ChasquiConnectionSettings.from_fields(host=conn.host, port=conn.port, login=conn.login,
                                                  password=conn.password, schema=conn.schema, extra=extra)
+
+
+def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
+    """The settings of ``conn_id`` for a process that is not an Airflow task (``chasqui worker``).
+
+    Outside a task the Task SDK's lookup sees only ``AIRFLOW_CONN_*`` variables, while the UI and
+    ``airflow connections add`` write to the metadata database: look the connection up as
+    Airflow's own components do (environment variables, the configured secrets backends, then
+    the metadata database), and name every place tried when it is in none of them.
+    """
+    try:
+        from airflow.configuration import ensure_secrets_loaded
+        from airflow.models.connection import Connection
+    except ImportError:  # the Task SDK without airflow-core: only its own lookup exists
+        return ChasquiHook(conn_id).get_settings()
+    from airflow.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get_connection_from_secrets(conn_id)
+    except AirflowNotFoundException:
+        tried = ", ".join(type(backend).__name__ for backend in ensure_secrets_loaded())
+        raise ConfigError(
+            f"Airflow connection {conn_id!r} was not found; looked in the environment variable "
+            f"AIRFLOW_CONN_{conn_id.upper()}, the secrets backends ({tried}) and the metadata database of "
+            "this AIRFLOW_HOME: create it in the UI or with `airflow connections add`") from None
+    return _settings(conn, conn.extra_dejson)
 
 
 class ChasquiHook(BaseHook):

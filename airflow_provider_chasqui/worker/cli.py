@@ -222,12 +222,12 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
 def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
     """The only place this command touches Airflow (imported here, on demand)."""
     try:
-        from ..hooks.chasqui import ChasquiHook
+        from ..hooks.chasqui import settings_outside_task
     except ImportError as exc:
         raise ConfigError(f"--conn-id needs Airflow ({exc}); install 'airflow-provider-chasqui[airflow]' "
                           "or pass --redis-url") from exc
     try:
-        settings = ChasquiHook(chasqui_conn_id=conn_id).get_settings()
+        settings = settings_outside_task(conn_id)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends, shown plainly

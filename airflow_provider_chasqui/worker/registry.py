@@ -31,6 +31,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
+import sys
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..core.codec import validate_job_name
@@ -230,6 +232,10 @@ def load_handlers(specs: Iterable[str]) -> HandlerRegistry:
     specs = list(specs)
     if not specs:
         raise HandlerLoadError("no handler specs given (use --handlers pkg.module[:attr])")
+    # As `celery -A` and `rq worker` do: the project in the current directory is importable
+    # (a console script's sys.path starts at its bin/ folder, not at the caller's directory).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for spec in specs:
         registry.update(_load_one(spec), origin=spec)
     return registry

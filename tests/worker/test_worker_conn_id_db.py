@@ -1,0 +1,60 @@
+"""``chasqui worker --conn-id`` with the connection where the UI and ``airflow connections add``
+put it: the metadata database of a real, migrated Airflow home (not an ``AIRFLOW_CONN_*``
+variable).  The worker resolves it the way Airflow's own components do outside a task
+(secrets backends, then the metadata database), and a missing id says what was tried."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from airflow_provider_chasqui import SyncQueue
+from worker_support import subprocess_env
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, (args, proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+@pytest.fixture(scope="module")
+def metadata_db_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A private AIRFLOW_HOME with a migrated sqlite metadata database and no AIRFLOW_CONN_*."""
+    home = tmp_path_factory.mktemp("airflow-home-db")
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("AIRFLOW_CONN_")}
+    env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False")
+    _airflow(env, "db", "migrate")
+    return env
+
+
+def test_worker_reads_a_connection_made_with_airflow_connections_add(
+        start_worker, metadata_db_home: dict[str, str], redis_url: str, queue_name: str) -> None:
+    parsed = redis.connection.parse_url(redis_url)
+    _airflow(metadata_db_home, "connections", "add", "chasqui_ui_made", "--conn-type", "chasqui",
+             "--conn-host", str(parsed.get("host", "127.0.0.1")), "--conn-port", str(parsed.get("port", 6379)),
+             "--conn-extra", f'{{"db": {parsed.get("db", 0)}, "default_queue": "{queue_name}"}}')
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        job = q.add("echo", "from the metadata database")
+        proc = start_worker(["--conn-id", "chasqui_ui_made", "-H", "worker_handlers", "--max-jobs", "1",
+                             "--no-scheduler"], env=metadata_db_home)
+        assert proc.wait_exit(180) == 0, proc.output()[-4000:]
+        assert q.get_job_result(job.id) == {"echo": "from the metadata database"}
+    assert f"consuming {queue_name}" in proc.output()
+
+
+def test_a_missing_connection_says_where_it_was_looked_for(metadata_db_home: dict[str, str], tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "--conn-id",
+                           "no_such_chasqui_conn", "-H", "worker_handlers"], env=metadata_db_home,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr
+    assert "no_such_chasqui_conn" in err
+    assert "AIRFLOW_CONN_NO_SUCH_CHASQUI_CONN" in err and "metadata database" in err, err[-2000:]
