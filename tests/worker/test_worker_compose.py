@@ -40,6 +40,7 @@ import pytest
 import redis
 import yaml
 
+from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.worker.cli import build_parser
 from airflow_provider_chasqui.worker.registry import load_handlers
 
@@ -349,7 +350,7 @@ class LocalStack:
         self.database = f"chasqui_compose_{uuid.uuid4().hex[:8]}"
         self.ports: dict[tuple[str, int], int] = {("postgres", 5432): 5432}
         for name, svc in self.services.items():
-            for port in self._container_ports(name, svc):
+            for port in self._container_ports(svc):
                 self.ports.setdefault((name, port), _free_port())
         self.volumes: dict[str, Path] = {}
         self.home_mounts: list[tuple[str, str]] = []
@@ -358,12 +359,12 @@ class LocalStack:
         self.run: dict[str, Service] = {}
 
     # -- translation ----------------------------------------------------------------------------
-    def _container_ports(self, name: str, svc: dict) -> set[int]:
-        ports = {target for _h, _p, target in _ports(svc)}
-        ports |= {int(p) for p in re.findall(r"(?:127\.0\.0\.1|localhost):(\d+)", " ".join(
-            svc.get("healthcheck", {}).get("test", [])))}
-        ports |= {int(p) for p in re.findall(r"redis-cli -p (\d+)", " ".join(svc.get("healthcheck", {}).get("test", [])))}
-        return ports
+    @staticmethod
+    def _container_ports(svc: dict) -> set[int]:
+        """The ports a container publishes or probes in its healthcheck."""
+        probe = " ".join(svc.get("healthcheck", {}).get("test", []))
+        return {target for _h, _p, target in _ports(svc)} | {
+            int(p) for p in re.findall(r"(?:127\.0\.0\.1:|localhost:|redis-cli -p )(\d+)", probe)}
 
     def _is_airflow_image(self, name: str) -> bool:
         return self.services[name].get("image") == IMAGE
@@ -466,8 +467,8 @@ class LocalStack:
             if name == "postgres":
                 continue
             hc = self.services[name].get("healthcheck", {})
-            self.run[name] = Service(name, self.argv(name), self.env(name), self.home if self._is_airflow_image(name)
-                                     else self.volumes["redis-data"], self.healthcheck(name),
+            workdir = self.home if self._is_airflow_image(name) else self.volumes["redis-data"]  # redis's is /data
+            self.run[name] = Service(name, self.argv(name), self.env(name), workdir, self.healthcheck(name),
                                      _seconds(hc.get("timeout", "30s")), self.tmp / f"{name}.log")
 
     def _ready(self, dep: str, cond: str) -> bool:
@@ -651,6 +652,14 @@ def test_redis_refuses_clients_without_the_password(stack: LocalStack, secrets: 
     with redis.Redis(host="127.0.0.1", port=port, password=secrets["REDIS_PASSWORD"]) as client:
         assert client.ping() and client.config_get("appendonly") == {"appendonly": "yes"}
         assert Path(client.config_get("dir")["dir"]) == stack.volumes["redis-data"]
+        # both workers consume from this Redis (not from a default URL that happens to answer)
+        for name in WORKERS:
+            command = _argv(stack.services[name]["command"])
+            queue = command[command.index("--queue") + 1]
+            stream = QueueKeys.for_queue(queue).stream
+            assert client.exists(stream), f"{name}: its queue {queue} has no stream on the compose Redis"
+            groups = [g["name"] for g in client.xinfo_groups(stream)]
+            assert groups == [b"default"], (name, groups)  # the worker made its consumer group here
 
 
 @RUN
