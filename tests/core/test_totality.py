@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from airflow_provider_chasqui.core.codec import (
+    decode_data,
     MAX_JOB_ID_CHARS,
     MAX_JOB_NAME_BYTES,
     BackoffWire,
@@ -91,7 +92,7 @@ def test_the_scheduler_moves_a_spec_with_a_bad_ext_aside_instead_of_firing_it() 
     spec = StoredSpec("k", "job", RepeatPattern.every(1000), msgpack.packb(1)).encode()
     bad_ext = msgpack.packb([1, [3, ["exponential", 100, None, math.nan, None]], None], use_bin_type=True)
     good_ext = msgpack.packb([1, [3, ["exponential", 100, None, 2.0, None]], None], use_bin_type=True)
-    call, plans = core._plan([(b"bad", b"1000", spec, bad_ext), (b"good", b"1000", spec, good_ext)], NOW, {})
+    call, plans, _ = core._plan([(b"bad", b"1000", spec, bad_ext), (b"good", b"1000", spec, good_ext)], 0, NOW, {})
     (op_bad, key_bad, *_r, why), (op_good, key_good, *_rest) = plans
     assert (op_bad, key_bad) == ("Q", "bad") and "multiplier" in why
     assert (op_good, key_good) != ("Q", "good") and call.script.name == "schedule_batch"
@@ -188,6 +189,7 @@ def test_arbitrary_envelopes_decode_or_are_decode_failed_and_never_break_the_fai
     raw = msgpack.packb(arr, use_bin_type=True)
     try:
         env = decode_envelope(raw)
+        decode_data(env.inner)  # the gate decodes the job's data too
     except CodecError:
         env = None
     core = _core()
