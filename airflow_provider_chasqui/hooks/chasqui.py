@@ -9,7 +9,10 @@ validates it into :class:`~._connection.ChasquiConnectionSettings`, and opens a 
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import os
+import sys
+from typing import Any, Iterator
 
 from airflow.sdk import BaseHook
 
@@ -27,6 +30,21 @@ def _settings(conn: Any, extra: dict[str, Any]) -> ChasquiConnectionSettings:
                                                  password=conn.password, schema=conn.schema, extra=extra)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 points at stderr meanwhile: Airflow's structlog holds the original
+    ``sys.stdout`` object, so swapping ``sys.stdout`` alone would not catch its lines."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
     """The settings of ``conn_id`` for a process that is not an Airflow task (``chasqui worker``).
 
@@ -35,22 +53,31 @@ def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
     Airflow's own components do (environment variables, the configured secrets backends, then
     the metadata database), and name every place tried when it is in none of them.
     """
+    from airflow.exceptions import AirflowNotFoundException
+
+    try:  # the Task SDK's own lookup first: AIRFLOW_CONN_* without touching airflow-core
+        return ChasquiHook(conn_id).get_settings()
+    except AirflowNotFoundException:
+        pass
     try:
         from airflow.configuration import ensure_secrets_loaded
         from airflow.models.connection import Connection
-    except ImportError:  # the Task SDK without airflow-core: only its own lookup exists
-        return ChasquiHook(conn_id).get_settings()
-    from airflow.exceptions import AirflowNotFoundException
-
+    except ImportError:  # the Task SDK without airflow-core: nothing more to look in
+        raise ConfigError(f"Airflow connection {conn_id!r} was not found in the environment variable "
+                          f"AIRFLOW_CONN_{conn_id.upper()} (airflow-core, for the metadata database, is not "
+                          "installed)") from None
     try:
-        conn = Connection.get_connection_from_secrets(conn_id)
+        # airflow-core logs its warnings (e.g. "empty cryptography key") to stdout, which
+        # belongs to the command's output (`chasqui dlq peek --json`): send them to stderr.
+        with _stdout_to_stderr():
+            conn = Connection.get_connection_from_secrets(conn_id)
+            return _settings(conn, conn.extra_dejson)
     except AirflowNotFoundException:
         tried = ", ".join(type(backend).__name__ for backend in ensure_secrets_loaded())
         raise ConfigError(
             f"Airflow connection {conn_id!r} was not found; looked in the environment variable "
             f"AIRFLOW_CONN_{conn_id.upper()}, the secrets backends ({tried}) and the metadata database of "
             "this AIRFLOW_HOME: create it in the UI or with `airflow connections add`") from None
-    return _settings(conn, conn.extra_dejson)
 
 
 class ChasquiHook(BaseHook):

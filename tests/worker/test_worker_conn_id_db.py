@@ -5,6 +5,7 @@ variable).  The worker resolves it the way Airflow's own components do outside a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,18 @@ def test_a_missing_connection_says_where_it_was_looked_for(metadata_db_home: dic
     err = proc.stderr
     assert "no_such_chasqui_conn" in err
     assert "AIRFLOW_CONN_NO_SUCH_CHASQUI_CONN" in err and "metadata database" in err, err[-2000:]
+
+
+def test_operator_commands_read_it_too_and_keep_stdout_clean(
+        metadata_db_home: dict[str, str], redis_url: str, queue_name: str) -> None:
+    """``chasqui dlq peek --json --conn-id`` on a metadata-database connection: airflow-core's
+    own warnings go to stderr, so stdout stays the JSON a script parses."""
+    parsed = redis.connection.parse_url(redis_url)
+    _airflow(metadata_db_home, "connections", "add", "chasqui_ops_db", "--conn-type", "chasqui",
+             "--conn-host", str(parsed.get("host", "127.0.0.1")), "--conn-port", str(parsed.get("port", 6379)),
+             "--conn-extra", f'{{"db": {parsed.get("db", 0)}}}')
+    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "dlq", "peek", queue_name, "--json",
+                           "--conn-id", "chasqui_ops_db"], env=metadata_db_home, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == []
