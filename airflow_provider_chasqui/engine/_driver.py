@@ -314,7 +314,7 @@ class AsyncDriver:
                         return reply
                     if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
                         lane.close()
-                    elif not _missing(reply):
+                    elif c.script is None or not _missing(reply):
                         raise self._explain(c, reply)
         return await self._call(c)
 
@@ -354,12 +354,12 @@ class AsyncDriver:
             found = function_missing(exc) and await self._load_library()
         self._fn = found
 
-    async def _load_library(self, replace: bool = False) -> bool:
+    async def _load_library(self) -> bool:
         """FUNCTION LOAD on the server (on every master of a cluster); False when this
         connection may not (NOPERM) or the server cannot: scripts then run as EVALSHA."""
-        if not self._may_load and not replace:
+        if not self._may_load:
             return False
-        call = load_call(replace)
+        call = load_call()
         try:
             if isinstance(self.client, CLUSTER):
                 await self.client.initialize()

@@ -150,7 +150,7 @@ class SyncDriver:
             if reply is not BUSY:
                 if not isinstance(reply, Exception):
                     return reply
-                if not (_missing(reply) or isinstance(reply, rexc.ReadOnlyError)):
+                if not ((c.script is not None and _missing(reply)) or isinstance(reply, rexc.ReadOnlyError)):
                     raise self._explain(c, reply)
                 if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
                     lane.close()
@@ -190,10 +190,10 @@ class SyncDriver:
             found = function_missing(exc) and self._load_library()
         self._fn = found
 
-    def _load_library(self, replace: bool = False) -> bool:
-        if not self._may_load and not replace:
+    def _load_library(self) -> bool:
+        if not self._may_load:
             return False
-        call = load_call(replace)
+        call = load_call()
         nodes = self.client.get_primaries() if isinstance(self.client, CLUSTER) else [None]
         try:
             for node in nodes:
