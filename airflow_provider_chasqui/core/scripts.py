@@ -7,7 +7,11 @@ top-level ``lua/`` folder.  Scripts are identified by file stem (``SCRIPTS["prom
 The library is generated from the same files, never written by hand: each script body becomes
 ``local function f_<stem>(KEYS, ARGV) <body> end``, registered as ``<library>_<stem>`` (so the
 body's ``KEYS``/``ARGV`` are FCALL's keys and args), with ``flags={'no-writes'}`` when every
-``redis.call`` in it names a read-only command (those are called with FCALL_RO).  The library
+``redis.call`` in it names a read-only command (those are called with FCALL_RO), and with
+``flags={'allow-oom'}`` when it acknowledges stream entries (XACK/XACKDEL): a flagged function
+is refused outright at ``maxmemory``, but the scripts that settle work already in Redis must
+run there, as they did as plain EVALSHA scripts, or workers could not drain a full server
+(``tests/security/test_functions.py::test_workers_drain_a_server_at_maxmemory``).  The library
 is named ``chasqui_<12 hex of the source's SHA1>``: another version of the package brings
 another library, and both coexist on one server during a rolling deploy.  ``<library>_probe``
 (no keys, no writes) answers the library's name; drivers call it once to learn whether the
@@ -31,6 +35,7 @@ _READS = frozenset({
     "GET", "MGET", "EXISTS", "TTL", "PTTL", "HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "HSCAN", "ZCARD",
     "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZSCAN", "XLEN", "XRANGE", "XREVRANGE", "XPENDING", "TIME",
 })
+_ACKS = re.compile(rb"'XACK(?:DEL)?'")
 _CALL = re.compile(rb"redis\.p?call\(")
 _LITERAL_CALL = re.compile(rb"redis\.p?call\(\s*'([A-Za-z]+)'")
 
@@ -84,7 +89,7 @@ def build_library(bodies: dict[str, bytes]) -> tuple[Library, dict[str, str]]:
         ro = _read_only(body)
         fcalls[stem] = "FCALL_RO" if ro else "FCALL"
         parts.append(b"local function f_%b(KEYS, ARGV)\n%b\nend\n" % (stem.encode(), body.rstrip(b"\n")))
-        flags = b", flags={'no-writes'}" if ro else b""
+        flags = b", flags={'no-writes'}" if ro else b", flags={'allow-oom'}" if _ACKS.search(body) else b""
         registers.append(b"redis.register_function{function_name='@LIB@_%b', callback=f_%b%b}\n"
                          % (stem.encode(), stem.encode(), flags))
     registers.append(b"redis.register_function{function_name='@LIB@_probe', callback=function() return '@LIB@' end, "

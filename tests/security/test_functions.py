@@ -6,6 +6,7 @@ where it cannot be loaded.  Real servers; faults on servers started here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import sys
 import pytest
 import redis
 
-from airflow_provider_chasqui import Queue, SyncQueue
+from airflow_provider_chasqui import Queue, SyncQueue, Worker
 from airflow_provider_chasqui.core.calls import command, script_call
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
@@ -22,7 +23,7 @@ from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ConfigError, ScriptError
 from airflow_provider_chasqui.ops.functions import install, status
 from airflow_provider_chasqui.sync._driver import SyncDriver
-from engine_support import client_at, stream_job_ids
+from engine_support import client_at, stream_job_ids, wait_until
 from servers import RunningServer, start_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,6 +72,8 @@ def test_library_is_generated_from_the_scripts_with_a_stable_name() -> None:
         assert f"local function f_{stem}(KEYS, ARGV)\n".encode() + body.rstrip(b"\n") + b"\nend\n" in LIBRARY.source
         assert SCRIPTS[stem].function == f"{LIBRARY.name}_{stem}" and SCRIPTS[stem].fcall == fcalls[stem]
     assert {s for s, f in fcalls.items() if f == "FCALL_RO"} == {"fetch_due"}
+    assert {s for s in bodies if f"callback=f_{s}, flags={{'allow-oom'}}".encode() in LIBRARY.source} == {
+        "complete_batch", "fail_batch", "dead_letter", "retry"}  # the scripts that XACK
     changed = dict(bodies, promote=bodies["promote"] + b"-- one more byte\n")
     assert build_library(changed)[0].name != LIBRARY.name  # another version: another library
     # a call the wrapper cannot read (redis.call(unpack(t))) is taken as a write
@@ -89,7 +92,10 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
     with server_matrix.client() as r:
         funcs = _libraries(r)[LIBRARY.name]
         assert set(funcs) == {s.function for s in SCRIPTS.values()} | {LIBRARY.probe}
-        assert all((flags == ["no-writes"]) == (name.endswith(("_fetch_due", "_probe"))) for name, flags in funcs.items())
+        acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "retry")}
+        for name, flags in funcs.items():
+            expected = ["no-writes"] if name.endswith(("_fetch_due", "_probe")) else ["allow-oom"] if name in acks else []
+            assert flags == expected, (name, flags)
         assert r.execute_command("FCALL_RO", LIBRARY.probe, 0) == LIBRARY.name.encode()
         lock = keys.prefix + ":promoter:lock"
         assert r.execute_command("FCALL", SCRIPTS["acquire_lock"].function, 1, lock, "a", 5) == 1
@@ -231,6 +237,43 @@ def test_chasqui_functions_env(bare: RunningServer, queue_name: str, monkeypatch
     monkeypatch.setenv("CHASQUI_FUNCTIONS", "sometimes")
     with pytest.raises(ConfigError, match="CHASQUI_FUNCTIONS='sometimes': expected auto, use or off"):
         SyncDriver(bare.url)
+
+
+@pytest.mark.timeout(90)
+async def test_workers_drain_a_server_at_maxmemory(tmp_path) -> None:
+    """A flagged function is refused outright at maxmemory; the scripts that acknowledge
+    (``allow-oom``) still run there, as plain EVALSHA scripts did: a worker started before the
+    server filled up drains it, each job once, while new adds are refused."""
+    server = start_server("redis7", tmpdir=tmp_path)
+    keys = QueueKeys.for_queue("full")
+    done: list[str] = []
+
+    async def handler(job) -> None:
+        await asyncio.sleep(0.02)
+        done.append(job.id)
+
+    try:
+        with server.client() as r:
+            async with Queue("full", redis_url=server.url) as q:
+                jobs = await q.add_bulk([{"name": "n", "data": "x" * 2000} for _ in range(300)])
+                worker = Worker("full", {"n": handler}, redis_url=server.url, run_scheduler=False,
+                                claim_min_idle_ms=1000, concurrency=5)
+                task = asyncio.create_task(worker.run())
+                try:
+                    await wait_until(lambda: len(done) >= 10, 30, what="the worker to start")
+                    r.config_set("maxmemory", r.info("memory")["used_memory"] - 200_000)
+                    r.config_set("maxmemory-policy", "noeviction")
+                    with pytest.raises(Exception, match="maxmemory"):
+                        await q.add_bulk([{"name": "n", "data": 1}])
+                    await wait_until(lambda: len(done) >= 300 and r.xpending(keys.stream, "default")["pending"] == 0,
+                                     30, what="every job acknowledged at maxmemory")
+                finally:
+                    await worker.close()
+                    await asyncio.wait_for(task, 30)
+            assert sorted(done) == sorted(j.id for j in jobs)  # each once: no ack was refused
+            assert r.xlen(keys.stream) == 0 and "cmdstat_evalsha" not in r.info("commandstats")
+    finally:
+        server.stop()
 
 
 # ---- other versions and other scripts coexist -------------------------------------------------
