@@ -48,10 +48,6 @@ class Script:
     function: str = ""  # its function in LIBRARY (FCALL's first argument)
     fcall: str = "FCALL"  # "FCALL_RO" for a no-writes function
 
-    @property
-    def read_only(self) -> bool:
-        return self.fcall == "FCALL_RO"
-
 
 @dataclass(frozen=True, slots=True)
 class Library:
