@@ -287,6 +287,7 @@ class AsyncDriver:
         mode = functions_mode()
         self._fn: bool | None = False if mode == "off" else None
         self._may_load = mode == "auto"  # FUNCTION LOAD is tried until the server refuses it
+        self._detecting: asyncio.Future[None] | None = None  # the probe in flight, awaited by the others
         if isinstance(self.client, CLUSTER):
             _route_fcall(self.client)
         # non-blocking calls share one pinned connection, past redis.asyncio (see ``_wire.py``)
@@ -347,12 +348,24 @@ class AsyncDriver:
     # ---- FCALL or EVALSHA ------------------------------------------------------------------
     async def _detect_functions(self) -> None:
         """Whether scripts run as FCALL: the library answers its probe, or it was missing and
-        this connection loaded it.  Connection errors propagate (the next call tries again)."""
-        try:
-            found = probe_found(await self.call(probe_call()))
-        except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
-            found = function_missing(exc) and await self._load_library()
-        self._fn = found
+        this connection loaded it.  One probe at a time: concurrent first calls wait for it.
+        Connection errors propagate (the next call tries again)."""
+        loop = asyncio.get_running_loop()
+        while self._fn is None:
+            pending = self._detecting
+            if pending is not None and pending.get_loop() is loop:
+                await asyncio.shield(pending)  # then its outcome, or our own probe if it failed
+                continue
+            done = self._detecting = loop.create_future()
+            try:
+                try:
+                    found = probe_found(await self.call(probe_call()))
+                except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
+                    found = function_missing(exc) and await self._load_library()
+                self._fn = found
+            finally:
+                self._detecting = None
+                done.set_result(None)
 
     async def _load_library(self) -> bool:
         """FUNCTION LOAD on the server (on every master of a cluster); False when this

@@ -7,6 +7,7 @@ non-blocking calls take a pinned connection past redis-py's per-call machinery (
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterable, Iterator
 
 import redis
@@ -128,6 +129,7 @@ class SyncDriver:
         mode = functions_mode()
         self._fn: bool | None = False if mode == "off" else None
         self._may_load = mode == "auto"  # FUNCTION LOAD is tried until the server refuses it
+        self._detect_lock = threading.Lock()  # one probe at a time
         if isinstance(self.client, CLUSTER):
             _route_fcall(self.client)
         # non-blocking calls skip redis-py's per-call machinery (see ``sync/_wire.py``)
@@ -184,11 +186,14 @@ class SyncDriver:
 
     # ---- FCALL or EVALSHA (see engine/_driver.py) ----------------------------------------
     def _detect_functions(self) -> None:
-        try:
-            found = probe_found(self.call(probe_call()))
-        except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
-            found = function_missing(exc) and self._load_library()
-        self._fn = found
+        with self._detect_lock:
+            if self._fn is not None:  # another thread probed meanwhile
+                return
+            try:
+                found = probe_found(self.call(probe_call()))
+            except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
+                found = function_missing(exc) and self._load_library()
+            self._fn = found
 
     def _load_library(self) -> bool:
         if not self._may_load:

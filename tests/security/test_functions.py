@@ -10,6 +10,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -169,6 +170,19 @@ def test_sync_driver_loads_the_library_and_reloads_it_when_deleted(bare: Running
         admin.close()
     ids = stream_job_ids(bare.url, queue_name)
     assert len(ids) == len(set(ids)) == 1203
+
+
+async def test_concurrent_first_calls_probe_and_load_once(bare: RunningServer, queue_name: str) -> None:
+    with bare.client() as admin:
+        admin.execute_command("CONFIG", "RESETSTAT")
+        async with Queue(queue_name, redis_url=bare.url) as q:
+            jobs = await asyncio.gather(*(q.add_unique("f", i, key=f"u{i}") for i in range(200)))
+        with SyncQueue(queue_name, redis_url=bare.url) as sq, ThreadPoolExecutor(8) as pool:
+            jobs += list(pool.map(lambda i: sq.add_unique("f", i, key=f"s{i}"), range(64)))
+        stats = admin.info("commandstats")
+    assert stats["cmdstat_fcall_ro"]["calls"] == 2  # one probe per driver, not one per first call
+    assert stats["cmdstat_function|load"]["calls"] == 1 and stats["cmdstat_fcall"]["calls"] == 264
+    assert len({j.id for j in jobs}) == 264
 
 
 def _user(server: RunningServer, name: str, queue: str, *grants: str) -> str:
