@@ -107,10 +107,6 @@ def test_security_md_grants_every_command_the_code_sends(redis_url: str) -> None
     assert documented_commands("acl-admin") >= ADMIN | HANDSHAKE
 
 
-def _known_commands(r: redis.Redis) -> set[str]:
-    return {c.decode().lower() for c in r.execute_command("COMMAND LIST")}
-
-
 def _setuser(admin: redis.Redis, marker: str, name: str, password: str, queue: str,
              swap: dict[str, str] | None = None) -> None:
     """SECURITY.md's line for ``marker`` as written, for ``queue``, less the commands this server
