@@ -13,7 +13,7 @@ from typing import Any, Generator, Iterable, Union
 
 from .scripts import SCRIPTS, Script
 
-__all__ = ["Call", "Stream", "Flow", "script_call", "command", "packed_command", "resp_bulk", "int_reply", "str_reply"]
+__all__ = ["Call", "Stream", "Flow", "script_call", "script_args", "command", "packed_command", "resp_bulk", "int_reply", "str_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,16 @@ Flow = Generator[Step, Any, Any]
 
 def script_call(name: str, keys: tuple[Any, ...] | list[Any], argv: tuple[Any, ...] | list[Any]) -> Call:
     return Call(script=SCRIPTS[name], keys=tuple(keys), argv=tuple(argv))
+
+
+def script_args(c: Call, functions: bool) -> tuple[Any, ...]:
+    """The command running script call ``c``: FCALL (FCALL_RO) of its function in the library
+    when ``functions``, else EVALSHA of its SHA1.  (``engine/_wire.py``'s ``pack_call`` inlines it.)"""
+    s = c.script
+    assert s is not None
+    if functions:
+        return (s.fcall, s.function, len(c.keys), *c.keys, *c.argv)
+    return ("EVALSHA", s.sha, len(c.keys), *c.keys, *c.argv)
 
 
 def command(*args: Any) -> Call:

@@ -1,8 +1,9 @@
 """The asyncio driver: runs core Calls and flows on ``redis.asyncio``.
 
 The only asyncio code that touches Redis for producers, workers and triggers.  Replies are
-kept raw (no redis-py reshaping) so the core parses one format; EVALSHA falls back to
-SCRIPT LOAD on NOSCRIPT; redis errors become ChasquiError subclasses in one place.
+kept raw (no redis-py reshaping) so the core parses one format; scripts run as FCALL of the
+Redis Functions library when it is loaded (learnt once, see ``core/features.py``), else as
+EVALSHA with SCRIPT LOAD on NOSCRIPT; redis errors become ChasquiError subclasses in one place.
 Non-blocking calls (scripts, XADD, ...) take the "lane" of ``_wire.py``, one pinned connection
 with a few microseconds of Python per call; the rest, and any call the lane could not
 deliver, go through redis.asyncio (cluster clients always do).
@@ -23,11 +24,13 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from ..core.calls import Call, Flow, Stream
+from ..core.calls import Call, Flow, Stream, script_args
 from ..core.urls import split_cluster_flag
 from ._sentinel import make_client
 from ._wire import AsyncLane, lane_ok, pack_call
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
+from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
+from ..core.features import scripts_denied
 from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["AsyncDriver", "translate_errors"]
@@ -233,8 +236,30 @@ async def translate_errors() -> AsyncIterator[None]:
         raise ScriptError(str(exc)) from exc
 
 
-def _args(c: Call) -> tuple[Any, ...]:
-    return c.args if c.script is None else ("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
+def _args(c: Call, functions: bool) -> tuple[Any, ...]:
+    return c.args if c.script is None else script_args(c, functions)
+
+
+_FCALLS = frozenset({"FCALL", "FCALL_RO", "fcall", "fcall_ro"})
+
+
+def _route_fcall(client: AsyncRedisCluster) -> None:
+    """FCALL's keys are read from the call, as redis-py reads EVALSHA's: it would ask a node
+    (COMMAND GETKEYS, one more round trip and ACL grant) on every FCALL."""
+    parser = client.commands_parser
+    get_keys = parser.get_keys
+
+    async def keys(*args: Any) -> Any:
+        if args and args[0] in _FCALLS and len(args) > 2:
+            return list(args[3:3 + int(args[2])])
+        return await get_keys(*args)
+
+    parser.get_keys = keys  # type: ignore[method-assign]
+
+
+def _missing(reply: Any) -> bool:
+    """A script reply that runs again once its script or function is loaded."""
+    return isinstance(reply, rexc.NoScriptError) or (isinstance(reply, rexc.ResponseError) and function_missing(reply))
 
 
 async def _get_connection(pool: Any) -> Any:
@@ -258,6 +283,13 @@ class AsyncDriver:
             self.client.response_callbacks.clear()
         self._fast_paths = fast_paths_default() if fast_paths is None else fast_paths
         self._features: Features | None = None
+        # scripts: FCALL (True) or EVALSHA (False); None until the first script call learns it
+        mode = functions_mode()
+        self._fn: bool | None = False if mode == "off" else None
+        self._may_load = mode == "auto"  # FUNCTION LOAD is tried until the server refuses it
+        self._detecting: asyncio.Future[None] | None = None  # the probe in flight, awaited by the others
+        if isinstance(self.client, CLUSTER):
+            _route_fcall(self.client)
         # non-blocking calls share one pinned connection, past redis.asyncio (see ``_wire.py``)
         self._lane = AsyncLane(self.client.connection_pool) if lane and not isinstance(self.client, CLUSTER) else None
 
@@ -267,11 +299,13 @@ class AsyncDriver:
         return self._features
 
     async def call(self, c: Call) -> Any:
+        if c.script is not None and self._fn is None:
+            await self._detect_functions()
         lane = self._lane
         if lane is not None and lane_ok(c):
             proto = lane.live() or await lane.open()
             if proto is not None:
-                fut = proto.send(pack_call(c))
+                fut = proto.send(pack_call(c, self._fn))
                 try:
                     reply = await fut
                 except (rexc.ConnectionError, rexc.TimeoutError):
@@ -281,8 +315,8 @@ class AsyncDriver:
                         return reply
                     if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
                         lane.close()
-                    elif not isinstance(reply, rexc.NoScriptError):
-                        raise reply
+                    elif c.script is None or not _missing(reply):
+                        raise self._explain(c, reply)
         return await self._call(c)
 
     async def run_call(self, c: Call) -> Any:
@@ -297,19 +331,89 @@ class AsyncDriver:
     async def _call(self, c: Call) -> Any:
         if c.script is None:
             return await self.client.execute_command(*c.args)
+        if self._fn is None:
+            await self._detect_functions()
+        for attempt in range(3):  # FCALL -> library loaded, or EVALSHA -> SCRIPT LOAD -> EVALSHA
+            functions = bool(self._fn)
+            try:
+                return await self.client.execute_command(*script_args(c, functions))
+            except rexc.ResponseError as exc:
+                if attempt == 2 or not _missing(exc):
+                    raise self._explain(c, exc) from exc
+                if isinstance(exc, rexc.NoScriptError):
+                    await self.client.execute_command("SCRIPT LOAD", c.script.body)
+                elif functions:
+                    await self._library_missing()
+
+    # ---- FCALL or EVALSHA ------------------------------------------------------------------
+    async def _detect_functions(self) -> None:
+        """Whether scripts run as FCALL: the library answers its probe, or it was missing and
+        this connection loaded it.  One probe at a time: concurrent first calls wait for it.
+        Connection errors propagate (the next call tries again)."""
+        loop = asyncio.get_running_loop()
+        while self._fn is None:
+            pending = self._detecting
+            if pending is not None and pending.get_loop() is loop:
+                await asyncio.shield(pending)  # then its outcome, or our own probe if it failed
+                continue
+            done = self._detecting = loop.create_future()
+            try:
+                try:
+                    found = probe_found(await self.call(probe_call()))
+                except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
+                    found = function_missing(exc) and await self._load_library()
+                self._fn = found
+            finally:
+                self._detecting = None
+                done.set_result(None)
+
+    async def _load_library(self) -> bool:
+        """FUNCTION LOAD on the server (on every master of a cluster); False when this
+        connection may not (NOPERM) or the server cannot: scripts then run as EVALSHA."""
+        if not self._may_load:
+            return False
+        call = load_call()
         try:
-            return await self.client.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
-        except rexc.NoScriptError:
-            await self.client.execute_command("SCRIPT LOAD", c.script.body)
-            return await self.client.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
+            if isinstance(self.client, CLUSTER):
+                await self.client.initialize()
+                nodes = self.client.get_primaries()
+            else:
+                nodes = [None]
+            for node in nodes:
+                try:
+                    kw = {} if node is None else {"target_nodes": node}
+                    await self.client.execute_command(*call.args, **kw)
+                except rexc.ResponseError as exc:
+                    if not already_loaded(exc):
+                        raise
+        except rexc.ResponseError:
+            self._may_load = False
+            return False
+        return True
+
+    async def _library_missing(self) -> None:
+        """An FCALL found no function (a restart without persistence, FUNCTION FLUSH, a node
+        new to the cluster): load the library again, or run EVALSHA from now on."""
+        if not await self._load_library():
+            self._fn = False
+
+    def _explain(self, c: Call, exc: Exception) -> Exception:
+        """EVALSHA refused to a user that cannot FCALL either: say what to do."""
+        if c.script is not None and isinstance(exc, rexc.NoPermissionError) and "'evalsha'" in str(exc):
+            self._fn = None  # learn again on the next script call (the library may be loaded meanwhile)
+            return rexc.ResponseError(scripts_denied(c.script.name))
+        return exc
 
     async def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
+        if self._fn is None and any(c.script is not None for c in calls):
+            await self._detect_functions()
         lane = self._lane
         if lane is not None and calls and all(lane_ok(c) for c in calls):
             proto = lane.live() or await lane.open()
             if proto is not None:
-                futures = [proto.send(pack_call(c)) for c in calls]
+                fn = self._fn
+                futures = [proto.send(pack_call(c, fn)) for c in calls]
                 try:
                     replies = [await f for f in futures]
                 except (rexc.ConnectionError, rexc.TimeoutError):
@@ -325,6 +429,8 @@ class AsyncDriver:
         (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
         if isinstance(self.client, CLUSTER):
             return await self.pipeline(list(calls))
+        if self._fn is None:
+            await self._detect_functions()
         lane = self._lane
         if lane is not None:
             proto = lane.live() or await lane.open()
@@ -345,7 +451,7 @@ class AsyncDriver:
                 except BaseException as exc:  # noqa: BLE001 - re-raised below
                     failed = exc
                     break
-                await conn.send_packed_command(conn.pack_command(*_args(c)), check_health=not sent)
+                await conn.send_packed_command(conn.pack_command(*_args(c, bool(self._fn))), check_health=not sent)
                 sent.append(c)
             for _c in sent:
                 try:
@@ -380,7 +486,7 @@ class AsyncDriver:
                 break
             sent.append(c)
             if lane_ok(c) and not proto.closed:
-                pending.append(proto.send(pack_call(c)))
+                pending.append(proto.send(pack_call(c, self._fn)))
             else:
                 try:
                     pending.append(await self._call(c))
@@ -393,25 +499,28 @@ class AsyncDriver:
         return settled
 
     async def _settle(self, calls: list[Call], replies: list[Any]) -> list[Any]:
-        missing = [i for i, r in enumerate(replies) if isinstance(r, rexc.NoScriptError)]
-        if missing:
-            for body in {calls[i].script.body for i in missing if calls[i].script}:
+        for _ in range(2):  # as in ``_call``: FCALL -> library loaded, or EVALSHA -> SCRIPT LOAD
+            missing = [i for i, r in enumerate(replies) if _missing(r)]
+            if not missing:
+                break
+            if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
+                await self._library_missing()
+            for body in {calls[i].script.body for i in missing
+                         if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
                 await self.client.execute_command("SCRIPT LOAD", body)
             again = await self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):
                 replies[i] = r
-        for r in replies:
+        for c, r in zip(calls, replies):
             if isinstance(r, Exception):
-                raise r
+                raise self._explain(c, r)
         return replies
 
     async def _pipe(self, calls: Iterable[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
+        functions = bool(self._fn)
         for c in calls:
-            if c.script is None:
-                pipe.execute_command(*c.args)
-            else:
-                pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
+            pipe.execute_command(*_args(c, functions))
         return await pipe.execute(raise_on_error=False)
 
     async def run(self, flow: Flow) -> Any:

@@ -27,7 +27,7 @@ from ..core.calls import Call
 __all__ = ["AsyncLane", "lane_ok", "pack_call", "new_reader", "LANE_COMMANDS"]
 
 # Non-blocking commands that leave no state on the connection: safe to share one connection
-# between tasks.  Scripts (EVALSHA) always qualify.  Anything else takes the redis-py path.
+# between tasks.  Scripts (FCALL or EVALSHA) always qualify.  Anything else takes the redis-py path.
 LANE_COMMANDS = frozenset({
     "XADD", "ZADD", "GET", "MGET", "EXISTS", "XRANGE", "XREVRANGE", "XLEN", "ZCARD", "ZSCORE", "ZRANGE",
     "ZRANGEBYSCORE", "HGET", "HGETALL", "HMGET", "SET", "DEL", "UNLINK", "PING", "XPENDING", "XACK", "XCLAIM",
@@ -43,13 +43,17 @@ def lane_ok(c: Call) -> bool:
     return type(name) is str and name in LANE_COMMANDS
 
 
-def pack_call(c: Call) -> bytes:
-    """The RESP bytes redis-py would send for ``c`` (it packs with hiredis as well)."""
+def pack_call(c: Call, functions: bool | None = False) -> bytes:
+    """The RESP bytes redis-py would send for ``c`` (it packs with hiredis as well); a script
+    call as FCALL of its function when ``functions``, else as EVALSHA (``core.calls.script_args``)."""
     if c.packed is not None:
         return c.packed
-    if c.script is None:
+    s = c.script
+    if s is None:
         return hiredis.pack_command(c.args)
-    return hiredis.pack_command(("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv))
+    if functions:
+        return hiredis.pack_command((s.fcall, s.function, len(c.keys), *c.keys, *c.argv))
+    return hiredis.pack_command(("EVALSHA", s.sha, len(c.keys), *c.keys, *c.argv))
 
 
 def new_reader() -> hiredis.Reader:

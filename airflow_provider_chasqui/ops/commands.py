@@ -1,4 +1,5 @@
-"""The operator's commands: ``chasqui inspect | dlq | repeatable | events | watch``.
+"""The operator's commands: ``chasqui inspect | dlq | repeatable | events | watch`` (and
+``functions``, in ``functions.py``).
 
 Tables for people, ``--json`` for scripts.  Exit codes: 0 ok, 1 failed, 2 bad usage,
 3 Redis unreachable, 4 not found.  Errors name the problem and the fix, and never show a
@@ -479,6 +480,10 @@ def register(sub: Any) -> None:
     p.add_argument("--block-ms", type=int, default=5000)
     p.add_argument("--max-events", type=int, default=0, help="stop after N events (0 = no limit)")
     p.set_defaults(func=cmd_events)
+
+    from .functions import register as register_functions  # noqa: PLC0415 - it imports this module
+
+    register_functions(sub)
 
 
 def run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

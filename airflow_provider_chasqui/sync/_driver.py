@@ -7,19 +7,22 @@ non-blocking calls take a pinned connection past redis-py's per-call machinery (
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterable, Iterator
 
 import redis
 from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
-from ..core.calls import Call, Flow, Stream
+from ..core.calls import Call, Flow, Stream, script_args
 from ..core.urls import split_cluster_flag
-from ..engine._driver import _stream_read_slot
+from ..engine._driver import _FCALLS, _missing, _stream_read_slot
 from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
 from ..engine._wire import lane_ok, pack_call
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
+from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
+from ..core.features import scripts_denied
 from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["SyncDriver", "translate_errors"]
@@ -83,8 +86,22 @@ def translate_errors() -> Iterator[None]:
         raise ScriptError(str(exc)) from exc
 
 
-def _args(c: Call) -> tuple[Any, ...]:
-    return c.args if c.script is None else ("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
+def _args(c: Call, functions: bool) -> tuple[Any, ...]:
+    return c.args if c.script is None else script_args(c, functions)
+
+
+def _route_fcall(client: RedisCluster) -> None:
+    """FCALL's keys are read from the call, as redis-py reads EVALSHA's (it would ask a node,
+    COMMAND GETKEYS, on every FCALL).  On the parser: the client's pipelines share it."""
+    parser = client.commands_parser
+    get_keys = parser.get_keys
+
+    def keys(redis_conn: Any, *args: Any) -> Any:
+        if args and args[0] in _FCALLS and len(args) > 2:
+            return list(args[3:3 + int(args[2])])
+        return get_keys(redis_conn, *args)
+
+    parser.get_keys = keys  # type: ignore[method-assign]
 
 
 def _get_connection(pool: Any) -> Any:
@@ -108,6 +125,13 @@ class SyncDriver:
             self.client.response_callbacks.clear()
         self._fast_paths = fast_paths_default() if fast_paths is None else fast_paths
         self._features: Features | None = None
+        # scripts: FCALL (True) or EVALSHA (False); None until the first script call learns it
+        mode = functions_mode()
+        self._fn: bool | None = False if mode == "off" else None
+        self._may_load = mode == "auto"  # FUNCTION LOAD is tried until the server refuses it
+        self._detect_lock = threading.Lock()  # one probe at a time
+        if isinstance(self.client, CLUSTER):
+            _route_fcall(self.client)
         # non-blocking calls skip redis-py's per-call machinery (see ``sync/_wire.py``)
         self._lane = SyncLane(self.client.connection_pool) if lane and not isinstance(self.client, CLUSTER) else None
 
@@ -117,17 +141,19 @@ class SyncDriver:
         return self._features
 
     def call(self, c: Call) -> Any:
+        if c.script is not None and self._fn is None:
+            self._detect_functions()
         lane = self._lane
         if lane is not None and lane_ok(c):
             try:
-                reply = lane.request(pack_call(c))
+                reply = lane.request(pack_call(c, self._fn))
             except (rexc.ConnectionError, rexc.TimeoutError):
                 reply = BUSY  # re-run on redis-py: its reconnect and retry policy decide
             if reply is not BUSY:
                 if not isinstance(reply, Exception):
                     return reply
-                if not isinstance(reply, (rexc.NoScriptError, rexc.ReadOnlyError)):
-                    raise reply
+                if not ((c.script is not None and _missing(reply)) or isinstance(reply, rexc.ReadOnlyError)):
+                    raise self._explain(c, reply)
                 if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
                     lane.close()
         return self._call(c)
@@ -144,18 +170,68 @@ class SyncDriver:
     def _call(self, c: Call) -> Any:
         if c.script is None:
             return self.client.execute_command(*c.args)
+        if self._fn is None:
+            self._detect_functions()
+        for attempt in range(3):  # FCALL -> library loaded, or EVALSHA -> SCRIPT LOAD -> EVALSHA
+            functions = bool(self._fn)
+            try:
+                return self.client.execute_command(*script_args(c, functions))
+            except rexc.ResponseError as exc:
+                if attempt == 2 or not _missing(exc):
+                    raise self._explain(c, exc) from exc
+                if isinstance(exc, rexc.NoScriptError):
+                    self.client.execute_command("SCRIPT LOAD", c.script.body)
+                elif functions:
+                    self._library_missing()
+
+    # ---- FCALL or EVALSHA (see engine/_driver.py) ----------------------------------------
+    def _detect_functions(self) -> None:
+        with self._detect_lock:
+            if self._fn is not None:  # another thread probed meanwhile
+                return
+            try:
+                found = probe_found(self.call(probe_call()))
+            except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
+                found = function_missing(exc) and self._load_library()
+            self._fn = found
+
+    def _load_library(self) -> bool:
+        if not self._may_load:
+            return False
+        call = load_call()
+        nodes = self.client.get_primaries() if isinstance(self.client, CLUSTER) else [None]
         try:
-            return self.client.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
-        except rexc.NoScriptError:
-            self.client.execute_command("SCRIPT LOAD", c.script.body)
-            return self.client.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
+            for node in nodes:
+                try:
+                    kw = {} if node is None else {"target_nodes": node}
+                    self.client.execute_command(*call.args, **kw)
+                except rexc.ResponseError as exc:
+                    if not already_loaded(exc):
+                        raise
+        except rexc.ResponseError:
+            self._may_load = False
+            return False
+        return True
+
+    def _library_missing(self) -> None:
+        if not self._load_library():
+            self._fn = False
+
+    def _explain(self, c: Call, exc: Exception) -> Exception:
+        if c.script is not None and isinstance(exc, rexc.NoPermissionError) and "'evalsha'" in str(exc):
+            self._fn = None
+            return rexc.ResponseError(scripts_denied(c.script.name))
+        return exc
 
     def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
+        if self._fn is None and any(c.script is not None for c in calls):
+            self._detect_functions()
         lane = self._lane
         if lane is not None and calls and all(lane_ok(c) for c in calls):
+            fn = self._fn
             try:
-                replies = lane.request(b"".join([pack_call(c) for c in calls]), len(calls))
+                replies = lane.request(b"".join([pack_call(c, fn) for c in calls]), len(calls))
             except (rexc.ConnectionError, rexc.TimeoutError):
                 replies = BUSY
             if replies is not BUSY:
@@ -169,10 +245,13 @@ class SyncDriver:
         (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
         if isinstance(self.client, CLUSTER):
             return self.pipeline(list(calls))
+        if self._fn is None:
+            self._detect_functions()
         lane = self._lane
         if lane is not None:
             it = iter(calls)
-            done = lane.stream(it, pack_call)
+            fn = self._fn
+            done = lane.stream(it, lambda c: pack_call(c, fn))
             if done is not BUSY:
                 sent, replies, failed = done
                 settled = self._settle(sent, replies)
@@ -195,7 +274,7 @@ class SyncDriver:
                 except BaseException as exc:  # noqa: BLE001 - re-raised below
                     failed = exc
                     break
-                conn.send_packed_command(conn.pack_command(*_args(c)), check_health=not sent)
+                conn.send_packed_command(conn.pack_command(*_args(c, bool(self._fn))), check_health=not sent)
                 sent.append(c)
             for _c in sent:
                 try:
@@ -213,25 +292,28 @@ class SyncDriver:
         return settled
 
     def _settle(self, calls: list[Call], replies: list[Any]) -> list[Any]:
-        missing = [i for i, r in enumerate(replies) if isinstance(r, rexc.NoScriptError)]
-        if missing:
-            for body in {calls[i].script.body for i in missing if calls[i].script}:
+        for _ in range(2):  # as in ``_call``: FCALL -> library loaded, or EVALSHA -> SCRIPT LOAD
+            missing = [i for i, r in enumerate(replies) if _missing(r)]
+            if not missing:
+                break
+            if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
+                self._library_missing()
+            for body in {calls[i].script.body for i in missing
+                         if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
                 self.client.execute_command("SCRIPT LOAD", body)
             again = self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):
                 replies[i] = r
-        for r in replies:
+        for c, r in zip(calls, replies):
             if isinstance(r, Exception):
-                raise r
+                raise self._explain(c, r)
         return replies
 
     def _pipe(self, calls: Iterable[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
+        functions = bool(self._fn)
         for c in calls:
-            if c.script is None:
-                pipe.execute_command(*c.args)
-            else:
-                pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.argv)
+            pipe.execute_command(*_args(c, functions))
         return pipe.execute(raise_on_error=False)
 
     def run(self, flow: Flow) -> Any:
