@@ -34,7 +34,7 @@ _PY_LITERAL = re.compile(r'\b(?:command|execute_command)\(\s*"([A-Z][A-Z0-9_]*)(
 # args = ("XREADGROUP", ...) and return ("EVALSHA", ...)
 _PY_TUPLE = re.compile(r'(?:\bargs\b[^=\n]*=|\breturn)\s*\(\s*"([A-Z][A-Z0-9_]+)"\s*,')
 _PY_METHOD = re.compile(r"\b(?:pipe|client|_client|conn|r)\.([a-z][a-z_]*)\(")
-_LUA = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'|\{\s*'([A-Z][A-Z0-9]*)'")
+_LUA = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?|\{\s*'([A-Z][A-Z0-9]*)'")
 
 
 # Sent by redis-py itself when it connects: CLIENT SETINFO (Redis >= 7.2; a denial is ignored by
@@ -64,8 +64,9 @@ def commands_in_code(known: set[str] | None = None) -> set[str]:
         if known is not None:
             out.update(m for m in _PY_METHOD.findall(text) if m in known and m.upper() not in CONTAINERS)
     for path in (ROOT / "lua").glob("*.lua"):
-        for a, b in _LUA.findall(path.read_text()):
-            out.add((a or b).lower())
+        for a, sub, b in _LUA.findall(path.read_text()):
+            cmd = (a or b).upper()
+            out.add(f"{cmd}|{sub}".lower() if cmd in CONTAINERS and sub else cmd.lower())
     out.update(s.fcall.lower() for s in SCRIPTS.values())
     return out
 
