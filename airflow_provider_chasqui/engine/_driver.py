@@ -24,7 +24,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from ..core.calls import Call, Flow, Stream
-from ..core.urls import split_cluster_flag
+from ..core.urls import connection_options, split_cluster_flag
 from ._sentinel import make_client
 from ._wire import AsyncLane, lane_ok, pack_call
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
@@ -77,6 +77,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
     if use_cluster:
         # the cluster client pools per node; a "single connection" client is a blocking reader
         reader = bool(kwargs.pop("single_connection_client", False))
+        url, kwargs = connection_options(url, kwargs)  # RESP2, TLS checks, timeouts (make_client does it too)
         cclient = _RawCluster.from_url(url, decode_responses=False, **kwargs)
         cclient.response_callbacks.clear()  # the nodes share this dict
         cclient.response_callbacks["COMMAND"] = _command_listing_only
@@ -171,10 +172,11 @@ class _RawCluster(AsyncRedisCluster):
             return 0
         return await super().execute_command("CLIENT UNBLOCK", cid, *mode, target_nodes=node)
 
-    async def initialize(self) -> "_RawCluster":
-        """No reachable seed node is a connection error (retried like one), not a config error."""
+    async def initialize(self, *args: Any, **kwargs: Any) -> "_RawCluster":
+        """No reachable seed node is a connection error (retried like one), not a config error.
+        (redis-py 8 passes ``last_failed_node_name``.)"""
         try:
-            return await super().initialize()
+            return await super().initialize(*args, **kwargs)
         except RedisClusterException as exc:
             if isinstance(exc.__cause__, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
                 raise rexc.ConnectionError(str(exc)) from exc

@@ -14,7 +14,7 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
 from ..core.calls import Call, Flow, Stream
-from ..core.urls import split_cluster_flag
+from ..core.urls import connection_options, split_cluster_flag
 from ..engine._driver import _stream_read_slot
 from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
@@ -30,6 +30,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> redis
     url, use_cluster = split_cluster_flag(url, cluster)
     if use_cluster:
         kwargs.pop("single_connection_client", None)
+        url, kwargs = connection_options(url, kwargs)  # RESP2, TLS checks, timeouts (make_client does it too)
         try:
             cluster_client = _RawCluster.from_url(url, decode_responses=False, **kwargs)
         except rexc.RedisClusterException as exc:  # no seed node answered: say so as for one server

@@ -26,6 +26,7 @@ import redis
 
 from ..core.keys import QueueKeys
 from ..errors import ConfigError
+from ..sync._sentinel import make_client
 
 __all__ = ["PrometheusMetrics", "DepthSampler", "MetricsServer", "UNREGISTERED", "LATENCY_BUCKETS"]
 
@@ -159,7 +160,7 @@ class DepthSampler:
     def __init__(self, redis_url: str, queue: str, *, group: str = "default") -> None:
         self.keys = QueueKeys.for_queue(queue)
         self.group = group
-        self._client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
+        self._client = make_client(redis_url, socket_connect_timeout=2, socket_timeout=5)  # RESP2, TLS checks, ...
 
     def sample(self) -> dict[str, int]:
         k = self.keys
