@@ -5,7 +5,8 @@ kept raw (no redis-py reshaping) so the core parses one format; EVALSHA falls ba
 SCRIPT LOAD on NOSCRIPT; redis errors become ChasquiError subclasses in one place.
 Non-blocking calls (scripts, XADD, ...) take the "lane" of ``_wire.py``, one pinned connection
 with a few microseconds of Python per call; the rest, and any call the lane could not
-deliver, go through redis.asyncio (cluster clients always do).
+deliver, go through redis.asyncio (cluster clients always do); a write is re-sent only when
+the lane never sent it (see ``_wire.resend_ok``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from redis.exceptions import RedisClusterException
 from ..core.calls import Call, Flow, Stream
 from ..core.urls import connection_options, split_cluster_flag
 from ._sentinel import make_client
-from ._wire import AsyncLane, lane_ok, pack_call
+from ._wire import AsyncLane, lane_ok, pack_call, resend_ok
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..errors import ChasquiConnectionError, ScriptError
 
@@ -277,7 +278,8 @@ class AsyncDriver:
                 try:
                     reply = await fut
                 except (rexc.ConnectionError, rexc.TimeoutError):
-                    pass  # re-run on redis.asyncio below: its reconnect and retry policy decide
+                    if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
+                        raise
                 else:
                     if not isinstance(reply, Exception):
                         return reply
@@ -315,7 +317,8 @@ class AsyncDriver:
                 try:
                     replies = [await f for f in futures]
                 except (rexc.ConnectionError, rexc.TimeoutError):
-                    pass  # re-run on redis.asyncio, as a redis-py pipeline would retry
+                    if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
+                        raise
                 else:
                     if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
                         return await self._settle(calls, replies)

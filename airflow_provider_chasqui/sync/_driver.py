@@ -18,7 +18,7 @@ from ..core.urls import connection_options, split_cluster_flag
 from ..engine._driver import _stream_read_slot
 from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
-from ..engine._wire import lane_ok, pack_call
+from ..engine._wire import lane_ok, pack_call, resend_ok
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..errors import ChasquiConnectionError, ScriptError
 
@@ -123,7 +123,9 @@ class SyncDriver:
             try:
                 reply = lane.request(pack_call(c))
             except (rexc.ConnectionError, rexc.TimeoutError):
-                reply = BUSY  # re-run on redis-py: its reconnect and retry policy decide
+                if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
+                    raise
+                reply = BUSY  # a read: re-run on redis-py
             if reply is not BUSY:
                 if not isinstance(reply, Exception):
                     return reply
@@ -158,6 +160,8 @@ class SyncDriver:
             try:
                 replies = lane.request(b"".join([pack_call(c) for c in calls]), len(calls))
             except (rexc.ConnectionError, rexc.TimeoutError):
+                if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
+                    raise
                 replies = BUSY
             if replies is not BUSY:
                 if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):

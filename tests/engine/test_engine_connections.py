@@ -6,7 +6,8 @@ each connection's ``resp``; run this module under redis-py 8 as well as the shar
 A URL asking for another protocol is refused, since redis-py lets URL options override
 arguments.  Every client has socket and connect timeouts and keepalive, so a server that goes
 silent (SIGSTOP, a black-holed flow) cannot hang the standalone scheduler/promoter while it
-holds the leader lock.
+holds the leader lock.  A write whose bytes went out is never sent again behind the caller: a
+lost reply gives ``ChasquiConnectionError`` and the job is in the stream once.
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ import pytest
 import redis
 
 from airflow_provider_chasqui import Queue, QueueEvents, SyncQueue, Worker
+from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.urls import CONNECT_TIMEOUT_SECS, split_cluster_flag
 from airflow_provider_chasqui.demo import redis_for_demo
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.promoter import Promoter
 from airflow_provider_chasqui.engine.scheduler import Scheduler, run_standalone
-from airflow_provider_chasqui.errors import ConfigError
+from airflow_provider_chasqui.errors import ChasquiConnectionError, ConfigError
 from airflow_provider_chasqui.cli import main as cli_main
 from airflow_provider_chasqui.sync._driver import SyncDriver
 from airflow_provider_chasqui.worker.metrics import DepthSampler
-from engine_support import running, wait_until
+from engine_support import running, stream_entries, wait_until
 from fault_support import FaultProxy, start_sentinel
 from servers import RunningServer, binary_for
 
@@ -270,3 +272,66 @@ async def test_a_leader_whose_connection_goes_silent_loses_the_lock(own_server: 
             await silent_driver.close()
             await direct_driver.close()
     print(f"\n[silent leader] the other process led both loops and A stepped down within {took:.1f}s")
+
+
+# ---- no hidden duplicate writes ------------------------------------------------------------------------
+def _copies(url: str, queue: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _e, f in stream_entries(url, queue):
+        jid = decode_envelope(f["d"]).id
+        counts[jid] = counts.get(jid, 0) + 1
+    return counts
+
+
+@pytest.mark.single_node("a proxy in front of a private server")
+@pytest.mark.parametrize("kind", ["plain", "with-options", "bulk"])
+async def test_a_lost_reply_never_writes_a_job_twice(own_server: RunningServer, own_url: str, queue_name: str,
+                                                      kind: str) -> None:
+    """The proxy forwards the request, drops its reply and resets the connection: the add ran
+    once.  Before, the lane re-sent it on redis-py, which succeeded: a normal return, two jobs."""
+    async with FaultProxy(own_server.port) as proxy:
+        async with Queue(queue_name, redis_url=proxy.url) as q:
+            first = await q.add("d", {"i": 0})  # the lane is open
+            await q.add("d", {"i": 1}, attempts=2, delay_ms=0)
+            proxy.drop_replies = 1
+            with pytest.raises(ChasquiConnectionError):
+                if kind == "plain":
+                    await q.add("d", {"i": "lost-reply"})
+                elif kind == "with-options":
+                    await q.add("d", {"i": "lost-reply"}, attempts=3)
+                else:
+                    await q.add_bulk([{"name": "d", "data": {"i": "lost-reply"}}])
+            assert proxy.drop_replies == 0
+            after = await q.add("d", {"i": 2})  # and the queue works on
+    counts = _copies(own_url, queue_name)
+    assert counts[first.id] == 1 and counts[after.id] == 1
+    assert all(c == 1 for c in counts.values()), counts
+    lost = [e for _e, e in stream_entries(own_url, queue_name) if b"lost-reply" in e["d"]]
+    # the add reached Redis once; the bulk add's first call (not the write) may be the lost one
+    assert len(lost) == 1 or (kind == "bulk" and not lost), f"the lost-reply add is in the stream {len(lost)} times"
+
+
+@pytest.mark.single_node("a proxy in front of a private server")
+@pytest.mark.parametrize("kind", ["plain", "with-options", "bulk"])
+async def test_a_lost_reply_never_writes_a_job_twice_sync(own_server: RunningServer, own_url: str, queue_name: str,
+                                                           kind: str) -> None:
+    async with FaultProxy(own_server.port) as proxy:  # runs on this loop: the blocking calls go to a thread
+        sq = SyncQueue(queue_name, redis_url=proxy.url)
+        try:
+            first = await asyncio.to_thread(sq.add, "d", {"i": 0})
+            proxy.drop_replies = 1
+            with pytest.raises(ChasquiConnectionError):
+                if kind == "plain":
+                    await asyncio.to_thread(sq.add, "d", {"i": "lost-reply"})
+                elif kind == "with-options":
+                    await asyncio.to_thread(lambda: sq.add("d", {"i": "lost-reply"}, attempts=3))
+                else:
+                    await asyncio.to_thread(sq.add_bulk, [{"name": "d", "data": {"i": "lost-reply"}}])
+            after = await asyncio.to_thread(sq.add, "d", {"i": 2})
+        finally:
+            await asyncio.to_thread(sq.close)
+    counts = _copies(own_url, queue_name)
+    assert counts[first.id] == 1 and counts[after.id] == 1
+    lost = [e for _e, e in stream_entries(own_url, queue_name) if b"lost-reply" in e["d"]]
+    # the add reached Redis once; the bulk add's first call (not the write) may be the lost one
+    assert len(lost) == 1 or (kind == "bulk" and not lost), f"the lost-reply add is in the stream {len(lost)} times"
