@@ -27,13 +27,15 @@ import redis
 
 from . import Queue, QueueEvents, RepeatPattern, UnrecoverableError, Worker
 from .core.urls import redact_url
+from .sync._sentinel import make_client
 
 __all__ = ["main", "redis_for_demo"]
 
 
 def _answers(url: str) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+        with make_client(url, socket_connect_timeout=1) as client:
+            return bool(client.ping())
     except redis.RedisError:
         return False
 

@@ -164,13 +164,16 @@ class _Pipe:
         self.writers = (client_w, up_w)
         self.stalled = False  # a stalled pipe stays stalled forever (a black-holed flow)
         self.tasks = [asyncio.ensure_future(self._pump(client_r, up_w)),
-                      asyncio.ensure_future(self._pump(up_r, client_w))]
+                      asyncio.ensure_future(self._pump(up_r, client_w, replies=True))]
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, replies: bool = False) -> None:
         try:
             while True:
                 data = await src.read(65536)
                 if not data:
+                    break
+                if replies and self.proxy.drop_replies > 0:  # the request ran; its reply is lost with the connection
+                    self.proxy.drop_replies -= 1
                     break
                 while self.proxy.paused or self.stalled:  # hold the bytes: the peer sees silence
                     await self.proxy._resumed.wait()
@@ -197,7 +200,8 @@ class _Pipe:
 
 class FaultProxy:
     """``127.0.0.1:<port>`` -> ``target``; faults: :meth:`pause`, :meth:`cut`, :meth:`refuse`,
-    :meth:`blackhole`.  Runs on the caller's event loop; ``async with`` starts and stops it."""
+    :meth:`blackhole`, ``drop_replies = n`` (the next n replies are lost, each with its
+    connection: the request ran).  Runs on the caller's event loop; ``async with`` starts and stops it."""
 
     def __init__(self, target_port: int, target_host: str = HOST) -> None:
         self.target = (target_host, target_port)
@@ -206,6 +210,7 @@ class FaultProxy:
         self.refusing = False
         self.accepted = 0
         self.cuts = 0
+        self.drop_replies = 0  # this many replies are dropped, each cutting its connection (RST)
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._pipes: set[_Pipe] = set()

@@ -35,6 +35,7 @@ from .codec import (
 )
 from .keys import QueueKeys
 from .settings import QueueSettings
+from .urls import WAIT_BLOCK_MS
 
 __all__ = ["ProducerCore", "PreparedJob", "coerce_delay", "JOB_STATES", "parse_fields"]
 
@@ -420,7 +421,8 @@ class ProducerCore:
             remaining = deadline - clock()
             if remaining <= 0:
                 break
-            rows = yield command("XREAD", "COUNT", 1000, "BLOCK", max(1, int(remaining)), "STREAMS", k.events, cursor)
+            block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
+            rows = yield command("XREAD", "COUNT", 1000, "BLOCK", block, "STREAMS", k.events, cursor)
             for _stream, entries in rows or []:
                 for entry_id, flat in entries:
                     cursor = str_reply(entry_id)

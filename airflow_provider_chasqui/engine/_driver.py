@@ -6,7 +6,8 @@ Redis Functions library when it is loaded (learnt once, see ``core/features.py``
 EVALSHA with SCRIPT LOAD on NOSCRIPT; redis errors become ChasquiError subclasses in one place.
 Non-blocking calls (scripts, XADD, ...) take the "lane" of ``_wire.py``, one pinned connection
 with a few microseconds of Python per call; the rest, and any call the lane could not
-deliver, go through redis.asyncio (cluster clients always do).
+deliver, go through redis.asyncio (cluster clients always do); a write is re-sent only when
+the lane never sent it (see ``_wire.resend_ok``).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from ..core.calls import Call, Flow, Stream, script_args
-from ..core.urls import split_cluster_flag
+from ..core.urls import connection_options, split_cluster_flag
 from ._sentinel import make_client
-from ._wire import AsyncLane, lane_ok, pack_call
+from ._wire import AsyncLane, lane_ok, pack_call, resend_ok
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
 from ..core.features import scripts_denied
@@ -80,6 +81,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
     if use_cluster:
         # the cluster client pools per node; a "single connection" client is a blocking reader
         reader = bool(kwargs.pop("single_connection_client", False))
+        url, kwargs = connection_options(url, kwargs)  # RESP2, TLS checks, timeouts (make_client does it too)
         cclient = _RawCluster.from_url(url, decode_responses=False, **kwargs)
         cclient.response_callbacks.clear()  # the nodes share this dict
         cclient.response_callbacks["COMMAND"] = _command_listing_only
@@ -174,10 +176,11 @@ class _RawCluster(AsyncRedisCluster):
             return 0
         return await super().execute_command("CLIENT UNBLOCK", cid, *mode, target_nodes=node)
 
-    async def initialize(self) -> "_RawCluster":
-        """No reachable seed node is a connection error (retried like one), not a config error."""
+    async def initialize(self, *args: Any, **kwargs: Any) -> "_RawCluster":
+        """No reachable seed node is a connection error (retried like one), not a config error.
+        (redis-py 8 passes ``last_failed_node_name``.)"""
         try:
-            return await super().initialize()
+            return await super().initialize(*args, **kwargs)
         except RedisClusterException as exc:
             if isinstance(exc.__cause__, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
                 raise rexc.ConnectionError(str(exc)) from exc
@@ -309,7 +312,8 @@ class AsyncDriver:
                 try:
                     reply = await fut
                 except (rexc.ConnectionError, rexc.TimeoutError):
-                    pass  # re-run on redis.asyncio below: its reconnect and retry policy decide
+                    if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
+                        raise
                 else:
                     if not isinstance(reply, Exception):
                         return reply
@@ -417,7 +421,8 @@ class AsyncDriver:
                 try:
                     replies = [await f for f in futures]
                 except (rexc.ConnectionError, rexc.TimeoutError):
-                    pass  # re-run on redis.asyncio, as a redis-py pipeline would retry
+                    if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
+                        raise
                 else:
                     if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
                         return await self._settle(calls, replies)

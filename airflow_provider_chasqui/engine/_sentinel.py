@@ -13,11 +13,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection, \
     SentinelManagedSSLConnection
+from redis.backoff import NoBackoff
 
 from ..core.sentinel_url import is_sentinel_url, parse_sentinel_url
-from ..core.urls import redact_text
+from ..core.urls import connection_options, redact_text
 
 __all__ = ["make_client"]
 
@@ -63,6 +65,11 @@ class _OwnedSentinelPool(SentinelConnectionPool):
 
 
 def make_client(url: str, **kwargs: Any) -> aioredis.Redis:
+    """A client for ``url`` with the options of ``core.urls.connection_options`` (RESP2, TLS
+    verification, timeouts, keepalive) and no redis-py retries: a command whose bytes went out
+    is never sent again behind the caller's back (an XADD would be written twice)."""
+    url, kwargs = connection_options(url, kwargs)
+    kwargs.setdefault("retry", Retry(NoBackoff(), 0))
     if not is_sentinel_url(url):
         return aioredis.Redis.from_url(url, **kwargs)
     target = parse_sentinel_url(url)
@@ -72,7 +79,7 @@ def make_client(url: str, **kwargs: Any) -> aioredis.Redis:
     options.pop("port", None)
     ssl = options.pop("connection_class", None) is SSLConnection or bool(kwargs.pop("ssl", False))
     merged = {**kwargs, **options, "connection_class": _SSLConnection if ssl else _Connection}
-    sentinel_kwargs: dict[str, Any] = {k: v for k, v in merged.items() if k.startswith("socket_")}
+    sentinel_kwargs: dict[str, Any] = {k: v for k, v in merged.items() if k.startswith("socket_") or k == "protocol"}
     sentinel_kwargs.update(target.sentinel_kwargs)
     sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)
     pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)

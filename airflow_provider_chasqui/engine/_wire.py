@@ -7,14 +7,16 @@ client's speed.  The lane lets redis-py open and hand-shake the connection (TLS,
 ``asyncio.Protocol``: commands are packed by hiredis and written at once, replies are parsed
 by a hiredis ``Reader`` in ``data_received`` and matched FIFO to one future per call, so
 concurrent callers pipeline on the one connection.  Blocking commands never use it (see
-``lane_ok``).  Any connection error is reported as a redis-py exception; the driver then
-re-runs the call on its redis-py client, so reconnects and retries behave as before.
+``lane_ok``).  Any connection error is reported as a redis-py exception.  A call whose bytes
+went out may have run, so only a read (``resend_ok``) is re-run on the driver's redis-py
+client; a write (an XADD, a script) raises instead of being written twice behind the caller.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import time
 from typing import Any
 
@@ -24,7 +26,7 @@ from redis._parsers.base import BaseParser
 
 from ..core.calls import Call
 
-__all__ = ["AsyncLane", "lane_ok", "pack_call", "new_reader", "LANE_COMMANDS"]
+__all__ = ["AsyncLane", "lane_ok", "resend_ok", "pack_call", "new_reader", "LANE_COMMANDS"]
 
 # Non-blocking commands that leave no state on the connection: safe to share one connection
 # between tasks.  Scripts (FCALL or EVALSHA) always qualify.  Anything else takes the redis-py path.
@@ -33,7 +35,16 @@ LANE_COMMANDS = frozenset({
     "ZRANGEBYSCORE", "HGET", "HGETALL", "HMGET", "SET", "DEL", "UNLINK", "PING", "XPENDING", "XACK", "XCLAIM",
     "XAUTOCLAIM", "INCR", "EXPIRE", "PEXPIRE", "TTL", "PTTL", "TIME",
 })
+# The lane commands that only read: sent again after the lane broke mid-call, they cannot
+# write twice.  Writes and scripts are never re-sent once their bytes went out.
+RESEND_SAFE = frozenset({
+    "GET", "MGET", "EXISTS", "XRANGE", "XREVRANGE", "XLEN", "ZCARD", "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "HGET",
+    "HGETALL", "HMGET", "PING", "XPENDING", "TTL", "PTTL", "TIME",
+})
 _RETRY_AFTER_S = 1.0  # after the lane failed to connect, use the redis-py path for this long
+# A call after the lane sat idle this long first checks that the server did not close the socket
+# (CLIENT KILL, idle ``timeout``, a restart) before writing on it: a write cannot be re-sent.
+IDLE_CHECK_S = 0.001
 
 
 def lane_ok(c: Call) -> bool:
@@ -41,6 +52,11 @@ def lane_ok(c: Call) -> bool:
         return True
     name = c.args[0] if c.args else None
     return type(name) is str and name in LANE_COMMANDS
+
+
+def resend_ok(c: Call) -> bool:
+    """Whether ``c`` may be sent again after its bytes went out (checked on errors only)."""
+    return c.packed is None and c.script is None and bool(c.args) and c.args[0] in RESEND_SAFE
 
 
 def pack_call(c: Call, functions: bool | None = False) -> bytes:
@@ -79,12 +95,15 @@ class _Protocol(asyncio.Protocol):
         self.owner: Any = None
         self._timer: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
+        self.last_send = self.loop.time()
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
 
     def send(self, packed: bytes) -> "asyncio.Future[Any]":
         fut = self.loop.create_future()
         self.waiters.append(fut)
+        now = self.last_send = self.loop.time()
         if self.timeout is not None:
-            now = self.loop.time()
             self.sent_at.append(now)
             if self._timer is None:
                 self._timer = self.loop.call_at(now + self.timeout, self._check_timeout)
@@ -113,6 +132,13 @@ class _Protocol(asyncio.Protocol):
                 self.sent_at.popleft()
             if not fut.done():  # its caller may have been cancelled
                 fut.set_result(reply)
+
+    def peer_closed(self) -> bool:
+        """With no call in flight, a readable socket means the server closed it (or broke step)."""
+        try:
+            return self.fd < 0 or bool(select.select([self.fd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost fails the waiters
@@ -159,6 +185,9 @@ class AsyncLane:
         """The connected protocol if it serves the running event loop, without awaiting."""
         proto = self.proto
         if proto is None or proto.closed or proto.loop is not asyncio.get_running_loop():
+            return None
+        if not proto.waiters and proto.loop.time() - proto.last_send > IDLE_CHECK_S and proto.peer_closed():
+            self.close()  # closed while idle and not yet seen: reopen rather than write on it
             return None
         return proto
 

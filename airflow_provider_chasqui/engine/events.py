@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 from ..core.calls import command, str_reply
 from ..core.keys import QueueKeys
 from ..core.producer import parse_fields
+from ..core.urls import read_timeout
 from ..types import QueueEvent
 from ._driver import AsyncDriver
 from .leader import TRANSIENT
@@ -41,7 +42,7 @@ class QueueEvents:
         self.last_event_id = last_event_id
         self.block_ms = block_ms
         self.count = count
-        self._driver = driver or AsyncDriver(redis_url)
+        self._driver = driver or AsyncDriver(redis_url, socket_timeout=read_timeout(block_ms))
         self._closed = False
 
     @property

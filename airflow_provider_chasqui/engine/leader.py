@@ -5,7 +5,9 @@ lock lapses within its TTL and another process takes over; work runs only while 
 Redis outages are retried with capped backoff and never end the loop.  A leader whose lock
 renewals succeed while its ticks keep failing on connection errors for a whole lock TTL has
 a problem of its own (a broken connection, a stuck client): it releases the lock and stays
-out for one TTL so a healthy process takes over, instead of holding the lock for ever.
+out for one TTL so a healthy process takes over, instead of holding the lock for ever.  A
+renewal that fails (a connection gone silent times out: every client has a socket timeout)
+ends the leadership at once: the lock lapses within its TTL and another process takes it.
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ class LeaderLoop:
                 except TRANSIENT as exc:
                     failures += 1
                     log.warning("%s %s: Redis unavailable (%s); retrying", self.role, self.holder, exc)
-                    if not leading:  # the renewal itself failed: Redis is down for everyone
+                    if not leading:  # the renewal itself failed: Redis is down, or silent to this process
                         failing_since = None
+                        if self.is_leader:  # the lock lapses within its TTL; another process may take it
+                            log.warning("%s %s lost lock %s: renewal failed", self.role, self.holder, self.lock_key)
+                            self.is_leader = False
                     elif failing_since is None:
                         failing_since = loop.time()
                     elif loop.time() - failing_since >= self.lock_ttl_secs:

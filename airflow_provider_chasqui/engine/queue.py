@@ -17,6 +17,7 @@ from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings
+from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError
 from ..types import Job, new_job
 from ._driver import AsyncDriver
@@ -51,8 +52,7 @@ class Queue:
         settings = settings or QueueSettings(**overrides)
         self._flows = QueueFlows(name, settings)
         self._specs = SpecFlows(name, settings)
-        if tls and redis_url.startswith("redis://"):
-            redis_url = "rediss://" + redis_url[len("redis://"):]
+        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
         self._fast_paths = fast_paths
         self._driver = driver
@@ -73,7 +73,8 @@ class Queue:
     @property
     def driver(self) -> AsyncDriver:
         if self._driver is None:
-            self._driver = AsyncDriver(self._url, fast_paths=self._fast_paths)
+            self._driver = AsyncDriver(self._url, fast_paths=self._fast_paths,
+                                       socket_timeout=read_timeout(WAIT_BLOCK_MS))
         return self._driver
 
     def _job(self, jid: str, created: int, name: str, data: Any) -> Job:

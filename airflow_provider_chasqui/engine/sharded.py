@@ -22,6 +22,7 @@ from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
 from ..core.settings import QueueSettings
 from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
+from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError
 from ..types import Job
 from ._driver import AsyncDriver
@@ -37,8 +38,7 @@ class ShardedQueue:
                  settings: QueueSettings | None = None, fast_paths: bool | None = None,
                  driver: AsyncDriver | None = None) -> None:
         names = shard_queue_names(name, shards)
-        if tls and redis_url.startswith("redis://"):
-            redis_url = "rediss://" + redis_url[len("redis://"):]
+        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._name = name
         self._url = redis_url
         self._fast_paths = fast_paths
@@ -62,7 +62,8 @@ class ShardedQueue:
     def driver(self) -> AsyncDriver:
         """One connection pool (or cluster client) shared by every shard."""
         if self._driver is None:
-            self._driver = AsyncDriver(self._url, fast_paths=self._fast_paths)
+            self._driver = AsyncDriver(self._url, fast_paths=self._fast_paths,
+                                       socket_timeout=read_timeout(WAIT_BLOCK_MS))
         return self._driver
 
     def shard_for(self, key: str) -> Queue:

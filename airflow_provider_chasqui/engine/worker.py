@@ -53,6 +53,7 @@ from ..core.consumer import ROUTING_FAILED, ConsumerCore, Delivery, Rejected
 from ..core.features import Features
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
+from ..core.urls import with_tls
 from ..errors import ConfigError, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
@@ -161,8 +162,7 @@ class Worker:
         self._handler = _resolve_handler(handler)
         settings = settings or WorkerSettings()
         self.settings = replace(settings, **_options_to_fields(options))
-        if tls and redis_url.startswith("redis://"):
-            redis_url = "rediss://" + redis_url[len("redis://"):]
+        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
         self._fast_paths = fast_paths
         self.metrics = metrics

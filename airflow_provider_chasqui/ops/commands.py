@@ -24,7 +24,7 @@ from ..core.codec import now_ms
 from ..core.inspect import snapshot
 from ..core.keys import QueueKeys
 from ..core.producer import parse_fields
-from ..core.urls import redact_text, redact_url
+from ..core.urls import WAIT_BLOCK_MS, redact_text, redact_url
 from ..errors import ChasquiConnectionError, ChasquiError, ConfigError
 from ..sync._driver import translate_errors
 from ..sync.queue import SyncQueue
@@ -382,7 +382,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     shown = 0
     try:
         while True:
-            block = ("BLOCK", args.block_ms) if args.follow else ()
+            block = ("BLOCK", min(args.block_ms, WAIT_BLOCK_MS)) if args.follow else ()  # the socket timeout's
             rows = q.driver.call(command("XREAD", "COUNT", 100, *block, "STREAMS", key, cursor))
             for _s, entries in rows or []:
                 for entry_id, flat in entries:

@@ -15,11 +15,11 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
 from ..core.calls import Call, Flow, Stream, script_args
-from ..core.urls import split_cluster_flag
+from ..core.urls import connection_options, split_cluster_flag
 from ..engine._driver import _FCALLS, _missing, _stream_read_slot
 from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
-from ..engine._wire import lane_ok, pack_call
+from ..engine._wire import lane_ok, pack_call, resend_ok
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
 from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
 from ..core.features import scripts_denied
@@ -33,6 +33,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> redis
     url, use_cluster = split_cluster_flag(url, cluster)
     if use_cluster:
         kwargs.pop("single_connection_client", None)
+        url, kwargs = connection_options(url, kwargs)  # RESP2, TLS checks, timeouts (make_client does it too)
         try:
             cluster_client = _RawCluster.from_url(url, decode_responses=False, **kwargs)
         except rexc.RedisClusterException as exc:  # no seed node answered: say so as for one server
@@ -148,7 +149,9 @@ class SyncDriver:
             try:
                 reply = lane.request(pack_call(c, self._fn))
             except (rexc.ConnectionError, rexc.TimeoutError):
-                reply = BUSY  # re-run on redis-py: its reconnect and retry policy decide
+                if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
+                    raise
+                reply = BUSY  # a read: re-run on redis-py
             if reply is not BUSY:
                 if not isinstance(reply, Exception):
                     return reply
@@ -233,6 +236,8 @@ class SyncDriver:
             try:
                 replies = lane.request(b"".join([pack_call(c, fn) for c in calls]), len(calls))
             except (rexc.ConnectionError, rexc.TimeoutError):
+                if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
+                    raise
                 replies = BUSY
             if replies is not BUSY:
                 if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):

@@ -6,7 +6,7 @@ open and hand-shake one connection (TLS, AUTH/ACL, ``db``, Sentinel, timeouts) a
 talks on its socket directly: hiredis packs, one ``sendall``, a hiredis ``Reader`` parses
 what ``recv`` returns.  One thread at a time (a non-blocking lock: a thread that finds it
 busy uses the pool, so threads never queue behind each other); re-opened after a fork.
-See ``engine/_wire.py`` for which calls qualify and how errors fall back to redis-py.
+See ``engine/_wire.py`` for which calls qualify and which are re-run on redis-py after an error.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 from redis import exceptions as rexc
 
-from ..engine._wire import new_reader, supported
+from ..engine._wire import IDLE_CHECK_S, new_reader, supported
 
 __all__ = ["SyncLane", "BUSY"]
 
@@ -40,6 +40,7 @@ class SyncLane:
         self._reader: Any = None
         self._pid = 0
         self._retry_at = 0.0
+        self._used_at = 0.0
         self.disabled = False
 
     def _open(self) -> bool:
@@ -71,12 +72,19 @@ class SyncLane:
                 pass
 
     def _acquire(self) -> bool:
-        """Hold the lock with the connection open (False: released, use the redis-py path)."""
+        """Hold the lock with the connection open (False: released, use the redis-py path).
+
+        A connection idle for a while is first checked for a close by the server (idle
+        ``timeout``, a restart): a write sent on it could not be re-sent (see ``_wire.py``)."""
         if not self._lock.acquire(blocking=False):
             return False
-        if self._sock is None or self._pid != os.getpid():
-            if self._pid != os.getpid():
-                self._conn = self._sock = None  # the parent's socket: leave it to the parent
+        now = time.monotonic()
+        if self._pid != os.getpid():
+            self._conn = self._sock = None  # the parent's socket: leave it to the parent
+        elif self._sock is not None and now - self._used_at > IDLE_CHECK_S and self._closed_by_server():
+            self._drop()
+        self._used_at = now
+        if self._sock is None:
             if not self._open():
                 self._lock.release()
                 return False
@@ -109,7 +117,7 @@ class SyncLane:
         replies, the producer's exception or None)``, or ``BUSY`` before anything was sent."""
         if not self._acquire():
             return BUSY
-        if self._closed_by_server():
+        if self._closed_by_server():  # even when not idle: a stream cannot be re-run once sent
             self._drop()
             if not self._open():
                 self._lock.release()

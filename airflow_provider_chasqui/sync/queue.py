@@ -14,6 +14,7 @@ from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings
+from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
 from ..engine.queue import DEFAULT_URL, window_to_ms
 from ..errors import ConfigError
 from ..types import Job, new_job
@@ -39,8 +40,7 @@ class SyncQueue:
         settings = settings or QueueSettings(**overrides)
         self._flows = QueueFlows(name, settings)
         self._specs = SpecFlows(name, settings)
-        if tls and redis_url.startswith("redis://"):
-            redis_url = "rediss://" + redis_url[len("redis://"):]
+        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
         self._fast_paths = fast_paths
         self._driver = driver
@@ -61,7 +61,8 @@ class SyncQueue:
     @property
     def driver(self) -> SyncDriver:
         if self._driver is None:
-            self._driver = SyncDriver(self._url, fast_paths=self._fast_paths)
+            self._driver = SyncDriver(self._url, fast_paths=self._fast_paths,
+                                      socket_timeout=read_timeout(WAIT_BLOCK_MS))
         return self._driver
 
     def _job(self, jid: str, created: int, name: str, data: Any) -> Job:

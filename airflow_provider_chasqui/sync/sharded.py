@@ -12,6 +12,7 @@ from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
 from ..core.settings import QueueSettings
 from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
+from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
 from ..engine.queue import DEFAULT_URL
 from ..types import Job
 from ._driver import SyncDriver
@@ -27,8 +28,7 @@ class SyncShardedQueue:
                  settings: QueueSettings | None = None, fast_paths: bool | None = None,
                  driver: SyncDriver | None = None) -> None:
         names = shard_queue_names(name, shards)
-        if tls and redis_url.startswith("redis://"):
-            redis_url = "rediss://" + redis_url[len("redis://"):]
+        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._name = name
         self._url = redis_url
         self._fast_paths = fast_paths
@@ -52,7 +52,8 @@ class SyncShardedQueue:
     def driver(self) -> SyncDriver:
         """One connection pool (or cluster client) shared by every shard."""
         if self._driver is None:
-            self._driver = SyncDriver(self._url, fast_paths=self._fast_paths)
+            self._driver = SyncDriver(self._url, fast_paths=self._fast_paths,
+                                      socket_timeout=read_timeout(WAIT_BLOCK_MS))
         return self._driver
 
     def shard_for(self, key: str) -> SyncQueue:

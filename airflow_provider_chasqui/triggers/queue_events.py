@@ -81,6 +81,7 @@ from ..core.features import Features
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
+from ..core.urls import WAIT_BLOCK_MS
 from ..engine.events import parse_event
 from ..engine.leader import TRANSIENT
 from ..engine.promoter import Promoter
@@ -225,7 +226,7 @@ class QueueModeProducer(SharedStreamProducer):
         self.queue_name = validate_queue_name(queue_name)
         self.chasqui_conn_id = chasqui_conn_id
         self.read_count = read_count
-        self.block_ms = block_ms
+        self.block_ms = min(block_ms, WAIT_BLOCK_MS)  # a read must end within the Queue's socket timeout
         self.claim_min_idle_ms = claim_min_idle_ms
         self.redeliver_after_ms = redeliver_after_ms
         self.promote = promote
@@ -472,7 +473,7 @@ class CompletionModeProducer(SharedStreamProducer):
         self.keys = QueueKeys.for_queue(queue_name)
         self.cursor_key = self.keys.cursor(cursor)
         self.read_count = read_count
-        self.block_ms = block_ms
+        self.block_ms = min(block_ms, WAIT_BLOCK_MS)  # a read must end within the Queue's socket timeout
         self.reread_after_ms = reread_after_ms
         self.flow = _Flow(max_in_flight or _room_limit())
         self._queue: Queue | None = None

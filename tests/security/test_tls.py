@@ -17,7 +17,10 @@ import pytest
 import redis
 
 from airflow_provider_chasqui import Queue, QueueEvents, SyncQueue, Worker
-from airflow_provider_chasqui.errors import ChasquiConnectionError
+from airflow_provider_chasqui.engine.sharded import ShardedQueue
+from airflow_provider_chasqui.errors import ChasquiConnectionError, ConfigError
+from airflow_provider_chasqui.hooks._connection import ChasquiConnectionSettings
+from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
 from engine_support import running, wait_until
 from fault_support import free_port, make_tls_files
 from servers import start_server
@@ -99,3 +102,82 @@ async def test_tls_refuses_wrong_ca_wrong_host_and_plaintext(tls_server) -> None
         with SyncQueue("tls-q", redis_url=url) as sq:
             with pytest.raises(ChasquiConnectionError):
                 sq.add("t", {})
+
+
+def _verify_options(client) -> dict:  # noqa: ANN001
+    kw = client.connection_pool.connection_kwargs
+    return {"ssl_cert_reqs": kw.get("ssl_cert_reqs"), "ssl_check_hostname": kw.get("ssl_check_hostname")}
+
+
+@pytest.mark.timeout(120)
+async def test_verification_is_explicit_on_every_client_and_a_wrong_hostname_is_refused(tls_server) -> None:
+    """Certificate and hostname checks are set by the package, not left to redis-py's default
+    (redis-py 5 does not check the hostname unless told): on the producer, its blocking twin,
+    the events reader and the worker, and on the URL the Airflow connection builds."""
+    server, port, files, mutual = tls_server
+    url = _url(port, files, mutual)
+    want = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    q, sq = Queue("tls-v", redis_url=url), SyncQueue("tls-v", redis_url=url)
+    events = QueueEvents("tls-v", redis_url=url)
+    worker = Worker("tls-v", lambda job: None, redis_url=url, run_scheduler=False)
+    try:
+        assert _verify_options(q.driver.client) == want
+        assert _verify_options(sq.driver.client) == want
+        assert _verify_options(events._driver.client) == want
+        job = await q.add("v", {})
+        assert sq.get_job_state(job.id) == "unknown"
+        async with running(worker):
+            await wait_until(lambda: getattr(worker, "_reader_client", None) is not None, 20,
+                             what="the worker's clients")
+            assert _verify_options(worker.driver.client) == want
+            assert _verify_options(worker._reader_client) == want
+    finally:
+        await q.close()
+        sq.close()
+        await events.close()
+    # the Airflow connection's URL (hooks/_connection.py): host "localhost" is not in the certificate
+    extra = {"tls": True, "tls_ca_certs": str(files.ca)}
+    for host, ok in (("127.0.0.1", True), ("localhost", False)):
+        conn = ChasquiConnectionSettings.from_fields(host=host, port=port, login=None, password=None, schema=None,
+                                                     extra=extra)
+        conn_url = conn.redis_url()
+        if mutual:
+            conn_url += f"&ssl_certfile={quote(str(files.client_cert))}&ssl_keyfile={quote(str(files.client_key))}"
+        with SyncQueue("tls-v", redis_url=conn_url) as hq:
+            assert _verify_options(hq.driver.client) == want
+            if ok:
+                hq.add("v", {})
+            else:
+                with pytest.raises(ChasquiConnectionError, match="(?i)hostname|match|certificate"):
+                    hq.add("v", {})
+    # verification off is the URL's explicit choice, and then it connects without a CA
+    off = f"rediss://localhost:{port}/0?ssl_cert_reqs=none"
+    if mutual:
+        off += f"&ssl_certfile={quote(str(files.client_cert))}&ssl_keyfile={quote(str(files.client_key))}"
+    with SyncQueue("tls-v", redis_url=off) as oq:
+        oq.add("v", {})
+        assert oq.driver.client.connection_pool.connection_kwargs["ssl_check_hostname"] is False
+
+
+async def test_tls_flag_never_silently_does_nothing(tmp_path) -> None:  # noqa: ANN001
+    """``tls=True`` upgrades redis:// and redis+sentinel:// (TLS to the master, verified); a unix
+    socket cannot be upgraded and is refused instead of connecting in plain text."""
+    sock = f"unix://{tmp_path}/redis.sock"
+    for make in (lambda: Queue("t", redis_url=sock, tls=True), lambda: SyncQueue("t", redis_url=sock, tls=True),
+                 lambda: Worker("t", lambda job: None, redis_url=sock, tls=True),
+                 lambda: ShardedQueue("t", 2, redis_url=sock, tls=True),
+                 lambda: SyncShardedQueue("t", 2, redis_url=sock, tls=True)):
+        with pytest.raises(ConfigError, match="unix"):
+            make()
+    with pytest.raises(ConfigError, match="tls must be a bool"):
+        Queue("t", redis_url="redis://127.0.0.1:6379", tls="yes")
+    sentinel_url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/0"
+    aq, sq = Queue("t", redis_url=sentinel_url, tls=True), SyncQueue("t", redis_url=sentinel_url, tls=True)
+    try:
+        for pool in (aq.driver.client.connection_pool, sq.driver.client.connection_pool):
+            assert "SSL" in pool.connection_class.__name__
+            assert pool.connection_kwargs["ssl_cert_reqs"] == "required"
+            assert pool.connection_kwargs["ssl_check_hostname"] is True
+    finally:
+        await aq.close()
+        sq.close()
