@@ -34,6 +34,7 @@ LIBRARY_PREFIX = "chasqui_"
 _READS = frozenset({
     "GET", "MGET", "EXISTS", "TTL", "PTTL", "HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "HSCAN", "ZCARD",
     "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZSCAN", "XLEN", "XRANGE", "XREVRANGE", "XPENDING", "TIME",
+    "TYPE",
 })
 _ACKS = re.compile(rb"'XACK(?:DEL)?'")
 _CALL = re.compile(rb"redis\.p?call\(")
