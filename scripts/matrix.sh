@@ -111,7 +111,8 @@ ln -s "$ROOT/tests" "$WORK/tests"
 
 run_pytest() {  # venv, pytest arguments...
   local venv=$1 rc=0; shift
-  (cd "$WORK" && PYTHONPATH="$WORK" "$venv/bin/pytest" -q -p no:cacheprovider -p chasqui_matrix_guard \
+  # --tb=native: pytest's own traceback formatting can crash on CPython 3.11.7 (AST recursion SystemError)
+  (cd "$WORK" && PYTHONPATH="$WORK" "$venv/bin/pytest" -q -p no:cacheprovider -p chasqui_matrix_guard --tb=native \
      -c "$ROOT/pyproject.toml" --rootdir "$ROOT" "$@") || rc=$?
   [ "$rc" -ne 5 ] || { echo "matrix: pytest collected no tests in $venv: $*" >&2; return 1; }
   return "$rc"
