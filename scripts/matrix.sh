@@ -22,7 +22,7 @@ PYTHON="${PYTHON:-python3}"
 HOME_DIR="${CHASQUI_MATRIX:-$HOME/.cache/airflow-provider-chasqui}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 # bump when the recipe below changes what a venv holds
-RECIPE=3
+RECIPE=1
 # the suites that exercise the installed package without Airflow or Spark
 SUITES=("$ROOT/tests/engine" "$ROOT/tests/sync" "$ROOT/tests/ops" "$ROOT/tests/worker")
 EXTRAS=test,metrics,parquet
@@ -54,7 +54,6 @@ EOF
 )
 done_step
 
-# pip install into a matrix venv; the lowest venv's floors hold for every install into it
 vpip() { local venv=$1; shift; "$venv/bin/python" -m pip install -q "$@"; }
 
 ensure_venv() {  # name key install-command...
@@ -66,6 +65,7 @@ ensure_venv() {  # name key install-command...
     vpip "$venv" --no-deps --force-reinstall "$WHEEL"
   else
     step "$name: create $venv"
+    [ ! -e "$venv" ] || [ -f "$venv/pyvenv.cfg" ] || die "$venv is not a venv; refusing to replace it"
     rm -rf "$venv"
     mkdir -p "$HOME_DIR"
     "$PYTHON" -m venv "$venv"
