@@ -10,8 +10,8 @@
 #
 # Venvs live in ~/.cache/airflow-provider-chasqui/matrix-<name> and are rebuilt only when the
 # wheel's dependencies, the constraints or this recipe change (newest also every ISO week, so it
-# follows new releases); otherwise only the wheel is reinstalled.  Needs Redis on 6379
-# (scripts/ensure_redis.sh).  Arguments: the venvs to run (default: all three).
+# follows new releases); otherwise only the wheel is reinstalled.  The tests use the Redis on 6379
+# (started by scripts/ensure_redis.sh if none answers).  Arguments: the venvs to run (default: all three).
 #
 #   PYTHON            interpreter for the venvs (default python3; needs >= 3.11)
 #   CHASQUI_MATRIX    directory of the venvs (default ~/.cache/airflow-provider-chasqui)
@@ -34,6 +34,7 @@ step() { T0=$(now_ms); printf '  [matrix] %s\n' "$*"; }
 done_step() { printf '  [matrix]   done in %s\n' "$(fmt $(( $(now_ms) - T0 )))"; }
 die() { echo "matrix: $*" >&2; exit 1; }
 
+bash scripts/ensure_redis.sh
 WORK=$(mktemp -d /tmp/chasqui-matrix.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -179,7 +180,7 @@ run_one() {
   done_step
   if [ "$name" = interop ]; then
     local files
-    mapfile -t files < <(grep -rlE 'pytest\.mark\.interop' "$ROOT/tests" --include='test_*.py' | sort)
+    mapfile -t files < <(grep -rlE '^(pytestmark = .*|@)pytest\.mark\.interop' "$ROOT/tests" --include='test_*.py' | sort)
     [ ${#files[@]} -gt 0 ] || die "no test module is marked interop"
     step "interop: pytest -m interop ${files[*]}"
     run_pytest "$venv" -m interop "${files[@]}" || failed+=("$name:pytest")
