@@ -6,13 +6,14 @@
 #
 #   CHASQUI_VENV    venv to create or reuse (default ~/.cache/airflow-provider-chasqui/venv)
 #   PYTHON          interpreter for a new venv (default python3; needs >= 3.11)
-#   CHASQUI_EXTRAS  extras to install (default test,airflow,spark,metrics,bench)
+#   CHASQUI_EXTRAS  extras to install (default test,airflow,spark,spark-airflow,parquet,metrics,bench;
+#                   the interop extra has its own venv: scripts/matrix.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV="${CHASQUI_VENV:-$HOME/.cache/airflow-provider-chasqui/venv}"
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${CHASQUI_EXTRAS:-test,airflow,spark,metrics,bench}"
+EXTRAS="${CHASQUI_EXTRAS:-test,airflow,spark,spark-airflow,parquet,metrics,bench}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 DEBIAN_FRONTEND=noninteractive
 
 _t0=0
@@ -64,10 +65,11 @@ step "pip install -e .[$EXTRAS]"
 done_step
 
 # --- pyspark repair ---
-# apache-airflow-providers-apache-spark depends on pyspark-client, which ships the same
-# pyspark/ package directory as pyspark (Python files only, older version). Whichever pip
-# installs last wins, so the Python side can be pyspark-client's while the jars are pyspark's.
-# Re-lay pyspark's own files at the version pip recorded for it, without touching deps.
+# The spark-airflow extra (apache-airflow-providers-apache-spark) depends on pyspark-client, which
+# ships the same pyspark/ package directory as pyspark (Python files only, older version). With
+# both the spark and spark-airflow extras, whichever pip installs last wins, so the Python side
+# can be pyspark-client's while the jars are pyspark's. Re-lay pyspark's own files at the version
+# pip recorded for it, without touching deps. (The spark extra alone needs no repair.)
 if "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("pyspark")' >/dev/null 2>&1; then
   step "pyspark files match pyspark's metadata"
   check='import importlib.metadata as m, pyspark; print(m.version("pyspark"), pyspark.__version__)'

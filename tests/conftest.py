@@ -69,6 +69,18 @@ def redis_url(shared_redis_url: str) -> str:
     return shared_redis_url
 
 
+@pytest.fixture(scope="session")
+def chasquimq():
+    """The real chasquimq package, for the tests marked ``interop``: imported here, not at module level, so the
+    main venv (which has no chasquimq: its redis<7 cap would bind everything) collects and deselects them."""
+    try:
+        import chasquimq as module
+    except ImportError as exc:
+        pytest.fail(f"interop tests need chasquimq ({exc}): pip install '.[interop]', or run "
+                    "scripts/matrix.sh interop", pytrace=False)
+    return module
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 

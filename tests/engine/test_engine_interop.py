@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
-import chasquimq
 import msgpack
 import pytest
 
@@ -24,7 +23,7 @@ from engine_support import running, wait_until
 
 # chasquimq 1.3.0 has no Redis Cluster client (on a cluster its commands fail with MOVED):
 # interop is tested on the single shared server only.
-pytestmark = pytest.mark.single_node("the chasquimq wheel cannot talk to a Redis Cluster")
+pytestmark = [pytest.mark.interop, pytest.mark.single_node("the chasquimq wheel cannot talk to a Redis Cluster")]
 
 DATA = {"to": "ada@example.com", "n": [1, 2.5, None, True], "blob": b"\x00\xff"}
 
@@ -38,7 +37,8 @@ async def _members(r, k: QueueKeys) -> dict[str, tuple[str, bytes, float]]:
     return out
 
 
-async def test_chasquimq_delayed_adds_run_on_our_worker(redis_url, queue_name, clients, worker_factory) -> None:
+async def test_chasquimq_delayed_adds_run_on_our_worker(chasquimq, redis_url, queue_name, clients,
+                                                        worker_factory) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     cq = chasquimq.Queue(queue_name, redis_url=redis_url)
@@ -102,7 +102,8 @@ async def test_chasquimq_delayed_adds_run_on_our_worker(redis_url, queue_name, c
     assert await r.zcard(k.delayed) == 0 and await r.xlen(k.stream) == 0
 
 
-async def test_our_cancel_and_dedup_work_on_chasquimq_scheduled_ids(redis_url, queue_name, clients, queues) -> None:
+async def test_our_cancel_and_dedup_work_on_chasquimq_scheduled_ids(chasquimq, redis_url, queue_name, clients,
+                                                                    queues) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     cq = chasquimq.Queue(queue_name, redis_url=redis_url)
@@ -118,7 +119,7 @@ async def test_our_cancel_and_dedup_work_on_chasquimq_scheduled_ids(redis_url, q
     assert await r.zcard(k.delayed) == 0
 
 
-async def test_chasquimq_reads_our_dlq_shape(redis_url, queue_name, clients, queues) -> None:
+async def test_chasquimq_reads_our_dlq_shape(chasquimq, redis_url, queue_name, clients, queues) -> None:
     """chasquimq's peek_dlq parses DLQ entries we wrote (fields d, n, source_id, reason, detail)."""
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
@@ -137,7 +138,7 @@ async def test_chasquimq_reads_our_dlq_shape(redis_url, queue_name, clients, que
 
 
 @pytest.mark.parametrize("delay_kw", [{"delay_ms": 0}, {}], ids=["zero-delay", "no-delay"])
-async def test_chasquimq_immediate_adds_need_redis_86(redis_url, queue_name, delay_kw) -> None:
+async def test_chasquimq_immediate_adds_need_redis_86(chasquimq, redis_url, queue_name, delay_kw) -> None:
     """The reason only delayed adds interoperate on Redis 7: chasquimq's XADD uses IDMP."""
     cq = chasquimq.Queue(queue_name, redis_url=redis_url)
     try:

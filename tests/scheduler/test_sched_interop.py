@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-chasquimq = pytest.importorskip("chasquimq")
+from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue
+from airflow_provider_chasqui.engine._driver import AsyncDriver
+from airflow_provider_chasqui.engine.scheduler import Scheduler
+from sched_support import FakeClock, fires
 
-from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue  # noqa: E402
-from airflow_provider_chasqui.engine._driver import AsyncDriver  # noqa: E402
-from airflow_provider_chasqui.engine.scheduler import Scheduler  # noqa: E402
-from sched_support import FakeClock, fires  # noqa: E402
+pytestmark = pytest.mark.interop
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def q(redis_url: str, queue_name: str) -> Iterator[SyncQueue]:
         yield queue
 
 
-async def test_identical_specs_are_byte_identical(redis_url: str, queue_name: str, q: SyncQueue,
+async def test_identical_specs_are_byte_identical(chasquimq, redis_url: str, queue_name: str, q: SyncQueue,
                                                   r: redis.Redis) -> None:
     theirs = chasquimq.Queue(queue_name, redis_url=redis_url)
     try:
@@ -60,7 +60,7 @@ async def test_identical_specs_are_byte_identical(redis_url: str, queue_name: st
         await theirs.close()
 
 
-async def test_chasquimq_lists_and_removes_our_specs(redis_url: str, queue_name: str, q: SyncQueue,
+async def test_chasquimq_lists_and_removes_our_specs(chasquimq, redis_url: str, queue_name: str, q: SyncQueue,
                                                    r: redis.Redis) -> None:
     ours = q.upsert_repeatable_job("mine", {"x": 1}, repeat=RepeatPattern.cron("*/5 * * * *", tz="Europe/Madrid"),
                                    attempts=3, deadline=60_000, limit=4,
@@ -80,7 +80,7 @@ async def test_chasquimq_lists_and_removes_our_specs(redis_url: str, queue_name:
     assert q.get_repeatable_job(ours.id) is None and not r.exists(q.keys.repeat_spec(ours.id))
 
 
-async def test_we_read_fire_and_manage_chasquimq_specs(redis_url: str, queue_name: str, q: SyncQueue,
+async def test_we_read_fire_and_manage_chasquimq_specs(chasquimq, redis_url: str, queue_name: str, q: SyncQueue,
                                                       r: redis.Redis) -> None:
     theirs = chasquimq.Queue(queue_name, redis_url=redis_url)
     try:

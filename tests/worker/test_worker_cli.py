@@ -142,6 +142,7 @@ def test_a_second_signal_exits_at_once(start_worker, redis_url: str, queue_name:
     assert "SIGINT again: exiting now" in proc.output()
 
 
+@pytest.mark.airflow
 def test_conn_id_resolves_an_airflow_connection(start_worker, redis_url: str, queue_name: str,
                                                 tmp_path: Path) -> None:
     conn = redis.connection.parse_url(redis_url)

@@ -16,8 +16,14 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+import airflow_provider_chasqui
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# Subprocesses import the package under test: a checkout goes on their PYTHONPATH, an installed wheel
+# (scripts/matrix.sh) is found by the venv itself and the checkout must stay off the path.
+_PACKAGE_HOME = Path(airflow_provider_chasqui.__file__).resolve().parents[1]
+PACKAGE_PATH = [] if _PACKAGE_HOME.name in ("site-packages", "dist-packages") else [str(_PACKAGE_HOME)]
 
 
 def chasqui_command() -> list[str]:
@@ -28,7 +34,7 @@ def chasqui_command() -> list[str]:
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), *PACKAGE_PATH, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
     return env
 
