@@ -64,6 +64,16 @@ step "pip install -e .[$EXTRAS]"
 "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
 done_step
 
+# --- the engine's own dependencies at the newest versions the pins allow, as a user's plain
+# install gets them (an existing venv keeps whatever once satisfied the pins: chasquimq, once a
+# test dependency, held redis-py below 7). Its interop tests have a venv of their own (matrix.sh).
+step "newest redis-py, msgpack, croniter within the pins"
+"$VENV/bin/python" -m pip uninstall -q -y chasquimq >/dev/null 2>&1 || true
+mapfile -t pins < <("$VENV/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+"$VENV/bin/python" -m pip install -q --upgrade "${pins[@]}"
+"$VENV/bin/python" -c 'import importlib.metadata as m; print("  [bootstrap]   redis", m.version("redis"), "msgpack", m.version("msgpack"), "croniter", m.version("croniter"))'
+done_step
+
 # --- pyspark repair ---
 # The spark-airflow extra (apache-airflow-providers-apache-spark) depends on pyspark-client, which
 # ships the same pyspark/ package directory as pyspark (Python files only, older version). With

@@ -12,7 +12,12 @@ VENV="${CHASQUI_VENV:-$HOME/.cache/airflow-provider-chasqui/venv}"
 if [ ! -f "$VENV/bin/activate" ] || [ "${CHASQUI_BOOTSTRAP:-auto}" = always ]; then
   bash scripts/bootstrap.sh
 fi
-bash scripts/ensure_redis.sh
+# The shared Redis on 6379: started here only when none answers, and then stopped again on exit,
+# so the test command leaves behind no server it started (the tests stop their own by pid).
+if [ "$(timeout 5 redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" != PONG ]; then
+  bash scripts/ensure_redis.sh
+  trap 'redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1 || true' EXIT
+fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
 # Spark otherwise binds the machine's outward address; tests stay on loopback.

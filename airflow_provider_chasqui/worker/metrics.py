@@ -197,6 +197,10 @@ class DepthSampler:
             self._driver.close()
 
 
+_SUMMARY_KEYS = frozenset({"ok", "running"})
+_STUCK = ("restarting", "stalled", "renewal late")
+
+
 class MetricsServer:
     """``/metrics``, ``/livez``, ``/readyz`` and ``/healthz`` on ``host:port`` (port 0 = any
     free port, see :attr:`port`).
@@ -293,8 +297,9 @@ class MetricsServer:
         return answered.wait(self.loop_deadline)
 
     def _tasks_alive(self) -> bool:
-        """False when the worker's ``health()`` names a dead task (``{task: bool}`` or
-        ``{task: {"alive": bool, ...}}``); a ``health()`` that raises counts as dead."""
+        """False when the worker's ``health()`` names a dead task (``{task: False}``,
+        ``{task: {"alive": False}}``, or, while Redis answers, a task ``"restarting: ..."``,
+        ``"stalled ..."`` or ``"renewal late ..."``); a ``health()`` that raises counts as dead."""
         if self.health_source is None:
             return True
         try:
@@ -302,9 +307,14 @@ class MetricsServer:
         except Exception:  # noqa: BLE001 - a broken health report is a failed probe, logged
             log.exception("queue %s: the worker's health() failed", self.queue)
             return False
+        redis_up = self._sample_ok is not False
         for task, state in dict(report or {}).items():
+            if task in _SUMMARY_KEYS:  # Worker.health()'s summary: judged task by task below
+                continue
             alive = state.get("alive", state.get("ok", True)) if isinstance(state, dict) else state
-            if alive is False:
+            # A stalled reader, a late lease renewal or a task in its restart backoff is dead only
+            # while Redis answers: during an outage they wait for Redis, and a restart would not help.
+            if alive is False or (redis_up and isinstance(alive, str) and alive.startswith(_STUCK)):
                 log.warning("queue %s: worker task %s is not alive: %s", self.queue, task, state)
                 return False
         return True
