@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from itertools import repeat
 from typing import Any, Iterable, Iterator, Mapping
 
-from ..errors import ConfigError, ConfigTypeError, JobFailed
+from ..errors import CodecError, ConfigError, ConfigTypeError, JobFailed
 from ..types import build_retry_override
 from .calls import Call, Flow, Stream, command, int_reply, packed_command, resp_bulk, script_call, str_reply
 from .codec import (
@@ -283,16 +283,30 @@ class ProducerCore:
         out = []
         for entry_id, flat in rows or []:
             f = parse_fields(flat or [])
+            payload = bytes(f.get("d", b""))
+            try:
+                job_id: str | None = decode_envelope(payload).id
+            except CodecError:  # an undecodable entry has no job id to show
+                job_id = None
             out.append(
                 {
                     "dlq_id": str_reply(entry_id),
+                    "job_id": job_id,
                     "source_id": str_reply(f.get("source_id", b"")),
                     "reason": str_reply(f.get("reason", b"")),
                     "detail": str_reply(f["detail"]) if "detail" in f else None,
-                    "payload": bytes(f.get("d", b"")),
+                    "error": None,
+                    "payload": payload,
                     "name": str_reply(f.get("n", b"")),
                 }
             )
+        # The handler's error lives in the job's failure record (written by workers that store
+        # results, as `chasqui worker` does by default): a failed task is matched to its row.
+        known = [r for r in out if r["job_id"]]
+        if known:
+            records = yield [command("GET", self.keys.failure(r["job_id"])) for r in known]
+            for row, raw in zip(known, records):
+                row["error"] = _failure_text(raw)
         return out
 
     def replay_dlq(self, limit: int = 100) -> Flow:
@@ -462,6 +476,18 @@ class ProducerCore:
                 reason, detail, _ts = decode_data(failure)
                 out[j] = ("failed", reason, detail)
         return out
+
+
+def _failure_text(raw: Any) -> str | None:
+    """The detail of a stored failure record ``[reason, detail, finished_ms]``; None when there is
+    none or it cannot be read (a foreign or damaged key is shown as missing, never raised)."""
+    if not isinstance(raw, (bytes, bytearray)):
+        return None
+    try:
+        record = decode_data(bytes(raw))
+        return str(record[1]) if isinstance(record, list) and len(record) >= 2 else None
+    except (CodecError, TypeError, ValueError):
+        return None
 
 
 def single_outcome(job_id: str, outcomes: Mapping[str, tuple[Any, ...]], timeout: float) -> Any:

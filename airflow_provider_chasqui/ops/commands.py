@@ -141,13 +141,18 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 # ---- dlq ----------------------------------------------------------------------------------
+_HANDLER_PREFIX = "handler: Python handler raised: "  # ChasquiMQ's reason prefix; the table shows the error
+
+
 def cmd_dlq_peek(args: argparse.Namespace) -> int:
     rows = _queue(args).peek_dlq(args.limit)
     data = [{**r, "payload_bytes": len(r["payload"]), "payload": None} for r in rows]
 
     def human(out: TextIO) -> None:
-        table([(r["dlq_id"], r["source_id"], r["name"] or "-", r["reason"], (r["detail"] or "")[:60],
-                r["payload_bytes"]) for r in data], ("dlq id", "source id", "name", "reason", "detail", "bytes"), out)
+        table([(r["dlq_id"], r["job_id"] or "-", r["name"] or "-", r["reason"],
+                (r["error"] or r["detail"] or "").removeprefix(_HANDLER_PREFIX)[:60], r["payload_bytes"])
+               for r in data],
+              ("dlq id", "job id", "name", "reason", "error / detail", "bytes"), out)
         counts: dict[str, int] = {}
         for r in data:
             counts[r["reason"]] = counts.get(r["reason"], 0) + 1

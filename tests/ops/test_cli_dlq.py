@@ -152,3 +152,45 @@ def test_cli_remove_purge_and_replay_report(redis_url: str, queue_name: str) -> 
     rest = chasqui("dlq", "purge", queue_name, "--yes", *url)
     assert rest.returncode == 0 and rest.stdout == f"purged {DLQ_PAGE + 1 - odd} entries\n"
     assert SyncQueue(queue_name, redis_url=redis_url).peek_dlq() == []
+
+
+@pytest.mark.timeout(120)
+def test_peek_shows_the_job_id_and_the_handlers_error(redis_url: str, queue_name: str) -> None:
+    """A failed task is matched to its DLQ row: ``dlq peek --json`` shows the job id (from the
+    envelope) and the handler's error (from the failure record a result-storing worker keeps);
+    a hostile entry has neither, and a damaged failure record shows as no error, not a crash."""
+    import asyncio
+
+    from airflow_provider_chasqui import UnrecoverableError, Worker
+
+    def boom(job) -> None:  # noqa: ANN001
+        raise UnrecoverableError(f"no such account {job.data['account']}")
+
+    async def run() -> tuple[str, str]:
+        async with Queue(queue_name, redis_url=redis_url) as q:
+            failing = await q.add("boom", {"account": 4711})
+            damaged = await q.add("boom", {"account": 1})
+            worker = Worker(queue_name, {"boom": boom}, redis_url=redis_url, store_results=True, read_block_ms=200)
+            task = asyncio.create_task(worker.run())
+            for _ in range(600):
+                if len(await q.peek_dlq()) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            await worker.close()
+            await task
+            return failing.id, damaged.id
+
+    failing_id, damaged_id = asyncio.run(run())
+    k = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r:
+        r.set(k.failure(damaged_id), b"\xc1 not msgpack")
+        r.xadd(k.dlq, {"d": b"\xc1", "reason": "malformed"})
+    out = chasqui("dlq", "peek", queue_name, "--json", "--redis-url", redis_url)
+    assert out.returncode == 0, out.stderr
+    rows = {r["job_id"]: r for r in json.loads(out.stdout)}
+    assert rows[failing_id]["reason"] == "unrecoverable" and rows[failing_id]["name"] == "boom"
+    assert "no such account 4711" in rows[failing_id]["error"]
+    assert rows[damaged_id]["error"] is None
+    assert rows[None]["reason"] == "malformed" and rows[None]["error"] is None
+    table = chasqui("dlq", "peek", queue_name, "--redis-url", redis_url)
+    assert failing_id in table.stdout and "no such account 4711" in table.stdout, table.stdout
