@@ -96,6 +96,7 @@ class ChasquiJobSensor(BaseSensorOperator):
             self.log.info("queue %s: %d of %d job(s) finished", queue, len(outcomes), len(ids))
             return queue, PokeReturnValue(False)
         results = {"status": "success", "results": {j: outcomes[j][1] for j in ids}}
+        self.log.info("queue %s: %s completed; %s", queue, _ids_text(ids), _results_text(results["results"]))
         return queue, PokeReturnValue(True, result_from_event(results, ids, single))
 
     def poke(self, context: Context) -> PokeReturnValue:
@@ -129,7 +130,8 @@ class ChasquiJobSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(f"Sensor has timed out after {self.timeout} s; still running: {pending}")
         job_ids, single = self._job_ids(context)
         result = result_from_event(event, job_ids, single)
-        self.log.info("%d Chasqui job(s) completed", len(job_ids))
+        self.log.info("queue %s: %s completed after a deferred wait; %s", self.queue_name or "(connection default)",
+                      _ids_text(job_ids), _results_text((event or {}).get("results", {})))
         return result
 
     def on_kill(self) -> None:
@@ -137,3 +139,17 @@ class ChasquiJobSensor(BaseSensorOperator):
         queue, self._queue = self._queue, None
         if queue is not None:
             queue.close()
+
+
+def _ids_text(ids: list[str]) -> str:
+    """``job 01H...`` or ``3 jobs (01H..., 01H..., ...)``: the task log names what it waited for."""
+    if len(ids) == 1:
+        return f"job {ids[0]}"
+    shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+    return f"{len(ids)} jobs ({shown})"
+
+
+def _results_text(results: Any, limit: int = 300) -> str:
+    """The results as the task log shows them: ``repr``, cut at ``limit`` characters."""
+    text = repr(results)
+    return "results: " + (text if len(text) <= limit else text[:limit] + f"... [{len(text)} characters]")

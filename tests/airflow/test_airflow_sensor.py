@@ -7,10 +7,12 @@ recorder (the real task instance is exercised by the ``dag.test()`` end-to-end t
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import timedelta
 
 import pytest
+import structlog.testing
 from airflow.sdk.exceptions import (
     AirflowFailException,
     AirflowSensorTimeout,
@@ -41,6 +43,16 @@ def sensor(**kwargs: object) -> ChasquiJobSensor:
     kwargs.setdefault("task_id", "wait")
     kwargs.setdefault("deferrable", True)  # the default follows the config: test_airflow_deferrable.py
     return ChasquiJobSensor(**kwargs)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _task_log():
+    """The events the operator logs meanwhile (``self.log`` is a structlog logger in Airflow 3)."""
+    with structlog.testing.capture_logs() as entries:
+        lines: list[str] = []
+        yield lines
+    lines.extend(str(e.get("event", "")) % tuple(e.get("positional_args", ())) if e.get("positional_args")
+                 else str(e.get("event", "")) for e in entries)
 
 
 @pytest.fixture
@@ -88,7 +100,11 @@ def test_checks_once_before_deferring(queue: SyncQueue, queue_name: str, start_w
     for job in jobs:
         queue.wait_for_result(job.id, timeout=30)
     op = sensor(job_id=[j.id for j in jobs], queue_name=queue_name)
-    assert op.execute({}) == {jobs[0].id: {"x": 5, "square": 25}, jobs[1].id: {"x": 6, "square": 36}}
+    with _task_log() as lines:
+        assert op.execute({}) == {jobs[0].id: {"x": 5, "square": 25}, jobs[1].id: {"x": 6, "square": 36}}
+    # a fast wait says what it found too: queue, the ids, the state, the results
+    assert any(queue_name in line and jobs[0].id in line and "completed" in line and "'square': 36" in line
+               for line in lines), lines
 
 
 def test_dead_lettered_job_fails_the_check(queue: SyncQueue, queue_name: str, start_worker) -> None:
