@@ -27,6 +27,7 @@ SCENARIOS = {
     "sensor_cases": ("chasqui_sensor_cases", "c", {}),
     "daily_cron_upsert": ("chasqui_daily_cron_upsert", "d", {}),
     "daily_cron_upsert_then_remove": ("chasqui_daily_cron_upsert", "e", {"remove": True}),
+    "dead_letters": ("chasqui_dead_letters", "f", {}),
 }
 
 
@@ -119,6 +120,20 @@ def test_daily_cron_spec_tear_down_run_removes_it(runs: dict) -> None:
     assert run["tis"] == {"upsert_report": "success", "removing": "success", "remove_report": "success"}
     assert run["xcom"]["remove_report.return_value"] is True
     assert run["spec"] is None
+
+
+def test_dead_letters_example_finds_its_job_in_the_dlq_and_removes_it(runs: dict, redis_url: str) -> None:
+    run = runs["dead_letters"]
+    assert run["state"] == "success", run["tis"]
+    assert run["tis"] == {"enqueue_bad": "success", "wait_bad": "skipped", "find_in_dlq": "success",
+                          "settle": "success"}
+    found = run["xcom"]["find_in_dlq.return_value"]
+    job_id = run["xcom"]["enqueue_bad.job_id"]
+    assert (found["job_id"], found["name"], found["reason"]) == (job_id, "explode", "unrecoverable")
+    assert "explode refuses {'order': 4711}" in found["error"]
+    assert run["xcom"]["settle.return_value"].startswith(f"removed 1 dead letter(s): job {job_id}")
+    with SyncQueue(run["queue"], redis_url=redis_url) as q:
+        assert job_id not in [row["job_id"] for row in q.peek_dlq(1000)]
 
 
 def test_timings_are_reported(runs: dict, record_property) -> None:
