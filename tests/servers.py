@@ -117,7 +117,9 @@ class RunningServer:
         return self._proc is not None and self._proc.poll() is None
 
     def client(self, **kwargs: object) -> redis.Redis:
-        """A redis-py client for this server; the caller closes it."""
+        """A redis-py client for this server; the caller closes it.  RESP2 unless asked otherwise:
+        tests read raw replies (FUNCTION LIST, XINFO) in RESP2's shape, and redis-py 8 defaults to RESP3."""
+        kwargs.setdefault("protocol", 2)
         return redis.Redis.from_url(self.url, **kwargs)
 
     def start(self, *, extra_args: Sequence[str] | None = None, timeout: float = 20.0) -> RunningServer:

@@ -161,7 +161,7 @@ def worker_thread(url: str, queue: str) -> Iterator[WorkerThread]:
 
 
 def _client(url: str) -> redis.Redis:
-    r = redis.Redis.from_url(url)
+    r = redis.Redis.from_url(url, protocol=2)
     r.response_callbacks.clear()
     return r
 

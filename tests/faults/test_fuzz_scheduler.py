@@ -110,7 +110,7 @@ def test_hostile_stored_specs_never_stall_the_scheduler(redis_url: str, queue_na
     keys = QueueKeys.for_queue(queue_name)
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         q.upsert_repeatable_job("ok", {}, repeat=RepeatPattern.every(50), key="good")
-    r = redis.Redis.from_url(redis_url)
+    r = redis.Redis.from_url(redis_url, protocol=2)
     r.response_callbacks.clear()
     valid = r.execute_command("HGET", keys.repeat_spec("good"), "spec")
     tally = {"quarantined": 0, "handled": 0}

@@ -68,7 +68,7 @@ def sentinel_setup(tmp_path):
             wait_until_sync(lambda: r.info("replication").get("master_link_status") == "up", 30,
                             what="the replica to sync")
         sentinel = start_sentinel(binary_for("redis7"), tmp_path, SERVICE, master.port)
-        with redis.Redis(port=sentinel.port, socket_timeout=2, decode_responses=True) as s:
+        with redis.Redis(port=sentinel.port, socket_timeout=2, decode_responses=True, protocol=2) as s:
 
             def promotable() -> bool:  # what Sentinel's replica selection checks (else NOGOODSLAVE)
                 for flat in s.execute_command("SENTINEL", "REPLICAS", SERVICE) or []:
