@@ -118,6 +118,7 @@ def test_wrong_password_on_a_real_server_is_not_echoed(tmp_path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.airflow  # needs Airflow: the matrix venvs deselect it
 def test_conn_id_reads_redis_from_an_airflow_connection(tmp_path) -> None:
     """``--conn-id`` on the operator commands: the password lives in the connection, not in argv."""
     import json

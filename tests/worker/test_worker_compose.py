@@ -44,6 +44,8 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.worker.cli import build_parser
 from airflow_provider_chasqui.worker.registry import load_handlers
 
+pytestmark = pytest.mark.airflow  # Airflow services and its cryptography: the matrix venvs have neither
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"

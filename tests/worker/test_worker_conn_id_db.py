@@ -16,7 +16,7 @@ import redis
 from airflow_provider_chasqui import SyncQueue
 from worker_support import subprocess_env
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.airflow]  # the matrix venvs have no Airflow
 
 
 def _airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
