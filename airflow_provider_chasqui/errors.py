@@ -11,6 +11,7 @@ __all__ = [
     "ChasquiError",
     "ConfigError",
     "ConfigTypeError",
+    "LimitError",
     "CodecError",
     "ScriptError",
     "ChasquiConnectionError",
@@ -32,6 +33,11 @@ class ConfigError(ChasquiError, ValueError):
 
 class ConfigTypeError(ConfigError, TypeError):
     """An argument of the wrong type (e.g. a bool delay): a ``TypeError``, as chasquimq raises."""
+
+
+class LimitError(ConfigError, RuntimeError):
+    """A value over a wire limit (a job name over 256 bytes...): also a ``RuntimeError``, as
+    chasquimq's native layer raises for the same input."""
 
 
 class CodecError(ChasquiError, ValueError):
@@ -62,11 +68,14 @@ class JobNotFound(ChasquiError, LookupError):
 class JobFailed(ChasquiError):
     """The awaited job ended in the dead-letter queue."""
 
-    def __init__(self, job_id: str, reason: str, detail: str = "") -> None:
-        super().__init__(f"job {job_id} failed: {reason}" + (f" ({detail})" if detail else ""))
+    def __init__(self, job_id: str, reason: str, detail: str = "", *, traceback: str = "") -> None:
+        super().__init__(f"job {job_id} failed: {reason}" + (f" ({detail})" if detail else "")
+                         + (f"\nhandler traceback (from the worker):\n{traceback}" if traceback else ""))
         self.job_id = job_id
         self.reason = reason
         self.detail = detail
+        #: the handler's formatted traceback (innermost frames; "" when none was stored)
+        self.traceback = traceback
 
 
 class NotSupportedError(ChasquiError, RuntimeError):

@@ -17,7 +17,9 @@ from typing import Any
 __all__ = ["get_provider_info"]
 
 _INTEGRATION = "Chasqui"
-_DOCS = "https://github.com/airflow-provider-chasqui/airflow-provider-chasqui#readme"
+#: Where the README is published: it is the distribution's description, which the package index's
+#: project page renders.  Equals pyproject's ``Documentation`` URL (``documentation-url`` to Airflow).
+_DOCS = "https://pypi.org/project/airflow-provider-chasqui/"
 
 
 def _field(label: str, kind: Any, description: str, **schema: Any) -> dict[str, Any]:
@@ -85,6 +87,9 @@ def get_provider_info() -> dict[str, Any]:
             "airflow_provider_chasqui.triggers.job", "airflow_provider_chasqui.triggers.queue_events"]}],
         "queues": ["airflow_provider_chasqui.queues.chasqui.ChasquiMessageQueueProvider"],
         "config": _CONFIG,
+        # task buttons in the UI that open the job's / spec's page of the dashboard plugin
+        "extra-links": ["airflow_provider_chasqui.operators.links.ChasquiJobLink",
+                        "airflow_provider_chasqui.operators.links.ChasquiScheduleLink"],
         "connection-types": [{
             "connection-type": "chasqui",
             "hook-class-name": "airflow_provider_chasqui.hooks.chasqui.ChasquiHook",

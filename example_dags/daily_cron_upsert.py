@@ -4,12 +4,16 @@ The DAG upserts the spec every day (idempotent: same key, updated in place); Cha
 scheduler, running inside the workers, then enqueues ``daily_report`` at 06:00 Lima time
 whether or not Airflow is up.  ``remove_report`` is there for tear-down runs
 (trigger with ``{"remove": true}``).
+
+The queue is the ``queue`` param, by default ``chasqui-examples`` (or ``$CHASQUI_EXAMPLES_QUEUE``
+where the DAG is parsed); its workers run the scheduler, so the spec fires without Airflow.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_chasqui.examples.dag_defaults import queue_param
 from airflow_provider_chasqui.operators.repeatable import (
     ChasquiRemoveRepeatableOperator,
     ChasquiUpsertRepeatableOperator,
@@ -19,8 +23,9 @@ with DAG(
     dag_id="chasqui_daily_cron_upsert",
     schedule="@daily",
     catchup=False,
+    doc_md=__doc__,
     params={
-        "queue": Param("chasqui-examples", type="string"),
+        "queue": queue_param(),
         "remove": Param(False, type="boolean"),
     },
     tags=["chasqui", "example"],

@@ -9,7 +9,8 @@
 * ``settle``: ``remove`` (the default) deletes that one entry; ``replay`` moves it back to the
   queue with its attempts reset (``ChasquiReplayDLQOperator`` replays a whole page).
 
-Run a worker for the queue with ``--handlers airflow_provider_chasqui.examples.handlers`` (it
+Run a worker for the queue (the ``queue`` param, by default ``chasqui-examples`` or
+``$CHASQUI_EXAMPLES_QUEUE``) with ``--handlers airflow_provider_chasqui.examples.handlers`` (it
 stores results and failure records by default); the connection ``chasqui_default`` points at
 its Redis.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_chasqui.examples.dag_defaults import queue_param
 from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
 from airflow_provider_chasqui.operators.enqueue import ChasquiEnqueueOperator
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
@@ -31,7 +33,7 @@ with DAG(
     catchup=False,
     doc_md=__doc__,
     params={
-        "queue": Param("chasqui-examples", type="string"),
+        "queue": queue_param(),
         "action": Param("remove", enum=["remove", "replay"], description="what to do with the dead letter"),
     },
     tags=["chasqui", "example"],

@@ -5,7 +5,8 @@
 * ``enqueue_greet`` + ``wait_greet``: enqueue without waiting (the job id goes to XCom),
   then a deferrable ``ChasquiJobSensor`` pulls that id and waits for it.
 
-Run a worker for the queue with ``store_results=True`` and the handlers of
+Run a worker for the queue (the ``queue`` param, by default ``chasqui-examples`` or
+``$CHASQUI_EXAMPLES_QUEUE``) with ``store_results=True`` and the handlers of
 ``airflow_provider_chasqui.examples.handlers``; the connection ``chasqui_default`` points at
 its Redis (e.g. ``AIRFLOW_CONN_CHASQUI_DEFAULT='{"conn_type": "chasqui", "host": "localhost"}'``).
 """
@@ -16,6 +17,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_chasqui.examples.dag_defaults import queue_param
 from airflow_provider_chasqui.operators.enqueue import ChasquiEnqueueOperator
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
 
@@ -24,8 +26,9 @@ with DAG(
     schedule=None,
     catchup=False,
     render_template_as_native_obj=True,
+    doc_md=__doc__,
     params={
-        "queue": Param("chasqui-examples", type="string"),
+        "queue": queue_param(),
         "x": Param(7, type="integer"),
         "who": Param("airflow", type="string"),
         "greet_job": Param("greet", type="string", description="job name of the second job"),

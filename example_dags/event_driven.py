@@ -8,6 +8,19 @@
 
       SyncQueue("chasqui-events", redis_url=...).add("file_arrived", {"path": "/landing/a.csv"})
 
+Each asset event is one *batch*: the jobs one read found, oldest first, at most ``max_batch``
+(100 unless the trigger says otherwise), in ``event.extra["payload"]["jobs"]``.  A burst of jobs
+is one event and one run.  A run can still carry several events (a busy scheduler merges them,
+in order), so a task iterates every event, then every job::
+
+    for event in triggering_asset_events[incoming_files]:
+        for job in event.extra["payload"]["jobs"]:
+            ...
+
+One event per batch is what keeps Airflow 3.3 from stranding jobs: it runs a DAG only for the
+events saved before the scheduler queued the run, and one event per job left the rest of a
+burst waiting for the next job (apache/airflow#56050, fixed in Airflow 3.4).
+
 * ``chasqui_on_square_completed`` -- *completion mode*.  Runs when ``square`` jobs of the queue
   ``chasqui-examples`` complete (the worker of the other example DAGs runs them, with
   ``store_results=True``), reading each job's result.  The watcher keeps its cursor in Redis
@@ -22,16 +35,16 @@ the connection is ``chasqui_default``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
+from airflow_provider_chasqui.examples.dag_defaults import EVENTS_QUEUE, EXAMPLES_QUEUE
 from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
 
-EVENTS_QUEUE = os.environ.get("CHASQUI_EVENTS_QUEUE", "chasqui-events")
-EXAMPLES_QUEUE = os.environ.get("CHASQUI_EXAMPLES_QUEUE", "chasqui-examples")
+# The queues are fixed when the file is parsed (an asset watcher is not per run), so these DAGs
+# have no ``queue`` Param: change them with the environment variables of dag_defaults.
 
 incoming_files = Asset(
     "chasqui_incoming_files",
@@ -54,13 +67,14 @@ with DAG(
     dag_id="chasqui_on_queue_jobs",
     schedule=[incoming_files],
     catchup=False,
+    doc_md=__doc__,
     tags=["chasqui", "example", "event-driven"],
 ):
 
     @task
     def handle_files(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
-        """One run may carry several jobs (events saved before the run was created)."""
-        jobs = [event.extra["payload"] for event in triggering_asset_events[incoming_files]]
+        """Every job of every event of this run, oldest first (an event is a batch of jobs)."""
+        jobs = [job for event in triggering_asset_events[incoming_files] for job in event.extra["payload"]["jobs"]]
         for job in jobs:
             print(f"job {job['job_id']} ({job['name']}, attempt {job['attempt']}): {job['data']}")
         return [{"job_id": job["job_id"], "path": (job["data"] or {}).get("path")} for job in jobs]
@@ -71,13 +85,15 @@ with DAG(
     dag_id="chasqui_on_square_completed",
     schedule=[squares_completed],
     catchup=False,
+    doc_md=__doc__,
     tags=["chasqui", "example", "event-driven"],
 ):
 
     @task
     def collect_results(triggering_asset_events: Any = None) -> dict[str, Any]:
-        """The completed jobs' results, stored by the worker (``store_results=True``)."""
-        done = [event.extra["payload"] for event in triggering_asset_events[squares_completed]]
+        """The completed jobs' results, stored by the worker (``store_results=True``); each event
+        is a batch of completions, oldest first."""
+        done = [job for event in triggering_asset_events[squares_completed] for job in event.extra["payload"]["jobs"]]
         with ChasquiHook().get_queue(EXAMPLES_QUEUE) as queue:
             results = queue.get_job_result_bulk([job["job_id"] for job in done])
         return {job["job_id"]: result for job, result in zip(done, results)}

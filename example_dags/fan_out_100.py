@@ -4,6 +4,9 @@
 deferrable ``ChasquiJobSensor`` waits for all of them in the triggerer (one blocking read
 on the queue's events stream, no worker slot) and returns ``{job_id: result}``, which
 ``total`` sums.  ``delay`` (seconds) holds the jobs back, e.g. to watch the sensor defer.
+
+The queue is the ``queue`` param (default ``chasqui-examples``, or ``$CHASQUI_EXAMPLES_QUEUE``);
+run ``chasqui worker --queue chasqui-examples --handlers airflow_provider_chasqui.examples.handlers``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_chasqui.examples.dag_defaults import queue_param
 from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
 
@@ -19,8 +23,9 @@ with DAG(
     dag_id="chasqui_fan_out_100",
     schedule=None,
     catchup=False,
+    doc_md=__doc__,
     params={
-        "queue": Param("chasqui-examples", type="string"),
+        "queue": queue_param(),
         "n": Param(100, type="integer", minimum=1),
         "delay": Param(0.0, type="number", minimum=0),
     },

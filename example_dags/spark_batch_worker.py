@@ -4,7 +4,10 @@ The task runs ``spark-submit <.../worker/spark.py> --queue Q --handlers ... --ma
 --idle-exit S``: the worker drains the queue with one SparkSession and exits 0 after ``N``
 jobs or after ``S`` seconds with nothing to do, so the task ends when the backlog is done.
 Pair it with producers that enqueue a batch first (``seed_batch`` here does), or schedule it
-after an upstream bulk load.
+after an upstream bulk load.  The queue is the ``queue`` param, by default ``spark-batch`` (or
+``$CHASQUI_SPARK_BATCH_QUEUE``): no long-running worker should consume it, so this worker gets
+the whole batch.  The worker runs its Spark jobs in the FAIR pools of the scheduler allocation
+file it ships and logs Spark at WARN (``--spark-conf spark.log.level=INFO`` for more).
 
 Needs the ``spark_default`` connection (``conn_type`` spark; host = the master, e.g.
 ``local[2]``, ``spark://host:7077`` or ``k8s://...``), ``spark-submit`` on the Airflow
@@ -26,6 +29,7 @@ from datetime import timedelta
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, get_current_context, task
 
+from airflow_provider_chasqui.examples.dag_defaults import DATA_DIR, SPARK_BATCH_QUEUE, queue_param
 from airflow_provider_chasqui.worker import spark as spark_worker
 
 # The entry file's path, found from the installed package (importing the module is cheap:
@@ -36,11 +40,12 @@ with DAG(
     dag_id="chasqui_spark_batch_worker",
     schedule=None,
     catchup=False,
+    doc_md=__doc__,
     params={
-        "queue": Param(os.environ.get("CHASQUI_SPARK_QUEUE", "spark-batch"), type="string"),
+        "queue": queue_param(SPARK_BATCH_QUEUE, "the batch Spark worker started here"),
         "conn_id": Param("chasqui_default", type="string",
                          description="the chasqui connection the Spark driver reads Redis from"),
-        "data_dir": Param(os.environ.get("CHASQUI_DATA_DIR", "/tmp/chasqui-data"), type="string"),
+        "data_dir": Param(DATA_DIR, type="string"),
         "datasets": Param(3, type="integer", minimum=1, description="how many rollup jobs to seed"),
         "max_jobs": Param(100, type="integer", minimum=1),
         "idle_exit_secs": Param(20, type="integer", minimum=1),

@@ -12,8 +12,10 @@
 
 Needs: the ``chasqui_default`` connection on the worker's Redis
 (``AIRFLOW_CONN_CHASQUI_DEFAULT='{"conn_type": "chasqui", "host": "redis"}'``), a Spark worker
-on the queue (see ``docker-compose.yaml``: service ``spark-worker``), and ``data_dir`` on
-storage both sides see (a shared volume; an object store path works the same way for Spark).
+on the queue (the ``queue`` param, by default ``spark`` or ``$CHASQUI_SPARK_QUEUE``; see
+``docker-compose.yaml``: service ``spark-worker``), and ``data_dir`` (by default
+``/tmp/chasqui-data`` or ``$CHASQUI_DATA_DIR``) on storage both sides see (a shared volume; an
+object store path works the same way for Spark).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param, get_current_context, task
 
+from airflow_provider_chasqui.examples.dag_defaults import DATA_DIR, SPARK_QUEUE, queue_param
 from airflow_provider_chasqui.operators.enqueue import ChasquiEnqueueOperator
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
 
@@ -30,9 +33,10 @@ with DAG(
     dag_id="chasqui_spark_sales_pipeline",
     schedule=None,
     catchup=False,
+    doc_md=__doc__,
     params={
-        "queue": Param(os.environ.get("CHASQUI_SPARK_QUEUE", "spark"), type="string"),
-        "data_dir": Param(os.environ.get("CHASQUI_DATA_DIR", "/tmp/chasqui-data"), type="string",
+        "queue": queue_param(SPARK_QUEUE, "the Spark worker"),
+        "data_dir": Param(DATA_DIR, type="string",
                           description="a directory the Spark worker reads and writes too"),
         "rows": Param(50_000, type="integer", minimum=1),
     },

@@ -17,9 +17,12 @@ local stream, events = KEYS[1], KEYS[2]
 -- Scripts do not roll back, and the acks come first: a wrong-typed events or index key is
 -- skipped (those writes are best effort) rather than failing after the acks.
 local function type_of(key) return redis.call('TYPE', key)['ok'] end
-local et = type_of(events)
-if et ~= 'stream' and et ~= 'none' then events_max = 0 end
-local index_ok = (function(t) return t == 'zset' or t == 'none' end)(type_of(prefix .. ':results'))
+if events_max > 0 then
+  local et = type_of(events)
+  if et ~= 'stream' and et ~= 'none' then events_max = 0 end
+end
+-- (the index is only written when results are stored: no TYPE call otherwise)
+local index_ok = ttl > 0 and (function(t) return t == 'zset' or t == 'none' end)(type_of(prefix .. ':results'))
 local row0, last = 8, #ARGV
 local acked = 0
 local stored = {}  -- score, id pairs for the results index

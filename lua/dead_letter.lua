@@ -5,7 +5,9 @@
 -- ARGV    = [group, entry_id, use_xackdel (0|1), dlq_max_len, events_max_len (0 = off), now_ms,
 --            payload, name, reason, detail, job_id, attempt, failed_reason ("" = no handler run),
 --            duration_us, failure_ttl_ms (0 = no record), key_prefix, failures_max_len,
---            dlq_name (the DLQ's `n` when it is not `name`: an entry's original bytes; "" = name)]
+--            dlq_name (the DLQ's `n` when it is not `name`: an entry's original bytes; "" = name),
+--            traceback (the handler's formatted traceback; "" = none: the DLQ's `detail` when there
+--            is no other detail, and the failure record's 4th element)]
 -- Reply   = 1 dead-lettered, 0 the entry was no longer pending
 local ok
 if ARGV[3] == '1' then
@@ -22,7 +24,9 @@ local d = {'XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'd', ARGV[7]}
 local dlq_name = ARGV[18] ~= '' and ARGV[18] or ARGV[8]
 if dlq_name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = dlq_name end
 for _, v in ipairs({'source_id', ARGV[2], 'reason', ARGV[9]}) do d[#d + 1] = v end
-if ARGV[10] ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = ARGV[10] end
+local tb = ARGV[19] or ''
+if ARGV[10] ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = ARGV[10]
+elseif tb ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = tb end
 redis.call(unpack(d))
 local job_id = ARGV[11]
 local events_max = tonumber(ARGV[5])
@@ -42,7 +46,10 @@ if tonumber(ARGV[15]) > 0 and job_id ~= '' then
   -- the record's detail: the DLQ detail, else the handler's error (our key, not on the wire)
   local detail = ARGV[10]
   if detail == '' then detail = ARGV[13] end
-  redis.call('SET', ARGV[16] .. ':failure:' .. job_id, cmsgpack.pack({ARGV[9], detail, tonumber(ARGV[6])}), 'PX', ARGV[15])
+  local record
+  if tb ~= '' then record = cmsgpack.pack({ARGV[9], detail, tonumber(ARGV[6]), tb})
+  else record = cmsgpack.pack({ARGV[9], detail, tonumber(ARGV[6])}) end
+  redis.call('SET', ARGV[16] .. ':failure:' .. job_id, record, 'PX', ARGV[15])
   -- capped by count too, as in fail_batch.lua (one record here: trim at most a few)
   local index = ARGV[16] .. ':failures'
   redis.call('ZADD', index, ARGV[6], job_id)

@@ -4,11 +4,14 @@
 -- client retry after a lost reply, a job another consumer already handled) writes nothing.
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = dlq   KEYS[4] = events
 -- ARGV    = [group, use_xackdel (0|1), events_max_len (0 = off), dlq_max_len,
---            failure_ttl_ms (0 = no records), key_prefix, now_ms, failures_max_len, then 11 per entry:
+--            failure_ttl_ms (0 = no records), key_prefix, now_ms, failures_max_len, then 12 per entry:
 --            kind, entry_id, job_id, name, attempt, failed_reason ("" = no handler ran),
 --            duration_us, and for kind 'r' (retry): run_at_ms, member, next_attempt, backoff_ms;
 --            for kind 'd' (DLQ): payload, dlq_reason, detail, dlq_name (the DLQ's `n` when it is
---            not `name`: an entry's original bytes; "" = name)]
+--            not `name`: an entry's original bytes; "" = name); then traceback (the handler's
+--            formatted traceback, "" = none; used by kind 'd' only)]
+-- A traceback goes to the DLQ's optional `detail` field when there is no other detail (the
+-- field ChasquiMQ's readers already accept) and to the failure record as a 4th element.
 -- Reply   = per entry, 1 rescheduled or dead-lettered, 0 no longer pending (nothing written)
 -- Failure records are capped by count as well as TTL, like results in complete_batch.lua
 -- (index `<prefix>:failures`).
@@ -32,7 +35,7 @@ local index_ok = (function(t) return t == 'zset' or t == 'none' end)(type_of(pre
 local out = {}
 local stored = {}  -- score, id pairs for the failures index
 
-for i = 9, #ARGV, 11 do
+for i = 9, #ARGV, 12 do
   local eid = ARGV[i + 1]
   local ok
   if xackdel then
@@ -67,7 +70,9 @@ for i = 9, #ARGV, 11 do
       local dlq_name = ARGV[i + 10] ~= '' and ARGV[i + 10] or name
       if dlq_name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = dlq_name end
       d[#d + 1] = 'source_id'; d[#d + 1] = eid; d[#d + 1] = 'reason'; d[#d + 1] = reason
-      if detail ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = detail end
+      local tb = ARGV[i + 11]
+      if detail ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = detail
+      elseif tb ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = tb end
       redis.call(unpack(d))
       if events_max > 0 then
         local named = name ~= '' and id ~= ''
@@ -91,7 +96,10 @@ for i = 9, #ARGV, 11 do
       if ttl > 0 and id ~= '' then
         -- the record's detail: the DLQ detail, else the handler's error (our key, not on the wire)
         if detail == '' then detail = failed end
-        redis.call('SET', prefix .. ':failure:' .. id, cmsgpack.pack({reason, detail, tonumber(now)}), 'PX', ttl)
+        local record
+        if tb ~= '' then record = cmsgpack.pack({reason, detail, tonumber(now), tb})
+        else record = cmsgpack.pack({reason, detail, tonumber(now)}) end
+        redis.call('SET', prefix .. ':failure:' .. id, record, 'PX', ttl)
         stored[#stored + 1] = now; stored[#stored + 1] = id
       end
     end

@@ -6,14 +6,14 @@
 #
 #   CHASQUI_VENV    venv to create or reuse (default ~/.cache/airflow-provider-chasqui/venv)
 #   PYTHON          interpreter for a new venv (default python3; needs >= 3.11)
-#   CHASQUI_EXTRAS  extras to install (default test,airflow,spark,spark-airflow,parquet,metrics,bench;
+#   CHASQUI_EXTRAS  extras to install (default test,airflow,spark,spark-airflow,parquet,metrics,bench,otel,dashboard;
 #                   the interop extra has its own venv: scripts/matrix.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV="${CHASQUI_VENV:-$HOME/.cache/airflow-provider-chasqui/venv}"
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${CHASQUI_EXTRAS:-test,airflow,spark,spark-airflow,parquet,metrics,bench}"
+EXTRAS="${CHASQUI_EXTRAS:-test,airflow,spark,spark-airflow,parquet,metrics,bench,otel,dashboard}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 DEBIAN_FRONTEND=noninteractive
 
 _t0=0
@@ -29,6 +29,9 @@ command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 # validates docker-compose.yaml offline in the tests (no Docker engine is needed for `config`)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the TLS tests make their certificates
+# the dashboard's browser tests drive Debian's Chromium through Playwright (no browser download)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi

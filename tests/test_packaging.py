@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 LUA = sorted(p.name for p in (ROOT / "lua").glob("*.lua"))
+DASHBOARD_ASSETS = ["templates/layout.html", "static/dashboard.css", "static/dashboard.js"]
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +62,33 @@ def test_wheel_has_license_typing_marker_lua_and_metadata(dist: dict[str, Path])
         assert "airflow_provider_chasqui/py.typed" in names
         for lua in LUA:
             assert whl.read(f"airflow_provider_chasqui/lua/{lua}") == (ROOT / "lua" / lua).read_bytes()
+        pools = "airflow_provider_chasqui/worker/fairscheduler.xml"  # the Spark worker's FAIR pools
+        assert whl.read(pools) == (ROOT / pools).read_bytes()
         _check_metadata(whl.read(f"{info}/METADATA").decode())
+        entry_points = whl.read(f"{info}/entry_points.txt").decode()
+        assert "[airflow.plugins]\nchasqui_dashboard = airflow_provider_chasqui.dashboard.plugin:ChasquiDashboardPlugin" \
+            in entry_points, entry_points
+        for asset in DASHBOARD_ASSETS:  # the dashboard loads nothing from the internet: its files ship here
+            assert whl.read(f"airflow_provider_chasqui/dashboard/{asset}") == \
+                (ROOT / "airflow_provider_chasqui" / "dashboard" / asset).read_bytes(), asset
         assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+
+
+def test_documentation_link_is_where_the_readme_is_published(dist: dict[str, Path]) -> None:
+    """Airflow shows pyproject's ``Documentation`` URL as the provider's ``documentation-url``, and
+    ``get_provider_info``'s integration links the same page: the project page of this very
+    distribution, whose description is the README (no placeholder organisation or repository)."""
+    from airflow_provider_chasqui.get_provider_info import get_provider_info
+
+    url = PROJECT["urls"]["Documentation"]
+    assert url == f"https://pypi.org/project/{PROJECT['name']}/"
+    assert get_provider_info()["integrations"][0]["external-doc-url"] == url
+    with zipfile.ZipFile(dist["wheel"]) as whl:
+        (info,) = {n.split("/")[0] for n in whl.namelist() if n.endswith(".dist-info/METADATA")}
+        meta = email.parser.Parser().parsestr(whl.read(f"{info}/METADATA").decode())
+    assert meta.get_all("Project-URL") == [f"Documentation, {url}"]
+    assert meta["Description-Content-Type"] == "text/markdown"
+    assert meta.get_payload().strip() == (ROOT / "README.md").read_text().strip()  # the page shows the README
 
 
 def test_sdist_has_license_typing_marker_lua_and_metadata(dist: dict[str, Path]) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generator, Iterable, Union
 
-from .scripts import SCRIPTS, Script
+from . import scripts as _scripts
+from .scripts import Script
 
 __all__ = ["Call", "Stream", "Flow", "script_call", "script_args", "command", "packed_command", "resp_bulk", "int_reply", "str_reply"]
 
@@ -47,7 +48,7 @@ Flow = Generator[Step, Any, Any]
 
 
 def script_call(name: str, keys: tuple[Any, ...] | list[Any], argv: tuple[Any, ...] | list[Any]) -> Call:
-    return Call(script=SCRIPTS[name], keys=tuple(keys), argv=tuple(argv))
+    return Call(script=_scripts.SCRIPTS[name], keys=tuple(keys), argv=tuple(argv))
 
 
 def script_args(c: Call, functions: bool) -> tuple[Any, ...]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import CodecError, ConfigError
+from ..errors import CodecError, ConfigError, LimitError
 
 __all__ = [
     "Envelope",
@@ -105,7 +105,7 @@ def validate_job_name(name: object) -> bytes:
         raise ConfigError(f"job name must be a str, got {type(name).__name__}")
     raw = name.encode("utf-8")
     if len(raw) > MAX_JOB_NAME_BYTES:
-        raise ConfigError(f"job name is {len(raw)} bytes; the limit is {MAX_JOB_NAME_BYTES}")
+        raise LimitError(f"job name is {len(raw)} bytes; the limit is {MAX_JOB_NAME_BYTES}")
     return raw
 
 

@@ -5,6 +5,7 @@ Lua calls that complete, retry or dead-letter it.  The asyncio worker only moves
 from __future__ import annotations
 
 import random
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,8 @@ from .keys import QueueKeys
 from .retry import RetryPolicy, backoff_ms
 from .settings import QueueSettings
 
-__all__ = ["ConsumerCore", "Delivery", "Rejected", "handler_failure_reason", "clip_text", "MAX_REASON_BYTES"]
+__all__ = ["ConsumerCore", "Delivery", "Rejected", "handler_failure_reason", "handler_traceback", "clip_text",
+           "clip_head", "MAX_REASON_BYTES", "MAX_TRACEBACK_BYTES"]
 
 # DLQ reason strings, exactly as ChasquiMQ writes them (wire spec 7.2).
 RETRIES_EXHAUSTED = "retries_exhausted"
@@ -31,6 +33,12 @@ ROUTING_FAILED = "routing_failed"
 
 MAX_REASON_BYTES = 4096
 """Longest failure reason or detail written to an event, a failure record or the DLQ (UTF-8)."""
+MAX_TRACEBACK_BYTES = 4096
+"""Longest handler traceback kept in a failure record and a DLQ entry's ``detail`` (UTF-8); a
+longer one loses its outermost frames (the innermost, where it raised, are the useful ones)."""
+_MAX_TRACEBACK_LINE = 1024  # bytes of one traceback line (the exception's message, a source line)
+TRACEBACK_FRAMES = 40
+"""Innermost frames formatted per exception of a chain: a deep recursion is not walked in full."""
 
 
 @dataclass(slots=True)
@@ -44,6 +52,8 @@ class Delivery:
     delivery_count: int = 1
     started_ns: int = 0
     data: Any = field(default=None)
+    raw_name: bytes = b""  # the entry's original ``n`` bytes when ``name`` does not carry them (not UTF-8)
+    trace: bytes = b""  # the producer's W3C traceparent (extra field ``tp``), when it sent one
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,38 @@ def clip_text(text: str, limit: int = MAX_REASON_BYTES) -> str:
         return raw.decode("utf-8")
     marker = f"... [truncated: {len(raw)} bytes]"
     return raw[:limit - len(marker)].decode("utf-8", "ignore") + marker
+
+
+def clip_head(text: str, limit: int = MAX_TRACEBACK_BYTES) -> str:
+    """``text`` as at most ``limit`` UTF-8 bytes, keeping its *end* (cut at a line start, after
+    a marker line saying how long it was); unencodable characters become U+FFFD."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return raw.decode("utf-8")
+    marker = f"[traceback truncated: {len(raw)} bytes; the innermost frames follow]\n"
+    tail = raw[len(raw) - (limit - len(marker)):].decode("utf-8", "ignore")
+    cut = tail.find("\n")
+    if 0 <= cut < len(tail) - 1:
+        tail = tail[cut + 1:]
+    return marker + tail
+
+
+def handler_traceback(exc: BaseException) -> str:
+    """The formatted traceback of a handler's exception (chained causes included), at most
+    ``MAX_TRACEBACK_BYTES`` with the innermost frames kept; ``""`` for an exception that was
+    never raised (nothing to add to its reason) or one that cannot be formatted.  Called on
+    failures only: a successful job never pays for it."""
+    tb = getattr(exc, "__traceback__", None)
+    if tb is None:
+        return ""
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb, limit=-TRACEBACK_FRAMES))
+    except Exception:  # noqa: BLE001 - a hostile __str__ or a broken frame: no traceback, not a crash
+        return ""
+    if len(text) > MAX_TRACEBACK_BYTES // 4:  # a huge message (or source line) must not push out every frame
+        text = "".join(clip_text(line.rstrip("\n"), _MAX_TRACEBACK_LINE) + "\n" * line.endswith("\n")
+                       if len(line) > _MAX_TRACEBACK_LINE // 4 else line for line in text.splitlines(keepends=True))
+    return clip_head(text)
 
 
 def handler_failure_reason(exc: BaseException) -> str:
@@ -133,6 +175,7 @@ class ConsumerCore:
 
     def gate(self, entry_id: bytes, fields: Any, delivery_count: int) -> Delivery | Rejected:
         """Arrival gate, in ChasquiMQ's order: malformed, oversize, decode, attempts."""
+        tp = None
         if type(fields) is list and len(fields) == 4 and fields[0] == b"d" and fields[2] == b"n":
             d, n = fields[1], fields[3]  # fast path: the layout every producer writes
         else:
@@ -145,6 +188,8 @@ class ConsumerCore:
                     d = fields[i + 1]
                 elif key == b"n":
                     n = fields[i + 1]
+                elif key == b"tp":  # ours: the trace context (see ``tracing``); ChasquiMQ ignores it
+                    tp = fields[i + 1]
         # the DLQ keeps the original ``n`` bytes; events get the decoded name, if not too long
         raw_name = n if isinstance(n, bytes) else b""
         long_name = len(raw_name) > MAX_JOB_NAME_BYTES
@@ -165,7 +210,8 @@ class ConsumerCore:
         prior = max(env.attempt, delivery_count - 1)
         if prior + 1 > limit:
             return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior, keep)
-        return Delivery(entry_id, env, name, d, delivery_count, 0, data)
+        trace = tp if isinstance(tp, bytes) and len(tp) <= 512 else b""
+        return Delivery(entry_id, env, name, d, delivery_count, 0, data, keep, trace)
 
     def gate_fresh(self, entries: list[Any]) -> tuple[list[Delivery], list[Rejected]]:
         """``gate(entry_id, fields, 1)`` for each ``(entry_id, fields)`` of one XREADGROUP reply,
@@ -189,8 +235,9 @@ class ConsumerCore:
                                     and 0 <= attempt < limit and attempt <= _U32_MAX \
                                     and len(job_id) <= MAX_JOB_ID_CHARS:
                                 data = unpackb(inner, raw=False, strict_map_key=False)
+                                name = n.decode()  # not UTF-8: gate() below keeps the bytes too
                                 ready.append(Delivery(entry_id, _new_envelope(job_id, inner, created, attempt, None),
-                                                      n.decode("utf-8", "replace"), d, 1, 0, data))
+                                                      name, d, 1, 0, data))
                                 continue
                     except Exception:  # noqa: BLE001 - gate() below gives the exact verdict
                         pass
@@ -254,7 +301,8 @@ class ConsumerCore:
         if kind == "d":
             payload, why = row[7], row[8]
             return self.dead_letter(entry_id, why, payload, name, "", job_id, run, features, now,
-                                    failed_reason=reason, duration_us=duration_us, dlq_name=row[10]), outcome, delay
+                                    failed_reason=reason, duration_us=duration_us, dlq_name=row[10],
+                                    traceback_text=row[11]), outcome, delay
         run_at, member, next_run = row[7], row[8], row[9]
         k = self.keys
         call = script_call(
@@ -266,21 +314,24 @@ class ConsumerCore:
         return call, outcome, delay
 
     def failure_row(self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int,
-                    now: int) -> tuple[tuple[Any, ...], str, int]:
+                    now: int, tb: str | None = None) -> tuple[tuple[Any, ...], str, int]:
         """The retry-or-DLQ decision after a handler error, as one ``fail_batch`` row (the worker
         buffers failures like successes).  Returns (row, outcome, backoff_ms); the run-at time
-        is fixed here."""
+        is fixed here.  The DLQ entry keeps the entry's original ``d`` and ``n`` bytes, and a
+        retry carries the original name bytes on (handlers see the name decoded).  ``tb``: the
+        exception's :func:`handler_traceback` (None: formatted here), kept in the DLQ entry's
+        ``detail`` and the failure record of a dead-lettered job; a retried row carries none."""
         env, reason = dl.envelope, handler_failure_reason(exc)
         run = env.attempt + 1
         nxt = env.attempt + 1
         if unrecoverable or nxt >= self._max_attempts(env):
             why = UNRECOVERABLE if unrecoverable else RETRIES_EXHAUSTED
             return ("d", dl.entry_id, env.id, dl.name, run, reason, duration_us,
-                    encode_envelope(env), why, "", ""), why, 0
+                    dl.raw, why, "", dl.raw_name or "", handler_traceback(exc) if tb is None else tb), why, 0
         delay = backoff_ms(nxt, env.retry.backoff if env.retry else None, self.retry_policy, self.rng)
-        member = encode_member(dl.name.encode("utf-8"), encode_envelope(env.with_attempt(nxt)))
-        return ("r", dl.entry_id, env.id, dl.name, run, reason, duration_us, now + delay, member, nxt + 1, delay), \
-            "retry", delay
+        member = encode_member(dl.raw_name or dl.name.encode("utf-8"), encode_envelope(env.with_attempt(nxt)))
+        return ("r", dl.entry_id, env.id, dl.name, run, reason, duration_us, now + delay, member, nxt + 1, delay,
+                ""), "retry", delay
 
     def reject_row(self, r: Rejected) -> tuple[Any, ...]:
         """A refused arrival as one ``fail_batch`` row (no handler ran: no ``failed`` event).
@@ -289,10 +340,10 @@ class ConsumerCore:
         # `malformed` carries a `detail` on the wire (spec 7.2); `decode_failed` too, here: the
         # field that failed (an optional field ChasquiMQ's readers accept).  The others are logged.
         detail = r.detail if r.reason in (MALFORMED, DECODE_FAILED) else ""
-        return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, r.dlq_name)
+        return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, r.dlq_name, "")
 
     def fail(self, rows: list[tuple[Any, ...]], features: Features, now: int) -> Call:
-        """One ``fail_batch`` call for rows of :meth:`failure_row` / :meth:`reject_row`."""
+        """One ``fail_batch`` call for rows of :meth:`failure_row` / :meth:`reject_row` (12 values each)."""
         k = self.keys
         argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.settings.dlq_max_len,
                            self.failure_ttl_ms, k.prefix, now, self.settings.failures_max_len]
@@ -302,19 +353,20 @@ class ConsumerCore:
 
     def dead_letter(self, entry_id: bytes, reason: str, payload: bytes, name: str, detail: str, job_id: str,
                     attempt: int, features: Features, now: int, *, failed_reason: str = "",
-                    duration_us: int = 0, dlq_name: bytes = b"") -> Call:
+                    duration_us: int = 0, dlq_name: bytes = b"", traceback_text: str = "") -> Call:
         k = self.keys
         return script_call(
             "dead_letter",
             (k.stream, k.dlq, k.events),
             (self.group, entry_id, features.xackdel_flag, self.settings.dlq_max_len, self.events_max, now,
              payload, name, reason, clip_text(detail), job_id, attempt, failed_reason, duration_us,
-             self.failure_ttl_ms, k.prefix, self.settings.failures_max_len, dlq_name),
+             self.failure_ttl_ms, k.prefix, self.settings.failures_max_len, dlq_name,
+             clip_head(traceback_text) if traceback_text else ""),
         )
 
     def reject(self, r: Rejected, features: Features, now: int) -> Call:
         """:meth:`reject_row` as one ``dead_letter`` call (the queue trigger's path)."""
-        _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, dlq_name = self.reject_row(r)
+        _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, dlq_name, _tb = self.reject_row(r)
         return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now,
                                 dlq_name=dlq_name)
 
@@ -325,4 +377,5 @@ class ConsumerCore:
         from values that cannot raise, so the entry is always settled."""
         env = dl.envelope
         return ("d", dl.entry_id, env.id, dl.name, env.attempt + 1, handler_failure_reason(exc),
-                duration_us, dl.raw, ROUTING_FAILED, clip_text("routing the failure raised: " + _safe_repr(err)), "")
+                duration_us, dl.raw, ROUTING_FAILED, clip_text("routing the failure raised: " + _safe_repr(err)),
+                dl.raw_name or "", handler_traceback(exc))

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .calls import Call, command, packed_command, resp_bulk
-from .scripts import LIBRARY
+from . import scripts as _scripts
 
 __all__ = ["Features", "detect_call", "parse_features", "fast_paths_default", "COMPAT", "functions_mode",
            "probe_call", "probe_found", "load_call", "function_missing", "already_loaded", "scripts_denied"]
@@ -70,16 +70,16 @@ def functions_mode() -> str:
 
 def probe_call() -> Call:
     """FCALL_RO of the library's probe (pre-packed: it may take the lane)."""
-    args = ("FCALL_RO", LIBRARY.probe, 0)
+    args = ("FCALL_RO", _scripts.LIBRARY.probe, 0)
     return packed_command(args, b"*3\r\n" + b"".join(resp_bulk(a) for a in args))
 
 
 def probe_found(reply: Any) -> bool:
-    return reply == LIBRARY.name.encode()
+    return reply == _scripts.LIBRARY.name.encode()
 
 
 def load_call(replace: bool = False) -> Call:
-    return command("FUNCTION", "LOAD", *(("REPLACE",) if replace else ()), LIBRARY.source)
+    return command("FUNCTION", "LOAD", *(("REPLACE",) if replace else ()), _scripts.LIBRARY.source)
 
 
 def function_missing(error: BaseException) -> bool:
@@ -89,11 +89,11 @@ def function_missing(error: BaseException) -> bool:
 
 def already_loaded(error: BaseException) -> bool:
     """FUNCTION LOAD's reply when a library of that name is there (same name, same code)."""
-    return str(error).startswith(f"Library '{LIBRARY.name}' already exists")
+    return str(error).startswith(f"Library '{_scripts.LIBRARY.name}' already exists")
 
 
 def scripts_denied(script: str) -> str:
     """The error for a user who may neither FCALL the library nor EVALSHA."""
     return (f"cannot run script {script}: this user may not run EVALSHA, and the Redis Functions library "
-            f"{LIBRARY.name} is not loaded there (or FCALL/FCALL_RO are not granted); load it with "
+            f"{_scripts.LIBRARY.name} is not loaded there (or FCALL/FCALL_RO are not granted); load it with "
             "`chasqui functions install --redis-url <admin url>` (see SECURITY.md)")

@@ -1,22 +1,34 @@
-"""A read-only snapshot of a queue for people and scripts (``chasqui inspect``/``watch``).
+"""Read-only views of queues for people, scripts and dashboards: a queue's snapshot
+(``chasqui inspect``/``watch``), every queue with its counts (``chasqui queues``) and one
+job's whole story (``chasqui job show``).
 
-One flow, two round trips: the counters in one pipeline, then consumer details only when
+:func:`snapshot`: one flow, two round trips: the counters in one pipeline, then consumer details only when
 the stream and its group exist (XINFO on a missing group is an error, not an empty list).
 Corrupt data renders instead of failing the snapshot: a spec key that is not UTF-8 shows
 escaped, a score that is no instant (+-inf) shows as Redis' text of it.
+
+:func:`list_queues`: a cursor SCAN of ``{chasqui:*`` (never KEYS), capped in calls, then the
+counts of every queue found in one pipeline.  :func:`job_details`: the job's result, failure
+record and events, then where it is now (delayed, waiting, running or dead-lettered), each
+search bounded; what a bound cut short is said in ``notes``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import CodecError, ConfigError
 from .calls import Flow, command, int_reply, str_reply
+from .codec import Envelope, decode_data, decode_envelope, split_member
 from .keys import QueueKeys
+from .maintenance import glob_escape
 from .schedules import show_key
 
-__all__ = ["QueueSnapshot", "ConsumerInfo", "snapshot"]
+__all__ = ["QueueSnapshot", "ConsumerInfo", "snapshot", "QueueSummary", "QueueListing", "list_queues",
+           "JobDetails", "job_details", "queue_of_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +108,340 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         scheduler_leader=str_reply(scheduler) if scheduler else None, group_exists=group_exists,
         consumers=consumers,
     )
+
+
+# ---- every queue ------------------------------------------------------------------------------
+SCAN_COUNT = 1000
+MAX_SCAN_CALLS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSummary:
+    queue: str
+    waiting: int  # stream entries not pending in a group (not yet read by a worker)
+    pending: int  # delivered and not acknowledged: running, or waiting to be reclaimed
+    delayed: int
+    dlq: int
+    specs: int  # active repeatable specs
+    paused_specs: int
+    consumers: int
+    groups: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueListing:
+    queues: list[QueueSummary]
+    truncated: bool  # the scan stopped at its call cap or at ``limit``: more queues may exist
+    cursor: str  # SCAN cursor to continue from ("0" when the scan finished)
+    scan_calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"queues": [q.to_dict() for q in self.queues], "truncated": self.truncated,
+                "cursor": self.cursor, "scan_calls": self.scan_calls}
+
+
+_TAG = b"{chasqui:"
+
+
+def queue_of_key(key: Any) -> str | None:
+    """The queue a ``{chasqui:<q>}...`` key belongs to; None for any other key."""
+    raw = key if isinstance(key, bytes) else str(key).encode("utf-8", "surrogateescape")
+    if not raw.startswith(_TAG):
+        return None
+    end = raw.find(b"}", len(_TAG))
+    if end <= len(_TAG):
+        return None
+    try:
+        return raw[len(_TAG):end].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def list_queues(*, match: str = "*", limit: int = 1000, cursor: str = "0", scan_count: int = SCAN_COUNT,
+                max_scan_calls: int = MAX_SCAN_CALLS) -> Flow:
+    """Every queue whose name matches the glob ``match``, with its counts: a
+    :class:`QueueListing`, sorted by name.  At most ``max_scan_calls`` SCAN calls of
+    ``scan_count`` keys (about 100,000 keys by default) and ``limit`` queues; ``truncated``
+    says a cap stopped it (pass ``cursor`` on to continue; a queue may then show up again)."""
+    for what, value in (("limit", limit), ("scan_count", scan_count), ("max_scan_calls", max_scan_calls)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{what} must be a positive int, got {value!r}")
+    if not isinstance(match, str) or not match or any(c in match for c in "{}\r\n\0"):
+        raise ConfigError(f"match must be a non-empty glob without braces or control characters, got {match!r}")
+    pattern = "{chasqui:" + match + "}*"
+    names: set[str] = set()
+    calls = 0
+    cursor = str(cursor)
+    while True:
+        cursor, keys = yield command("SCAN", cursor, "MATCH", pattern, "COUNT", scan_count)
+        cursor, calls = str_reply(cursor), calls + 1
+        for key in keys or []:
+            name = queue_of_key(key)
+            if name is not None and "{" not in name:
+                names.add(name)
+        if cursor == "0" or calls >= max_scan_calls or len(names) >= limit:
+            break
+    ordered = sorted(names)[:limit]
+    truncated = cursor != "0" or len(names) > limit
+    summaries = yield from queue_summaries(ordered)
+    return QueueListing(queues=summaries, truncated=truncated, cursor=cursor, scan_calls=calls)
+
+
+def queue_summaries(queues: list[str]) -> Flow:
+    """The counts of each queue, in two pipelines whatever their number."""
+    if not queues:
+        return []
+    keys = [QueueKeys.for_queue(q) for q in queues]
+    calls = []
+    for k in keys:
+        calls += [command("TYPE", k.stream), command("ZCARD", k.delayed), command("EXISTS", k.dlq),
+                  command("ZCARD", k.repeat), command("ZCARD", k.repeat_paused)]
+    first = yield calls
+    streams = [i for i, _ in enumerate(keys) if str_reply(first[5 * i]) == "stream"]
+    dlqs = [i for i, _ in enumerate(keys) if int_reply(first[5 * i + 2])]
+    second: list[Any] = []
+    if streams or dlqs:
+        second = yield ([c for i in streams for c in (command("XLEN", keys[i].stream),
+                                                      command("XINFO", "GROUPS", keys[i].stream))]
+                        + [command("XLEN", keys[i].dlq) for i in dlqs])
+    counts: dict[int, tuple[int, list[Any]]] = {i: (int_reply(second[2 * n]), second[2 * n + 1] or [])
+                                                 for n, i in enumerate(streams)}
+    dlq_len = {i: int_reply(second[2 * len(streams) + n]) for n, i in enumerate(dlqs)}
+    out = []
+    for i, q in enumerate(queues):
+        length, groups = counts.get(i, (0, []))
+        pending = consumers = 0
+        for g in groups:
+            info = _parse_info(g)
+            pending += int_reply(info.get("pending", 0))
+            consumers += int_reply(info.get("consumers", 0))
+        out.append(QueueSummary(queue=q, waiting=max(0, length - pending), pending=pending,
+                                delayed=int_reply(first[5 * i + 1]), dlq=dlq_len.get(i, 0),
+                                specs=int_reply(first[5 * i + 3]),
+                                paused_specs=int_reply(first[5 * i + 4]), consumers=consumers, groups=len(groups)))
+    return out
+
+
+# ---- one job ----------------------------------------------------------------------------------
+EVENTS_WINDOW = 1000
+PAGE = 500
+SEARCH_PAGES = 20
+_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+@dataclass(slots=True)
+class JobDetails:
+    queue: str
+    id: str
+    state: str  # completed, failed, active, waiting, delayed or unknown
+    name: str | None = None
+    data: Any = None
+    data_bytes: int | None = None  # size of the job's encoded data; None when no copy of the job was found
+    created_at_ms: int | None = None
+    attempt: int | None = None  # attempts made so far (from the job's copy or its events)
+    run_at_ms: int | None = None  # delayed: when it becomes due
+    entry_id: str | None = None  # stream entry, while waiting or running
+    consumer: str | None = None  # running: the worker holding it
+    deliveries: int | None = None
+    idle_ms: int | None = None
+    result: Any = None
+    has_result: bool = False
+    failure: dict[str, Any] | None = None  # the failure record: reason, detail, finished_at_ms, traceback...
+    dlq: dict[str, Any] | None = None  # its DLQ entry: dlq_id, reason, detail and any other field
+    events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
+    events_truncated: bool = False  # the window was full: older events may exist
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ulid_ms(job_id: str) -> int | None:
+    """The creation time a ULID job id carries (every id this package makes); None otherwise."""
+    if not _ULID.fullmatch(job_id):
+        return None
+    ms = 0
+    for c in job_id[:10]:
+        ms = ms * 32 + _CROCKFORD.index(c)
+    return ms
+
+
+def _failure_record(raw: Any) -> dict[str, Any] | None:
+    """``[reason, detail, finished_ms, ...]`` (or a map) as a dict; extra items are kept."""
+    if raw is None:
+        return None
+    try:
+        record = decode_data(bytes(raw))
+    except Exception as exc:  # noqa: BLE001 - a damaged record is shown, not raised
+        return {"unreadable": f"{type(exc).__name__}: {exc}"}
+    if isinstance(record, dict):
+        return {str(k): v for k, v in record.items()}
+    if isinstance(record, list):
+        out: dict[str, Any] = dict(zip(("reason", "detail", "finished_at_ms"), record))
+        for i, extra in enumerate(record[3:]):
+            if isinstance(extra, dict):
+                out.update({str(k): v for k, v in extra.items()})
+            else:
+                out["traceback" if i == 0 and isinstance(extra, str) else f"extra_{i}"] = extra
+        return out
+    return {"record": record}
+
+
+def _envelope_of(payload: Any) -> Envelope | None:
+    try:
+        return decode_envelope(bytes(payload))
+    except Exception:  # noqa: BLE001 - foreign or damaged entries do not match
+        return None
+
+
+def _take(d: JobDetails, env: Envelope, name: str) -> None:
+    d.name = d.name or name or None
+    d.created_at_ms = env.created_at_ms
+    d.attempt = env.attempt
+    d.data_bytes = len(env.inner)
+    try:
+        d.data = decode_data(env.inner)
+    except Exception as exc:  # noqa: BLE001
+        d.notes.append(f"the job's data does not decode: {exc}")
+
+
+def job_details(queue: str, job_id: str, *, group: str = "default", events_window: int = EVENTS_WINDOW,
+                search_pages: int = SEARCH_PAGES) -> Flow:
+    """Everything known about one job: a :class:`JobDetails`.  The events are the newest
+    ``events_window`` of the queue's stream filtered by id; the stream, the delayed set and the
+    DLQ are searched ``search_pages`` pages of 500 at most, from the job's creation time
+    (ULID ids) or its last ``waiting`` / ``dlq`` event on."""
+    if not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
+        raise ConfigError("job id must be a non-empty str of at most 1024 characters")
+    k = QueueKeys.for_queue(queue)
+    d = JobDetails(queue=queue, id=job_id, state="unknown")
+    result, failure, didx, rows = yield [
+        command("GET", k.result(job_id)), command("GET", k.failure(job_id)), command("GET", k.didx(job_id)),
+        command("XREVRANGE", k.events, "+", "-", "COUNT", events_window)]
+    d.events_truncated = len(rows or []) >= events_window
+    hints: dict[str, int] = {}
+    for entry_id, flat in reversed(rows or []):
+        f = {key: str_reply(v) for key, v in _parse_info(flat or []).items()}
+        if f.get("id") != job_id:
+            continue
+        ts = int(f["ts"]) if f.get("ts", "").isdigit() else 0
+        d.events.append({"event_id": str_reply(entry_id), **f})
+        hints[f.get("e", "")] = ts
+        d.name = d.name or f.get("n") or None
+        if f.get("attempt", "").isdigit():
+            d.attempt = max(d.attempt or 0, int(f["attempt"]))
+    if d.events_truncated:
+        d.notes.append(f"only the newest {events_window} events of the queue were read: older events of this "
+                       "job may exist (or were trimmed)")
+    if result is not None:
+        d.has_result = True
+        try:
+            d.result = decode_data(bytes(result))
+        except Exception as exc:  # noqa: BLE001
+            d.notes.append(f"the stored result does not decode: {exc}")
+    d.failure = _failure_record(failure)
+    attempts_seen = d.attempt
+    where = None
+    # 1. delayed, by its index (a caller id) or by a bounded scan of the set
+    member = didx
+    if member is None and result is None:
+        member = yield from _scan_delayed(k, job_id, search_pages, d)
+    if member is not None:
+        score = yield command("ZSCORE", k.delayed, member)
+        if score is not None:
+            try:
+                name, env_raw = split_member(bytes(member))
+            except CodecError:
+                name, env_raw = "", b""
+            env = _envelope_of(env_raw)
+            if env is not None:
+                _take(d, env, name)
+            d.run_at_ms, where = int(float(score)), "delayed"
+    # 2. the stream: waiting or running
+    if where is None and result is None:
+        start = hints.get("waiting") or ulid_ms(job_id)
+        found = yield from _search_stream(k.stream, job_id, start, search_pages, d, "stream")
+        if found is not None:
+            entry_id, name, env, _fields = found
+            _take(d, env, name)
+            d.entry_id, where = entry_id, "waiting"
+            groups = yield command("XINFO", "GROUPS", k.stream)  # XPENDING on a missing group is an error
+            if any(str_reply(_parse_info(g).get("name", b"")) == group for g in groups or []):
+                pend = yield command("XPENDING", k.stream, group, entry_id, entry_id, 1)
+                if pend:
+                    _, consumer, idle, count = pend[0]
+                    d.consumer, d.idle_ms, d.deliveries = str_reply(consumer), int_reply(idle), int_reply(count)
+                    where = "active"
+    # 3. the DLQ
+    if where is None and (d.failure is not None or "dlq" in hints or result is None):
+        start = hints.get("dlq") or (d.failure or {}).get("finished_at_ms")
+        found = yield from _search_stream(k.dlq, job_id, start if isinstance(start, int) else None,
+                                          search_pages, d, "DLQ")
+        if found is not None:
+            entry_id, name, env, fields = found
+            _take(d, env, name)
+            d.dlq = {"dlq_id": entry_id, **{key: str_reply(v) for key, v in fields.items() if key not in ("d", "n")}}
+            where = "failed"
+    if attempts_seen is not None and d.attempt is not None:
+        d.attempt = max(d.attempt, attempts_seen)
+    last = d.events[-1]["e"] if d.events else None
+    if where is not None:
+        d.state = where
+    elif result is not None or last == "completed":
+        d.state = "completed"
+    elif d.failure is not None or last == "dlq":
+        d.state = "failed"
+    elif last in ("active", "waiting"):
+        d.state = last
+        d.notes.append(f"not found where a {last} job would be within the search bounds; the state is its last event")
+    if d.state == "unknown":
+        d.notes.append("no trace of this job: a wrong id or queue, or its records expired")
+    return d
+
+
+SKEW_MS = 60_000  # a stream entry's id is the server's clock; the job id's time is the producer's
+
+
+def _search_stream(key: str, job_id: str, start_ms: int | None, pages: int, d: JobDetails, what: str) -> Flow:
+    """The first entry of ``key`` whose envelope has ``job_id``, reading pages from ``start_ms``
+    (less a clock skew) on: ``(entry_id, name, envelope, fields)`` or None."""
+    start = "-" if start_ms is None else f"{max(0, start_ms - SKEW_MS)}-0"
+    first = start
+    for _ in range(pages):
+        rows = (yield command("XRANGE", key, start, "+", "COUNT", PAGE)) or []
+        for entry_id, flat in rows:
+            f = _parse_info(flat or [])
+            env = _envelope_of(f.get("d", b""))
+            if env is not None and env.id == job_id:
+                return str_reply(entry_id), str_reply(f.get("n", b"")), env, f
+        if len(rows) < PAGE:
+            return None
+        start = "(" + str_reply(rows[-1][0])
+    d.notes.append(f"the {what} was searched {pages * PAGE} entries from {first}: the job may be further on")
+    return None
+
+
+def _scan_delayed(k: QueueKeys, job_id: str, pages: int, d: JobDetails) -> Flow:
+    """The delayed member of ``job_id`` (its id is a substring of the member), by a ZSCAN of
+    at most ``pages`` calls; None if not met."""
+    cursor: Any = "0"
+    pattern = "*" + glob_escape(job_id) + "*"
+    for _ in range(pages):
+        cursor, flat = yield command("ZSCAN", k.delayed, cursor, "MATCH", pattern, "COUNT", PAGE)
+        flat = flat or []
+        for i in range(0, len(flat), 2):
+            try:
+                _name, env_raw = split_member(bytes(flat[i]))
+            except CodecError:
+                continue
+            env = _envelope_of(env_raw)
+            if env is not None and env.id == job_id:
+                return flat[i]
+        if str_reply(cursor) == "0":
+            return None
+    d.notes.append(f"the delayed set was scanned {pages} x {PAGE} members: the job may be there still")
+    return None

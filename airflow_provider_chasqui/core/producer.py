@@ -17,8 +17,10 @@ from itertools import repeat
 from typing import Any, Iterable, Iterator, Mapping
 
 from ..errors import CodecError, ConfigError, ConfigTypeError, JobFailed
-from ..types import build_retry_override
+from .backoff import build_retry_override
+from .failure import failure_record as _failure_record
 from .calls import Call, Flow, Stream, command, int_reply, packed_command, resp_bulk, script_call, str_reply
+from .event_hub import event_hits, outcome_calls, parse_outcomes, pin_call, pinned, read_call
 from .codec import (
     MAX_JOB_ID_CHARS,
     RetryOverride,
@@ -82,7 +84,7 @@ def coerce_delay(delay: Any = None, delay_ms: Any = None, *, now: int) -> int | 
     else:
         raise ConfigTypeError(f"delay must be int ms, float seconds, timedelta or datetime, got {type(value).__name__}")
     if not math.isfinite(ms) or ms < 0:
-        raise ConfigError(f"delay must be finite and non-negative, got {value!r}")
+        raise ConfigError(f"delay must be a finite non-negative duration, got {value!r}")
     return now + int(ms) if int(ms) > 0 else None
 
 
@@ -151,9 +153,10 @@ class ProducerCore:
             self._names[name] = hit
         return hit
 
-    def quick_add(self, name: str, data: Any) -> tuple[Call, str, int]:
+    def quick_add(self, name: str, data: Any, trace: str | None = None) -> tuple[Call, str, int]:
         """``add(prepare(name, data))`` with no option set, as its one call, pre-packed: the
         one-by-one ``add`` hot path (about 2 us instead of 7).  Same checks, same bytes.
+        ``trace``: a W3C traceparent, written as the extra field ``tp`` (see ``tracing``).
         Returns ``(call, job_id, created_at_ms)``."""
         name_bytes, tail = self._name(name)
         now = now_ms()
@@ -161,6 +164,9 @@ class ProducerCore:
         envelope = encode_new_envelope(jid, encode_data(data), now)
         if len(envelope) > self.settings.max_payload_bytes:
             self.prepare(name, data, now=now)  # raises prepare()'s own error
+        if trace:  # tracing on: not the hot path
+            args = self._xadd_args + (envelope,) + (("n", name_bytes) if name_bytes else ()) + ("tp", trace)
+            return command(*args), jid, now
         if name_bytes:
             args = self._xadd_args + (envelope, "n", name_bytes)
             packed = b"*10\r\n%b$%d\r\n%b\r\n%b" % (self._xadd_resp, len(envelope), envelope, tail)
@@ -198,30 +204,33 @@ class ProducerCore:
         return _new_prepared(jid, name, name_bytes, envelope, now, run_at)
 
     # ---- writes ------------------------------------------------------------------------
-    def _xadd(self, job: PreparedJob) -> Call:
+    def _xadd(self, job: PreparedJob, trace: str | None = None) -> Call:
         args = self._xadd_args + (job.envelope,)
+        if trace:  # readers locate fields by name: ``tp`` after ``d`` [and ``n``] is ignored by ChasquiMQ
+            return command(*(args + (("n", job.name_bytes) if job.name_bytes else ()) + ("tp", trace)))
         return command(*(args + ("n", job.name_bytes) if job.name_bytes else args))
 
-    def add(self, job: PreparedJob) -> Flow:
-        """Write one prepared job; returns the job id (the first id when deduplicated)."""
+    def add(self, job: PreparedJob, trace: str | None = None) -> Flow:
+        """Write one prepared job; returns the job id (the first id when deduplicated).
+        ``trace`` (a traceparent) rides on immediate adds only: a delayed member has no room."""
         k = self.keys
         if job.run_at_ms is None:
-            yield self._xadd(job)
+            yield self._xadd(job, trace)
             return job.id
         member = encode_member(job.name_bytes, job.envelope)
         yield command("ZADD", k.delayed, job.run_at_ms, member)
         return job.id
 
-    def add_with_id(self, job: PreparedJob) -> Flow:
+    def add_with_id(self, job: PreparedJob, trace: str | None = None) -> Flow:
         """Caller-chosen id: delayed adds use ChasquiMQ's dlid/didx script (cancellable);
         immediate adds use a marker held for ``unique_window_ms`` (XADD IDMP's stand-in)."""
-        reply = yield self._with_id_call(job)
+        reply = yield self._with_id_call(job, trace)
         return self._with_id_reply(job, reply)
 
-    def _with_id_call(self, job: PreparedJob) -> Call:
+    def _with_id_call(self, job: PreparedJob, trace: str | None = None) -> Call:
         k = self.keys
         if job.run_at_ms is None:
-            return self._unique_call(job, job.id, self.settings.unique_window_ms)
+            return self._unique_call(job, job.id, self.settings.unique_window_ms, trace)
         ttl = max(1, (job.run_at_ms - job.created_at_ms) // 1000) + 3600
         member = encode_member(job.name_bytes, job.envelope)
         return script_call(
@@ -233,22 +242,22 @@ class ProducerCore:
         """The first id for an immediate add (``add_unique``'s reply); the caller's for a delayed one."""
         return str_reply(reply[1]) if job.run_at_ms is None else job.id
 
-    def add_unique(self, job: PreparedJob, unique_key: str | None, window_ms: int) -> Flow:
+    def add_unique(self, job: PreparedJob, unique_key: str | None, window_ms: int, trace: str | None = None) -> Flow:
         key = validate_unique_key(unique_key or job.id)
-        return (yield from self._unique(job, key, window_ms))
+        return (yield from self._unique(job, key, window_ms, trace))
 
-    def _unique(self, job: PreparedJob, key: str, window_ms: int) -> Flow:
-        reply = yield self._unique_call(job, key, window_ms)
+    def _unique(self, job: PreparedJob, key: str, window_ms: int, trace: str | None = None) -> Flow:
+        reply = yield self._unique_call(job, key, window_ms, trace)
         return str_reply(reply[1])
 
-    def _unique_call(self, job: PreparedJob, key: str, window_ms: int) -> Call:
+    def _unique_call(self, job: PreparedJob, key: str, window_ms: int, trace: str | None = None) -> Call:
         k = self.keys
         member = encode_member(job.name_bytes, job.envelope) if job.run_at_ms else b""
-        return script_call(
-            "add_unique",
-            (k.unique(key), k.stream, k.delayed),
-            (window_ms, job.id, job.run_at_ms or 0, self.settings.max_stream_len, job.envelope, job.name_bytes, member),
-        )
+        argv: tuple[Any, ...] = (window_ms, job.id, job.run_at_ms or 0, self.settings.max_stream_len, job.envelope,
+                                 job.name_bytes, member)
+        if trace and not job.run_at_ms:  # the extra ``tp`` field (see ``tracing``)
+            argv += (trace,)
+        return script_call("add_unique", (k.unique(key), k.stream, k.delayed), argv)
 
     def add_bulk(self, jobs: list[PreparedJob]) -> Flow:
         """Immediate jobs go through one script call per 1,000 (the batch-per-round-trip path);
@@ -296,6 +305,7 @@ class ProducerCore:
                     "reason": str_reply(f.get("reason", b"")),
                     "detail": str_reply(f["detail"]) if "detail" in f else None,
                     "error": None,
+                    "traceback": None,
                     "payload": payload,
                     "name": str_reply(f.get("n", b"")),
                 }
@@ -306,7 +316,12 @@ class ProducerCore:
         if known:
             records = yield [command("GET", self.keys.failure(r["job_id"])) for r in known]
             for row, raw in zip(known, records):
-                row["error"] = _failure_text(raw)
+                record = _failure_record(str(row["job_id"]), raw)
+                if record is not None:
+                    row["error"], row["traceback"] = record.error, record.traceback
+        for row in out:  # without a record: a handler failure's `detail` is its traceback (our workers)
+            if row["traceback"] is None and row["reason"] in _HANDLER_REASONS and row["detail"]:
+                row["traceback"] = row["detail"]
         return out
 
     def replay_dlq(self, limit: int = 100) -> Flow:
@@ -402,6 +417,12 @@ class ProducerCore:
         raws = yield [command("GET", self.keys.result(j)) for j in job_ids]
         return [None if r is None else decode_data(r) for r in raws]
 
+    def get_failure(self, job_id: str) -> Flow:
+        """The job's failure record as a :class:`JobFailure`, or None (no record: the job did
+        not end in the DLQ, the record expired, or the worker did not store results)."""
+        raw = yield command("GET", self.keys.failure(job_id))
+        return _failure_record(job_id, raw)
+
     def get_job_state(self, job_id: str) -> Flow:
         k = self.keys
         done, failed, delayed = yield [
@@ -419,7 +440,7 @@ class ProducerCore:
                       stop_on_failure: bool = False) -> Flow:
         """Block on the events stream until every id completed or failed.
 
-        Returns ``{id: ("completed", result) | ("failed", reason, detail)}``; ids still
+        Returns ``{id: ("completed", result) | ("failed", reason, detail, traceback)}``; ids still
         running at the deadline are absent.  ``clock()`` gives monotonic ms.  With
         ``stop_on_failure`` it returns as soon as one job is known to have failed.
         """
@@ -427,29 +448,25 @@ class ProducerCore:
         k = self.keys
         deadline = clock() + timeout_ms
         failed_ids: list[str] = []
-        last = yield command("XREVRANGE", k.events, "+", "-", "COUNT", 1)
-        cursor = str_reply(last[0][0]) if last else "0-0"
+        cursor = pinned((yield pin_call(k)))  # the event hub's reads and decisions (core/event_hub.py)
         outcomes = yield from self._stored_outcomes(sorted(pending))
         pending -= set(outcomes)
+        by_job = {j.encode(): j for j in pending}
         while pending and not (stop_on_failure and any(o[0] == "failed" for o in outcomes.values())):
             remaining = deadline - clock()
             if remaining <= 0:
                 break
             block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
-            rows = yield command("XREAD", "COUNT", 1000, "BLOCK", block, "STREAMS", k.events, cursor)
-            for _stream, entries in rows or []:
-                for entry_id, flat in entries:
-                    cursor = str_reply(entry_id)
-                    f = parse_fields(flat or [])
-                    jid = str_reply(f.get("id", b""))
-                    kind = str_reply(f.get("e", b""))
-                    if jid in pending and kind in ("completed", "dlq"):
-                        pending.discard(jid)
-                        if kind == "dlq":
-                            failed_ids.append(jid)
-                            outcomes[jid] = ("failed", str_reply(f.get("reason", b"")), "")
-                        else:
-                            outcomes[jid] = ("completed", None)
+            last, hits = event_hits((yield read_call(k, cursor, 1000, block)), by_job)
+            cursor = last or cursor
+            for jid, (kind, reason) in hits.items():
+                pending.discard(jid)
+                del by_job[jid.encode()]
+                if kind == "dlq":
+                    failed_ids.append(jid)
+                    outcomes[jid] = ("failed", reason, "", "")
+                else:
+                    outcomes[jid] = ("completed", None)
         if failed_ids:  # the failure records carry the handler's error as detail
             outcomes.update((yield from self._stored_outcomes(failed_ids)))
         done = [j for j, o in outcomes.items() if o[0] == "completed" and o[1] is None]
@@ -462,32 +479,12 @@ class ProducerCore:
     def _stored_outcomes(self, job_ids: list[str]) -> Flow:
         if not job_ids:
             return {}
-        k = self.keys
-        calls: list[Call] = []
-        for j in job_ids:
-            calls += (command("GET", k.result(j)), command("GET", k.failure(j)))
-        raws = yield calls
-        out: dict[str, tuple[Any, ...]] = {}
-        for i, j in enumerate(job_ids):
-            result, failure = raws[2 * i], raws[2 * i + 1]
-            if result is not None:
-                out[j] = ("completed", decode_data(result))
-            elif failure is not None:
-                reason, detail, _ts = decode_data(failure)
-                out[j] = ("failed", reason, detail)
-        return out
+        return parse_outcomes(job_ids, (yield outcome_calls(self.keys, job_ids)))
 
 
-def _failure_text(raw: Any) -> str | None:
-    """The detail of a stored failure record ``[reason, detail, finished_ms]``; None when there is
-    none or it cannot be read (a foreign or damaged key is shown as missing, never raised)."""
-    if not isinstance(raw, (bytes, bytearray)):
-        return None
-    try:
-        record = decode_data(bytes(raw))
-        return str(record[1]) if isinstance(record, list) and len(record) >= 2 else None
-    except (CodecError, TypeError, ValueError):
-        return None
+# DLQ reasons of a handler that raised: our workers put its traceback in the entry's `detail`.
+_HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
+
 
 
 def single_outcome(job_id: str, outcomes: Mapping[str, tuple[Any, ...]], timeout: float) -> Any:
@@ -496,7 +493,8 @@ def single_outcome(job_id: str, outcomes: Mapping[str, tuple[Any, ...]], timeout
         raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
     outcome = outcomes[job_id]
     if outcome[0] == "failed":
-        raise JobFailed(job_id, outcome[1], outcome[2] if len(outcome) > 2 else "")
+        raise JobFailed(job_id, outcome[1], outcome[2] if len(outcome) > 2 else "",
+                        traceback=outcome[3] if len(outcome) > 3 else "")
     return outcome[1]
 
 
@@ -535,20 +533,21 @@ class QueueFlows(ProducerCore):
     """The public ``Queue``/``SyncQueue`` arguments mapped to flows, shared by both twins."""
 
     def enqueue(self, name: str, data: Any, *, delay: Any = None, delay_ms: Any = None, attempts: Any = None,
-                backoff: Any = None, job_id: str | None = None) -> Flow:
-        """Returns ``(job_id, created_at_ms)``."""
+                backoff: Any = None, job_id: str | None = None, trace: str | None = None) -> Flow:
+        """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add`."""
         job = self.prepare(name, data, delay=delay, delay_ms=delay_ms,
                            retry=build_retry_override(attempts, backoff), job_id=job_id)
-        jid = yield from (self.add_with_id(job) if job_id is not None else self.add(job))
+        jid = yield from (self.add_with_id(job, trace) if job_id is not None else self.add(job, trace))
         return jid, job.created_at_ms
 
     def enqueue_unique(self, name: str, data: Any, *, job_id: str | None, key: str | None, window_ms: int,
-                       delay: Any = None, delay_ms: Any = None, attempts: Any = None, backoff: Any = None) -> Flow:
+                       delay: Any = None, delay_ms: Any = None, attempts: Any = None, backoff: Any = None,
+                       trace: str | None = None) -> Flow:
         _positive(window_ms, "window")
         job = self.prepare(name, data, delay=delay, delay_ms=delay_ms,
                            retry=build_retry_override(attempts, backoff), job_id=job_id)
         inner = encode_data(data)
-        jid = yield from self.add_unique(job, key or job_id or unique_key_for(name, inner), window_ms)
+        jid = yield from self.add_unique(job, key or job_id or unique_key_for(name, inner), window_ms, trace)
         return jid, job.created_at_ms
 
     def enqueue_bulk(self, items: list[Mapping[str, Any]], make: Any = None) -> Flow:

@@ -28,6 +28,8 @@ __all__ = [
     "policy_to_wire",
     "policy_from_wire",
     "FIRE_ALL_LIST_CAP",
+    "catchup_fires",
+    "catchup_next",
 ]
 
 FIRE_ALL_LIST_CAP = 10_000
@@ -356,16 +358,30 @@ def _fire_all(
 ) -> tuple[list[int], int]:
     # the backlog is capped at the list cap: the windows past it would be walked only to
     # find the cursor, and either way the spec resumes at its first instant after now
-    max_catchup = min(max_catchup, FIRE_ALL_LIST_CAP)
+    fires, cursor = catchup_fires(pattern, fire_at, now, start_after, min(max_catchup, FIRE_ALL_LIST_CAP))
+    return fires, catchup_next(pattern, cursor, now, start_after)
+
+
+def catchup_fires(
+    pattern: RepeatPattern, cursor: int, now: int, start_after: int | None, n: int
+) -> tuple[list[int], int | None]:
+    """Up to ``n`` windows of a fire-all backlog from ``cursor`` (a window of the timeline)
+    up to ``now``, and the window after them (None: the pattern has no more).  Resumable:
+    the returned cursor continues the same walk, so a backlog can be planned a piece at a
+    time (the scheduler does, to bound the work between two yields of its event loop)."""
     if pattern.kind == "every" and pattern.interval_ms:
-        fires, cursor = _every_catchup(pattern.interval_ms, fire_at, now, start_after, max_catchup)
-    else:
-        fires, cursor = _walk_catchup(pattern, fire_at, now, start_after, max_catchup)
+        return _every_catchup(pattern.interval_ms, cursor, now, start_after, n)
+    return _walk_catchup(pattern, cursor, now, start_after, n)
+
+
+def catchup_next(pattern: RepeatPattern, cursor: int | None, now: int, start_after: int | None) -> int:
+    """The score a fire-all spec gets once its catch-up stopped at ``cursor``: the cursor
+    when it is past now, else (the cap was reached) the first instant after now; 0 = none."""
     if cursor is None:
-        return fires, 0
+        return 0
     if cursor > now:
-        return fires, cursor
-    return fires, first_fire_after_now(pattern, cursor, now, start_after)
+        return cursor
+    return first_fire_after_now(pattern, cursor, now, start_after)
 
 
 def _walk_catchup(

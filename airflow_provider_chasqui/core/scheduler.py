@@ -1,6 +1,7 @@
 """The scheduler's tick as a flow (sans-I/O): read the due specs, plan their fires, fire them.
 
-One tick is two round trips whatever the batch size: ``fetch_due`` (the server's clock, the
+One tick is two round trips whatever the batch size (plus one per piece of a fire-all
+backlog, below): ``fetch_due`` (the server's clock, the
 due keys with their scores and stored fields), then ``schedule_batch`` calls (every spec's
 fires and next score, each under a compare-and-set on the score read) streamed one chunk at
 a time, so the next chunk is planned while Redis fires the previous one.  "Now" is Redis'
@@ -13,6 +14,11 @@ before that spec's first write) all move that spec to the quarantine hash with t
 negative) re-anchors its spec.  The score is the fire's identity,
 together with the spec key: two schedulers leading at once, or an update that moved the
 timeline while a tick was planning, can never fire the same window twice.
+
+A fire-all backlog (up to 10,000 windows) is planned a piece at a time, at most
+``FIRE_BUDGET`` windows per chunk: each piece is fenced by rescoring its spec to the next
+unfired window, which the next piece (sent in a new stream, once that fence stands) expects,
+so no step of a tick holds the event loop for long and each window still fires once.
 
 Next fires are computed from the scheduled time, never from now (spec §15.3-15.4); specs
 that share a pattern, scheduled time, ``start_after`` and policy share one computation per
@@ -36,7 +42,7 @@ from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
 from .keys import QueueKeys
 from .cron import next_fire_after
-from .repeat import MissedFiresPolicy, RepeatPattern, StoredSpec, plan_fires
+from .repeat import FIRE_ALL_LIST_CAP, MissedFiresPolicy, RepeatPattern, StoredSpec, catchup_fires, catchup_next, plan_fires
 from .schedules import _NO_EXT, SpecExt, show_key
 from .settings import QueueSettings
 
@@ -45,6 +51,7 @@ __all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "fire_time_o
 DEFAULT_BATCH = 1000
 DEFAULT_CHUNK = 250
 FIRE_BUDGET = 1000  # a chunk also ends once it holds this many fires (fire-all catch-ups)
+_Plans = list[tuple[str, str, int, int, str]]  # (op, key, first fire, next, reason) per entry of a chunk
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
@@ -125,14 +132,48 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _plan_fires(spec: DueSpec, fire_at: int | None, now: int) -> tuple[list[int], int]:
+def _plan_fires(spec: DueSpec, fire_at: int | None, now: int) -> tuple[list[int], int] | None:
     """``plan_fires``, except that a score that is no instant re-anchors the spec at its
-    first fire after now (nothing fires for it).  Either way O(1) pattern evaluations
-    beyond the fires themselves (a fire-all backlog is capped at ``FIRE_ALL_LIST_CAP``)."""
+    first fire after now (nothing fires for it), and that a fire-all backlog of more than
+    one window is not planned here (None: ``_Catchup`` plans it a piece per chunk).  Either
+    way O(1) pattern evaluations beyond the fires themselves."""
     if fire_at is None:
         nxt = next_fire_after(spec.pattern, now, spec.start_after_ms)
         return [], 0 if nxt is None else nxt
+    if spec.missed_fires.kind == "fire-all":
+        cadence = next_fire_after(spec.pattern, fire_at, spec.start_after_ms)
+        if cadence is not None and cadence >= now:
+            return [fire_at], cadence
+        return None
     return plan_fires(spec.pattern, fire_at, now, spec.start_after_ms, spec.missed_fires)
+
+
+class _Catchup:
+    """A fire-all backlog planned a piece per chunk (at most ``FIRE_BUDGET`` windows each), so
+    no tick step plans 10,000 windows at once.  Each piece but the last rescores the spec to
+    its next unfired window: that score fences the piece (a compare-and-set, like every fire)
+    and is the one the next piece expects, so each window fires once, in order, and a tick
+    cut short leaves the rest for the next tick.  ``left``: windows still allowed this tick."""
+
+    __slots__ = ("raw_key", "key", "spec", "ext", "expected", "cursor", "left")
+
+    def __init__(self, raw_key: Any, key: str, spec: DueSpec, ext: SpecExt, expected: Any, cursor: int) -> None:
+        self.raw_key, self.key, self.spec, self.ext = raw_key, key, spec, ext
+        self.expected, self.cursor = expected, cursor
+        max_catchup = spec.missed_fires.max_catchup or 0
+        self.left = min(max_catchup, FIRE_ALL_LIST_CAP)
+
+    def piece(self, now: int, n: int) -> tuple[list[int], int, bool]:
+        """The next up to ``n`` windows, the score to write after them, and whether more
+        pieces follow (then that score is the next window, itself due)."""
+        spec = self.spec
+        fires, cursor = catchup_fires(spec.pattern, self.cursor, now, spec.start_after_ms, min(n, self.left))
+        self.left -= len(fires)
+        end = spec.end_before_ms
+        if self.left > 0 and cursor is not None and cursor <= now and (end is None or cursor <= end):
+            self.cursor = cursor
+            return fires, cursor, True
+        return fires, catchup_next(spec.pattern, cursor, now, spec.start_after_ms), False
 
 
 def _score(raw: Any) -> int:
@@ -282,32 +323,44 @@ class SchedulerCore:
         result.next_due_ms = upcoming
         if not rows:
             return result
-        cache: dict[Any, tuple[list[int], int]] = {}
-        planned: list[list[tuple[str, str, int, int, str]]] = []
+        cache: dict[Any, tuple[list[int], int] | None] = {}
+        planned: list[_Plans] = []
+        replies: list[Any] = []
+        at: list[Any] = [0, None]  # the next row, the catch-up whose next piece comes first
 
         def calls() -> Iterator[Call]:  # chunk i+1 is planned while Redis fires chunk i
-            i = 0
-            while i < len(rows):
-                call, plans, i = self._plan(rows, i, now, cache)
+            while at[0] < len(rows) or at[1] is not None:
+                call, plans, at[0], at[1] = self._plan(rows, at[0], now, cache, at[1])
                 planned.append(plans)
                 yield call
+                if at[1] is not None:
+                    return  # its next piece expects the score this chunk writes: a new stream
 
-        replies = yield Stream(calls())
+        while at[0] < len(rows) or at[1] is not None:
+            replies += yield Stream(calls())
         result.chunks = len(planned)
+        gone: set[str] = set()
         for plans, reply in zip(planned, replies):
-            self._account(result, plans, reply, now)
+            self._account(result, plans, reply, now, gone)
         return result
 
-    def _plan(self, rows: list[tuple[Any, ...]], start: int, now: int, cache: dict[Any, tuple[list[int], int]]
-              ) -> tuple[Call, list[tuple[str, str, int, int, str]], int]:
-        """One ``schedule_batch`` call for the ``fetch_due`` rows from ``start``, what each
-        entry asked, and the index of the first row left for the next chunk: a chunk ends
-        after ``chunk`` specs or ``FIRE_BUDGET`` fires (catch-ups of many windows)."""
-        k = self.keys
+    def _plan(self, rows: list[tuple[Any, ...]], start: int, now: int,
+              cache: dict[Any, tuple[list[int], int] | None], carry: _Catchup | None = None
+              ) -> tuple[Call, _Plans, int, _Catchup | None]:
+        """One ``schedule_batch`` call for the ``fetch_due`` rows from ``start`` (after the
+        next piece of ``carry``), what each entry asked, the index of the first row left for
+        the next chunk and the catch-up whose next piece opens it: a chunk ends after
+        ``chunk`` specs or ``FIRE_BUDGET`` fires (a catch-up is cut into pieces to fit)."""
         argv: list[Any] = [now, self.settings.max_stream_len, self._spec_base, 0]
         body: list[Any] = []
-        plans: list[tuple[str, str, int, int, str]] = []  # (op, key, first fire, next, reason)
+        plans: _Plans = []
         budget = FIRE_BUDGET
+        if carry is not None:
+            argv.append(carry.raw_key)
+            fires, nxt, more = carry.piece(now, budget)
+            budget -= self._catchup_entry(carry, fires, nxt, more, now, body, plans)
+            if more:
+                return self._chunk(argv, body, plans), plans, start, carry
         end_row = min(len(rows), start + self.chunk)
         i = start
         while i < end_row and budget > 0:
@@ -326,16 +379,26 @@ class SchedulerCore:
                 ext = SpecExt.decode(raw_ext) if raw_ext else _NO_EXT
                 fire_at = _fire_at(raw_score)  # a -inf or negative score re-anchors the spec
                 ck = (spec.ident, fire_at)
-                plan = cache.get(ck)
-                if plan is None:
+                if ck in cache:
+                    plan = cache[ck]
+                else:
                     self.plans_computed += 1
                     plan = cache[ck] = _plan_fires(spec, fire_at, now)
+                if plan is None:  # a fire-all backlog: its first piece (the rest in later chunks)
+                    assert fire_at is not None
+                    catchup = _Catchup(raw_key, key, spec, ext, raw_score, fire_at)
+                    piece = catchup.piece(now, budget)
             except Exception as exc:  # noqa: BLE001 - whatever a stored spec does, it is moved aside, not fired
                 if type(raw_spec) is bytes:  # unless an upsert rewrites the spec meanwhile
                     body += ("Q", raw_score, "s", raw_spec)
                 else:
                     body += ("Q", raw_score, "x", "")
                 plans.append(("Q", show_key(raw_key), 0, 0, _reason(exc)))
+                continue
+            if plan is None:
+                budget -= self._catchup_entry(catchup, *piece, now, body, plans)
+                if piece[2]:
+                    return self._chunk(argv, body, plans), plans, i, catchup
                 continue
             fires, nxt = plan
             end = spec.end_before_ms
@@ -350,19 +413,46 @@ class SchedulerCore:
             if end is not None:
                 fires = [f for f in fires if f <= end]
             budget -= len(fires)
-            body += ("F", raw_score, nxt, spec.limit or 0, end or 0, spec.job_name, len(fires))
-            for at in fires:
-                if deadline is not None and now - at > deadline:
-                    body += (at, b"")
-                else:
-                    body += (at, _fire_envelope(key, at, inner, now, retry))
+            self._fires_entry(key, spec, ext, raw_score, fires, nxt, now, body)
             plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
+        return self._chunk(argv, body, plans), plans, i, None
+
+    def _chunk(self, argv: list[Any], body: list[Any], plans: _Plans) -> Call:
+        k = self.keys
         argv[3] = len(plans)
         argv += body
-        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv), plans, i
+        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv)
 
     @staticmethod
-    def _account(result: TickResult, plans: list[tuple[str, str, int, int, str]], reply: list[Any], now: int) -> None:
+    def _fires_entry(key: str, spec: DueSpec, ext: SpecExt, expected: Any, fires: list[int], nxt: int, now: int,
+                     body: list[Any]) -> None:
+        """An 'F' entry: ``fires`` (chronological, within ``end_before``) then score ``nxt``."""
+        deadline = ext.deadline_ms
+        inner, retry = spec.payload_inner, ext.retry
+        body += ("F", expected, nxt, spec.limit or 0, spec.end_before_ms or 0, spec.job_name, len(fires))
+        for at in fires:
+            if deadline is not None and now - at > deadline:
+                body += (at, b"")
+            else:
+                body += (at, _fire_envelope(key, at, inner, now, retry))
+
+    def _catchup_entry(self, c: _Catchup, fires: list[int], nxt: int, more: bool, now: int, body: list[Any],
+                       plans: _Plans) -> int:
+        """The 'F' entry of one piece of a catch-up (op 'P' in the plans while more follow);
+        the number of fires it spends."""
+        end = c.spec.end_before_ms
+        if end is not None:
+            fires = [f for f in fires if f <= end]
+        self._fires_entry(c.key, c.spec, c.ext, c.expected, fires, nxt, now, body)
+        plans.append(("P" if more else "F", c.key, fires[0] if fires else 0, nxt, ""))
+        c.expected = nxt
+        return max(1, len(fires))
+
+    @staticmethod
+    def _account(result: TickResult, plans: _Plans, reply: list[Any], now: int, gone: set[str] | None = None) -> None:
+        """Add one chunk's reply to ``result``.  ``gone``: the catch-ups whose last piece did
+        not leave the spec in place (removed, quarantined, or its compare-and-set failed): the
+        failed compare-and-set of their next piece is no new loss."""
         fired, skipped, removed, lost = (int(x) for x in reply[:4])
         result.fired += fired
         result.skipped += skipped
@@ -371,10 +461,18 @@ class SchedulerCore:
         next_due = result.next_due_ms
         trailer = reply[4 + len(plans)] if len(reply) > 4 + len(plans) else []
         corrupt = {int(trailer[j]) - 1: str_reply(trailer[j + 1]) for j in range(0, len(trailer), 2)}
+        if gone is None:
+            gone = set()
         for i, ((op, key, first, nxt, reason), status) in enumerate(zip(plans, reply[4:])):
             status = int(status)
             if status < 0:
+                if key in gone:
+                    result.lost -= 1
+                elif op == "P":
+                    gone.add(key)
                 continue
+            if op == "P" and status & 1:
+                gone.add(key)
             if i in corrupt:  # its hash turned corrupt between the read and the fire
                 result.quarantined.append((key, f"its hash is corrupt: {corrupt[i]}"))
             elif op == "Q":
@@ -385,6 +483,6 @@ class SchedulerCore:
                 if status >= 2:
                     lag = now - first
                     result.lag_ms = lag if result.lag_ms is None else max(result.lag_ms, lag)
-                if not status & 1 and nxt > 0:
+                if op == "F" and not status & 1 and nxt > 0:
                     next_due = nxt if next_due is None else min(next_due, nxt)
         result.next_due_ms = next_due

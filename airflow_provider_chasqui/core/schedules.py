@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 import msgpack
 
 from ..errors import CodecError, ConfigError
-from ..types import BackoffSpec, build_retry_override
+from .backoff import BackoffSpec, build_retry_override
 from .calls import Call, Flow, Stream, command, int_reply, script_call, str_reply
 from .codec import (
     Envelope,

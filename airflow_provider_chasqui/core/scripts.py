@@ -1,5 +1,5 @@
 """The Lua scripts, loaded once from ``lua/*.lua`` with their SHA1s, and the same scripts as
-one Redis Functions library (``LIBRARY``).
+one Redis Functions library (``LIBRARY``).  Both are read on first use (PEP 562), not at import.
 
 The wheel ships ``lua/`` as ``airflow_provider_chasqui/lua``; a source checkout reads the
 top-level ``lua/`` folder.  Scripts are identified by file stem (``SCRIPTS["promote"]``).
@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["Script", "Library", "SCRIPTS", "LIBRARY", "LIBRARY_PREFIX", "lua_dir", "build_library"]
 
@@ -106,4 +107,15 @@ def _load() -> tuple[dict[str, Script], Library]:
     return scripts, library
 
 
-SCRIPTS, LIBRARY = _load()
+if TYPE_CHECKING:
+    SCRIPTS: dict[str, Script]
+    LIBRARY: Library
+
+
+def __getattr__(name: str) -> Any:
+    """``SCRIPTS`` and ``LIBRARY``, read from disk the first time either is used."""
+    if name in ("SCRIPTS", "LIBRARY"):
+        scripts, library = _load()
+        globals().update(SCRIPTS=scripts, LIBRARY=library)  # later lookups are plain reads
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

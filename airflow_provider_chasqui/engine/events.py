@@ -1,5 +1,8 @@
 """``QueueEvents``: follow ``{chasqui:<q>}:events`` with plain XREAD (no consumer group).
 
+Its reads are the event hub's (``core/event_hub.py``: the pinned start and the XREAD), so
+the two followers of the stream cannot drift apart.
+
 Compatible with chasquimq's ``QueueEvents`` (``async for ev in QueueEvents(q)``); the cursor
 is kept in the object, starting at ``$`` (only new events) unless told otherwise.
 """
@@ -10,7 +13,8 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator
 
-from ..core.calls import command, str_reply
+from ..core.calls import str_reply
+from ..core.event_hub import pin_call, pinned, read_call
 from ..core.keys import QueueKeys
 from ..core.producer import parse_fields
 from ..core.urls import read_timeout
@@ -51,8 +55,7 @@ class QueueEvents:
 
     async def _resolve_start(self) -> None:
         if self.last_event_id == "$":  # pin "$" to a concrete id so no event slips between reads
-            last = await self._driver.call(command("XREVRANGE", self.keys.events, "+", "-", "COUNT", 1))
-            self.last_event_id = str_reply(last[0][0]) if last else "0-0"
+            self.last_event_id = pinned(await self._driver.call(pin_call(self.keys)))
 
     def __aiter__(self) -> AsyncIterator[QueueEvent]:
         return self._iterate()
@@ -61,8 +64,7 @@ class QueueEvents:
         await self._resolve_start()
         while not self._closed:
             try:
-                rows = await self._driver.call(command(
-                    "XREAD", "COUNT", self.count, "BLOCK", self.block_ms, "STREAMS", self.keys.events, self.last_event_id))
+                rows = await self._driver.call(read_call(self.keys, self.last_event_id, self.count, self.block_ms))
             except TRANSIENT as exc:
                 log.warning("events of %s: Redis unavailable (%s); retrying", self.name, exc)
                 await asyncio.sleep(0.5)

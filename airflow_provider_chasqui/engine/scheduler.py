@@ -3,13 +3,14 @@
 Runs embedded in every ``Worker`` (``run_scheduler=True``) and standalone for producer-only
 deployments::
 
-    python -m airflow_provider_chasqui.engine.scheduler --queue emails --redis-url redis://host:6379 --promoter
-    python -m airflow_provider_chasqui.engine.scheduler --queue emails --shards 8 --redis-url 'redis://host:7000?cluster=true'
+    chasqui scheduler --queue emails --promoter        # Redis from $CHASQUI_REDIS_URL or --redis-url
+    chasqui scheduler --queue emails --shards 8 --redis-url 'redis://host:7000?cluster=true'
+    chasqui promoter --queue emails
 
 The lock ``{chasqui:<q>}:scheduler:lock`` (holder ``s-<uuid>``, TTL 5 s) is renewed every loop,
 so a dead leader is replaced within the TTL plus one tick.  Each tick fires up to ``batch``
 due specs in two round trips (one read script, then the firing scripts streamed a chunk at a
-time; see ``core/scheduler.py``); every fire is a compare-and-set on the spec's score, so
+time; a fire-all backlog adds one per 1,000 windows; see ``core/scheduler.py``); every fire is a compare-and-set on the spec's score, so
 even two leaders at once cannot fire a window twice.  "Now" is the server's TIME, read once
 per tick.  Between chunks the tick yields the event loop (a chunk is planned while Redis
 fires the one before), so a big tick never stalls the worker it is embedded in.  Between
@@ -19,10 +20,8 @@ by milliseconds rather than by up to a tick.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import signal
 import sys
 from typing import Any, Callable, Sequence
 
@@ -133,8 +132,9 @@ class Scheduler(LeaderLoop):
 
 async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bool = True, promoter: bool = False,
                          tick_ms: int = 1000, poll_ms: int = 100, settings: QueueSettings | None = None,
-                         stop: asyncio.Event | None = None) -> None:
-    """Run a scheduler (and optionally a promoter) for each queue until ``stop`` is set."""
+                         stop: asyncio.Event | None = None) -> list[LeaderLoop]:
+    """Run a scheduler (and optionally a promoter) for each queue until ``stop`` is set;
+    returns the loops (their counters: ``fired_total``, ``promoted_total``)."""
     from .promoter import Promoter  # noqa: PLC0415 - only the standalone path needs it
 
     driver = AsyncDriver(redis_url)
@@ -155,42 +155,14 @@ async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bo
             lp.stop()
         await asyncio.gather(*tasks, return_exceptions=True)
         await driver.close()
-
-
-def _queues(args: argparse.Namespace) -> list[str]:
-    if args.shards is None:
-        return list(args.queue)
-    from ..core.sharding import shard_queue_names  # noqa: PLC0415
-
-    return [s for q in args.queue for s in shard_queue_names(q, args.shards)]
+    return loops
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m airflow_provider_chasqui.engine.scheduler",
-                                     description="Standalone scheduler (and promoter) for producer-only deployments.")
-    parser.add_argument("--queue", action="append", required=True, help="queue name (repeat for several)")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="append ?cluster=true for Redis Cluster")
-    parser.add_argument("--shards", type=int, default=None, help="serve the shards <queue>.0 .. <queue>.N-1")
-    parser.add_argument("--promoter", action="store_true", help="also promote delayed jobs")
-    parser.add_argument("--no-scheduler", action="store_true", help="promoter only")
-    parser.add_argument("--tick-ms", type=int, default=1000)
-    parser.add_argument("--poll-ms", type=int, default=100)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    if args.no_scheduler and not args.promoter:
-        parser.error("--no-scheduler needs --promoter")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Deprecated entry (``python -m``, which prints a runpy warning): ``chasqui scheduler``."""
+    from ..ops.standalone import main as standalone_main  # noqa: PLC0415
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await run_standalone(_queues(args), args.redis_url, scheduler=not args.no_scheduler, promoter=args.promoter,
-                             tick_ms=args.tick_ms, poll_ms=args.poll_ms, stop=stop)
-
-    asyncio.run(run())
-    return 0
+    return standalone_main(argv)
 
 
 if __name__ == "__main__":

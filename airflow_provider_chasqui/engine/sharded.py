@@ -4,7 +4,7 @@
 ``core/sharding.py``) and hides the shards: upsert, get, list, pause, resume, trigger and
 remove take the same arguments as on ``Queue``.  ``ShardedWorker`` runs one ``Worker`` per
 shard in one process (each with its embedded promoter and scheduler), so a fleet of them
-serves every shard; ``python -m airflow_provider_chasqui.engine.scheduler --shards N`` is
+serves every shard; ``chasqui scheduler --shards N`` is
 the standalone scheduler of a sharded set.  With a ``?cluster=true`` URL each shard's keys
 live on whichever Redis Cluster node owns that shard's hash slot.
 

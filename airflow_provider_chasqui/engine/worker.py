@@ -12,9 +12,13 @@ to 256 at a time or every 5 ms with one script call that also writes ``completed
 and results (``lua/complete_batch.lua``).
 Failures are buffered the same way: the flusher writes them up to ``ack_batch`` per script
 call (``lua/fail_batch.lua``: per entry, the ack plus the retry via the delayed set or the
-DLQ move, in the same script, so a job is never acked without being re-published).  Their
-log is one WARNING per flushed batch, with each job's error at DEBUG.  The embedded
-promoter and scheduler are leader-locked loops of their own.
+DLQ move, in the same script, so a job is never acked without being re-published).  Each
+failed job is logged once at WARNING with its traceback (formatted on failure only: always for
+a dead-lettered job, whose DLQ entry and failure record keep it, and for a retried attempt only
+when it is logged, so a retry storm formats nothing past the budget), at most ``fail_log_burst`` per
+``fail_log_window_secs``: beyond that they are counted and one line reports how many were
+not logged, so a failure storm cannot flood the log.  The embedded promoter and scheduler
+are leader-locked loops of their own.
 
 Nothing is acknowledged before its handler finished, so a crash or a lost connection only
 ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease: a
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
@@ -47,13 +52,14 @@ from typing import Any, Awaitable, Callable, Mapping
 import msgpack
 from redis import exceptions as rexc
 
-from ..core.calls import int_reply
+from ..core.calls import command, int_reply
 from ..core.codec import now_ms
-from ..core.consumer import ROUTING_FAILED, ConsumerCore, Delivery, Rejected
+from ..core.consumer import ROUTING_FAILED, ConsumerCore, Delivery, Rejected, handler_traceback
 from ..core.features import Features
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import with_tls
+from .. import tracing as _tracing
 from ..errors import ConfigError, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
@@ -82,11 +88,43 @@ class _TaskHealth:
     done: int = 0  # tasks of this role that returned
 
 
+DEFAULT_CONCURRENCY = 100  # chasquimq's Worker default
+
+
+class LogBudget:
+    """At most ``burst`` records per ``window`` seconds (fixed windows); the rest are counted,
+    and the count of a window is handed back once, when the next window starts (or to
+    :meth:`take_suppressed` at shutdown), for one "K not logged" line."""
+
+    def __init__(self, burst: int, window: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.window, self._clock = burst, window, clock
+        self._start = clock()
+        self._used = 0
+        self._suppressed = 0
+
+    def take(self) -> tuple[bool, int]:
+        """``(may log this record, records suppressed in the window that just ended)``."""
+        now = self._clock()
+        ended = 0
+        if now - self._start >= self.window:
+            ended = self.take_suppressed()
+            self._start, self._used = now, 0
+        if self._used < self.burst:
+            self._used += 1
+            return True, ended
+        self._suppressed += 1
+        return False, ended
+
+    def take_suppressed(self) -> int:
+        count, self._suppressed = self._suppressed, 0
+        return count
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSettings:
     """Every worker knob, validated once.  Defaults follow chasquimq's Python ``Worker``."""
 
-    concurrency: int = 100
+    concurrency: int = DEFAULT_CONCURRENCY
     max_attempts: int = 25
     group: str = "default"
     consumer_id: str | None = None
@@ -107,12 +145,14 @@ class WorkerSettings:
     sync_threads: int | None = None
     max_jobs: int | None = None
     idle_exit_secs: float | None = None
+    fail_log_burst: int = 20
+    fail_log_window_secs: float = 60.0
     retry: RetryPolicy = RetryPolicy()
     queue: QueueSettings = QueueSettings()
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "read_block_ms", "read_count", "claim_min_idle_ms", "ack_batch",
-                     "scheduler_tick_ms", "promoter_poll_ms", "result_ttl_ms", "failure_ttl_ms"):
+                     "scheduler_tick_ms", "promoter_poll_ms", "result_ttl_ms", "failure_ttl_ms", "fail_log_burst"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
@@ -120,6 +160,9 @@ class WorkerSettings:
             raise ConfigError(f"max_attempts must be a non-negative int, got {self.max_attempts!r}")
         if self.max_jobs is not None and self.max_jobs <= 0:
             raise ConfigError("max_jobs must be positive")
+        w = self.fail_log_window_secs
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
+            raise ConfigError(f"fail_log_window_secs must be a positive number of seconds, got {w!r}")
 
 
 def _resolve_handler(handler: Any) -> Callable[[Job], Any]:
@@ -158,8 +201,12 @@ class Worker:
     def __init__(self, queue_name: str, handler: Any, *, redis_url: str = "redis://127.0.0.1:6379",
                  tls: bool = False, settings: WorkerSettings | None = None, fast_paths: bool | None = None,
                  metrics: Any = None, install_signal_handlers: bool = False,
-                 **options: Any) -> None:
+                 concurrency: int = DEFAULT_CONCURRENCY, tracing: bool | None = None, **options: Any) -> None:
         self._handler = _resolve_handler(handler)
+        if settings is None or concurrency != DEFAULT_CONCURRENCY:
+            # chasquimq's signature (default 100, visible to inspect); a given ``settings`` keeps
+            # its own concurrency unless this argument is passed with another value
+            options["concurrency"] = concurrency
         settings = settings or WorkerSettings()
         self.settings = replace(settings, **_options_to_fields(options))
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
@@ -175,6 +222,9 @@ class Worker:
             result_ttl_ms=s.result_ttl_ms if s.store_results else 0,
             failure_ttl_ms=s.failure_ttl_ms if s.store_results else 0,
         )
+        # OpenTelemetry: a CONSUMER span per attempt when tracing=True (or CHASQUI_OTEL=1) and the
+        # API imports; None otherwise, and the slots then never touch it
+        self._tracer = _tracing.tracer(tracing)
         self.processed = 0
         self._running = False
         self._closed = False
@@ -290,7 +340,8 @@ class Worker:
         self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
         self._done_rows: list[tuple[Any, ...]] = []
         self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
-        self._fail_info: list[tuple[Any, ...]] = []  # (job_id, name, attempt, exc, outcome, delay)
+        self._fail_info: list[tuple[Any, ...]] = []  # (job_id, name, attempt, outcome, delay, traceback or exc)
+        self._fail_log = LogBudget(s.fail_log_burst, s.fail_log_window_secs)
         self._acking = 0  # entries of _inflight whose handler finished and whose ack is not yet done
         self._async_fns: dict[Any, bool] = {}
         self._flush_wanted = asyncio.Event()
@@ -347,6 +398,9 @@ class Worker:
         leaser.cancel()  # the leases were renewed until the last ack was written
         await asyncio.gather(leaser, *(t for _lp, t in background), return_exceptions=True)
         await self._leave_group()
+        suppressed = self._fail_log.take_suppressed()
+        if suppressed:
+            self._log_suppressed(suppressed)
         self._executor.shutdown(wait=False, cancel_futures=True)
         await self._reader_client.aclose()
         await self.driver.close()
@@ -380,7 +434,20 @@ class Worker:
                 await asyncio.sleep(delay)
 
     # ---- supervision ------------------------------------------------------------------
+    def _metric(self, method: str, *args: Any) -> None:
+        """Call an optional method of the metrics sink (a sink written for an older worker may
+        lack it); metrics never decide anything, so a failing sink is only logged."""
+        fn = getattr(self.metrics, method, None) if self.metrics is not None else None
+        if fn is None:
+            return
+        try:
+            fn(self.name, *args)
+        except Exception:  # noqa: BLE001
+            log.exception("worker %s: metrics failed", self.consumer_id)
+
     def _supervised(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
+        if role not in self._health:
+            self._metric("task_restarted", role, 0)  # the series exists, at 0, before a first restart
         self._health.setdefault(role, _TaskHealth())
         return asyncio.create_task(self._supervise(role, fn), name=name or f"chasqui-{role}")
 
@@ -402,6 +469,7 @@ class Worker:
                 streak = streak + 1 if now - h.failed_at < 60 else 1
                 h.restarts += 1
                 h.failed_at = now
+                self._metric("task_restarted", role, 1)
                 h.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 delay = min(0.05 * 2 ** min(streak, 7), 5.0)
                 log.error("worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay,
@@ -434,6 +502,8 @@ class Worker:
         for i in range(0, len(ids), 1000):
             lost += await self.driver.call(self.core.renew_lease(ids[i:i + 1000])) or []
         self._renewed_at = started
+        if ids:
+            self._metric("lease_renewed", len(ids) - len(lost) // 2)
         if lost:
             self._lease_lost({lost[i]: lost[i + 1] for i in range(0, len(lost) - 1, 2)})
 
@@ -445,6 +515,7 @@ class Worker:
         lost = {eid: owner for eid, owner in lost.items() if eid in self._inflight and eid not in self._lost}
         if not lost:
             return
+        self._metric("lease_lost", len(lost))
         self._lost.update(lost)
         queued = [dl for dl in self._deque if dl.entry_id in lost]
         if queued:
@@ -660,9 +731,13 @@ class Worker:
 
     async def _reject(self, rejected: list[Rejected]) -> None:
         """Dead-letter what the arrival gate refused, in one script call (entries never admitted)."""
-        for r in rejected:
-            log.error("worker %s: entry %s of %s dead-lettered: %s %s", self.consumer_id, r.entry_id, self.name,
-                      r.reason, r.detail)
+        for r in rejected:  # within the failure log's budget: a flood of foreign entries is counted, not logged
+            ok, suppressed = self._fail_log.take()
+            if suppressed:
+                self._log_suppressed(suppressed)
+            if ok:
+                log.error("worker %s: entry %s of %s dead-lettered: %s %s", self.consumer_id, r.entry_id, self.name,
+                          r.reason, r.detail, extra={"queue": self.name, "job_id": r.job_id or None})
         rows = [self.core.reject_row(r) for r in rejected]
         await self._with_retry(lambda: self.driver.call(self.core.fail(rows, self._features, now_ms())))
         if self.metrics is not None:
@@ -694,13 +769,18 @@ class Worker:
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
         me = asyncio.current_task()
+        tracer = self._tracer
+        span = token = None
         while True:
             debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
             while queue:
                 dl = queue.popleft()
                 env = dl.envelope
                 if debug:
-                    log.debug("job %s %s attempt %d started", env.id, dl.name, env.attempt + 1)
+                    log.debug("job %s %s attempt %d started", env.id, dl.name, env.attempt + 1,
+                              extra={"queue": name, "job_id": env.id, "job_name": dl.name, "attempt": env.attempt + 1})
+                if tracer is not None:
+                    span, token = await self._start_span(tracer, dl)
                 start = clock()
                 try:  # everything that can raise before the outcome is buffered is in here
                     job = new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
@@ -717,19 +797,27 @@ class Worker:
                         # our own cancellation (the shutdown deadline): the entry stays pending, unrenewed,
                         # and is reclaimed after claim_min_idle_ms.  A handler's own CancelledError is a failure.
                         self._release(dl.entry_id)
+                        if span is not None and tracer is not None:
+                            tracer.end_consume(span, token, "cancelled")
                         raise
-                    self._failed(dl, exc, (clock() - start) // 1000)
+                    outcome = self._failed(dl, exc, (clock() - start) // 1000)
+                    if span is not None and tracer is not None:
+                        await self._end_failed_span(tracer, span, token, dl, outcome, exc)
                     continue
                 if store:
                     try:
                         encoded = _packb(result)
                     except Exception as exc:  # noqa: BLE001 - the handler ran: never run it again for this
-                        self._failed(dl, UnrecoverableError(f"handler result cannot be stored: {exc!r}"),
-                                     (clock() - start) // 1000)
+                        err = UnrecoverableError(f"handler result cannot be stored: {exc!r}")
+                        outcome = self._failed(dl, err, (clock() - start) // 1000)
+                        if span is not None and tracer is not None:
+                            await self._end_failed_span(tracer, span, token, dl, outcome, err)
                         continue
                 else:
                     encoded = b""
                 duration_us = (clock() - start) // 1000
+                if span is not None and tracer is not None:
+                    tracer.end_consume(span, token, "completed")
                 rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
                 self._acking += 1
                 if len(rows) == 1 or len(rows) >= ack_batch:
@@ -749,16 +837,53 @@ class Worker:
             idle.append(fut)
             await fut
 
+    async def _start_span(self, tracer: "_tracing.Tracer", dl: Delivery) -> tuple[Any, Any]:
+        """The CONSUMER span of one attempt.  A retried attempt (no ``tp`` field: it came back
+        through the delayed set) finds its producer's context and the failed attempt's span in
+        the side key the worker wrote when it scheduled the retry (one GET, tracing on only)."""
+        env, parent, previous = dl.envelope, dl.trace, None
+        if not parent and env.attempt > 0:
+            try:
+                saved = await self.driver.call(command("GET", _trace_key(self.core, env.id)))
+            except Exception:  # noqa: BLE001 - tracing never decides a job's fate
+                saved = None
+            if isinstance(saved, bytes):
+                parent, _, previous = saved.partition(b" ")
+                dl.trace = parent  # a further retry keeps it too
+        try:
+            return tracer.start_consume(self.name, env.id, dl.name, env.attempt + 1, parent, previous)
+        except Exception:  # noqa: BLE001
+            log.exception("worker %s: starting a span failed", self.consumer_id)
+            return None, None
+
+    async def _end_failed_span(self, tracer: "_tracing.Tracer", span: Any, token: Any, dl: Delivery, outcome: str,
+                               exc: BaseException) -> None:
+        """End a failed attempt's span; on a retry, keep the trace for the next attempt (expires
+        after ``TRACE_KEY_TTL_MS``: a longer backoff starts a new trace)."""
+        if outcome == "retry":
+            parent = dl.trace
+            this = tracer.traceparent(tracer.api.trace.set_span_in_context(span))
+            if parent and this:
+                try:
+                    await self.driver.call(command("SET", _trace_key(self.core, dl.envelope.id),
+                                                   parent + b" " + this.encode(), "PX", _tracing.TRACE_KEY_TTL_MS))
+                except Exception:  # noqa: BLE001 - tracing never decides a job's fate
+                    log.debug("worker %s: could not keep the trace of job %s", self.consumer_id, dl.envelope.id)
+        tracer.end_consume(span, token, outcome, exc)
+
     async def _call(self, fn: Callable[[Job], Any], job: Job) -> Any:
         if _is_async(fn):
             return await fn(job)
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, fn, job)
+        if self._tracer is not None:  # the executor thread sees the job's span as current
+            result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, fn, job)
+        else:
+            result = await loop.run_in_executor(self._executor, fn, job)
         if inspect.isawaitable(result):
             result = await result
         return result
 
-    def _failed(self, dl: Delivery, exc: BaseException, duration_us: int) -> None:
+    def _failed(self, dl: Delivery, exc: BaseException, duration_us: int) -> str:
         """Buffer a failure for the flusher (like a success row); the entry stays in flight,
         pending in Redis, until the batch that retries or dead-letters it is written.
 
@@ -773,11 +898,10 @@ class Worker:
             log.error("worker %s: routing the failure of entry %s raised %r; dead-lettered as %s", self.consumer_id,
                       dl.entry_id, err, ROUTING_FAILED)
             row, outcome, delay = self.core.routing_failed_row(dl, exc, err, duration_us), ROUTING_FAILED, 0
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("job %s %s attempt %d failed (%r): %s", env.id, dl.name, env.attempt + 1, exc,
-                      outcome if outcome != "retry" else f"retry in {delay} ms")
         self._fail_rows.append(row)
-        self._fail_info.append((env.id, dl.name, env.attempt + 1, exc, outcome, delay))
+        # a dead-lettered row carries its formatted traceback; a retried one is formatted (~0.1-1 ms)
+        # only if the log budget lets it be logged, so a retry storm costs no formatting
+        self._fail_info.append((env.id, dl.name, env.attempt + 1, outcome, delay, row[11] if row[0] == "d" else exc))
         self._acking += 1
         if len(self._fail_rows) == 1 or len(self._fail_rows) >= self.settings.ack_batch:
             self._flush_wanted.set()
@@ -791,6 +915,7 @@ class Worker:
             except Exception:  # noqa: BLE001 - metrics never decide a job's fate
                 log.exception("worker %s: metrics failed", self.consumer_id)
         self._count_processed()
+        return outcome
 
     def _release(self, entry_id: bytes) -> None:
         self._inflight.discard(entry_id)
@@ -811,6 +936,7 @@ class Worker:
         """Batch acks: up to ``ack_batch`` rows or ``ack_idle_ms`` after the first one."""
         assert self._stopping is not None
         s = self.settings
+        lease_check = s.claim_min_idle_ms / 2000  # see _check_lease
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
@@ -819,7 +945,8 @@ class Worker:
             if len(self._done_rows) < s.ack_batch and len(self._fail_rows) < s.ack_batch and not self._final_flush \
                     and (self._deque or len(self._inflight) > self._acking):
                 await asyncio.sleep(s.ack_idle_ms / 1000)
-            await self._check_lease()
+            if self._inflight and time.monotonic() - self._renewed_at > lease_check:  # inline: once per flush
+                await self._check_lease()
             while self._fail_rows:
                 await self._flush_failures()
             while self._done_rows:
@@ -874,22 +1001,47 @@ class Worker:
         self._release(rows[0][1])  # already discarded: this only wakes a reader waiting for room
         if self._lost:
             self._forget_lost(rows, 1)
-        retried = sum(1 for row in rows if row[0] == "r")
-        job_id, name, attempt, exc, outcome, delay = info[0]
-        log.warning("worker %s: %d jobs failed (%d retried, %d dead-lettered); first: job %s %s attempt %d "
-                    "failed (%r): %s", self.consumer_id, len(rows), retried, len(rows) - retried, job_id, name,
-                    attempt, exc, outcome if outcome != "retry" else f"retry in {delay} ms")
+        self._log_failures(rows, info)
+
+    def _log_failures(self, rows: list[tuple[Any, ...]], info: list[tuple[Any, ...]]) -> None:
+        """One WARNING per failed job, with its traceback, within the log budget (see the
+        module docstring); the records carry ``queue``, ``job_id``, ``job_name`` and
+        ``attempt`` for structured log formats."""
+        budget = self._fail_log
+        for row, (job_id, name, attempt, outcome, delay, tb) in zip(rows, info):
+            ok, suppressed = budget.take()
+            if suppressed:
+                self._log_suppressed(suppressed)
+            if not ok:
+                continue
+            if not isinstance(tb, str):  # a retried attempt's exception, formatted now that it is logged
+                tb = handler_traceback(tb)
+            then = f"retry in {delay} ms" if outcome == "retry" else f"dead-lettered ({outcome})"
+            log.warning("worker %s: job %s %s attempt %d failed: %s; %s%s", self.consumer_id, job_id, name, attempt,
+                        row[5], then, "\n" + tb.rstrip("\n") if tb else "",
+                        extra={"queue": self.name, "job_id": job_id, "job_name": name, "attempt": attempt})
+
+    def _log_suppressed(self, count: int) -> None:
+        s = self.settings
+        log.warning("worker %s: %d more failed jobs or refused entries not logged (at most %d per %gs)",
+                    self.consumer_id, count,
+                    s.fail_log_burst, s.fail_log_window_secs, extra={"queue": self.name})
 
 
 _OPTION_FIELDS = {
     "concurrency", "max_attempts", "group", "consumer_id", "read_block_ms", "read_count", "claim_min_idle_ms",
     "events_enabled", "delayed_enabled", "run_scheduler", "scheduler_tick_ms", "promoter_poll_ms", "store_results",
     "result_ttl_ms", "failure_ttl_ms", "ack_batch", "ack_idle_ms", "shutdown_deadline_secs", "sync_threads",
-    "max_jobs", "idle_exit_secs", "retry",
+    "max_jobs", "idle_exit_secs", "fail_log_burst", "fail_log_window_secs", "retry",
 }
 _QUEUE_FIELDS = {"max_payload_bytes": "max_payload_bytes", "dlq_max_stream_len": "dlq_max_len",
                  "max_stream_len": "max_stream_len", "events_max_stream_len": "events_max_len",
                  "results_max_len": "results_max_len", "failures_max_len": "failures_max_len"}
+
+
+def _trace_key(core: ConsumerCore, job_id: str) -> str:
+    """The side key that carries a retried job's trace context (see ``tracing``)."""
+    return core.keys.prefix + ":trace:" + job_id
 
 
 def _options_to_fields(options: dict[str, Any]) -> dict[str, Any]:

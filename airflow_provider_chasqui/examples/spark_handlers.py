@@ -2,11 +2,14 @@
 
 Run them with the Spark worker::
 
-    CHASQUI_REDIS_URL=redis://... spark-submit --master local[2] \\
+    CHASQUI_REDIS_URL=redis://... SPARK_LOCAL_IP=127.0.0.1 spark-submit --master local[2] \\
         "$(python -c 'import airflow_provider_chasqui.worker.spark as m; print(m.__file__)')" \\
         --queue spark --handlers airflow_provider_chasqui.examples.spark_handlers
 
-(the URL from the environment or ``--conn-id``, never a spark-submit argument: argv is public).
+(the URL from the environment or ``--conn-id``, never a spark-submit argument: argv is public;
+``SPARK_LOCAL_IP=127.0.0.1`` keeps a local try's driver on loopback, leave it out on a cluster).
+The worker runs each handler thread's Spark jobs in its own FAIR pool (declared in the shipped
+``worker/fairscheduler.xml``) and logs Spark at WARN unless ``spark.log.level`` is set.
 
 ``sales_rollup`` reads a sales CSV (as written by :func:`generate_sales_csv`), aggregates it
 per day and region into a Parquet rollup and returns ``{"rows", "input_rows", "revenue",

@@ -1,16 +1,24 @@
 """Helpers shared by the Chasqui operators and sensor: the deferrable default, durations,
-and turning a ``ChasquiJobTrigger`` event (or a poke's outcomes) into a result or an error.
+turning a ``ChasquiJobTrigger`` event (or a poke's outcomes) into a result or an error, and
+the task-log line that says what a wait found.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Mapping
 
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-__all__ = ["default_deferrable", "as_seconds", "as_datetime", "result_from_event", "failure_message"]
+from ..core.outcomes import end_attempts, outcome_line
+from ..errors import ChasquiError
+from ..hooks.chasqui import ChasquiHook
+from ..sync.queue import SyncQueue
+
+__all__ = ["default_deferrable", "as_seconds", "as_datetime", "result_from_event", "failure_message",
+           "waited_seconds", "log_outcome", "log_resumed"]
 
 def default_deferrable() -> bool:
     """Whether a Chasqui wait defers when its ``deferrable`` argument is not given.
@@ -55,9 +63,11 @@ def as_datetime(value: datetime | str | None, what: str) -> datetime | None:
 
 
 def failure_message(event: dict[str, Any]) -> str:
-    detail = event.get("detail")
+    """The error of a failed job, with the handler's traceback (from the worker) when known."""
+    detail, tb = event.get("detail"), event.get("traceback")
     return (f"Chasqui job {event.get('job_id')} on queue {event.get('queue')} failed: {event.get('reason')}"
-            + (f" ({detail})" if detail else ""))
+            + (f" ({detail})" if detail else "")
+            + (f"\nhandler traceback (from the Chasqui worker):\n{tb.rstrip()}" if tb else ""))
 
 
 def result_from_event(event: dict[str, Any] | None, job_ids: list[str] | None, single: bool) -> Any:
@@ -80,3 +90,67 @@ def result_from_event(event: dict[str, Any] | None, job_ids: list[str] | None, s
         pending = event["pending"]  # type: ignore[index]
         raise AirflowException(f"Chasqui job(s) still running at the deadline: {pending}")
     raise AirflowException(f"unexpected ChasquiJobTrigger event: {event!r}")
+
+
+def waited_seconds(context: Any, started: float | None = None) -> float | None:
+    """How long the task waited: since ``started`` (``time.monotonic()`` in this process), or,
+    resumed after a deferral, since the task instance started (kept across the deferral)."""
+    if started is not None:
+        return time.monotonic() - started
+    ti = context.get("ti") if isinstance(context, Mapping) else None
+    start = getattr(ti, "start_date", None)
+    if isinstance(start, datetime):
+        start = start if start.tzinfo else start.replace(tzinfo=timezone.utc)
+        return max(0.0, (datetime.now(timezone.utc) - start).total_seconds())
+    return None
+
+
+def log_outcome(log: Any, queue: SyncQueue | None, event: dict[str, Any] | None, job_ids: list[str] | None,
+                waited: float | None, queue_name: str | None = None) -> None:
+    """Log what a wait found: the jobs, their queue, the state, the attempts they ended on, the
+    result (cut to a size) or the failure reason, and how long the task waited.
+
+    The attempts are a best-effort read of the newest events through ``queue``: without one, or
+    on a Redis error, they show as "unknown" rather than failing a task whose outcome is known.
+    """
+    event = event or {}
+    status = event.get("status")
+    name = event.get("queue") or (queue.name if queue is not None else queue_name) or "(connection default)"
+    if status == "success":
+        results = event.get("results") or {}
+        ids = list(results) if job_ids is None else job_ids
+        log.info("%s", outcome_line(name, ids, "completed", attempts=_attempts(queue, ids), waited=waited,
+                                    results=results))
+    elif status == "error":
+        ids = [str(event.get("job_id"))]
+        detail = event.get("detail")
+        reason = f"{event.get('reason')}" + (f" ({detail})" if detail else "")
+        log.warning("%s", outcome_line(name, ids, "failed", attempts=_attempts(queue, ids), waited=waited,
+                                       reason=reason))
+    elif status == "timeout":
+        log.warning("%s", outcome_line(name, list(event.get("pending") or []), "still running at the deadline",
+                                       waited=waited))
+
+
+def log_resumed(log: Any, conn_id: str, queue_name: str | None, event: dict[str, Any] | None,
+                job_ids: list[str] | None, context: Any) -> None:
+    """:func:`log_outcome` after a deferral, with a queue opened for the attempts when it can be."""
+    name = (event or {}).get("queue") or queue_name
+    try:
+        queue: SyncQueue | None = ChasquiHook(conn_id).get_queue(name)
+    except (ChasquiError, AirflowException):  # no connection (any more): log without the attempts
+        queue = None
+    try:
+        log_outcome(log, queue, event, job_ids, waited_seconds(context), name)
+    finally:
+        if queue is not None:
+            queue.close()
+
+
+def _attempts(queue: SyncQueue | None, ids: list[str]) -> dict[str, int]:
+    if queue is None:
+        return {}
+    try:
+        return queue.driver.run(end_attempts(queue.keys, ids))
+    except ChasquiError:
+        return {}

@@ -8,11 +8,21 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from airflow.sdk import BaseOperator
 
+from .. import tracing
 from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
 from ..triggers.job import ChasquiJobTrigger, first_error
 from ..types import BackoffSpec, Job, build_retry_override
-from ._common import as_datetime, as_seconds, default_deferrable, result_from_event
+from ._common import (
+    as_datetime,
+    as_seconds,
+    default_deferrable,
+    log_outcome,
+    log_resumed,
+    result_from_event,
+    waited_seconds,
+)
+from .links import ChasquiJobLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -59,6 +69,7 @@ class ChasquiEnqueueOperator(BaseOperator):
                                       "unique_key")
     template_fields_renderers = {"data": "json"}
     ui_color = "#f4d35e"
+    operator_extra_links = (ChasquiJobLink(),)
 
     def __init__(self, *, job_name: str, data: Any = None, queue_name: str | None = None,
                  chasqui_conn_id: str = ChasquiHook.default_conn_name, delay: timedelta | float | None = None,
@@ -108,13 +119,21 @@ class ChasquiEnqueueOperator(BaseOperator):
         return queue.add(self.job_name, self.data, job_id=self.job_id or None, **common)
 
     def execute(self, context: Context) -> Any:
+        # OpenTelemetry (CHASQUI_OTEL=1): the add happens within the task's span; a deferral carries it on
+        with tracing.airflow_task_span(context) as traceparent:
+            return self._execute(context, traceparent)
+
+    def _execute(self, context: Context, traceparent: str | None) -> Any:
         hook = ChasquiHook(self.chasqui_conn_id)
         with hook.get_queue(self.queue_name) as queue:
             job = self._enqueue(queue)
             queue_name = queue.name
         self._job_id = job.id
-        self.log.info("queue %s: enqueued job %s (%s)", queue_name, job.id, self.job_name)
+        self.log.info("queue %s: enqueued job %s (%s)%s%s", queue_name, job.id, self.job_name, self._when_text(),
+                      "; waiting for its result" if self.wait_for_result else "")
         context["ti"].xcom_push(key="job_id", value=job.id)
+        if traceparent:  # a sensor waiting on this job continues this trace
+            context["ti"].xcom_push(key=tracing.TRACE_XCOM_KEY, value=traceparent)
         if not self.wait_for_result:
             return job.id
         deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
@@ -122,21 +141,30 @@ class ChasquiEnqueueOperator(BaseOperator):
             return self._wait_blocking(hook, queue_name, job.id, deadline)
         trigger = ChasquiJobTrigger(job_ids=[job.id], queue_name=queue_name, chasqui_conn_id=self.chasqui_conn_id,
                                     deadline=deadline, wait_chunk_secs=self.wait_chunk_secs,
-                                    cancel_on_kill=self.cancel_on_kill)
+                                    cancel_on_kill=self.cancel_on_kill, traceparent=traceparent)
         timeout = None if self.wait_timeout is None else timedelta(seconds=self.wait_timeout)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
 
+    def _when_text(self) -> str:
+        if self.run_at:
+            return f", to run at {self.run_at}"
+        return f", delayed {self.delay:g} s" if self.delay else ""
+
     def _wait_blocking(self, hook: ChasquiHook, queue_name: str, job_id: str, deadline: float | None) -> Any:
         self._queue = queue = hook.get_queue(queue_name)
+        started = time.monotonic()
         try:
             while True:
                 chunk = self.wait_chunk_secs if deadline is None else min(self.wait_chunk_secs, deadline - time.time())
                 if chunk <= 0:
-                    return result_from_event({"status": "timeout", "pending": [job_id]}, [job_id], True)
+                    event: dict[str, Any] = {"status": "timeout", "pending": [job_id], "queue": queue_name}
+                    log_outcome(self.log, queue, event, [job_id], waited_seconds(None, started))
+                    return result_from_event(event, [job_id], True)
                 outcomes = queue.wait_for_results([job_id], timeout=chunk)
                 if job_id in outcomes:
                     event = first_error([job_id], outcomes, queue_name) or {
-                        "status": "success", "results": {job_id: outcomes[job_id][1]}}
+                        "status": "success", "results": {job_id: outcomes[job_id][1]}, "queue": queue_name}
+                    log_outcome(self.log, queue, event, [job_id], waited_seconds(None, started))
                     return result_from_event(event, [job_id], True)
         finally:
             self._queue = None
@@ -148,7 +176,9 @@ class ChasquiEnqueueOperator(BaseOperator):
         The job id comes from the event (its one result), not from defer kwargs, which
         ``dag.test()`` drops (it resumes with ``{"event": ...}`` only).
         """
-        return result_from_event(event, None, True)
+        log_resumed(self.log, self.chasqui_conn_id, self.queue_name, event, None, context)
+        with tracing.resume_span(event, self.task_id):
+            return result_from_event(event, None, True)
 
     def on_kill(self) -> None:
         """Stop a blocking wait; with ``cancel_on_kill``, cancel the job if it is still delayed."""

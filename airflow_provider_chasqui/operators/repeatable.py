@@ -13,6 +13,7 @@ from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
 from ..types import BackoffSpec, build_retry_override
 from ._common import as_datetime, as_seconds
+from .links import ChasquiScheduleLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -70,6 +71,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
     template_fields: Sequence[str] = ("job_name", "data", "cron", "tz", "key", "start_after", "end_before",
                                       "queue_name", "chasqui_conn_id")
     template_fields_renderers = {"data": "json"}
+    operator_extra_links = (ChasquiScheduleLink(),)
     ui_color = "#f4d35e"
 
     def __init__(self, *, job_name: str, data: Any = None, cron: str | None = None, tz: str | None = None,
@@ -130,6 +132,7 @@ class _ChasquiSpecKeyOperator(BaseOperator):
     """Shared shape of the operators that act on one spec by key; returns whether it existed."""
 
     template_fields: Sequence[str] = ("key", "queue_name", "chasqui_conn_id")
+    operator_extra_links = (ChasquiScheduleLink(),)
     ui_color = "#f4d35e"
     _done = ""
 

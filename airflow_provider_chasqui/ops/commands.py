@@ -30,7 +30,7 @@ from ..sync._driver import translate_errors
 from ..sync.queue import SyncQueue
 from ..worker.cli import resolve_url
 
-__all__ = ["register", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNREACHABLE", "EXIT_NOT_FOUND"]
+__all__ = ["register", "add_target", "confirm", "emit", "table", "iso_ms", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNREACHABLE", "EXIT_NOT_FOUND"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 DEFAULT_URL = "redis://127.0.0.1:6379"
@@ -72,12 +72,13 @@ def _queue(args: argparse.Namespace) -> SyncQueue:
     return SyncQueue(args.queue, redis_url=args.resolved_url)
 
 
-def confirm(args: argparse.Namespace, question: str) -> bool:
+def confirm(args: argparse.Namespace, question: str, action: str | None = None) -> bool:
     """``--yes``, or a "y" typed on a terminal; refuses (ConfigError) without a terminal."""
     if args.yes:
         return True
     if not sys.stdin.isatty():
-        raise ConfigError(f"refusing to {args.dlq_cmd} without confirmation: pass --yes when not on a terminal")
+        raise ConfigError(f"refusing to {action or args.dlq_cmd} without confirmation: pass --yes when not on a "
+                          "terminal")
     if input(f"{question} [y/N] ").strip().lower() == "y":
         return True
     print("cancelled")
@@ -144,13 +145,19 @@ def cmd_watch(args: argparse.Namespace) -> int:
 _HANDLER_PREFIX = "handler: Python handler raised: "  # ChasquiMQ's reason prefix; the table shows the error
 
 
+def _last_line(text: str | None) -> str:
+    """A traceback's last line (``ValueError: boom``): what a one-line table can show of it."""
+    return (text or "").rstrip().rpartition("\n")[2]
+
+
 def cmd_dlq_peek(args: argparse.Namespace) -> int:
     rows = _queue(args).peek_dlq(args.limit)
     data = [{**r, "payload_bytes": len(r["payload"]), "payload": None} for r in rows]
 
     def human(out: TextIO) -> None:
         table([(r["dlq_id"], r["job_id"] or "-", r["name"] or "-", r["reason"],
-                (r["error"] or r["detail"] or "").removeprefix(_HANDLER_PREFIX)[:60], r["payload_bytes"])
+                (r["error"] or _last_line(r["traceback"]) or r["detail"] or "").removeprefix(_HANDLER_PREFIX)[:60],
+                r["payload_bytes"])
                for r in data],
               ("dlq id", "job id", "name", "reason", "error / detail", "bytes"), out)
         counts: dict[str, int] = {}
@@ -409,6 +416,11 @@ def cmd_events(args: argparse.Namespace) -> int:
 # ---- wiring -------------------------------------------------------------------------------
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("queue", help="queue name")
+    add_target(p)
+
+
+def add_target(p: argparse.ArgumentParser) -> None:
+    """--redis-url / --conn-id (else $CHASQUI_REDIS_URL) and --json: every command has them."""
     where = p.add_mutually_exclusive_group()
     where.add_argument("--redis-url", help=f"Redis URL (default: $CHASQUI_REDIS_URL, else {DEFAULT_URL}; "
                                            "prefer the environment: argv is visible in ps)")
@@ -420,30 +432,30 @@ def register(sub: Any) -> None:
     """Add the operator subcommands to the ``chasqui`` parser's subparsers."""
     p = sub.add_parser("inspect", help="stream, pending, delayed, DLQ, specs, leaders of a queue")
     _common(p)
-    p.add_argument("--group", default="default")
+    p.add_argument("--group", default="default", help="consumer group whose pending entries to count (default: default)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("watch", help="a live view of `inspect` that refreshes in place")
     _common(p)
-    p.add_argument("--group", default="default")
-    p.add_argument("--interval-ms", type=int, default=1000)
+    p.add_argument("--group", default="default", help="consumer group whose pending entries to count (default: default)")
+    p.add_argument("--interval-ms", type=int, default=1000, help="refresh period in ms (default 1000)")
     p.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
     p.set_defaults(func=cmd_watch)
 
     dlq = sub.add_parser("dlq", help="dead-letter queue").add_subparsers(dest="dlq_cmd", required=True)
     p = dlq.add_parser("peek", help="show DLQ entries (payloads not decoded)")
     _common(p)
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int, default=20, help="entries shown, oldest first (default 20)")
     p.set_defaults(func=cmd_dlq_peek)
     p = dlq.add_parser("replay", help="move DLQ entries back to the stream (attempt reset to 0); "
                                       "undecodable ones are skipped, counted and stay")
     _common(p)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=int, default=100, help="entries replayed at most, oldest first (default 100)")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_dlq_replay)
     p = dlq.add_parser("remove", help="delete DLQ entries by id (the 'dlq id' column of peek)")
     _common(p)
-    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("ids", nargs="+", metavar="ID", help="DLQ entry ids, e.g. 1700000000000-0")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_dlq_remove)
     p = dlq.add_parser("purge", help="delete every DLQ entry, or those with --reason / --name")
@@ -458,8 +470,8 @@ def register(sub: Any) -> None:
     p = rep.add_parser("list", help="list specs one page at a time (active, then paused; pages follow a "
                                     "ZSCAN cursor, so they are not sorted)")
     _common(p)
-    p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--cursor", default=None)
+    p.add_argument("--limit", type=int, default=100, help="specs per page (default 100)")
+    p.add_argument("--cursor", default=None, help="the cursor a previous page printed, for the next page")
     p.set_defaults(func=cmd_repeatable_list)
     for verb, helptext in (("get", "show one spec"), ("pause", "stop a spec firing"),
                            ("resume", "let a paused spec fire again"), ("remove", "delete a spec")):
@@ -471,8 +483,8 @@ def register(sub: Any) -> None:
                                       "(columns: name, cron + tz or every_ms, data as JSON, key); every row "
                                       "is validated before anything is written")
     _common(p)
-    p.add_argument("file")
-    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("file", help="a .csv or .parquet file")
+    p.add_argument("--batch", type=int, default=1000, help="specs per upsert call (default 1000)")
     p.add_argument("--dry-run", action="store_true", help="validate every row, write nothing")
     p.add_argument("--skip-invalid", action="store_true",
                    help="import the valid rows and report the invalid ones (default: import nothing if any is invalid)")
@@ -482,7 +494,7 @@ def register(sub: Any) -> None:
     _common(p)
     p.add_argument("--from", dest="from_id", default="0-0", help="start id ('$' = only new events)")
     p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
-    p.add_argument("--block-ms", type=int, default=5000)
+    p.add_argument("--block-ms", type=int, default=5000, help="with --follow: how long one read waits (default 5000)")
     p.add_argument("--max-events", type=int, default=0, help="stop after N events (0 = no limit)")
     p.set_defaults(func=cmd_events)
 

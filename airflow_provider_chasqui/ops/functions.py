@@ -20,6 +20,7 @@ from ..core.features import already_loaded, load_call
 from ..core.scripts import LIBRARY, LIBRARY_PREFIX
 from ..errors import ChasquiError
 from ..sync._driver import raw_client
+from ..worker.cli import resolve_url
 from .commands import DEFAULT_URL, EXIT_NOT_FOUND, EXIT_OK, emit
 
 __all__ = ["register", "install", "status"]
@@ -82,8 +83,13 @@ def status(url: str) -> list[dict[str, Any]]:
         client.close()
 
 
+def _url(args: argparse.Namespace) -> str:
+    args.resolved_url, _ = resolve_url(args.redis_url, None, DEFAULT_URL)
+    return args.resolved_url
+
+
 def cmd_install(args: argparse.Namespace) -> int:
-    rows = install(args.redis_url, args.replace)
+    rows = install(_url(args), args.replace)
 
     def human(out: TextIO) -> None:
         for r in rows:
@@ -94,7 +100,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    rows = status(args.redis_url)
+    rows = status(_url(args))
 
     def human(out: TextIO) -> None:
         for r in rows:
@@ -116,7 +122,8 @@ def register(sub: Any) -> None:
         ("status", cmd_status, "whether this version's library is loaded, and which other versions are"),
     ):
         p = cmds.add_parser(verb, help=helptext)
-        p.add_argument("--redis-url", default=DEFAULT_URL, help=f"Redis URL (default {DEFAULT_URL})")
+        p.add_argument("--redis-url", default=None,
+                       help=f"Redis URL of an admin user (default: $CHASQUI_REDIS_URL, else {DEFAULT_URL})")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if verb == "install":
             p.add_argument("--replace", action="store_true", help="replace a library of the same name")

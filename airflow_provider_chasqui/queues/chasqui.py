@@ -1,12 +1,17 @@
 """The ``chasqui`` scheme of common-messaging's ``MessageQueueTrigger``.
 
 ``MessageQueueTrigger(scheme="chasqui", queue_name=..., mode="queue" | "completion",
-job_names=[...], chasqui_conn_id=..., cursor=...)`` inside an ``AssetWatcher`` resolves to
+job_names=[...], chasqui_conn_id=..., cursor=..., max_batch=100, linger_ms=100,
+event_gap_ms=0)`` inside an ``AssetWatcher`` resolves to
 :class:`~airflow_provider_chasqui.triggers.queue_events.ChasquiQueueEventTrigger` with those
 keyword arguments.  The deprecated URI form is understood too::
 
     MessageQueueTrigger(queue="chasqui://chasqui_default/files?job_names=file_arrived")
     MessageQueueTrigger(queue="chasqui:///reports?mode=completion&job_names=report,rollup&cursor=nightly")
+    MessageQueueTrigger(queue="chasqui:///files?max_batch=500&linger_ms=250")
+
+Each asset event carries one read batch: ``extra["payload"]["jobs"]``, oldest first, at most
+``max_batch`` jobs (see the trigger module).
 
 (host = connection id, empty for ``chasqui_default``; path = the queue name, percent-encoded).
 
@@ -35,7 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["ChasquiMessageQueueProvider", "SCHEME"]
 
 SCHEME = "chasqui"
-_URI_KEYS = {"mode", "job_names", "cursor"}
+_INT_KEYS = ("max_batch", "linger_ms", "event_gap_ms")
+_URI_KEYS = {"mode", "job_names", "cursor", *_INT_KEYS}
 
 
 class ChasquiMessageQueueProvider(BaseMessageQueueProvider):
@@ -52,7 +58,8 @@ class ChasquiMessageQueueProvider(BaseMessageQueueProvider):
         return ChasquiQueueEventTrigger
 
     def trigger_kwargs(self, queue: str, **kwargs: Any) -> dict[str, Any]:
-        """``chasqui://[<conn id>]/<queue>[?mode=..&job_names=a,b&cursor=..]`` -> trigger kwargs.
+        """``chasqui://[<conn id>]/<queue>[?mode=..&job_names=a,b&cursor=..&max_batch=..&linger_ms=..]``
+        -> trigger kwargs.
 
         Keyword arguments given next to the URI are passed by common-messaging as well, so a
         setting may come from one place only.
@@ -75,6 +82,11 @@ class ChasquiMessageQueueProvider(BaseMessageQueueProvider):
                 if len(query[key]) != 1:
                     raise ValueError(f"{key} given {len(query[key])} times in {queue!r}")
                 out[key] = query[key][0]
+        for key in _INT_KEYS:
+            if key in query:
+                if len(query[key]) != 1 or not query[key][0].isdigit():
+                    raise ValueError(f"{key} must be given once, as a whole number, in {queue!r}")
+                out[key] = int(query[key][0])
         if "job_names" in query:
             out["job_names"] = [n for value in query["job_names"] for n in value.split(",") if n]
         clash = set(out) & set(kwargs)

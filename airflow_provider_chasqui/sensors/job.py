@@ -9,8 +9,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
+from .. import tracing
+from ..core.outcomes import ids_text
 from ..hooks.chasqui import ChasquiHook
-from ..operators._common import default_deferrable, failure_message, result_from_event
+from ..operators._common import (
+    default_deferrable,
+    failure_message,
+    log_outcome,
+    log_resumed,
+    result_from_event,
+    waited_seconds,
+)
+from ..operators.links import ChasquiJobLink
 from ..sync.queue import SyncQueue
 from ..triggers.job import ChasquiJobTrigger, first_error
 
@@ -49,6 +59,7 @@ class ChasquiJobSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("job_id", "upstream_task_id", "xcom_key", "queue_name", "chasqui_conn_id")
+    operator_extra_links = (ChasquiJobLink(),)
     ui_color = "#f4d35e"
 
     def __init__(self, *, job_id: str | list[str] | Any = None, upstream_task_id: str | None = None,
@@ -66,6 +77,7 @@ class ChasquiJobSensor(BaseSensorOperator):
         self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.wait_chunk_secs = wait_chunk_secs
         self._queue: SyncQueue | None = None
+        self._started: float | None = None  # time.monotonic() when this process began waiting
 
     # ---- ids --------------------------------------------------------------------------
     def _job_ids(self, context: Context) -> tuple[list[str], bool]:
@@ -81,31 +93,55 @@ class ChasquiJobSensor(BaseSensorOperator):
 
     # ---- checking ---------------------------------------------------------------------
     def _check(self, ids: list[str], single: bool) -> tuple[str, PokeReturnValue]:
-        """One non-blocking look at the stored outcomes; returns ``(queue name, verdict)``."""
+        """One non-blocking look at the stored outcomes; returns ``(queue name, verdict)``.
+
+        A finished check logs what it found (ids, queue, state, attempts, result or reason, and
+        how long this task has waited so far), so a wait that never deferred says as much as one
+        that did.
+        """
+        if self._started is None:
+            self._started = time.monotonic()
         self._queue = sync_queue = ChasquiHook(self.chasqui_conn_id).get_queue(self.queue_name)
         queue = sync_queue.name
         try:
             outcomes = sync_queue.wait_for_results(ids, timeout=0)
+            error = first_error(ids, outcomes, queue)
+            done = error is None and len(outcomes) == len(ids)
+            event: dict[str, Any] | None = error
+            if done:
+                event = {"status": "success", "results": {j: outcomes[j][1] for j in ids}, "queue": queue}
+            if event is not None:  # the wait ended: failed, or every job completed
+                log_outcome(self.log, sync_queue, event, ids, waited_seconds(None, self._started))
         finally:
             self._queue = None
             sync_queue.close()
-        error = first_error(ids, outcomes, queue)
         if error is not None:
+            self._log_failure(error)
             raise AirflowFailException(failure_message(error))
-        if len(outcomes) < len(ids):
+        if not done:
             self.log.info("queue %s: %d of %d job(s) finished", queue, len(outcomes), len(ids))
             return queue, PokeReturnValue(False)
-        results = {"status": "success", "results": {j: outcomes[j][1] for j in ids}}
-        self.log.info("queue %s: %s completed; %s", queue, _ids_text(ids), _results_text(results["results"]))
-        return queue, PokeReturnValue(True, result_from_event(results, ids, single))
+        return queue, PokeReturnValue(True, result_from_event(event, ids, single))
 
     def poke(self, context: Context) -> PokeReturnValue:
         ids, single = self._job_ids(context)
         return self._check(ids, single)[1]
 
     def execute(self, context: Context) -> Any:
+        self._started = time.monotonic()
         if not self.deferrable:
             return super().execute(context)
+        # OpenTelemetry (CHASQUI_OTEL=1): the deferral carries the task's span to the trigger; the
+        # span continues the upstream enqueue task's trace when that task left one
+        with tracing.airflow_task_span(context, lambda: self._upstream_trace(context)) as traceparent:
+            return self._execute_deferrable(context, traceparent)
+
+    def _upstream_trace(self, context: Context) -> Any:
+        if self.upstream_task_id is None:
+            return None
+        return context["ti"].xcom_pull(task_ids=self.upstream_task_id, key=tracing.TRACE_XCOM_KEY)
+
+    def _execute_deferrable(self, context: Context, traceparent: str | None) -> Any:
         try:
             ids, single = self._job_ids(context)
             queue, verdict = self._check(ids, single)
@@ -115,8 +151,11 @@ class ChasquiJobSensor(BaseSensorOperator):
             raise
         if verdict.is_done:
             return verdict.xcom_value
+        self.log.info("queue %s: deferring to the triggerer to wait for %s (timeout %g s)", queue, ids_text(ids),
+                      self.timeout)
         trigger = ChasquiJobTrigger(job_ids=ids, queue_name=queue, chasqui_conn_id=self.chasqui_conn_id,
-                                    deadline=time.time() + self.timeout, wait_chunk_secs=self.wait_chunk_secs)
+                                    deadline=time.time() + self.timeout, wait_chunk_secs=self.wait_chunk_secs,
+                                    traceparent=traceparent)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
@@ -125,14 +164,20 @@ class ChasquiJobSensor(BaseSensorOperator):
         The ids are resolved again from the re-rendered fields rather than carried in the
         defer kwargs, which ``dag.test()`` drops (it resumes with ``{"event": ...}`` only).
         """
-        if event and event.get("status") == "timeout":
-            pending = event["pending"]
+        status = (event or {}).get("status")
+        job_ids, single = self._job_ids(context) if status == "success" else (None, False)
+        log_resumed(self.log, self.chasqui_conn_id, self.queue_name, event, job_ids, context)
+        if status == "timeout":
+            pending = event["pending"]  # type: ignore[index]
             raise AirflowSensorTimeout(f"Sensor has timed out after {self.timeout} s; still running: {pending}")
-        job_ids, single = self._job_ids(context)
-        result = result_from_event(event, job_ids, single)
-        self.log.info("queue %s: %s completed after a deferred wait; %s", self.queue_name or "(connection default)",
-                      _ids_text(job_ids), _results_text((event or {}).get("results", {})))
-        return result
+        if status == "error":
+            self._log_failure(event)  # type: ignore[arg-type]
+        with tracing.resume_span(event, self.task_id):
+            return result_from_event(event, job_ids, single)
+
+    def _log_failure(self, error: dict[str, Any]) -> None:
+        """The task log names the failed job and shows the handler's traceback from the worker."""
+        self.log.error("%s", failure_message(error))
 
     def on_kill(self) -> None:
         """Close the Redis client of a check in progress (the deferred wait holds none here)."""
@@ -140,16 +185,3 @@ class ChasquiJobSensor(BaseSensorOperator):
         if queue is not None:
             queue.close()
 
-
-def _ids_text(ids: list[str]) -> str:
-    """``job 01H...`` or ``3 jobs (01H..., 01H..., ...)``: the task log names what it waited for."""
-    if len(ids) == 1:
-        return f"job {ids[0]}"
-    shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
-    return f"{len(ids)} jobs ({shown})"
-
-
-def _results_text(results: Any, limit: int = 300) -> str:
-    """The results as the task log shows them: ``repr``, cut at ``limit`` characters."""
-    text = repr(results)
-    return "results: " + (text if len(text) <= limit else text[:limit] + f"... [{len(text)} characters]")

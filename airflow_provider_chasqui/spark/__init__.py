@@ -1,4 +1,5 @@
-"""Spark integration: bulk loads from DataFrames (:mod:`.bulk`).  The Spark *worker* is
+"""Spark integration: the ``format("chasqui")`` data source (:mod:`.datasource`, imported on
+demand: it imports pyspark) and the bulk loaders over it (:mod:`.bulk`).  The Spark *worker* is
 :mod:`airflow_provider_chasqui.worker.spark`.
 
 Importing this package does not import pyspark (the functions take a DataFrame and use it).

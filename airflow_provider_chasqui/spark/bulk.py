@@ -1,21 +1,16 @@
-"""Bulk loads from Spark: a DataFrame's rows become jobs (or repeatable specs), written per partition.
+"""Bulk loads from Spark: a DataFrame's rows become jobs (or repeatable specs).
 
-Theory of operation.  The driver validates the arguments against ``df.columns``, projects the
-DataFrame to the columns it needs and runs one ``foreachPartition``.  Each partition (a Spark
-task, on an executor) opens its own :class:`~airflow_provider_chasqui.SyncQueue`, turns rows
-into ``add_bulk`` dicts and sends them ``batch`` rows at a time: one pipelined round trip per
-batch carrying one Lua script call per 1,000 jobs (the engine's bulk path), so the Redis work
-is per batch, not per row.  An accumulator counts the rows written; Spark applies each
-successful task's update once.
-
-Delivery is at least once: a Spark task that fails half way and is retried writes its
-partition again.  Give ``job_id_col`` (immediate adds with a caller id are deduplicated for
-the queue's ``unique_window_ms``, delayed ones for as long as they wait) when duplicates
-matter; those rows go one script call each, so they load slower.
+Thin wrappers over the ``format("chasqui")`` data source (:mod:`.datasource`, docs/spark.md):
+the driver validates the arguments against ``df.columns`` (a ``ConfigError`` before any Spark
+job), projects the DataFrame to the columns it needs and writes it through the data source
+under a fresh load id, so Arrow batches become envelopes and each chunk is one idempotent Lua
+call; the count comes from the load's commit report in Redis (no accumulator, so the wrappers
+work over Spark Connect too).  A retried or speculative Spark task writes each chunk once;
+``job_id_col`` makes a whole re-run idempotent too (each id is added once per day).
 
 Values are converted for msgpack: ``Decimal`` -> ``str`` (exact), ``date``/``datetime`` ->
-ISO 8601 ``str``, ``Row``/struct -> ``dict``, ``bytearray`` -> ``bytes``, arrays and maps
-recursively.  Executors need this package installed (the same image, or ``--py-files``).
+ISO 8601 ``str``, struct -> ``dict``, binary -> ``bytes``, arrays and maps recursively.
+Executors need this package installed (the same image, or ``--py-files``).
 
 Imports pyspark only inside the functions (and never airflow), so importing it is cheap.
 """
@@ -26,7 +21,7 @@ import datetime as _dt
 import decimal
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..engine.queue import DEFAULT_URL
 from ..errors import ConfigError, NotSupportedError
@@ -122,72 +117,35 @@ def _layout(df: Any, *, name: str | None, name_col: str | None, data_cols: Seque
     return layout, projected
 
 
-class _PartitionWriter:
-    """The function ``foreachPartition`` runs: rows -> ``add_bulk`` batches on its own SyncQueue."""
+def _option(value: Any) -> str:
+    """A wrapper argument as a ``format("chasqui")`` option string."""
+    import dataclasses
+    import json
 
-    def __init__(self, queue: str, redis_url: str, layout: _Layout, batch: int, constant: dict[str, Any],
-                 counter: Any, mode: str, max_stream_len: int | None = None) -> None:
-        self.queue, self.redis_url, self.layout = queue, redis_url, layout
-        self.batch, self.constant, self.counter, self.mode = batch, constant, counter, mode
-        self.max_stream_len = max_stream_len
-
-    def __call__(self, rows: Iterable[Any]) -> None:
-        from ..sync.queue import SyncQueue
-
-        layout, constant = self.layout, self.constant
-        pending: list[dict[str, Any]] = []
-        written = 0
-        with SyncQueue(self.queue, redis_url=self.redis_url, max_stream_len=self.max_stream_len) as queue:
-            send = self._sender(queue)
-            for spark_row in rows:
-                row = tuple(spark_row)  # Row.__getitem__ is Python code; a plain tuple indexes in C
-                item = {"name": layout.row_name(row), "data": layout.row_data(row), **constant}
-                for key, i in layout.extra_idx:
-                    value = row[i]
-                    if value is not None:
-                        item[key] = value
-                pending.append(self._shape(item))
-                if len(pending) >= self.batch:
-                    send(pending)
-                    written += len(pending)
-                    pending = []
-            if pending:
-                send(pending)
-                written += len(pending)
-        self.counter.add(written)
-
-    def _shape(self, item: dict[str, Any]) -> dict[str, Any]:
-        if self.mode != "specs":
-            return item
-        from ..core.repeat import RepeatPattern
-
-        cron, every, tz = item.pop("cron", None), item.pop("every_ms", None), item.pop("tz", None)
-        if (cron is None) == (every is None):
-            raise ConfigError(f"spec {item.get('key') or item['name']!r}: give exactly one of a cron expression and "
-                              f"an every_ms interval, got cron={cron!r} every_ms={every!r}")
-        item["repeat"] = RepeatPattern.cron(cron, tz=tz) if cron is not None else RepeatPattern.every(int(every))
-        return item
-
-    def _sender(self, queue: Any) -> Any:
-        if self.mode == "jobs":
-            return queue.add_bulk
-        bulk = getattr(queue, "upsert_repeatable_bulk", None)
-        if bulk is not None:
-            return bulk
-
-        def one_by_one(items: list[dict[str, Any]]) -> None:
-            for item in items:
-                queue.upsert_repeatable_job(item.pop("name"), item.pop("data"), **item)
-
-        return one_by_one
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value))
+    return str(value)
 
 
-def _run(df: Any, writer_args: dict[str, Any]) -> int:
-    sc = df.sparkSession.sparkContext
-    counter = sc.accumulator(0)
-    writer = _PartitionWriter(counter=counter, **writer_args)
-    df.foreachPartition(writer)
-    return int(counter.value)
+def _save(df: Any, queue: str, redis_url: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``df.write.format("chasqui")`` with these options under a fresh load id; its commit report."""
+    import uuid
+
+    from .datasource import load_report, register
+
+    register(df.sparkSession)
+    load_id = uuid.uuid4().hex[:16]
+    writer = df.write.format("chasqui").option("queue", queue).option("redis_url", redis_url).option("load_id", load_id)
+    for key, value in options.items():
+        if value is not None:
+            writer = writer.option(key, _option(value))
+    writer.mode("append").save()
+    report = load_report(queue, load_id, redis_url=redis_url)
+    if report is None:
+        raise NotSupportedError(f"queue {queue}: the load {load_id} left no report (is Redis evicting keys?)")
+    return report
 
 
 def enqueue_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL, name: str | None = None,
@@ -206,7 +164,7 @@ def enqueue_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL, name
     :param job_id_col: caller-chosen job ids (idempotent adds; slower, see the module docstring).
     :param delay_ms_col: per-row delay in milliseconds (null = now).
     :param attempts: / :param backoff: retry options for every job (as ``Queue.add``).
-    :param batch: rows per pipelined round trip (one Lua call per 1,000 rows inside it).
+    :param batch: rows per Lua call (the data source's ``chunk_size``, at most 10,000).
     :param max_stream_len: the stream's approximate cap (``MAXLEN ~``) for these writes; the
         default (1,000,000, ChasquiMQ's) trims the *oldest* entries of a longer backlog, so
         raise it for loads that may exceed it before workers catch up.
@@ -221,8 +179,12 @@ def enqueue_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL, name
         from ..types import build_retry_override
 
         build_retry_override(attempts, backoff)
-    rows = _run(df.select(*projected), dict(queue=queue, redis_url=redis_url, layout=layout, batch=batch,
-                                            constant=constant, mode="jobs", max_stream_len=max_stream_len))
+    options: dict[str, Any] = {"name": name, "name_col": name_col, "data_col": data_col, "id_col": job_id_col,
+                               "delay_ms_col": delay_ms_col, "chunk_size": min(batch, 10_000),
+                               "max_stream_len": max_stream_len, **constant}
+    if data_col is None:
+        options["data_cols"] = ",".join(c for c, _i in layout.data_idx)
+    rows = int(_save(df.select(*projected), queue, redis_url, options)["rows"])
     log.info("queue %s: enqueued %d rows from a DataFrame", queue, rows)
     return rows
 
@@ -255,7 +217,12 @@ def upsert_specs_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL,
                                 extra={"key": key_col, "cron": cron_col, "tz": tz_col, "every_ms": every_ms_col})
     constant = {k: v for k, v in (("attempts", attempts), ("backoff", backoff), ("missed_fires", missed_fires))
                 if v is not None}
-    rows = _run(df.select(*projected), dict(queue=queue, redis_url=redis_url, layout=layout, batch=batch,
-                                            constant=constant, mode="specs"))
+    if missed_fires is not None and not isinstance(missed_fires, str):
+        raise ConfigError("missed_fires: pass the policy's name (skip, fire-once, fire-all)")
+    options = {"kind": "repeatable", "name": name, "name_col": name_col, "key_col": key_col, "cron_col": cron_col,
+               "tz_col": tz_col, "every_ms_col": every_ms_col, "data_col": data_col, **constant}
+    if data_col is None:
+        options["data_cols"] = ",".join(c for c, _i in layout.data_idx)
+    rows = int(_save(df.select(*projected), queue, redis_url, options)["added"])
     log.info("queue %s: upserted %d repeatable specs from a DataFrame", queue, rows)
     return rows

@@ -10,17 +10,21 @@ from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 from ..core.codec import now_ms
+from ..core.inspect import JobDetails, QueueListing, job_details
+from ..core.inspect import list_queues as list_queues_flow
+from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
 from ..engine.queue import DEFAULT_URL, window_to_ms
-from ..errors import ConfigError
-from ..types import Job, new_job
+from .. import tracing as _tracing
+from ..errors import ConfigError, NotSupportedError
+from ..types import Job, JobFailure, new_job
 from ._driver import SyncDriver
 
-__all__ = ["SyncQueue"]
+__all__ = ["SyncQueue", "list_queues"]
 
 
 def _monotonic_ms() -> int:
@@ -33,7 +37,7 @@ class SyncQueue:
     def __init__(self, name: str, *, redis_url: str = DEFAULT_URL, tls: bool = False,
                  max_stream_len: int | None = None, max_delay_secs: int | None = None,
                  settings: QueueSettings | None = None, fast_paths: bool | None = None,
-                 driver: SyncDriver | None = None) -> None:
+                 driver: SyncDriver | None = None, tracing: bool | None = None) -> None:
         overrides = {k: v for k, v in (("max_stream_len", max_stream_len), ("max_delay_secs", max_delay_secs)) if v is not None}
         if settings is not None and overrides:
             raise ConfigError("pass settings= or the individual limits, not both")
@@ -44,7 +48,10 @@ class SyncQueue:
         self._url = redis_url
         self._fast_paths = fast_paths
         self._driver = driver
+        self._own_driver = driver is None  # waits go through the process's event hub of this URL
         self._closed = False
+        # OpenTelemetry (``tracing``): None unless tracing=True or CHASQUI_OTEL=1 and the API imports
+        self._tracer = _tracing.tracer(tracing)
 
     @property
     def name(self) -> str:
@@ -72,6 +79,9 @@ class SyncQueue:
     def add(self, name: str, data: Any, *, delay: Any = None, delay_ms: Any = None, attempts: int | None = None,
             backoff: Any = None, job_id: str | None = None, repeat: Any = None, missed_fires: Any = None) -> Job:
         """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given)."""
+        if self._tracer is not None and repeat is None and missed_fires is None:
+            return self._traced_add(name, data, delay=delay, delay_ms=delay_ms, attempts=attempts,
+                                       backoff=backoff, job_id=job_id)
         if delay is None and delay_ms is None and attempts is None and backoff is None and job_id is None \
                 and repeat is None and missed_fires is None:  # the plain add: one call, no flow
             call, jid, created = self._flows.quick_add(name, data)
@@ -87,13 +97,31 @@ class SyncQueue:
         jid, created = self.driver.run(flow)
         return self._job(jid, created, name, data)
 
+    def _traced_add(self, name: str, data: Any, **options: Any) -> Job:
+        """``add`` inside a PRODUCER span whose traceparent rides in the entry (immediate adds)."""
+        tracer = self._tracer
+        assert tracer is not None
+        with tracer.produce(self.name, name) as span:
+            flow = self._flows.enqueue(name, data, trace=tracer.traceparent(), **options)
+            jid, created = self.driver.run(flow)
+            span.set_attribute("messaging.message.id", jid)
+            if options["delay"] is not None or options["delay_ms"] is not None:
+                span.set_attribute("chasqui.trace_carried", False)  # a delayed member has no room for it
+            return self._job(jid, created, name, data)
+
     def add_unique(self, name: str, data: Any, *, job_id: str | None = None, key: str | None = None,
                    window: timedelta | float = timedelta(hours=1), delay: Any = None, delay_ms: Any = None,
                    attempts: int | None = None, backoff: Any = None) -> Job:
         """Add unless the same unique key was added within ``window``; then return the first job."""
-        flow = self._flows.enqueue_unique(name, data, job_id=job_id, key=key, window_ms=window_to_ms(window),
-                                          delay=delay, delay_ms=delay_ms, attempts=attempts, backoff=backoff)
-        jid, created = self.driver.run(flow)
+        options = {"job_id": job_id, "key": key, "window_ms": window_to_ms(window), "delay": delay,
+                   "delay_ms": delay_ms, "attempts": attempts, "backoff": backoff}
+        if self._tracer is not None:
+            with self._tracer.produce(self.name, name) as span:
+                flow = self._flows.enqueue_unique(name, data, trace=self._tracer.traceparent(), **options)
+                jid, created = self.driver.run(flow)
+                span.set_attribute("messaging.message.id", jid)
+                return self._job(jid, created, name, data)
+        jid, created = self.driver.run(self._flows.enqueue_unique(name, data, **options))
         return self._job(jid, created, name, data)
 
     def add_bulk(self, jobs: Sequence[Mapping[str, Any]]) -> list[Job]:
@@ -200,6 +228,10 @@ class SyncQueue:
     def get_job_result_bulk(self, job_ids: Sequence[str]) -> list[Any]:
         return self.driver.run(self._flows.get_results(list(job_ids)))
 
+    def get_failure(self, job_id: str) -> JobFailure | None:
+        """The failure record of a dead-lettered job (reason, error, ``traceback``), or None."""
+        return self.driver.run(self._flows.get_failure(job_id))
+
     def get_job_state(self, job_id: str) -> str:
         """``completed``, ``failed`` (in the DLQ), ``delayed`` or ``unknown``."""
         return self.driver.run(self._flows.get_job_state(job_id))
@@ -214,6 +246,33 @@ class SyncQueue:
         """The handler's return value; ``JobFailed`` if it was dead-lettered, ``TimeoutError`` at the deadline."""
         return single_outcome(job_id, self.wait_for_results([job_id], timeout), timeout)
 
+    def get_job_details(self, job_id: str, *, group: str = "default", events_window: int = 1000) -> JobDetails:
+        """What is known of one job: its state (completed, failed, active, waiting, delayed or
+        unknown), name, data, attempts, result or failure record, DLQ entry and events (the
+        newest ``events_window`` of the queue's, filtered).  Every search is bounded; ``notes``
+        says where a bound may have hidden something."""
+        return self.driver.run(job_details(self.name, job_id, group=group, events_window=events_window))
+
+    # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------
+    def drain(self, *, delayed: bool = True) -> DrainReport:
+        """Delete the waiting jobs and, with ``delayed``, the delayed ones; running jobs stay.
+
+        A job a worker has read (a pending entry) is never deleted: its worker finishes it, or
+        another reclaims it after the lease, and a retry it needs goes to the delayed set as
+        usual.  Jobs added after the drain began are kept; the DLQ, results and repeatable specs
+        are left alone (a spec keeps firing).  Safe beside running producers and workers."""
+        return self.driver.run(drain(self.name, delayed=delayed))
+
+    def obliterate(self, *, force: bool = False) -> ObliterateReport:
+        """Delete every key of the queue: jobs, DLQ, events, results, failure records, specs.
+
+        Refuses (``QueueInUse``, nothing deleted) while a worker uses the queue: a pending
+        entry, a consumer that read in the last minute, or a promoter or scheduler lock held;
+        ``force=True`` deletes anyway (running jobs' acks then find nothing).  Stop producers
+        first: a job added while it runs may be deleted or may survive."""
+        sweep = not hasattr(self.driver.client, "nodes_manager")  # no routable SCAN on a cluster
+        return self.driver.run(obliterate(self.name, force=force, sweep=sweep))
+
     # ---- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         if self._driver is not None:
@@ -226,3 +285,19 @@ class SyncQueue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def list_queues(target: "str | SyncDriver" = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
+                max_scan_calls: int = 100) -> QueueListing:
+    """Every queue on the server whose name matches the glob ``match``, with its counts
+    (``chasqui queues``; dashboards): a cursor SCAN capped at ``max_scan_calls`` calls of 1,000
+    keys and ``limit`` queues, ``truncated`` when a cap stopped it.  ``target``: a URL or a
+    driver (kept open).  Not on Redis Cluster, where no SCAN reaches every node in one cursor."""
+    driver = SyncDriver(target) if isinstance(target, str) else target
+    try:
+        if hasattr(driver.client, "nodes_manager"):
+            raise NotSupportedError("listing queues needs one server: on Redis Cluster, inspect queues by name")
+        return driver.run(list_queues_flow(match=match, limit=limit, cursor=cursor, max_scan_calls=max_scan_calls))
+    finally:
+        if isinstance(target, str):
+            driver.close()

@@ -1,13 +1,16 @@
 """``ChasquiJobTrigger``: waits in the triggerer until Chasqui jobs end.
 
-It blocks on Redis through the asyncio engine (``Queue.wait_for_results``: stored outcomes
-first, then XREAD BLOCK on the queue's events stream), never in a sleep-and-poll loop.  The
+It blocks on Redis through the asyncio engine (``Queue.wait_for_results``), never in a
+sleep-and-poll loop: every trigger of the triggerer waiting on one queue shares that queue's
+event hub (``engine/event_hub.py``: one XREAD BLOCK reader per queue, stored outcomes read
+first), so a thousand deferred tasks cost one connection and one decode per event.  The
 wait runs in bounded chunks so cancellation, the optional deadline and Redis outages are
 handled between chunks.  Events are JSON-safe dicts:
 
 * ``{"status": "success", "results": {job_id: handler result}}``
-* ``{"status": "error", "job_id": ..., "reason": ..., "detail": ...}`` (a job in the DLQ, or a
-  result Airflow cannot carry)
+* ``{"status": "error", "job_id": ..., "reason": ..., "detail": ..., "traceback": ...}`` (a job in
+  the DLQ, with the handler's traceback when the worker recorded one; or a result Airflow
+  cannot carry, without ``traceback``)
 * ``{"status": "timeout", "pending": [job_id, ...]}`` (the deadline passed)
 
 Outcomes are read from the result/failure records, so the worker must run with
@@ -22,6 +25,8 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from .. import tracing
+from ..core.outcomes import outcome_line
 from ..engine.queue import Queue
 from ..errors import ChasquiConnectionError
 from ..hooks.chasqui import ChasquiHook
@@ -62,7 +67,9 @@ def first_error(job_ids: list[str], outcomes: dict[str, tuple[Any, ...]], queue:
             continue
         if outcome[0] == "failed":
             detail = outcome[2] if len(outcome) > 2 else ""
-            return {"status": "error", "job_id": jid, "reason": outcome[1], "detail": detail, "queue": queue}
+            tb = outcome[3] if len(outcome) > 3 else ""
+            return {"status": "error", "job_id": jid, "reason": outcome[1], "detail": detail, "traceback": tb,
+                    "queue": queue}
         problem = json_safe_problem(outcome[1])
         if problem:
             return {"status": "error", "job_id": jid, "reason": "result_not_json_safe",
@@ -74,11 +81,11 @@ def first_error(job_ids: list[str], outcomes: dict[str, tuple[Any, ...]], queue:
 class ChasquiJobTrigger(BaseTrigger):
     """Fires once every job in ``job_ids`` completed, or when one was dead-lettered.
 
-    A dead letter is noticed when the wait chunk it happened in ends (the engine's wait
-    returns when all jobs finished or at its timeout), so at most ``wait_chunk_secs`` late.
+    A dead letter ends the wait as soon as the hub sees its event (``stop_on_failure``).
 
-    Runs in the triggerer's event loop; holds one connection pool while running and closes
-    it on every exit.  Free of side effects unless ``cancel_on_kill`` (a user kill then
+    Runs in the triggerer's event loop and waits through the loop's shared event hub of its
+    queue (opened by the first waiting trigger, closed after the last); its own ``Queue``
+    opens no connection for the wait and is closed on every exit.  Free of side effects unless ``cancel_on_kill`` (a user kill then
     cancels the jobs that are still delayed), so running it twice (triggerer HA) is harmless.
 
     :param job_ids: the jobs to wait for.
@@ -87,10 +94,13 @@ class ChasquiJobTrigger(BaseTrigger):
     :param deadline: Unix time (seconds) after which a ``timeout`` event fires; None = never.
     :param wait_chunk_secs: longest single blocking wait on Redis.
     :param cancel_on_kill: on a user kill, cancel the jobs that are still delayed.
+    :param traceparent: the deferring task's W3C trace context (OpenTelemetry on): the wait is a
+        span of that trace and the event carries the wait's context to the resumed task.
     """
 
     def __init__(self, *, job_ids: list[str], queue_name: str, chasqui_conn_id: str = ChasquiHook.default_conn_name,
-                 deadline: float | None = None, wait_chunk_secs: float = 10.0, cancel_on_kill: bool = False) -> None:
+                 deadline: float | None = None, wait_chunk_secs: float = 10.0, cancel_on_kill: bool = False,
+                 traceparent: str | None = None) -> None:
         super().__init__()
         if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
             raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
@@ -102,6 +112,7 @@ class ChasquiJobTrigger(BaseTrigger):
         self.deadline = deadline
         self.wait_chunk_secs = wait_chunk_secs
         self.cancel_on_kill = cancel_on_kill
+        self.traceparent = traceparent
         self._queue: Queue | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -114,16 +125,36 @@ class ChasquiJobTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "wait_chunk_secs": self.wait_chunk_secs,
                 "cancel_on_kill": self.cancel_on_kill,
+                "traceparent": self.traceparent,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self._queue = queue = await ChasquiHook(self.chasqui_conn_id).aget_queue(self.queue_name)
+        started = time.monotonic()
         try:
-            payload = await self._wait(queue)
+            with tracing.trigger_span(self.traceparent, self.queue_name, self.job_ids) as wait_tp:
+                payload = await self._wait(queue)
+            if wait_tp:
+                payload["traceparent"] = wait_tp
         finally:
             await self.cleanup()
+        self._log_outcome(payload, time.monotonic() - started)
         yield TriggerEvent(payload)
+
+    def _log_outcome(self, payload: dict[str, Any], waited: float) -> None:
+        """The triggerer's log line for what the wait found (the resumed task logs the attempts)."""
+        status = payload.get("status")
+        if status == "success":
+            self.log.info("%s", outcome_line(self.queue_name, self.job_ids, "completed", waited=waited,
+                                             results=payload["results"]))
+        elif status == "error":
+            detail = payload.get("detail")
+            self.log.warning("%s", outcome_line(self.queue_name, [payload["job_id"]], "failed", waited=waited,
+                                                reason=f"{payload['reason']}" + (f" ({detail})" if detail else "")))
+        elif status == "timeout":
+            self.log.warning("%s", outcome_line(self.queue_name, payload["pending"], "still running at the deadline",
+                                                waited=waited))
 
     async def cleanup(self) -> None:
         """Close the queue's pool; ``run()`` calls it in ``finally``, the triggerer again (a no-op)."""

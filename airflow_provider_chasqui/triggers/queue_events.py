@@ -12,6 +12,21 @@ the trigger's producer reads Redis, every subscribed trigger turns raw entries i
 ``TriggerEvent``\\ s, and the producer's ``advance`` is only called for entries whose events
 Airflow has **saved** in its metadata database.
 
+**One asset event per read batch.**  Each event carries a list of jobs, oldest first, at most
+``max_batch`` (default 100, up to 1000): payload ``{"mode", "queue", "count", "jobs": [...]}``.
+Once the reader finds a job it keeps reading while more arrive within ``linger_ms`` (default
+100 ms, for about a second at most), so a burst is one event and one DAG run; the next batch
+is read only after Airflow saved this one.  Why: up to Airflow 3.3 a DAG run consumes only the
+asset events saved before the scheduler queued it, and events saved after that, before the run
+was created, wait for the *next* event to get a run (apache/airflow#56050) -- with one event
+per job, 4 of a burst of 5 jobs waited, possibly forever.  With one event per batch and at most
+one unsaved batch, a burst is one event; consecutive events reach the database in order and at
+least one triggerer sync apart (plus ``event_gap_ms``, default 0), so only a scheduler slower
+than that can still leave one waiting on 3.3.  Airflow 3.4 links each queued run to the events that caused it
+(apache/airflow#70972): no event waits for a later one there.  On both, a run may carry several
+events (a busy scheduler merges them, in order): tasks iterate every event, then every job of
+each.
+
 ``mode="queue"`` -- the jobs of a queue become asset events.
     The producer is a consumer of the queue in ChasquiMQ's consumer group ``default`` (the
     group chasqui and ChasquiMQ workers read), under the consumer name
@@ -20,8 +35,10 @@ Airflow has **saved** in its metadata database.
     watcher therefore *is* a worker of that queue: give it a queue of its own (a chasqui
     worker on the same queue would take some of the jobs).  It also runs the queue's
     delayed-job promoter (leader-locked, as in every worker), so delayed jobs arrive.
-    An entry is acknowledged (``complete_batch``: XACK + XDEL, or XACKDEL on Redis 8.2+, and
-    a ``completed`` event) only in ``advance``, after the asset events were saved.  Entries
+    A batch starts with what is owed (the watcher's own pending entries from an earlier run,
+    redeliveries, idle entries of dead consumers), then new jobs.  An entry is acknowledged
+    (``complete_batch``: XACK + XDEL, or XACKDEL on Redis 8.2+, and a ``completed`` event)
+    only in ``advance``, after the asset events were saved.  Entries
     still pending when the triggerer dies are re-read from the consumer's pending list when
     the watcher starts again; entries pending for other, dead consumers are claimed after
     ``claim_min_idle_ms``.  Every redelivery counts as an attempt, and the arrival gate
@@ -33,18 +50,18 @@ Airflow has **saved** in its metadata database.
 ``mode="completion"`` -- DAGs run when jobs of a given name complete.
     The producer follows ``{chasqui:<q>}:events`` (XREAD, no group; workers write it unless
     started with events off) and fires for ``e=completed`` entries whose ``n`` is in
-    ``job_names`` (any name when None).  Its position is a cursor in Redis,
-    ``{chasqui:<q>}:cursor:<cursor>``, written in ``advance`` only after the events up to it
+    ``job_names`` (any name when None), a batch of them per event.  Its position is a cursor
+    in Redis, ``{chasqui:<q>}:cursor:<cursor>``, written in ``advance`` only after the events up to it
     were saved: a restarted triggerer resumes right after the last saved event, so nothing is
     skipped, and the only replay possible is of events saved in the last instant before a
     crash or shutdown (saved, but the confirmation had not reached the triggerer yet).  A new
     cursor starts at the end of the stream.  Events trimmed from the stream (``MAXLEN``)
     before the watcher read them are reported in the triggerer log.
 
-Payloads are JSON-safe dicts; ``job_id`` plus ``entry_id`` (queue) or ``event_id``
-(completion) identify an entry, so a DAG can drop a rare duplicate.  Outside the triggerer's
-shared-stream manager, ``run()`` drives the same producer itself and acknowledges an entry
-when the caller asks for the next event (not gated on the database).
+Payloads are JSON-safe dicts; in each of ``jobs``, ``job_id`` plus ``entry_id`` (queue) or
+``event_id`` (completion) identify an entry, so a DAG can drop a rare duplicate.  Outside the
+triggerer's shared-stream manager, ``run()`` drives the same producer itself and acknowledges
+a batch when the caller asks for the next event (not gated on the database).
 """
 
 from __future__ import annotations
@@ -94,6 +111,9 @@ __all__ = [
     "ChasquiQueueEventTrigger",
     "QueueModeProducer",
     "CompletionModeProducer",
+    "QueueBatch",
+    "CompletionBatch",
+    "DEFAULT_MAX_BATCH",
     "MODES",
     "WATCHER_CONSUMER",
     "default_cursor",
@@ -108,6 +128,10 @@ _TRANSIENT = (*TRANSIENT, ChasquiConnectionError)
 _STREAM_ID = re.compile(r"^\d+-\d+$")
 _MAX_BACKOFF_SECS = 5.0
 _ADVANCE_TRIES = 3
+DEFAULT_MAX_BATCH = 100
+MAX_BATCH_LIMIT = 1000  # an asset event's ``extra`` is one JSON value in the metadata database
+DEFAULT_LINGER_MS = 100
+_MAX_COLLECT_SECS = 1.0  # a batch stops growing after this long, even if jobs keep arriving
 
 
 def _stream_id(value: str) -> tuple[int, int]:
@@ -131,47 +155,47 @@ async def _open_queue(conn_id: str, queue_name: str) -> Queue:
     return await ChasquiHook(conn_id).aget_queue(queue_name)
 
 
-def _room_limit() -> int:
-    """Entries in flight per producer: half the triggerer's per-subscriber queue, so a backlog
-    never overflows a subscriber (which Airflow fails instead of slowing down)."""
-    try:
-        from airflow.configuration import conf
-
-        size = conf.getint("triggerer", "shared_stream_subscriber_queue_size", fallback=1024)
-    except Exception:  # noqa: BLE001 - outside a configured Airflow: the default
-        size = 1024
-    return max(1, min(512, size // 2))
-
-
 class _Flow:
-    """Back-pressure shared by both producers: at most ``limit`` entries yielded and not yet
-    advanced."""
+    """Back-pressure shared by both producers: at most ``limit`` batches yielded and not yet
+    advanced.  Both use 1: a batch is read only once Airflow saved the previous one, so a burst
+    that arrives meanwhile becomes one event, and events reach the metadata database in order
+    and at least one triggerer sync apart (what keeps Airflow 3.3's asset scheduling from
+    stranding them, see the module documentation).  ``gap_ms`` more after each advance widens
+    that spacing for a slow scheduler."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int = 1, gap_ms: int = 0) -> None:
         self.limit = limit
+        self.gap = gap_ms / 1000
         self.outstanding = 0
         self._room = asyncio.Event()
+        self._ready_at = 0.0
 
     def room(self) -> int:
         return self.limit - self.outstanding
 
     async def wait_for_room(self, timeout: float) -> bool:
-        if self.outstanding < self.limit:
-            return True
-        self._room.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._room.wait(), timeout)
-        return self.outstanding < self.limit
+        if self.outstanding >= self.limit:
+            self._room.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._room.wait(), timeout)
+            if self.outstanding >= self.limit:
+                return False
+        wait = self._ready_at - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(min(wait, timeout))
+            return time.monotonic() >= self._ready_at
+        return True
 
     def release(self, n: int) -> None:
         self.outstanding = max(0, self.outstanding - n)
+        self._ready_at = time.monotonic() + self.gap
         self._room.set()
 
 
 # ---- raw events (in-process only: they never leave the triggerer) ----------------------------
 @dataclass(eq=False)
 class QueueJob:
-    """One job read from the queue; also the producer's ``broker_payload`` for it."""
+    """One job read from the queue (a member of a :class:`QueueBatch`)."""
 
     queue: str
     entry_id: bytes
@@ -183,10 +207,28 @@ class QueueJob:
     raw: bytes = field(repr=False)
     read_ns: int = 0
     reject_reasons: list[str] = field(default_factory=list)
+    accepted: int = 0  # watchers that put it in their event
+    raw_name: bytes = field(default=b"", repr=False)  # the original name bytes when not UTF-8 (for the DLQ)
 
     def payload(self) -> dict[str, Any]:
-        return {"mode": "queue", "queue": self.queue, "job_id": self.job_id, "name": self.name, "data": self.data,
-                "attempt": self.attempt, "created_at_ms": self.created_at_ms, "entry_id": str_reply(self.entry_id)}
+        return {"job_id": self.job_id, "name": self.name, "data": self.data, "attempt": self.attempt,
+                "created_at_ms": self.created_at_ms, "entry_id": str_reply(self.entry_id)}
+
+
+def _batch_payload(mode: str, queue: str, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"mode": mode, "queue": queue, "count": len(jobs), "jobs": jobs}
+
+
+@dataclass(eq=False)
+class QueueBatch:
+    """The jobs of one read, oldest first: one raw event, its own ``broker_payload``, and at most
+    one ``TriggerEvent`` per watcher."""
+
+    queue: str
+    jobs: list[QueueJob]
+
+    def payload(self, jobs: Sequence[QueueJob] | None = None) -> dict[str, Any]:
+        return _batch_payload("queue", self.queue, [job.payload() for job in (self.jobs if jobs is None else jobs)])
 
 
 @dataclass(frozen=True)
@@ -202,8 +244,7 @@ class CompletedJob:
     fields: dict[str, str]
 
     def payload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mode": "completion", "queue": self.queue, "event": self.event,
-                               "job_id": self.job_id, "name": self.name, "ts_ms": self.ts_ms,
+        out: dict[str, Any] = {"event": self.event, "job_id": self.job_id, "name": self.name, "ts_ms": self.ts_ms,
                                "event_id": self.event_id}
         for key in ("attempt", "duration_us"):
             value = self.fields.get(key, "")
@@ -211,21 +252,51 @@ class CompletedJob:
         return out
 
 
+@dataclass(frozen=True)
+class CompletionBatch:
+    """The ``completed`` entries of one read of the events stream, oldest first; ``through`` is
+    the last stream id read (the cursor's value once the batch is saved)."""
+
+    queue: str
+    completions: list[CompletedJob]
+    through: str
+
+    def payload(self, completions: Sequence[CompletedJob] | None = None) -> dict[str, Any]:
+        chosen = self.completions if completions is None else completions
+        return _batch_payload("completion", self.queue, [c.payload() for c in chosen])
+
+
+def _check_batching(max_batch: Any, linger_ms: Any, event_gap_ms: Any = 0) -> None:
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        raise ValueError(f"max_batch must be an integer from 1 to {MAX_BATCH_LIMIT}, got {max_batch!r}")
+    if isinstance(linger_ms, bool) or not isinstance(linger_ms, int) or not 0 <= linger_ms <= 5000:
+        raise ValueError(f"linger_ms must be an integer from 0 to 5000, got {linger_ms!r}")
+    if isinstance(event_gap_ms, bool) or not isinstance(event_gap_ms, int) or not 0 <= event_gap_ms <= 600_000:
+        raise ValueError(f"event_gap_ms must be an integer from 0 to 600000, got {event_gap_ms!r}")
+
+
 # ---- queue mode ---------------------------------------------------------------------------------
 class QueueModeProducer(SharedStreamProducer):
-    """Reads a queue as its consumer (group ``default``, consumer ``airflow-asset-watcher``) and
-    acknowledges or dead-letters entries in :meth:`advance` only.
+    """Reads a queue as its consumer (group ``default``, consumer ``airflow-asset-watcher``) in
+    batches of at most ``max_batch`` jobs and acknowledges or dead-letters them in
+    :meth:`advance` only.
 
-    Entries resolved with a failure (ack timeout, subscriber overflow) or that no subscriber
-    received stay pending and are re-read after ``redeliver_after_ms``.
+    A batch is what one collection finds: the watcher's own entries left pending by an earlier
+    run, entries due for redelivery, idle entries of dead consumers, then new entries; after the
+    first entry it keeps reading while more arrive within ``linger_ms`` (up to ``max_batch`` and
+    about a second), so a burst sent in one go is one batch.  The next batch is read only after
+    this one was advanced (and ``event_gap_ms`` more).  Entries resolved with a failure (ack timeout, subscriber overflow)
+    or that no subscriber received stay pending and are re-read after ``redeliver_after_ms``.
     """
 
-    def __init__(self, *, queue_name: str, chasqui_conn_id: str, read_count: int = 100, block_ms: int = 1000,
-                 claim_min_idle_ms: int = 30_000, redeliver_after_ms: int = 1000, promote: bool = True,
-                 max_in_flight: int | None = None) -> None:
+    def __init__(self, *, queue_name: str, chasqui_conn_id: str, max_batch: int = DEFAULT_MAX_BATCH,
+                 linger_ms: int = DEFAULT_LINGER_MS, event_gap_ms: int = 0, block_ms: int = 1000,
+                 claim_min_idle_ms: int = 30_000, redeliver_after_ms: int = 1000, promote: bool = True) -> None:
+        _check_batching(max_batch, linger_ms, event_gap_ms)
         self.queue_name = validate_queue_name(queue_name)
         self.chasqui_conn_id = chasqui_conn_id
-        self.read_count = read_count
+        self.max_batch = max_batch
+        self.linger_ms = linger_ms
         self.block_ms = min(block_ms, WAIT_BLOCK_MS)  # a read must end within the Queue's socket timeout
         self.claim_min_idle_ms = claim_min_idle_ms
         self.redeliver_after_ms = redeliver_after_ms
@@ -235,7 +306,7 @@ class QueueModeProducer(SharedStreamProducer):
         self.core = ConsumerCore(queue_name, group=DEFAULT_GROUP, consumer_id=WATCHER_CONSUMER,
                                  max_attempts=MAX_ATTEMPTS, settings=self.settings, retry=RetryPolicy(), events=True,
                                  result_ttl_ms=0, failure_ttl_ms=24 * 3600 * 1000)
-        self.flow = _Flow(max_in_flight or _room_limit())
+        self.flow = _Flow(gap_ms=event_gap_ms)
         self._queue: Queue | None = None
         self._features: Features | None = None
         self._promoter: Promoter | None = None
@@ -244,15 +315,17 @@ class QueueModeProducer(SharedStreamProducer):
         self._held: dict[bytes, tuple[float, int]] = {}  # entry id -> (redeliver at, deliveries so far)
         self._own_backlog = True  # our pending list from an earlier run still to be re-read
         self._own_after = "-"
+        self._next_recovery = 0.0
         self.acked_total = 0
         self.dead_lettered_total = 0
+        self.batches_total = 0
 
     # -- reading ---------------------------------------------------------------------------------
-    async def open_stream(self) -> AsyncIterator[tuple[QueueJob, QueueJob]]:
+    async def open_stream(self) -> AsyncIterator[tuple[QueueBatch, QueueBatch]]:
         self._queue = await _open_queue(self.chasqui_conn_id, self.queue_name)
         failures = 0
         ready = False
-        next_recovery = time.monotonic() + self.claim_min_idle_ms / 2000
+        self._next_recovery = time.monotonic() + self.claim_min_idle_ms / 2000
         while True:
             try:
                 if not ready:
@@ -260,16 +333,7 @@ class QueueModeProducer(SharedStreamProducer):
                     ready = True
                 if not await self.flow.wait_for_room(self.block_ms / 1000):
                     continue
-                if self._own_backlog:
-                    batch = await self._own_pending()
-                elif self._due_held():
-                    batch = await self._reclaim_held()
-                elif time.monotonic() >= next_recovery:
-                    next_recovery = time.monotonic() + self.claim_min_idle_ms / 2000
-                    batch = await self._recover_idle()
-                else:
-                    batch = await self._read_new()
-                jobs = await self._admit(batch)
+                jobs = await self._admit(await self._collect())
                 failures = 0
             except _TRANSIENT as exc:
                 failures += 1
@@ -278,10 +342,38 @@ class QueueModeProducer(SharedStreamProducer):
                             self.queue_name, exc, delay)
                 await asyncio.sleep(delay)
                 continue
+            if not jobs:
+                continue
+            jobs.sort(key=lambda job: _stream_id(str_reply(job.entry_id)))  # oldest first
             for job in jobs:
                 self._in_flight[job.entry_id] = job
-                self.flow.outstanding += 1
-                yield job, job
+            self.flow.outstanding += 1
+            self.batches_total += 1
+            batch = QueueBatch(self.queue_name, jobs)
+            log.debug("chasqui watcher of queue %s: batch of %d job(s)", self.queue_name, len(jobs))
+            yield batch, batch
+
+    async def _collect(self) -> list[tuple[bytes, Any, int]]:
+        """One batch of entries, at most ``max_batch``: what is owed first (our own backlog,
+        redeliveries, idle entries of dead consumers), then new entries, lingering while more
+        arrive."""
+        rows: list[tuple[bytes, Any, int]] = []
+        if self._own_backlog:
+            rows += await self._own_pending(self.max_batch)
+        if len(rows) < self.max_batch and self._due_held():
+            rows += await self._reclaim_held(self.max_batch - len(rows))
+        if len(rows) < self.max_batch and time.monotonic() >= self._next_recovery:
+            self._next_recovery = time.monotonic() + self.claim_min_idle_ms / 2000
+            rows += await self._recover_idle(self.max_batch - len(rows))
+        if len(rows) < self.max_batch:
+            rows += await self._read_new(self.max_batch - len(rows), None if rows else self.block_ms)
+        stop = time.monotonic() + _MAX_COLLECT_SECS
+        while rows and len(rows) < self.max_batch and time.monotonic() < stop:
+            more = await self._read_new(self.max_batch - len(rows), self.linger_ms or None)
+            if not more:
+                break
+            rows += more
+        return rows
 
     async def _prepare(self) -> None:
         assert self._queue is not None
@@ -297,14 +389,11 @@ class QueueModeProducer(SharedStreamProducer):
             self._promoter_task = asyncio.create_task(self._promoter.run(), name=f"chasqui-promoter[{self.queue_name}]")
         log.info("chasqui watcher reading queue %s as %s/%s", self.queue_name, DEFAULT_GROUP, WATCHER_CONSUMER)
 
-    def _room(self) -> int:
-        return max(1, min(self.read_count, self.flow.room()))
-
-    async def _own_pending(self) -> list[tuple[bytes, Any, int]]:
+    async def _own_pending(self, want: int) -> list[tuple[bytes, Any, int]]:
         """Our consumer's pending entries left by an earlier run (a crash, a restart): re-read
         them first, oldest first, each a new delivery."""
         assert self._queue is not None
-        driver, want = self._queue.driver, self._room()
+        driver = self._queue.driver
         rows = await driver.call(command("XPENDING", self.keys.stream, DEFAULT_GROUP, self._own_after, "+", want,
                                          WATCHER_CONSUMER))
         rows = rows or []
@@ -329,20 +418,20 @@ class QueueModeProducer(SharedStreamProducer):
         now = time.monotonic()
         return any(at <= now for at, _ in self._held.values())
 
-    async def _reclaim_held(self) -> list[tuple[bytes, Any, int]]:
+    async def _reclaim_held(self, want: int) -> list[tuple[bytes, Any, int]]:
         assert self._queue is not None
         now = time.monotonic()
-        due = [eid for eid, (at, _) in self._held.items() if at <= now][: self._room()]
+        due = [eid for eid, (at, _) in self._held.items() if at <= now][:want]
         counts = {eid: self._held.pop(eid)[1] for eid in due}
         claimed = await self._queue.driver.call(command("XCLAIM", self.keys.stream, DEFAULT_GROUP, WATCHER_CONSUMER,
                                                         0, *due))
         return [(eid, fields, counts.get(eid, 0) + 1) for eid, fields in claimed or [] if eid is not None]
 
-    async def _recover_idle(self) -> list[tuple[bytes, Any, int]]:
+    async def _recover_idle(self, want: int) -> list[tuple[bytes, Any, int]]:
         """Entries pending for another consumer (a dead one) longer than ``claim_min_idle_ms``."""
         assert self._queue is not None
         driver = self._queue.driver
-        rows = await driver.call(self.core.idle_pending(self.claim_min_idle_ms, self._room()))
+        rows = await driver.call(self.core.idle_pending(self.claim_min_idle_ms, want))
         counts = {row[0]: int_reply(row[3]) for row in rows or []
                   if row[0] not in self._in_flight and row[0] not in self._held}
         if not counts:
@@ -353,9 +442,10 @@ class QueueModeProducer(SharedStreamProducer):
             log.info("chasqui watcher of queue %s claimed %d idle entries", self.queue_name, len(batch))
         return batch
 
-    async def _read_new(self) -> list[tuple[bytes, Any, int]]:
+    async def _read_new(self, want: int, block_ms: int | None) -> list[tuple[bytes, Any, int]]:
+        """New entries; ``block_ms`` None reads without waiting."""
         assert self._queue is not None
-        rows = await self._queue.driver.call(self.core.read(self._room(), self.block_ms))
+        rows = await self._queue.driver.call(self.core.read(want, block_ms))
         return [(eid, fields, 1) for _stream, entries in rows or [] for eid, fields in entries]
 
     async def _admit(self, batch: list[tuple[bytes, Any, int]]) -> list[QueueJob]:
@@ -375,59 +465,67 @@ class QueueModeProducer(SharedStreamProducer):
             assert isinstance(verdict, Delivery)
             env = verdict.envelope
             jobs.append(QueueJob(self.queue_name, entry_id, env.id, verdict.name, verdict.data, count,
-                                 env.created_at_ms, verdict.raw, time.monotonic_ns()))
+                                 env.created_at_ms, verdict.raw, time.monotonic_ns(), raw_name=verdict.raw_name))
         if dead:
             await self._queue.driver.pipeline(dead)
             self.dead_lettered_total += len(dead)
         return jobs
 
     # -- advancing -------------------------------------------------------------------------------
-    def get_advance_lane(self, broker_payload: QueueJob) -> Hashable:
-        """One lane per entry: acknowledgements are per entry (not cumulative like an offset),
-        so an entry still waiting for Airflow (up to the ack timeout) holds back no other."""
-        return broker_payload.entry_id
+    def get_advance_lane(self, broker_payload: QueueBatch) -> Hashable:
+        """One lane: a single batch is in flight at a time anyway."""
+        return "batches"
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Acknowledge what Airflow saved; dead-letter what every watcher refused; hold the rest.
 
-        * accepted by at least one subscriber and failed by none: XACK + XDEL (one
-          ``complete_batch`` call for the whole batch, which also writes ``completed`` events);
-        * refused by every subscriber (``reject_shared_stream_event``): DLQ, reason
-          ``unrecoverable``, ``detail`` = the watchers' reasons;
-        * failed by a subscriber (ack timeout, overflow) or received by none: left pending and
-          re-read after ``redeliver_after_ms`` (a new delivery, so attempts bound the loop).
+        Per read batch (one raw event):
+
+        * failed by a subscriber (ack timeout, overflow) or received by none: every job stays
+          pending and is re-read after ``redeliver_after_ms`` (a new delivery, so attempts bound
+          the loop);
+        * otherwise, per job: put in a saved event by at least one watcher: XACK + XDEL (one
+          ``complete_batch`` call for the whole batch, which also writes ``completed``
+          events); refused by every watcher that looked at it: DLQ, reason ``unrecoverable``,
+          ``detail`` = the watchers' reasons; looked at by none (a watcher left before reading
+          it): held for redelivery.
         """
         if self._queue is None or self._features is None:
             raise RuntimeError(f"queue {self.queue_name}: advance() before open_stream() opened Redis")
         now, now_ns = now_ms(), time.monotonic_ns()
         done: list[tuple[bytes, str, str, int, int, bytes]] = []
-        calls: list[Call] = []
+        dead: list[Call] = []
         held_at = time.monotonic() + self.redeliver_after_ms / 1000
         for item in batch:
-            job: QueueJob = item.broker_payload
+            read: QueueBatch = item.broker_payload
             outcome: AdvanceOutcome = item.outcome
-            if outcome.failed or (outcome.acked == 0 and outcome.rejected == 0):
-                self._held[job.entry_id] = (held_at, job.attempt)
-                log.warning("chasqui watcher of queue %s: job %s not taken by every watcher (%s); redelivering",
-                            self.queue_name, job.job_id, outcome)
-            elif outcome.acked:
-                if outcome.rejected:
-                    log.info("job %s of queue %s: accepted by %d watcher(s), refused by %d (%s)", job.job_id,
-                             self.queue_name, outcome.acked, outcome.rejected, "; ".join(job.reject_reasons))
-                done.append((job.entry_id, job.job_id, job.name, job.attempt,
-                             max(0, (now_ns - job.read_ns) // 1000), b""))
-            else:
-                detail = "; ".join(dict.fromkeys(job.reject_reasons)) or "refused by the Airflow asset watcher"
-                calls.append(self.core.dead_letter(job.entry_id, UNRECOVERABLE, job.raw, job.name, detail[:500],
-                                                   job.job_id, job.attempt, self._features, now))
-        if done:
-            calls.insert(0, self.core.complete(done, self._features, now))
+            whole_batch_held = bool(outcome.failed or (outcome.acked == 0 and outcome.rejected == 0))
+            if whole_batch_held:
+                log.warning("chasqui watcher of queue %s: batch of %d job(s) not taken by every watcher (%s); "
+                            "redelivering", self.queue_name, len(read.jobs), outcome)
+            for job in read.jobs:
+                if whole_batch_held or (not job.accepted and not job.reject_reasons):
+                    self._held[job.entry_id] = (held_at, job.attempt)
+                elif job.accepted:
+                    if job.reject_reasons:
+                        log.info("job %s of queue %s: accepted by %d watcher(s), refused by %d (%s)", job.job_id,
+                                 self.queue_name, job.accepted, len(job.reject_reasons),
+                                 "; ".join(job.reject_reasons))
+                    done.append((job.entry_id, job.job_id, job.name, job.attempt,
+                                 max(0, (now_ns - job.read_ns) // 1000), b""))
+                else:
+                    detail = "; ".join(dict.fromkeys(job.reject_reasons)) or "refused by the Airflow asset watcher"
+                    dead.append(self.core.dead_letter(job.entry_id, UNRECOVERABLE, job.raw, job.name, detail[:500],
+                                                      job.job_id, job.attempt, self._features, now,
+                                                      dlq_name=job.raw_name))
+        calls = ([self.core.complete(done, self._features, now)] if done else []) + dead
         if calls:
             await self._send(calls)
         for item in batch:
-            self._in_flight.pop(item.broker_payload.entry_id, None)
+            for job in item.broker_payload.jobs:
+                self._in_flight.pop(job.entry_id, None)
         self.acked_total += len(done)
-        self.dead_lettered_total += len(calls) - (1 if done else 0)
+        self.dead_lettered_total += len(dead)
         self.flow.release(len(batch))
 
     async def _send(self, calls: list[Call]) -> None:
@@ -461,28 +559,32 @@ class QueueModeProducer(SharedStreamProducer):
 # ---- completion mode ----------------------------------------------------------------------------
 class CompletionModeProducer(SharedStreamProducer):
     """Follows ``{chasqui:<q>}:events`` from a cursor kept in Redis and yields its ``completed``
-    entries; :meth:`advance` moves the cursor over the resolved prefix (one lane: the cursor is
-    cumulative).  A failed or unreceived event holds the cursor below it and re-reads from the
-    cursor after ``reread_after_ms`` (like a Kafka seek)."""
+    entries in batches of at most ``max_batch`` (lingering as the queue mode does);
+    :meth:`advance` moves the cursor to the end of a resolved batch.  A failed or unreceived
+    batch keeps the cursor where it was and is re-read from it after ``reread_after_ms``
+    (like a Kafka seek)."""
 
-    def __init__(self, *, queue_name: str, chasqui_conn_id: str, cursor: str, read_count: int = 100,
-                 block_ms: int = 1000, reread_after_ms: int = 1000, max_in_flight: int | None = None) -> None:
+    def __init__(self, *, queue_name: str, chasqui_conn_id: str, cursor: str, max_batch: int = DEFAULT_MAX_BATCH,
+                 linger_ms: int = DEFAULT_LINGER_MS, event_gap_ms: int = 0, block_ms: int = 1000,
+                 reread_after_ms: int = 1000) -> None:
+        _check_batching(max_batch, linger_ms, event_gap_ms)
         self.queue_name = validate_queue_name(queue_name)
         self.chasqui_conn_id = chasqui_conn_id
         self.cursor = cursor
         self.keys = QueueKeys.for_queue(queue_name)
         self.cursor_key = self.keys.cursor(cursor)
-        self.read_count = read_count
+        self.max_batch = max_batch
+        self.linger_ms = linger_ms
         self.block_ms = min(block_ms, WAIT_BLOCK_MS)  # a read must end within the Queue's socket timeout
         self.reread_after_ms = reread_after_ms
-        self.flow = _Flow(max_in_flight or _room_limit())
+        self.flow = _Flow(gap_ms=event_gap_ms)
         self._queue: Queue | None = None
         self.committed = ""  # the cursor's value: every event up to it was saved by Airflow
         self._read_from = ""
-        self._floor: str | None = None  # lowest held event id, not yet re-read and saved
         self._seek_at: float | None = None
+        self.batches_total = 0
 
-    async def open_stream(self) -> AsyncIterator[tuple[CompletedJob, str]]:
+    async def open_stream(self) -> AsyncIterator[tuple[CompletionBatch, str]]:
         self._queue = await _open_queue(self.chasqui_conn_id, self.queue_name)
         failures = 0
         loaded = False
@@ -493,7 +595,7 @@ class CompletionModeProducer(SharedStreamProducer):
                     loaded = True
                 if self._seek_at is not None:
                     wait = self._seek_at - time.monotonic()
-                    if wait > 0:  # read nothing past the held event until the re-read
+                    if wait > 0:  # read nothing past the held batch until the re-read
                         await asyncio.sleep(min(wait, self.block_ms / 1000))
                         continue
                     self._seek_at = None
@@ -502,9 +604,7 @@ class CompletionModeProducer(SharedStreamProducer):
                     self._read_from = self.committed
                 if not await self.flow.wait_for_room(self.block_ms / 1000):
                     continue
-                rows = await self._queue.driver.call(command(
-                    "XREAD", "COUNT", max(1, min(self.read_count, self.flow.room())), "BLOCK", self.block_ms,
-                    "STREAMS", self.keys.events, self._read_from))
+                completions = await self._collect()
                 failures = 0
             except _TRANSIENT as exc:
                 failures += 1
@@ -513,17 +613,39 @@ class CompletionModeProducer(SharedStreamProducer):
                             self.queue_name, exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            for _stream, entries in rows or []:
-                for entry_id, flat in entries:
-                    if self._seek_at is not None:
-                        break
-                    ev = parse_event(entry_id, flat)
-                    self._read_from = ev.event_id
-                    if ev.name != "completed":  # no watcher fires on it; a later commit covers it
-                        continue
-                    self.flow.outstanding += 1
-                    yield CompletedJob(self.queue_name, ev.event_id, ev.name, ev.job_id or "", ev.job_name,
-                                       ev.ts_ms, dict(ev.fields)), ev.event_id
+            if not completions:  # nothing any watcher fires on; a later commit covers it
+                continue
+            self.flow.outstanding += 1
+            self.batches_total += 1
+            yield CompletionBatch(self.queue_name, completions, self._read_from), self._read_from
+
+    async def _collect(self) -> list[CompletedJob]:
+        """The ``completed`` entries after ``_read_from``, at most ``max_batch``; after the first
+        one, reads on while more arrive within ``linger_ms``.  ``_read_from`` ends at the last
+        entry read."""
+        assert self._queue is not None
+        out: list[CompletedJob] = []
+        block: int | None = self.block_ms
+        stop: float | None = None
+        while len(out) < self.max_batch:
+            args: tuple[Any, ...] = ("XREAD", "COUNT", self.max_batch - len(out))
+            if block is not None:
+                args += ("BLOCK", block)
+            rows = await self._queue.driver.call(command(*args, "STREAMS", self.keys.events, self._read_from))
+            entries = [entry for _stream, stream_entries in rows or [] for entry in stream_entries]
+            for entry_id, flat in entries:
+                ev = parse_event(entry_id, flat)
+                self._read_from = ev.event_id
+                if ev.name == "completed":
+                    out.append(CompletedJob(self.queue_name, ev.event_id, ev.name, ev.job_id or "", ev.job_name,
+                                            ev.ts_ms, dict(ev.fields)))
+            if not out:
+                break  # only other kinds of events so far: the caller reads again
+            stop = stop or time.monotonic() + _MAX_COLLECT_SECS
+            if not entries or time.monotonic() >= stop:
+                break
+            block = self.linger_ms or None
+        return out
 
     async def _load_cursor(self) -> None:
         """Create the cursor at the stream's end if absent (so a restart before the first event
@@ -552,29 +674,20 @@ class CompletionModeProducer(SharedStreamProducer):
                  self.cursor_key)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Commit the cursor through the batch's resolved prefix, never past a held event."""
+        """Commit the cursor to the end of the resolved batch; after a failed or unreceived one,
+        re-read from the cursor (nothing later was read: one batch is in flight at a time)."""
         if self._queue is None:
             raise RuntimeError(f"queue {self.queue_name}: advance() before open_stream() opened Redis")
         through: str | None = None
-        held: str | None = None
         for item in batch:
             outcome: AdvanceOutcome = item.outcome
             if outcome.failed or (outcome.acked == 0 and outcome.rejected == 0):
-                held = item.broker_payload
+                log.warning("chasqui watcher of %s events: batch through %s not taken by every watcher (%s); "
+                            "re-reading from %s", self.queue_name, item.broker_payload, outcome, self.committed)
+                self._seek_at = time.monotonic() + self.reread_after_ms / 1000
                 break
             through = item.broker_payload
-        first = _stream_id(batch[0].broker_payload)
-        floor = self._floor
-        if floor is not None and through is not None and first <= _stream_id(floor) <= _stream_id(through):
-            floor = None  # the re-read got past the held event
-        if held is not None:
-            log.warning("chasqui watcher of %s events: event %s not taken by every watcher; re-reading from %s",
-                        self.queue_name, held, self.committed)
-            floor = held if floor is None or _stream_id(held) < _stream_id(floor) else floor
-            self._seek_at = time.monotonic() + self.reread_after_ms / 1000
-        self._floor = floor
-        if through is not None and _stream_id(through) > _stream_id(self.committed) and (
-                floor is None or _stream_id(through) < _stream_id(floor)):
+        if through is not None and _stream_id(through) > _stream_id(self.committed):
             await self._commit(through)
         self.flow.release(len(batch))
 
@@ -610,8 +723,9 @@ def _names(job_names: Any) -> list[str] | None:
 
 
 class ChasquiQueueEventTrigger(BaseEventTrigger):
-    """Fires an asset event per job of a queue (``mode="queue"``) or per completed job
-    (``mode="completion"``); see the module documentation for delivery guarantees.
+    """Fires one asset event per read batch: the jobs read from a queue (``mode="queue"``) or the
+    jobs that completed (``mode="completion"``), oldest first, at most ``max_batch`` of them;
+    see the module documentation for delivery guarantees.
 
     :param queue_name: the Chasqui queue.
     :param mode: ``"queue"`` (the watcher consumes the queue's jobs) or ``"completion"`` (it
@@ -622,10 +736,18 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
     :param cursor: completion mode only: the name of the cursor kept at
         ``{chasqui:<queue>}:cursor:<cursor>``; default ``airflow:<job names>`` (one per set of
         names).  Give each independent watcher of one queue its own cursor.
+    :param max_batch: at most this many jobs per asset event (1 to 1000, default 100).
+    :param linger_ms: once a job is read, keep reading while more arrive within this many
+        milliseconds (0 to 5000, default 100), so a burst is one event.
+    :param event_gap_ms: after a batch was saved and acknowledged, wait this much longer before
+        reading the next (0 to 600000, default 0): on Airflow 3.3, a scheduler that takes longer
+        than a triggerer sync to start a run can otherwise leave the next event waiting.
     """
 
     def __init__(self, *, queue_name: str, mode: str = "queue", job_names: list[str] | None = None,
-                 chasqui_conn_id: str = ChasquiHook.default_conn_name, cursor: str | None = None) -> None:
+                 chasqui_conn_id: str = ChasquiHook.default_conn_name, cursor: str | None = None,
+                 max_batch: int = DEFAULT_MAX_BATCH, linger_ms: int = DEFAULT_LINGER_MS,
+                 event_gap_ms: int = 0) -> None:
         super().__init__()
         try:
             validate_queue_name(queue_name)
@@ -641,11 +763,15 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
                                  f"got {cursor!r}")
         if not isinstance(chasqui_conn_id, str) or not chasqui_conn_id:
             raise ValueError(f"chasqui_conn_id must be a connection id, got {chasqui_conn_id!r}")
+        _check_batching(max_batch, linger_ms, event_gap_ms)
         self.queue_name = queue_name
         self.mode = mode
         self.job_names = _names(job_names)
         self.chasqui_conn_id = chasqui_conn_id
         self.cursor = cursor
+        self.max_batch = max_batch
+        self.linger_ms = linger_ms
+        self.event_gap_ms = event_gap_ms
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -656,6 +782,9 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
                 "job_names": None if self.job_names is None else list(self.job_names),
                 "chasqui_conn_id": self.chasqui_conn_id,
                 "cursor": self.cursor,
+                "max_batch": self.max_batch,
+                "linger_ms": self.linger_ms,
+                "event_gap_ms": self.event_gap_ms,
             },
         )
 
@@ -669,7 +798,9 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
     # -- shared stream (the triggerer's path) ---------------------------------------------------------
     def shared_stream_key(self) -> Hashable:
         """Watchers of one queue share one reader: queue mode per (connection, queue),
-        completion mode per (connection, queue, cursor)."""
+        completion mode per (connection, queue, cursor).  The shared reader is built from the
+        first watcher's arguments, so its ``max_batch``, ``linger_ms`` and ``event_gap_ms`` apply
+        to all."""
         if self.mode == "queue":
             return ("chasqui", "queue", self.chasqui_conn_id, self.queue_name)
         return ("chasqui", "completion", self.chasqui_conn_id, self.queue_name, self.cursor_name)
@@ -678,38 +809,57 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> QueueModeProducer | CompletionModeProducer:
         trigger = cls(**kwargs)
         if trigger.mode == "queue":
-            return QueueModeProducer(queue_name=trigger.queue_name, chasqui_conn_id=trigger.chasqui_conn_id)
+            return QueueModeProducer(queue_name=trigger.queue_name, chasqui_conn_id=trigger.chasqui_conn_id,
+                                     max_batch=trigger.max_batch, linger_ms=trigger.linger_ms,
+                                     event_gap_ms=trigger.event_gap_ms)
         return CompletionModeProducer(queue_name=trigger.queue_name, chasqui_conn_id=trigger.chasqui_conn_id,
-                                      cursor=trigger.cursor_name or "")
+                                      cursor=trigger.cursor_name or "", max_batch=trigger.max_batch,
+                                      linger_ms=trigger.linger_ms, event_gap_ms=trigger.event_gap_ms)
 
-    def decide(self, raw: QueueJob | CompletedJob) -> TriggerEvent | str | None:
-        """This watcher's verdict on one raw event: an event to fire, a reason to refuse it
-        (queue mode: dead-letter), or None to let it pass (completion mode: not ours)."""
-        if isinstance(raw, CompletedJob):
-            if raw.event != "completed" or (self.job_names is not None and raw.name not in self.job_names):
-                return None
-            return TriggerEvent(raw.payload())
-        if self.job_names is not None and raw.name not in self.job_names:
-            return f"job name {raw.name!r} is not watched (watching {', '.join(self.job_names)})"
-        problem = json_safe_problem(raw.data, "data")
+    def refusal(self, job: QueueJob) -> str | None:
+        """Why this watcher refuses one queued job (dead-lettered unless another watcher takes it)."""
+        if self.job_names is not None and job.name not in self.job_names:
+            return f"job name {job.name!r} is not watched (watching {', '.join(self.job_names)})"
+        problem = json_safe_problem(job.data, "data")
         if problem:
             return f"{problem}: an asset event carries JSON-compatible data only"
-        return TriggerEvent(raw.payload())
+        return None
+
+    def decide(self, raw: QueueBatch | CompletionBatch) -> TriggerEvent | str | None:
+        """This watcher's verdict on one read batch: one event with the jobs it takes (oldest
+        first), a reason to refuse the whole batch (queue mode: every job refused), or None
+        (completion mode: no completion of a watched name).  Queue mode notes on each job who
+        took or refused it, for :meth:`QueueModeProducer.advance`."""
+        if isinstance(raw, CompletionBatch):
+            mine = [c for c in raw.completions if self.job_names is None or c.name in self.job_names]
+            return TriggerEvent(raw.payload(mine)) if mine else None
+        taken: list[QueueJob] = []
+        for job in raw.jobs:
+            reason = self.refusal(job)
+            if reason is None:
+                job.accepted += 1
+                taken.append(job)
+            else:
+                job.reject_reasons.append(reason)
+                self.log.warning("queue %s: refusing job %s: %s", self.queue_name, job.job_id, reason)
+        if taken:
+            return TriggerEvent(raw.payload(taken))
+        return f"every job of the batch refused ({len(raw.jobs)})"
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for raw in shared_stream:
             verdict = self.decide(raw)
             if isinstance(verdict, TriggerEvent):
+                self.log.info("queue %s: %d job(s) in one asset event (%s mode)", self.queue_name,
+                              verdict.payload["count"], self.mode)
                 yield verdict
             elif verdict is not None:
-                raw.reject_reasons.append(verdict)
-                self.log.warning("queue %s: refusing job %s: %s", self.queue_name, raw.job_id, verdict)
                 reject_shared_stream_event()
 
     # -- standalone ----------------------------------------------------------------------------------
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """The producer and this filter in one loop, for use outside the triggerer's shared-stream
-        manager: an entry is advanced once the caller asks for the next event."""
+        manager: a batch is advanced once the caller asks for the next event."""
         producer = self.create_shared_stream_producer(self.serialize()[1])
         try:
             async with contextlib.aclosing(producer.open_stream()) as stream:
@@ -719,7 +869,6 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
                         yield verdict
                         outcome = AdvanceOutcome(acked=1, failed=0)
                     elif verdict is not None:
-                        raw.reject_reasons.append(verdict)
                         outcome = AdvanceOutcome(acked=0, failed=0, rejected=1)
                     else:
                         outcome = AdvanceOutcome(acked=1, failed=0)

@@ -5,7 +5,7 @@
     chasqui worker --queue Q --handlers pkg.module[:attr] [--handlers ...]
                    [--redis-url URL | --conn-id ID] [--concurrency N] [--no-scheduler]
                    [--max-jobs N] [--idle-exit S] [--metrics-port P [--metrics-host H]]
-                   [--log-level LEVEL] [--version]
+                   [--log-level LEVEL] [--log-format human|json] [--version]
 
 The process: parse arguments, configure logging (this module owns the process's
 ``logging.dictConfig``; library modules only log), load the handler registry, then run the
@@ -23,7 +23,8 @@ Where Redis is (:func:`resolve_url`, shared with the operator commands): ``--red
 the environment or a connection: an argv is visible to every user of the machine (``ps``).
 ``--conn-id`` is the only path that imports Airflow; this module imports neither airflow nor
 pyspark at import time.  Every log line goes through a formatter that redacts secrets
-(:func:`..core.urls.redact_text`), tracebacks included.
+(:func:`..core.urls.redact_text`), tracebacks included; ``--log-format json`` (or
+``CHASQUI_LOG_FORMAT=json``) writes one JSON object per line instead (see :mod:`.logs`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from typing import Any, Callable, Sequence
 
 from ..core.urls import check_url, redact_text
 from ..errors import ConfigError
+from ..ops.args import positive_int as _positive_int
+from .logs import LOG_FORMATS, RedactingFormatter, formatter_spec, set_log_context
 from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
 
 __all__ = ["build_parser", "configure_logging", "main", "resolve_target", "resolve_url", "run_worker",
@@ -51,20 +54,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s [%(process)d]: %(message)s"
 
 
 # ---- arguments ------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -102,7 +94,7 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         description="Consume one Chasqui queue with the handlers named by --handlers.",
         epilog="Redis: --redis-url, else --conn-id, else $CHASQUI_REDIS_URL, else " + DEFAULT_REDIS_URL
                + " (prefer the environment or a connection: argv is visible in ps).  CHASQUI_LOG_LEVEL sets "
-               "the default --log-level.",
+               "the default --log-level, CHASQUI_LOG_FORMAT the default --log-format.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--queue", "-q", help="queue to consume (default with --conn-id: the connection's default_queue)")
@@ -149,6 +141,10 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
                    default=os.environ.get("CHASQUI_LOG_LEVEL", "INFO").upper(),
                    help="level of this package's loggers (default INFO; DEBUG logs every job)")
+    p.add_argument("--log-format", type=str.lower, choices=LOG_FORMATS,
+                   default=(os.environ.get("CHASQUI_LOG_FORMAT") or "human").lower(),
+                   help="human: one text line per record (default); json: one JSON object per line with ts, "
+                        "level, logger, message, queue, job_id, job_name, attempt (and trace ids when known)")
     if spark:
         p.add_argument("--app-name", default=None, help="Spark application name (default: chasqui-worker-<queue>)")
         p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
@@ -213,14 +209,24 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
     url, default_queue = resolve_url(args.redis_url, args.conn_id)
     queue = args.queue or default_queue
     if args.conn_id:
-        configure_logging(args.log_level)  # importing Airflow installed its own logging setup
+        configure_logging(args.log_level, getattr(args, "log_format", "human"))  # Airflow installed its own setup
     if not queue:
         raise ConfigError("no queue: pass --queue (or a --conn-id whose connection sets default_queue)")
     return url, queue
 
 
+# the metadata database URL an Airflow 3 task's supervisor gives the task's processes
+_TASK_BLOCKED_DB = "airflow-db-not-allowed:"
+
+
 def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
     """The only place this command touches Airflow (imported here, on demand)."""
+    in_task = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "").startswith(_TASK_BLOCKED_DB)
+    if in_task:
+        # Started by an Airflow 3 task (SparkSubmitOperator, BashOperator...): its supervisor blocks
+        # the metadata database for the task's processes with a URL that makes importing Airflow
+        # fail; import it as Airflow's virtualenv operators do, without an ORM.
+        os.environ.setdefault("PYTHON_OPERATORS_VIRTUAL_ENV_MODE", "1")
     try:
         from ..hooks.chasqui import settings_outside_task
     except ImportError as exc:
@@ -231,25 +237,23 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends, shown plainly
+        hint = (" (this process was started by an Airflow task, which may not read the metadata database: "
+                f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
+                "CHASQUI_REDIS_URL)") if in_task else ""
         raise ConfigError(f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: "
-                          f"{redact_text(exc)}") from exc
+                          f"{redact_text(exc)}{hint}") from exc
     return settings.redis_url(), settings.default_queue
 
 
 # ---- logging --------------------------------------------------------------------------------
-class RedactingFormatter(logging.Formatter):
-    """A formatter whose output (message, traceback, stack) never holds a password or token."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record))
-
-
-def configure_logging(level: str) -> None:
-    """The worker process's logging: one line per record on stderr.  Only CLIs call this."""
+def configure_logging(level: str, fmt: str = "human") -> None:
+    """The worker process's logging: one line per record on stderr (``fmt``: ``human`` text or
+    ``json``, see :mod:`.logs`; Python warnings are logged too).  Only CLIs call this."""
+    logging.captureWarnings(True)
     logging.config.dictConfig({
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"line": {"()": RedactingFormatter, "fmt": _LOG_FORMAT}},
+        "formatters": {"line": formatter_spec(fmt)},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
         "loggers": {
             "airflow_provider_chasqui": {"level": level},
@@ -273,6 +277,7 @@ def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHo
 
     hooks = hooks or RunHooks()
     url, queue = resolve_target(args)
+    set_log_context(queue=queue)
     table = bind(registry, hooks.resources, wrap=hooks.wrap)
     options = worker_options(args, hooks.defaults)
     sink = server = None
@@ -361,7 +366,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "chasqui worker") -> 
     """Entry point of ``chasqui worker`` and ``python -m airflow_provider_chasqui.worker``."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         registry = load_registry(args)
         if registry.needs("spark"):
@@ -373,7 +378,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "chasqui worker") -> 
             code = run_worker(args, registry)
     except (HandlerLoadError, ConfigError) as exc:
         log.error("%s", exc)
-        print(f"{parser.prog}: error: {redact_text(exc)}", file=sys.stderr)
+        if args.log_format != "json":  # a JSON log has the line above; nothing else may be written
+            print(f"{parser.prog}: error: {redact_text(exc)}", file=sys.stderr)
         return 2
     stragglers = _straggler_threads()
     if stragglers:

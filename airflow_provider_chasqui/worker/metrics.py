@@ -1,11 +1,16 @@
 """Prometheus metrics and health for a worker process: a metrics sink, a depth sampler, an HTTP server.
 
 * :class:`PrometheusMetrics` is the ``metrics=`` object ``Worker`` (and its promoter and
-  scheduler) call: jobs completed / failed / retried / dead-lettered by job name, handler
-  latency, jobs read, promoter lag, scheduler fires and fire lag.
-* :class:`DepthSampler` reads the queue's depths (stream XLEN, pending count of the group,
-  delayed ZCARD, DLQ XLEN) with its own blocking driver, for any URL the engine takes
-  (``redis://``, ``rediss://``, ``redis+sentinel://``, ``?cluster=true``).
+  scheduler) call: jobs completed / failed / retried / dead-lettered by job name (and DLQ
+  reason), handler latency, jobs read, promoter lag, scheduler fires and fire lag, lease
+  renewals and lost leases, supervised-task restarts.
+* :class:`DepthSampler` reads the queue's state (stream XLEN, pending count of the group,
+  delayed ZCARD and how many of those are overdue, DLQ XLEN, the age of the oldest job not
+  yet delivered, the group's consumers and their longest idle time, quarantined repeatable
+  specs) with its own blocking driver, for any URL the engine takes (``redis://``,
+  ``rediss://``, ``redis+sentinel://``, ``?cluster=true``).
+
+Every metric, with a suggested alert, is listed in ``docs/metrics.md``.
 * :class:`MetricsServer` serves ``/metrics`` (Prometheus text format), ``/livez`` (the process
   and its event loop answer), ``/readyz`` (the worker runs and Redis answered the last depth
   sample; ``/healthz`` is an alias) from daemon threads, and runs the sampler every
@@ -38,16 +43,22 @@ from ..core.calls import command, int_reply, str_reply
 from ..core.keys import QueueKeys
 from ..errors import ConfigError
 
-__all__ = ["PrometheusMetrics", "DepthSampler", "MetricsServer", "UNREGISTERED", "LATENCY_BUCKETS"]
+__all__ = ["PrometheusMetrics", "DepthSampler", "MetricsServer", "UNREGISTERED", "LATENCY_BUCKETS", "DLQ_REASONS",
+           "TASK_ROLES"]
 
 log = logging.getLogger(__name__)
 
 #: Label used for job names no handler is registered for (bounded label cardinality:
 #: producers, not the operator, choose job names).
 UNREGISTERED = "__unregistered__"
-#: Handler latency buckets (seconds): milliseconds for plain handlers up to half an hour for Spark jobs.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-                   600.0, 1800.0, float("inf"))
+#: Handler latency buckets (seconds): 1 ms for plain handlers up to 4 h for Spark jobs.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, float("inf"))
+#: DLQ reasons a label may take (ChasquiMQ's five and ours); anything else is counted as ``other``.
+DLQ_REASONS = frozenset({"retries_exhausted", "unrecoverable", "decode_failed", "oversize_payload", "malformed",
+                         "routing_failed"})
+#: The worker's supervised task roles (the ``task`` label of ``chasqui_task_restarts_total``).
+TASK_ROLES = ("reader", "slots", "flusher", "lease", "promoter", "scheduler")
 
 
 def _prometheus() -> Any:
@@ -107,6 +118,25 @@ class PrometheusMetrics:
                                     ["queue"], namespace=ns, registry=r)
         self.sample_errors = pc.Counter("depth_sample_errors", "Depth samples that failed (Redis unreachable, ...)",
                                         ["queue"], namespace=ns, registry=r)
+        self.oldest_waiting = pc.Gauge("oldest_waiting_job_age_seconds", "Age of the oldest job in the stream not yet "
+                                       "delivered to a worker (0: none waiting)", ["queue"], namespace=ns, registry=r)
+        self.delayed_overdue = pc.Gauge("delayed_overdue_jobs", "Delayed jobs whose run time has passed but are "
+                                        "still in the delayed set (the promoter is behind or not running)",
+                                        ["queue"], namespace=ns, registry=r)
+        self.consumers = pc.Gauge("consumers", "Consumers of the group (XINFO CONSUMERS)", ["queue", "group"],
+                                  namespace=ns, registry=r)
+        self.consumer_idle = pc.Gauge("consumer_max_idle_seconds", "Longest idle time among the group's consumers "
+                                      "(a dead worker's consumer grows until the janitor removes it)",
+                                      ["queue", "group"], namespace=ns, registry=r)
+        self.quarantined = pc.Gauge("scheduler_quarantined_specs", "Repeatable specs moved to quarantine because "
+                                    "they could not be decoded (they no longer fire)", ["queue"], namespace=ns,
+                                    registry=r)
+        self.lease_renewals = pc.Counter("lease_renewals", "In-flight entries whose lease this worker renewed",
+                                         ["queue"], namespace=ns, registry=r)
+        self.leases_lost = pc.Counter("leases_lost", "In-flight entries another consumer took over (this worker was "
+                                      "paused or cut off longer than the lease)", ["queue"], namespace=ns, registry=r)
+        self.restarts = pc.Counter("task_restarts", "Restarts of the worker's supervised tasks after a crash",
+                                   ["queue", "task"], namespace=ns, registry=r)
 
     def _name(self, name: str) -> str:
         if self._known is None or name in self._known or name == "":
@@ -130,7 +160,17 @@ class PrometheusMetrics:
         self.retried.labels(queue, self._name(name)).inc()
 
     def job_dead(self, queue: str, name: str, reason: str) -> None:
-        self.dead.labels(queue, self._name(name), reason).inc()
+        self.dead.labels(queue, self._name(name), reason if reason in DLQ_REASONS else "other").inc()
+
+    def lease_renewed(self, queue: str, entries: int) -> None:
+        self.lease_renewals.labels(queue).inc(entries)
+
+    def lease_lost(self, queue: str, entries: int) -> None:
+        self.leases_lost.labels(queue).inc(entries)
+
+    def task_restarted(self, queue: str, task: str, n: int = 1) -> None:
+        """``n=0`` when the task starts: the series exists (at 0) before the first restart."""
+        self.restarts.labels(queue, task if task in TASK_ROLES else "other").inc(n)
 
     def promoter_tick(self, queue: str, promoted: int, depth: int, lag_ms: int) -> None:
         if promoted:
@@ -149,6 +189,12 @@ class PrometheusMetrics:
         self.pending_depth.labels(queue, group).set(depths["pending"])
         self.delayed_depth.labels(queue).set(depths["delayed"])
         self.dlq_depth.labels(queue).set(depths["dlq"])
+        if "oldest_waiting_ms" in depths:  # the DepthSampler's extras (a custom sampler may not have them)
+            self.oldest_waiting.labels(queue).set(depths["oldest_waiting_ms"] / 1000)
+            self.delayed_overdue.labels(queue).set(depths["overdue"])
+            self.consumers.labels(queue, group).set(depths["consumers"])
+            self.consumer_idle.labels(queue, group).set(depths["consumer_max_idle_ms"] / 1000)
+            self.quarantined.labels(queue).set(depths["quarantined"])
         self.sample_time.labels(queue).set(time.time())
 
     def sample_failed(self, queue: str) -> None:
@@ -161,9 +207,11 @@ class PrometheusMetrics:
 
 
 class DepthSampler:
-    """Reads a queue's four depths on a blocking driver of its own (any URL the engine takes).
+    """Reads a queue's depths and ages on a blocking driver of its own (any URL the engine takes).
 
     A missing stream or group counts as 0 (a worker that has not created its group yet).
+    Ages use this machine's clock against stream ids and delayed scores (Redis' and the
+    producers' clocks): keep clocks in sync (NTP), as the scheduler already needs.
     Used from the :class:`MetricsServer` thread only.
     """
 
@@ -173,28 +221,48 @@ class DepthSampler:
         self._url = redis_url
         self._driver: Any = None  # made on first use: a cluster client connects when it is built
 
-    def _flow(self) -> Any:
+    def _flow(self, now_ms: int) -> Any:
         k = self.keys
-        stream, delayed, dlq, exists = yield [command("XLEN", k.stream), command("ZCARD", k.delayed),
-                                              command("XLEN", k.dlq), command("EXISTS", k.stream)]
-        pending = 0
+        stream, delayed, dlq, exists, overdue, quarantined = yield [
+            command("XLEN", k.stream), command("ZCARD", k.delayed), command("XLEN", k.dlq),
+            command("EXISTS", k.stream), command("ZCOUNT", k.delayed, "-inf", now_ms),
+            command("HLEN", k.repeat_quarantine)]
+        pending = consumers = idle_ms = 0
+        after = "-"  # the oldest waiting entry: the first one past the group's last delivered id
         if int_reply(exists):
             for flat in (yield command("XINFO", "GROUPS", k.stream)) or []:
-                info = {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+                info = _pairs(flat)
                 if str_reply(info.get("name", b"")) == self.group:
                     pending = int_reply(info.get("pending", 0))
-        return {"stream": int_reply(stream), "pending": pending, "delayed": int_reply(delayed), "dlq": int_reply(dlq)}
+                    after = "(" + str_reply(info.get("last-delivered-id", b"0-0"))
+                    rows = (yield command("XINFO", "CONSUMERS", k.stream, self.group)) or []
+                    consumers = len(rows)
+                    idle_ms = max((int_reply(_pairs(c).get("idle", 0)) for c in rows), default=0)
+        oldest_ms = 0
+        if int_reply(stream):
+            first = (yield command("XRANGE", k.stream, after, "+", "COUNT", 1)) or []
+            if first:
+                oldest_ms = max(0, now_ms - int(str_reply(first[0][0]).split("-", 1)[0]))
+        return {"stream": int_reply(stream), "pending": pending, "delayed": int_reply(delayed), "dlq": int_reply(dlq),
+                "oldest_waiting_ms": oldest_ms, "overdue": int_reply(overdue), "consumers": consumers,
+                "consumer_max_idle_ms": idle_ms, "quarantined": int_reply(quarantined)}
 
     def sample(self) -> dict[str, int]:
         if self._driver is None:
             from ..sync._driver import SyncDriver
 
             self._driver = SyncDriver(self._url, lane=False, socket_connect_timeout=2, socket_timeout=5)
-        return self._driver.run(self._flow())
+        return self._driver.run(self._flow(int(time.time() * 1000)))
 
     def close(self) -> None:
         if self._driver is not None:
             self._driver.close()
+
+
+def _pairs(flat: Any) -> dict[str, Any]:
+    """An XINFO reply's flat ``[key, value, ...]`` list as a dict with str keys."""
+    flat = flat or []
+    return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
 
 
 _SUMMARY_KEYS = frozenset({"ok", "running"})

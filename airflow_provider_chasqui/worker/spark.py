@@ -14,11 +14,14 @@ imported there and nowhere at module level, so importing this module stays cheap
 it to every handler that declares a ``spark`` parameter.  Spark handlers are plain functions
 run in the worker's thread pool; a Spark job already spreads over every executor core, so
 the defaults keep few of them at once (concurrency 2, prefetch 1, threads = concurrency), and
-the scheduler runs in FAIR mode with one pool per handler thread so concurrent handlers share
-the executors instead of queueing behind each other.  Each handler call runs in a Spark job
-group named after the job id (visible in the Spark UI, and cancellable).  A Spark job may run
-for hours: the worker renews its lease every ``--claim-min-idle-ms`` / 3 (default 30 s), so no
-other worker starts it again while this one lives.
+the scheduler runs in FAIR mode with one pool per handler thread (``chasqui-0``, ``chasqui-1``...,
+declared in the shipped ``fairscheduler.xml``) so concurrent handlers share the executors
+instead of queueing behind each other.  Spark logs at WARN unless ``spark.log.level`` is given
+(at INFO a three-job batch writes some 700 lines); the worker's own lines keep ``--log-level``.
+Each handler call runs in a Spark job group named after the job id (visible in the Spark UI,
+and cancellable).  A Spark job may run for hours: the worker renews its lease every
+``--claim-min-idle-ms`` / 3 (default 30 s), so no other worker starts it again while this one
+lives.
 
 Stopping.  Under spark-submit the JVM is the parent process and, in a container, PID 1: a
 SIGTERM reaches the JVM, whose default reaction (shutdown hooks: stop the SparkContext, kill
@@ -41,6 +44,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 if __name__ == "__main__":  # run as a file by spark-submit / python: drop this folder from sys.path
@@ -51,12 +55,20 @@ from airflow_provider_chasqui.errors import ConfigError
 from airflow_provider_chasqui.worker import cli
 from airflow_provider_chasqui.worker.registry import HandlerLoadError, HandlerRegistry, bind
 
-__all__ = ["main", "run_with_spark", "SparkRuntime", "DEFAULT_SPARK_CONCURRENCY"]
+__all__ = ["main", "run_with_spark", "SparkRuntime", "DEFAULT_SPARK_CONCURRENCY", "DEFAULT_SPARK_LOG_LEVEL",
+           "POOL_FILE", "POOLS"]
 
 log = logging.getLogger("airflow_provider_chasqui.worker.spark")
 
 #: Spark handlers run at once by default: each Spark job already uses every core it is given.
 DEFAULT_SPARK_CONCURRENCY = 2
+#: Spark's log level unless ``spark.log.level`` is set (spark-submit ``--conf`` or ``--spark-conf``):
+#: Spark's warnings and errors stay, its per-stage and per-task INFO lines go.
+DEFAULT_SPARK_LOG_LEVEL = "WARN"
+#: The FAIR pools ``fairscheduler.xml`` declares (``chasqui-0`` to ``chasqui-15``).
+POOLS = 16
+#: The scheduler allocation file the worker uses unless ``spark.scheduler.allocation.file`` is set.
+POOL_FILE = str(Path(__file__).resolve().with_name("fairscheduler.xml"))
 
 
 def _spark_defaults() -> dict[str, Any]:
@@ -88,11 +100,29 @@ def build_session(app_name: str | None, conf: dict[str, str], *, default_name: s
     given = existing.get("spark.app.name", None)  # spark-submit --name; its default is the file's name
     if app_name or not given or given == os.path.basename(sys.argv[0] or ""):
         builder = builder.appName(app_name or default_name)
-    if not existing.contains("spark.scheduler.mode") and "spark.scheduler.mode" not in conf:
-        builder = builder.config("spark.scheduler.mode", "FAIR")
+    for key, value in _session_defaults(existing, conf).items():
+        builder = builder.config(key, value)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _session_defaults(existing: Any, conf: dict[str, str]) -> dict[str, str]:
+    """What the worker sets when neither spark-submit nor ``--spark-conf`` did: FAIR scheduling
+    with the shipped pools (no "pool ... has not been configured" warning per handler thread),
+    and Spark's log level (WARN: a batch's output is the worker's lines and Spark's warnings)."""
+    def given(key: str) -> bool:
+        return key in conf or existing.contains(key)
+
+    out: dict[str, str] = {}
+    if not given("spark.scheduler.mode"):
+        out["spark.scheduler.mode"] = "FAIR"
+    mode = conf.get("spark.scheduler.mode") or existing.get("spark.scheduler.mode", None) or "FAIR"
+    if mode.upper() == "FAIR" and not given("spark.scheduler.allocation.file"):
+        out["spark.scheduler.allocation.file"] = Path(POOL_FILE).as_uri()  # file:, not the cluster's default FS
+    if not given("spark.log.level"):
+        out["spark.log.level"] = DEFAULT_SPARK_LOG_LEVEL
+    return out
 
 
 class SparkRuntime:
@@ -111,6 +141,18 @@ class SparkRuntime:
         self._jvm_handlers: list[Any] = []
         self._finished = threading.Event()
         self.jvm_lost = False
+        self._slots = threading.local()
+        self._next_slot = 0
+
+    def pool(self) -> str:
+        """The FAIR pool of the calling handler thread: ``chasqui-<slot>``, a slot per thread in
+        the order threads first run a handler (modulo :data:`POOLS`, the pools the file declares)."""
+        slot = getattr(self._slots, "n", None)
+        if slot is None:
+            with self._lock:
+                slot = self._slots.n = self._next_slot
+                self._next_slot += 1
+        return f"chasqui-{slot % POOLS}"
 
     # ---- handlers ------------------------------------------------------------------------
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -126,7 +168,7 @@ class SparkRuntime:
             with self._lock:
                 self.active += 1
             # One FAIR pool per handler thread, so concurrent handlers share the executors.
-            sc.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
+            sc.setLocalProperty("spark.scheduler.pool", self.pool())
             sc.setJobGroup(f"chasqui-{job.id}", f"chasqui {self.queue_hint} {name} {job.id}", True)
             try:
                 return fn(job)
@@ -241,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the Spark worker (spark-submit application, or ``python -m``)."""
     parser = cli.build_parser("spark-submit .../worker/spark.py", spark=True)
     args = parser.parse_args(argv)
-    cli.configure_logging(args.log_level)
+    cli.configure_logging(args.log_level, getattr(args, "log_format", "human"))
     try:
         registry = cli.load_registry(args)
         code = run_with_spark(args, registry)

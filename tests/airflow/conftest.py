@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from airflow_support import WorkerProcess, conn_json
+from services import airflow_services  # noqa: F401 - one definition: one set of services per session
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

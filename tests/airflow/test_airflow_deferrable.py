@@ -84,4 +84,7 @@ def test_dag_test_defers_as_configured(airflow_home: dict[str, str], redis_url: 
     assert run["xcom"]["wait_here.return_value"] == {"x": 3, "square": 9}
     assert run["xcom"]["sense.return_value"] == {"x": 4, "square": 16}
     for task_id in ("wait_here", "sense"):
-        assert ("[DAG TEST] Trigger completed" in _task_log(run["log"], task_id)) is deferred, task_id
+        log = _task_log(run["log"], task_id)
+        assert ("[DAG TEST] Trigger completed" in log) is deferred, task_id
+        # blocking, poking or resumed: the task log says what the wait found
+        assert re.search(rf"queue {queue}: job \S+ completed; attempts: 1; waited \d+\.\d\d s; result: ", log), log

@@ -136,9 +136,45 @@ def test_dead_letters_example_finds_its_job_in_the_dlq_and_removes_it(runs: dict
         assert job_id not in [row["job_id"] for row in q.peek_dlq(1000)]
 
 
+WAITED = r"waited \d+\.\d\d s"
+
+
+def test_task_logs_say_what_the_wait_found(runs: dict) -> None:
+    """Operator, sensor and trigger log the job id, queue, state, attempts, the result (cut to a
+    size) or the failure reason, and the wait: on the deferred, the fast and the failing path."""
+    run, q = runs["enqueue_and_wait"], runs["enqueue_and_wait"]["queue"]
+    square = task_log(run, "square")
+    square_id = run["xcom"]["square.job_id"]
+    assert f"queue {q}: enqueued job {square_id} (square); waiting for its result" in square
+    assert re.search(rf"queue {q}: job {square_id} completed; waited \d+\.\d\d s; result: {{'x': 7, 'square': 49}}"
+                     r" \[airflow_provider_chasqui\.triggers\.job\.ChasquiJobTrigger\]", square), square
+    assert re.search(rf"queue {q}: job {square_id} completed; attempts: 1; {WAITED}; result: {{'x': 7, 'square': 49}}"
+                     r" \[airflow\.task\.operators", square), square
+    greet_id = run["xcom"]["enqueue_greet.job_id"]
+    assert re.search(rf"queue {q}: job {greet_id} completed; attempts: 1; {WAITED}; result: 'hello, airflow'",
+                     task_log(run, "wait_greet"))
+
+    run = runs["enqueue_and_wait_dlq"]
+    bad_id = run["xcom"]["enqueue_greet.job_id"]
+    assert re.search(rf"queue {run['queue']}: job {bad_id} failed; attempts: 1; {WAITED}; reason: unrecoverable "
+                     r"\(handler: .*explode refuses", task_log(run, "wait_greet"))
+
+    run = runs["fan_out_100"]
+    ids = run["xcom"]["fan_out.return_value"]
+    wait_all = task_log(run, "wait_all")
+    assert re.search(rf"queue {run['queue']}: 100 jobs \({', '.join(ids[:5])}, \.\.\.\) completed; "
+                     rf"attempts: 1 each; {WAITED}; results: {{'{ids[0]}': {{'x': 0, 'square': 0}}, .*\.\.\. "
+                     r"\[\d+ characters\]", wait_all), wait_all[-3000:]
+
+    run = runs["sensor_cases"]
+    assert re.search(rf"queue {run['queue']}: job \S+ still running at the deadline; {WAITED}",
+                     task_log(run, "wait_timeout"))
+
+
 def test_timings_are_reported(runs: dict, record_property) -> None:
     """Not a check: the per-run ``dag.test()`` wall times, for the issue's closing note."""
     for name, run in runs.items():
         record_property(f"dag_test_seconds[{name}]", run["seconds"])
         print(f"dag.test {name}: {run['seconds']:.2f} s")
     print(f"run_dag.py process (all runs, incl. Airflow start-up): {runs['sensor_cases']['process_seconds']:.2f} s")
+

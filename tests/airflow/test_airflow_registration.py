@@ -72,6 +72,7 @@ ENGINE_SIDE = [
     "airflow_provider_chasqui.engine.worker",
     "airflow_provider_chasqui.sync.queue",
     "airflow_provider_chasqui.examples.handlers",
+    "airflow_provider_chasqui.examples.dag_defaults",
     "airflow_provider_chasqui.hooks._connection",
     "airflow_provider_chasqui.get_provider_info",
 ]

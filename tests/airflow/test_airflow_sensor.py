@@ -112,8 +112,13 @@ def test_dead_lettered_job_fails_the_check(queue: SyncQueue, queue_name: str, st
     start_worker(queue_name)
     with pytest.raises(JobFailed):
         queue.wait_for_result(job.id, timeout=30)
-    with pytest.raises(AirflowFailException, match=f"job {job.id} on queue {queue_name} failed: unrecoverable"):
+    with _task_log() as lines, \
+            pytest.raises(AirflowFailException, match=f"job {job.id} on queue {queue_name} failed: unrecoverable") as info:
         sensor(job_id=job.id, queue_name=queue_name).execute({})
+    # the message and the task log carry the handler's traceback, innermost frame last
+    for text in (str(info.value), "\n".join(lines)):
+        assert "handler traceback (from the Chasqui worker):\nTraceback (most recent call last):" in text, text
+        assert "in explode" in text and "UnrecoverableError: explode refuses {'n': 1}" in text
     with pytest.raises(AirflowSkipException):
         sensor(job_id=job.id, queue_name=queue_name, soft_fail=True).execute({})
 
@@ -137,6 +142,30 @@ SUCCESS = {"status": "success", "queue": "q", "results": {"a": 1, "b": {"k": [2]
 ])
 def test_execute_complete_returns_results(job_id: object, expected: object) -> None:
     assert sensor(job_id=job_id).execute_complete({}, SUCCESS) == expected
+
+
+def test_deferred_resume_shows_the_handler_traceback(queue: SyncQueue, queue_name: str, start_worker) -> None:
+    """The deferrable path end to end: a real trigger's error event, resumed by the sensor."""
+    import asyncio
+
+    job = queue.add("explode", {"n": 3})
+    start_worker(queue_name)
+    with pytest.raises(JobFailed):
+        queue.wait_for_result(job.id, timeout=30)
+    trigger = ChasquiJobTrigger(job_ids=[job.id], queue_name=queue_name)
+
+    async def first() -> dict:
+        async for ev in trigger.run():
+            return ev.payload
+        raise AssertionError("no event")
+
+    event = asyncio.run(first())
+    assert event["status"] == "error" and "UnrecoverableError: explode refuses {'n': 3}" in event["traceback"]
+    with _task_log() as lines, pytest.raises(AirflowFailException) as info:
+        sensor(job_id=job.id, queue_name=queue_name).resume_execution("execute_complete", {"event": event}, {})
+    for text in (str(info.value), "\n".join(lines)):
+        assert f"job {job.id} on queue {queue_name} failed: unrecoverable" in text
+        assert "handler traceback (from the Chasqui worker):" in text and "in explode" in text, text
 
 
 def test_resume_maps_errors_like_airflow_sensors() -> None:

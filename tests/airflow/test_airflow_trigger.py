@@ -18,6 +18,7 @@ from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_chasqui import Queue, Worker
+from airflow_provider_chasqui.core.event_hub import reader_name
 from airflow_provider_chasqui.examples.handlers import HANDLERS
 from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger, json_safe_problem
 from engine_support import running, wait_until
@@ -108,8 +109,12 @@ async def test_dead_lettered_job_is_an_error_event(queue_name: str, redis_url: s
         trigger = ChasquiJobTrigger(job_ids=[ok.id, bad.id], queue_name=queue_name)
         async with running(make_worker(queue_name, HANDLERS, redis_url, store_results=True)):
             payload = await _first_event(trigger)
+    tb = payload.pop("traceback")
     assert payload == {"status": "error", "job_id": bad.id, "reason": "unrecoverable", "queue": queue_name,
                        "detail": "handler: Python handler raised: UnrecoverableError(\"explode refuses {'n': 1}\")"}
+    # the handler's traceback, innermost frame last, as the worker recorded it
+    assert tb.startswith("Traceback (most recent call last):")
+    assert tb.rstrip().endswith("UnrecoverableError: explode refuses {'n': 1}") and "in explode" in tb
 
 
 async def test_result_airflow_cannot_carry_is_an_error_event(queue_name: str, redis_url: str) -> None:
@@ -140,7 +145,10 @@ async def test_blocks_on_redis_and_cancels_promptly(queue_name: str, redis_url: 
     task = asyncio.create_task(anext(trigger.run()))
     with redis.Redis.from_url(redis_url) as r:
         def blocked_reads() -> list[dict]:
-            return [c for c in r.client_list() if c.get("cmd") == "xread" and "b" in c.get("flags", "")]
+            # only this queue's events reader (named by the hub): other tests may block on XREAD too
+            mine = reader_name(queue_name)
+            return [c for c in r.client_list()
+                    if c.get("name") == mine and c.get("cmd") == "xread" and "b" in c.get("flags", "")]
 
         await wait_until(blocked_reads, what="the trigger's blocking XREAD on the events stream")
         started = time.monotonic()
@@ -191,3 +199,24 @@ async def test_results_keep_job_id_order_across_chunks(queue_name: str, redis_ur
         async with running(make_worker(queue_name, HANDLERS, redis_url, store_results=True, promoter_poll_ms=50)):
             payload = await _first_event(trigger)
     assert list(payload["results"]) == [late.id, early.id]
+
+
+async def test_waiting_triggers_share_one_events_reader(queue_name: str, redis_url: str) -> None:
+    """200 deferred tasks of one triggerer cost one reader connection, not 200 (the hub)."""
+
+    async with Queue(queue_name, redis_url=redis_url) as q:
+        jobs = await q.add_bulk([{"name": "square", "data": {"x": i}} for i in range(200)])
+    triggers = [ChasquiJobTrigger(job_ids=[j.id], queue_name=queue_name) for j in jobs]
+    tasks = [asyncio.create_task(_first_event(t, 120)) for t in triggers]
+    with redis.Redis.from_url(redis_url) as r:
+        def readers() -> list[dict]:
+            return [c for c in r.client_list() if c.get("name") == reader_name(queue_name)]
+
+        await wait_until(lambda: len(readers()) == 1, what="the hub's reader")
+        async with running(make_worker(queue_name, HANDLERS, redis_url, store_results=True, concurrency=20)):
+            payloads = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        assert len(readers()) <= 1
+        await wait_until(lambda: not readers(), what="the reader to close after the last trigger")
+    for job, payload in zip(jobs, payloads):
+        assert payload == {"status": "success", "queue": queue_name,
+                           "results": {job.id: {**job.data, "square": job.data["x"] ** 2}}}

@@ -6,10 +6,8 @@
   mode keeps its cursor in Redis and resumes without replay or skip;
 * the ack gate through Airflow's real ``SharedStreamManager``, driven the way the triggerer
   drives it (subscribe, ``filter_shared_stream``, ``bind_pending_event``, ``confirm_persisted``);
-* end to end with the real scheduler, dag-processor, triggerer and api-server on a private
-  AIRFLOW_HOME (sqlite): unpause the example DAGs of ``example_dags/event_driven.py``, enqueue,
-  see the runs (both modes); then SIGKILL the triggerer, enqueue while it is down, start a new
-  one and see exactly one more run per DAG.
+* end to end with the real scheduler, dag-processor, triggerer and api-server: in
+  ``test_event_bursts.py`` (both modes, bursts, a triggerer SIGKILLed and restarted).
 
 Completion events come from a real in-process ``Worker``; nothing is mocked.
 """
@@ -21,27 +19,22 @@ import contextlib
 import importlib
 import inspect
 import json
-import os
-import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from airflow.sdk.serde import deserialize, serialize
-from cryptography.fernet import Fernet
 from airflow.triggers.base import TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedStreamManager
 
-from airflow_provider_chasqui import Queue, SyncQueue, Worker
+from airflow_provider_chasqui import Queue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.examples.handlers import HANDLERS
 from airflow_provider_chasqui.queues.chasqui import ChasquiMessageQueueProvider
@@ -49,14 +42,15 @@ from airflow_provider_chasqui.triggers.queue_events import (
     WATCHER_CONSUMER,
     ChasquiQueueEventTrigger,
     CompletedJob,
+    CompletionBatch,
     CompletionModeProducer,
+    QueueBatch,
     QueueJob,
     QueueModeProducer,
     default_cursor,
 )
-from airflow_support import WorkerProcess, conn_json, delete_queue_keys, stop_services
+from airflow_support import conn_json
 from engine_support import running, wait_until
-from redis_topologies import free_port
 
 CLEAN = AdvanceOutcome(acked=1, failed=0)
 FAILED = AdvanceOutcome(acked=0, failed=1)
@@ -148,6 +142,7 @@ CASES = [
     {"queue_name": "files", "job_names": ["b", "a"], "chasqui_conn_id": "other"},
     {"queue_name": "ünïcode queue", "mode": "completion", "job_names": ["square"]},
     {"queue_name": "reports", "mode": "completion", "cursor": "nightly", "job_names": None},
+    {"queue_name": "files", "max_batch": 1000, "linger_ms": 0, "event_gap_ms": 5000},
 ]
 
 
@@ -174,6 +169,12 @@ def test_serialize_round_trip(kwargs: dict) -> None:
     ({"queue_name": "q", "job_names": "square"}, "job_names"),
     ({"queue_name": "q", "job_names": ["", "x"]}, "job_names"),
     ({"queue_name": "q", "chasqui_conn_id": ""}, "chasqui_conn_id"),
+    ({"queue_name": "q", "max_batch": 0}, "max_batch must be an integer from 1 to 1000"),
+    ({"queue_name": "q", "max_batch": 1001}, "max_batch"),
+    ({"queue_name": "q", "max_batch": True}, "max_batch"),
+    ({"queue_name": "q", "linger_ms": -1}, "linger_ms must be an integer from 0 to 5000"),
+    ({"queue_name": "q", "linger_ms": "50"}, "linger_ms"),
+    ({"queue_name": "q", "event_gap_ms": 600_001}, "event_gap_ms must be an integer from 0 to 600000"),
 ])
 def test_rejects_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -194,26 +195,34 @@ def test_shared_stream_keys_and_cursors() -> None:
 
 
 def test_decide() -> None:
+    """One event per read batch with the jobs this watcher takes, oldest first; each job notes
+    who took or refused it."""
     trigger = ChasquiQueueEventTrigger(queue_name="q", job_names=["file_arrived"])
     job = QueueJob("q", b"1-0", "J1", "file_arrived", {"path": "/in/a.csv"}, 1, 123, b"raw")
-    event = trigger.decide(job)
-    assert isinstance(event, TriggerEvent)
-    assert event.payload == {"mode": "queue", "queue": "q", "job_id": "J1", "name": "file_arrived",
-                             "data": {"path": "/in/a.csv"}, "attempt": 1, "created_at_ms": 123, "entry_id": "1-0"}
-    assert deserialize(serialize(event.payload)) == event.payload
     other = QueueJob("q", b"1-1", "J2", "resize", {}, 1, 123, b"raw")
-    assert trigger.decide(other) == "job name 'resize' is not watched (watching file_arrived)"
     binary = QueueJob("q", b"1-2", "J3", "file_arrived", {"blob": b"\x00"}, 1, 123, b"raw")
-    assert trigger.decide(binary) == "data['blob'] is a bytes: an asset event carries JSON-compatible data only"
+    later = QueueJob("q", b"2-0", "J4", "file_arrived", None, 2, 456, b"raw")
+    event = trigger.decide(QueueBatch("q", [job, other, binary, later]))
+    assert isinstance(event, TriggerEvent)
+    assert event.payload == {"mode": "queue", "queue": "q", "count": 2, "jobs": [
+        {"job_id": "J1", "name": "file_arrived", "data": {"path": "/in/a.csv"}, "attempt": 1, "created_at_ms": 123,
+         "entry_id": "1-0"},
+        {"job_id": "J4", "name": "file_arrived", "data": None, "attempt": 2, "created_at_ms": 456, "entry_id": "2-0"}]}
+    assert deserialize(serialize(event.payload)) == event.payload
+    assert (job.accepted, later.accepted, other.accepted, binary.accepted) == (1, 1, 0, 0)
+    assert other.reject_reasons == ["job name 'resize' is not watched (watching file_arrived)"]
+    assert binary.reject_reasons == ["data['blob'] is a bytes: an asset event carries JSON-compatible data only"]
+    assert trigger.decide(QueueBatch("q", [QueueJob("q", b"3-0", "J5", "x", 1, 1, 1, b"")])) == \
+        "every job of the batch refused (1)"
 
     completion = ChasquiQueueEventTrigger(queue_name="q", mode="completion", job_names=["square"])
     done = CompletedJob("q", "5-0", "completed", "J4", "square", 77, {"attempt": "1", "duration_us": "12"})
-    event = completion.decide(done)
-    assert isinstance(event, TriggerEvent) and event.payload == {
-        "mode": "completion", "queue": "q", "event": "completed", "job_id": "J4", "name": "square", "ts_ms": 77,
-        "event_id": "5-0", "attempt": 1, "duration_us": 12}
-    assert completion.decide(CompletedJob("q", "5-1", "active", "J4", "square", 77, {})) is None
-    assert completion.decide(CompletedJob("q", "5-2", "completed", "J5", "greet", 77, {})) is None
+    greet = CompletedJob("q", "5-2", "completed", "J5", "greet", 78, {})
+    event = completion.decide(CompletionBatch("q", [done, greet], "5-3"))
+    assert isinstance(event, TriggerEvent) and event.payload == {"mode": "completion", "queue": "q", "count": 1, "jobs": [
+        {"event": "completed", "job_id": "J4", "name": "square", "ts_ms": 77, "event_id": "5-0", "attempt": 1,
+         "duration_us": 12}]}
+    assert completion.decide(CompletionBatch("q", [greet], "5-2")) is None
 
 
 # ---- common-messaging discovery -------------------------------------------------------------------
@@ -228,7 +237,8 @@ def test_message_queue_trigger_resolves_to_the_chasqui_trigger() -> None:
                               cursor="nightly")
     assert isinstance(mqt.trigger, ChasquiQueueEventTrigger)
     assert mqt.serialize() == (CLASSPATH, {"queue_name": "files", "mode": "completion", "job_names": ["square"],
-                                           "chasqui_conn_id": "chasqui_default", "cursor": "nightly"})
+                                           "chasqui_conn_id": "chasqui_default", "cursor": "nightly",
+                                           "max_batch": 100, "linger_ms": 100, "event_gap_ms": 0})
     asset = Asset("chasqui_files", watchers=[AssetWatcher(name="w", trigger=mqt)])
     assert asset.watchers[0].trigger is mqt
     provider = ChasquiMessageQueueProvider()
@@ -242,12 +252,15 @@ def test_uri_form() -> None:
     with pytest.warns(DeprecationWarning, match="queue"):
         mqt = MessageQueueTrigger(queue="chasqui://etl_redis/in%2Ffiles?job_names=a,b&job_names=c")
     assert mqt.serialize()[1] == {"queue_name": "in/files", "mode": "queue", "job_names": ["a", "b", "c"],
-                                  "chasqui_conn_id": "etl_redis", "cursor": None}
+                                  "chasqui_conn_id": "etl_redis", "cursor": None, "max_batch": 100,
+                                  "linger_ms": 100, "event_gap_ms": 0}
     provider = ChasquiMessageQueueProvider()
     assert provider.queue_matches("chasqui:///q") and not provider.queue_matches("redis+pubsub://x")
     assert provider.trigger_kwargs("chasqui:///reports?mode=completion&cursor=nightly") == {
         "queue_name": "reports", "mode": "completion", "cursor": "nightly"}
-    for bad, match in [("chasqui://conn/", "names no queue"), ("chasqui:///q?colour=red", "unknown chasqui URI"),
+    assert provider.trigger_kwargs("chasqui:///q?max_batch=500&linger_ms=0&event_gap_ms=2000") == {
+        "queue_name": "q", "max_batch": 500, "linger_ms": 0, "event_gap_ms": 2000}
+    for bad, match in [("chasqui:///q?max_batch=x", "whole number"), ("chasqui:///q?linger_ms=1&linger_ms=2", "once"),("chasqui://conn/", "names no queue"), ("chasqui:///q?colour=red", "unknown chasqui URI"),
                        ("chasqui:///q?mode=queue&mode=completion", "given 2 times"), ("kafka:///q", "not a chasqui")]:
         with pytest.raises(ValueError, match=match):
             provider.trigger_kwargs(bad)
@@ -265,21 +278,75 @@ async def add_jobs(url: str, queue: str, *jobs: tuple[str, Any], **kwargs: Any) 
         return [(await q.add(name, data, **kwargs)).id for name, data in jobs]
 
 
+def taken(batch: QueueBatch, outcome: AdvanceOutcome = CLEAN) -> AdvanceItem:
+    """The batch as a watcher that took every job of it resolves it."""
+    for job in batch.jobs:
+        job.accepted += 1
+    return AdvanceItem(batch, outcome)
+
+
+async def batch_of(rd: Reader, timeout: float = 15.0) -> QueueBatch:
+    [(raw, payload)] = await rd.take(1, timeout)
+    assert raw is payload and isinstance(raw, QueueBatch) and raw.jobs
+    return raw
+
+
+async def jobs_until(rd: Reader, n: int) -> list[QueueJob]:
+    """Batches (each taken and advanced: the next is read only then) until ``n`` jobs came."""
+    jobs: list[QueueJob] = []
+    while len(jobs) < n:
+        batch = await batch_of(rd)
+        jobs += batch.jobs
+        await rd.producer.advance([taken(batch)])
+    return jobs
+
+
 async def test_queue_entries_are_acknowledged_only_in_advance(redis_url: str, queue_name: str) -> None:
     ids = await add_jobs(redis_url, queue_name, *[("file_arrived", {"n": i}) for i in range(3)])
     async with reading(queue_producer(queue_name)) as rd:
         producer = rd.producer
-        got = await rd.take(3)
-        assert [raw.job_id for raw, _ in got] == ids and all(raw is payload for raw, payload in got)
-        assert [raw.payload()["data"] for raw, _ in got] == [{"n": 0}, {"n": 1}, {"n": 2}]
+        batch = await batch_of(rd)  # all three in one batch, oldest first
+        assert [job.job_id for job in batch.jobs] == ids
+        assert [job["data"] for job in batch.payload()["jobs"]] == [{"n": 0}, {"n": 1}, {"n": 2}]
         info = _r(redis_url).xpending(producer.keys.stream, "default")
         assert info["pending"] == 3 and info["consumers"] == [{"name": WATCHER_CONSUMER.encode(), "pending": 3}]
-        await rd.nothing_within(0.3)  # read, not acknowledged: still all there
-        assert _r(redis_url).xlen(producer.keys.stream) == 3 and pending(redis_url, queue_name) == 3
-        await producer.advance([AdvanceItem(payload, CLEAN) for _, payload in got])
-        assert _r(redis_url).xlen(producer.keys.stream) == 0 and pending(redis_url, queue_name) == 0
+        more = await add_jobs(redis_url, queue_name, ("file_arrived", {"n": 3}))
+        await rd.nothing_within(0.3)  # not advanced: neither acknowledged nor a next batch read
+        assert _r(redis_url).xlen(producer.keys.stream) == 4 and pending(redis_url, queue_name) == 3
+        await producer.advance([taken(batch)])
+        assert _r(redis_url).xlen(producer.keys.stream) == 1 and pending(redis_url, queue_name) == 0
         assert [e["id"] for e in events(redis_url, queue_name, "completed")] == ids
         assert producer.acked_total == 3
+        nxt = await batch_of(rd)
+        assert [job.job_id for job in nxt.jobs] == more
+
+
+async def test_a_burst_is_one_batch_up_to_max_batch(redis_url: str, queue_name: str) -> None:
+    """Jobs sent one by one while the reader waits: the first wakes it, the rest arrive within
+    ``linger_ms`` and join its batch; ``max_batch`` cuts a longer burst."""
+    async with reading(queue_producer(queue_name, max_batch=7, linger_ms=300)) as rd:
+        await rd.nothing_within(0.3)  # the reader blocks on the empty queue
+        ids = await add_jobs(redis_url, queue_name, *[("file_arrived", {"n": i}) for i in range(10)])
+        first = await batch_of(rd)
+        await rd.producer.advance([taken(first)])
+        second = await batch_of(rd)
+        await rd.producer.advance([taken(second)])
+        assert [j.job_id for j in first.jobs] == ids[:7] and [j.job_id for j in second.jobs] == ids[7:]
+        assert rd.producer.batches_total == 2 and pending(redis_url, queue_name) == 0
+
+
+async def test_event_gap_spaces_the_batches(redis_url: str, queue_name: str) -> None:
+    """With ``event_gap_ms`` the next batch is read that long after the previous one was advanced
+    (only a lower bound is checked: a loaded machine is slower, never faster)."""
+    ids = await add_jobs(redis_url, queue_name, *[("file_arrived", {"n": i}) for i in range(3)])
+    async with reading(queue_producer(queue_name, max_batch=2, event_gap_ms=600)) as rd:
+        first = await batch_of(rd)
+        await rd.producer.advance([taken(first)])
+        advanced = time.monotonic()
+        second = await batch_of(rd)
+        assert time.monotonic() - advanced >= 0.55
+        await rd.producer.advance([taken(second)])
+        assert [j.job_id for j in first.jobs + second.jobs] == ids
 
 
 CRASHING_WATCHER = textwrap.dedent("""
@@ -290,18 +357,17 @@ CRASHING_WATCHER = textwrap.dedent("""
     async def main(queue):
         producer = QueueModeProducer(queue_name=queue, chasqui_conn_id="chasqui_default")
         stream = producer.open_stream()
-        got = [await anext(stream) for _ in range(3)]
-        await producer.advance([AdvanceItem(got[0][1], AdvanceOutcome(acked=1, failed=0))])
-        print("READ", " ".join(raw.job_id for raw, _ in got), flush=True)
-        await asyncio.sleep(600)  # SIGKILLed here: two entries read, never acknowledged
+        batch, _ = await anext(stream)
+        print("READ", " ".join(job.job_id for job in batch.jobs), flush=True)
+        await asyncio.sleep(600)  # SIGKILLed here: three entries read, never acknowledged
 
     asyncio.run(main(sys.argv[1]))
 """)
 
 
 async def test_a_crashed_watcher_loses_nothing(redis_url: str, queue_name: str, tmp_path: Path) -> None:
-    """SIGKILL a watcher process after it read 3 jobs and acknowledged 1: the next watcher
-    re-reads exactly the other 2 (as new deliveries) before new jobs; the acknowledged one is gone."""
+    """SIGKILL a watcher process after it read a batch of 3 jobs: the next watcher re-reads
+    them (as new deliveries), oldest first, in one batch with a job that arrived meanwhile."""
     ids = await add_jobs(redis_url, queue_name, *[("file_arrived", {"n": i}) for i in range(3)])
     script = tmp_path / "watcher.py"
     script.write_text(CRASHING_WATCHER)
@@ -315,13 +381,13 @@ async def test_a_crashed_watcher_loses_nothing(redis_url: str, queue_name: str, 
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    assert pending(redis_url, queue_name) == 2 and _r(redis_url).xlen(QueueKeys.for_queue(queue_name).stream) == 2
+    assert pending(redis_url, queue_name) == 3 and _r(redis_url).xlen(QueueKeys.for_queue(queue_name).stream) == 3
     later = await add_jobs(redis_url, queue_name, ("file_arrived", {"n": 3}))
 
     async with reading(queue_producer(queue_name)) as rd:
-        got = await rd.take(3)
-        assert [(raw.job_id, raw.attempt) for raw, _ in got] == [(ids[1], 2), (ids[2], 2), (later[0], 1)]
-        await rd.producer.advance([AdvanceItem(payload, CLEAN) for _, payload in got])
+        batch = await batch_of(rd)
+        assert [(job.job_id, job.attempt) for job in batch.jobs] == [(i, 2) for i in ids] + [(later[0], 1)]
+        await rd.producer.advance([taken(batch)])
         await rd.nothing_within(0.5)
         assert pending(redis_url, queue_name) == 0 and _r(redis_url).xlen(rd.producer.keys.stream) == 0
         assert sorted(e["id"] for e in events(redis_url, queue_name, "completed")) == sorted(ids + later)
@@ -331,11 +397,12 @@ async def test_refused_jobs_go_to_the_dlq_with_a_reason(redis_url: str, queue_na
     ids = await add_jobs(redis_url, queue_name, ("resize", {"w": 1}), ("file_arrived", {"p": "x"}))
     async with reading(queue_producer(queue_name)) as rd:
         producer = rd.producer
-        (refused, _), (mixed, _) = await rd.take(2)
-        refused.reject_reasons.append("job name 'resize' is not watched (watching file_arrived)")
+        batch = await batch_of(rd)
+        refused, mixed = batch.jobs
+        refused.reject_reasons += ["job name 'resize' is not watched (watching file_arrived)"] * 2
         mixed.reject_reasons.append("not mine")
-        await producer.advance([AdvanceItem(refused, REJECTED),
-                                AdvanceItem(mixed, AdvanceOutcome(acked=1, failed=0, rejected=1))])
+        mixed.accepted = 1
+        await producer.advance([AdvanceItem(batch, AdvanceOutcome(acked=1, failed=0, rejected=1))])
         dlq = _r(redis_url).xrange(producer.keys.dlq)
         assert len(dlq) == 1
         fields = {k.decode(): v for k, v in dlq[0][1].items()}
@@ -351,17 +418,24 @@ async def test_refused_jobs_go_to_the_dlq_with_a_reason(redis_url: str, queue_na
 
 
 async def test_failed_or_unreceived_entries_are_redelivered(redis_url: str, queue_name: str) -> None:
+    """A failed batch comes back whole; of a clean one, a job nobody looked at is held."""
     ids = await add_jobs(redis_url, queue_name, ("a", 1), ("b", 2), ("c", 3))
     async with reading(queue_producer(queue_name, redeliver_after_ms=200)) as rd:
-        got = await rd.take(3)
+        batch = await batch_of(rd)
         started = time.monotonic()
-        await rd.producer.advance([AdvanceItem(got[0][1], FAILED), AdvanceItem(got[1][1], CLEAN),
-                                   AdvanceItem(got[2][1], NOBODY)])
-        again = await rd.take(2)
+        await rd.producer.advance([taken(batch, FAILED)])
+        again = await batch_of(rd)
         assert time.monotonic() - started >= 0.15
-        assert sorted((raw.job_id, raw.attempt) for raw, _ in again) == sorted([(ids[0], 2), (ids[2], 2)])
-        assert pending(redis_url, queue_name) == 2
-        await rd.producer.advance([AdvanceItem(payload, CLEAN) for _, payload in again])
+        assert [(job.job_id, job.attempt) for job in again.jobs] == [(i, 2) for i in ids]
+        assert pending(redis_url, queue_name) == 3
+        again.jobs[0].accepted = again.jobs[1].accepted = 1  # c: its watcher left before looking at it
+        await rd.producer.advance([AdvanceItem(again, CLEAN)])
+        assert pending(redis_url, queue_name) == 1
+        third = await batch_of(rd)
+        assert [(job.job_id, job.attempt) for job in third.jobs] == [(ids[2], 3)]
+        await rd.producer.advance([taken(third, NOBODY)])  # no subscriber online: held again
+        fourth = await batch_of(rd)
+        await rd.producer.advance([taken(fourth)])
         await rd.nothing_within(0.5)
         assert pending(redis_url, queue_name) == 0 and _r(redis_url).xlen(rd.producer.keys.stream) == 0
 
@@ -371,9 +445,9 @@ async def test_attempts_bound_the_redeliveries(redis_url: str, queue_name: str) 
     [job_id] = await add_jobs(redis_url, queue_name, ("file_arrived", {}), attempts=2)
     async with reading(queue_producer(queue_name, redeliver_after_ms=100)) as rd:
         for attempt in (1, 2):
-            [(raw, payload)] = await rd.take(1)
-            assert (raw.job_id, raw.attempt) == (job_id, attempt)
-            await rd.producer.advance([AdvanceItem(payload, FAILED)])
+            batch = await batch_of(rd)
+            assert [(job.job_id, job.attempt) for job in batch.jobs] == [(job_id, attempt)]
+            await rd.producer.advance([taken(batch, FAILED)])
         await rd.nothing_within(0.1)  # the third delivery is refused by the arrival gate
         await wait_until(lambda: _r(redis_url).xlen(rd.producer.keys.dlq) == 1, 10, what="the dead letter")
         await rd.nothing_within(0.3)
@@ -392,11 +466,10 @@ async def test_arrival_gate_delayed_jobs_and_dead_consumers(redis_url: str, queu
     r.xreadgroup("default", "dead-worker", {keys.stream: ">"}, count=2)  # both pending for a dead consumer
     [delayed] = await add_jobs(redis_url, queue_name, ("file_arrived", {"later": True}), delay_ms=300)
     async with reading(queue_producer(queue_name, claim_min_idle_ms=400)) as rd:
-        got = await rd.take(2)
-        assert sorted((raw.job_id, raw.attempt) for raw, _ in got) == sorted([(orphan, 2), (delayed, 1)])
+        got = await jobs_until(rd, 2)
+        assert sorted((job.job_id, job.attempt) for job in got) == sorted([(orphan, 2), (delayed, 1)])
         [(_, fields)] = r.xrange(keys.dlq)
         assert fields[b"reason"] == b"malformed" and fields[b"detail"] == b"missing or non-bytes payload field"
-        await rd.producer.advance([AdvanceItem(payload, CLEAN) for _, payload in got])
         assert pending(redis_url, queue_name) == 0 and r.xlen(keys.stream) == 0 and r.zcard(keys.delayed) == 0
 
 
@@ -408,9 +481,11 @@ async def test_standalone_run_acknowledges_when_the_next_event_is_asked_for(redi
     run = trigger.run()
     try:
         first = await asyncio.wait_for(anext(run), 15)
-        assert first.payload["job_id"] == ids[0] and pending(redis_url, queue_name) == 3
-        second = await asyncio.wait_for(anext(run), 15)  # acknowledges the first, refuses "resize"
-        assert second.payload["job_id"] == ids[2]
+        assert [job["job_id"] for job in first.payload["jobs"]] == [ids[0], ids[2]]
+        assert pending(redis_url, queue_name) == 3
+        [later] = await add_jobs(redis_url, queue_name, ("file_arrived", {"n": 3}))
+        second = await asyncio.wait_for(anext(run), 15)  # acknowledges the first batch, refuses "resize"
+        assert [job["job_id"] for job in second.payload["jobs"]] == [later]
         assert pending(redis_url, queue_name) == 1
         [(_, fields)] = _r(redis_url).xrange(QueueKeys.for_queue(queue_name).dlq)
         assert fields[b"n"] == b"resize" and b"is not watched" in fields[b"detail"]
@@ -428,18 +503,19 @@ async def test_queue_mode_on_every_server(matrix_url: Any, queue_name: str, monk
     keys = QueueKeys.for_queue(queue_name)
     first = QueueModeProducer(queue_name=queue_name, chasqui_conn_id="chasqui_matrix")
     async with reading(first) as rd:
-        got = await rd.take(3)
-        got[1][0].reject_reasons.append("no")
-        await first.advance([AdvanceItem(got[0][1], CLEAN), AdvanceItem(got[1][1], REJECTED)])
+        batch = await batch_of(rd)
+        batch.jobs[0].accepted = 1
+        batch.jobs[1].reject_reasons.append("no")  # and nobody looked at the third: held
+        await first.advance([AdvanceItem(batch, AdvanceOutcome(acked=1, failed=0, rejected=1))])
         assert (await first._queue.driver.features()).xackdel == (
             matrix_url.kind == "redis82" and not matrix_url.force_compat)
     r = _r(matrix_url.url)
     assert r.xlen(keys.stream) == 1 and r.xlen(keys.dlq) == 1 and pending(matrix_url.url, queue_name) == 1
     second = QueueModeProducer(queue_name=queue_name, chasqui_conn_id="chasqui_matrix")
     async with reading(second) as rd:
-        [(raw, payload)] = await rd.take(1)
-        assert (raw.job_id, raw.attempt) == (ids[2], 2)
-        await second.advance([AdvanceItem(payload, CLEAN)])
+        batch = await batch_of(rd)
+        assert [(job.job_id, job.attempt) for job in batch.jobs] == [(ids[2], 2)]
+        await second.advance([taken(batch)])
     assert r.xlen(keys.stream) == 0 and pending(matrix_url.url, queue_name) == 0
     assert [e["id"] for e in events(matrix_url.url, queue_name, "completed")] == [ids[0], ids[2]]
 
@@ -461,17 +537,11 @@ async def complete(url: str, queue: str, *xs: int) -> list[str]:
     return ids
 
 
-async def completed_of(rd: Reader, job_ids: list[str]) -> list[CompletedJob]:
-    """Raw events up to and including the ``completed`` ones of ``job_ids`` (in stream order)."""
-    out = []
-    want = set(job_ids)
-    while want:
-        [(raw, event_id)] = await rd.take(1)
-        assert raw.event_id == event_id
-        out.append(raw)
-        if raw.event == "completed":
-            want.discard(raw.job_id)
-    return out
+async def completion_batch(rd: Reader) -> CompletionBatch:
+    [(raw, through)] = await rd.take(1)
+    assert isinstance(raw, CompletionBatch) and raw.through == through and raw.completions
+    assert all(c.event == "completed" for c in raw.completions)
+    return raw
 
 
 async def test_completion_cursor_resumes_without_replay_or_skip(redis_url: str, queue_name: str) -> None:
@@ -484,45 +554,48 @@ async def test_completion_cursor_resumes_without_replay_or_skip(redis_url: str, 
         async with reading(completion_producer(queue_name)) as rd:
             await rd.nothing_within(0.3)  # the cursor starts at the end: no replay of older events
             assert _r(redis_url).get(cursor_key) == last_before.encode()
-            j1, j2, j3 = await complete(redis_url, queue_name, 2, 3, 4)
-            raws = await completed_of(rd, [j1, j2, j3])
-            assert before not in {raw.job_id for raw in raws}
-            upto = next(i for i, raw in enumerate(raws) if raw.event == "completed" and raw.job_id == j2)
-            await rd.producer.advance([AdvanceItem(raw.event_id, CLEAN) for raw in raws[: upto + 1]])
-            assert _r(redis_url).get(cursor_key) == raws[upto].event_id.encode() == rd.producer.committed.encode()
-        # a triggerer restart: what was read after j2 was never saved
+            [j1] = await complete(redis_url, queue_name, 2)
+            first = await completion_batch(rd)
+            assert [c.job_id for c in first.completions] == [j1]
+            await rd.producer.advance([AdvanceItem(first.through, CLEAN)])
+            assert _r(redis_url).get(cursor_key) == first.through.encode() == rd.producer.committed.encode()
+            [j2] = await complete(redis_url, queue_name, 3)
+            unsaved = await completion_batch(rd)
+            assert [c.job_id for c in unsaved.completions] == [j2]
+        # a triggerer restart: the batch of j2 was never saved
 
-        [j4] = await complete(redis_url, queue_name, 5)  # completes while no watcher runs
+        [j3] = await complete(redis_url, queue_name, 4)  # completes while no watcher runs
         async with reading(completion_producer(queue_name)) as rd:
-            raws2 = await completed_of(rd, [j3, j4])
-            unsaved = [raw.event_id for raw in raws[upto + 1:]]
-            assert [raw.event_id for raw in raws2][: len(unsaved)] == unsaved  # resumes right after the cursor
-            assert all(sid(raw.event_id) > sid(raws[upto].event_id) for raw in raws2)  # nothing saved comes back
-            assert {raw.job_id for raw in raws2 if raw.event == "completed"} == {j3, j4}  # no replay, no skip
-            await rd.producer.advance([AdvanceItem(raw.event_id, CLEAN) for raw in raws2])
-            assert _r(redis_url).get(cursor_key) == raws2[-1].event_id.encode()
+            again = await completion_batch(rd)  # resumes right after the cursor: j2 and j3 in one batch
+            assert [c.job_id for c in again.completions] == [j2, j3]
+            assert all(sid(c.event_id) > sid(first.through) for c in again.completions)  # no replay, no skip
+            await rd.producer.advance([AdvanceItem(again.through, CLEAN)])
+            assert _r(redis_url).get(cursor_key) == again.through.encode()
+            assert before not in {c.job_id for c in first.completions + again.completions}
 
 
-async def test_completion_held_event_keeps_the_cursor_and_is_reread(redis_url: str, queue_name: str) -> None:
+async def test_completion_held_batch_keeps_the_cursor_and_is_reread(redis_url: str, queue_name: str) -> None:
     worker = make_worker(queue_name, redis_url)
     async with running(worker), reading(completion_producer(queue_name, reread_after_ms=200)) as rd:
         producer = rd.producer
         await rd.nothing_within(0.2)
+        await wait_until(lambda: producer.committed != "", 10, what="the cursor to load")
         start = producer.committed
         ids = await complete(redis_url, queue_name, 6, 7, 8)
-        raws = await completed_of(rd, ids)
-        held = [raw for raw in raws if raw.event == "completed"][1]
-        cut = raws.index(held)
-        items = [AdvanceItem(raw.event_id, FAILED if raw is held else CLEAN) for raw in raws]
-        await producer.advance(items[:cut + 1])  # the prefix up to the held event
-        await producer.advance(items[cut + 1:])  # later events resolved too: still below the floor
-        committed = producer.committed
-        assert committed == raws[cut - 1].event_id and sid(committed) > sid(start)
-        assert _r(redis_url).get(QueueKeys.for_queue(queue_name).cursor("airflow:square")) == committed.encode()
-        again = [raw for raw, _ in await rd.take(len(raws) - cut)]  # re-read from the cursor
-        assert [raw.event_id for raw in again] == [raw.event_id for raw in raws[cut:]]
-        await producer.advance([AdvanceItem(raw.event_id, CLEAN) for raw in again])
-        assert producer.committed == raws[-1].event_id
+        seen: list[str] = []
+        while len(seen) < len(ids):  # the worker may complete them over more than one batch
+            batch = await completion_batch(rd)
+            await producer.advance([AdvanceItem(batch.through, FAILED)])  # not saved: the cursor stays
+            assert producer.committed == start
+            again = await completion_batch(rd)  # re-read from the cursor
+            assert [c.event_id for c in again.completions] == [c.event_id for c in batch.completions]
+            await producer.advance([AdvanceItem(again.through, CLEAN)])
+            assert producer.committed == again.through
+            assert _r(redis_url).get(QueueKeys.for_queue(queue_name).cursor("airflow:square")) == \
+                again.through.encode()
+            start = again.through
+            seen += [c.job_id for c in again.completions]
+        assert seen == ids
 
 
 # ---- Airflow's SharedStreamManager drives the triggers (the triggerer's own code path) --------------
@@ -553,7 +626,7 @@ class Runner:
         self.manager.confirm_persisted(seqs)
 
     def fired_ids(self, trigger_id: int) -> list[str]:
-        return [payload["job_id"] for tid, payload, _ in self.fired if tid == trigger_id]
+        return [job["job_id"] for tid, payload, _ in self.fired if tid == trigger_id for job in payload["jobs"]]
 
     async def stop(self) -> None:
         for trigger_id, (task, key) in self.tasks.items():
@@ -569,19 +642,23 @@ async def test_queue_mode_acknowledges_after_airflow_saved_the_event(redis_url: 
     try:
         runner.add(1, ChasquiQueueEventTrigger(queue_name=queue_name, job_names=["file_arrived"]))
         runner.add(2, ChasquiQueueEventTrigger(queue_name=queue_name, job_names=["file_arrived", "resize"]))
-        file_id, resize_id, other_id = await add_jobs(redis_url, queue_name, ("file_arrived", {"p": 1}),
-                                                      ("resize", {"w": 2}), ("thumbnail", {}))
-        await wait_until(lambda: len(runner.fired) == 3, 15, what="three trigger events")
+        await wait_until(lambda: _r(redis_url).exists(QueueKeys.for_queue(queue_name).stream), 15,
+                         what="the watcher's consumer group")
+        async with Queue(queue_name, redis_url=redis_url) as q:  # one pipeline: one batch
+            jobs = await q.add_bulk([{"name": "file_arrived", "data": {"p": 1}}, {"name": "resize", "data": {"w": 2}},
+                                     {"name": "thumbnail", "data": {}}])
+        file_id, resize_id, other_id = (job.id for job in jobs)
+        await wait_until(lambda: len(runner.fired) == 2, 15, what="one trigger event per watcher")
         assert runner.fired_ids(1) == [file_id] and runner.fired_ids(2) == [file_id, resize_id]
         assert all(seq is not None for _, _, seq in runner.fired)  # every event is persistence-gated
-        # "thumbnail" was refused by both: dead-lettered at once, nothing to save
-        await wait_until(lambda: _r(redis_url).xlen(QueueKeys.for_queue(queue_name).dlq) == 1, 10, what="the DLQ")
         await asyncio.sleep(0.5)
-        assert pending(redis_url, queue_name) == 2  # fired but not saved: not acknowledged
+        assert pending(redis_url, queue_name) == 3  # fired but not saved: nothing acknowledged nor dead-lettered
+        assert _r(redis_url).xlen(QueueKeys.for_queue(queue_name).dlq) == 0
         runner.persist()
         await wait_until(lambda: pending(redis_url, queue_name) == 0, 10, what="the acknowledgements")
         assert _r(redis_url).xlen(QueueKeys.for_queue(queue_name).stream) == 0
         assert [e["id"] for e in events(redis_url, queue_name, "completed")] == [file_id, resize_id]
+        # "thumbnail" was refused by both: dead-lettered with the batch's acknowledgement
         [(_, dead)] = _r(redis_url).xrange(QueueKeys.for_queue(queue_name).dlq)
         assert dead[b"n"] == b"thumbnail" and dead[b"reason"] == b"unrecoverable"
         assert dead[b"detail"] == (b"job name 'thumbnail' is not watched (watching file_arrived); "
@@ -603,196 +680,18 @@ async def test_completion_mode_moves_the_cursor_after_airflow_saved_the_event(re
             start = _r(redis_url).get(cursor_key)
             [greet] = await add_jobs(redis_url, queue_name, ("greet", {"who": "x"}))
             ids = await complete(redis_url, queue_name, 9, 10)
-            await wait_until(lambda: len(runner.fired) == 2, 15, what="two trigger events")
-            assert runner.fired_ids(7) == ids and greet not in runner.fired_ids(7)
-            assert [p["event"] for _, p, _ in runner.fired] == ["completed", "completed"]
+            await wait_until(lambda: runner.fired, 15, what="a trigger event")
             await asyncio.sleep(0.5)
-            saved = _r(redis_url).get(cursor_key)
-            assert sid(saved) < sid(runner.fired[0][1]["event_id"])  # nothing saved yet: not moved past them
+            first = runner.fired[0][1]["jobs"][0]["event_id"]
+            assert sid(_r(redis_url).get(cursor_key)) < sid(first)  # nothing saved yet: not moved past it
+            while len(runner.fired_ids(7)) < len(ids):  # the two may come in one batch or two
+                runner.persist()
+                await asyncio.sleep(0.1)
+            assert runner.fired_ids(7) == ids and greet not in runner.fired_ids(7)
+            assert all(job["event"] == "completed" for _, p, _ in runner.fired for job in p["jobs"])
             runner.persist()
-            last = runner.fired[-1][1]["event_id"]
+            last = runner.fired[-1][1]["jobs"][-1]["event_id"]
             await wait_until(lambda: sid(_r(redis_url).get(cursor_key)) >= sid(last), 10, what="the cursor to move")
             assert sid(_r(redis_url).get(cursor_key)) > sid(start)
         finally:
             await runner.stop()
-
-
-# ---- end to end: the real Airflow services ----------------------------------------------------------
-QUEUE_DAG, COMPLETION_DAG = "chasqui_on_queue_jobs", "chasqui_on_square_completed"
-
-
-def _query(db: Path, sql: str, *args: object) -> list[tuple]:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-        return conn.execute(sql, args).fetchall()
-
-
-def _tail(tmp_path: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_end_to_end_with_the_real_scheduler_and_triggerer(airflow_home: dict[str, str], redis_url: str,
-                                                          tmp_path: Path) -> None:
-    """dag-processor + scheduler + triggerer + api-server (the DAGs' tasks call its execution
-    API) on a private AIRFLOW_HOME with sqlite.  The example DAGs start paused; unpausing them
-    registers their watchers; a ``file_arrived`` job and a completed ``square`` job each start
-    a run, whose task reads ``triggering_asset_events``.  Then the triggerer is SIGKILLed, one
-    job of each kind arrives while none runs, and a new triggerer resumes: one more run per
-    DAG, carrying exactly the new jobs (no replay, no skip)."""
-    home = tmp_path / "airflow"
-    (home / "dags").mkdir(parents=True)
-    shutil.copy(Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db.migrated", home / "airflow.db")
-    shutil.copy(Path(__file__).resolve().parents[2] / "example_dags" / "event_driven.py", home / "dags")
-    db = home / "airflow.db"
-    port = free_port()
-    events_queue, work_queue = (f"t-ev-{tag}-{uuid.uuid4().hex[:6]}" for tag in ("jobs", "done"))
-    env = {
-        **airflow_home,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",  # LocalExecutor starts this many worker processes up front
-        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",  # a busy CI machine: tasks wait for the api-server
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
-        # one key for all: the dag-processor encrypts the watchers' trigger kwargs, the triggerer
-        # decrypts them (processes that each generate an airflow.cfg would each pick their own)
-        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",  # a killed triggerer's watchers move on
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-        "CHASQUI_EVENTS_QUEUE": events_queue,
-        "CHASQUI_EXAMPLES_QUEUE": work_queue,
-    }
-    procs: dict[str, subprocess.Popen] = {}
-    marks: dict[str, float] = {}
-    started = time.monotonic()
-
-    def mark(name: str) -> None:
-        marks[name] = round(time.monotonic() - started, 1)
-
-    def wait_for(what: str, cond: Callable[[], Any], timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = cond()
-            if value:
-                return value
-            dead = {name: p.returncode for name, p in procs.items() if p.poll() is not None}
-            assert not dead, f"Airflow services exited while waiting for {what}: {dead}\n{_tail(tmp_path)}"
-            assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}\n{_tail(tmp_path)}"
-            time.sleep(0.25)
-
-    def airflow(*args: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return proc.stdout
-
-    def start(name: str, *args: str) -> None:
-        with open(tmp_path / f"{name}.log", "wb") as log:
-            procs[name] = subprocess.Popen([sys.executable, "-m", "airflow", *args], env=env, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
-
-    def runs(dag_id: str) -> list[tuple]:
-        return _query(db, "select run_id, run_type, state from dag_run where dag_id = ?", dag_id)
-
-    def watcher_reads() -> bool:
-        """The queue watcher made its consumer group (nothing else reads that queue)."""
-        try:
-            groups = r.xinfo_groups(QueueKeys.for_queue(events_queue).stream)
-        except redis.ResponseError:  # no stream yet
-            return False
-        return any(g["name"] == b"default" for g in groups)
-
-    def run_round(n: int, path: str, x: int, restart: bool = False) -> list[str]:
-        """Enqueue one ``file_arrived`` job and complete one ``square`` job; wait for the n-th run
-        of each DAG to succeed and check what its task read; then that the queue entry was
-        acknowledged and the cursor moved past the completion."""
-        with SyncQueue(events_queue, redis_url=redis_url) as q:
-            file_job = q.add("file_arrived", {"path": path}).id
-        with SyncQueue(work_queue, redis_url=redis_url) as q:
-            square_job = q.add("square", {"x": x}).id
-        enqueued = time.monotonic()
-        if restart:
-            wait_for("the square job", lambda: any(e["id"] == square_job for e in events(
-                redis_url, work_queue, "completed")), 30)
-            start("triggerer-2", "triggerer", "--skip-serve-logs")
-        created: dict[str, float] = {}
-        finished: dict[str, float] = {}
-
-        def progress() -> bool:
-            for dag_id in (QUEUE_DAG, COMPLETION_DAG):
-                rows = runs(dag_id)
-                if len(rows) >= n and dag_id not in created:
-                    created[dag_id] = round(time.monotonic() - enqueued, 1)
-                if sum(state in ("success", "failed") for _, _, state in rows) >= n and dag_id not in finished:
-                    finished[dag_id] = round(time.monotonic() - enqueued, 1)
-            return len(finished) == 2
-
-        wait_for(f"run {n} of both DAGs to finish", progress, 150)
-        print(f"round {n}: enqueue -> run created {created}, -> run finished {finished}")
-        for dag_id in (QUEUE_DAG, COMPLETION_DAG):
-            assert [(t, st) for _, t, st in runs(dag_id)] == [("asset_triggered", "success")] * n, _tail(tmp_path)
-        xcom = {dag_id: json.loads(value) for dag_id, value in _query(  # the latest run's return values
-            db, "select x.dag_id, x.value from xcom x where x.key = 'return_value' and x.run_id = "
-                "(select run_id from dag_run where dag_id = x.dag_id order by id desc limit 1)")}
-        assert xcom[QUEUE_DAG] == [{"job_id": file_job, "path": path}]
-        assert xcom[COMPLETION_DAG] == {square_job: {"x": x, "square": x * x}}
-        # saved, then acknowledged / cursor moved: nothing left to redeliver or replay
-        wait_for("the queue-mode acknowledgement", lambda: pending(redis_url, events_queue) == 0 and
-                 r.xlen(QueueKeys.for_queue(events_queue).stream) == 0, 30)
-        done_event = next(e["_id"] for e in events(redis_url, work_queue, "completed") if e["id"] == square_job)
-        wait_for("the completion cursor", lambda: sid(r.get(cursor_key)) >= sid(done_event), 30)
-        return [file_job, square_job]
-
-    worker = None
-    r = _r(redis_url)
-    cursor_key = QueueKeys.for_queue(work_queue).cursor("airflow:square")
-    try:
-        start("dag-processor", "dag-processor")
-        start("triggerer", "triggerer", "--skip-serve-logs")
-        start("scheduler", "scheduler", "--skip-serve-logs")
-        start("api-server", "api-server", "--port", str(port))
-        worker = WorkerProcess(redis_url, work_queue, tmp_path / "worker.txt")
-        wait_for("both DAGs to be parsed", lambda: len(_query(
-            db, "select dag_id from dag where dag_id in (?, ?) and is_paused = 1", QUEUE_DAG, COMPLETION_DAG)) == 2,
-            120)
-        mark("parsed")
-        assert not _query(db, "select * from asset_watcher")  # paused DAGs: no watchers yet
-        airflow("dags", "unpause", "--treat-dag-id-as-regex", "-y", "^chasqui_on_")
-        mark("unpaused")
-        wait_for("the watchers", lambda: len(_query(db, "select * from asset_watcher")) == 2, 60)
-        mark("watchers registered")
-        wait_for("the triggerer to run both watchers", lambda: r.exists(cursor_key) and watcher_reads(), 90)
-        mark("watchers running")
-
-        first = run_round(1, "/landing/a.csv", 12)
-        mark("first runs finished")
-
-        # a triggerer crash: SIGKILL; one job of each kind arrives while no triggerer runs; a new
-        # triggerer takes the watchers over (after the dead one's heartbeat goes stale)
-        os.killpg(procs["triggerer"].pid, signal.SIGKILL)
-        procs.pop("triggerer").wait(10)
-        mark("triggerer killed")
-        second = run_round(2, "/landing/b.csv", 13, restart=True)
-        mark("second runs finished")
-        extras = [json.loads(e) for (e,) in _query(db, "select extra from asset_event order by id")]
-        assert sorted(x["payload"]["job_id"] for x in extras) == sorted(first + second)  # no replay, no skip
-        assert all(x["from_trigger"] for x in extras)
-        mark("verified")
-        print(f"event-driven e2e timings (s from the first service start): {marks}")
-    finally:
-        stop_services(procs)
-        if worker is not None:
-            worker.stop()
-        for queue in (events_queue, work_queue):
-            delete_queue_keys(redis_url, queue)

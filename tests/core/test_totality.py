@@ -92,7 +92,7 @@ def test_the_scheduler_moves_a_spec_with_a_bad_ext_aside_instead_of_firing_it() 
     spec = StoredSpec("k", "job", RepeatPattern.every(1000), msgpack.packb(1)).encode()
     bad_ext = msgpack.packb([1, [3, ["exponential", 100, None, math.nan, None]], None], use_bin_type=True)
     good_ext = msgpack.packb([1, [3, ["exponential", 100, None, 2.0, None]], None], use_bin_type=True)
-    call, plans, _ = core._plan([(b"bad", b"1000", spec, bad_ext), (b"good", b"1000", spec, good_ext)], 0, NOW, {})
+    call, plans, *_ = core._plan([(b"bad", b"1000", spec, bad_ext), (b"good", b"1000", spec, good_ext)], 0, NOW, {})
     (op_bad, key_bad, *_r, why), (op_good, key_good, *_rest) = plans
     assert (op_bad, key_bad) == ("Q", "bad") and "multiplier" in why
     assert (op_good, key_good) != ("Q", "good") and call.script.name == "schedule_batch"
@@ -238,6 +238,21 @@ def test_a_non_utf8_name_keeps_its_bytes_in_the_dlq() -> None:
     core = _core()
     verdict = core.gate(b"1-0", [b"d", b"\xc1", b"n", b"\xff\xfe"], 1)
     assert isinstance(verdict, Rejected) and core.reject_row(verdict)[10] == b"\xff\xfe"
+
+
+def test_a_delivery_with_a_non_utf8_name_keeps_its_bytes_through_retry_and_dlq() -> None:
+    """Handlers get a str; the retry member and the DLQ row carry the original bytes (and the
+    DLQ row the entry's original payload)."""
+    core = _core(max_attempts=2)
+    raw = _envelope(None)  # 5 elements: re-encoding would drop the nil retry
+    (dl,), rejected = core.gate_fresh([(b"1-0", [b"d", raw, b"n", b"\xff\xfeok"])])
+    assert rejected == [] and dl.name == "\ufffd\ufffdok" and dl.raw_name == b"\xff\xfeok"
+    row, outcome, _ = core.failure_row(dl, ValueError("x"), False, 1, NOW)
+    assert outcome == "retry" and row[8][:8] == (4).to_bytes(4, "little") + b"\xff\xfeok"
+    row, outcome, _ = core.failure_row(dl, ValueError("x"), True, 1, NOW)
+    assert outcome == "unrecoverable" and row[3] == dl.name and (row[7], row[10]) == (raw, b"\xff\xfeok")
+    (ok,), _ = core.gate_fresh([(b"1-1", [b"d", raw, b"n", b"ok"])])
+    assert ok.raw_name == b"" and core.failure_row(ok, ValueError("x"), True, 1, NOW)[0][10] == ""
 
 
 def test_a_foreign_job_id_over_the_limit_is_decode_failed() -> None:

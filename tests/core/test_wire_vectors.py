@@ -185,12 +185,15 @@ def test_v3_is_the_dlq_payload_of_the_last_allowed_run() -> None:
     assert call.script.name == "dead_letter"
     assert call.keys == ("{chasqui:emails}:stream", "{chasqui:emails}:dlq", "{chasqui:emails}:events")
     (group, entry_id, xackdel, dlq_max, events_max, now, payload, name, reason, detail, job_id, attempt,
-     failed_reason, duration_us, failure_ttl, prefix, failures_max, dlq_name) = call.argv
+     failed_reason, duration_us, failure_ttl, prefix, failures_max, dlq_name, traceback_text) = call.argv
     assert (group, entry_id, xackdel, dlq_max, events_max, now) == ("default", b"1700000005000-0", "1", 100_000, 100_000, NOW)
     assert payload == V3
     assert (name, reason, detail, job_id, attempt) == (NAME, "retries_exhausted", "", JOB_ID, 3)
     assert failed_reason == "handler: Python handler raised: ValueError('boom')"
     assert (duration_us, failure_ttl, prefix, failures_max, dlq_name) == (7, 0, "{chasqui:emails}", 10_000, "")
+    # an exception that was never raised has no traceback: the DLQ entry keeps ChasquiMQ's
+    # exact shape (no `detail`); a raised one's traceback is the subject of test_engine_worker
+    assert traceback_text == ""
 
 
 # ---- V13: a native typed payload is not shim-compatible ----------------------------------------

@@ -94,11 +94,15 @@ async def _exercise(url: str, queue: str) -> None:
                 sq.add("p", {"i": 2})
                 stop = asyncio.Event()
                 standalone = asyncio.create_task(run_standalone([queue], url, promoter=True, tick_ms=50, stop=stop))
-                # producer, blocking twin, worker (reader, lane, pool), events, standalone: lanes and pools
+                # a wait holds the process's event hub of the queue open (its reader and lookup lane)
+                hub_wait = asyncio.create_task(q.wait_for_results(["never-added"], timeout=60))
+                # producer, blocking twin, worker (reader, lane, pool), events, hub, standalone
                 await wait_until(lambda: len(ours()) >= 8, 20, what="every client connected")
                 resp3 = _resp3(ours())
                 stop.set()
                 await asyncio.wait_for(standalone, 30)
+                hub_wait.cancel()
+                await asyncio.gather(hub_wait, return_exceptions=True)
         await events.close()
     assert not resp3, f"connections not on RESP2: {resp3}"
 

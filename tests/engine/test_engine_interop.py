@@ -19,7 +19,7 @@ from airflow_provider_chasqui.core.codec import decode_envelope, encode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.types import build_retry_override
-from engine_support import running, wait_until
+from engine_support import kv, running, wait_until
 
 # chasquimq 1.3.0 has no Redis Cluster client (on a cluster its commands fail with MOVED):
 # interop is tested on the single shared server only.
@@ -135,6 +135,34 @@ async def test_chasquimq_reads_our_dlq_shape(chasquimq, redis_url, queue_name, c
     assert entry["reason"] == "retries_exhausted" and entry["source_id"] == "1-0" and entry["name"] == "dead"
     assert bytes(entry["payload"]) == env
     assert decode_envelope(env).id == job.id
+
+
+async def test_chasquimq_reads_a_dlq_entry_carrying_our_traceback(chasquimq, redis_url, queue_name, clients, queues,
+                                                                   worker_factory) -> None:
+    """Our worker puts a failed handler's traceback in the DLQ's optional ``detail`` field (the
+    only field it adds to what ChasquiMQ writes): chasquimq's peek_dlq reads the entry, with the
+    traceback as its detail and every other field as ChasquiMQ would have written it."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    q = queues(queue_name, redis_url)
+    job = await q.add("dead", {"x": 1}, attempts=1)
+
+    async def handler(job: Job) -> None:
+        raise ValueError("boom")
+
+    async with running(worker_factory(queue_name, handler, redis_url, run_scheduler=False)):
+        await wait_until(lambda: r.xlen(k.dlq), what="the job to be dead-lettered")
+    ((_id, fields),) = await r.xrange(k.dlq)
+    assert [f for f, _v in kv(fields)] == ["d", "n", "source_id", "reason", "detail"]  # ChasquiMQ's order
+    cq = chasquimq.Queue(queue_name, redis_url=redis_url)
+    try:
+        (entry,) = await cq.peek_dlq(10)
+    finally:
+        await cq.close()
+    assert entry["reason"] == "retries_exhausted" and entry["name"] == "dead"
+    assert entry["detail"].startswith("Traceback (most recent call last):")
+    assert entry["detail"].rstrip().endswith("ValueError: boom")
+    assert decode_envelope(bytes(entry["payload"])).id == job.id
 
 
 @pytest.mark.parametrize("delay_kw", [{"delay_ms": 0}, {}], ids=["zero-delay", "no-delay"])

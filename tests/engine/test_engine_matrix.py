@@ -128,8 +128,10 @@ async def test_retries_through_the_delayed_set_end_in_the_dlq(matrix_url, queue_
     assert len(dlq) == 2
     by_job = {decode_envelope(dict(kv(f))["d"]).id: kv(f) for _id, f in dlq}
     fields = by_job[custom.id]
-    assert [name for name, _ in fields] == ["d", "n", "source_id", "reason"]
+    # ChasquiMQ's fields in its order, plus its optional `detail`: here the handler's traceback
+    assert [name for name, _ in fields] == ["d", "n", "source_id", "reason", "detail"]
     d = dict(fields)
+    assert d["detail"].startswith(b"Traceback (most recent call last):") and d["detail"].endswith(b"ValueError: boom\n")
     env = decode_envelope(d["d"])
     # re-encoded by the worker with attempt NOT bumped: the failing run's attempt (2), override kept
     assert env.attempt == 2 and env.retry is not None and env.retry.max_attempts == 3
@@ -137,7 +139,7 @@ async def test_retries_through_the_delayed_set_end_in_the_dlq(matrix_url, queue_
     assert (d["n"], d["reason"]) == (b"send-email", b"retries_exhausted")
     assert ENTRY_ID.match(d["source_id"].decode())
     fields = dict(by_job[default.id])
-    assert list(fields) == ["d", "source_id", "reason"]  # unnamed: no n
+    assert list(fields) == ["d", "source_id", "reason", "detail"]  # unnamed: no n
     assert decode_envelope(fields["d"]).attempt == 1
     assert await r.xlen(k.stream) == 0 and await r.zcard(k.delayed) == 0
     assert await pending_count(r, queue_name) == 0

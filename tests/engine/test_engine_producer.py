@@ -175,14 +175,19 @@ async def test_peek_and_replay_dlq_resets_attempt(redis_url, queue_name, clients
         peeked = await q.peek_dlq()
         assert len(peeked) == 2
         (entry,) = [e for e in peeked if e["reason"] == "retries_exhausted"]
-        assert set(entry) == {"dlq_id", "job_id", "source_id", "reason", "detail", "error", "payload", "name"}
-        assert entry["name"] == "flaky" and entry["detail"] is None and entry["job_id"] == job.id
+        assert set(entry) == {"dlq_id", "job_id", "source_id", "reason", "detail", "error", "traceback", "payload",
+                              "name"}
+        assert entry["name"] == "flaky" and entry["job_id"] == job.id
+        # the handler's traceback is the DLQ entry's optional `detail` (innermost frame last)
+        assert entry["detail"].startswith("Traceback (most recent call last):")
+        assert entry["detail"].rstrip().endswith("ValueError: down") and "in handler" in entry["detail"]
+        assert entry["traceback"] == entry["detail"]
         assert entry["error"] is None  # this worker stores no failure records (store_results off)
         env = decode_envelope(entry["payload"])
         assert (env.id, env.attempt) == (job.id, 1)
         (bad,) = [e for e in peeked if e["reason"] == "malformed"]
         assert bad["payload"] == b"" and bad["name"] == "" and bad["detail"] == "missing or non-bytes payload field"
-        assert bad["job_id"] is None and bad["error"] is None
+        assert bad["job_id"] is None and bad["error"] is None and bad["traceback"] is None
         assert len(await q.peek_dlq(limit=1)) == 1
         healthy = True
         assert await q.replay_dlq() == 1

@@ -345,9 +345,12 @@ async def test_close_flushes_buffered_failures_as_retries_and_dead_letters(redis
     evs = await events_of(r, queue_name)
     assert sum(e["e"] == "failed" for e in evs) == 8 and sum(e["e"] == "retry-scheduled" for e in evs) == 4
     assert sum(e["e"] == "dlq" for e in evs) == 4
-    # one WARNING per flushed batch, which together cover the 8 failures
-    summaries = [rec.getMessage() for rec in caplog.records if "jobs failed" in rec.getMessage()]
-    assert summaries and sum(int(m.split(": ")[1].split()[0]) for m in summaries) == 8
+    # one WARNING per failed job (within the log budget), each with its traceback
+    per_job = [rec for rec in caplog.records if getattr(rec, "job_id", None)]
+    assert sorted(rec.job_id for rec in per_job) == sorted(j.id for j in jobs)
+    assert all("Traceback (most recent call last):" in rec.getMessage() for rec in per_job)
+    assert sum("retry in" in rec.getMessage() for rec in per_job) == 4
+    assert sum("dead-lettered (unrecoverable)" in rec.getMessage() for rec in per_job) == 4
 
 
 async def test_close_before_run_makes_run_return(redis_url, queue_name, worker_factory) -> None:

@@ -488,7 +488,7 @@ def _fail_cases(lua: Lua) -> list[dict[str, Any]]:
         {"kind": "r", "fields": {"d": V2, "n": NAME}, "job": "J-gone-r", "name": NAME, "attempt": 1, "failed": REASON,
          "dur": 3, "run_at": NOW + 9, "member": b"gone-member", "next": 2, "backoff": 9, "gone": True},
         {"kind": "d", "fields": {"d": V3, "n": NAME}, "job": "J-exhausted", "name": NAME, "attempt": 3,
-         "failed": REASON, "dur": 9, "payload": V3, "reason": "retries_exhausted", "detail": ""},
+         "failed": REASON, "dur": 9, "payload": V3, "reason": "retries_exhausted", "detail": "", "tb": TB},
         {"kind": "d", "fields": {"d": V2}, "job": "J-unrec", "name": "", "attempt": 1, "failed": REASON, "dur": 4,
          "payload": V2, "reason": "unrecoverable", "detail": ""},
         {"kind": "d", "fields": {"x": "no d"}, "job": "", "name": "", "attempt": 0, "failed": "", "dur": 0,
@@ -496,6 +496,9 @@ def _fail_cases(lua: Lua) -> list[dict[str, Any]]:
         {"kind": "d", "fields": {"d": V3, "n": NAME}, "job": "J-gone-d", "name": NAME, "attempt": 2,
          "failed": REASON, "dur": 1, "payload": V3, "reason": "retries_exhausted", "detail": "", "gone": True},
     ]
+
+
+TB = 'Traceback (most recent call last):\n  File "h.py", line 3, in send\n    raise ValueError("boom")\nValueError: boom\n'
 
 
 def _fail_state(lua: Lua, eids: list[bytes], jobs: list[str]) -> dict[str, Any]:
@@ -530,7 +533,7 @@ def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str
             ref_replies.append(ref("retry", [ref.k.stream, ref.k.delayed, ref.k.events], argv))
         else:
             argv = ["default", eid, ref.flag, 100_000, 100_000, NOW, c["payload"], c["name"], c["reason"], c["detail"],
-                    c["job"], c["attempt"], c["failed"], c["dur"], 60_000, ref.k.prefix, 10_000, b""]
+                    c["job"], c["attempt"], c["failed"], c["dur"], 60_000, ref.k.prefix, 10_000, b"", c.get("tb", "")]
             ref_replies.append(ref("dead_letter", [ref.k.stream, ref.k.dlq, ref.k.events], argv))
     # the same cases as one batch
     eids = _load_cases(lua, cases)
@@ -538,7 +541,7 @@ def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str
     for c, eid in zip(cases, eids):
         tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
             [c["payload"], c["reason"], c["detail"], ""]
-        argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail]
+        argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail, c.get("tb", "")]
     k = lua.k
     keys = [k.stream, k.delayed, k.dlq, k.events]
     replies = lua("fail_batch", keys, argv)
@@ -552,6 +555,11 @@ def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str
     assert [e[0][1] for e in state["events"]] == [b"failed", b"retry-scheduled", b"failed", b"retry-scheduled",
                                                   b"failed", b"dlq", b"failed", b"dlq", b"dlq"]
     assert msgpack.unpackb(state["records"]["J-unrec"], raw=False) == ["unrecoverable", REASON, NOW]
+    # a handler's traceback: the DLQ's optional `detail` (no other field added) and the record's 4th element
+    assert state["dlq"][0] == [("d", V3), ("n", NAME.encode()), ("source_id", 3), ("reason", b"retries_exhausted"),
+                               ("detail", TB.encode())]
+    assert b"detail" not in dict(state["dlq"][1])
+    assert msgpack.unpackb(state["records"]["J-exhausted"], raw=False) == ["retries_exhausted", REASON, NOW, TB]
     assert state["records"]["J-gone-d"] is None and state["records"]["J-gone-r"] is None
     # a repeated batch (a client retry after a lost reply) writes nothing twice
     assert lua("fail_batch", keys, argv) == [0] * len(cases)
@@ -566,7 +574,7 @@ def test_fail_batch_with_events_off_writes_no_events(lua: Lua) -> None:
     for c, eid in zip(cases, eids):
         tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
             [c["payload"], c["reason"], c["detail"], ""]
-        argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail]
+        argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail, c.get("tb", "")]
     assert lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], argv) == [1] * len(cases)
     assert lua.events() == [] and lua.r.zcard(k.delayed) == 2 and lua.r.xlen(k.dlq) == 3
     assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0
@@ -580,7 +588,7 @@ def test_fail_batch_keeps_original_name_bytes_and_caps_failure_records(lua: Lua)
         eids = [lua.pending_entry({"d": V2, "n": raw_name}) for _ in range(5)]
         argv: list[Any] = ["default", lua.flag, 100_000, 100_000, 60_000, k.prefix, NOW + batch, 7]
         for i, eid in enumerate(eids):
-            argv += ["d", eid, f"F{batch}-{i}", "", 0, "", 0, V2, "decode_failed", "too long", raw_name]
+            argv += ["d", eid, f"F{batch}-{i}", "", 0, "", 0, V2, "decode_failed", "too long", raw_name, ""]
         assert lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], argv) == [1] * 5
         assert lua.r.zcard(index) == min(7, 5 * (batch + 1))
     assert all(kv(f)[:2] == [("d", V2), ("n", raw_name)] for _e, f in lua.r.xrange(k.dlq))

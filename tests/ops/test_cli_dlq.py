@@ -190,7 +190,12 @@ def test_peek_shows_the_job_id_and_the_handlers_error(redis_url: str, queue_name
     rows = {r["job_id"]: r for r in json.loads(out.stdout)}
     assert rows[failing_id]["reason"] == "unrecoverable" and rows[failing_id]["name"] == "boom"
     assert "no such account 4711" in rows[failing_id]["error"]
+    tb = rows[failing_id]["traceback"]  # from the failure record; the DLQ entry's detail holds the same
+    assert tb.startswith("Traceback (most recent call last):") and "in boom" in tb
+    assert tb.rstrip().endswith("UnrecoverableError: no such account 4711")
+    assert rows[failing_id]["detail"] == tb
     assert rows[damaged_id]["error"] is None
+    assert "no such account 1" in rows[damaged_id]["traceback"]  # the record is damaged: the DLQ detail
     assert rows[None]["reason"] == "malformed" and rows[None]["error"] is None
     table = chasqui("dlq", "peek", queue_name, "--redis-url", redis_url)
     assert failing_id in table.stdout and "no such account 4711" in table.stdout, table.stdout

@@ -44,6 +44,9 @@ HANDSHAKE = {"client|setinfo", "select"}
 # (a driver's own FUNCTION LOAD is an attempt that a denial ends; ``chasqui functions``).
 FALLBACK = {"evalsha", "script|load"}
 ADMIN = {"function|load", "function|list"}
+# The operator's commands alone (``chasqui queues``, ``Queue.drain``/``obliterate``): SCAN finds
+# queues and leftover keys, RENAME moves a queue's indexes aside, UNLINK frees big keys.
+OPERATOR = {"scan", "rename", "unlink"}
 SCRIPT_COMMANDS = ("eval", "eval_ro", "evalsha", "evalsha_ro", "script", "function")
 
 
@@ -73,7 +76,7 @@ def commands_in_code(known: set[str] | None = None) -> set[str]:
 
 def runtime_commands(known: set[str] | None = None) -> set[str]:
     """What the runtime user needs: the code's commands less the script path's, plus the handshake."""
-    return (commands_in_code(known) - FALLBACK - ADMIN) | HANDSHAKE
+    return (commands_in_code(known) - FALLBACK - ADMIN - OPERATOR) | HANDSHAKE
 
 
 def acl_line(marker: str = "acl") -> list[str]:
@@ -106,6 +109,7 @@ def test_security_md_grants_every_command_the_code_sends(redis_url: str) -> None
     assert not granted_scripts, f"the runtime user must run no script command: {granted_scripts}"
     assert all(f"-{c}" in line for c in SCRIPT_COMMANDS), line  # explicit, should a later rule widen it
     assert documented_commands("acl-admin") >= ADMIN | HANDSHAKE
+    assert documented_commands("acl-operator") == OPERATOR  # granted on top of the runtime line
 
 
 def _setuser(admin: redis.Redis, marker: str, name: str, password: str, queue: str,

@@ -199,7 +199,9 @@ async def test_results_and_failure_records_are_capped_by_count(redis_url: str, q
     assert len(done) == 2100
     assert 0 < len(results) <= 40 and result_index == len(results), (len(results), result_index)
     assert 0 < len(failures) <= 30 and failure_index == len(failures), (len(failures), failure_index)
-    assert all(len(rec) <= 4096 + 64 for rec in records)
+    # a record is its reason (4 KiB) plus the handler's traceback (4 KiB, innermost frames kept)
+    assert all(len(rec) <= 2 * 4096 + 64 for rec in records)
+    assert all(b"Traceback (most recent call last)" in rec for rec in records)
     reasons = [f[f.index(b"reason") + 1] for _id, f in events if f[1] == b"failed"]
     assert reasons and max(len(x) for x in reasons) <= 4096
     print(f"\n[memory] 1680 results / 420 failures written; kept {len(results)} results (cap 40) and "

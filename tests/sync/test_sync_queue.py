@@ -145,6 +145,9 @@ def test_sync_results_and_waiting(redis_url, queue_name, sq) -> None:
             sq.wait_for_result(bad.id, timeout=20)
         assert info.value.reason == "unrecoverable"
         assert sq.get_job_state(bad.id) == "failed"
+        failure = sq.get_failure(bad.id)  # the blocking twin of Queue.get_failure
+        assert failure.reason == "unrecoverable" and failure.traceback == info.value.traceback
+        assert failure.traceback.startswith("Traceback (most recent call last):")
         slow = sq.add("echo", "slow")
         start = time.monotonic()
         with pytest.raises(TimeoutError):

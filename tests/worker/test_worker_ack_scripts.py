@@ -218,7 +218,10 @@ def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str,
         one, row = a.reject(r, features, now), b.reject_row(r)
     else:
         dl = a.gate(b"9-1", [b"d", payload, b"n", b"mail"], 1)
-        exc = UnrecoverableError("x") if case == "unrecoverable" else ValueError("boom")
+        try:  # raised, so it has a traceback for the DLQ rows to carry
+            raise UnrecoverableError("x") if case == "unrecoverable" else ValueError("boom")
+        except Exception as raised:  # noqa: BLE001
+            exc = raised
         one, outcome, delay = a.on_failure(dl, exc, case == "unrecoverable", 42, features, now)
         row, outcome2, delay2 = b.failure_row(dl, exc, case == "unrecoverable", 42, now)
         assert (outcome, delay) == (outcome2, delay2)
@@ -233,8 +236,10 @@ def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str,
         assert one.script.name == "retry" and kind == "r"
         assert one.argv == ("g", eid, tail[0], tail[1], features.xackdel_flag, a.events_max, now, job, name, att,
                             failed, dur, tail[2], tail[3])
+        assert tail[4] == ""  # a retried attempt's traceback is logged, not stored
     else:
         assert one.script.name == "dead_letter" and kind == "d" and not tail[3]  # the DLQ's `n` is `name`
         assert one.argv == ("g", eid, features.xackdel_flag, a.settings.dlq_max_len, a.events_max, now, tail[0],
                             name, tail[1], tail[2], job, att, failed, dur, 5_000, k.prefix,
-                            a.settings.failures_max_len, tail[3])
+                            a.settings.failures_max_len, tail[3], tail[4])
+        assert (tail[4].startswith("Traceback") and "in test_fail_batch_rows" in tail[4]) == (case != "rejected")

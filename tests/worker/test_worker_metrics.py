@@ -205,10 +205,12 @@ def _serve_jobs_with_metrics(start_worker, url: str, queue: str, n: int = 20) ->
     def settled() -> str | None:
         text = _scrape(port)
         done = metric_value(text, "chasqui_jobs_completed_total", queue=queue, name="echo") == n
-        return text if done and metric_value(text, "chasqui_delayed_jobs", queue=queue) == 1 else None
+        # a job counts as completed when its handler returns; its ack (and so pending 0) follows in
+        # the next flush, and the depth sample after that: wait for all three
+        acked = metric_value(text, "chasqui_pending_jobs", queue=queue, group="default") == 0
+        return text if done and acked and metric_value(text, "chasqui_delayed_jobs", queue=queue) == 1 else None
 
-    text = wait_until_sync(settled, 120, what=f"{n} jobs completed and sampled", interval=0.05)
-    assert metric_value(text, "chasqui_pending_jobs", queue=queue, group="default") == 0
+    text = wait_until_sync(settled, 120, what=f"{n} jobs completed, acked and sampled", interval=0.05)
     assert metric_value(text, "chasqui_depth_sample_errors_total", queue=queue) in (None, 0)
     assert _probe(port, "/readyz") == (200, READY) and _probe(port, "/livez") == (200, LIVE)
     proc.signal(signal.SIGTERM)
@@ -391,3 +393,106 @@ def test_metrics_port_in_use_exits_2(redis_url: str, queue_name: str) -> None:
                                redis_url, "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
                               env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2 and f"cannot serve metrics on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+
+
+def test_alerting_metrics_after_a_scenario(start_worker, redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    """The metrics docs/metrics.md suggests alerts on, scraped from a real worker after a scenario
+    that moves each: a job left waiting, a delayed job overdue (no promoter), a running job's lease
+    renewed and then taken over by another consumer, a quarantined spec, a dead letter by reason."""
+    keys = QueueKeys.for_queue(queue_name)
+    port = free_port()
+    q = SyncQueue(queue_name, redis_url=redis_url)
+    q.add("echo", "overdue", delay_ms=1)  # no promoter runs: it stays in the delayed set, overdue
+    held = [q.add("hold", {"dir": str(tmp_path), "max_hold": 60}) for _ in range(3)]
+    proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--no-scheduler", "--no-promoter",
+                         "--concurrency", "1", "--prefetch", "1", "--claim-min-idle-ms", "900",
+                         "--metrics-port", str(port), "--metrics-interval", "0.2"],
+                        env=subprocess_env(CHASQUI_REDIS_URL=redis_url))
+    proc.wait_for_log(f"on http://127.0.0.1:{port}/metrics")
+    labels = {"queue": queue_name}
+    group = {"queue": queue_name, "group": "default"}
+    wait_until_sync(lambda: (tmp_path / f"started-{held[0].id}").exists(), 60, what="the first hold job to run")
+    with redis.Redis.from_url(redis_url) as r:
+        r.hset(keys.repeat_quarantine, "broken::every:1000", b"\xc1")  # what the scheduler quarantines
+
+        def busy() -> str | None:
+            text = _scrape(port)
+            ok = ((metric_value(text, "chasqui_oldest_waiting_job_age_seconds", **labels) or 0) > 0
+                  and metric_value(text, "chasqui_delayed_overdue_jobs", **labels) == 1
+                  and metric_value(text, "chasqui_consumers", **group) == 1
+                  and (metric_value(text, "chasqui_lease_renewals_total", **labels) or 0) >= 1
+                  and metric_value(text, "chasqui_scheduler_quarantined_specs", **labels) == 1)
+            return text if ok else None
+
+        text = wait_until_sync(busy, 60, what="waiting, overdue, consumer, renewal and quarantine metrics",
+                               interval=0.05)
+        # a worker that reads every read_block_ms is never idle much longer than that
+        assert 0 <= metric_value(text, "chasqui_consumer_max_idle_seconds", **group) < 60
+        for task in ("reader", "slots", "flusher", "lease"):  # present at 0 before any restart
+            assert metric_value(text, "chasqui_task_restarts_total", queue=queue_name, task=task) == 0
+        assert metric_value(text, "chasqui_leases_lost_total", **labels) is None or \
+            metric_value(text, "chasqui_leases_lost_total", **labels) == 0
+        # another consumer takes over the running job's entry: the next renewal finds the lease lost
+        running = r.xpending_range(keys.stream, "default", "-", "+", 10)
+        stolen = min(running, key=lambda p: p["message_id"])["message_id"]
+        assert r.xclaim(keys.stream, "default", "thief", 0, [stolen], justid=True) == [stolen]
+        wait_until_sync(lambda: (metric_value(_scrape(port), "chasqui_leases_lost_total", **labels) or 0) >= 1, 60,
+                        what="the lost lease to be counted")
+        (tmp_path / "release").write_text("go")
+        q.add("fail", "dead", attempts=1)
+        q.add("echo", "quick")
+
+        def settled() -> str | None:
+            text = _scrape(port)
+            ok = (metric_value(text, "chasqui_oldest_waiting_job_age_seconds", **labels) == 0
+                  and metric_value(text, "chasqui_jobs_dead_lettered_total", **labels, name="fail",
+                                   reason="retries_exhausted") == 1
+                  and (metric_value(text, "chasqui_jobs_completed_total", **labels, name="echo") or 0) >= 1)
+            return text if ok else None
+
+        text = wait_until_sync(settled, 120, what="the held jobs, the dead letter and the quick job", interval=0.05)
+    proc.wait_for_log("lease lost on 1 entries")
+    # buckets from 1 ms to 4 h: millisecond handlers and hour-long Spark jobs both resolve
+    for le in ("0.001", "14400.0", "+Inf"):
+        assert metric_value(text, "chasqui_handler_duration_seconds_bucket", **labels, name="echo", le=le) is not None
+    proc.signal(signal.SIGTERM)
+    assert proc.wait_exit(60) == 0
+
+
+def test_task_restarts_and_bounded_dlq_reasons_are_counted(redis_url: str, queue_name: str) -> None:
+    """A supervised task that crashes is counted by role; unknown DLQ reasons share one label."""
+    import redis.asyncio
+
+    from airflow_provider_chasqui import Worker
+
+    keys = QueueKeys.for_queue(queue_name)
+    sink = PrometheusMetrics()
+    sink.job_dead(queue_name, "x", "some_new_reason")
+    sink.job_dead(queue_name, "x", "malformed")
+
+    async def scenario() -> None:
+        r = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            await r.set(keys.dlq, "not a stream")  # dead-lettering the malformed entry fails: the reader restarts
+            w = Worker(queue_name, lambda job: None, redis_url=redis_url, metrics=sink, claim_min_idle_ms=1000,
+                       run_scheduler=False)
+            task = asyncio.create_task(w.run())
+            try:
+                await r.xadd(keys.stream, {"x": "no payload"})
+                deadline = time.monotonic() + 60
+                while metric_value(sink.exposition()[0].decode(), "chasqui_task_restarts_total",
+                                   queue=queue_name, task="reader") in (None, 0.0):
+                    assert time.monotonic() < deadline, sink.exposition()[0].decode()
+                    await asyncio.sleep(0.05)
+            finally:
+                await w.close()
+                await asyncio.wait_for(task, 60)
+                await r.delete(keys.dlq, keys.stream)
+        finally:
+            await r.aclose()
+
+    asyncio.run(scenario())
+    text = sink.exposition()[0].decode()
+    assert metric_value(text, "chasqui_jobs_dead_lettered_total", queue=queue_name, name="x", reason="other") == 1
+    assert metric_value(text, "chasqui_jobs_dead_lettered_total", queue=queue_name, name="x", reason="malformed") == 1
+    assert metric_value(text, "chasqui_task_restarts_total", queue=queue_name, task="flusher") == 0

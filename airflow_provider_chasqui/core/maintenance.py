@@ -1,0 +1,130 @@
+"""Emptying a queue, as BullMQ's ``drain`` and ``obliterate``: flows for ``Queue``/``SyncQueue``.
+
+Both start with one atomic script (``drain_begin`` / ``obliterate_begin``) that fixes what goes:
+the stream's newest entry at that instant, and the delayed ZSET (and, for obliterate, every
+index) moved aside to fresh keys of the queue's hash tag.  The rest is deleted a chunk per call
+(``drain_stream``, ``purge_index``), so a queue of millions never blocks the server for long,
+and what producers add meanwhile lands in the live keys, untouched by a drain.  Obliterate ends
+with a cursor SCAN of ``{chasqui:<q>}*`` for the keys no index lists (idempotency and unique
+markers, cursors); Redis Cluster routes no SCAN to one slot's node, so there that sweep is
+skipped and those keys (all but cursors have a TTL) are left.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import ChasquiError, ConfigError
+from .calls import Flow, command, int_reply, script_call, str_reply
+from .keys import QueueKeys
+
+__all__ = ["DrainReport", "ObliterateReport", "QueueInUse", "drain", "obliterate", "glob_escape", "CHUNK"]
+
+CHUNK = 1000
+ACTIVE_WINDOW_MS = 60_000
+"""A consumer that read within this window counts as a live worker for ``obliterate``."""
+
+
+class QueueInUse(ChasquiError):
+    """``obliterate`` refused: workers are using the queue (pass ``force=True`` to go ahead)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    waiting: int  # stream entries deleted (never a delivered one)
+    delayed: int  # delayed jobs deleted
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ObliterateReport:
+    keys: int  # fixed keys deleted and indexes moved aside
+    indexed: int  # members of those indexes (jobs, results, failure records, specs) deleted with their keys
+    swept: int | None  # keys found by the final SCAN; None where it cannot run (Redis Cluster)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in a SCAN MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _chunk(chunk: int) -> int:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise ConfigError(f"chunk must be a positive int, got {chunk!r}")
+    return chunk
+
+
+def _aside(k: QueueKeys, what: str, token: str) -> str:
+    return f"{k.prefix}:{what}:{token}"
+
+
+def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow:
+    """Delete the waiting jobs (stream entries no group has read) and, with ``delayed``, the
+    delayed ones; keep the running (pending) ones.  Returns a :class:`DrainReport`."""
+    k = QueueKeys.for_queue(queue)
+    chunk = _chunk(chunk)
+    aside = _aside(k, "draining", uuid.uuid4().hex)
+    top, _moved = yield script_call("drain_begin", (k.stream, k.delayed, aside), (1 if delayed else 0,))
+    top = str_reply(top)
+    waiting = removed = 0
+    more = bool(top)
+    while more:
+        n, again = (yield script_call("drain_stream", (k.stream,), (top, chunk)))
+        waiting += int_reply(n)
+        more = bool(int_reply(again))
+    while delayed:
+        n = int_reply((yield script_call("purge_index", (aside,), (chunk, k.prefix, "delayed"))))
+        removed += n
+        if n < chunk:
+            break
+    return DrainReport(waiting=waiting, delayed=removed)
+
+
+# the indexes obliterate moves aside, and what their members name
+_INDEXES = (("delayed", "delayed"), ("results", ":result:"), ("failures", ":failure:"),
+            ("repeat", ":repeat:spec:"), ("repeat_paused", ":repeat:spec:"))
+
+
+def obliterate(queue: str, *, force: bool = False, sweep: bool = True, chunk: int = CHUNK,
+               active_window_ms: int = ACTIVE_WINDOW_MS) -> Flow:
+    """Delete every key of the queue.  Raises :class:`QueueInUse` (and deletes nothing) while
+    workers use it, unless ``force``.  Returns an :class:`ObliterateReport`."""
+    k = QueueKeys.for_queue(queue)
+    chunk = _chunk(chunk)
+    token = uuid.uuid4().hex
+    moved = [getattr(k, name) for name, _ in _INDEXES]
+    aside = [_aside(k, f"obliterating:{name}", token) for name, _ in _INDEXES]
+    fixed = (k.stream, k.dlq, k.events, k.promoter_lock, k.scheduler_lock, k.repeat_quarantine)
+    ok, detail = yield script_call("obliterate_begin", (*fixed, *moved, *aside),
+                                   (1 if force else 0, active_window_ms))
+    if not int_reply(ok):
+        raise QueueInUse(f"queue {queue!r} is in use: {str_reply(detail)}; stop its workers first, or force it")
+    indexed = 0
+    for key, (_, mode) in zip(aside, _INDEXES):
+        while True:
+            n = int_reply((yield script_call("purge_index", (key,), (chunk, k.prefix, mode))))
+            indexed += n
+            if n < chunk:
+                break
+    swept = None
+    if sweep:
+        swept = yield from _sweep(glob_escape(k.prefix) + "*", chunk)
+    return ObliterateReport(keys=int_reply(detail), indexed=indexed, swept=swept)
+
+
+def _sweep(pattern: str, chunk: int) -> Flow:
+    cursor, swept = "0", 0
+    while True:
+        cursor, found = yield command("SCAN", cursor, "MATCH", pattern, "COUNT", chunk)
+        cursor = str_reply(cursor)
+        if found:
+            swept += int_reply((yield command("UNLINK", *found)))
+        if cursor == "0":
+            return swept

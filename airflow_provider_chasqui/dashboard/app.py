@@ -1,0 +1,652 @@
+"""The dashboard's FastAPI app: server-rendered pages, one small script and stylesheet
+shipped in the package (nothing loaded from the internet: pods are often offline).
+
+``create_app(sources, access=...)`` serves the same pages standalone (``chasqui dashboard``)
+and inside Airflow's API server (``plugin.py``), where it is mounted under a prefix: every
+link is built from the request's ``root_path``.  Reads run in the thread pool (the engine's
+blocking API); every change goes through a confirmation page and leaves an audit log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import importlib.resources
+import inspect
+import json
+import logging
+import string
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Callable, Mapping
+from urllib.parse import parse_qs, urlencode
+from zoneinfo import ZoneInfo
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from ..errors import ChasquiError, ConfigError
+from .auth import TOKEN_COOKIE, check_csrf, csrf_token, open_access
+from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, Source, SourceSet, StaticSources, audit
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+PAGE = 50
+_PKG = importlib.resources.files(__package__)
+_LAYOUT = string.Template((_PKG / "templates" / "layout.html").read_text(encoding="utf-8"))
+_STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+
+
+def h(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def iso(ms: int | None, tz: str | None = None) -> str:
+    if ms is None or isinstance(ms, str):
+        return "-" if ms is None else str(ms)
+    try:
+        zone = ZoneInfo(tz) if tz else timezone.utc
+        return datetime.fromtimestamp(ms / 1000, tz=zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+    except (ValueError, OverflowError, OSError, KeyError):
+        return f"{ms} (no date)"
+
+
+def when(ms: int | None) -> str:
+    """UTC on the server; the script rewrites it in the viewer's zone."""
+    if ms is None or isinstance(ms, str):
+        return h(ms if ms is not None else "-")
+    return f'<time data-ms="{int(ms)}">{h(iso(ms))}</time>'
+
+
+def age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    s = ms / 1000
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def chart(completed: list[int], failed: list[int], width: int = 160, height: int = 36) -> str:
+    """Bars per minute, completed above the line and failed below it, as inline SVG."""
+    top = max(completed + failed + [1])
+    n = len(completed)
+    bw = width / max(1, n)
+    half = height / 2
+    bars = []
+    for i, (c, f) in enumerate(zip(completed, failed)):
+        x = i * bw
+        ch = c / top * (half - 1)
+        fh = f / top * (half - 1)
+        bars.append(f'<rect class="ok" x="{x:.1f}" y="{half - ch:.1f}" width="{bw - 1:.1f}" height="{ch:.1f}">'
+                    f'<title>{n - i} min ago: {c} completed</title></rect>')
+        bars.append(f'<rect class="bad" x="{x:.1f}" y="{half:.1f}" width="{bw - 1:.1f}" height="{fh:.1f}">'
+                    f'<title>{n - i} min ago: {f} failed</title></rect>')
+    return (f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+            f'aria-label="completed and failed per minute">{"".join(bars)}'
+            f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/></svg>')
+
+
+def table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
+    head = "".join(f"<th>{h(x)}</th>" for x in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    if not rows:
+        body = f'<tr><td colspan="{len(headers)}" class="empty">nothing here</td></tr>'
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+class Ctx:
+    """One request's view: where links point, which source, who is looking."""
+
+    def __init__(self, request: Request, sources: SourceSet, user: str, title: str, can_write: bool) -> None:
+        self.request = request
+        self.base = request.scope.get("root_path", "").rstrip("/")
+        self.sources = sources
+        self.label = request.query_params.get("src") or ""
+        self.user = user
+        self.title = title
+        self.can_write = can_write
+
+    @property
+    def source(self) -> Source:
+        return self.sources.get(self.label or None)
+
+    def url(self, path: str, **params: Any) -> str:
+        q = {k: v for k, v in params.items() if v not in (None, "")}
+        if self.label and "src" not in q:
+            q["src"] = self.label
+        return h(self.base + path + ("?" + urlencode(q, doseq=True) if q else ""))
+
+    def form(self, path: str, fields: Mapping[str, Any], button: str, cls: str = "") -> str:
+        hidden = "".join(f'<input type="hidden" name="{h(k)}" value="{h(v)}">' for k, v in fields.items()
+                         if v is not None)
+        return (f'<form method="post" action="{self.url(path)}" class="inline {cls}">{hidden}'
+                f'<input type="hidden" name="csrf" value="{csrf_token(self.user)}">'
+                f'<button type="submit">{h(button)}</button></form>')
+
+    def page(self, title: str, body: str, active: str, status: int = 200) -> HTMLResponse:
+        nav = "".join(
+            f'<a href="{self.url(path, queue=self.request.query_params.get("queue"))}"'
+            f'{" class=active" if key == active else ""}>{label}</a>'
+            for key, path, label in (("queues", "/", "Queues"), ("job", "/job", "Job"), ("dlq", "/dlq", "DLQ"),
+                                     ("schedules", "/schedules", "Schedules"), ("workers", "/workers", "Workers")))
+        labels = self.sources.labels()
+        picker = ""
+        if len(labels) > 1:
+            opts = "".join(f'<option value="{h(x)}"{" selected" if x == (self.label or labels[0]) else ""}>{h(x)}'
+                           "</option>" for x in labels)
+            picker = (f'<form method="get" action="{self.url("/")}" class="picker"><label>Redis '
+                      f'<select name="src" onchange="this.form.submit()">{opts}</select></label></form>')
+        msg = self.request.query_params.get("msg")
+        flash = f'<p class="flash" role="status">{h(msg)}</p>' if msg else ""
+        text = _LAYOUT.substitute(title=h(f"{title} - {self.title}"), heading=h(self.title), nav=nav, picker=picker,
+                                  user=h(self.user), static=h(self.base + "/static"), body=flash + body,
+                                  mode="editor" if self.can_write else "viewer")
+        return HTMLResponse(text, status_code=status)
+
+
+async def _maybe(value: Any) -> Any:
+    """``access``/``can_write`` may be plain functions or coroutines (Airflow's user lookup is async)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def _queue_param(request: Request) -> str | None:
+    return request.query_params.get("queue") or None
+
+
+def _int(value: Any, default: int, lo: int, hi: int) -> int:
+    try:
+        return max(lo, min(hi, int(value)))
+    except (TypeError, ValueError):
+        return default
+
+
+def create_app(sources: SourceSet | Mapping[str, str] | str, *, access: Callable[[Request, bool], Any] = open_access,
+               can_write: Callable[[Request], Any] | None = None, title: str = "Chasqui",
+               login_token: bool = False) -> FastAPI:
+    """The dashboard over ``sources`` (a Redis URL, ``{label: url}``, or a ``SourceSet``).
+
+    ``access(request, write)`` (a function or a coroutine function) returns the user's name or
+    raises HTTPException: it guards every page (``write=False``) and every change
+    (``write=True``).  ``can_write(request)`` only decides whether buttons are shown (default:
+    whether ``access`` lets the request write).  ``login_token`` adds ``/login`` (a form that stores
+    the token in a cookie)."""
+    if isinstance(sources, str):
+        sources = StaticSources({"default": sources})
+    elif not isinstance(sources, SourceSet):
+        sources = StaticSources(dict(sources))
+    srcs: SourceSet = sources
+
+    async def _writer(request: Request) -> bool:
+        try:
+            await _maybe(access(request, True))
+            return True
+        except HTTPException:
+            return False
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        srcs.close()
+
+    app = FastAPI(title=f"{title} dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.sources = srcs
+
+    @app.exception_handler(ChasquiError)
+    async def _chasqui_error(request: Request, exc: ChasquiError) -> Response:
+        status = 400 if isinstance(exc, ConfigError) else 502
+        return HTMLResponse(f"<!doctype html><title>error</title><p class=error>{h(exc)}</p>", status_code=status)
+
+    async def ctx(request: Request, write: bool = False) -> Ctx:
+        user = await _maybe(access(request, write))
+        can = await _maybe(can_write(request)) if can_write is not None else await _writer(request)
+        return Ctx(request, srcs, user, title, bool(can))
+
+    async def view(request: Request, fn: Callable[[Ctx], Response], path: str = "/", active: str = "queues") -> Response:
+        c = await ctx(request)
+
+        def run() -> Response:
+            try:
+                return fn(c)
+            except _PickQueue:
+                return _picker_page(c, path, active)
+
+        return await run_in_threadpool(run)
+
+    # ---- static files and login ----------------------------------------------------------
+    @app.get("/static/{name}")
+    def static(name: str) -> Response:
+        if name not in _STATIC:
+            raise HTTPException(404)
+        return Response((_PKG / "static" / name).read_bytes(), media_type=_STATIC[name],
+                        headers={"Cache-Control": "max-age=300"})
+
+    if login_token:
+        @app.get("/login")
+        def login_form(request: Request) -> Response:
+            base = request.scope.get("root_path", "").rstrip("/")
+            body = (f'<form method="post" action="{h(base)}/login" class="login"><label>Token '
+                    '<input type="password" name="token" autofocus></label><button>Log in</button></form>')
+            return HTMLResponse(_LAYOUT.substitute(title="Log in", heading=h(title), nav="", picker="", user="",
+                                                   static=h(base + "/static"), body=body, mode="viewer"))
+
+        @app.post("/login")
+        async def login(request: Request) -> Response:
+            form = parse_qs((await request.body()).decode("utf-8", "replace"))
+            token = (form.get("token") or [""])[0]
+            base = request.scope.get("root_path", "").rstrip("/")
+            resp = RedirectResponse(base + "/", status_code=303)
+            resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            return resp
+
+    # ---- Queues --------------------------------------------------------------------------
+    @app.get("/")
+    async def queues(request: Request) -> Response:
+        return await view(request, _queues_page)
+
+    @app.get("/api/queues")
+    async def queues_json(request: Request) -> Response:
+        c = await ctx(request)
+
+        def run() -> Response:
+            names, state = c.source.queue_names()
+            rows = [c.source.queue_row(n, event_window=OVERVIEW_EVENT_WINDOW).to_dict() for n in names[:PAGE]]
+            return JSONResponse({"queues": rows, "scan": state})
+
+        return await run_in_threadpool(run)
+
+    @app.get("/queue")
+    async def queue_detail(request: Request) -> Response:
+        return await view(request, _queue_page, "/queue", "queues")
+
+    @app.get("/job")
+    async def job(request: Request) -> Response:
+        return await view(request, _job_page)
+
+    @app.get("/dlq")
+    async def dlq(request: Request) -> Response:
+        return await view(request, _dlq_page, "/dlq", "dlq")
+
+    @app.get("/dlq/entry")
+    async def dlq_entry(request: Request) -> Response:
+        return await view(request, _dlq_entry_page, "/dlq", "dlq")
+
+    @app.get("/schedules")
+    async def schedules(request: Request) -> Response:
+        return await view(request, _schedules_page, "/schedules", "schedules")
+
+    @app.get("/workers")
+    async def workers(request: Request) -> Response:
+        return await view(request, _workers_page, "/workers", "workers")
+
+    @app.post("/dlq/action")
+    async def dlq_action(request: Request) -> Response:
+        return await _action(request, _dlq_do)
+
+    @app.post("/schedules/action")
+    async def schedules_action(request: Request) -> Response:
+        return await _action(request, _spec_do)
+
+    async def _action(request: Request, do: Callable[[Ctx, dict[str, list[str]]], tuple[str, str, str]]) -> Response:
+        c = await ctx(request, write=True)
+        form = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+        check_csrf(c.user, _first(form, "csrf"))
+        if (form.get("confirmed") or [""])[0] != "1":
+            return await run_in_threadpool(_confirm_page, c, form, do)
+        message, back_path, queue = await run_in_threadpool(do, c, form)
+        keep = (("src", c.label), ("queue", queue), ("reason", _first(form, "reason")), ("name", _first(form, "name")),
+                ("prefix", _first(form, "prefix")), ("msg", message))  # back to the page as it was filtered
+        return RedirectResponse(c.base + back_path + "?" + urlencode({k: v for k, v in keep if v}), status_code=303)
+
+    return app
+
+
+# ---- pages ----------------------------------------------------------------------------------
+def _queues_page(c: Ctx) -> Response:
+    names, state = c.source.queue_names()
+    start = _int(c.request.query_params.get("offset"), 0, 0, 10**9)
+    shown = names[start:start + PAGE]
+    rows = []
+    for name in shown:
+        r = c.source.queue_row(name, event_window=OVERVIEW_EVENT_WINDOW)
+        s = r.snap
+        rows.append([
+            f'<a href="{c.url("/queue", queue=name)}">{h(name)}</a>', h(s.stream), h(r.waiting), h(s.pending),
+            h(s.delayed), f'<a href="{c.url("/dlq", queue=name)}">{h(s.dlq)}</a>', h(age(r.oldest_waiting_age_ms)),
+            h(r.completed[-1]), h(r.failed[-1]), h(len(s.consumers)),
+            f'<a href="{c.url("/schedules", queue=name)}">{h(s.specs)}+{h(s.paused_specs)}</a>',
+            chart(r.completed, r.failed)])
+    scan = "scanning for queues..." if state["scanning"] else (
+        "queues found by a cursor SCAN of {chasqui:*} keys (refreshed every 30 s)")
+    if state["error"]:
+        scan += f"; last scan failed: {state['error']}"
+    more = ""
+    if start + PAGE < len(names):
+        more = f'<p><a href="{c.url("/", offset=start + PAGE)}">next {PAGE} queues</a></p>'
+    body = (f'<h2>Queues <small>{h(c.source.label)}: {h(c.source.shown_url)}</small></h2>'
+            f'<p class="note" id="scan-state">{h(scan)}; {len(names)} queue(s)</p>'
+            '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
+            '<div data-live="queues">'
+            + table(["queue", "stream", "waiting", "pending", "delayed", "DLQ", "oldest waiting", "done/min",
+                     "failed/min", "consumers", "specs", "last 10 min"], rows, "queues")
+            + "</div>" + more + _job_form(c, names))
+    return c.page("Queues", body, "queues")
+
+
+def _job_form(c: Ctx, names: list[str], queue: str | None = None, job_id: str | None = None) -> str:
+    opts = "".join(f'<option{" selected" if n == queue else ""}>{h(n)}</option>' for n in names[:500])
+    src = f'<input type="hidden" name="src" value="{h(c.label)}">' if c.label else ""
+    return (f'<form method="get" action="{c.url("/job")}" class="lookup">{src}<h3>Find a job</h3>'
+            f'<label>queue <input name="queue" list="queue-names" value="{h(queue or "")}" required></label>'
+            f'<datalist id="queue-names">{opts}</datalist>'
+            f'<label>job id <input name="id" value="{h(job_id or "")}" size="30" required></label>'
+            '<button type="submit">Show</button></form>')
+
+
+class _PickQueue(Exception):
+    """No ``?queue=``: the page shows the queues to choose from instead."""
+
+
+def _need_queue(c: Ctx) -> str:
+    queue = _queue_param(c.request)
+    if not queue:
+        raise _PickQueue()
+    return queue
+
+
+def _picker_page(c: Ctx, path: str, active: str) -> Response:
+    names, _ = c.source.queue_names()
+    links = "".join(f'<li><a href="{c.url(path, queue=n)}">{h(n)}</a></li>' for n in names[:500])
+    return c.page("Pick a queue", f"<h2>Pick a queue</h2><ul class=\"pick\">{links or '<li>no queue found</li>'}</ul>",
+                  active)
+
+
+def _queue_page(c: Ctx) -> Response:
+    queue = _need_queue(c)
+    r = c.source.queue_row(queue)
+    s = r.snap
+    stats = [
+        ["stream entries", h(s.stream)], ["waiting (not yet delivered)", h(r.waiting)],
+        ["pending (delivered, not acked)", h(s.pending)], ["delayed", h(s.delayed)],
+        ["oldest delayed lag", h(age(s.oldest_delayed_lag_ms))], ["oldest waiting job", h(age(r.oldest_waiting_age_ms))],
+        ["DLQ", f'<a href="{c.url("/dlq", queue=queue)}">{h(s.dlq)}</a>'],
+        ["repeatable specs", f'<a href="{c.url("/schedules", queue=queue)}">{h(s.specs)} active, '
+                             f'{h(s.paused_specs)} paused</a>'],
+        ["consumers", f'<a href="{c.url("/workers", queue=queue)}">{h(len(s.consumers))}</a>'],
+        ["promoter lock", h(s.promoter_leader)], ["scheduler lock", h(s.scheduler_leader)],
+        ["completed (last 10 min)", h(sum(r.completed))], ["failed (last 10 min)", h(sum(r.failed))],
+    ]
+    note = f" (the newest {EVENT_WINDOW} events only)" if r.events_window_full else ""
+    body = (f"<h2>Queue {h(queue)}</h2>"
+            '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
+            f'<div data-live="queue">{chart(r.completed, r.failed, 600, 120)}'
+            f'<p class="note">completed (up) and failed (down) per minute over the last 10 minutes{note}</p>'
+            + table(["what", "value"], stats, "kv") + "</div>"
+            + _job_form(c, [queue], queue))
+    return c.page(f"Queue {queue}", body, "queues")
+
+
+def _job_page(c: Ctx) -> Response:
+    queue = _queue_param(c.request)
+    job_id = (c.request.query_params.get("id") or "").strip()
+    names, _ = c.source.queue_names(wait_s=0)
+    if not queue or not job_id:
+        return c.page("Job", "<h2>Job</h2>" + _job_form(c, names, queue, job_id), "job")
+    j = c.source.job(queue, job_id)
+    payload = j["payload"] or {}
+    rows = [["queue", f'<a href="{c.url("/queue", queue=queue)}">{h(queue)}</a>'], ["id", f"<code>{h(job_id)}</code>"],
+            ["state", f'<b class="state">{h(j["state"])}</b>'], ["name", h(j["name"])],
+            ["created", when(j["created_ms"])], ["attempts", h(j["attempts"])], ["found in", h(j["where"])]]
+    if j.get("dlq_id"):
+        rows.append(["DLQ entry", f'<a href="{c.url("/dlq/entry", queue=queue, id=j["dlq_id"])}">{h(j["dlq_id"])}</a>'
+                                  f' reason {h(j.get("dlq_reason"))}'])
+    if j["failure"]:
+        f = j["failure"]
+        rows.append(["failure", f'{h(f["reason"])}: <pre class="inline">{h(f["detail"])}</pre>'])
+    body = f"<h2>Job {h(job_id)}</h2>" + table(["what", "value"], rows, "kv")
+    if payload.get("data") is not None:
+        cut = ' <span class="note">(cut at 64 KiB)</span>' if payload.get("truncated") else ""
+        body += f'<h3>Data <small>{h(payload.get("size"))} bytes</small>{cut}</h3><pre class="data">{h(payload["data"])}</pre>'
+    if j["result"] is not None:
+        body += f'<h3>Result</h3><pre class="data result">{h(j["result"])}</pre>'
+    events = [[when(e["ts_ms"]), h(e["event"]), h(", ".join(f"{k}={v}" for k, v in e["fields"].items() if k != "ts"))]
+              for e in j["timeline"]]
+    body += "<h3>Events</h3>" + table(["at", "event", "fields"], events, "timeline")
+    body += _job_form(c, names, queue, job_id)
+    return c.page(f"Job {job_id}", body, "job")
+
+
+def _dlq_page(c: Ctx) -> Response:
+    queue = _need_queue(c)
+    qp = c.request.query_params
+    reason, name = qp.get("reason") or None, qp.get("name") or None
+    cursor = qp.get("cursor") or None
+    page = c.source.dlq_page(queue, cursor, _int(qp.get("count"), PAGE, 1, 500), reason, name)
+    rows = []
+    for r in page["rows"]:
+        box = (f'<input type="checkbox" name="ids" value="{h(r["dlq_id"])}" form="dlq-selected" '
+               f'aria-label="select {h(r["dlq_id"])}">') if c.can_write else ""
+        job = (f'<a href="{c.url("/job", queue=queue, id=r["job_id"])}">{h(r["job_id"])}</a>' if r["job_id"]
+               else "(undecodable)")
+        err = (r.get("error") or r["detail"] or "").removeprefix("handler: Python handler raised: ")
+        actions = f'<a href="{c.url("/dlq/entry", queue=queue, id=r["dlq_id"])}">view</a>'
+        if c.can_write:
+            actions += c.form("/dlq/action", {"queue": queue, "action": "replay", "ids": r["dlq_id"]}, "replay")
+            actions += c.form("/dlq/action", {"queue": queue, "action": "remove", "ids": r["dlq_id"]}, "remove")
+        rows.append([box, h(r["dlq_id"]), job, h(r["name"]), h(r["reason"]), h(err[:120]), h(r["bytes"]), actions])
+    src = f'<input type="hidden" name="src" value="{h(c.label)}">' if c.label else ""
+    filt = (f'<form method="get" action="{c.url("/dlq")}" class="filter">{src}'
+            f'<input type="hidden" name="queue" value="{h(queue)}">'
+            f'<label>reason <input name="reason" value="{h(reason or "")}"></label>'
+            f'<label>name <input name="name" value="{h(name or "")}"></label><button>Filter</button></form>')
+    bulk = ""
+    if c.can_write:
+        sel = {"queue": queue, "action": "replay"}
+        bulk = (f'<form method="post" action="{c.url("/dlq/action")}" id="dlq-selected" class="inline">'
+                f'<input type="hidden" name="csrf" value="{csrf_token(c.user)}">'
+                f'<input type="hidden" name="queue" value="{h(queue)}">'
+                '<button name="action" value="replay">replay selected</button>'
+                '<button name="action" value="remove">remove selected</button></form>'
+                + c.form("/dlq/action", {"queue": queue, "action": "replay_matching", "reason": reason, "name": name},
+                         "replay all matching")
+                + c.form("/dlq/action", {"queue": queue, "action": "purge", "reason": reason, "name": name},
+                         "purge all matching", "danger"))
+        del sel
+    nxt = (f'<a href="{c.url("/dlq", queue=queue, reason=reason, name=name, cursor=page["next"])}" '
+           'class="next">next page</a>') if page["next"] else ""
+    first = f'<a href="{c.url("/dlq", queue=queue, reason=reason, name=name)}">first page</a>' if cursor else ""
+    body = (f'<h2>DLQ of {h(queue)} <small>{h(page["total"])} entries</small></h2>{filt}<div class="bulk">{bulk}</div>'
+            + table(["", "DLQ id", "job", "name", "reason", "error / detail", "bytes", ""], rows, "dlq")
+            + f'<p class="pager">{first} {nxt}</p>')
+    return c.page(f"DLQ {queue}", body, "dlq")
+
+
+def _dlq_entry_page(c: Ctx) -> Response:
+    queue = _need_queue(c)
+    dlq_id = c.request.query_params.get("id") or ""
+    e = c.source.dlq_entry(queue, dlq_id)
+    if e is None:
+        return c.page("DLQ entry", f"<h2>DLQ entry {h(dlq_id)}</h2><p>not in the DLQ of {h(queue)} "
+                                   "(replayed or removed?)</p>", "dlq", 404)
+    p = e["payload"]
+    rows = [["DLQ id", h(e["dlq_id"])], ["job", f'<a href="{c.url("/job", queue=queue, id=e["job_id"])}">'
+                                              f'{h(e["job_id"])}</a>' if e["job_id"] else "(undecodable)"],
+            ["name", h(e["name"])], ["reason", h(e["reason"])], ["detail", f'<pre class="inline">{h(e["detail"])}</pre>'],
+            ["attempt", h(p.get("attempt"))], ["created", when(p.get("created_ms"))], ["payload bytes", h(p.get("size"))]]
+    if p.get("error"):
+        rows.append(["decode error", h(p["error"])])
+    actions = ""
+    if c.can_write:
+        actions = (c.form("/dlq/action", {"queue": queue, "action": "replay", "ids": dlq_id}, "replay")
+                   + c.form("/dlq/action", {"queue": queue, "action": "remove", "ids": dlq_id}, "remove", "danger"))
+    body = (f"<h2>DLQ entry {h(dlq_id)}</h2>" + table(["what", "value"], rows, "kv") + f'<div class="bulk">{actions}</div>'
+            + f'<h3>Payload</h3><pre class="data">{h(p.get("data"))}</pre>')
+    return c.page("DLQ entry", body, "dlq")
+
+
+def _spec_tz(info: Any) -> str | None:
+    p = info.pattern
+    return (p.tz or "UTC") if p.kind == "cron" else None
+
+
+def _schedules_page(c: Ctx) -> Response:
+    queue = _need_queue(c)
+    qp = c.request.query_params
+    prefix = qp.get("prefix") or ""
+    cursor = qp.get("cursor") or None
+    count = _int(qp.get("count"), PAGE, 1, 500)
+    q = c.source.queue(queue)
+    if prefix:
+        items, nxt = c.source.spec_search(queue, prefix, cursor, count)
+    else:
+        items, nxt = q.list_repeatable(cursor=cursor, count=count)
+    rows = []
+    for m in items:
+        if m.corrupt:
+            rows.append([h(m.key), "-", "-", h(m.score), "-", "-", "CORRUPT: " + h(m.reason), "", ""])
+            continue
+        p = m.pattern
+        pattern = p.expression if p.kind == "cron" else f"every {p.interval_ms} ms"
+        tz = _spec_tz(m)
+        actions = ""
+        if c.can_write:
+            for verb in (("resume",) if m.paused else ("pause",)) + ("trigger", "remove"):
+                actions += c.form("/schedules/action", {"queue": queue, "action": verb, "key": m.key,
+                                                        "prefix": prefix}, verb, "danger" if verb == "remove" else "")
+        rows.append([f"<code>{h(m.key)}</code>", h(m.job_name), h(pattern), h(tz or "-"),
+                     (h(iso(m.next_fire_ms, tz)) if tz else "-") + "<br>" + when(m.next_fire_ms),
+                     f"{h(m.fired)} / {h(m.skipped)}", "paused" if m.paused else "active", h(m.limit), actions])
+    src = f'<input type="hidden" name="src" value="{h(c.label)}">' if c.label else ""
+    search = (f'<form method="get" action="{c.url("/schedules")}" class="filter">{src}'
+              f'<input type="hidden" name="queue" value="{h(queue)}">'
+              f'<label>key prefix <input name="prefix" value="{h(prefix)}"></label><button>Search</button></form>')
+    nxt_link = (f'<a class="next" href="{c.url("/schedules", queue=queue, prefix=prefix, cursor=nxt)}">next page</a>'
+                if nxt else "")
+    quarantined = c.source.quarantined(queue)
+    quar = ""
+    if quarantined:
+        quar = "<h3>Quarantined specs</h3>" + table(
+            ["key", "stored bytes"], [[f"<code>{h(k)}</code>", h(n)] for k, n in quarantined], "quarantine")
+    body = (f"<h2>Schedules of {h(queue)}</h2>{search}"
+            + table(["key", "job", "pattern", "zone", "next fire (spec zone / yours)", "fired / skipped", "state",
+                     "limit", ""], rows, "specs")
+            + f'<p class="pager">{nxt_link}</p>{quar}')
+    return c.page(f"Schedules {queue}", body, "schedules")
+
+
+def _workers_page(c: Ctx) -> Response:
+    queue = _need_queue(c)
+    w = c.source.workers(queue)
+    body = f"<h2>Workers of {h(queue)}</h2>"
+    locks = [[name, h(w[name]["holder"]), h(age(w[name]["ttl_ms"]) if w[name]["ttl_ms"] > 0 else "-")]
+             for name in ("promoter", "scheduler")]
+    body += "<h3>Locks</h3>" + table(["lock", "held by", "expires in"], locks, "locks")
+    if not w["groups"]:
+        body += "<p>no consumer group yet (no worker has read this queue)</p>"
+    for g in w["groups"]:
+        rows = [[h(x["name"]), h(x["pending"]), h(age(x["idle_ms"])), h(age(x["inactive_ms"]))] for x in g["consumers"]]
+        body += (f'<h3>Group {h(g["name"])} <small>{h(g["pending"])} pending, lag {h(g["lag"])}</small></h3>'
+                 + table(["consumer", "pending", "idle", "inactive"], rows, "consumers"))
+    return c.page(f"Workers {queue}", body, "workers")
+
+
+# ---- actions ----------------------------------------------------------------------------------
+_DLQ_ACTIONS = {"replay": "Replay", "remove": "Remove", "replay_matching": "Replay every matching entry of",
+                "purge": "Purge every matching entry of"}
+_SPEC_ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Fire once now", "remove": "Remove"}
+
+
+def _first(form: dict[str, list[str]], key: str) -> str | None:
+    v = (form.get(key) or [""])[0]
+    return v or None
+
+
+def _confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) -> Response:
+    queue = _first(form, "queue") or ""
+    action = _first(form, "action") or ""
+    if do is _dlq_do:
+        if action not in _DLQ_ACTIONS:
+            raise ConfigError(f"unknown DLQ action {action!r}")
+        ids = form.get("ids") or []
+        if action in ("replay", "remove"):
+            if not ids:
+                raise ConfigError("select at least one entry")
+            what = f"{_DLQ_ACTIONS[action]} {len(ids)} DLQ entr{'y' if len(ids) == 1 else 'ies'} of {queue}: " \
+                   + ", ".join(ids[:20]) + (" ..." if len(ids) > 20 else "")
+        else:
+            which = " and ".join(f"{k} = {_first(form, k)!r}" for k in ("reason", "name") if _first(form, k))
+            what = f"{_DLQ_ACTIONS[action]} the DLQ of {queue}" + (f" with {which}" if which else " (every entry)")
+        back = c.url("/dlq", queue=queue)
+    else:
+        if action not in _SPEC_ACTIONS:
+            raise ConfigError(f"unknown schedule action {action!r}")
+        what = f"{_SPEC_ACTIONS[action]} the spec {_first(form, 'key')!r} of {queue}"
+        back = c.url("/schedules", queue=queue)
+    hidden = "".join(f'<input type="hidden" name="{h(k)}" value="{h(v)}">' for k, vs in form.items() for v in vs
+                     if k not in ("confirmed",))
+    path = "/dlq/action" if do is _dlq_do else "/schedules/action"
+    body = (f'<h2>Confirm</h2><p class="confirm-what">{h(what)}?</p>'
+            f'<form method="post" action="{c.url(path)}" class="confirm">{hidden}'
+            '<input type="hidden" name="confirmed" value="1">'
+            f'<button type="submit" class="danger" id="confirm">Yes, {h(action.replace("_", " "))}</button> '
+            f'<a href="{back}">Cancel</a></form>')
+    return c.page("Confirm", body, "dlq" if do is _dlq_do else "schedules")
+
+
+def _dlq_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
+    queue = _first(form, "queue") or ""
+    action = _first(form, "action")
+    ids = form.get("ids") or []
+    reason, name = _first(form, "reason"), _first(form, "name")
+    src = c.source
+    if action == "replay":
+        n = src.replay_ids(queue, ids)
+        message = f"replayed {n} of {len(ids)} entries"
+        audit(c.user, src.label, queue, "dlq.replay", ids=ids, replayed=n)
+    elif action == "remove":
+        n = src.queue(queue).remove_dlq(ids)
+        message = f"removed {n} of {len(ids)} entries"
+        audit(c.user, src.label, queue, "dlq.remove", ids=ids, removed=n)
+    elif action == "replay_matching":
+        report = src.replay_matching(queue, reason, name)
+        message = f"replayed {report['replayed']} entries" + (
+            f", skipped {report['skipped']} undecodable" if report["skipped"] else "")
+        audit(c.user, src.label, queue, "dlq.replay_matching", reason=reason, name=name, **report)
+    elif action == "purge":
+        n = src.queue(queue).purge_dlq(reason=reason, name=name)
+        message = f"purged {n} entries"
+        audit(c.user, src.label, queue, "dlq.purge", reason=reason, name=name, purged=n)
+    else:
+        raise ConfigError(f"unknown DLQ action {action!r}")
+    return message, "/dlq", queue
+
+
+def _spec_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
+    queue = _first(form, "queue") or ""
+    action = _first(form, "action")
+    key = _first(form, "key") or ""
+    q = c.source.queue(queue)
+    if action == "pause":
+        ok: Any = q.pause_repeatable(key)
+    elif action == "resume":
+        ok = q.resume_repeatable(key)
+    elif action == "remove":
+        ok = q.remove_repeatable_by_key(key)
+    elif action == "trigger":
+        job = q.trigger_repeatable(key)
+        ok = job is not None
+        if job is not None:
+            audit(c.user, c.source.label, queue, "spec.trigger", key=key, job_id=job.id)
+            return f"fired {key} now: job {job.id}", "/schedules", queue
+    else:
+        raise ConfigError(f"unknown schedule action {action!r}")
+    audit(c.user, c.source.label, queue, f"spec.{action}", key=key, ok=bool(ok))
+    done = {"pause": "paused", "resume": "resumed", "remove": "removed", "trigger": "fired"}[action]
+    return (f"{done} {key}" if ok else f"no spec {key!r} to {action}"), "/schedules", queue
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, default=str)

@@ -1,0 +1,76 @@
+"""Who may look and who may change: the standalone server's token / basic-auth check.
+
+An ``Access`` callable takes the request and whether it changes anything, and returns the
+user's name for the audit line or raises ``HTTPException`` (401/403).  Inside Airflow the
+plugin passes one that asks Airflow's auth manager (``plugin.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+from typing import Callable, Protocol
+
+from fastapi import HTTPException, Request
+
+__all__ = ["Access", "open_access", "standalone_access", "TOKEN_COOKIE", "csrf_token", "check_csrf"]
+
+TOKEN_COOKIE = "chasqui_dashboard_token"
+
+
+class Access(Protocol):
+    def __call__(self, request: Request, write: bool) -> str: ...
+
+
+def open_access(request: Request, write: bool) -> str:
+    """Loopback without credentials: whoever reaches the port (the default bind is 127.0.0.1)."""
+    return "local"
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def standalone_access(token: str | None, basic_auth: str | None) -> Callable[[Request, bool], str]:
+    """A bearer token (header, cookie set by ``/login``, or ``?token=`` once) and/or
+    ``user:password`` basic auth; any of the configured ones lets a request in."""
+    if token is None and basic_auth is None:
+        return open_access
+    user_pw = basic_auth.split(":", 1) if basic_auth else None
+
+    def check(request: Request, write: bool) -> str:
+        header = request.headers.get("authorization", "")
+        if token is not None:
+            given = None
+            if header.lower().startswith("bearer "):
+                given = header[7:].strip()
+            given = given or request.cookies.get(TOKEN_COOKIE) or request.query_params.get("token")
+            if given and _same(given, token):
+                return "token"
+        if user_pw is not None and header.lower().startswith("basic "):
+            try:
+                user, _, pw = base64.b64decode(header[6:].strip()).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                user, pw = "", ""
+            if _same(user, user_pw[0]) and _same(pw, user_pw[1]):
+                return user
+        if user_pw is not None and token is None:
+            raise HTTPException(401, "log in", headers={"WWW-Authenticate": 'Basic realm="chasqui"'})
+        raise HTTPException(401, "a token is required: open /login")
+
+    return check
+
+
+_SECRET = secrets.token_bytes(32)
+
+
+def csrf_token(user: str) -> str:
+    """A per-process, per-user value every form carries back (cross-site posts lack it)."""
+    return hmac.new(_SECRET, user.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def check_csrf(user: str, given: str | None) -> None:
+    if not given or not _same(given, csrf_token(user)):
+        raise HTTPException(403, "the form's check value is missing or stale: reload the page and try again")

@@ -1,0 +1,636 @@
+"""What the dashboard reads and changes, on the engine's blocking API (``SyncQueue``,
+``core/inspect.py``) wherever it has the call, and bounded reads everywhere.
+
+No KEYS and no whole-stream reads per page view: queues are found by a cursor SCAN in a
+background thread (its result cached), events and DLQ pages are XRANGE/XREVRANGE windows
+with a COUNT, spec listings are ZSCAN pages.  Nothing here imports FastAPI or Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from redis.cluster import RedisCluster
+
+from ..core.calls import Flow, command, int_reply, script_call, str_reply
+from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms, split_member
+from ..core.inspect import QueueSnapshot, snapshot
+from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
+from ..core.producer import parse_fields
+from ..core.schedules import SpecFlows
+from ..core.schedules import _row as spec_row
+from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
+from ..errors import CodecError, ConfigError
+from ..sync._driver import SyncDriver
+from ..sync.queue import SyncQueue
+
+__all__ = ["Source", "SourceSet", "StaticSources", "ulid_ms", "pretty", "audit"]
+
+log = logging.getLogger(__name__)
+audit_log = logging.getLogger("airflow_provider_chasqui.dashboard.audit")
+
+EVENT_WINDOW = 2000  # newest events read for the per-minute rates of one queue's page, and per job lookup
+OVERVIEW_EVENT_WINDOW = 1000  # and per queue on the Queues page (up to 50 queues a page)
+RATE_MINUTES = 10
+PAGE_WINDOW = 200  # DLQ entries read per XRANGE while filling a filtered page
+MAX_WINDOWS = 10  # XRANGE windows one DLQ page may read before it hands back a cursor
+JOB_WINDOW = 1000  # stream / DLQ entries searched around a job's creation time
+DATA_CAP = 64 * 1024  # characters of a payload shown
+SCAN_COUNT = 5000
+SCAN_REFRESH_S = 30.0
+_CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
+
+
+def audit(user: str, source: str, queue: str, action: str, **details: Any) -> None:
+    """One line per change made from the dashboard: who, where, what, and the outcome."""
+    extra = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in details.items())
+    audit_log.info("chasqui dashboard audit: user=%s source=%s queue=%s action=%s %s",
+                   json.dumps(user), json.dumps(source), json.dumps(queue), action, extra)
+
+
+def ulid_ms(job_id: str) -> int | None:
+    """The creation time a ULID job id carries (None for ids that are no ULID)."""
+    if len(job_id) != 26:
+        return None
+    try:
+        value = 0
+        for ch in job_id[:10].upper():
+            value = value * 32 + _CROCKFORD[ch]
+    except KeyError:
+        return None
+    return value if 0 < value < 2**48 else None
+
+
+def pretty(value: Any, cap: int = DATA_CAP) -> tuple[str, bool]:
+    """JSON-ish text of a decoded payload, and whether it was cut at ``cap`` characters."""
+    try:
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=repr, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return (text[:cap], True) if len(text) > cap else (text, False)
+
+
+def _fields(flat: list[Any]) -> dict[str, Any]:
+    return parse_fields(flat or [])
+
+
+def _info(flat: list[Any]) -> dict[str, Any]:
+    return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def _id_ms(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0] or 0)
+
+
+def _decode_payload(raw: bytes) -> dict[str, Any]:
+    """Job id, attempt, creation time and payload text of an envelope; ``error`` when it does not decode."""
+    try:
+        env = decode_envelope(raw)
+    except CodecError as exc:
+        return {"job_id": None, "error": str(exc), "size": len(raw)}
+    out: dict[str, Any] = {"job_id": env.id, "attempt": env.attempt, "created_ms": env.created_at_ms,
+                           "size": len(env.inner), "error": None}
+    try:
+        out["data"], out["truncated"] = pretty(decode_data(env.inner))
+    except Exception as exc:  # noqa: BLE001 - a payload this codec cannot read is shown, not raised
+        out["data"], out["truncated"] = f"(undecodable payload: {exc})", False
+    return out
+
+
+@dataclass
+class QueueRow:
+    """One row of the Queues page."""
+
+    queue: str
+    snap: QueueSnapshot
+    waiting: int | None
+    oldest_waiting_age_ms: int | None
+    completed: list[int]  # per minute, oldest first (RATE_MINUTES buckets)
+    failed: list[int]
+    events_window_full: bool
+    groups: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.snap.to_dict()
+        d.update(waiting=self.waiting, oldest_waiting_age_ms=self.oldest_waiting_age_ms,
+                 completed_per_min=self.completed, failed_per_min=self.failed,
+                 events_window_full=self.events_window_full)
+        return d
+
+
+def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDOW) -> Flow:
+    """The snapshot plus what the dashboard adds: the oldest waiting job's age and the
+    completed/failed counts per minute over the newest ``EVENT_WINDOW`` events of the last
+    ``RATE_MINUTES`` minutes (both bounded reads)."""
+    k = QueueKeys.for_queue(queue)
+    snap: QueueSnapshot = yield from snapshot(queue, group=group, now_ms=now)
+    since = now - RATE_MINUTES * 60_000
+    groups_raw, events = yield [
+        command("XINFO", "GROUPS", k.stream) if snap.group_exists else command("ECHO", b""),
+        command("XREVRANGE", k.events, "+", f"{since}-0", "COUNT", event_window),
+    ]
+    waiting = oldest_age = None
+    groups: list[dict[str, Any]] = []
+    last_delivered = "0-0"
+    for g in groups_raw if isinstance(groups_raw, list) else []:
+        info = _info(g)
+        row: dict[str, Any] = {"name": str_reply(info.get("name", b"")), "pending": int_reply(info.get("pending", 0)),
+               "consumers": int_reply(info.get("consumers", 0)),
+               "last_delivered": str_reply(info.get("last-delivered-id", b"0-0")),
+               "lag": None if info.get("lag") is None else int_reply(info["lag"])}
+        groups.append(row)
+        if row["name"] == group:
+            last_delivered, waiting = row["last_delivered"], row["lag"]
+    if snap.stream:
+        first = yield command("XRANGE", k.stream, f"({last_delivered}" if last_delivered != "0-0" else "-", "+",
+                              "COUNT", 1)
+        if first:
+            oldest_age = max(0, now - _id_ms(str_reply(first[0][0])))
+        elif waiting is None:
+            waiting = 0
+    if waiting is None and not snap.group_exists:
+        waiting = snap.stream
+    completed = [0] * RATE_MINUTES
+    failed = [0] * RATE_MINUTES
+    for entry_id, flat in events or []:
+        age_min = (now - _id_ms(str_reply(entry_id))) // 60_000
+        if not 0 <= age_min < RATE_MINUTES:
+            continue
+        kind = flat[1] if flat and flat[0] == b"e" else _fields(flat).get("e", b"")  # e is written first
+        bucket = RATE_MINUTES - 1 - age_min
+        if kind == b"completed":
+            completed[bucket] += 1
+        elif kind in (b"failed", b"dlq"):
+            failed[bucket] += 1
+    return QueueRow(queue, snap, waiting, oldest_age, completed, failed, len(events or []) >= event_window, groups)
+
+
+class Source:
+    """One Redis server (a URL, or an Airflow connection): a driver shared by its queues,
+    and the cached list of the queues found there."""
+
+    def __init__(self, label: str, url: str, *, queues: Iterable[str] = (), group: str = DEFAULT_GROUP) -> None:
+        self.label = label
+        self.url = url
+        self.group = group
+        self.driver = SyncDriver(url, socket_timeout=read_timeout(WAIT_BLOCK_MS))
+        self._fixed = sorted({validate_queue_name(q) for q in queues})
+        self._queues: dict[str, SyncQueue] = {}
+        self._lock = threading.Lock()
+        self._found: set[str] = set()
+        self._scanned_at: float | None = None
+        self._scanning: threading.Thread | None = None
+        self._scan_error: str | None = None
+        self._closed = False
+
+    @property
+    def shown_url(self) -> str:
+        return redact_url(self.url)
+
+    def queue(self, name: str) -> SyncQueue:
+        validate_queue_name(name)
+        with self._lock:
+            q = self._queues.get(name)
+            if q is None:
+                q = self._queues[name] = SyncQueue(name, redis_url=self.url, driver=self.driver)
+            return q
+
+    def run(self, flow: Flow) -> Any:
+        return self.driver.run(flow)
+
+    # ---- queue discovery -----------------------------------------------------------------
+    def queue_names(self, wait_s: float = 0.15) -> tuple[list[str], dict[str, Any]]:
+        """Known queue names and the state of the scan that finds them.  A scan starts in the
+        background when none ran within ``SCAN_REFRESH_S``; the caller waits at most
+        ``wait_s`` for it and otherwise shows what is known so far."""
+        thread = None
+        with self._lock:
+            stale = self._scanned_at is None or time.monotonic() - self._scanned_at > SCAN_REFRESH_S
+            if stale and self._scanning is None and not self._closed:
+                thread = self._scanning = threading.Thread(target=self._scan, name=f"chasqui-scan-{self.label}",
+                                                           daemon=True)
+                thread.start()
+            running = self._scanning
+        if running is not None and wait_s > 0 and self._scanned_at is None:  # only the first scan is waited for
+            running.join(wait_s)
+        with self._lock:
+            names = sorted(self._found | set(self._fixed))
+            state = {"scanning": self._scanning is not None, "scanned_at": self._scanned_at,
+                     "error": self._scan_error}
+        return names, state
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        client = self.driver.client
+        if isinstance(client, RedisCluster):
+            return [{"target_nodes": n} for n in client.get_primaries()]
+        return [{}]
+
+    def _scan(self) -> None:
+        found: set[str] = set()
+        try:
+            client = self.driver.client
+            for kind in ("stream", "zset"):  # every queue has a stream or a ZSET (delayed, repeat)
+                for kw in self._nodes():
+                    cursor = b"0"
+                    while True:
+                        cursor, keys = client.execute_command("SCAN", cursor, "MATCH", "{chasqui:*",
+                                                              "COUNT", SCAN_COUNT, "TYPE", kind, **kw)
+                        for raw in keys:
+                            text = bytes(raw).decode("utf-8", "replace")
+                            name = text[len("{chasqui:"):text.find("}")] if "}" in text else ""
+                            if name and name not in found:
+                                try:
+                                    validate_queue_name(name)
+                                except ConfigError:
+                                    continue
+                                found.add(name)
+                                with self._lock:
+                                    self._found.add(name)
+                        if cursor in (b"0", 0, "0"):
+                            break
+            with self._lock:
+                self._found = found
+                self._scanned_at = time.monotonic()
+                self._scan_error = None
+        except Exception as exc:  # noqa: BLE001 - shown on the page; the next view retries
+            log.warning("chasqui dashboard: scanning %s failed: %s", self.shown_url, exc)
+            with self._lock:
+                self._scan_error = str(exc)
+                self._scanned_at = time.monotonic()
+        finally:
+            with self._lock:
+                self._scanning = None
+
+    # ---- pages -----------------------------------------------------------------------------
+    def queue_row(self, queue: str, group: str | None = None, event_window: int = EVENT_WINDOW) -> QueueRow:
+        return self.run(queue_flow(queue, group or self.group, now_ms(), event_window))
+
+    def job(self, queue: str, job_id: str) -> dict[str, Any]:
+        return self.run(job_flow(queue, job_id, now_ms()))
+
+    def dlq_page(self, queue: str, cursor: str | None, count: int, reason: str | None,
+                 name: str | None) -> dict[str, Any]:
+        return self.run(dlq_page_flow(queue, cursor, count, reason, name))
+
+    def dlq_entry(self, queue: str, dlq_id: str) -> dict[str, Any] | None:
+        return self.run(dlq_entry_flow(queue, dlq_id))
+
+    def replay_ids(self, queue: str, ids: list[str]) -> int:
+        return self.run(replay_ids_flow(queue, ids, self.queue(queue)._flows.settings.max_stream_len))
+
+    def replay_matching(self, queue: str, reason: str | None, name: str | None) -> dict[str, int]:
+        if reason is None and name is None:
+            q = self.queue(queue)
+            total = int_reply(self.run(_one(command("XLEN", q.keys.dlq))))
+            return q.replay_dlq_report(max(1, total))
+        return self.run(replay_matching_flow(queue, reason, name, self.queue(queue)._flows.settings.max_stream_len))
+
+    def spec_search(self, queue: str, prefix: str, cursor: str | None, count: int) -> tuple[list[Any], str | None]:
+        return self.run(spec_prefix_flow(queue, prefix, cursor, count))
+
+    def quarantined(self, queue: str, limit: int = 50) -> list[tuple[str, int]]:
+        k = QueueKeys.for_queue(queue)
+        _cur, flat = self.run(_one(command("HSCAN", k.repeat_quarantine, 0, "COUNT", limit)))
+        return [(str_reply(flat[i]), len(flat[i + 1])) for i in range(0, len(flat or []), 2)][:limit]
+
+    def workers(self, queue: str) -> dict[str, Any]:
+        return self.run(workers_flow(queue, now_ms()))
+
+    def close(self) -> None:
+        self._closed = True
+        self.driver.close()
+
+
+def _one(call: Any) -> Flow:
+    reply = yield call
+    return reply
+
+
+def job_flow(queue: str, job_id: str, now: int) -> Flow:
+    """Everything known about one job, found with bounded reads around its creation time
+    (the ULID's timestamp): its stream entry, DLQ entry, delayed member, stored result or
+    failure, and its events."""
+    k = QueueKeys.for_queue(queue)
+    created = ulid_ms(job_id)
+    start = f"{max(0, created - 1000)}-0" if created else "-"
+    result, failure, didx, early, late, groups = yield [
+        command("GET", k.result(job_id)),
+        command("GET", k.failure(job_id)),
+        command("GET", k.didx(job_id)),
+        command("XRANGE", k.events, start, "+", "COUNT", EVENT_WINDOW) if created else command("ECHO", b""),
+        command("XREVRANGE", k.events, "+", "-", "COUNT", EVENT_WINDOW),  # the newest: a job run late
+        command("EXISTS", k.stream),
+    ]
+    timeline: list[dict[str, Any]] = []
+    dlq_at = None
+    seen: set[str] = set()
+    needle = job_id.encode()
+    for entry_id, flat in (early if isinstance(early, list) else []) + (late or []):
+        if needle not in (flat or []) or str_reply(entry_id) in seen:  # the id is one of the field values
+            continue
+        seen.add(str_reply(entry_id))
+        f = {key: str_reply(v) for key, v in _fields(flat).items()}
+        if f.get("id") != job_id:
+            continue
+        eid = str_reply(entry_id)
+        kind = f.pop("e", "")
+        f.pop("id", None)
+        timeline.append({"event_id": eid, "event": kind, "ts_ms": _id_ms(eid), "fields": f})
+        if kind == "dlq":
+            dlq_at = _id_ms(eid)
+    timeline.sort(key=lambda e: e["event_id"])
+    out: dict[str, Any] = {"queue": queue, "job_id": job_id, "created_ms": created, "timeline": timeline,
+                           "name": None, "payload": None, "where": None, "result": None, "failure": None}
+    if result is not None:
+        try:
+            out["result"], out["result_truncated"] = pretty(decode_data(bytes(result)))
+        except Exception as exc:  # noqa: BLE001
+            out["result"], out["result_truncated"] = f"(undecodable result: {exc})", False
+    if failure is not None:
+        try:
+            rec = decode_data(bytes(failure))
+            out["failure"] = {"reason": str(rec[0]), "detail": str(rec[1]), "finished_ms": rec[2]}
+        except Exception as exc:  # noqa: BLE001
+            out["failure"] = {"reason": "?", "detail": f"(undecodable failure record: {exc})", "finished_ms": None}
+    if didx is not None:
+        try:
+            name, env = split_member(bytes(didx))
+            out.update(name=name, payload=_decode_payload(env), where="delayed")
+        except CodecError:
+            pass
+    if out["where"] is None and created and int_reply(groups):
+        # the entry is XADDed when the job is created (Redis' clock), or later: the window at the
+        # creation time first, then one from a second before it (a producer clock ahead of Redis')
+        for since in (created, created - 1000):
+            rows = yield command("XRANGE", k.stream, f"{max(0, since)}-0", "+", "COUNT", JOB_WINDOW)
+            for entry_id, flat in rows or []:
+                ef = _fields(flat)
+                raw = bytes(ef.get("d", b""))
+                if needle not in raw:  # the envelope holds the id as a msgpack str: skip the decode
+                    continue
+                p = _decode_payload(raw)
+                if p["job_id"] == job_id:
+                    out.update(name=str_reply(ef.get("n", b"")), payload=p, where="stream",
+                               stream_id=str_reply(entry_id))
+                    break
+            if out["where"] is not None:
+                break
+    if out["where"] is None:
+        at = dlq_at or (out["failure"] or {}).get("finished_ms") or created
+        if at:
+            rows = yield command("XRANGE", k.dlq, f"{max(0, int(at) - 5000)}-0", "+", "COUNT", JOB_WINDOW)
+            for entry_id, flat in rows or []:
+                ef = _fields(flat)
+                raw = bytes(ef.get("d", b""))
+                if needle not in raw:
+                    continue
+                p = _decode_payload(raw)
+                if p["job_id"] == job_id:
+                    out.update(name=str_reply(ef.get("n", b"")), payload=p, where="dlq", dlq_id=str_reply(entry_id),
+                               dlq_reason=str_reply(ef.get("reason", b"")),
+                               dlq_detail=str_reply(ef["detail"]) if "detail" in ef else None)
+                    break
+    for ev in timeline:
+        if out["name"] is None and ev["fields"].get("n"):
+            out["name"] = ev["fields"]["n"]
+    out["attempts"] = max([int(e["fields"].get("attempt", 0) or 0) for e in timeline if
+                           str(e["fields"].get("attempt", "")).isdigit()] + [(out["payload"] or {}).get("attempt") or 0])
+    out["state"] = _job_state(out, timeline)
+    return out
+
+
+def _job_state(job: dict[str, Any], timeline: list[dict[str, Any]]) -> str:
+    if job["where"] == "dlq":
+        return "failed (in the DLQ)"
+    if job["result"] is not None:
+        return "completed"
+    last = timeline[-1]["event"] if timeline else None
+    if last == "completed":
+        return "completed"
+    if job["failure"] is not None or last == "dlq":
+        return "failed"
+    if job["where"] == "delayed" or last == "retry-scheduled":
+        return "delayed"
+    if job["where"] == "stream":
+        return "waiting or active"
+    return last or "unknown (not found in the bounded windows; results may have expired)"
+
+
+def _dlq_row(entry_id: Any, flat: list[Any]) -> dict[str, Any]:
+    f = _fields(flat)
+    raw = bytes(f.get("d", b""))
+    try:
+        job_id: str | None = decode_envelope(raw).id
+    except CodecError:
+        job_id = None
+    return {"dlq_id": str_reply(entry_id), "job_id": job_id, "name": str_reply(f.get("n", b"")),
+            "reason": str_reply(f.get("reason", b"")),
+            "detail": str_reply(f["detail"]) if "detail" in f else None, "bytes": len(raw),
+            "source_id": str_reply(f.get("source_id", b""))}
+
+
+def _matches(row: dict[str, Any], reason: str | None, name: str | None) -> bool:
+    return (reason is None or row["reason"] == reason) and (name is None or row["name"] == name)
+
+
+def dlq_page_flow(queue: str, cursor: str | None, count: int, reason: str | None, name: str | None) -> Flow:
+    """One page of DLQ entries oldest first, filtered by reason and/or name: at most
+    ``MAX_WINDOWS`` XRANGE windows of ``PAGE_WINDOW`` entries per page; ``next`` continues."""
+    k = QueueKeys.for_queue(queue)
+    start = f"({cursor}" if cursor else "-"
+    rows: list[dict[str, Any]] = []
+    nxt: str | None = None
+    total = yield command("XLEN", k.dlq)
+    for _ in range(MAX_WINDOWS):
+        window = (yield command("XRANGE", k.dlq, start, "+", "COUNT", PAGE_WINDOW)) or []
+        for entry_id, flat in window:
+            row = _dlq_row(entry_id, flat)
+            nxt = row["dlq_id"]
+            if _matches(row, reason, name):
+                rows.append(row)
+                if len(rows) == count:
+                    break
+        if len(rows) == count or len(window) < PAGE_WINDOW:
+            break
+        start = f"({nxt}"
+    more = False
+    if nxt is not None:
+        more = bool((yield command("XRANGE", k.dlq, f"({nxt}", "+", "COUNT", 1)))
+    known = [r for r in rows if r["job_id"]]
+    if known:
+        records = yield [command("GET", k.failure(r["job_id"])) for r in known]
+        for row, raw in zip(known, records):
+            row["error"] = None
+            if raw is not None:
+                try:
+                    row["error"] = str(decode_data(bytes(raw))[1])
+                except Exception:  # noqa: BLE001
+                    row["error"] = None
+    return {"rows": rows, "next": nxt if more else None, "total": int_reply(total)}
+
+
+def dlq_entry_flow(queue: str, dlq_id: str) -> Flow:
+    k = QueueKeys.for_queue(queue)
+    rows = yield command("XRANGE", k.dlq, dlq_id, dlq_id)
+    if not rows:
+        return None
+    entry_id, flat = rows[0]
+    row = _dlq_row(entry_id, flat)
+    row["payload"] = _decode_payload(bytes(_fields(flat).get("d", b"")))
+    return row
+
+
+def _replay_argv(rows: list[Any], max_len: int) -> tuple[list[Any], int]:
+    argv: list[Any] = [max_len]
+    skipped = 0
+    for entry_id, flat in rows:
+        f = _fields(flat)
+        try:
+            env = decode_envelope(bytes(f.get("d", b"")))
+        except CodecError:  # undecodable entries stay, as replay_dlq leaves them
+            skipped += 1
+            continue
+        argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))
+    return argv, skipped
+
+
+def replay_ids_flow(queue: str, ids: list[str], max_len: int) -> Flow:
+    """Replay these DLQ entries (attempt reset to 0) with the engine's replay script; the
+    number moved (an entry another replay moved first is not counted twice)."""
+    k = QueueKeys.for_queue(queue)
+    if not ids:
+        return 0
+    replies = yield [command("XRANGE", k.dlq, i, i) for i in ids]
+    rows = [r[0] for r in replies if r]
+    argv, _skipped = _replay_argv(rows, max_len)
+    if len(argv) == 1:
+        return 0
+    return int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
+
+
+def replay_matching_flow(queue: str, reason: str | None, name: str | None, max_len: int) -> Flow:
+    """Replay every entry there now with this reason and/or name, a window at a time."""
+    k = QueueKeys.for_queue(queue)
+    last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
+    if not last:
+        return {"replayed": 0, "skipped": 0}
+    last_id = str_reply(last[0][0])
+    replayed = skipped = 0
+    start = "-"
+    while True:
+        window = (yield command("XRANGE", k.dlq, start, last_id, "COUNT", PAGE_WINDOW)) or []
+        chosen = [(e, fl) for e, fl in window if _matches(_dlq_row(e, fl), reason, name)]
+        argv, bad = _replay_argv(chosen, max_len)
+        skipped += bad
+        if len(argv) > 1:
+            replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
+        if len(window) < PAGE_WINDOW:
+            return {"replayed": replayed, "skipped": skipped}
+        start = "(" + str_reply(window[-1][0])
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def spec_prefix_flow(queue: str, prefix: str, cursor: str | None, count: int) -> Flow:
+    """Specs whose key starts with ``prefix``: ZSCAN ... MATCH over the active then the paused
+    specs, at most 20 ZSCAN calls per page, then their hashes in two pipelined round trips
+    (the listing's own reader, so corrupt specs show as such); ``(items, next cursor or None)``."""
+    k = QueueKeys.for_queue(queue)
+    specs = SpecFlows(queue)
+    phase, _, pos = (cursor or "r:0").partition(":")
+    if phase not in ("r", "p") or not pos.isdigit():
+        raise ConfigError(f"bad cursor {cursor!r}")
+    position = int(pos)
+    found: list[tuple[bytes, Any, bool]] = []
+    pattern = _glob_escape(prefix) + "*"
+    nxt: str | None = None
+    for _ in range(20):
+        zset = k.repeat if phase == "r" else k.repeat_paused
+        reply_pos, flat = yield command("ZSCAN", zset, position, "MATCH", pattern, "COUNT", 1000)
+        found += [(bytes(flat[i]), flat[i + 1], phase == "p") for i in range(0, len(flat or []), 2)]
+        position = int_reply(reply_pos)
+        if position == 0:
+            if phase == "p":
+                break
+            phase = "p"
+        if len(found) >= count:
+            nxt = f"{phase}:{position}"
+            break
+    else:
+        nxt = f"{phase}:{position}"
+    items: list[Any] = []
+    if found:
+        rows = yield from specs._read_hashes([rk for rk, _s, _p in found])  # noqa: SLF001 - same package
+        for (raw_key, score, paused), fields in zip(found, rows):
+            items.extend(spec_row(raw_key, score, paused, fields, specs._info))  # noqa: SLF001
+    return items, nxt
+
+
+def workers_flow(queue: str, now: int) -> Flow:
+    """Every group of the stream with its consumers (idle, pending), and the lock holders."""
+    k = QueueKeys.for_queue(queue)
+    exists, promoter, scheduler, p_ttl, s_ttl = yield [
+        command("EXISTS", k.stream), command("GET", k.promoter_lock), command("GET", k.scheduler_lock),
+        command("PTTL", k.promoter_lock), command("PTTL", k.scheduler_lock),
+    ]
+    groups: list[dict[str, Any]] = []
+    if int_reply(exists):
+        for g in (yield command("XINFO", "GROUPS", k.stream)) or []:
+            info = _info(g)
+            groups.append({"name": str_reply(info.get("name", b"")), "pending": int_reply(info.get("pending", 0)),
+                           "lag": None if info.get("lag") is None else int_reply(info["lag"]), "consumers": []})
+        for g in groups[:20]:
+            for row in (yield command("XINFO", "CONSUMERS", k.stream, g["name"])) or []:
+                info = _info(row)
+                g["consumers"].append({"name": str_reply(info.get("name", b"")),
+                                       "pending": int_reply(info.get("pending", 0)),
+                                       "idle_ms": int_reply(info.get("idle", 0)),
+                                       "inactive_ms": None if info.get("inactive") is None
+                                       else int_reply(info["inactive"])})
+    return {"queue": queue, "groups": groups,
+            "promoter": {"holder": str_reply(promoter) if promoter else None, "ttl_ms": int_reply(p_ttl)},
+            "scheduler": {"holder": str_reply(scheduler) if scheduler else None, "ttl_ms": int_reply(s_ttl)}}
+
+
+# ---- the set of servers one dashboard shows ---------------------------------------------------
+class SourceSet:
+    """The servers a dashboard can show, by label (standalone: one; in Airflow: every
+    ``chasqui`` connection)."""
+
+    def labels(self) -> list[str]:
+        raise NotImplementedError
+
+    def get(self, label: str | None) -> Source:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class StaticSources(SourceSet):
+    def __init__(self, urls: Mapping[str, str], *, queues: Iterable[str] = (), group: str = DEFAULT_GROUP) -> None:
+        if not urls:
+            raise ConfigError("the dashboard needs at least one Redis URL")
+        self._sources = {label: Source(label, url, queues=queues, group=group) for label, url in urls.items()}
+
+    def labels(self) -> list[str]:
+        return list(self._sources)
+
+    def get(self, label: str | None) -> Source:
+        if label is None or label == "":
+            return next(iter(self._sources.values()))
+        try:
+            return self._sources[label]
+        except KeyError:
+            raise ConfigError(f"no Redis source named {label!r}") from None
+
+    def close(self) -> None:
+        for s in self._sources.values():
+            s.close()

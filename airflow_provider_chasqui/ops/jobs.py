@@ -1,0 +1,99 @@
+"""``chasqui job show ID --queue Q``: one job's state, data, attempts, outcome and events.
+
+The lookup is ``SyncQueue.get_job_details`` (``core/inspect.py``): bounded reads only, and
+what a bound may have hidden is printed as a note.  The data is shown as indented JSON cut at
+``--max-data-bytes``; a failure shows every field its record and DLQ entry carry (reason,
+detail, a traceback when the worker kept one).  Exit 4 when nothing at all is known of the id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from .commands import EXIT_OK, NotFound, _queue, add_target, emit, iso_ms, table
+
+__all__ = ["register", "pretty"]
+
+
+def pretty(value: Any, limit: int) -> str:
+    """``value`` as indented JSON (repr for what JSON cannot hold), cut at ``limit`` bytes."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=repr, sort_keys=False)
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", "ignore") + f"\n... [{len(raw) - limit} more bytes; --max-data-bytes]"
+
+
+def _block(out: TextIO, title: str, text: str) -> None:
+    out.write(f"\n{title}:\n")
+    for line in str(text).splitlines() or [""]:
+        out.write(f"  {line}\n")
+
+
+def cmd_job_show(args: argparse.Namespace) -> int:
+    d = _queue(args).get_job_details(args.job_id, group=args.group, events_window=args.events)
+    if d.state == "unknown" and not d.events and d.failure is None and not d.has_result:
+        raise NotFound(f"no job {args.job_id!r} on queue {args.queue!r}: a wrong id or queue, or its records expired")
+    data = d.to_dict()
+    cap = args.max_data_bytes
+    if args.json:
+        for key in ("data", "result"):
+            shown = pretty(data[key], cap)
+            if len(shown.encode("utf-8")) > cap:
+                data[key], data[f"{key}_truncated"] = shown, True
+
+    def human(out: TextIO) -> None:
+        rows: list[tuple[str, Any]] = [("queue", d.queue), ("id", d.id), ("state", d.state), ("name", d.name),
+                                       ("attempts", d.attempt), ("created", iso_ms(d.created_at_ms))]
+        if d.run_at_ms is not None:
+            rows.append(("runs at", iso_ms(d.run_at_ms)))
+        if d.entry_id:
+            rows.append(("stream entry", d.entry_id))
+        if d.consumer:
+            rows += [("worker", d.consumer), ("deliveries", d.deliveries), ("idle", f"{d.idle_ms} ms")]
+        if d.data_bytes is not None:
+            rows.append(("data size", f"{d.data_bytes} bytes"))
+        table(rows, ("field", "value"), out)
+        if d.data_bytes is not None:
+            _block(out, "data", pretty(d.data, cap))
+        if d.has_result:
+            _block(out, "result", pretty(d.result, cap))
+        for title, record in (("failure", d.failure), ("dlq entry", d.dlq)):
+            if not record:
+                continue
+            out.write(f"\n{title}:\n")
+            for key, value in record.items():
+                if key == "finished_at_ms":
+                    key, value = "finished", iso_ms(value)
+                text = str(value)
+                if "\n" in text:
+                    _block(out, f"  {key}", text)
+                else:
+                    out.write(f"  {key}: {text}\n")
+        out.write(f"\nevents ({len(d.events)}{', older ones may exist' if d.events_truncated else ''}):\n")
+        for e in d.events:
+            extra = " ".join(f"{k}={v[:200]}" for k, v in e.items() if k not in ("event_id", "e", "id", "ts", "n"))
+            ts = int(e["ts"]) if e.get("ts", "").isdigit() else None
+            out.write(f"  {iso_ms(ts)} {e.get('e', '?')} {extra}".rstrip() + "\n")
+        for note in d.notes:
+            out.write(f"note: {note}\n")
+
+    emit(args, data, human)
+    return EXIT_OK
+
+
+def register(sub: Any) -> None:
+    job = sub.add_parser("job", help="one job: `job show ID --queue Q`").add_subparsers(dest="job_cmd", required=True)
+    p = job.add_parser("show", help="state, name, data, attempts, result or failure (with traceback) and events "
+                                    "of one job")
+    p.add_argument("job_id", metavar="ID", help="the job id (Job.id, the 'job id' column of `dlq peek`)")
+    p.add_argument("--queue", "-q", required=True, help="the job's queue")
+    p.add_argument("--group", default="default", help="consumer group that runs it (default: default)")
+    p.add_argument("--events", type=int, default=1000,
+                   help="read the newest N events of the queue for this job's (default 1000)")
+    p.add_argument("--max-data-bytes", type=int, default=4096,
+                   help="show at most this many bytes of the data and of the result (default 4096)")
+    add_target(p)
+    p.set_defaults(func=cmd_job_show)

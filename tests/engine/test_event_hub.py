@@ -1,0 +1,171 @@
+"""The event hub: every waiter of a process shares one events reader per queue.
+
+Real Redis and real workers; the reader is found in ``CLIENT LIST`` by its client name
+``chasqui-events:<queue>``.  Tests that count or kill that connection run on the single
+server (a cluster reader is not named: it moves between nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from engine_support import running, wait_until
+
+from airflow_provider_chasqui import JobFailed
+from airflow_provider_chasqui.core.event_hub import reader_name
+from airflow_provider_chasqui.engine.event_hub import active_hubs, event_hub
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def _readers(admin: aioredis.Redis, queue: str) -> list[dict]:
+    name = reader_name(queue)
+    return [c for c in await admin.client_list() if c.get("name") == name]
+
+
+def _hub(queue: str):
+    return next((h for h in active_hubs() if h.name == queue), None)
+
+
+async def _settle(tasks: list[asyncio.Task]) -> list[object]:
+    return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 120)
+
+
+@pytest.mark.single_node("counts the reader connection by its client name")
+async def test_a_thousand_waiters_share_one_reader(redis_url: str, queue_name: str, queues, worker_factory) -> None:
+    q = queues(queue_name, redis_url)
+    jobs = await q.add_bulk([{"name": "sq", "data": i} for i in range(1000)])
+    admin = aioredis.Redis.from_url(redis_url)
+    try:
+        tasks = [asyncio.create_task(j.wait_for_result(timeout=120)) for j in jobs]
+        await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 1000,
+                         what="1,000 waiters on the hub")
+        readers = await wait_until(lambda: _readers(admin, queue_name), what="the named reader connection")
+        assert len(readers) == 1
+        async with running(worker_factory(queue_name, lambda job: job.data * job.data, redis_url,
+                                          store_results=True, concurrency=50)):
+            results = await _settle(tasks)
+        assert results == [i * i for i in range(1000)]  # each waiter got its own job's result
+        assert _hub(queue_name) is None  # the last waiter closed it
+        await wait_until(lambda: _no_readers(admin, queue_name), what="the reader connection to close")
+    finally:
+        await admin.aclose()
+
+
+async def _no_readers(admin: aioredis.Redis, queue: str) -> bool:
+    return not await _readers(admin, queue)
+
+
+async def test_late_joiner_gets_the_stored_result(redis_url: str, queue_name: str, queues, worker_factory) -> None:
+    q = queues(queue_name, redis_url)
+    never = asyncio.create_task(q.wait_for_results(["never-added"], timeout=120))  # keeps the hub open
+    await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 1, what="the first waiter")
+    hub = _hub(queue_name)
+    job = await q.add("greet", "x")
+    async with running(worker_factory(queue_name, lambda job: f"hello, {job.data}", redis_url, store_results=True)):
+        assert await q.wait_for_result(job.id, timeout=30) == "hello, x"
+    # the job ended long ago (its event is behind the reader): a new waiter reads the record
+    assert await asyncio.wait_for(job.wait_for_result(timeout=30), 30) == "hello, x"
+    assert _hub(queue_name) is hub  # served by the same hub
+    never.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await never
+    assert _hub(queue_name) is None
+
+
+async def test_a_failed_job_reaches_its_waiter(redis_url: str, queue_name: str, queues, worker_factory) -> None:
+    def handler(job):
+        if job.name == "explode":
+            raise ValueError(f"boom {job.data}")
+        return job.data
+
+    q = queues(queue_name, redis_url)
+    good = [await q.add("ok", i) for i in range(5)]
+    bad = await q.add("explode", 7, attempts=1)
+    tasks = [asyncio.create_task(j.wait_for_result(timeout=60)) for j in [*good, bad]]
+    await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 6, what="six waiters")
+    async with running(worker_factory(queue_name, handler, redis_url, store_results=True)):
+        results = await _settle(tasks)
+    assert results[:5] == list(range(5))
+    failure = results[5]
+    assert isinstance(failure, JobFailed)
+    assert failure.reason == "retries_exhausted" and "boom 7" in failure.detail
+
+
+async def test_stop_on_failure_wakes_at_once_and_timeouts_are_partial(redis_url: str, queue_name: str, queues,
+                                                                      worker_factory) -> None:
+    release = asyncio.Event()
+
+    async def handler(job):
+        if job.name == "explode":
+            raise ValueError("boom")
+        if job.name == "slow":
+            await release.wait()
+        return job.name
+
+    q = queues(queue_name, redis_url)
+    slow, fast, bad = await q.add("slow", 0), await q.add("fast", 0), await q.add("explode", 0, attempts=1)
+    async with running(worker_factory(queue_name, handler, redis_url, store_results=True)):
+        stopping = asyncio.create_task(q.wait_for_results([slow.id, bad.id], timeout=120, stop_on_failure=True))
+        outcomes = await asyncio.wait_for(stopping, 60)  # long before its 120 s timeout
+        assert slow.id not in outcomes and outcomes[bad.id][:2] == ("failed", "retries_exhausted")
+        partial = await q.wait_for_results([slow.id, fast.id], timeout=0.5)
+        assert partial == {fast.id: ("completed", "fast")}
+        release.set()
+        assert await q.wait_for_result(slow.id, timeout=30) == "slow"
+    assert _hub(queue_name) is None
+
+
+async def test_cancelled_waiters_leave_and_the_hub_closes(redis_url: str, queue_name: str, queues) -> None:
+    q = queues(queue_name, redis_url)
+    tasks = [asyncio.create_task(q.wait_for_result(f"job-{i}", timeout=120)) for i in range(10)]
+    await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 10, what="ten waiters")
+    hub = _hub(queue_name)
+    for t in tasks[:9]:
+        t.cancel()
+    await asyncio.gather(*tasks[:9], return_exceptions=True)
+    assert hub.waiters == 1 and _hub(queue_name) is hub
+    tasks[9].cancel()
+    await asyncio.gather(tasks[9], return_exceptions=True)
+    assert hub.closing and _hub(queue_name) is None
+
+
+@pytest.mark.single_node("kills the reader connection found by its client name")
+async def test_a_killed_reader_still_wakes_everyone(redis_url: str, queue_name: str, queues, worker_factory) -> None:
+    """The worker writes no events, so only the reader's re-check of stored outcomes after its
+    reconnect can wake these waiters: what happens when an outage's events are trimmed."""
+    q = queues(queue_name, redis_url)
+    jobs = await q.add_bulk([{"name": "n", "data": i} for i in range(50)])
+    admin = aioredis.Redis.from_url(redis_url)
+    try:
+        tasks = [asyncio.create_task(j.wait_for_result(timeout=120)) for j in jobs]
+        await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 50, what="50 waiters")
+        hub = _hub(queue_name)
+        async with running(worker_factory(queue_name, lambda job: -job.data, redis_url, store_results=True,
+                                          events_enabled=False)):
+            async def all_stored() -> bool:
+                return await admin.exists(*[q.keys.result(j.id) for j in jobs]) == len(jobs)
+
+            await wait_until(all_stored, 60, what="every job's stored result")
+        assert not any(t.done() for t in tasks)  # no event: nobody woke yet
+        (reader,) = await wait_until(lambda: _readers(admin, queue_name), what="the reader")
+        assert await admin.client_kill_filter(_id=reader["id"]) == 1
+        results = await _settle(tasks)
+        assert results == [-i for i in range(50)]
+        assert hub.reconnects >= 1
+        await wait_until(lambda: _no_readers(admin, queue_name), what="the reader connection to close")
+    finally:
+        await admin.aclose()
+
+
+async def test_hubs_are_per_queue_and_per_url(redis_url: str, queue_name: str) -> None:
+    a = event_hub(redis_url, queue_name)
+    assert event_hub(redis_url, queue_name) is a
+    assert event_hub(redis_url, queue_name + "-other") is not a
+    assert event_hub(redis_url + ("&" if "?" in redis_url else "?") + "socket_timeout=30", queue_name) is not a
+    for hub in list(active_hubs()):
+        if hub.name.startswith(queue_name):
+            await hub.close()
+    assert not [h for h in active_hubs() if h.name.startswith(queue_name)]

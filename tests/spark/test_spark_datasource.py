@@ -1,0 +1,419 @@
+"""``format("chasqui")`` on a real local[2] SparkSession and real Redis: rows become jobs
+(decoded byte for byte), deterministic ids make re-runs and half-failed loads idempotent, the
+commit report counts per partition, and bad options fail on the driver."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from airflow_provider_chasqui.core.codec import (
+    decode_data,
+    decode_envelope,
+    split_member,
+)
+from airflow_provider_chasqui.core.keys import QueueKeys
+
+pytestmark = pytest.mark.timeout(600)  # the first test pays for starting the JVM
+
+
+@pytest.fixture(scope="module")
+def ds(spark):
+    from airflow_provider_chasqui.spark.datasource import register
+
+    register(spark)
+    return spark
+
+
+def _jobs(url: str, queue: str) -> list[tuple[str, Any, str, Any]]:
+    """``(name, data, job id, retry)`` of every stream entry, decoded with the wire codec."""
+    out = []
+    with redis.Redis.from_url(url) as r:
+        for _id, fields in r.xrange(QueueKeys.for_queue(queue).stream):
+            env = decode_envelope(fields[b"d"])
+            out.append((fields.get(b"n", b"").decode(), decode_data(env.inner), env.id, env.retry))
+    return out
+
+
+def _write(df: Any, queue: str, url: str, **options: Any) -> None:
+    w = df.write.format("chasqui").option("queue", queue).option("redis_url", url)
+    for k, v in options.items():
+        w = w.option(k, v)
+    w.mode("append").save()
+
+
+def _report(queue: str, load_id: str, url: str) -> dict[str, Any]:
+    from airflow_provider_chasqui.spark.datasource import load_report
+
+    report = load_report(queue, load_id, redis_url=url)
+    assert report is not None
+    return report
+
+
+def test_rows_become_jobs_with_deterministic_ids(ds, redis_url: str, queue_name: str) -> None:
+    rows = [(i, "even" if i % 2 == 0 else "odd", decimal.Decimal(f"{i}.25"), dt.date(2026, 1, 1) + dt.timedelta(days=i % 3),
+             dt.datetime(2026, 1, 1, 12, i % 60), [f"t{i % 4}"], (i, str(i)), bytearray(b"\x00\x01"), {"k": i})
+            for i in range(1200)]
+    schema = ("id BIGINT, kind STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP_NTZ, tags ARRAY<STRING>, "
+              "info STRUCT<a: INT, b: STRING>, blob BINARY, m MAP<STRING, INT>")
+    df = ds.createDataFrame(rows, schema).repartition(3, "id")
+    _write(df, queue_name, redis_url, name_col="kind", load_id="L1", chunk_size="100")
+    jobs = _jobs(redis_url, queue_name)
+    assert len(jobs) == 1200 and len({j[2] for j in jobs}) == 1200
+    by_id = {data["id"]: (name, data, jid) for name, data, jid, _r in jobs}
+    name, data, jid = by_id[7]
+    assert name == "odd" and jid.startswith("L1-")
+    assert data == {"id": 7, "amount": "7.25", "day": "2026-01-02", "at": "2026-01-01T12:07:00",
+                    "tags": ["t3"], "info": {"a": 7, "b": "7"}, "blob": b"\x00\x01", "m": {"k": 7}}
+    # ids are <load_id>-<partition>-<row in partition>: every partition counts from 0
+    parts: dict[str, list[int]] = {}
+    for _n, _d, jid, _r in jobs:
+        _load, part, pos = jid.rsplit("-", 2)
+        parts.setdefault(part, []).append(int(pos))
+    assert all(sorted(p) == list(range(len(p))) for p in parts.values()) and len(parts) == 3
+    report = _report(queue_name, "L1", redis_url)
+    assert (report["status"], report["rows"], report["added"], report["skipped"]) == ("committed", 1200, 1200, 0)
+    assert sorted(p["partition"] for p in report["partitions"]) == [0, 1, 2]
+    assert sum(p["chunks"] for p in report["partitions"]) == sum(-(-len(p) // 100) for p in parts.values())
+
+    # The same load again (a re-run Airflow task): nothing new, every row reported as written before.
+    _write(df, queue_name, redis_url, name_col="kind", load_id="L1", chunk_size="100")
+    assert len(_jobs(redis_url, queue_name)) == 1200
+    again = _report(queue_name, "L1", redis_url)
+    assert (again["added"], again["skipped"]) == (0, 1200)
+    # Without a load_id every save() is a new load (its tasks' retries still deduplicate).
+    _write(df.limit(10), queue_name, redis_url, name="x")
+    assert len(_jobs(redis_url, queue_name)) == 1210
+
+
+def test_a_half_failed_load_rerun_writes_each_row_once(ds, redis_url: str, queue_name: str) -> None:
+    """A task dies after some chunks went out; the abort report says so, and the same load run
+    again (the bad row fixed) writes the rest: every row exactly once."""
+    from pyspark.sql import functions as F
+
+    ds.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        base = ds.range(1000, numPartitions=1)
+        bad = base.select("id", F.when(F.col("id") == 650, F.lit(None)).otherwise(F.lit("work")).alias("job"))
+        with pytest.raises(Exception, match=r"(?s)a job name must be a non-empty string.*the 600 rows before it "
+                                            r"\(6 chunks\) may have been written.*load_id='L2'"):
+            _write(bad, queue_name, redis_url, name_col="job", load_id="L2", chunk_size="100")
+        assert len(_jobs(redis_url, queue_name)) == 600
+        aborted = _report(queue_name, "L2", redis_url)
+        assert aborted["status"] == "aborted" and aborted["failed_tasks"] == 1
+        good = base.select("id", F.lit("work").alias("job"))
+        _write(good, queue_name, redis_url, name_col="job", load_id="L2", chunk_size="100")
+    finally:
+        ds.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(1000))
+    done = _report(queue_name, "L2", redis_url)
+    assert (done["status"], done["added"], done["skipped"]) == ("committed", 400, 600)
+
+
+def test_id_column_delays_payload_column_and_retry_options(ds, redis_url: str, queue_name: str) -> None:
+    df = ds.createDataFrame([(f"order-{i}", (i, f"c{i}"), None if i % 2 else 60_000) for i in range(10)],
+                            "oid STRING, payload STRUCT<n: INT, c: STRING>, wait BIGINT")
+    opts = dict(name="ship", id_col="oid", data_col="payload", delay_ms_col="wait", attempts="4",
+                backoff='{"kind": "exponential", "delay_ms": 500}')
+    for _ in range(2):  # the second load finds every id's marker
+        _write(df, queue_name, redis_url, **opts)
+    keys = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r:
+        assert (r.xlen(keys.stream), r.zcard(keys.delayed)) == (5, 5)
+        members = r.zrange(keys.delayed, 0, -1)
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(j for _n, _d, j, _r in jobs) == [f"order-{i}" for i in (1, 3, 5, 7, 9)]
+    assert all(d == {"n": int(j.split("-")[1]), "c": f"c{j.split('-')[1]}"} for _n, d, j, _r in jobs)
+    retry = jobs[0][3]
+    assert retry.max_attempts == 4 and retry.backoff.kind == "exponential" and retry.backoff.delay_ms == 500
+    name, env = split_member(members[0])
+    assert name == "ship" and decode_envelope(env).id in {f"order-{i}" for i in (0, 2, 4, 6, 8)}
+
+
+def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    df = ds.createDataFrame([(1, later), (2, None)], "n INT, at TIMESTAMP")
+    _write(df, queue_name, redis_url, name="tick", run_at_col="at")
+    keys = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r:
+        (member, score), = r.zrange(keys.delayed, 0, -1, withscores=True)
+        assert r.xlen(keys.stream) == 1
+    assert abs(score - later.timestamp() * 1000) < 2 and decode_data(decode_envelope(split_member(member)[1]).inner) == {"n": 1}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(), "exactly one of the options name"),
+    (dict(name="x", name_col="k"), "exactly one of the options name"),
+    (dict(name="x", nope="1"), r"unknown write options \['nope'\]"),
+    (dict(name_col="n"), r"column 'n' \(name_col\) is int; expected string"),
+    (dict(name="x", id_col="missing"), "option id_col='missing' is not a column"),
+    (dict(name="x", delay_ms_col="n", run_at_col="n"), "delay_ms_col or run_at_col, not both"),
+    (dict(name="x", chunk_size="0"), "chunk_size must be >= 1"),
+    (dict(name="x", attempts="-1"), "attempts must be >= 0"),
+    (dict(name="x", backoff="soon"), "backoff must be ms or a JSON object"),
+    (dict(name="x", queue="a{b}"), "would break the"),
+    (dict(name="x", redis_url="redis://:s3cret@"), "not a valid Redis URL"),
+])
+def test_bad_options(options: dict[str, str], message: str) -> None:
+    """The checks ``writer()`` runs on the driver, without a Spark job per case."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from airflow_provider_chasqui.errors import ConfigError
+    from airflow_provider_chasqui.spark.datasource.options import write_plan
+
+    schema = StructType([StructField("n", IntegerType()), StructField("k", StringType())])
+    with pytest.raises(ConfigError, match=message) as info:
+        write_plan({"queue": "q", **options}, schema)
+    assert "s3cret" not in str(info.value)
+
+
+def test_bad_options_fail_the_save_on_the_driver(ds, redis_url: str, queue_name: str) -> None:
+    df = ds.createDataFrame([(1, "a")], "n INT, k STRING")
+    with pytest.raises(Exception, match="exactly one of the options name"):
+        df.write.format("chasqui").option("queue", queue_name).option("redis_url", redis_url).mode("append").save()
+    with pytest.raises(Exception, match="use .mode..append"):
+        df.write.format("chasqui").option("queue", queue_name).option("name", "x").mode("overwrite").save()
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.exists(QueueKeys.for_queue(queue_name).stream) == 0
+
+
+def test_batch_write_over_spark_connect(spark_connect, redis_url: str, queue_name: str) -> None:
+    """The same write through a Spark Connect client: no SparkContext, accumulator or py4j."""
+    from pyspark.sql import functions as F
+
+    assert type(spark_connect).__module__.startswith("pyspark.sql.connect")
+    df = spark_connect.range(3000, numPartitions=2).select("id", (F.col("id") % 3).cast("string").alias("k"))
+    for _ in range(2):
+        _write(df, queue_name, redis_url, name="remote", load_id="C1")
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(3000))
+    assert {n for n, _d, _j, _r in jobs} == {"remote"}
+    report = _report(queue_name, "C1", redis_url)
+    assert (report["rows"], report["added"], report["skipped"]) == (3000, 0, 3000)
+    with pytest.raises(Exception, match="exactly one of the options name"):
+        df.write.format("chasqui").option("queue", queue_name).mode("append").save()
+    with redis.Redis.from_url(redis_url) as r:
+        for i in range(25):
+            r.xadd(QueueKeys.for_queue(queue_name).events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000})
+    events = (spark_connect.read.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
+              .option("what", "events").option("partitions", "2").load())
+    assert sorted(int(e.job_id[1:]) for e in events.collect()) == list(range(25))
+
+
+async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, queue_name: str) -> None:
+    """A real Worker runs jobs (some fail into the DLQ); Spark reads what it left, in parallel ranges."""
+    import json
+
+    from airflow_provider_chasqui import SyncQueue, Worker
+    from airflow_provider_chasqui.core.repeat import RepeatPattern
+
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        q.add_bulk([{"name": "ok" if i % 3 else "boom", "data": {"i": i}, "attempts": 1} for i in range(30)])
+        q.upsert_repeatable_job("tick", {"a": 1}, repeat=RepeatPattern.cron("0 6 * * *", tz="Europe/Madrid"), key="k1")
+        q.upsert_repeatable_job("tock", {"a": 2}, repeat=RepeatPattern.every(60_000), key="k2")
+
+    def ok(job: Any) -> dict[str, int]:
+        return {"double": job.data["i"] * 2}
+
+    def boom(job: Any) -> None:
+        raise RuntimeError("nope")
+
+    await Worker(queue_name, {"ok": ok, "boom": boom}, redis_url=redis_url, run_scheduler=False, max_jobs=30,
+                 read_block_ms=200, store_results=True).run()
+
+    def read(what: str, **options: str) -> list[Any]:
+        r = ds.read.format("chasqui").option("queue", queue_name).option("redis_url", redis_url).option("what", what)
+        for k, v in options.items():
+            r = r.option(k, v)
+        return r.load().collect()
+
+    events = read("events", partitions="3")
+    with redis.Redis.from_url(redis_url) as r:
+        assert len(events) == r.xlen(QueueKeys.for_queue(queue_name).events) > 0
+    assert len({e.event_id for e in events}) == len(events)
+    assert {e.event for e in events} >= {"completed", "failed"} or {e.event for e in events} >= {"completed", "dlq"}
+    assert all(isinstance(e.ts, dt.datetime) for e in events)
+    dlq = read("dlq", partitions="2")
+    assert sorted(json.loads(d.data)["i"] for d in dlq) == list(range(0, 30, 3))
+    assert {d.name for d in dlq} == {"boom"} and all(d.job_id and d.reason for d in dlq)
+    results = read("results")
+    assert sorted(json.loads(x.result)["double"] for x in results) == sorted(2 * i for i in range(30) if i % 3)
+    specs = {s.key: s for s in read("repeatable")}
+    assert (specs["k1"].kind, specs["k1"].cron, specs["k1"].tz, json.loads(specs["k1"].data)) == \
+        ("cron", "0 6 * * *", "Europe/Madrid", {"a": 1})
+    assert (specs["k2"].kind, specs["k2"].every_ms, specs["k2"].paused) == ("every", 60_000, False)
+    assert specs["k1"].next_fire > dt.datetime.now() - dt.timedelta(days=1)
+    with pytest.raises(Exception, match="option what must be one of"):
+        read("nothing")
+
+
+def _stream_query(spark: Any, src: str, checkpoint: str, queue: str, url: str) -> Any:
+    return (spark.readStream.schema("id BIGINT").option("maxFilesPerTrigger", 1).parquet(src)
+            .writeStream.format("chasqui").option("queue", queue).option("redis_url", url).option("name", "row")
+            .option("load_id", "S1").option("chunk_size", 25).option("checkpointLocation", checkpoint))
+
+
+@pytest.mark.slow  # its own Spark JVM: about a minute more than the rest of the module
+def test_streaming_write_is_exactly_once_across_a_killed_spark_process(ds, redis_url: str, queue_name: str,
+                                                                      tmp_path) -> None:
+    """A streaming query in its own Spark process is SIGKILLed while it writes; the query restarted
+    from its checkpoint (here, in another Spark) replays the unfinished micro-batch: each row's job
+    is in the queue exactly once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    files, per_file = 6, 1000
+    src, checkpoint = str(tmp_path / "src"), str(tmp_path / "checkpoint")
+    for i in range(files):
+        ds.range(i * per_file, (i + 1) * per_file, numPartitions=2).write.mode("append").parquet(src)
+    stream = QueueKeys.for_queue(queue_name).stream
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_CONNECT", "SPARK_REMOTE"))}
+    env.update(SPARK_LOCAL_IP="127.0.0.1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    log = tmp_path / "stream_proc.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stream_proc.py")), src, checkpoint,
+                                 queue_name, redis_url, "S1"], env=env, start_new_session=True,
+                                stdout=out, stderr=subprocess.STDOUT)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 400
+        while r.xlen(stream) < 1.5 * per_file:  # inside the second micro-batch, most likely
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the streaming query wrote too little in 400 s"
+            time.sleep(0.05)
+    finally:
+        try:  # the whole group: the Python driver and its JVM
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+    at_kill = r.xlen(stream)
+    assert at_kill < files * per_file
+    query = _stream_query(ds, src, checkpoint, queue_name, redis_url).trigger(availableNow=True).start()
+    assert query.awaitTermination(400)
+    assert query.exception() is None
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(files * per_file))
+    assert len({j for _n, _d, j, _r in jobs}) == files * per_file
+    skipped = sum(json.loads(r.get(k))["skipped"] for k in r.scan_iter(
+        match="{chasqui:" + queue_name + "}:spark:load:S1.*"))
+    print(f"killed at {at_kill} jobs; rows the restart found written before: {skipped}")
+    r.close()
+
+
+def test_streaming_write_replays_an_uncommitted_micro_batch_once(ds, redis_url: str, queue_name: str,
+                                                               tmp_path) -> None:
+    """A crash between the sink's write and Spark's commit of micro-batch N leaves its offsets
+    logged and its commit missing; the restarted query runs batch N again (same id, same rows),
+    and the sink writes nothing twice.  The crash is staged by deleting the last commit file."""
+    from pathlib import Path
+
+    src, checkpoint = str(tmp_path / "src"), tmp_path / "checkpoint"
+    for i in range(3):
+        ds.range(i * 400, (i + 1) * 400, numPartitions=2).write.mode("append").parquet(src)
+    query = _stream_query(ds, src, str(checkpoint), queue_name, redis_url).trigger(availableNow=True).start()
+    assert query.awaitTermination(300) and query.exception() is None
+    assert len(_jobs(redis_url, queue_name)) == 1200
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    Path(checkpoint / "commits" / str(last)).unlink()
+    for crc in (checkpoint / "commits").glob(f".{last}.crc"):
+        crc.unlink()
+    ds.range(1200, 1600, numPartitions=2).write.mode("append").parquet(src)
+    query = _stream_query(ds, src, str(checkpoint), queue_name, redis_url).trigger(availableNow=True).start()
+    assert query.awaitTermination(300) and query.exception() is None
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(1600))
+    from airflow_provider_chasqui.spark.datasource import load_report
+
+    replayed = load_report(queue_name, f"S1.{last}", redis_url=redis_url)
+    assert replayed is not None and replayed["rows"] > 0
+    assert (replayed["added"], replayed["skipped"]) == (0, replayed["rows"])  # the replay wrote nothing again
+
+
+def test_streaming_read_of_events(ds, redis_url: str, queue_name: str, tmp_path) -> None:
+    """readStream follows the events stream: offsets are stream ids, a later run sees only new events."""
+    events = QueueKeys.for_queue(queue_name).events
+    r = redis.Redis.from_url(redis_url)
+    for i in range(40):
+        r.xadd(events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000 + i, "n": "x"})
+    table = "ev_" + queue_name.replace("-", "_")
+    query = (ds.readStream.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
+             .option("what", "events").load()
+             .writeStream.format("memory").queryName(table).option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()
+        assert ds.sql(f"select count(*) from {table}").collect()[0][0] == 40
+        for i in range(40, 55):
+            r.xadd(events, {"e": "failed", "id": f"j{i}", "ts": 1_700_000_000_000 + i, "n": "x", "attempt": "2"})
+        query.processAllAvailable()
+        rows = ds.sql(f"select job_id, event, attempt, ts from {table}").collect()
+        assert sorted(int(x.job_id[1:]) for x in rows) == list(range(55))
+        assert {x.event for x in rows if x.attempt == 2} == {"failed"}
+    finally:
+        query.stop()
+        r.close()
+
+
+def test_chunk_and_id_marker_scripts(redis_url: str, queue_name: str) -> None:
+    """The two scripts under the writer, alone: a chunk's marker makes its second call a no-op
+    (-1), per-id markers suppress only the ids already added; delayed members go to the ZSET."""
+    from airflow_provider_chasqui.core.calls import script_call
+    from airflow_provider_chasqui.core.codec import encode_member, encode_new_envelope
+    from airflow_provider_chasqui.sync._driver import SyncDriver
+
+    k = QueueKeys.for_queue(queue_name)
+    env = [encode_new_envelope(f"j{i}", b"\x80", 1) for i in range(3)]
+    member = encode_member(b"late", env[2])
+    driver = SyncDriver(redis_url)
+    try:
+        once = script_call("enqueue_batch_once", (k.stream, k.delayed, k.unique("spark:L:0:0")),
+                           (60_000, 1000, 0, env[0], b"a", 0, env[1], b"", 99, member, b"late"))
+        assert driver.call(once) == 3 and driver.call(once) == -1
+        unique = script_call("enqueue_batch_unique", (k.stream, k.delayed, k.unique("x"), k.unique("y")),
+                             (60_000, 1000, "x", 0, env[0], b"a", "y", 0, env[1], b"a"))
+        assert driver.call(script_call("enqueue_batch_unique", (k.stream, k.delayed, k.unique("x")),
+                                       (60_000, 1000, "x", 0, env[0], b"a"))) == 1
+        assert driver.call(unique) == 1  # x held by the call before, y new
+    finally:
+        driver.close()
+    with redis.Redis.from_url(redis_url) as r:
+        assert (r.xlen(k.stream), r.zrange(k.delayed, 0, -1, withscores=True)) == (4, [(member, 99.0)])
+        assert 0 < r.pttl(k.unique("spark:L:0:0")) <= 60_000 and r.get(k.unique("y")) == b"y"
+
+
+def test_spec_upserts_report_bad_rows(ds, redis_url: str, queue_name: str) -> None:
+    """kind=repeatable: rows become specs through the bulk upsert; bad rows fail the write with
+    their row and key, or (on_error=skip) are counted and listed in the report."""
+    from airflow_provider_chasqui import SyncQueue
+
+    rows = [(f"tenant-{i}", "report", "0 6 * * *" if i % 2 == 0 else None, "Europe/Madrid" if i % 2 == 0 else None,
+             None if i % 2 == 0 else 60_000, i) for i in range(40)]
+    rows[7] = ("tenant-7", "report", "61 * * * *", None, None, 7)  # invalid cron
+    rows[9] = ("tenant-9", "report", "0 6 * * *", "Mars/Base", None, 9)  # unknown zone
+    df = ds.createDataFrame(rows, "key STRING, job STRING, cron STRING, tz STRING, every BIGINT, tenant INT")
+    opts = dict(kind="repeatable", name_col="job", key_col="key", cron_col="cron", tz_col="tz", every_ms_col="every",
+                data_cols="tenant", attempts="3")
+    with pytest.raises(Exception, match=r"row 7 \(key 'tenant-7'\)"):
+        _write(df.coalesce(1), queue_name, redis_url, **opts)
+    _write(df.repartition(2), queue_name, redis_url, on_error="skip", load_id="SP", **opts)
+    report = _report(queue_name, "SP", redis_url)
+    assert (report["rows"], report["added"], report["bad"]) == (40, 38, 2)
+    errors = [e for p in report["partitions"] for e in p["errors"]]
+    assert any("tenant-7" in e for e in errors) and any("tenant-9" in e and "Mars/Base" in e for e in errors)
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        assert len(q.get_repeatable_jobs(limit=100)) == 38
+        spec = q.get_repeatable_job("tenant-4")
+        assert spec is not None and spec.data == {"tenant": 4} and spec.attempts == 3
+        assert q.get_repeatable_job("tenant-7") is None
