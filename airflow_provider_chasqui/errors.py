@@ -14,6 +14,11 @@ __all__ = [
     "LimitError",
     "CodecError",
     "ScriptError",
+    "BusyGroupError",
+    "NoGroupError",
+    "NoScriptError",
+    "ReadOnlyReplicaError",
+    "ClusterBusyError",
     "ChasquiConnectionError",
     "JobNotFound",
     "JobFailed",
@@ -45,7 +50,32 @@ class CodecError(ChasquiError, ValueError):
 
 
 class ScriptError(ChasquiError):
-    """A Lua script failed inside Redis."""
+    """Redis answered a script or a command with an error; the message is Redis' own.
+
+    The drivers raise the subclasses below where callers branch on the kind of error
+    (``drivers_common.translate_error`` is the one place that reads Redis' error text).
+    """
+
+
+class BusyGroupError(ScriptError):
+    """``XGROUP CREATE`` of a consumer group that exists (Redis' ``BUSYGROUP``)."""
+
+
+class NoGroupError(ScriptError):
+    """A consumer-group command on a group or stream that does not exist (Redis' ``NOGROUP``)."""
+
+
+class NoScriptError(ScriptError):
+    """The server holds no such script (``NOSCRIPT``) or function (``Function not found``).
+    The drivers load it and run the call again; callers see it only from the load probe."""
+
+
+class ReadOnlyReplicaError(ScriptError):
+    """A write reached a replica (``READONLY``): a failover is under way; retry."""
+
+
+class ClusterBusyError(ScriptError):
+    """A cluster failing over (``CLUSTERDOWN``, ``TRYAGAIN``, ``MASTERDOWN``); retry."""
 
 
 class ChasquiConnectionError(ChasquiError, ConnectionError):

@@ -22,7 +22,7 @@ from .calls import Call, command, packed_command, resp_bulk
 from . import scripts as _scripts
 
 __all__ = ["Features", "detect_call", "parse_features", "fast_paths_default", "COMPAT", "functions_mode",
-           "probe_call", "probe_found", "load_call", "function_missing", "already_loaded", "scripts_denied"]
+           "probe_call", "probe_found", "load_call", "scripts_denied"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +80,6 @@ def probe_found(reply: Any) -> bool:
 
 def load_call(replace: bool = False) -> Call:
     return command("FUNCTION", "LOAD", *(("REPLACE",) if replace else ()), _scripts.LIBRARY.source)
-
-
-def function_missing(error: BaseException) -> bool:
-    """The reply of an FCALL whose function is not loaded on that server (or cluster node)."""
-    return str(error).startswith("Function not found")
-
-
-def already_loaded(error: BaseException) -> bool:
-    """FUNCTION LOAD's reply when a library of that name is there (same name, same code)."""
-    return str(error).startswith(f"Library '{_scripts.LIBRARY.name}' already exists")
 
 
 def scripts_denied(script: str) -> str:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from ..errors import ConfigError
 
-__all__ = ["QueueSettings"]
+__all__ = ["QueueSettings", "window_to_ms"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,3 +34,12 @@ class QueueSettings:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if isinstance(self.max_delay_secs, bool) or not isinstance(self.max_delay_secs, int) or self.max_delay_secs < 0:
             raise ConfigError(f"max_delay_secs must be a non-negative int, got {self.max_delay_secs!r}")
+
+
+def window_to_ms(window: timedelta | float) -> int:
+    """A deduplication window (seconds or a timedelta) in ms; both queue twins use it."""
+    if isinstance(window, timedelta):
+        return int(window.total_seconds() * 1000)
+    if isinstance(window, bool) or not isinstance(window, (int, float)) or window <= 0:
+        raise ConfigError(f"window must be a positive number of seconds or a timedelta, got {window!r}")
+    return int(window * 1000)

@@ -13,7 +13,9 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError
 
-__all__ = ["split_cluster_flag", "redact_url", "redact_text", "check_url", "REDACTED"]
+__all__ = ["split_cluster_flag", "redact_url", "redact_text", "check_url", "REDACTED", "DEFAULT_URL"]
+
+DEFAULT_URL = "redis://127.0.0.1:6379"  # both queue twins' default
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")

@@ -3,7 +3,9 @@
 The only asyncio code that touches Redis for producers, workers and triggers.  Replies are
 kept raw (no redis-py reshaping) so the core parses one format; scripts run as FCALL of the
 Redis Functions library when it is loaded (learnt once, see ``core/features.py``), else as
-EVALSHA with SCRIPT LOAD on NOSCRIPT; redis errors become ChasquiError subclasses in one place.
+EVALSHA with SCRIPT LOAD on NOSCRIPT.  The error boundary: every public method lets redis-py
+errors out only through ``drivers_common.translate_error`` (in its ``except`` block), as the
+package's typed errors (``ChasquiConnectionError``, ``ScriptError`` and its subclasses).
 Non-blocking calls (scripts, XADD, ...) take the "lane" of ``_wire.py``, one pinned connection
 with a few microseconds of Python per call; the rest, and any call the lane could not
 deliver, go through redis.asyncio (cluster clients always do); a write is re-sent only when
@@ -22,17 +24,18 @@ import redis.asyncio as aioredis
 from redis import exceptions as rexc
 from redis._parsers.helpers import parse_command as _parse_command
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from ..core.calls import Call, Flow, Stream, script_args
 from ..core.urls import connection_options, split_cluster_flag
+from ..drivers_common import FCALLS, REDIS_ERRORS, already_loaded, call_args as _args, evalsha_denied, lane_ok, pack_call
+from ..drivers_common import resend_ok, script_missing as _missing, stream_read_slot, translate_error
 from ._sentinel import make_client
-from ._wire import AsyncLane, lane_ok, pack_call, resend_ok
+from ._wire import AsyncLane
 from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
-from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
+from ..core.features import functions_mode, load_call, probe_call, probe_found
 from ..core.features import scripts_denied
-from ..errors import ChasquiConnectionError, ScriptError
+from ..errors import NoScriptError, ScriptError
 
 __all__ = ["AsyncDriver", "translate_errors"]
 
@@ -189,36 +192,10 @@ class _RawCluster(AsyncRedisCluster):
     async def _determine_slot(self, command: str, *args: Any) -> int:
         """XREAD/XREADGROUP keys are parsed here: redis-py asks a node (COMMAND GETKEYS) per call."""
         if isinstance(command, str) and command.upper() in _STREAM_READS:
-            slot = _stream_read_slot(self.encoder, args)
+            slot = stream_read_slot(self.encoder, args)
             if slot is not None:
                 return slot
         return await super()._determine_slot(command, *args)
-
-
-def _stream_read_slot(encoder: Any, args: tuple[Any, ...]) -> int | None:
-    """The slot of an XREAD/XREADGROUP's streams (the keys after ``STREAMS``), or None for a
-    shape not known here (redis-py then decides)."""
-    i = 0
-    while i < len(args):
-        a = args[i]
-        tok = (a.decode() if isinstance(a, bytes) else a).upper() if isinstance(a, (str, bytes)) else None
-        if tok == "STREAMS":
-            rest = args[i + 1:]
-            if not rest or len(rest) % 2:
-                return None
-            slots = {key_slot(encoder.encode(k)) for k in rest[: len(rest) // 2]}
-            if len(slots) != 1:
-                raise RedisClusterException("XREAD streams of one call must share a hash slot")
-            return slots.pop()
-        if tok == "GROUP":
-            i += 3
-        elif tok in ("COUNT", "BLOCK", "CLAIM"):
-            i += 2
-        elif tok == "NOACK":
-            i += 1
-        else:
-            return None
-    return None
 
 
 def _command_listing_only(response: Any, **options: Any) -> Any:
@@ -231,19 +208,11 @@ def _command_listing_only(response: Any, **options: Any) -> Any:
 
 @contextlib.asynccontextmanager
 async def translate_errors() -> AsyncIterator[None]:
+    """Redis errors of the block as the package's errors (for code holding a raw client)."""
     try:
         yield
-    except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-        raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
-    except rexc.ResponseError as exc:
-        raise ScriptError(str(exc)) from exc
-
-
-def _args(c: Call, functions: bool) -> tuple[Any, ...]:
-    return c.args if c.script is None else script_args(c, functions)
-
-
-_FCALLS = frozenset({"FCALL", "FCALL_RO", "fcall", "fcall_ro"})
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
 
 
 def _route_fcall(client: AsyncRedisCluster) -> None:
@@ -253,16 +222,11 @@ def _route_fcall(client: AsyncRedisCluster) -> None:
     get_keys = parser.get_keys
 
     async def keys(*args: Any) -> Any:
-        if args and args[0] in _FCALLS and len(args) > 2:
+        if args and args[0] in FCALLS and len(args) > 2:
             return list(args[3:3 + int(args[2])])
         return await get_keys(*args)
 
     parser.get_keys = keys  # type: ignore[method-assign]
-
-
-def _missing(reply: Any) -> bool:
-    """A script reply that runs again once its script or function is loaded."""
-    return isinstance(reply, rexc.NoScriptError) or (isinstance(reply, rexc.ResponseError) and function_missing(reply))
 
 
 async def _get_connection(pool: Any) -> Any:
@@ -302,35 +266,32 @@ class AsyncDriver:
         return self._features
 
     async def call(self, c: Call) -> Any:
-        if c.script is not None and self._fn is None:
-            await self._detect_functions()
-        lane = self._lane
-        if lane is not None and lane_ok(c):
-            proto = lane.live() or await lane.open()
-            if proto is not None:
-                fut = proto.send(pack_call(c, self._fn))
-                try:
-                    reply = await fut
-                except (rexc.ConnectionError, rexc.TimeoutError):
-                    if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
-                        raise
-                else:
-                    if not isinstance(reply, Exception):
-                        return reply
-                    if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
-                        lane.close()
-                    elif c.script is None or not _missing(reply):
-                        raise self._explain(c, reply)
-        return await self._call(c)
-
-    async def run_call(self, c: Call) -> Any:
-        """``call`` with errors translated as ``run`` does (the one-call hot paths)."""
         try:
-            return await self.call(c)
-        except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-            raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
-        except rexc.ResponseError as exc:
-            raise ScriptError(str(exc)) from exc
+            if c.script is not None and self._fn is None:
+                await self._detect_functions()
+            lane = self._lane
+            if lane is not None and lane_ok(c):
+                proto = lane.live() or await lane.open()
+                if proto is not None:
+                    fut = proto.send(pack_call(c, self._fn))
+                    try:
+                        reply = await fut
+                    except (rexc.ConnectionError, rexc.TimeoutError):
+                        if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
+                            raise
+                    else:
+                        if not isinstance(reply, Exception):
+                            return reply
+                        if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
+                            lane.close()
+                        elif c.script is None or not _missing(reply):
+                            raise self._explain(c, reply)
+            return await self._call(c)
+        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+            raise translate_error(exc) from exc
+
+    #: ``call``: kept for the callers of the days ``call`` let redis-py errors out
+    run_call = call
 
     async def _call(self, c: Call) -> Any:
         if c.script is None:
@@ -364,8 +325,10 @@ class AsyncDriver:
             try:
                 try:
                     found = probe_found(await self.call(probe_call()))
-                except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
-                    found = function_missing(exc) and await self._load_library()
+                except NoScriptError:  # the library is not loaded
+                    found = await self._load_library()
+                except ScriptError:  # FCALL unknown (Redis < 7) or not granted
+                    found = False
                 self._fn = found
             finally:
                 self._detecting = None
@@ -403,75 +366,81 @@ class AsyncDriver:
 
     def _explain(self, c: Call, exc: Exception) -> Exception:
         """EVALSHA refused to a user that cannot FCALL either: say what to do."""
-        if c.script is not None and isinstance(exc, rexc.NoPermissionError) and "'evalsha'" in str(exc):
+        if c.script is not None and evalsha_denied(exc):
             self._fn = None  # learn again on the next script call (the library may be loaded meanwhile)
             return rexc.ResponseError(scripts_denied(c.script.name))
         return exc
 
     async def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
-        if self._fn is None and any(c.script is not None for c in calls):
-            await self._detect_functions()
-        lane = self._lane
-        if lane is not None and calls and all(lane_ok(c) for c in calls):
-            proto = lane.live() or await lane.open()
-            if proto is not None:
-                fn = self._fn
-                futures = [proto.send(pack_call(c, fn)) for c in calls]
-                try:
-                    replies = [await f for f in futures]
-                except (rexc.ConnectionError, rexc.TimeoutError):
-                    if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
-                        raise
-                else:
-                    if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
-                        return await self._settle(calls, replies)
-                    lane.close()
-        return await self._settle(calls, await self._pipe(calls))
+        try:
+            if self._fn is None and any(c.script is not None for c in calls):
+                await self._detect_functions()
+            lane = self._lane
+            if lane is not None and calls and all(lane_ok(c) for c in calls):
+                proto = lane.live() or await lane.open()
+                if proto is not None:
+                    fn = self._fn
+                    futures = [proto.send(pack_call(c, fn)) for c in calls]
+                    try:
+                        replies = [await f for f in futures]
+                    except (rexc.ConnectionError, rexc.TimeoutError):
+                        if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
+                            raise
+                    else:
+                        if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
+                            return await self._settle(calls, replies)
+                        lane.close()
+            return await self._settle(calls, await self._pipe(calls))
+        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+            raise translate_error(exc) from exc
 
     async def stream(self, calls: Iterable[Call]) -> list[Any]:
         """Send each call as the iterable produces it, on one connection, then read every reply
         (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
-        if isinstance(self.client, CLUSTER):
-            return await self.pipeline(list(calls))
-        if self._fn is None:
-            await self._detect_functions()
-        lane = self._lane
-        if lane is not None:
-            proto = lane.live() or await lane.open()
-            if proto is not None:
-                return await self._stream_lane(proto, calls)
-        pool = self.client.connection_pool
-        conn = await _get_connection(pool)
-        sent: list[Call] = []
-        replies: list[Any] = []
-        failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
-        it = iter(calls)
         try:
-            while True:
-                try:
-                    c = next(it)
-                except StopIteration:
-                    break
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
-                    failed = exc
-                    break
-                await conn.send_packed_command(conn.pack_command(*_args(c, bool(self._fn))), check_health=not sent)
-                sent.append(c)
-            for _c in sent:
-                try:
-                    replies.append(await conn.read_response())
-                except rexc.ResponseError as exc:
-                    replies.append(exc)
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
-        settled = await self._settle(sent, replies)
-        if failed is not None:
-            raise failed
-        return settled
+            if isinstance(self.client, CLUSTER):
+                return await self.pipeline(list(calls))
+            if self._fn is None:
+                await self._detect_functions()
+            lane = self._lane
+            if lane is not None:
+                proto = lane.live() or await lane.open()
+                if proto is not None:
+                    return await self._stream_lane(proto, calls)
+            pool = self.client.connection_pool
+            conn = await _get_connection(pool)
+            sent: list[Call] = []
+            replies: list[Any] = []
+            failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
+            it = iter(calls)
+            try:
+                while True:
+                    try:
+                        c = next(it)
+                    except StopIteration:
+                        break
+                    except BaseException as exc:  # noqa: BLE001 - re-raised below
+                        failed = exc
+                        break
+                    await conn.send_packed_command(conn.pack_command(*_args(c, bool(self._fn))), check_health=not sent)
+                    sent.append(c)
+                for _c in sent:
+                    try:
+                        replies.append(await conn.read_response())
+                    except rexc.ResponseError as exc:
+                        replies.append(exc)
+            except BaseException:
+                await conn.disconnect()
+                raise
+            finally:
+                await pool.release(conn)
+            settled = await self._settle(sent, replies)
+            if failed is not None:
+                raise failed
+            return settled
+        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+            raise translate_error(exc) from exc
 
     async def _stream_lane(self, proto: Any, calls: Iterable[Call]) -> list[Any]:
         """``stream`` on the lane: each call is written as produced; other calls (blocking
@@ -529,8 +498,7 @@ class AsyncDriver:
         return await pipe.execute(raise_on_error=False)
 
     async def run(self, flow: Flow) -> Any:
-        """Drive a core flow to completion, translating redis errors (as ``translate_errors``,
-        inlined: an async context manager per call costs more than a one-by-one add's encoding)."""
+        """Drive a core flow to completion (its calls leave redis-py errors translated)."""
         try:
             step = next(flow)
             while True:
@@ -543,10 +511,6 @@ class AsyncDriver:
                 step = flow.send(reply)
         except StopIteration as stop:
             return stop.value
-        except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-            raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
-        except rexc.ResponseError as exc:
-            raise ScriptError(str(exc)) from exc
 
     async def close(self) -> None:
         if self._lane is not None:

@@ -20,66 +20,21 @@ import select
 import time
 from typing import Any
 
-import hiredis
 from redis import exceptions as rexc
-from redis._parsers.base import BaseParser
 
-from ..core.calls import Call
+from ..drivers_common import (
+    IDLE_CHECK_S,
+    LANE_COMMANDS,
+    lane_ok,
+    new_reader,
+    pack_call,
+    resend_ok,
+    supported,
+)
 
-__all__ = ["AsyncLane", "lane_ok", "resend_ok", "pack_call", "new_reader", "LANE_COMMANDS"]
+__all__ = ["LANE_COMMANDS", "AsyncLane", "lane_ok", "new_reader", "pack_call", "resend_ok"]
 
-# Non-blocking commands that leave no state on the connection: safe to share one connection
-# between tasks.  Scripts (FCALL or EVALSHA) always qualify.  Anything else takes the redis-py path.
-LANE_COMMANDS = frozenset({
-    "XADD", "ZADD", "GET", "MGET", "EXISTS", "XRANGE", "XREVRANGE", "XLEN", "ZCARD", "ZSCORE", "ZRANGE",
-    "ZRANGEBYSCORE", "HGET", "HGETALL", "HMGET", "SET", "DEL", "UNLINK", "PING", "XPENDING", "XACK", "XCLAIM",
-    "XAUTOCLAIM", "INCR", "EXPIRE", "PEXPIRE", "TTL", "PTTL", "TIME",
-})
-# The lane commands that only read: sent again after the lane broke mid-call, they cannot
-# write twice.  Writes and scripts are never re-sent once their bytes went out.
-RESEND_SAFE = frozenset({
-    "GET", "MGET", "EXISTS", "XRANGE", "XREVRANGE", "XLEN", "ZCARD", "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "HGET",
-    "HGETALL", "HMGET", "PING", "XPENDING", "TTL", "PTTL", "TIME",
-})
 _RETRY_AFTER_S = 1.0  # after the lane failed to connect, use the redis-py path for this long
-# A call after the lane sat idle this long first checks that the server did not close the socket
-# (CLIENT KILL, idle ``timeout``, a restart) before writing on it: a write cannot be re-sent.
-IDLE_CHECK_S = 0.001
-
-
-def lane_ok(c: Call) -> bool:
-    if c.packed is not None or c.script is not None:  # pre-packed calls are XADDs
-        return True
-    name = c.args[0] if c.args else None
-    return type(name) is str and name in LANE_COMMANDS
-
-
-def resend_ok(c: Call) -> bool:
-    """Whether ``c`` may be sent again after its bytes went out (checked on errors only)."""
-    return c.packed is None and c.script is None and bool(c.args) and c.args[0] in RESEND_SAFE
-
-
-def pack_call(c: Call, functions: bool | None = False) -> bytes:
-    """The RESP bytes redis-py would send for ``c`` (it packs with hiredis as well); a script
-    call as FCALL of its function when ``functions``, else as EVALSHA (``core.calls.script_args``)."""
-    if c.packed is not None:
-        return c.packed
-    s = c.script
-    if s is None:
-        return hiredis.pack_command(c.args)
-    if functions:
-        return hiredis.pack_command((s.fcall, s.function, len(c.keys), *c.keys, *c.argv))
-    return hiredis.pack_command(("EVALSHA", s.sha, len(c.keys), *c.keys, *c.argv))
-
-
-def new_reader() -> hiredis.Reader:
-    """Replies as raw bytes; error replies become redis-py's exception classes (NOSCRIPT included)."""
-    return hiredis.Reader(protocolError=rexc.InvalidResponse, replyError=BaseParser.parse_error)
-
-
-def supported(conn: Any) -> bool:
-    """RESP2 and no client-side cache: the lane parses plain RESP2 replies only."""
-    return str(getattr(conn, "protocol", 2) or 2) == "2" and type(conn).__name__ != "CacheProxyConnection"
 
 
 class _Protocol(asyncio.Protocol):

@@ -41,7 +41,8 @@ from ..core.event_hub import (
 )
 from ..core.keys import QueueKeys
 from ..core.urls import WAIT_BLOCK_MS, read_timeout
-from ..errors import ChasquiConnectionError, ChasquiError, ScriptError
+from ..drivers_common import translate_error
+from ..errors import ChasquiConnectionError, ChasquiError
 from ._driver import CLUSTER, AsyncDriver, raw_client
 from .leader import TRANSIENT
 
@@ -198,9 +199,9 @@ class EventHub:
                     return
                 failures += 1
                 self.reconnects += 1
-                error = exc if isinstance(exc, ChasquiError) else (
-                    ScriptError(str(exc)) if isinstance(exc, rexc.ResponseError)
-                    else ChasquiConnectionError(f"Redis is unreachable: {exc}"))
+                error = translate_error(exc)  # a raw client: the drivers' boundary, applied here
+                if not isinstance(error, ChasquiError):  # an OSError outside redis-py
+                    error = ChasquiConnectionError(f"Redis is unreachable: {exc}")
                 self._fail_ready(error)
                 log.warning("events of %s: Redis unavailable (%s); reconnecting", self.name, exc)
                 await self._drop_client()

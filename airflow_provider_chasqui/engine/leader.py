@@ -19,13 +19,16 @@ import uuid
 from redis import exceptions as rexc
 
 from ..core.calls import int_reply, script_call
-from ..errors import ChasquiError
+from ..errors import ChasquiError, ReadOnlyReplicaError
 from ._driver import AsyncDriver
 
 __all__ = ["LeaderLoop", "TRANSIENT"]
 
 log = logging.getLogger(__name__)
-TRANSIENT = (rexc.ConnectionError, rexc.TimeoutError, OSError, rexc.BusyLoadingError, rexc.ReadOnlyError)
+# Raw redis-py errors (from clients outside a driver) and the drivers' typed ones (a lost
+# connection is ChasquiConnectionError, an OSError; a write on a replica ReadOnlyReplicaError).
+TRANSIENT = (rexc.ConnectionError, rexc.TimeoutError, OSError, rexc.BusyLoadingError, rexc.ReadOnlyError,
+             ReadOnlyReplicaError)
 
 
 class LeaderLoop:

@@ -19,8 +19,8 @@ from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import RepeatableInfo, SpecFlows
-from ..core.settings import QueueSettings
-from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
+from ..core.settings import QueueSettings, window_to_ms
+from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from .. import tracing as _tracing
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job
@@ -29,15 +29,6 @@ from .event_hub import wait_for_jobs
 
 __all__ = ["Queue", "window_to_ms", "list_queues"]
 
-DEFAULT_URL = "redis://127.0.0.1:6379"
-
-
-def window_to_ms(window: timedelta | float | int) -> int:
-    if isinstance(window, timedelta):
-        return int(window.total_seconds() * 1000)
-    if isinstance(window, bool) or not isinstance(window, (int, float)) or window <= 0:
-        raise ConfigError(f"window must be a positive number of seconds or a timedelta, got {window!r}")
-    return int(window * 1000)
 
 
 def _monotonic_ms() -> int:

@@ -60,7 +60,8 @@ from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import with_tls
 from .. import tracing as _tracing
-from ..errors import ConfigError, UnrecoverableError
+from ..drivers_common import translate_error
+from ..errors import BusyGroupError, ClusterBusyError, ConfigError, NoGroupError, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .leader import TRANSIENT
@@ -74,7 +75,7 @@ _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _IO_MARGIN_SECS = 10.0  # socket timeout beyond the longest expected call (see Worker._run)
 # A cluster failing over answers CLUSTERDOWN / TRYAGAIN / MASTERDOWN for a while: wait it out
 # like a lost connection (an ack batch that gave up would strand its entries in _inflight).
-_RETRYABLE = TRANSIENT + (rexc.ClusterDownError, rexc.TryAgainError, rexc.MasterDownError)
+_RETRYABLE = TRANSIENT + (rexc.ClusterDownError, rexc.TryAgainError, rexc.MasterDownError, ClusterBusyError)
 
 
 @dataclass(slots=True)
@@ -415,9 +416,8 @@ class Worker:
     async def _ensure_group(self) -> None:
         try:
             await self.driver.call(self.core.create_group())
-        except Exception as exc:  # BUSYGROUP means it exists; anything else is real
-            if "BUSYGROUP" not in str(exc):
-                raise
+        except BusyGroupError:  # it exists
+            pass
 
     async def _with_retry(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         """Retry a call through Redis outages until it works or the worker is closing."""
@@ -635,7 +635,7 @@ class Worker:
                 await asyncio.sleep(delay)
                 continue
             except Exception as exc:  # noqa: BLE001 - NOGROUP after the stream was deleted, etc.
-                if "NOGROUP" in str(exc):
+                if isinstance(translate_error(exc), NoGroupError):  # the reader is a raw client
                     await self._with_retry(self._ensure_group)
                     continue
                 log.error("worker %s: read error %s", self.consumer_id, exc)

@@ -1,7 +1,8 @@
 """The blocking driver: the synchronous twin of ``engine/_driver.py`` (same method names).
 
 Used by Airflow hooks and operators, which run in threads without an event loop.  As there,
-non-blocking calls take a pinned connection past redis-py's per-call machinery (``_wire.py``).
+non-blocking calls take a pinned connection past redis-py's per-call machinery (``_wire.py``),
+and every public method lets redis-py errors out only through ``drivers_common.translate_error``.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
 from ..core.calls import Call, Flow, Stream, script_args
+from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
+from ..core.features import functions_mode, load_call, probe_call, probe_found
+from ..core.features import scripts_denied
 from ..core.urls import connection_options, split_cluster_flag
-from ..engine._driver import _FCALLS, _missing, _stream_read_slot
+from ..drivers_common import FCALLS, REDIS_ERRORS, already_loaded, evalsha_denied, lane_ok, pack_call
+from ..drivers_common import call_args as _args
+from ..drivers_common import resend_ok, stream_read_slot, translate_error
+from ..drivers_common import script_missing as _missing
+from ..errors import ChasquiConnectionError, NoScriptError, ScriptError
 from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
-from ..engine._wire import lane_ok, pack_call, resend_ok
-from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
-from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
-from ..core.features import scripts_denied
-from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["SyncDriver", "translate_errors"]
 
@@ -52,7 +55,7 @@ class _RawCluster(RedisCluster):
 
     def determine_slot(self, *args: Any) -> int:
         if args and isinstance(args[0], str) and args[0].upper() in ("XREAD", "XREADGROUP"):
-            slot = _stream_read_slot(self.encoder, args[1:])
+            slot = stream_read_slot(self.encoder, args[1:])
             if slot is not None:
                 return slot
         return super().determine_slot(*args)
@@ -79,16 +82,11 @@ def _raw_cluster(client: RedisCluster) -> RedisCluster:
 
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
+    """Redis errors of the block as the package's errors (for code holding a raw client)."""
     try:
         yield
-    except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-        raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
-    except rexc.ResponseError as exc:
-        raise ScriptError(str(exc)) from exc
-
-
-def _args(c: Call, functions: bool) -> tuple[Any, ...]:
-    return c.args if c.script is None else script_args(c, functions)
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
 
 
 def _route_fcall(client: RedisCluster) -> None:
@@ -98,7 +96,7 @@ def _route_fcall(client: RedisCluster) -> None:
     get_keys = parser.get_keys
 
     def keys(redis_conn: Any, *args: Any) -> Any:
-        if args and args[0] in _FCALLS and len(args) > 2:
+        if args and args[0] in FCALLS and len(args) > 2:
             return list(args[3:3 + int(args[2])])
         return get_keys(redis_conn, *args)
 
@@ -142,33 +140,30 @@ class SyncDriver:
         return self._features
 
     def call(self, c: Call) -> Any:
-        if c.script is not None and self._fn is None:
-            self._detect_functions()
-        lane = self._lane
-        if lane is not None and lane_ok(c):
-            try:
-                reply = lane.request(pack_call(c, self._fn))
-            except (rexc.ConnectionError, rexc.TimeoutError):
-                if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
-                    raise
-                reply = BUSY  # a read: re-run on redis-py
-            if reply is not BUSY:
-                if not isinstance(reply, Exception):
-                    return reply
-                if not ((c.script is not None and _missing(reply)) or isinstance(reply, rexc.ReadOnlyError)):
-                    raise self._explain(c, reply)
-                if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
-                    lane.close()
-        return self._call(c)
-
-    def run_call(self, c: Call) -> Any:
-        """``call`` with errors translated as ``run`` does (the one-call hot paths)."""
         try:
-            return self.call(c)
-        except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-            raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
-        except rexc.ResponseError as exc:
-            raise ScriptError(str(exc)) from exc
+            if c.script is not None and self._fn is None:
+                self._detect_functions()
+            lane = self._lane
+            if lane is not None and lane_ok(c):
+                try:
+                    reply = lane.request(pack_call(c, self._fn))
+                except (rexc.ConnectionError, rexc.TimeoutError):
+                    if not resend_ok(c):  # its bytes went out: it may have run, the caller decides
+                        raise
+                    reply = BUSY  # a read: re-run on redis-py
+                if reply is not BUSY:
+                    if not isinstance(reply, Exception):
+                        return reply
+                    if not ((c.script is not None and _missing(reply)) or isinstance(reply, rexc.ReadOnlyError)):
+                        raise self._explain(c, reply)
+                    if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
+                        lane.close()
+            return self._call(c)
+        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+            raise translate_error(exc) from exc
+
+    #: ``call``: kept for the callers of the days ``call`` let redis-py errors out
+    run_call = call
 
     def _call(self, c: Call) -> Any:
         if c.script is None:
@@ -194,8 +189,10 @@ class SyncDriver:
                 return
             try:
                 found = probe_found(self.call(probe_call()))
-            except rexc.ResponseError as exc:  # not loaded, FCALL unknown (Redis < 7) or not granted
-                found = function_missing(exc) and self._load_library()
+            except NoScriptError:  # the library is not loaded
+                found = self._load_library()
+            except ScriptError:  # FCALL unknown (Redis < 7) or not granted
+                found = False
             self._fn = found
 
     def _load_library(self) -> bool:
@@ -221,80 +218,86 @@ class SyncDriver:
             self._fn = False
 
     def _explain(self, c: Call, exc: Exception) -> Exception:
-        if c.script is not None and isinstance(exc, rexc.NoPermissionError) and "'evalsha'" in str(exc):
+        if c.script is not None and evalsha_denied(exc):
             self._fn = None
             return rexc.ResponseError(scripts_denied(c.script.name))
         return exc
 
     def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""
-        if self._fn is None and any(c.script is not None for c in calls):
-            self._detect_functions()
-        lane = self._lane
-        if lane is not None and calls and all(lane_ok(c) for c in calls):
-            fn = self._fn
-            try:
-                replies = lane.request(b"".join([pack_call(c, fn) for c in calls]), len(calls))
-            except (rexc.ConnectionError, rexc.TimeoutError):
-                if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
-                    raise
-                replies = BUSY
-            if replies is not BUSY:
-                if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
-                    return self._settle(calls, replies)
-                lane.close()
-        return self._settle(calls, self._pipe(calls))
+        try:
+            if self._fn is None and any(c.script is not None for c in calls):
+                self._detect_functions()
+            lane = self._lane
+            if lane is not None and calls and all(lane_ok(c) for c in calls):
+                fn = self._fn
+                try:
+                    replies = lane.request(b"".join([pack_call(c, fn) for c in calls]), len(calls))
+                except (rexc.ConnectionError, rexc.TimeoutError):
+                    if not all(resend_ok(c) for c in calls):  # writes may have run: never sent twice
+                        raise
+                    replies = BUSY
+                if replies is not BUSY:
+                    if not any(isinstance(r, rexc.ReadOnlyError) for r in replies):
+                        return self._settle(calls, replies)
+                    lane.close()
+            return self._settle(calls, self._pipe(calls))
+        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+            raise translate_error(exc) from exc
 
     def stream(self, calls: Iterable[Call]) -> list[Any]:
         """Send each call as the iterable produces it, on one connection, then read every reply
         (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
-        if isinstance(self.client, CLUSTER):
-            return self.pipeline(list(calls))
-        if self._fn is None:
-            self._detect_functions()
-        lane = self._lane
-        if lane is not None:
-            it = iter(calls)
-            fn = self._fn
-            done = lane.stream(it, lambda c: pack_call(c, fn))
-            if done is not BUSY:
-                sent, replies, failed = done
-                settled = self._settle(sent, replies)
-                if failed is not None:
-                    raise failed
-                return settled
-            calls = it
-        pool = self.client.connection_pool
-        conn = _get_connection(pool)
-        sent: list[Call] = []
-        replies: list[Any] = []
-        failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
-        it = iter(calls)
         try:
-            while True:
-                try:
-                    c = next(it)
-                except StopIteration:
-                    break
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
-                    failed = exc
-                    break
-                conn.send_packed_command(conn.pack_command(*_args(c, bool(self._fn))), check_health=not sent)
-                sent.append(c)
-            for _c in sent:
-                try:
-                    replies.append(conn.read_response())
-                except rexc.ResponseError as exc:
-                    replies.append(exc)
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
-        settled = self._settle(sent, replies)
-        if failed is not None:
-            raise failed
-        return settled
+            if isinstance(self.client, CLUSTER):
+                return self.pipeline(list(calls))
+            if self._fn is None:
+                self._detect_functions()
+            lane = self._lane
+            if lane is not None:
+                it = iter(calls)
+                fn = self._fn
+                done = lane.stream(it, lambda c: pack_call(c, fn))
+                if done is not BUSY:
+                    sent, replies, failed = done
+                    settled = self._settle(sent, replies)
+                    if failed is not None:
+                        raise failed
+                    return settled
+                calls = it
+            pool = self.client.connection_pool
+            conn = _get_connection(pool)
+            sent: list[Call] = []
+            replies: list[Any] = []
+            failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
+            it = iter(calls)
+            try:
+                while True:
+                    try:
+                        c = next(it)
+                    except StopIteration:
+                        break
+                    except BaseException as exc:  # noqa: BLE001 - re-raised below
+                        failed = exc
+                        break
+                    conn.send_packed_command(conn.pack_command(*_args(c, bool(self._fn))), check_health=not sent)
+                    sent.append(c)
+                for _c in sent:
+                    try:
+                        replies.append(conn.read_response())
+                    except rexc.ResponseError as exc:
+                        replies.append(exc)
+            except BaseException:
+                conn.disconnect()
+                raise
+            finally:
+                pool.release(conn)
+            settled = self._settle(sent, replies)
+            if failed is not None:
+                raise failed
+            return settled
+        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+            raise translate_error(exc) from exc
 
     def _settle(self, calls: list[Call], replies: list[Any]) -> list[Any]:
         for _ in range(2):  # as in ``_call``: FCALL -> library loaded, or EVALSHA -> SCRIPT LOAD
@@ -322,20 +325,19 @@ class SyncDriver:
         return pipe.execute(raise_on_error=False)
 
     def run(self, flow: Flow) -> Any:
-        """Drive a core flow to completion, translating redis errors."""
-        with translate_errors():
-            try:
-                step = next(flow)
-                while True:
-                    if isinstance(step, list):
-                        reply = self.pipeline(step)
-                    elif isinstance(step, Stream):
-                        reply = self.stream(step.calls)
-                    else:
-                        reply = self.call(step)
-                    step = flow.send(reply)
-            except StopIteration as stop:
-                return stop.value
+        """Drive a core flow to completion (its calls leave redis-py errors translated)."""
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, list):
+                    reply = self.pipeline(step)
+                elif isinstance(step, Stream):
+                    reply = self.stream(step.calls)
+                else:
+                    reply = self.call(step)
+                step = flow.send(reply)
+        except StopIteration as stop:
+            return stop.value
 
     def close(self) -> None:
         if self._lane is not None:

@@ -6,7 +6,7 @@ open and hand-shake one connection (TLS, AUTH/ACL, ``db``, Sentinel, timeouts) a
 talks on its socket directly: hiredis packs, one ``sendall``, a hiredis ``Reader`` parses
 what ``recv`` returns.  One thread at a time (a non-blocking lock: a thread that finds it
 busy uses the pool, so threads never queue behind each other); re-opened after a fork.
-See ``engine/_wire.py`` for which calls qualify and which are re-run on redis-py after an error.
+See ``drivers_common.py`` for which calls qualify and which are re-run on redis-py after an error.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 from redis import exceptions as rexc
 
-from ..engine._wire import IDLE_CHECK_S, new_reader, supported
+from ..drivers_common import IDLE_CHECK_S, new_reader, supported
 
 __all__ = ["SyncLane", "BUSY"]
 

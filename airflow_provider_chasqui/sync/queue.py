@@ -16,15 +16,14 @@ from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import RepeatableInfo, SpecFlows
-from ..core.settings import QueueSettings
-from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
-from ..engine.queue import DEFAULT_URL, window_to_ms
+from ..core.settings import QueueSettings, window_to_ms
+from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from .. import tracing as _tracing
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import SyncDriver
 
-__all__ = ["SyncQueue", "list_queues"]
+__all__ = ["SyncQueue", "list_queues", "window_to_ms"]
 
 
 def _monotonic_ms() -> int:

@@ -12,8 +12,7 @@ from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
 from ..core.settings import QueueSettings
 from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
-from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
-from ..engine.queue import DEFAULT_URL
+from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..types import Job
 from ._driver import SyncDriver
 from .queue import SyncQueue

@@ -78,7 +78,6 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowOptionalProviderFeatureException
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
-from redis import exceptions as rexc
 
 try:
     from airflow.triggers.shared_stream import (
@@ -103,7 +102,7 @@ from ..engine.events import parse_event
 from ..engine.leader import TRANSIENT
 from ..engine.promoter import Promoter
 from ..engine.queue import Queue
-from ..errors import ChasquiConnectionError, ConfigError
+from ..errors import BusyGroupError, ChasquiConnectionError, ConfigError, ScriptError
 from ..hooks.chasqui import ChasquiHook
 from .job import json_safe_problem
 
@@ -380,9 +379,8 @@ class QueueModeProducer(SharedStreamProducer):
         driver = self._queue.driver
         try:
             await driver.call(self.core.create_group())
-        except rexc.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        except BusyGroupError:  # it exists
+            pass
         self._features = await driver.features()
         if self.promote and self._promoter_task is None:
             self._promoter = Promoter(driver, self.queue_name, poll_interval_ms=250)
@@ -662,7 +660,7 @@ class CompletionModeProducer(SharedStreamProducer):
         self.committed = self._read_from = value
         try:
             info = await driver.call(command("XINFO", "STREAM", self.keys.events))
-        except rexc.ResponseError:  # no events stream yet
+        except ScriptError:  # no events stream yet
             info = None
         fields = {str_reply(info[i]): info[i + 1] for i in range(0, len(info) - 1, 2)} if info else {}
         deleted = str_reply(fields.get("max-deleted-entry-id", b"0-0") or b"0-0")
