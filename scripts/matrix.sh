@@ -23,7 +23,8 @@ HOME_DIR="${CHASQUI_MATRIX:-$HOME/.cache/airflow-provider-chasqui}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 # bump when the recipe below changes what a venv holds
 RECIPE=1
-# the suites that exercise the installed package without Airflow or Spark
+# the suites that exercise the installed package without Airflow or Spark (tests/engine holds
+# test_redis_py_contract.py: the redis-py internals the lanes touch, checked at each pinned version)
 SUITES=("$ROOT/tests/engine" "$ROOT/tests/sync" "$ROOT/tests/ops" "$ROOT/tests/worker")
 EXTRAS=test,metrics,parquet
 
