@@ -29,9 +29,6 @@ class Call:
     # drivers that write raw bytes may send it instead of packing ``args`` again
     packed: bytes | None = field(default=None, compare=False, repr=False)
 
-    def describe(self) -> str:
-        return f"script {self.script.name}" if self.script else str(self.args[0])
-
 
 @dataclass(frozen=True, slots=True)
 class Stream:

@@ -159,6 +159,11 @@ class ConsumerCore:
     def idle_pending(self, min_idle_ms: int, count: int) -> Call:
         return command("XPENDING", self.keys.stream, self.group, "IDLE", min_idle_ms, "-", "+", count)
 
+    def own_pending(self, after: str, count: int) -> Call:
+        """This consumer's pending entries after ``after`` (``-`` from the start, ``(id``
+        exclusive), oldest first: what an earlier run of the same consumer left unsettled."""
+        return command("XPENDING", self.keys.stream, self.group, after, "+", count, self.consumer_id)
+
     def claim(self, min_idle_ms: int, entry_ids: list[bytes]) -> Call:
         return command("XCLAIM", self.keys.stream, self.group, self.consumer_id, min_idle_ms, *entry_ids)
 
@@ -242,6 +247,18 @@ class ConsumerCore:
                     except Exception:  # noqa: BLE001 - gate() below gives the exact verdict
                         pass
             verdict = self.gate(entry_id, fields, 1)
+            if isinstance(verdict, Rejected):
+                rejected.append(verdict)
+            else:
+                ready.append(verdict)
+        return ready, rejected
+
+    def gate_rows(self, rows: list[tuple[bytes, Any, int]]) -> tuple[list[Delivery], list[Rejected]]:
+        """:meth:`gate` for each ``(entry_id, fields, delivery_count)`` of a claim."""
+        ready: list[Delivery] = []
+        rejected: list[Rejected] = []
+        for entry_id, fields, count in rows:
+            verdict = self.gate(entry_id, fields, count)
             if isinstance(verdict, Rejected):
                 rejected.append(verdict)
             else:

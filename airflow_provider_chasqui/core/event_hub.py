@@ -177,7 +177,11 @@ def pinned(reply: Any) -> str:
     return str_reply(reply[0][0]) if reply else "0-0"
 
 
-def read_call(keys: QueueKeys, cursor: str, count: int, block_ms: int) -> Call:
+def read_call(keys: QueueKeys, cursor: str, count: int, block_ms: int | None) -> Call:
+    """The events after ``cursor``, every follower's read (the hub, ``QueueEvents``, the
+    completion-mode trigger); ``block_ms`` None returns at once."""
+    if block_ms is None:
+        return command("XREAD", "COUNT", count, "STREAMS", keys.events, cursor)
     return command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", keys.events, cursor)
 
 

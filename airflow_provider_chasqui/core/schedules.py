@@ -436,12 +436,6 @@ class SpecFlows:
         yield self._upsert_call([prepared])
         return prepared.key, now
 
-    def upsert_prepared(self, specs: list[PreparedSpec]) -> Flow:
-        calls = [self._upsert_call(specs[i : i + UPSERT_CHUNK]) for i in range(0, len(specs), UPSERT_CHUNK)]
-        if calls:
-            yield calls
-        return [p.key for p in specs]
-
     def prepare_bulk(self, items: Iterable[Mapping[str, Any]], now: int | None = None,
                      caches: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> list[PreparedSpec]:
         """``prepare`` for many specs (the bulk path's encoding, as ``PreparedSpec``s)."""

@@ -61,9 +61,10 @@ from ..core.settings import QueueSettings
 from ..core.urls import with_tls
 from .. import tracing as _tracing
 from ..drivers_common import translate_error
-from ..errors import BusyGroupError, ClusterBusyError, ConfigError, NoGroupError, UnrecoverableError
+from ..errors import ClusterBusyError, ConfigError, NoGroupError, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
+from .group import GroupConsumer
 from .leader import TRANSIENT
 from .promoter import Promoter
 
@@ -319,11 +320,12 @@ class Worker:
         # socket_timeout / socket_connect_timeout win (redis-py lets URL options override).
         timeouts = {"socket_timeout": s.read_block_ms / 1000 + _IO_MARGIN_SECS, "socket_connect_timeout": _IO_MARGIN_SECS}
         self.driver = AsyncDriver(self._url, fast_paths=self._fast_paths, **timeouts)
+        self._group = GroupConsumer(self.driver, self.core)
         self._reader_client = raw_client(self._url, single_connection_client=True, **timeouts)
         self._reader_client_id: int | None = None
         try:
             self._features: Features = await self._with_retry(self.driver.features)
-            await self._with_retry(self._ensure_group)
+            await self._with_retry(self._group.ensure_group)
         except _RETRYABLE:
             if not self._stopping.is_set():
                 raise
@@ -413,12 +415,6 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.close()))
 
-    async def _ensure_group(self) -> None:
-        try:
-            await self.driver.call(self.core.create_group())
-        except BusyGroupError:  # it exists
-            pass
-
     async def _with_retry(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         """Retry a call through Redis outages until it works or the worker is closing."""
         failures = 0
@@ -498,14 +494,12 @@ class Worker:
         another consumer took over are marked lost (see :meth:`_lease_lost`)."""
         started = time.monotonic()
         ids = [eid for eid in self._inflight if eid not in self._lost] if self._lost else list(self._inflight)
-        lost: list[Any] = []
-        for i in range(0, len(ids), 1000):
-            lost += await self.driver.call(self.core.renew_lease(ids[i:i + 1000])) or []
+        lost = await self._group.renew(ids)
         self._renewed_at = started
         if ids:
-            self._metric("lease_renewed", len(ids) - len(lost) // 2)
+            self._metric("lease_renewed", len(ids) - len(lost))
         if lost:
-            self._lease_lost({lost[i]: lost[i + 1] for i in range(0, len(lost) - 1, 2)})
+            self._lease_lost(lost)
 
     def _lease_lost(self, lost: dict[bytes, bytes]) -> None:
         """Entries this worker held but no longer owns (it was paused or cut off for longer
@@ -561,7 +555,7 @@ class Worker:
         leases (or 10 read blocks, if longer): workers that died or left without cleaning up."""
         s = self.settings
         try:
-            gone = await self.driver.call(self.core.reap_consumers(10 * max(s.claim_min_idle_ms, s.read_block_ms)))
+            gone = await self._group.reap(10 * max(s.claim_min_idle_ms, s.read_block_ms))
         except Exception as exc:  # noqa: BLE001 - housekeeping: tried again next time
             log.warning("worker %s: removing idle consumers failed: %s", self.consumer_id, exc)
             return
@@ -573,7 +567,7 @@ class Worker:
         if self._inflight:
             return
         try:
-            await self.driver.call(self.core.reap_consumers(0, self.consumer_id))
+            await self._group.reap(0, self.consumer_id)
         except Exception as exc:  # noqa: BLE001 - the janitor of another worker removes it later
             log.info("worker %s: could not remove its consumer: %s", self.consumer_id, exc)
 
@@ -636,7 +630,7 @@ class Worker:
                 continue
             except Exception as exc:  # noqa: BLE001 - NOGROUP after the stream was deleted, etc.
                 if isinstance(translate_error(exc), NoGroupError):  # the reader is a raw client
-                    await self._with_retry(self._ensure_group)
+                    await self._with_retry(self._group.ensure_group)
                     continue
                 log.error("worker %s: read error %s", self.consumer_id, exc)
                 await asyncio.sleep(0.2)
@@ -678,23 +672,10 @@ class Worker:
         room = self._capacity()
         if room <= 0:
             return False
-        rows = await self.driver.call(self.core.idle_pending(s.claim_min_idle_ms, min(room, s.read_count)))
-        counts = {row[0]: int_reply(row[3]) for row in rows or [] if row[0] not in self._inflight}
-        if not counts:
-            return False
-        claimed = await self.driver.call(self.core.claim(s.claim_min_idle_ms, list(counts)))
-        batch = [(eid, fields, counts.get(eid, 1) + 1) for eid, fields in claimed or [] if eid is not None]
+        batch = await self._group.claim_idle(s.claim_min_idle_ms, min(room, s.read_count), self._inflight)
         if batch:
             log.info("worker %s reclaimed %d idle entries", self.consumer_id, len(batch))
-            ready: list[Delivery] = []
-            rejected: list[Rejected] = []
-            for entry_id, fields, count in batch:
-                verdict = self.core.gate(entry_id, fields, count)
-                if isinstance(verdict, Rejected):
-                    rejected.append(verdict)
-                else:
-                    ready.append(verdict)
-            await self._admit(ready, rejected)
+            await self._admit(*self.core.gate_rows(batch))
         return bool(batch)
 
     async def _admit(self, ready: list[Delivery], rejected: list[Rejected]) -> None:
@@ -739,7 +720,7 @@ class Worker:
                 log.error("worker %s: entry %s of %s dead-lettered: %s %s", self.consumer_id, r.entry_id, self.name,
                           r.reason, r.detail, extra={"queue": self.name, "job_id": r.job_id or None})
         rows = [self.core.reject_row(r) for r in rejected]
-        await self._with_retry(lambda: self.driver.call(self.core.fail(rows, self._features, now_ms())))
+        await self._with_retry(lambda: self._group.fail(rows, self._features, now_ms()))
         if self.metrics is not None:
             for r in rejected:
                 self.metrics.job_dead(self.name, r.name, r.reason)
@@ -957,8 +938,7 @@ class Worker:
                     if not rows:
                         continue
                 try:
-                    await self._with_retry(
-                        lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))
+                    await self._with_retry(lambda rows=rows: self._group.complete(rows, self._features, now_ms()))
                 except Exception as exc:  # noqa: BLE001 - see _unacked
                     self._unacked(len(rows), exc)
                 finally:
@@ -992,7 +972,7 @@ class Worker:
             if not rows:
                 return
         try:
-            await self._with_retry(lambda: self.driver.call(self.core.fail(rows, self._features, now_ms())))
+            await self._with_retry(lambda: self._group.fail(rows, self._features, now_ms()))
         except Exception as exc:  # noqa: BLE001 - see _unacked
             self._unacked(len(rows), exc)
         finally:

@@ -90,19 +90,21 @@ except ImportError as exc:  # pragma: no cover - Airflow < 3.3
     raise AirflowOptionalProviderFeatureException(
         "Chasqui event-driven triggers need Airflow 3.3+ (airflow.triggers.shared_stream)") from exc
 
-from ..core.calls import Call, command, int_reply, str_reply
+from ..core.calls import Call, command, str_reply
 from ..core.codec import now_ms
-from ..core.consumer import UNRECOVERABLE, ConsumerCore, Delivery, Rejected
+from ..core.consumer import UNRECOVERABLE, ConsumerCore
+from ..core.event_hub import read_call
 from ..core.features import Features
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import WAIT_BLOCK_MS
 from ..engine.events import parse_event
+from ..engine.group import GroupConsumer, Row
 from ..engine.leader import TRANSIENT
 from ..engine.promoter import Promoter
 from ..engine.queue import Queue
-from ..errors import BusyGroupError, ChasquiConnectionError, ConfigError, ScriptError
+from ..errors import ChasquiConnectionError, ConfigError, ScriptError
 from ..hooks.chasqui import ChasquiHook
 from .job import json_safe_problem
 
@@ -307,6 +309,7 @@ class QueueModeProducer(SharedStreamProducer):
                                  result_ttl_ms=0, failure_ttl_ms=24 * 3600 * 1000)
         self.flow = _Flow(gap_ms=event_gap_ms)
         self._queue: Queue | None = None
+        self._group: GroupConsumer | None = None
         self._features: Features | None = None
         self._promoter: Promoter | None = None
         self._promoter_task: asyncio.Task[None] | None = None
@@ -377,36 +380,27 @@ class QueueModeProducer(SharedStreamProducer):
     async def _prepare(self) -> None:
         assert self._queue is not None
         driver = self._queue.driver
-        try:
-            await driver.call(self.core.create_group())
-        except BusyGroupError:  # it exists
-            pass
+        self._group = GroupConsumer(driver, self.core)
+        await self._group.ensure_group()
         self._features = await driver.features()
         if self.promote and self._promoter_task is None:
             self._promoter = Promoter(driver, self.queue_name, poll_interval_ms=250)
             self._promoter_task = asyncio.create_task(self._promoter.run(), name=f"chasqui-promoter[{self.queue_name}]")
         log.info("chasqui watcher reading queue %s as %s/%s", self.queue_name, DEFAULT_GROUP, WATCHER_CONSUMER)
 
-    async def _own_pending(self, want: int) -> list[tuple[bytes, Any, int]]:
+    def _holding(self) -> set[bytes]:
+        """Entries in flight or waiting for redelivery: a claim must not deliver them again."""
+        return self._in_flight.keys() | self._held.keys()
+
+    async def _own_pending(self, want: int) -> list[Row]:
         """Our consumer's pending entries left by an earlier run (a crash, a restart): re-read
         them first, oldest first, each a new delivery."""
-        assert self._queue is not None
-        driver = self._queue.driver
-        rows = await driver.call(command("XPENDING", self.keys.stream, DEFAULT_GROUP, self._own_after, "+", want,
-                                         WATCHER_CONSUMER))
-        rows = rows or []
-        if len(rows) < want:
+        assert self._group is not None
+        batch, cursor = await self._group.claim_own(self._own_after, want, self._holding())
+        if cursor is None:
             self._own_backlog = False
-        if not rows:
-            return []
-        self._own_after = "(" + str_reply(rows[-1][0])
-        counts = {row[0]: int_reply(row[3]) for row in rows
-                  if row[0] not in self._in_flight and row[0] not in self._held}
-        if not counts:
-            return []
-        claimed = await driver.call(command("XCLAIM", self.keys.stream, DEFAULT_GROUP, WATCHER_CONSUMER, 0,
-                                            *counts))
-        batch = [(eid, fields, counts.get(eid, 0) + 1) for eid, fields in claimed or [] if eid is not None]
+        else:
+            self._own_after = cursor
         if batch:
             log.info("chasqui watcher of queue %s re-reads %d entries left pending by an earlier run",
                      self.queue_name, len(batch))
@@ -416,35 +410,24 @@ class QueueModeProducer(SharedStreamProducer):
         now = time.monotonic()
         return any(at <= now for at, _ in self._held.values())
 
-    async def _reclaim_held(self, want: int) -> list[tuple[bytes, Any, int]]:
-        assert self._queue is not None
+    async def _reclaim_held(self, want: int) -> list[Row]:
+        assert self._group is not None
         now = time.monotonic()
         due = [eid for eid, (at, _) in self._held.items() if at <= now][:want]
-        counts = {eid: self._held.pop(eid)[1] for eid in due}
-        claimed = await self._queue.driver.call(command("XCLAIM", self.keys.stream, DEFAULT_GROUP, WATCHER_CONSUMER,
-                                                        0, *due))
-        return [(eid, fields, counts.get(eid, 0) + 1) for eid, fields in claimed or [] if eid is not None]
+        return await self._group.claim_again({eid: self._held.pop(eid)[1] for eid in due})
 
-    async def _recover_idle(self, want: int) -> list[tuple[bytes, Any, int]]:
+    async def _recover_idle(self, want: int) -> list[Row]:
         """Entries pending for another consumer (a dead one) longer than ``claim_min_idle_ms``."""
-        assert self._queue is not None
-        driver = self._queue.driver
-        rows = await driver.call(self.core.idle_pending(self.claim_min_idle_ms, want))
-        counts = {row[0]: int_reply(row[3]) for row in rows or []
-                  if row[0] not in self._in_flight and row[0] not in self._held}
-        if not counts:
-            return []
-        claimed = await driver.call(self.core.claim(self.claim_min_idle_ms, list(counts)))
-        batch = [(eid, fields, counts.get(eid, 0) + 1) for eid, fields in claimed or [] if eid is not None]
+        assert self._group is not None
+        batch = await self._group.claim_idle(self.claim_min_idle_ms, want, self._holding())
         if batch:
             log.info("chasqui watcher of queue %s claimed %d idle entries", self.queue_name, len(batch))
         return batch
 
-    async def _read_new(self, want: int, block_ms: int | None) -> list[tuple[bytes, Any, int]]:
+    async def _read_new(self, want: int, block_ms: int | None) -> list[Row]:
         """New entries; ``block_ms`` None reads without waiting."""
-        assert self._queue is not None
-        rows = await self._queue.driver.call(self.core.read(want, block_ms))
-        return [(eid, fields, 1) for _stream, entries in rows or [] for eid, fields in entries]
+        assert self._group is not None
+        return await self._group.read_new(want, block_ms)
 
     async def _admit(self, batch: list[tuple[bytes, Any, int]]) -> list[QueueJob]:
         """The worker's arrival gate: malformed, oversize, undecodable and exhausted entries go
@@ -452,18 +435,15 @@ class QueueModeProducer(SharedStreamProducer):
         if not batch:
             return []
         assert self._queue is not None and self._features is not None
-        now, jobs, dead = now_ms(), [], []
-        for entry_id, fields, count in batch:
-            verdict = self.core.gate(entry_id, fields, count)
-            if isinstance(verdict, Rejected):
-                log.warning("chasqui watcher of queue %s dead-letters entry %s: %s %s", self.queue_name,
-                            str_reply(entry_id), verdict.reason, verdict.detail)
-                dead.append(self.core.reject(verdict, self._features, now))
-                continue
-            assert isinstance(verdict, Delivery)
-            env = verdict.envelope
-            jobs.append(QueueJob(self.queue_name, entry_id, env.id, verdict.name, verdict.data, count,
-                                 env.created_at_ms, verdict.raw, time.monotonic_ns(), raw_name=verdict.raw_name))
+        now = now_ms()
+        ready, rejected = self.core.gate_rows(batch)
+        for r in rejected:
+            log.warning("chasqui watcher of queue %s dead-letters entry %s: %s %s", self.queue_name,
+                        str_reply(r.entry_id), r.reason, r.detail)
+        dead = [self.core.reject(r, self._features, now) for r in rejected]
+        jobs = [QueueJob(self.queue_name, dl.entry_id, dl.envelope.id, dl.name, dl.data, dl.delivery_count,
+                         dl.envelope.created_at_ms, dl.raw, time.monotonic_ns(), raw_name=dl.raw_name)
+                for dl in ready]
         if dead:
             await self._queue.driver.pipeline(dead)
             self.dead_lettered_total += len(dead)
@@ -516,9 +496,8 @@ class QueueModeProducer(SharedStreamProducer):
                     dead.append(self.core.dead_letter(job.entry_id, UNRECOVERABLE, job.raw, job.name, detail[:500],
                                                       job.job_id, job.attempt, self._features, now,
                                                       dlq_name=job.raw_name))
-        calls = ([self.core.complete(done, self._features, now)] if done else []) + dead
-        if calls:
-            await self._send(calls)
+        if done or dead:
+            await self._settle(done, dead, self._features, now)
         for item in batch:
             for job in item.broker_payload.jobs:
                 self._in_flight.pop(job.entry_id, None)
@@ -526,13 +505,13 @@ class QueueModeProducer(SharedStreamProducer):
         self.dead_lettered_total += len(dead)
         self.flow.release(len(batch))
 
-    async def _send(self, calls: list[Call]) -> None:
-        """One round trip; a lost connection is retried (every call is idempotent: an entry no
-        longer pending is neither acknowledged nor dead-lettered twice)."""
-        assert self._queue is not None
+    async def _settle(self, done: list[tuple[bytes, str, str, int, int, bytes]], dead: list[Call],
+                      features: Features, now: int) -> None:
+        """One round trip; a lost connection is retried (see :meth:`GroupConsumer.settle`)."""
+        assert self._group is not None
         for attempt in range(1, _ADVANCE_TRIES + 1):
             try:
-                await self._queue.driver.pipeline(calls)
+                await self._group.settle(done, dead, features, now)
                 return
             except _TRANSIENT as exc:
                 if attempt == _ADVANCE_TRIES:
@@ -626,10 +605,7 @@ class CompletionModeProducer(SharedStreamProducer):
         block: int | None = self.block_ms
         stop: float | None = None
         while len(out) < self.max_batch:
-            args: tuple[Any, ...] = ("XREAD", "COUNT", self.max_batch - len(out))
-            if block is not None:
-                args += ("BLOCK", block)
-            rows = await self._queue.driver.call(command(*args, "STREAMS", self.keys.events, self._read_from))
+            rows = await self._queue.driver.call(read_call(self.keys, self._read_from, self.max_batch - len(out), block))
             entries = [entry for _stream, stream_entries in rows or [] for entry in stream_entries]
             for entry_id, flat in entries:
                 ev = parse_event(entry_id, flat)
