@@ -20,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import redis
 
@@ -75,20 +75,20 @@ def redis_for_demo(url: str) -> Iterator[str]:
             proc.wait(10)
 
 
-async def _send_email(job) -> dict:  # noqa: ANN001 - demo handler
+async def _send_email(job) -> dict:  # demo handler
     await asyncio.sleep(0.01)
     return {"sent_to": job.data["to"]}
 
 
-def _flaky(job) -> None:  # noqa: ANN001 - a sync handler, run in the thread pool
+def _flaky(job) -> None:  # a sync handler, run in the thread pool
     raise RuntimeError(f"flaky failure on attempt {job.attempt + 1}")
 
 
-def _poison(job) -> None:  # noqa: ANN001
+def _poison(job) -> None:
     raise UnrecoverableError("this one goes straight to the DLQ")
 
 
-def _tick(job) -> str:  # noqa: ANN001
+def _tick(job) -> str:
     return f"tick {job.data['n']}"
 
 
@@ -107,7 +107,10 @@ async def _demo(url: str, queue: str, forever: bool) -> None:
     await q.add("flaky", {}, backoff=200)
     await q.add("poison", {})
     spec = await q.upsert_repeatable_job("tick", {"n": 1}, repeat=RepeatPattern.every(1000), limit=3)
-    print(f"queue {queue!r} on {redact_url(url)}: 5 jobs, 1 delayed (1.5 s), 1 flaky (3 attempts), 1 poison, spec {spec.id!r}")
+    print(
+        f"queue {queue!r} on {redact_url(url)}: 5 jobs, 1 delayed (1.5 s), 1 flaky (3 attempts), "
+        f"1 poison, spec {spec.id!r}"
+    )
     want = {"completed": 9, "dlq": 2}  # 5 + delayed + 3 ticks completed; flaky and poison dead-lettered
     seen = {"completed": 0, "dlq": 0}
     start = time.monotonic()

@@ -8,8 +8,9 @@ asyncio and blocking drivers both run the same generators, in the manner of http
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterable, Union
+from typing import Any
 
 from . import scripts as _scripts
 from .scripts import Script
@@ -43,7 +44,7 @@ class Stream:
     calls: Iterable[Call]
 
 
-Step = Union[Call, list[Call], Stream]
+Step = Call | list[Call] | Stream
 Flow = Generator[Step, Any, Any]
 
 

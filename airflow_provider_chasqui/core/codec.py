@@ -13,7 +13,8 @@ import os
 import struct
 import sys
 import time
-from dataclasses import dataclass, fields as dataclass_fields
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import msgpack
@@ -158,7 +159,7 @@ class Envelope:
     attempt: int = 0
     retry: RetryOverride | None = None
 
-    def with_attempt(self, attempt: int) -> "Envelope":
+    def with_attempt(self, attempt: int) -> Envelope:
         return Envelope(self.id, self.inner, self.created_at_ms, attempt, self.retry)
 
 

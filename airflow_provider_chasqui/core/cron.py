@@ -22,7 +22,7 @@ from __future__ import annotations
 import calendar
 import re
 from bisect import bisect_left
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -66,7 +66,7 @@ class PatternLike(Protocol):
 @lru_cache(maxsize=1024)
 def _resolve_timezone(tz: str | None) -> tzinfo:
     if tz is None or tz == "" or tz == "Z" or tz.upper() == "UTC":
-        return timezone.utc
+        return UTC
     if tz[0] in "+-":
         return _fixed_offset(tz)
     try:

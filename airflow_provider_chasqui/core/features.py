@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .calls import Call, command, packed_command, resp_bulk
 from . import scripts as _scripts
+from .calls import Call, command, packed_command, resp_bulk
 
 __all__ = ["Features", "detect_call", "parse_features", "fast_paths_default", "COMPAT", "functions_mode",
            "probe_call", "probe_found", "load_call", "function_missing", "already_loaded", "scripts_denied"]

@@ -8,7 +8,8 @@ operators, the sensor and the trigger share these so their log lines read alike.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .calls import Flow, command, str_reply
 from .keys import QueueKeys

@@ -10,17 +10,16 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import repeat
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError, JobFailed
 from .backoff import build_retry_override
-from .failure import failure_record as _failure_record
 from .calls import Call, Flow, Stream, command, int_reply, packed_command, resp_bulk, script_call, str_reply
-from .event_hub import event_hits, outcome_calls, parse_outcomes, pin_call, pinned, read_call
 from .codec import (
     MAX_JOB_ID_CHARS,
     RetryOverride,
@@ -35,6 +34,8 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
+from .event_hub import event_hits, outcome_calls, parse_outcomes, pin_call, pinned, read_call
+from .failure import failure_record as _failure_record
 from .keys import QueueKeys
 from .settings import QueueSettings
 from .urls import WAIT_BLOCK_MS
@@ -72,7 +73,7 @@ def coerce_delay(delay: Any = None, delay_ms: Any = None, *, now: int) -> int | 
     if isinstance(value, bool):
         raise ConfigTypeError("delay must be a number, timedelta or datetime, not bool")
     if isinstance(value, datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        when = value if value.tzinfo else value.replace(tzinfo=UTC)
         run_at = int(when.timestamp() * 1000)
         return run_at if run_at > now else None
     if isinstance(value, timedelta):

@@ -40,9 +40,17 @@ import msgpack
 from ..errors import ConfigError
 from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
-from .keys import QueueKeys
 from .cron import next_fire_after
-from .repeat import FIRE_ALL_LIST_CAP, MissedFiresPolicy, RepeatPattern, StoredSpec, catchup_fires, catchup_next, plan_fires
+from .keys import QueueKeys
+from .repeat import (
+    FIRE_ALL_LIST_CAP,
+    MissedFiresPolicy,
+    RepeatPattern,
+    StoredSpec,
+    catchup_fires,
+    catchup_next,
+    plan_fires,
+)
 from .schedules import _NO_EXT, SpecExt, show_key
 from .settings import QueueSettings
 

@@ -17,10 +17,10 @@ the ``fired`` counter.  This project adds no per-spec keys, only:
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, ClassVar, NamedTuple
 
 import msgpack
@@ -236,7 +236,7 @@ def _epoch_ms(value: Any, what: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        when = value if value.tzinfo else value.replace(tzinfo=UTC)
         ms = math.floor(when.timestamp() * 1000)
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}")
@@ -513,7 +513,7 @@ class SpecFlows:
             raw = validate_job_name(name)
         except (ConfigError, UnicodeError):
             return nxt, None, wire, suffix
-        ok = 0 < len(raw) and len(raw) + len(suffix.encode("utf-8")) <= 1024
+        ok = len(raw) > 0 and len(raw) + len(suffix.encode("utf-8")) <= 1024
         return nxt, (_packb(name) + _packb(wire)) if ok else None, wire, suffix
 
     def upsert_bulk(self, items: Iterable[Mapping[str, Any]]) -> Flow:

@@ -12,8 +12,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from redis.cluster import RedisCluster
 
@@ -567,9 +568,9 @@ def spec_prefix_flow(queue: str, prefix: str, cursor: str | None, count: int) ->
         nxt = f"{phase}:{position}"
     items: list[Any] = []
     if found:
-        rows = yield from specs._read_hashes([rk for rk, _s, _p in found])  # noqa: SLF001 - same package
+        rows = yield from specs._read_hashes([rk for rk, _s, _p in found])  # same package
         for (raw_key, score, paused), fields in zip(found, rows):
-            items.extend(spec_row(raw_key, score, paused, fields, specs._info))  # noqa: SLF001
+            items.extend(spec_row(raw_key, score, paused, fields, specs._info))
     return items, nxt
 
 

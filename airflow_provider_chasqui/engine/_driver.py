@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import itertools
 import weakref
-from typing import Any, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
@@ -26,13 +27,24 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from ..core.calls import Call, Flow, Stream, script_args
+from ..core.features import (
+    COMPAT,
+    Features,
+    already_loaded,
+    detect_call,
+    fast_paths_default,
+    function_missing,
+    functions_mode,
+    load_call,
+    parse_features,
+    probe_call,
+    probe_found,
+    scripts_denied,
+)
 from ..core.urls import connection_options, split_cluster_flag
+from ..errors import ChasquiConnectionError, ScriptError
 from ._sentinel import make_client
 from ._wire import AsyncLane, lane_ok, pack_call, resend_ok
-from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
-from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
-from ..core.features import scripts_denied
-from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["AsyncDriver", "translate_errors"]
 
@@ -98,7 +110,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
 
 
 # Blocking readers of this process by the handle their ``CLIENT ID`` returned (see _RawCluster).
-_READERS: "weakref.WeakValueDictionary[int, _RawCluster]" = weakref.WeakValueDictionary()
+_READERS: weakref.WeakValueDictionary[int, _RawCluster] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1 << 62)
 _STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
 
@@ -162,7 +174,7 @@ class _RawCluster(AsyncRedisCluster):
             self._resolving = False
         self._blocked_on = (node.name, cid)
 
-    async def _unblock(self, reader: "_RawCluster", *mode: Any) -> Any:
+    async def _unblock(self, reader: _RawCluster, *mode: Any) -> Any:
         if reader._resolving:
             reader._skip_read = True
             return 1
@@ -176,7 +188,7 @@ class _RawCluster(AsyncRedisCluster):
             return 0
         return await super().execute_command("CLIENT UNBLOCK", cid, *mode, target_nodes=node)
 
-    async def initialize(self, *args: Any, **kwargs: Any) -> "_RawCluster":
+    async def initialize(self, *args: Any, **kwargs: Any) -> _RawCluster:
         """No reachable seed node is a connection error (retried like one), not a config error.
         (redis-py 8 passes ``last_failed_node_name``.)"""
         try:

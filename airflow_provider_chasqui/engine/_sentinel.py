@@ -14,8 +14,13 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection, \
-    SentinelManagedSSLConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.backoff import NoBackoff
 
 from ..core.sentinel_url import is_sentinel_url, parse_sentinel_url

@@ -99,7 +99,7 @@ class _Protocol(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         self.fd = sock.fileno() if sock is not None else -1
 
-    def send(self, packed: bytes) -> "asyncio.Future[Any]":
+    def send(self, packed: bytes) -> asyncio.Future[Any]:
         fut = self.loop.create_future()
         self.waiters.append(fut)
         now = self.last_send = self.loop.time()

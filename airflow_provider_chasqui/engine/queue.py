@@ -9,9 +9,11 @@ Units follow chasquimq: ``delay`` int = ms, float = seconds (or a timedelta/date
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from .. import tracing as _tracing
 from ..core.codec import now_ms
 from ..core.inspect import JobDetails, QueueListing, job_details
 from ..core.inspect import list_queues as list_queues_flow
@@ -21,7 +23,6 @@ from ..core.repeat import RepeatableMeta
 from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
-from .. import tracing as _tracing
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import AsyncDriver
@@ -71,7 +72,7 @@ class Queue:
         return self._flows.keys.queue
 
     @property
-    def keys(self):  # noqa: ANN201 - QueueKeys, for hooks and tools
+    def keys(self):  # QueueKeys, for hooks and tools
         return self._flows.keys
 
     @property
@@ -304,14 +305,14 @@ class Queue:
             self._driver = None
         self._closed = True
 
-    async def __aenter__(self) -> "Queue":
+    async def __aenter__(self) -> Queue:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
-async def list_queues(target: "str | AsyncDriver" = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
+async def list_queues(target: str | AsyncDriver = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
                       max_scan_calls: int = 100) -> QueueListing:
     """Every queue on the server whose name matches the glob ``match``, with its counts
     (``chasqui queues``; dashboards): a cursor SCAN capped at ``max_scan_calls`` calls of 1,000

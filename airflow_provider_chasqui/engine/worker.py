@@ -45,13 +45,15 @@ import inspect
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any
 
 import msgpack
 from redis import exceptions as rexc
 
+from .. import tracing as _tracing
 from ..core.calls import command, int_reply
 from ..core.codec import now_ms
 from ..core.consumer import ROUTING_FAILED, ConsumerCore, Delivery, Rejected, handler_traceback
@@ -59,7 +61,6 @@ from ..core.features import Features
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import with_tls
-from .. import tracing as _tracing
 from ..errors import ConfigError, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
@@ -192,7 +193,7 @@ class _Dispatch:
 
 
 def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 - a callable object's own __call__
 
 
 class Worker:
@@ -230,6 +231,8 @@ class Worker:
         self._closed = False
         self._stopping: asyncio.Event | None = None
         self._done: asyncio.Event | None = None
+        # the max_jobs stop's unblocking task: held so the loop cannot collect it half-way
+        self._unblock_task: asyncio.Future[None] | None = None
 
     # ---- public lifecycle ---------------------------------------------------------------
     @property
@@ -304,7 +307,7 @@ class Worker:
             self._stopping.set()
             await self._unblock_reader()
 
-    async def __aenter__(self) -> "Worker":
+    async def __aenter__(self) -> Worker:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -442,7 +445,7 @@ class Worker:
             return
         try:
             fn(self.name, *args)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("worker %s: metrics failed", self.consumer_id)
 
     def _supervised(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
@@ -464,7 +467,7 @@ class Worker:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - logged in full, then the task restarts
+            except Exception as exc:  # logged in full, then the task restarts
                 now = time.monotonic()
                 streak = streak + 1 if now - h.failed_at < 60 else 1
                 h.restarts += 1
@@ -667,7 +670,7 @@ class Worker:
         self._room_waiter = fut
         try:
             await asyncio.wait_for(fut, 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             self._room_waiter = None
@@ -792,7 +795,7 @@ class Worker:
                         with contextlib.suppress(TypeError):
                             async_fns[fn] = is_async
                     result = await (fn(job) if is_async else self._call(fn, job))
-                except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
+                except BaseException as exc:  # every handler failure is routed, none escapes
                     if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
                         # our own cancellation (the shutdown deadline): the entry stays pending, unrenewed,
                         # and is reclaimed after claim_min_idle_ms.  A handler's own CancelledError is a failure.
@@ -837,7 +840,7 @@ class Worker:
             idle.append(fut)
             await fut
 
-    async def _start_span(self, tracer: "_tracing.Tracer", dl: Delivery) -> tuple[Any, Any]:
+    async def _start_span(self, tracer: _tracing.Tracer, dl: Delivery) -> tuple[Any, Any]:
         """The CONSUMER span of one attempt.  A retried attempt (no ``tp`` field: it came back
         through the delayed set) finds its producer's context and the failed attempt's span in
         the side key the worker wrote when it scheduled the retry (one GET, tracing on only)."""
@@ -852,11 +855,11 @@ class Worker:
                 dl.trace = parent  # a further retry keeps it too
         try:
             return tracer.start_consume(self.name, env.id, dl.name, env.attempt + 1, parent, previous)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("worker %s: starting a span failed", self.consumer_id)
             return None, None
 
-    async def _end_failed_span(self, tracer: "_tracing.Tracer", span: Any, token: Any, dl: Delivery, outcome: str,
+    async def _end_failed_span(self, tracer: _tracing.Tracer, span: Any, token: Any, dl: Delivery, outcome: str,
                                exc: BaseException) -> None:
         """End a failed attempt's span; on a retry, keep the trace for the next attempt (expires
         after ``TRACE_KEY_TTL_MS``: a longer backoff starts a new trace)."""
@@ -912,7 +915,7 @@ class Worker:
                     self.metrics.job_retried(self.name, dl.name)
                 else:
                     self.metrics.job_dead(self.name, dl.name, outcome)
-            except Exception:  # noqa: BLE001 - metrics never decide a job's fate
+            except Exception:  # metrics never decide a job's fate
                 log.exception("worker %s: metrics failed", self.consumer_id)
         self._count_processed()
         return outcome
@@ -929,7 +932,7 @@ class Worker:
         if limit is not None and self.processed >= limit and self._stopping is not None and not self._stopping.is_set():
             log.info("worker %s reached max_jobs=%d", self.consumer_id, limit)
             self._stopping.set()
-            asyncio.ensure_future(self._unblock_reader())
+            self._unblock_task = asyncio.ensure_future(self._unblock_reader())
 
     # ---- acknowledgements -------------------------------------------------------------
     async def _flusher(self) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from airflow.sdk import BaseHook
 
 from ..engine.queue import Queue
-from ..sync._driver import translate_errors
 from ..errors import ConfigError
+from ..sync._driver import translate_errors
 from ..sync.queue import SyncQueue
 from ._connection import ChasquiConnectionSettings
 

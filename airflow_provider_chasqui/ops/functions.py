@@ -55,7 +55,7 @@ def install(url: str, replace: bool = False) -> list[dict[str, Any]]:
             try:
                 client.execute_command(*load_call(replace).args, **kw)
                 outcome = "replaced" if replace else "loaded"
-            except Exception as exc:  # noqa: BLE001 - only "already exists" is an answer here
+            except Exception as exc:  # only "already exists" is an answer here
                 if not already_loaded(exc):
                     raise
                 if _libraries(client, kw).get(LIBRARY.name) != LIBRARY.source:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException

@@ -20,8 +20,9 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..engine.queue import DEFAULT_URL
 from ..errors import ConfigError, NotSupportedError

@@ -8,22 +8,34 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import redis
 from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
 from ..core.calls import Call, Flow, Stream, script_args
+from ..core.features import (
+    COMPAT,
+    Features,
+    already_loaded,
+    detect_call,
+    fast_paths_default,
+    function_missing,
+    functions_mode,
+    load_call,
+    parse_features,
+    probe_call,
+    probe_found,
+    scripts_denied,
+)
 from ..core.urls import connection_options, split_cluster_flag
 from ..engine._driver import _FCALLS, _missing, _stream_read_slot
+from ..engine._wire import lane_ok, pack_call, resend_ok
+from ..errors import ChasquiConnectionError, ScriptError
 from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
-from ..engine._wire import lane_ok, pack_call, resend_ok
-from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
-from ..core.features import already_loaded, function_missing, functions_mode, load_call, probe_call, probe_found
-from ..core.features import scripts_denied
-from ..errors import ChasquiConnectionError, ScriptError
 
 __all__ = ["SyncDriver", "translate_errors"]
 

@@ -8,8 +8,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.connection import SSLConnection, parse_url
 from redis.retry import Retry
-from redis.sentinel import (MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection,
-                            SentinelManagedSSLConnection)
+from redis.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 
 from ..core.sentinel_url import is_sentinel_url, parse_sentinel_url
 from ..core.urls import connection_options, redact_text

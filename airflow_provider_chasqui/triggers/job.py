@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -85,8 +86,9 @@ class ChasquiJobTrigger(BaseTrigger):
 
     Runs in the triggerer's event loop and waits through the loop's shared event hub of its
     queue (opened by the first waiting trigger, closed after the last); its own ``Queue``
-    opens no connection for the wait and is closed on every exit.  Free of side effects unless ``cancel_on_kill`` (a user kill then
-    cancels the jobs that are still delayed), so running it twice (triggerer HA) is harmless.
+    opens no connection for the wait and is closed on every exit.  Free of side effects unless
+    ``cancel_on_kill`` (a user kill then cancels the jobs that are still delayed), so running it
+    twice (triggerer HA) is harmless.
 
     :param job_ids: the jobs to wait for.
     :param queue_name: their queue.

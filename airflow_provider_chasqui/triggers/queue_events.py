@@ -285,8 +285,9 @@ class QueueModeProducer(SharedStreamProducer):
     run, entries due for redelivery, idle entries of dead consumers, then new entries; after the
     first entry it keeps reading while more arrive within ``linger_ms`` (up to ``max_batch`` and
     about a second), so a burst sent in one go is one batch.  The next batch is read only after
-    this one was advanced (and ``event_gap_ms`` more).  Entries resolved with a failure (ack timeout, subscriber overflow)
-    or that no subscriber received stay pending and are re-read after ``redeliver_after_ms``.
+    this one was advanced (and ``event_gap_ms`` more).  Entries resolved with a failure (ack
+    timeout, subscriber overflow) or that no subscriber received stay pending and are re-read
+    after ``redeliver_after_ms``.
     """
 
     def __init__(self, *, queue_name: str, chasqui_conn_id: str, max_batch: int = DEFAULT_MAX_BATCH,
@@ -549,7 +550,7 @@ class QueueModeProducer(SharedStreamProducer):
             promoter.stop()
             try:
                 await asyncio.wait_for(task, 5)
-            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - best effort
+            except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - best effort
                 task.cancel()
         queue, self._queue = self._queue, None
         if queue is not None:

@@ -37,7 +37,8 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..core.calls import command, int_reply, str_reply
 from ..core.keys import QueueKeys
@@ -317,7 +318,7 @@ class MetricsServer:
         """The worker's event loop, which ``/livez`` asks to run a callback."""
         self._loop = loop
 
-    def start(self) -> "MetricsServer":
+    def start(self) -> MetricsServer:
         self._threads.extend(self._http.start())
         if self.sampler is not None:
             self.sample_now()
@@ -372,7 +373,7 @@ class MetricsServer:
             return True
         try:
             report = self.health_source()
-        except Exception:  # noqa: BLE001 - a broken health report is a failed probe, logged
+        except Exception:  # a broken health report is a failed probe, logged
             log.exception("queue %s: the worker's health() failed", self.queue)
             return False
         redis_up = self._sample_ok is not False
@@ -539,6 +540,6 @@ class _HttpServer:
         path = parts[1].split(b"?", 1)[0].decode("latin-1")
         try:
             return self._respond(path)
-        except Exception:  # noqa: BLE001 - a bug must not kill the answering thread; details go to the log
+        except Exception:  # a bug must not kill the answering thread; details go to the log
             log.exception("metrics http: %s failed", path)
             return 500, b"internal error\n", "text/plain; charset=utf-8"
