@@ -22,12 +22,16 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from . import Queue, QueueEvents, RepeatPattern, UnrecoverableError, Worker
 from .core.urls import redact_url
 from .sync._sentinel import make_client
+
+if TYPE_CHECKING:
+    from .types import Job
 
 __all__ = ["main", "redis_for_demo"]
 
@@ -75,20 +79,20 @@ def redis_for_demo(url: str) -> Iterator[str]:
             proc.wait(10)
 
 
-async def _send_email(job) -> dict:  # demo handler
+async def _send_email(job: Job) -> dict[str, Any]:  # demo handler
     await asyncio.sleep(0.01)
     return {"sent_to": job.data["to"]}
 
 
-def _flaky(job) -> None:  # a sync handler, run in the thread pool
+def _flaky(job: Job) -> None:  # a sync handler, run in the thread pool
     raise RuntimeError(f"flaky failure on attempt {job.attempt + 1}")
 
 
-def _poison(job) -> None:
+def _poison(job: Job) -> None:
     raise UnrecoverableError("this one goes straight to the DLQ")
 
 
-def _tick(job) -> str:
+def _tick(job: Job) -> str:
     return f"tick {job.data['n']}"
 
 

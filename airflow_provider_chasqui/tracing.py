@@ -92,7 +92,8 @@ class Tracer:
         return self.api.propagate.extract({"traceparent": traceparent})
 
     def has_current_span(self) -> bool:
-        return self.api.trace.get_current_span().get_span_context().is_valid
+        valid: bool = self.api.trace.get_current_span().get_span_context().is_valid
+        return valid
 
     # ---- spans --------------------------------------------------------------------------
     @contextmanager

@@ -75,7 +75,8 @@ def probe_call() -> Call:
 
 
 def probe_found(reply: Any) -> bool:
-    return reply == _scripts.LIBRARY.name.encode()
+    found: bool = reply == _scripts.LIBRARY.name.encode()
+    return found
 
 
 def load_call(replace: bool = False) -> Call:

@@ -25,7 +25,7 @@ ATTEMPTS_SCAN = 2000
 VALUE_TEXT_LIMIT = 300
 
 
-def end_attempts(keys: QueueKeys, job_ids: Iterable[str], scan: int = ATTEMPTS_SCAN) -> Flow:
+def end_attempts(keys: QueueKeys, job_ids: Iterable[str], scan: int = ATTEMPTS_SCAN) -> Flow[dict[str, int]]:
     """``{job_id: attempt}`` (1-based) of the run each job ended on, from the newest ``scan``
     events; ids whose ``completed``/``dlq`` entry is not among them are absent."""
     wanted = set(job_ids)

@@ -224,6 +224,7 @@ def _decode_spec(raw: bytes) -> DueSpec:
     """``StoredSpec.decode`` for the hot loop: the common shape is unpacked once and its
     pattern and policy come from caches keyed by their exact wire values; anything unusual
     takes ``StoredSpec.decode`` itself (same fields, or its CodecError)."""
+    pkey: tuple[Any, ...] | None  # (a bare annotation: no runtime work)
     try:
         arr = _unpackb(raw)
     except Exception:  # noqa: BLE001 - the slow path names the problem
@@ -314,7 +315,7 @@ class SchedulerCore:
         self._spec_base = self.keys.repeat_spec("")
         self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
 
-    def tick(self, now: int | None = None) -> Flow:
+    def tick(self, now: int | None = None) -> Flow[TickResult]:
         """One tick at ``now`` (epoch ms; None = the server's TIME, what schedulers use)."""
         k = self.keys
         reply = yield script_call("fetch_due", (k.repeat,), ("" if now is None else now, self.batch, k.prefix))

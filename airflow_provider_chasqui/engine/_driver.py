@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import itertools
 import weakref
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
@@ -46,13 +46,15 @@ from ..errors import ChasquiConnectionError, ScriptError
 from ._sentinel import make_client
 from ._wire import AsyncLane, lane_ok, pack_call, resend_ok
 
+_R = TypeVar("_R")
+
 __all__ = ["AsyncDriver", "translate_errors"]
 
 
 try:  # a dependency (redis[hiredis]); without it redis-py's own packer is used
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover
-    _hiredis_pack = None
+    _hiredis_pack = None  # type: ignore[assignment]
 
 _HIREDIS_CLASSES: dict[type, type] = {}
 
@@ -67,11 +69,11 @@ def _hiredis_connection_class(cls: type) -> type:
     """
     fast = _HIREDIS_CLASSES.get(cls)
     if fast is None:
-        original = cls.pack_command
+        original: Callable[..., list[bytes]] = cls.pack_command  # type: ignore[attr-defined]
 
         def pack_command(self: Any, *args: Any) -> list[bytes]:
             first = args[0] if args else None
-            if isinstance(first, (str, bytes)) and (" " if isinstance(first, str) else b" ") not in first:
+            if isinstance(first, (str, bytes)) and (" " if isinstance(first, str) else b" ") not in first:  # type: ignore[operator]
                 try:
                     return [_hiredis_pack(args)]
                 except (TypeError, UnicodeError):
@@ -98,7 +100,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
         cclient.response_callbacks.clear()  # the nodes share this dict
         cclient.response_callbacks["COMMAND"] = _command_listing_only
         if reader:
-            cclient._make_reader()
+            cclient._make_reader()  # type: ignore[attr-defined]
         return cclient  # type: ignore[return-value]
     client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
@@ -192,7 +194,7 @@ class _RawCluster(AsyncRedisCluster):
         """No reachable seed node is a connection error (retried like one), not a config error.
         (redis-py 8 passes ``last_failed_node_name``.)"""
         try:
-            return await super().initialize(*args, **kwargs)
+            return await super().initialize(*args, **kwargs)  # type: ignore[return-value]
         except RedisClusterException as exc:
             if isinstance(exc.__cause__, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
                 raise rexc.ConnectionError(str(exc)) from exc
@@ -397,7 +399,7 @@ class AsyncDriver:
                 nodes = [None]
             for node in nodes:
                 try:
-                    kw = {} if node is None else {"target_nodes": node}
+                    kw: dict[str, Any] = {} if node is None else {"target_nodes": node}
                     await self.client.execute_command(*call.args, **kw)
                 except rexc.ResponseError as exc:
                     if not already_loaded(exc):
@@ -522,7 +524,7 @@ class AsyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 await self._library_missing()
-            for body in {calls[i].script.body for i in missing
+            for body in {calls[i].script.body for i in missing  # type: ignore[union-attr]
                          if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
                 await self.client.execute_command("SCRIPT LOAD", body)
             again = await self._pipe([calls[i] for i in missing])
@@ -540,7 +542,7 @@ class AsyncDriver:
             pipe.execute_command(*_args(c, functions))
         return await pipe.execute(raise_on_error=False)
 
-    async def run(self, flow: Flow) -> Any:
+    async def run(self, flow: Flow[_R]) -> _R:
         """Drive a core flow to completion, translating redis errors (as ``translate_errors``,
         inlined: an async context manager per call costs more than a one-by-one add's encoding)."""
         try:
@@ -554,7 +556,8 @@ class AsyncDriver:
                     reply = await self.call(step)
                 step = flow.send(reply)
         except StopIteration as stop:
-            return stop.value
+            result: _R = stop.value  # the flow's return value
+            return result
         except (rexc.ConnectionError, rexc.TimeoutError) as exc:
             raise ChasquiConnectionError(f"Redis is unreachable: {exc}") from exc
         except rexc.ResponseError as exc:

@@ -65,11 +65,12 @@ def pack_call(c: Call, functions: bool | None = False) -> bytes:
     if c.packed is not None:
         return c.packed
     s = c.script
+    # hiredis' stub gives pack_command no return type (it returns bytes)
     if s is None:
-        return hiredis.pack_command(c.args)
+        return hiredis.pack_command(c.args)  # type: ignore[no-any-return]
     if functions:
-        return hiredis.pack_command((s.fcall, s.function, len(c.keys), *c.keys, *c.argv))
-    return hiredis.pack_command(("EVALSHA", s.sha, len(c.keys), *c.keys, *c.argv))
+        return hiredis.pack_command((s.fcall, s.function, len(c.keys), *c.keys, *c.argv))  # type: ignore[no-any-return]
+    return hiredis.pack_command(("EVALSHA", s.sha, len(c.keys), *c.keys, *c.argv))  # type: ignore[no-any-return]
 
 
 def new_reader() -> hiredis.Reader:
@@ -251,7 +252,7 @@ def _close_orphan(transport: Any) -> None:
     """Close the socket of a transport whose event loop is closed (``asyncio.run`` ended):
     ``transport.close()`` only schedules that on the loop, so the socket (one per loop the
     driver was used on) stayed open until collected, with a ResourceWarning."""
-    inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)  # TLS: the socket's transport
+    inner: Any = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)  # TLS: the socket's transport
     for t in (transport, inner):
         if t is None:
             continue

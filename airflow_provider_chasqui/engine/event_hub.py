@@ -29,6 +29,7 @@ from redis import exceptions as rexc
 
 from ..core.calls import Flow
 from ..core.event_hub import (
+    Outcome,
     Waiter,
     WaiterIndex,
     event_hits,
@@ -85,7 +86,7 @@ async def wait_for_jobs(url: str, queue: str, job_ids: Iterable[str], timeout: f
     return await event_hub(url, queue).wait(ids, timeout, stop_on_failure=stop_on_failure)
 
 
-def _outcomes(keys: QueueKeys, job_ids: list[str], hints: dict[str, tuple[str, str]] | None = None) -> Flow:
+def _outcomes(keys: QueueKeys, job_ids: list[str], hints: dict[str, tuple[str, str]] | None = None) -> Flow[dict[str, Outcome]]:
     raws = yield outcome_calls(keys, job_ids)
     return parse_outcomes(job_ids, raws, hints)
 

@@ -17,6 +17,7 @@ from .. import tracing as _tracing
 from ..core.codec import now_ms
 from ..core.inspect import JobDetails, QueueListing, job_details
 from ..core.inspect import list_queues as list_queues_flow
+from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
@@ -72,7 +73,7 @@ class Queue:
         return self._flows.keys.queue
 
     @property
-    def keys(self):  # QueueKeys, for hooks and tools
+    def keys(self) -> QueueKeys:  # for hooks and tools
         return self._flows.keys
 
     @property

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import exceptions as rexc
 
@@ -36,6 +36,8 @@ from ..core.urls import redact_url
 from ..errors import ChasquiError
 from ._driver import AsyncDriver
 from .leader import TRANSIENT, LeaderLoop
+
+_R = TypeVar("_R")
 
 __all__ = ["Scheduler", "run_standalone", "main"]
 
@@ -65,7 +67,7 @@ class Scheduler(LeaderLoop):
         self.ticks = 0
         self.last: TickResult | None = None
 
-    async def _run(self, flow: Flow) -> Any:
+    async def _run(self, flow: Flow[_R]) -> _R:
         """``driver.run`` for the tick's flow, with the event loop yielded between the calls
         of a stream: each chunk is sent as soon as it is planned, then other tasks run before
         the next chunk is planned."""
@@ -84,11 +86,12 @@ class Scheduler(LeaderLoop):
                         raise reply
                 reply = replies
             else:
-                reply = await self.driver.run_call(step)
+                reply = await self.driver.run_call(step)  # type: ignore[arg-type]  # a tick yields no pipelines
             try:
                 step = flow.send(reply)
             except StopIteration as stop:
-                return stop.value
+                result: _R = stop.value  # the flow's return value
+                return result
 
     async def tick(self) -> bool | float:
         now = None if self.now_fn is None else self.now_fn()

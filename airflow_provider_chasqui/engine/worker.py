@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 from redis import exceptions as rexc
@@ -166,7 +166,7 @@ class WorkerSettings:
             raise ConfigError(f"fail_log_window_secs must be a positive number of seconds, got {w!r}")
 
 
-def _resolve_handler(handler: Any) -> Callable[[Job], Any]:
+def _resolve_handler(handler: Any) -> Callable[[Job], Any] | _Dispatch:
     """A callable, or a mapping of job name -> callable (unknown names are dead-lettered)."""
     if isinstance(handler, Mapping):
         table = dict(handler)
@@ -176,7 +176,7 @@ def _resolve_handler(handler: Any) -> Callable[[Job], Any]:
         return _Dispatch(table)
     if not callable(handler):
         raise ConfigError(f"handler must be callable or a mapping of job name to callable, got {type(handler).__name__}")
-    return handler
+    return cast("Callable[[Job], Any]", handler)
 
 
 class _Dispatch:
@@ -315,11 +315,12 @@ class Worker:
 
     # ---- orchestration ----------------------------------------------------------------
     async def _run(self) -> None:
+        assert self._stopping is not None
         s = self.settings
         # Socket timeouts, so a connection that goes silent (no FIN, no RST) cannot wedge a read
         # or an ack for ever; the longest call is XREADGROUP BLOCK read_block_ms.  A URL's own
         # socket_timeout / socket_connect_timeout win (redis-py lets URL options override).
-        timeouts = {"socket_timeout": s.read_block_ms / 1000 + _IO_MARGIN_SECS, "socket_connect_timeout": _IO_MARGIN_SECS}
+        timeouts: dict[str, Any] = {"socket_timeout": s.read_block_ms / 1000 + _IO_MARGIN_SECS, "socket_connect_timeout": _IO_MARGIN_SECS}
         self.driver = AsyncDriver(self._url, fast_paths=self._fast_paths, **timeouts)
         self._reader_client = raw_client(self._url, single_connection_client=True, **timeouts)
         self._reader_client_id: int | None = None
@@ -766,7 +767,8 @@ class Worker:
         queue, stopping, idle, rows = self._deque, self._stopping, self._idle, self._done_rows
         s = self.settings
         store, ack_batch, metrics, name = s.store_results, s.ack_batch, self.metrics, self.name
-        handler = self._handler
+        # a _Dispatch is only ever called through ``dispatch.lookup`` below
+        handler = cast("Callable[[Job], Any]", self._handler)
         dispatch = handler if isinstance(handler, _Dispatch) else None
         async_fns = self._async_fns
         clock = time.perf_counter_ns
@@ -961,7 +963,7 @@ class Worker:
                         continue
                 try:
                     await self._with_retry(
-                        lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))
+                        lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))  # type: ignore[misc]
                 except Exception as exc:  # noqa: BLE001 - see _unacked
                     self._unacked(len(rows), exc)
                 finally:

@@ -54,7 +54,7 @@ def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
     Airflow's own components do (environment variables, the configured secrets backends, then
     the metadata database), and name every place tried when it is in none of them.
     """
-    from airflow.exceptions import AirflowNotFoundException
+    from airflow.exceptions import AirflowNotFoundException  # type: ignore[attr-defined]
 
     try:  # the Task SDK's own lookup first: AIRFLOW_CONN_* without touching airflow-core
         return ChasquiHook(conn_id).get_settings()

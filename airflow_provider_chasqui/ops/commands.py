@@ -60,7 +60,7 @@ def iso_ms(ms: int | str | None) -> str:
         return f"{ms} (no date)"
 
 
-def emit(args: argparse.Namespace, data: Any, human: Callable[[TextIO], None]) -> None:
+def emit(args: argparse.Namespace, data: Any, human: Callable[[TextIO], object]) -> None:
     if args.json:
         json.dump(data, sys.stdout, default=str)
         sys.stdout.write("\n")
@@ -228,7 +228,7 @@ def _meta_dict(m: Any) -> dict[str, Any]:
 
 def cmd_repeatable_list(args: argparse.Namespace) -> int:
     items, cursor = _queue(args).list_repeatable(cursor=args.cursor, count=args.limit)
-    data = {"items": [_meta_dict(m) for m in items], "next_cursor": cursor}
+    data: dict[str, Any] = {"items": [_meta_dict(m) for m in items], "next_cursor": cursor}
 
     def human(out: TextIO) -> None:
         rows = []

@@ -84,8 +84,10 @@ def status(url: str) -> list[dict[str, Any]]:
 
 
 def _url(args: argparse.Namespace) -> str:
-    args.resolved_url, _ = resolve_url(args.redis_url, None, DEFAULT_URL)
-    return args.resolved_url
+    url: str
+    url, _ = resolve_url(args.redis_url, None, DEFAULT_URL)
+    args.resolved_url = url
+    return url
 
 
 def cmd_install(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, bytearray):
         return bytes(value)
     if hasattr(value, "asDict") and isinstance(value, tuple):  # pyspark.sql.Row
-        return {k: to_plain(v) for k, v in value.asDict(recursive=False).items()}
+        return {k: to_plain(v) for k, v in value.asDict(recursive=False).items()}  # type: ignore[attr-defined]
     if isinstance(value, Mapping):
         return {to_plain(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import redis
 from redis import exceptions as rexc
@@ -37,6 +37,8 @@ from ..errors import ChasquiConnectionError, ScriptError
 from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
 
+_R = TypeVar("_R")
+
 __all__ = ["SyncDriver", "translate_errors"]
 
 
@@ -62,7 +64,7 @@ class _RawCluster(RedisCluster):
     """Finds an XREAD/XREADGROUP's slot from its STREAMS keys: redis-py asks a node
     (COMMAND GETKEYS) on every such call, one more round trip per read."""
 
-    def determine_slot(self, *args: Any) -> int:
+    def determine_slot(self, *args: Any) -> int | None:
         if args and isinstance(args[0], str) and args[0].upper() in ("XREAD", "XREADGROUP"):
             slot = _stream_read_slot(self.encoder, args[1:])
             if slot is not None:
@@ -75,7 +77,7 @@ def _raw_cluster(client: RedisCluster) -> RedisCluster:
     including for nodes it connects to later (failover, resharding)."""
     client.cluster_response_callbacks.clear()
     manager = client.nodes_manager
-    create = manager.create_redis_node
+    create: Callable[..., redis.Redis] = manager.create_redis_node
 
     def create_raw(host: str, port: int, **kw: Any) -> redis.Redis:
         node = create(host, port, **kw)
@@ -107,7 +109,7 @@ def _route_fcall(client: RedisCluster) -> None:
     """FCALL's keys are read from the call, as redis-py reads EVALSHA's (it would ask a node,
     COMMAND GETKEYS, on every FCALL).  On the parser: the client's pipelines share it."""
     parser = client.commands_parser
-    get_keys = parser.get_keys
+    get_keys: Callable[..., Any] = parser.get_keys
 
     def keys(redis_conn: Any, *args: Any) -> Any:
         if args and args[0] in _FCALLS and len(args) > 2:
@@ -218,7 +220,7 @@ class SyncDriver:
         try:
             for node in nodes:
                 try:
-                    kw = {} if node is None else {"target_nodes": node}
+                    kw: dict[str, Any] = {} if node is None else {"target_nodes": node}
                     self.client.execute_command(*call.args, **kw)
                 except rexc.ResponseError as exc:
                     if not already_loaded(exc):
@@ -265,6 +267,9 @@ class SyncDriver:
         if self._fn is None:
             self._detect_functions()
         lane = self._lane
+        sent: list[Call]
+        replies: list[Any]
+        failed: BaseException | None  # the producer's error: raised once the sent calls are answered
         if lane is not None:
             it = iter(calls)
             fn = self._fn
@@ -278,9 +283,9 @@ class SyncDriver:
             calls = it
         pool = self.client.connection_pool
         conn = _get_connection(pool)
-        sent: list[Call] = []
-        replies: list[Any] = []
-        failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
+        sent = []
+        replies = []
+        failed = None
         it = iter(calls)
         try:
             while True:
@@ -315,7 +320,7 @@ class SyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 self._library_missing()
-            for body in {calls[i].script.body for i in missing
+            for body in {calls[i].script.body for i in missing  # type: ignore[union-attr]
                          if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
                 self.client.execute_command("SCRIPT LOAD", body)
             again = self._pipe([calls[i] for i in missing])
@@ -333,7 +338,7 @@ class SyncDriver:
             pipe.execute_command(*_args(c, functions))
         return pipe.execute(raise_on_error=False)
 
-    def run(self, flow: Flow) -> Any:
+    def run(self, flow: Flow[_R]) -> _R:
         """Drive a core flow to completion, translating redis errors."""
         with translate_errors():
             try:
@@ -347,7 +352,8 @@ class SyncDriver:
                         reply = self.call(step)
                     step = flow.send(reply)
             except StopIteration as stop:
-                return stop.value
+                result: _R = stop.value  # the flow's return value
+                return result
 
     def close(self) -> None:
         if self._lane is not None:

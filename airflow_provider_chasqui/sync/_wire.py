@@ -100,7 +100,8 @@ class SyncLane:
             return True
 
     def _read(self, count: int) -> list[Any]:
-        sock, reader, replies = self._sock, self._reader, []
+        sock, reader = self._sock, self._reader
+        replies: list[Any] = []
         while len(replies) < count:
             reply = reader.gets()
             if reply is False:

@@ -103,7 +103,7 @@ class ChasquiJobTrigger(BaseTrigger):
     def __init__(self, *, job_ids: list[str], queue_name: str, chasqui_conn_id: str = ChasquiHook.default_conn_name,
                  deadline: float | None = None, wait_chunk_secs: float = 10.0, cancel_on_kill: bool = False,
                  traceparent: str | None = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
             raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
         if wait_chunk_secs <= 0:

@@ -72,7 +72,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,7 +148,7 @@ def default_cursor(job_names: Sequence[str] | None) -> str:
 
 
 def _backoff(failures: int) -> float:
-    return min(0.2 * 2 ** min(failures, 5), _MAX_BACKOFF_SECS)
+    return min(0.2 * 2.0 ** min(failures, 5), _MAX_BACKOFF_SECS)
 
 
 async def _open_queue(conn_id: str, queue_name: str) -> Queue:
@@ -322,7 +322,7 @@ class QueueModeProducer(SharedStreamProducer):
         self.batches_total = 0
 
     # -- reading ---------------------------------------------------------------------------------
-    async def open_stream(self) -> AsyncIterator[tuple[QueueBatch, QueueBatch]]:
+    async def open_stream(self) -> AsyncGenerator[tuple[QueueBatch, QueueBatch], None]:
         self._queue = await _open_queue(self.chasqui_conn_id, self.queue_name)
         failures = 0
         ready = False
@@ -585,7 +585,7 @@ class CompletionModeProducer(SharedStreamProducer):
         self._seek_at: float | None = None
         self.batches_total = 0
 
-    async def open_stream(self) -> AsyncIterator[tuple[CompletionBatch, str]]:
+    async def open_stream(self) -> AsyncGenerator[tuple[CompletionBatch, str], None]:
         self._queue = await _open_queue(self.chasqui_conn_id, self.queue_name)
         failures = 0
         loaded = False
@@ -749,7 +749,7 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
                  chasqui_conn_id: str = ChasquiHook.default_conn_name, cursor: str | None = None,
                  max_batch: int = DEFAULT_MAX_BATCH, linger_ms: int = DEFAULT_LINGER_MS,
                  event_gap_ms: int = 0) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         try:
             validate_queue_name(queue_name)
         except ConfigError as exc:

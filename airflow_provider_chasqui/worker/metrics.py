@@ -38,11 +38,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..core.calls import command, int_reply, str_reply
+from ..core.calls import Flow, command, int_reply, str_reply
 from ..core.keys import QueueKeys
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..sync._driver import SyncDriver
 
 __all__ = ["PrometheusMetrics", "DepthSampler", "MetricsServer", "UNREGISTERED", "LATENCY_BUCKETS", "DLQ_REASONS",
            "TASK_ROLES"]
@@ -220,9 +223,9 @@ class DepthSampler:
         self.keys = QueueKeys.for_queue(queue)
         self.group = group
         self._url = redis_url
-        self._driver: Any = None  # made on first use: a cluster client connects when it is built
+        self._driver: SyncDriver | None = None  # made on first use: a cluster client connects when it is built
 
-    def _flow(self, now_ms: int) -> Any:
+    def _flow(self, now_ms: int) -> Flow[dict[str, int]]:
         k = self.keys
         stream, delayed, dlq, exists, overdue, quarantined = yield [
             command("XLEN", k.stream), command("ZCARD", k.delayed), command("XLEN", k.dlq),
@@ -403,8 +406,8 @@ class MetricsServer:
         probe = {"/livez": self.liveness, "/readyz": self.readiness, "/healthz": self.readiness}.get(path)
         if probe is None:
             return 404, b"not found\n", "text/plain; charset=utf-8"
-        ok, body = probe()
-        return (200 if ok else 503), json.dumps(body).encode(), "application/json"
+        ok, report = probe()
+        return (200 if ok else 503), json.dumps(report).encode(), "application/json"
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
