@@ -524,8 +524,8 @@ class AsyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 await self._library_missing()
-            for body in {calls[i].script.body for i in missing  # type: ignore[union-attr]
-                         if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
+            for body in {script_.body for i in missing
+                         if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)}:
                 await self.client.execute_command("SCRIPT LOAD", body)
             again = await self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):

@@ -963,7 +963,8 @@ class Worker:
                         continue
                 try:
                     await self._with_retry(
-                        lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms())))  # type: ignore[misc]
+                        lambda rows=rows: self.driver.call(self.core.complete(rows, self._features, now_ms()))  # type: ignore[misc]
+                    )
                 except Exception as exc:  # noqa: BLE001 - see _unacked
                     self._unacked(len(rows), exc)
                 finally:

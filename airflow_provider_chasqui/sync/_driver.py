@@ -320,8 +320,8 @@ class SyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 self._library_missing()
-            for body in {calls[i].script.body for i in missing  # type: ignore[union-attr]
-                         if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
+            for body in {script_.body for i in missing
+                         if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)}:
                 self.client.execute_command("SCRIPT LOAD", body)
             again = self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):
