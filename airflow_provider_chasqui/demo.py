@@ -20,14 +20,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from . import Queue, QueueEvents, RepeatPattern, UnrecoverableError, Worker
 from .core.urls import redact_url
 from .sync._sentinel import make_client
+
+if TYPE_CHECKING:
+    from .types import Job
 
 __all__ = ["main", "redis_for_demo"]
 
@@ -75,20 +79,20 @@ def redis_for_demo(url: str) -> Iterator[str]:
             proc.wait(10)
 
 
-async def _send_email(job) -> dict:  # noqa: ANN001 - demo handler
+async def _send_email(job: Job) -> dict[str, Any]:  # demo handler
     await asyncio.sleep(0.01)
     return {"sent_to": job.data["to"]}
 
 
-def _flaky(job) -> None:  # noqa: ANN001 - a sync handler, run in the thread pool
+def _flaky(job: Job) -> None:  # a sync handler, run in the thread pool
     raise RuntimeError(f"flaky failure on attempt {job.attempt + 1}")
 
 
-def _poison(job) -> None:  # noqa: ANN001
+def _poison(job: Job) -> None:
     raise UnrecoverableError("this one goes straight to the DLQ")
 
 
-def _tick(job) -> str:  # noqa: ANN001
+def _tick(job: Job) -> str:
     return f"tick {job.data['n']}"
 
 
@@ -107,7 +111,10 @@ async def _demo(url: str, queue: str, forever: bool) -> None:
     await q.add("flaky", {}, backoff=200)
     await q.add("poison", {})
     spec = await q.upsert_repeatable_job("tick", {"n": 1}, repeat=RepeatPattern.every(1000), limit=3)
-    print(f"queue {queue!r} on {redact_url(url)}: 5 jobs, 1 delayed (1.5 s), 1 flaky (3 attempts), 1 poison, spec {spec.id!r}")
+    print(
+        f"queue {queue!r} on {redact_url(url)}: 5 jobs, 1 delayed (1.5 s), 1 flaky (3 attempts), "
+        f"1 poison, spec {spec.id!r}"
+    )
     want = {"completed": 9, "dlq": 2}  # 5 + delayed + 3 ticks completed; flaky and poison dead-lettered
     seen = {"completed": 0, "dlq": 0}
     start = time.monotonic()

@@ -18,8 +18,9 @@ attempt that follows, and expiring with the backoff plus an hour.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["ENV", "wanted", "available", "Tracer", "tracer", "TRACE_KEY_TTL_MS"]
 
@@ -60,7 +61,7 @@ class _Api:
             setattr(self, slot, mod)
 
 
-def tracer(flag: bool | None = None) -> "Tracer | None":
+def tracer(flag: bool | None = None) -> Tracer | None:
     """A :class:`Tracer` when tracing is wanted and OpenTelemetry imports, else None."""
     return Tracer() if wanted(flag) and available() else None
 
@@ -91,7 +92,8 @@ class Tracer:
         return self.api.propagate.extract({"traceparent": traceparent})
 
     def has_current_span(self) -> bool:
-        return self.api.trace.get_current_span().get_span_context().is_valid
+        valid: bool = self.api.trace.get_current_span().get_span_context().is_valid
+        return valid
 
     # ---- spans --------------------------------------------------------------------------
     @contextmanager

@@ -6,9 +6,10 @@ runs unchanged; they are frozen and safe to share between tasks and threads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 # BackoffSpec and its helpers live in the core (which never imports upward); the public home is here
 from .core.backoff import BACKOFF_KINDS, BackoffSpec, build_retry_override, coerce_backoff
@@ -29,7 +30,7 @@ class Job:
     data: Any
     attempt: int
     created_at_ms: int
-    _queue: "Queue | None" = field(default=None, repr=False, compare=False, hash=False)
+    _queue: Queue | None = field(default=None, repr=False, compare=False, hash=False)
 
     @property
     def attempts_made(self) -> int:

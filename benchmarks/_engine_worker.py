@@ -18,14 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_provider_chasqui.engine.worker import Worker  # noqa: E402
+from airflow_provider_chasqui.engine.worker import Worker
 
 
-async def noop(job):  # noqa: ANN001, ANN201
+async def noop(job):
     return None
 
 
-async def fail_first(job):  # noqa: ANN001, ANN201
+async def fail_first(job):
     if job.attempt == 0:
         raise ValueError("first attempt fails")
     return None

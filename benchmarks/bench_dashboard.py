@@ -35,9 +35,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from _common import RESULTS, free_port, log, machine, private_redis, redis_version, write_json  # noqa: E402
-
 import redis  # noqa: E402
+from _common import RESULTS, free_port, log, machine, private_redis, redis_version, write_json  # noqa: E402
 
 from airflow_provider_chasqui.core.codec import encode_data, encode_new_envelope, new_job_id, now_ms  # noqa: E402
 from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
@@ -125,7 +124,7 @@ def main() -> int:
                     break
                 except OSError:
                     if time.monotonic() > deadline or proc.poll() is not None:
-                        raise SystemExit("the dashboard did not start")
+                        raise SystemExit("the dashboard did not start") from None
                     time.sleep(0.2)
             scan_started = time.perf_counter()
             fetch(base + "/api/queues")

@@ -36,21 +36,22 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import redis  # noqa: E402
-import redis.asyncio as aioredis  # noqa: E402
+import redis
+import redis.asyncio as aioredis
+from _common import RESULTS, log, machine, median_of, private_redis, redis_version, write_json
 
-from _common import RESULTS, log, machine, median_of, private_redis, redis_version, write_json  # noqa: E402
-from airflow_provider_chasqui.core.codec import Envelope, encode_data, encode_envelope, new_job_id, now_ms  # noqa: E402
-from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
-from airflow_provider_chasqui.core.scripts import SCRIPTS  # noqa: E402
-from airflow_provider_chasqui.engine.queue import Queue  # noqa: E402
-from airflow_provider_chasqui.sync.queue import SyncQueue  # noqa: E402
+from airflow_provider_chasqui.core.codec import Envelope, encode_data, encode_envelope, new_job_id, now_ms
+from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.scripts import SCRIPTS
+from airflow_provider_chasqui.engine.queue import Queue
+from airflow_provider_chasqui.sync.queue import SyncQueue
 
 HERE = Path(__file__).resolve().parent
 BATCH = 1000
@@ -449,9 +450,9 @@ def table(results: dict[str, Any]) -> str:
         ratio = res.get("ratio")
         cpu = res.get("client_cpu_us_per_job")
         rcpu = res.get("redis_cpu_us_per_job")
-        lines.append(f"{name:<28} {res['jobs_per_s']:>10,.0f} {('%.2fx' % ratio) if ratio else '':>7}  "
-                     f"{ref or '':<26} {('%.1f' % cpu) if cpu is not None else '':>10} "
-                     f"{('%.1f' % rcpu) if rcpu is not None else '':>6}  {desc}")
+        lines.append(f"{name:<28} {res['jobs_per_s']:>10,.0f} {f'{ratio:.2f}x' if ratio else '':>7}  "
+                     f"{ref or '':<26} {f'{cpu:.1f}' if cpu is not None else '':>10} "
+                     f"{f'{rcpu:.1f}' if rcpu is not None else '':>6}  {desc}")
     return "\n".join(lines)
 
 

@@ -25,13 +25,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import redis  # noqa: E402
+import redis
+from _common import RESULTS, log, machine, private_redis, redis_version, write_json
 
-from _common import RESULTS, log, machine, private_redis, redis_version, write_json  # noqa: E402
-from airflow_provider_chasqui.core.calls import script_call  # noqa: E402
-from airflow_provider_chasqui.core.producer import ProducerCore  # noqa: E402
-from airflow_provider_chasqui.core.scripts import LIBRARY, SCRIPTS  # noqa: E402
-from airflow_provider_chasqui.engine._wire import pack_call  # noqa: E402
+from airflow_provider_chasqui.core.calls import script_call
+from airflow_provider_chasqui.core.producer import ProducerCore
+from airflow_provider_chasqui.core.scripts import LIBRARY, SCRIPTS
+from airflow_provider_chasqui.engine._wire import pack_call
 
 QUEUE = "bench-functions"
 
@@ -46,7 +46,7 @@ def measure(url: str, blocks: int, per_block: int, jobs: int) -> dict[str, Any]:
     call = script_call("enqueue_batch", (stream,), argv)
     out: dict[str, Any] = {"jobs_per_call": jobs}
     for name, functions in (("EVALSHA", False), ("FCALL", True)):
-        best = min(timeit.repeat(lambda: pack_call(call, functions), number=500, repeat=7)) / 500
+        best = min(timeit.repeat(lambda functions=functions: pack_call(call, functions), number=500, repeat=7)) / 500
         out[f"pack_us_{name.lower()}"] = round(best * 1e6, 1)
     script = SCRIPTS["enqueue_batch"]
     per_call: dict[str, list[float]] = {"EVALSHA": [], "FCALL": []}

@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import log, machine, private_redis, redis_version, write_json  # noqa: E402
+from _common import log, machine, private_redis, redis_version, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latency.json"
 

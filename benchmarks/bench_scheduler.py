@@ -36,23 +36,23 @@ import asyncio
 import resource
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import redis  # noqa: E402
+import redis
+from _common import RESULTS, log, machine, private_redis, redis_version, write_json
 
-from _common import RESULTS, log, machine, private_redis, redis_version, write_json  # noqa: E402
-from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
-from airflow_provider_chasqui.core.repeat import RepeatPattern  # noqa: E402
-from airflow_provider_chasqui.core.scheduler import fire_time_of  # noqa: E402
-from airflow_provider_chasqui.core.schedules import SpecFlows  # noqa: E402
-from airflow_provider_chasqui.engine._driver import AsyncDriver  # noqa: E402
-from airflow_provider_chasqui.engine.scheduler import Scheduler  # noqa: E402
-from airflow_provider_chasqui.sync.queue import SyncQueue  # noqa: E402
+from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.repeat import RepeatPattern
+from airflow_provider_chasqui.core.scheduler import fire_time_of
+from airflow_provider_chasqui.core.schedules import SpecFlows
+from airflow_provider_chasqui.engine._driver import AsyncDriver
+from airflow_provider_chasqui.engine.scheduler import Scheduler
+from airflow_provider_chasqui.sync.queue import SyncQueue
 
 QUEUE = "bench-sched"
 CALL = 10_000
@@ -132,7 +132,7 @@ def memory_and_upsert(url: str, n: int) -> dict[str, Any]:
 
 # ---- fires -----------------------------------------------------------------------------------
 def cron_at(t_ms: int) -> RepeatPattern:
-    d = datetime.fromtimestamp(t_ms / 1000, timezone.utc)
+    d = datetime.fromtimestamp(t_ms / 1000, UTC)
     return RepeatPattern.cron(f"{d.second} {d.minute} {d.hour} * * *")
 
 
@@ -266,7 +266,8 @@ def main() -> int:
                                                               f"ratio {mem['ratio']:.3f} (target <= 1.1)"),
         ("bulk upsert", f"{mem['upsert_specs_per_s']:,.0f} specs/s",
          f"target >= 100,000 (CPU-bound: {mem['upsert_cpu_bound_specs_per_s']:,.0f}/s; client "
-         f"{mem['upsert_client_cpu_us_per_spec']:.1f} us + Redis {mem['upsert_redis_cpu_us_per_spec']:.1f} us per spec)"),
+         f"{mem['upsert_client_cpu_us_per_spec']:.1f} us + "
+         f"Redis {mem['upsert_redis_cpu_us_per_spec']:.1f} us per spec)"),
         ("fire burst", f"{burst['fires_per_s']:,.0f} fires/s", f"{f:,} due at once; lag p50 {burst['lag_p50_ms']} ms, "
                                                                f"p99 {burst['lag_p99_ms']} ms (target >= 20,000/s; "
                                                                f"CPU-bound {burst['cpu_bound_fires_per_s']:,.0f}/s)"),

@@ -32,11 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis  # noqa: E402
+import redis
+from _common import HERE, RESULTS, ROOT, log, machine, private_redis, redis_version, write_json
 
-from _common import HERE, RESULTS, ROOT, log, machine, private_redis, redis_version, write_json  # noqa: E402
-from airflow_provider_chasqui import Queue  # noqa: E402
-from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
+from airflow_provider_chasqui import Queue
+from airflow_provider_chasqui.core.keys import QueueKeys
 
 METRICS = ("used_memory", "memory_excl_stream", "dbsize", "result_keys", "events_len", "worker_rss", "backlog")
 

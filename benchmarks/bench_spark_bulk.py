@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # pyspark 4.3 on pandas 3
-        from pyspark.sql import SparkSession, functions as F
+        from pyspark.sql import SparkSession
+        from pyspark.sql import functions as F
 
         spark = (SparkSession.builder.master(args.master).appName("bench-spark-bulk")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())

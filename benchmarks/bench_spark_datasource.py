@@ -31,10 +31,10 @@ import uuid
 import warnings
 
 import redis
+from bench_spark_bulk import raw_add_bulk_rate  # the same baseline as the row-loop benchmark
 
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.settings import QueueSettings
-from bench_spark_bulk import raw_add_bulk_rate  # the same baseline as the row-loop benchmark
 
 
 def _clear(r: redis.Redis, queue: str) -> None:

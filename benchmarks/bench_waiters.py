@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import log, machine, private_redis, redis_version, write_json  # noqa: E402
+from _common import log, machine, private_redis, redis_version, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "waiters.json"
 TICK_S = 0.01  # the producer adds a batch every 10 ms

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_json  # noqa: E402
+from _common import RESULTS, write_json
 
 WORKLOADS = {
     "enqueue_single": ("enqueue, one by one", "queue_add", "limit_sync_xadd_single"),

@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, log, machine, median_of, private_redis, redis_version, write_json  # noqa: E402
+from _common import RESULTS, log, machine, median_of, private_redis, redis_version, write_json
 
 HERE = Path(__file__).resolve().parent
 PEERS_DIR = HERE / "peers"

@@ -21,9 +21,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 HOST = "127.0.0.1"
 HERE = Path(__file__).resolve().parent
@@ -158,7 +159,7 @@ async def _worker_main(ns: argparse.Namespace) -> None:
 class _Pipe:
     """One proxied connection: two directions, each pausable, both abortable."""
 
-    def __init__(self, proxy: "FaultProxy", client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+    def __init__(self, proxy: FaultProxy, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
                  up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter) -> None:
         self.proxy = proxy
         self.writers = (client_w, up_w)
@@ -220,7 +221,7 @@ class FaultProxy:
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
 
-    async def __aenter__(self) -> "FaultProxy":
+    async def __aenter__(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, HOST, 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

@@ -11,7 +11,6 @@ import re
 
 import pytest
 import redis
-
 from servers import KINDS, RunningServer, ServerStartError, binary_for, start_server
 
 # INFO server field -> version pattern each kind must report.

@@ -8,8 +8,9 @@ asyncio and blocking drivers both run the same generators, in the manner of http
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterable, Union
+from typing import Any, TypeVar
 
 from . import scripts as _scripts
 from .scripts import Script
@@ -40,8 +41,10 @@ class Stream:
     calls: Iterable[Call]
 
 
-Step = Union[Call, list[Call], Stream]
-Flow = Generator[Step, Any, Any]
+Step = Call | list[Call] | Stream
+_R = TypeVar("_R")
+# a flow returning ``_R``: ``Flow[bool]``; a driver's ``run(flow)`` returns that ``_R``
+Flow = Generator[Step, Any, _R]
 
 
 def script_call(name: str, keys: tuple[Any, ...] | list[Any], argv: tuple[Any, ...] | list[Any]) -> Call:
@@ -62,7 +65,7 @@ def command(*args: Any) -> Call:
     return Call(args=args)
 
 
-def _packed_builder() -> Any:
+def _packed_builder() -> Callable[[tuple[Any, ...], bytes], Call]:
     """``Call(args=args, packed=packed)`` filled through the slot descriptors: a frozen
     dataclass' ``__init__`` costs more than packing the command."""
     new = object.__new__

@@ -13,7 +13,9 @@ import os
 import struct
 import sys
 import time
-from dataclasses import dataclass, fields as dataclass_fields
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import msgpack
@@ -40,7 +42,7 @@ __all__ = [
 MAX_JOB_NAME_BYTES = 256
 MAX_JOB_ID_CHARS = 1024  # producers refuse longer ids; a foreign envelope with one is decode_failed
 _MAX_FLOAT = sys.float_info.max
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _U32 = struct.Struct("<I")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _CROCKFORD_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
@@ -158,11 +160,11 @@ class Envelope:
     attempt: int = 0
     retry: RetryOverride | None = None
 
-    def with_attempt(self, attempt: int) -> "Envelope":
+    def with_attempt(self, attempt: int) -> Envelope:
         return Envelope(self.id, self.inner, self.created_at_ms, attempt, self.retry)
 
 
-def _envelope_builder() -> Any:
+def _envelope_builder() -> Callable[[str, bytes, int, int, Any], Envelope]:
     """``Envelope(id, inner, created_at_ms, attempt, retry)`` for the worker's hot path, filled
     through the slot descriptors: a frozen dataclass' ``__init__`` costs about twice as much.
     Falls back to the class itself should its fields ever change."""
@@ -216,7 +218,7 @@ def _opt_uint(value: Any, what: str, top: int = _U64_MAX) -> int | None:
     return None if value is None else _uint(value, what, top)
 
 
-def _fields(raw: dict, names: tuple[str, ...], what: str) -> list[Any]:
+def _fields(raw: dict[Any, Any], names: tuple[str, ...], what: str) -> list[Any]:
     """A serde struct in map form, as its positional array (missing fields = nil)."""
     if not all(isinstance(k, str) for k in raw):
         raise CodecError(f"{what} map keys must be strings")

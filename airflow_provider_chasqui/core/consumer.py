@@ -12,8 +12,18 @@ from typing import Any
 import msgpack
 
 from .calls import Call, command, script_call
-from .codec import _U32_MAX, _U64_MAX, _new_envelope, MAX_JOB_ID_CHARS, MAX_JOB_NAME_BYTES
-from .codec import Envelope, decode_data, decode_envelope, encode_envelope, encode_member
+from .codec import (
+    _U32_MAX,
+    _U64_MAX,
+    MAX_JOB_ID_CHARS,
+    MAX_JOB_NAME_BYTES,
+    Envelope,
+    _new_envelope,
+    decode_data,
+    decode_envelope,
+    encode_envelope,
+    encode_member,
+)
 from .features import Features
 from .keys import QueueKeys
 from .retry import RetryPolicy, backoff_ms

@@ -22,7 +22,7 @@ from __future__ import annotations
 import calendar
 import re
 from bisect import bisect_left
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -54,10 +54,14 @@ _PARSE_START = datetime(2000, 1, 1)
 class PatternLike(Protocol):
     """What :func:`next_fire_after` reads from a ``RepeatPattern``."""
 
-    kind: str
-    expression: str | None
-    tz: str | None
-    interval_ms: int | None
+    @property
+    def kind(self) -> str: ...
+    @property
+    def expression(self) -> str | None: ...
+    @property
+    def tz(self) -> str | None: ...
+    @property
+    def interval_ms(self) -> int | None: ...
 
 
 # --------------------------------------------------------------------------- time zones
@@ -66,7 +70,7 @@ class PatternLike(Protocol):
 @lru_cache(maxsize=1024)
 def _resolve_timezone(tz: str | None) -> tzinfo:
     if tz is None or tz == "" or tz == "Z" or tz.upper() == "UTC":
-        return timezone.utc
+        return UTC
     if tz[0] in "+-":
         return _fixed_offset(tz)
     try:
@@ -201,7 +205,7 @@ class _Days:
 
 
 def _nth_pairs(nth: dict[Any, set[Any]], expression: str) -> tuple[tuple[int, Any], ...]:
-    pairs = []
+    pairs: list[tuple[int, Any]] = []
     for dow, ns in nth.items():
         for d in range(7) if dow == "*" else (dow,):
             if type(d) is not int or not 0 <= d <= 6:
@@ -324,8 +328,8 @@ class CompiledCron:
         base = (wall - _EPOCH) // _ONE_SEC
         if self._fixed is not None:
             return (base - self._fixed) * 1000
-        u0 = base - int(self.zone.utcoffset(wall).total_seconds())  # fold=0 reading
-        u1 = base - int(self.zone.utcoffset(wall.replace(fold=1)).total_seconds())
+        u0 = base - int(self.zone.utcoffset(wall).total_seconds())  # type: ignore[union-attr]  # fold=0 reading
+        u1 = base - int(self.zone.utcoffset(wall.replace(fold=1)).total_seconds())  # type: ignore[union-attr]
         if u0 <= u1:  # unambiguous, or an overlap where fold=0 is the earlier instant
             return u0 * 1000
         return self._transition(u1, u0) * 1000  # gap: fold=1 reads before it, fold=0 after

@@ -11,7 +11,8 @@ Outcomes use ``wait_for_jobs``' shapes: ``("completed", result)`` or
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .calls import Call, command, str_reply
 from .codec import decode_data

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .calls import Call, command, packed_command, resp_bulk
 from . import scripts as _scripts
+from .calls import Call, command, packed_command, resp_bulk
 
 __all__ = ["Features", "detect_call", "parse_features", "fast_paths_default", "COMPAT", "functions_mode",
            "probe_call", "probe_found", "load_call", "scripts_denied"]
@@ -75,7 +75,8 @@ def probe_call() -> Call:
 
 
 def probe_found(reply: Any) -> bool:
-    return reply == _scripts.LIBRARY.name.encode()
+    found: bool = reply == _scripts.LIBRARY.name.encode()
+    return found
 
 
 def load_call(replace: bool = False) -> Call:

@@ -68,7 +68,7 @@ def score_ms(raw: Any) -> int | str:
     return int(value) if math.isfinite(value) else str_reply(raw)
 
 
-def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int = 5) -> Flow:
+def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int = 5) -> Flow[QueueSnapshot]:
     k = QueueKeys.for_queue(queue)
     (stream, delayed, oldest, dlq, specs, paused, fires, promoter, scheduler, groups_exist) = yield [
         command("XLEN", k.stream),
@@ -161,7 +161,7 @@ def queue_of_key(key: Any) -> str | None:
 
 
 def list_queues(*, match: str = "*", limit: int = 1000, cursor: str = "0", scan_count: int = SCAN_COUNT,
-                max_scan_calls: int = MAX_SCAN_CALLS) -> Flow:
+                max_scan_calls: int = MAX_SCAN_CALLS) -> Flow[QueueListing]:
     """Every queue whose name matches the glob ``match``, with its counts: a
     :class:`QueueListing`, sorted by name.  At most ``max_scan_calls`` SCAN calls of
     ``scan_count`` keys (about 100,000 keys by default) and ``limit`` queues; ``truncated``
@@ -190,7 +190,7 @@ def list_queues(*, match: str = "*", limit: int = 1000, cursor: str = "0", scan_
     return QueueListing(queues=summaries, truncated=truncated, cursor=cursor, scan_calls=calls)
 
 
-def queue_summaries(queues: list[str]) -> Flow:
+def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
     """The counts of each queue, in two pipelines whatever their number."""
     if not queues:
         return []
@@ -310,7 +310,7 @@ def _take(d: JobDetails, env: Envelope, name: str) -> None:
 
 
 def job_details(queue: str, job_id: str, *, group: str = "default", events_window: int = EVENTS_WINDOW,
-                search_pages: int = SEARCH_PAGES) -> Flow:
+                search_pages: int = SEARCH_PAGES) -> Flow[JobDetails]:
     """Everything known about one job: a :class:`JobDetails`.  The events are the newest
     ``events_window`` of the queue's stream filtered by id; the stream, the delayed set and the
     DLQ are searched ``search_pages`` pages of 500 at most, from the job's creation time
@@ -406,7 +406,7 @@ def job_details(queue: str, job_id: str, *, group: str = "default", events_windo
 SKEW_MS = 60_000  # a stream entry's id is the server's clock; the job id's time is the producer's
 
 
-def _search_stream(key: str, job_id: str, start_ms: int | None, pages: int, d: JobDetails, what: str) -> Flow:
+def _search_stream(key: str, job_id: str, start_ms: int | None, pages: int, d: JobDetails, what: str) -> Flow[tuple[str, str, Envelope, dict[str, Any]] | None]:
     """The first entry of ``key`` whose envelope has ``job_id``, reading pages from ``start_ms``
     (less a clock skew) on: ``(entry_id, name, envelope, fields)`` or None."""
     start = "-" if start_ms is None else f"{max(0, start_ms - SKEW_MS)}-0"
@@ -425,7 +425,7 @@ def _search_stream(key: str, job_id: str, start_ms: int | None, pages: int, d: J
     return None
 
 
-def _scan_delayed(k: QueueKeys, job_id: str, pages: int, d: JobDetails) -> Flow:
+def _scan_delayed(k: QueueKeys, job_id: str, pages: int, d: JobDetails) -> Flow[Any]:
     """The delayed member of ``job_id`` (its id is a substring of the member), by a ZSCAN of
     at most ``pages`` calls; None if not met."""
     cursor: Any = "0"

@@ -43,7 +43,7 @@ class QueueKeys:
     prefix: str
 
     @classmethod
-    def for_queue(cls, queue: str) -> "QueueKeys":
+    def for_queue(cls, queue: str) -> QueueKeys:
         validate_queue_name(queue)
         return cls(queue=queue, prefix="{chasqui:" + queue + "}")
 

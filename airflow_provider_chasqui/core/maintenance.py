@@ -65,7 +65,7 @@ def _aside(k: QueueKeys, what: str, token: str) -> str:
     return f"{k.prefix}:{what}:{token}"
 
 
-def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow:
+def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[DrainReport]:
     """Delete the waiting jobs (stream entries no group has read) and, with ``delayed``, the
     delayed ones; keep the running (pending) ones.  Returns a :class:`DrainReport`."""
     k = QueueKeys.for_queue(queue)
@@ -93,7 +93,7 @@ _INDEXES = (("delayed", "delayed"), ("results", ":result:"), ("failures", ":fail
 
 
 def obliterate(queue: str, *, force: bool = False, sweep: bool = True, chunk: int = CHUNK,
-               active_window_ms: int = ACTIVE_WINDOW_MS) -> Flow:
+               active_window_ms: int = ACTIVE_WINDOW_MS) -> Flow[ObliterateReport]:
     """Delete every key of the queue.  Raises :class:`QueueInUse` (and deletes nothing) while
     workers use it, unless ``force``.  Returns an :class:`ObliterateReport`."""
     k = QueueKeys.for_queue(queue)
@@ -119,7 +119,7 @@ def obliterate(queue: str, *, force: bool = False, sweep: bool = True, chunk: in
     return ObliterateReport(keys=int_reply(detail), indexed=indexed, swept=swept)
 
 
-def _sweep(pattern: str, chunk: int) -> Flow:
+def _sweep(pattern: str, chunk: int) -> Flow[int]:
     cursor, swept = "0", 0
     while True:
         cursor, found = yield command("SCAN", cursor, "MATCH", pattern, "COUNT", chunk)

@@ -8,7 +8,8 @@ operators, the sensor and the trigger share these so their log lines read alike.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .calls import Flow, command, str_reply
 from .keys import QueueKeys
@@ -24,7 +25,7 @@ ATTEMPTS_SCAN = 2000
 VALUE_TEXT_LIMIT = 300
 
 
-def end_attempts(keys: QueueKeys, job_ids: Iterable[str], scan: int = ATTEMPTS_SCAN) -> Flow:
+def end_attempts(keys: QueueKeys, job_ids: Iterable[str], scan: int = ATTEMPTS_SCAN) -> Flow[dict[str, int]]:
     """``{job_id: attempt}`` (1-based) of the run each job ended on, from the newest ``scan``
     events; ids whose ``completed``/``dlq`` entry is not among them are absent."""
     wanted = set(job_ids)

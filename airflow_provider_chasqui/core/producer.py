@@ -10,17 +10,16 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import repeat
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError, JobFailed
 from .backoff import build_retry_override
-from .failure import failure_record as _failure_record
 from .calls import Call, Flow, Stream, command, int_reply, packed_command, resp_bulk, script_call, str_reply
-from .event_hub import event_hits, outcome_calls, parse_outcomes, pin_call, pinned, read_call
 from .codec import (
     MAX_JOB_ID_CHARS,
     RetryOverride,
@@ -35,6 +34,9 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
+from .event_hub import Outcome, event_hits, outcome_calls, parse_outcomes, pin_call, pinned, read_call
+from .failure import JobFailure
+from .failure import failure_record as _failure_record
 from .keys import QueueKeys
 from .settings import QueueSettings
 from .urls import WAIT_BLOCK_MS
@@ -72,7 +74,7 @@ def coerce_delay(delay: Any = None, delay_ms: Any = None, *, now: int) -> int | 
     if isinstance(value, bool):
         raise ConfigTypeError("delay must be a number, timedelta or datetime, not bool")
     if isinstance(value, datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        when = value if value.tzinfo else value.replace(tzinfo=UTC)
         run_at = int(when.timestamp() * 1000)
         return run_at if run_at > now else None
     if isinstance(value, timedelta):
@@ -100,7 +102,7 @@ class PreparedJob:
     run_at_ms: int | None
 
 
-def _prepared_builder() -> Any:
+def _prepared_builder() -> Callable[[str, str, bytes, bytes, int, int | None], PreparedJob]:
     """``PreparedJob(...)`` (positional) filled through its slot descriptors, about twice as
     fast as a frozen dataclass' ``__init__``; the class itself should its fields change."""
     names = ("id", "name", "name_bytes", "envelope", "created_at_ms", "run_at_ms")
@@ -210,7 +212,7 @@ class ProducerCore:
             return command(*(args + (("n", job.name_bytes) if job.name_bytes else ()) + ("tp", trace)))
         return command(*(args + ("n", job.name_bytes) if job.name_bytes else args))
 
-    def add(self, job: PreparedJob, trace: str | None = None) -> Flow:
+    def add(self, job: PreparedJob, trace: str | None = None) -> Flow[str]:
         """Write one prepared job; returns the job id (the first id when deduplicated).
         ``trace`` (a traceparent) rides on immediate adds only: a delayed member has no room."""
         k = self.keys
@@ -221,7 +223,7 @@ class ProducerCore:
         yield command("ZADD", k.delayed, job.run_at_ms, member)
         return job.id
 
-    def add_with_id(self, job: PreparedJob, trace: str | None = None) -> Flow:
+    def add_with_id(self, job: PreparedJob, trace: str | None = None) -> Flow[str]:
         """Caller-chosen id: delayed adds use ChasquiMQ's dlid/didx script (cancellable);
         immediate adds use a marker held for ``unique_window_ms`` (XADD IDMP's stand-in)."""
         reply = yield self._with_id_call(job, trace)
@@ -242,11 +244,11 @@ class ProducerCore:
         """The first id for an immediate add (``add_unique``'s reply); the caller's for a delayed one."""
         return str_reply(reply[1]) if job.run_at_ms is None else job.id
 
-    def add_unique(self, job: PreparedJob, unique_key: str | None, window_ms: int, trace: str | None = None) -> Flow:
+    def add_unique(self, job: PreparedJob, unique_key: str | None, window_ms: int, trace: str | None = None) -> Flow[str]:
         key = validate_unique_key(unique_key or job.id)
         return (yield from self._unique(job, key, window_ms, trace))
 
-    def _unique(self, job: PreparedJob, key: str, window_ms: int, trace: str | None = None) -> Flow:
+    def _unique(self, job: PreparedJob, key: str, window_ms: int, trace: str | None = None) -> Flow[str]:
         reply = yield self._unique_call(job, key, window_ms, trace)
         return str_reply(reply[1])
 
@@ -259,7 +261,7 @@ class ProducerCore:
             argv += (trace,)
         return script_call("add_unique", (k.unique(key), k.stream, k.delayed), argv)
 
-    def add_bulk(self, jobs: list[PreparedJob]) -> Flow:
+    def add_bulk(self, jobs: list[PreparedJob]) -> Flow[list[str]]:
         """Immediate jobs go through one script call per 1,000 (the batch-per-round-trip path);
         delayed ones through one ZADD script per 1,000; both in one pipeline."""
         k = self.keys
@@ -280,16 +282,16 @@ class ProducerCore:
             yield calls
         return [j.id for j in jobs]
 
-    def cancel_delayed(self, job_id: str) -> Flow:
+    def cancel_delayed(self, job_id: str) -> Flow[bool]:
         k = self.keys
         reply = yield script_call("cancel_delayed", (k.delayed, k.didx(job_id), k.dlid(job_id)), ())
         return int_reply(reply) == 1
 
     # ---- dead-letter queue -------------------------------------------------------------
-    def peek_dlq(self, limit: int = 20) -> Flow:
+    def peek_dlq(self, limit: int = 20) -> Flow[list[dict[str, Any]]]:
         _positive(limit, "limit")
         rows = yield command("XRANGE", self.keys.dlq, "-", "+", "COUNT", limit)
-        out = []
+        out: list[dict[str, Any]] = []
         for entry_id, flat in rows or []:
             f = parse_fields(flat or [])
             payload = bytes(f.get("d", b""))
@@ -324,12 +326,12 @@ class ProducerCore:
                 row["traceback"] = row["detail"]
         return out
 
-    def replay_dlq(self, limit: int = 100) -> Flow:
+    def replay_dlq(self, limit: int = 100) -> Flow[int]:
         """Reset ``attempt`` to 0 and move up to ``limit`` entries back; the number moved."""
         report = yield from self.replay_dlq_report(limit)
         return report["replayed"]
 
-    def replay_dlq_report(self, limit: int = 100) -> Flow:
+    def replay_dlq_report(self, limit: int = 100) -> Flow[dict[str, int]]:
         """``replay_dlq`` that pages past undecodable entries: ``{"replayed": n, "skipped": k}``.
 
         Entries are read oldest first, a page at a time, until ``limit`` were replayed or the
@@ -364,7 +366,7 @@ class ProducerCore:
                 break
         return {"replayed": replayed, "skipped": skipped}
 
-    def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow:
+    def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow[int]:
         """Delete DLQ entries by id; the number that existed."""
         ids = list(dlq_ids) if not isinstance(dlq_ids, str) else [dlq_ids]
         bad = [i for i in ids if not isinstance(i, str) or not _STREAM_ID.fullmatch(i)]
@@ -377,7 +379,7 @@ class ProducerCore:
             removed += int_reply((yield command("XDEL", self.keys.dlq, *ids[i : i + DLQ_PAGE])))
         return removed
 
-    def purge_dlq(self, *, reason: str | None = None, name: str | None = None) -> Flow:
+    def purge_dlq(self, *, reason: str | None = None, name: str | None = None) -> Flow[int]:
         """Delete every DLQ entry there now (entries dead-lettered meanwhile stay), or only
         those with this ``reason`` and/or job ``name``; the number deleted."""
         for what, value in (("reason", reason), ("name", name)):
@@ -407,23 +409,23 @@ class ProducerCore:
             start = "(" + str_reply(rows[-1][0])
 
     # ---- results and state (our extension keys) ----------------------------------------
-    def get_result(self, job_id: str) -> Flow:
+    def get_result(self, job_id: str) -> Flow[Any]:
         raw = yield command("GET", self.keys.result(job_id))
         return None if raw is None else decode_data(raw)
 
-    def get_results(self, job_ids: list[str]) -> Flow:
+    def get_results(self, job_ids: list[str]) -> Flow[list[Any]]:
         if not job_ids:
             return []
         raws = yield [command("GET", self.keys.result(j)) for j in job_ids]
         return [None if r is None else decode_data(r) for r in raws]
 
-    def get_failure(self, job_id: str) -> Flow:
+    def get_failure(self, job_id: str) -> Flow[JobFailure | None]:
         """The job's failure record as a :class:`JobFailure`, or None (no record: the job did
         not end in the DLQ, the record expired, or the worker did not store results)."""
         raw = yield command("GET", self.keys.failure(job_id))
         return _failure_record(job_id, raw)
 
-    def get_job_state(self, job_id: str) -> Flow:
+    def get_job_state(self, job_id: str) -> Flow[str]:
         k = self.keys
         done, failed, delayed = yield [
             command("EXISTS", k.result(job_id)),
@@ -437,7 +439,7 @@ class ProducerCore:
         return "delayed" if int_reply(delayed) else "unknown"
 
     def wait_for_jobs(self, job_ids: Iterable[str], timeout_ms: int, clock: Any, *,
-                      stop_on_failure: bool = False) -> Flow:
+                      stop_on_failure: bool = False) -> Flow[dict[str, Outcome]]:
         """Block on the events stream until every id completed or failed.
 
         Returns ``{id: ("completed", result) | ("failed", reason, detail, traceback)}``; ids still
@@ -476,7 +478,7 @@ class ProducerCore:
                 outcomes[jid] = ("completed", value)
         return outcomes
 
-    def _stored_outcomes(self, job_ids: list[str]) -> Flow:
+    def _stored_outcomes(self, job_ids: list[str]) -> Flow[dict[str, Outcome]]:
         if not job_ids:
             return {}
         return parse_outcomes(job_ids, (yield outcome_calls(self.keys, job_ids)))
@@ -533,7 +535,7 @@ class QueueFlows(ProducerCore):
     """The public ``Queue``/``SyncQueue`` arguments mapped to flows, shared by both twins."""
 
     def enqueue(self, name: str, data: Any, *, delay: Any = None, delay_ms: Any = None, attempts: Any = None,
-                backoff: Any = None, job_id: str | None = None, trace: str | None = None) -> Flow:
+                backoff: Any = None, job_id: str | None = None, trace: str | None = None) -> Flow[tuple[str, int]]:
         """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add`."""
         job = self.prepare(name, data, delay=delay, delay_ms=delay_ms,
                            retry=build_retry_override(attempts, backoff), job_id=job_id)
@@ -542,7 +544,7 @@ class QueueFlows(ProducerCore):
 
     def enqueue_unique(self, name: str, data: Any, *, job_id: str | None, key: str | None, window_ms: int,
                        delay: Any = None, delay_ms: Any = None, attempts: Any = None, backoff: Any = None,
-                       trace: str | None = None) -> Flow:
+                       trace: str | None = None) -> Flow[tuple[str, int]]:
         _positive(window_ms, "window")
         job = self.prepare(name, data, delay=delay, delay_ms=delay_ms,
                            retry=build_retry_override(attempts, backoff), job_id=job_id)
@@ -550,7 +552,7 @@ class QueueFlows(ProducerCore):
         jid = yield from self.add_unique(job, key or job_id or unique_key_for(name, inner), window_ms, trace)
         return jid, job.created_at_ms
 
-    def enqueue_bulk(self, items: list[Mapping[str, Any]], make: Any = None) -> Flow:
+    def enqueue_bulk(self, items: list[Mapping[str, Any]], make: Any = None) -> Flow[list[Any]]:
         """Returns ``make(job_id, created_at_ms, name, data)`` of each item, in order (by default
         that tuple); caller ids go in one pipeline."""
         make = make or _row
@@ -603,7 +605,7 @@ class QueueFlows(ProducerCore):
         return name_list, inners, now
 
     def _plain_bulk_flow(self, items: list[Mapping[str, Any]], name_list: list[bytes], inners: list[bytes],
-                         now: int, make: Any) -> Flow:
+                         now: int, make: Any) -> Flow[list[Any]]:
         """Ids and envelopes are made chunk by chunk as the driver sends them, so Redis writes
         one chunk while the next is encoded, and the results are built while it writes the last."""
         jobs: list[Any] = []

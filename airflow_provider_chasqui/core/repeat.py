@@ -9,7 +9,7 @@ API), ``StoredSpec`` (spec §8.3, byte-exact with test vectors V10-V12), the spe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -37,6 +37,8 @@ FIRE_ALL_LIST_CAP = 10_000
 
 _U32 = 2**32 - 1
 _U64 = 2**64 - 1
+
+_T = TypeVar("_T")
 
 
 def _is_uint(value: object, top: int = _U64) -> bool:
@@ -219,7 +221,7 @@ def policy_from_wire(obj: object) -> MissedFiresPolicy:
     raise CodecError(f"unknown missed_fires variant {name!r}")
 
 
-def _build(cls: Any, what: str, **kwargs: Any) -> Any:
+def _build(cls: type[_T], what: str, **kwargs: Any) -> _T:
     try:
         return cls(**kwargs)
     except ConfigError as exc:
@@ -240,7 +242,7 @@ def _unwrap_raw_bytes(payload: object) -> bytes:
 
 def _unpack(data: object, what: str) -> Any:
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)  # type: ignore[arg-type]
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CodecError(f"{what} is not valid msgpack: {exc!r}") from exc
 
@@ -291,7 +293,8 @@ class StoredSpec:
         ]
         if self.missed_fires.kind != "skip":
             items.append(policy_to_wire(self.missed_fires))
-        return msgpack.packb(items, use_bin_type=True)
+        packed: bytes = msgpack.packb(items, use_bin_type=True)
+        return packed
 
     @classmethod
     def decode(cls, data: bytes) -> StoredSpec:

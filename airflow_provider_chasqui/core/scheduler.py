@@ -40,9 +40,17 @@ import msgpack
 from ..errors import ConfigError
 from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
-from .keys import QueueKeys
 from .cron import next_fire_after
-from .repeat import FIRE_ALL_LIST_CAP, MissedFiresPolicy, RepeatPattern, StoredSpec, catchup_fires, catchup_next, plan_fires
+from .keys import QueueKeys
+from .repeat import (
+    FIRE_ALL_LIST_CAP,
+    MissedFiresPolicy,
+    RepeatPattern,
+    StoredSpec,
+    catchup_fires,
+    catchup_next,
+    plan_fires,
+)
 from .schedules import _NO_EXT, SpecExt, show_key
 from .settings import QueueSettings
 
@@ -216,6 +224,7 @@ def _decode_spec(raw: bytes) -> DueSpec:
     """``StoredSpec.decode`` for the hot loop: the common shape is unpacked once and its
     pattern and policy come from caches keyed by their exact wire values; anything unusual
     takes ``StoredSpec.decode`` itself (same fields, or its CodecError)."""
+    pkey: tuple[Any, ...] | None  # (a bare annotation: no runtime work)
     try:
         arr = _unpackb(raw)
     except Exception:  # noqa: BLE001 - the slow path names the problem
@@ -306,7 +315,7 @@ class SchedulerCore:
         self._spec_base = self.keys.repeat_spec("")
         self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
 
-    def tick(self, now: int | None = None) -> Flow:
+    def tick(self, now: int | None = None) -> Flow[TickResult]:
         """One tick at ``now`` (epoch ms; None = the server's TIME, what schedulers use)."""
         k = self.keys
         reply = yield script_call("fetch_due", (k.repeat,), ("" if now is None else now, self.batch, k.prefix))

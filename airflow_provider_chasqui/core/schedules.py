@@ -17,10 +17,10 @@ the ``fired`` counter.  This project adds no per-spec keys, only:
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, ClassVar, NamedTuple
 
 import msgpack
@@ -74,7 +74,7 @@ REPEAT_BULK_KEYS = frozenset({
     "end_before_ms", "missed_fires", "attempts", "backoff", "deadline", "job_id",
 })
 _U64 = 2**64 - 1
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 # --------------------------------------------------------------------------- ext field
@@ -236,7 +236,7 @@ def _epoch_ms(value: Any, what: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        when = value if value.tzinfo else value.replace(tzinfo=UTC)
         ms = math.floor(when.timestamp() * 1000)
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}")
@@ -429,7 +429,7 @@ class SpecFlows:
         return script_call("upsert_repeatable", (self.keys.repeat, self.keys.repeat_paused), argv)
 
     # ---- writes ------------------------------------------------------------------------
-    def upsert(self, name: str, data: Any, **options: Any) -> Flow:
+    def upsert(self, name: str, data: Any, **options: Any) -> Flow[tuple[str, int]]:
         """Returns ``(spec_key, now_ms)``."""
         now = now_ms()
         prepared = self.prepare(name, data, now=now, **options)
@@ -507,10 +507,10 @@ class SpecFlows:
             raw = validate_job_name(name)
         except (ConfigError, UnicodeError):
             return nxt, None, wire, suffix
-        ok = 0 < len(raw) and len(raw) + len(suffix.encode("utf-8")) <= 1024
+        ok = len(raw) > 0 and len(raw) + len(suffix.encode("utf-8")) <= 1024
         return nxt, (_packb(name) + _packb(wire)) if ok else None, wire, suffix
 
-    def upsert_bulk(self, items: Iterable[Mapping[str, Any]]) -> Flow:
+    def upsert_bulk(self, items: Iterable[Mapping[str, Any]]) -> Flow[tuple[list[str], int]]:
         """One script call per 1,000 specs, streamed: each chunk is validated and encoded while
         Redis writes the previous one.  A bad item fails the call before its chunk is sent
         (the chunks before it are written, except on a cluster client, which sends nothing;
@@ -530,18 +530,18 @@ class SpecFlows:
             yield Stream(calls())
         return keys, now
 
-    def remove(self, key: str) -> Flow:
+    def remove(self, key: str) -> Flow[bool]:
         k = self.keys
         reply = yield script_call("remove_repeatable", (k.repeat, k.repeat_spec(_key(key)), k.repeat_paused), (key,))
         return int_reply(reply) == 1
 
-    def pause(self, key: str) -> Flow:
+    def pause(self, key: str) -> Flow[bool]:
         """True when the spec is paused now (or already was); False when there is no such spec."""
         k = self.keys
         reply = yield script_call("pause_repeatable", (k.repeat, k.repeat_paused, k.repeat_spec(_key(key))), (key,))
         return int_reply(reply) in (1, 2)
 
-    def resume(self, key: str, now: int | None = None) -> Flow:
+    def resume(self, key: str, now: int | None = None) -> Flow[bool]:
         """Back into ``repeat`` at the first fire after now (windows passed while paused are
         not fired).  True when resumed (or already active), False when there is no such spec."""
         k = self.keys
@@ -568,7 +568,7 @@ class SpecFlows:
                 return True
         raise ConfigError(f"spec {key!r} kept changing while it was being resumed; try again")
 
-    def trigger(self, key: str, now: int | None = None) -> Flow:
+    def trigger(self, key: str, now: int | None = None) -> Flow[tuple[str, str, Any] | None]:
         """Fire one job from the spec now, leaving its schedule, counters and pause state alone.
 
         Returns ``(job_id, job_name, data)``, or None when there is no such spec.
@@ -611,7 +611,7 @@ class SpecFlows:
             deadline_ms=ext.deadline_ms,
         )
 
-    def get(self, key: str) -> Flow:
+    def get(self, key: str) -> Flow[RepeatableInfo | None]:
         """RepeatableInfo, or None.  A spec that cannot be read raises CodecError (why)."""
         k = self.keys
         active, paused = yield [command("ZSCORE", k.repeat, _key(key)), command("ZSCORE", k.repeat_paused, key)]
@@ -623,7 +623,7 @@ class SpecFlows:
             raise CodecError(f"spec {key!r} is corrupt: {fields}")
         return self._info(key, score, active is None, fields)
 
-    def _read_hashes(self, raw_keys: list[bytes]) -> Flow:
+    def _read_hashes(self, raw_keys: list[bytes]) -> Flow[list[Any]]:
         """HMGET spec ext fired skipped of each spec hash, in two round trips (TYPE first: one
         key of another type must not fail the pipeline); a reason instead where it is no hash."""
         base = self._spec_base.encode()
@@ -636,7 +636,7 @@ class SpecFlows:
                 out[i] = row
         return out
 
-    def list_page(self, cursor: str | None = None, count: int = 100) -> Flow:
+    def list_page(self, cursor: str | None = None, count: int = 100) -> Flow[tuple[list[RepeatableInfo], str | None]]:
         """One page of specs, active then paused: ``(items, next_cursor)``; None = the end.
 
         A ZSCAN cursor underneath: a spec present for the whole walk is listed at least once,
@@ -663,7 +663,7 @@ class SpecFlows:
                 phase, pos = ("p", 0) if phase == "r" else (None, 0)
         return items, None if phase is None else f"{phase}:{pos}"
 
-    def list_meta(self, limit: int = 100) -> Flow:
+    def list_meta(self, limit: int = 100) -> Flow[list[RepeatableMeta]]:
         """chasquimq's ``get_repeatable_jobs``: the first ``limit`` active specs by next fire."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_PAGE:
             raise ConfigError(f"limit must be an int in 1..{MAX_PAGE}, got {limit!r}")
@@ -684,7 +684,7 @@ class SpecFlows:
                 continue
         return out
 
-    def quarantined(self) -> Flow:
+    def quarantined(self) -> Flow[dict[str, bytes]]:
         """``{spec_key: raw stored bytes}`` of the specs the scheduler moved aside."""
         out: dict[str, bytes] = {}
         pos = 0

@@ -9,7 +9,8 @@ moves specs, so N is fixed for the life of a schedule set).
 from __future__ import annotations
 
 import zlib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from .keys import validate_queue_name

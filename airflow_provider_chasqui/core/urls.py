@@ -9,6 +9,7 @@ string handling.
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError
@@ -163,7 +164,7 @@ def with_tls(url: str, tls: object) -> str:
                       "(a unix socket has no TLS)")
 
 
-def connection_options(url: str, kwargs: dict[str, object]) -> tuple[str, dict[str, object]]:
+def connection_options(url: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """``(url, kwargs)`` for redis-py with this project's explicit choices.
 
     RESP2 always: ``protocol=`` anything else in the URL or the arguments is a ConfigError

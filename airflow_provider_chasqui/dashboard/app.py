@@ -16,8 +16,9 @@ import inspect
 import json
 import logging
 import string
-from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import parse_qs, urlencode
 from zoneinfo import ZoneInfo
 
@@ -46,7 +47,7 @@ def iso(ms: int | None, tz: str | None = None) -> str:
     if ms is None or isinstance(ms, str):
         return "-" if ms is None else str(ms)
     try:
-        zone = ZoneInfo(tz) if tz else timezone.utc
+        zone = ZoneInfo(tz) if tz else UTC
         return datetime.fromtimestamp(ms / 1000, tz=zone).strftime("%Y-%m-%d %H:%M:%S %Z")
     except (ValueError, OverflowError, OSError, KeyError):
         return f"{ms} (no date)"
@@ -409,7 +410,10 @@ def _job_page(c: Ctx) -> Response:
     body = f"<h2>Job {h(job_id)}</h2>" + table(["what", "value"], rows, "kv")
     if payload.get("data") is not None:
         cut = ' <span class="note">(cut at 64 KiB)</span>' if payload.get("truncated") else ""
-        body += f'<h3>Data <small>{h(payload.get("size"))} bytes</small>{cut}</h3><pre class="data">{h(payload["data"])}</pre>'
+        body += (
+            f'<h3>Data <small>{h(payload.get("size"))} bytes</small>{cut}</h3>'
+            f'<pre class="data">{h(payload["data"])}</pre>'
+        )
     if j["result"] is not None:
         body += f'<h3>Result</h3><pre class="data result">{h(j["result"])}</pre>'
     events = [[when(e["ts_ms"]), h(e["event"]), h(", ".join(f"{k}={v}" for k, v in e["fields"].items() if k != "ts"))]

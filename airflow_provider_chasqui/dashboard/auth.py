@@ -11,7 +11,8 @@ import base64
 import hashlib
 import hmac
 import secrets
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from fastapi import HTTPException, Request
 

@@ -12,8 +12,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 
@@ -28,6 +29,8 @@ from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
 from ..errors import CodecError, ConfigError
 from ..sync._driver import SyncDriver
 from ..sync.queue import SyncQueue
+
+_R = TypeVar("_R")
 
 __all__ = ["Source", "SourceSet", "StaticSources", "ulid_ms", "pretty", "audit"]
 
@@ -123,7 +126,7 @@ class QueueRow:
         return d
 
 
-def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDOW) -> Flow:
+def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDOW) -> Flow[QueueRow]:
     """The snapshot plus what the dashboard adds: the oldest waiting job's age and the
     completed/failed counts per minute over the newest ``EVENT_WINDOW`` events of the last
     ``RATE_MINUTES`` minutes (both bounded reads)."""
@@ -200,7 +203,7 @@ class Source:
                 q = self._queues[name] = SyncQueue(name, redis_url=self.url, driver=self.driver)
             return q
 
-    def run(self, flow: Flow) -> Any:
+    def run(self, flow: Flow[_R]) -> _R:
         return self.driver.run(flow)
 
     # ---- queue discovery -----------------------------------------------------------------
@@ -306,12 +309,12 @@ class Source:
         self.driver.close()
 
 
-def _one(call: Any) -> Flow:
+def _one(call: Any) -> Flow[Any]:
     reply = yield call
     return reply
 
 
-def job_flow(queue: str, job_id: str, now: int) -> Flow:
+def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
     """Everything known about one job, found with bounded reads around its creation time
     (the ULID's timestamp): its stream entry, DLQ entry, delayed member, stored result or
     failure, and its events."""
@@ -438,7 +441,7 @@ def _matches(row: dict[str, Any], reason: str | None, name: str | None) -> bool:
     return (reason is None or row["reason"] == reason) and (name is None or row["name"] == name)
 
 
-def dlq_page_flow(queue: str, cursor: str | None, count: int, reason: str | None, name: str | None) -> Flow:
+def dlq_page_flow(queue: str, cursor: str | None, count: int, reason: str | None, name: str | None) -> Flow[dict[str, Any]]:
     """One page of DLQ entries oldest first, filtered by reason and/or name: at most
     ``MAX_WINDOWS`` XRANGE windows of ``PAGE_WINDOW`` entries per page; ``next`` continues."""
     k = QueueKeys.for_queue(queue)
@@ -474,7 +477,7 @@ def dlq_page_flow(queue: str, cursor: str | None, count: int, reason: str | None
     return {"rows": rows, "next": nxt if more else None, "total": int_reply(total)}
 
 
-def dlq_entry_flow(queue: str, dlq_id: str) -> Flow:
+def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
     k = QueueKeys.for_queue(queue)
     rows = yield command("XRANGE", k.dlq, dlq_id, dlq_id)
     if not rows:
@@ -499,7 +502,7 @@ def _replay_argv(rows: list[Any], max_len: int) -> tuple[list[Any], int]:
     return argv, skipped
 
 
-def replay_ids_flow(queue: str, ids: list[str], max_len: int) -> Flow:
+def replay_ids_flow(queue: str, ids: list[str], max_len: int) -> Flow[int]:
     """Replay these DLQ entries (attempt reset to 0) with the engine's replay script; the
     number moved (an entry another replay moved first is not counted twice)."""
     k = QueueKeys.for_queue(queue)
@@ -513,7 +516,7 @@ def replay_ids_flow(queue: str, ids: list[str], max_len: int) -> Flow:
     return int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
 
 
-def replay_matching_flow(queue: str, reason: str | None, name: str | None, max_len: int) -> Flow:
+def replay_matching_flow(queue: str, reason: str | None, name: str | None, max_len: int) -> Flow[dict[str, int]]:
     """Replay every entry there now with this reason and/or name, a window at a time."""
     k = QueueKeys.for_queue(queue)
     last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
@@ -538,7 +541,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-def spec_prefix_flow(queue: str, prefix: str, cursor: str | None, count: int) -> Flow:
+def spec_prefix_flow(queue: str, prefix: str, cursor: str | None, count: int) -> Flow[tuple[list[Any], str | None]]:
     """Specs whose key starts with ``prefix``: ZSCAN ... MATCH over the active then the paused
     specs, at most 20 ZSCAN calls per page, then their hashes in two pipelined round trips
     (the listing's own reader, so corrupt specs show as such); ``(items, next cursor or None)``."""
@@ -567,13 +570,13 @@ def spec_prefix_flow(queue: str, prefix: str, cursor: str | None, count: int) ->
         nxt = f"{phase}:{position}"
     items: list[Any] = []
     if found:
-        rows = yield from specs._read_hashes([rk for rk, _s, _p in found])  # noqa: SLF001 - same package
+        rows = yield from specs._read_hashes([rk for rk, _s, _p in found])  # same package
         for (raw_key, score, paused), fields in zip(found, rows):
-            items.extend(spec_row(raw_key, score, paused, fields, specs._info))  # noqa: SLF001
+            items.extend(spec_row(raw_key, score, paused, fields, specs._info))
     return items, nxt
 
 
-def workers_flow(queue: str, now: int) -> Flow:
+def workers_flow(queue: str, now: int) -> Flow[dict[str, Any]]:
     """Every group of the stream with its consumers (idle, pending), and the lock holders."""
     k = QueueKeys.for_queue(queue)
     exists, promoter, scheduler, p_ttl, s_ttl = yield [

@@ -21,9 +21,8 @@ import threading
 import time
 from typing import Any
 
-from fastapi import HTTPException, Request
-
 from airflow.plugins_manager import AirflowPlugin
+from fastapi import HTTPException, Request
 
 from ..errors import ChasquiError, ConfigError
 from .data import Source, SourceSet
@@ -49,10 +48,9 @@ class AirflowSources(SourceSet):
         with self._lock:
             if time.monotonic() - self._listed_at < _LIST_TTL_S:
                 return list(self._labels)
-        from sqlalchemy import select
-
         from airflow.models.connection import Connection
         from airflow.utils.session import create_session
+        from sqlalchemy import select
 
         with create_session() as session:
             ids = sorted(session.scalars(select(Connection.conn_id).where(Connection.conn_type == "chasqui")))
@@ -109,7 +107,7 @@ async def airflow_access(request: Request, write: bool) -> str:
     manager = get_auth_manager()
     try:
         user = await manager.get_user_from_token(token)
-    except Exception as exc:  # noqa: BLE001 - expired or forged: Airflow's own answer is 401/403
+    except Exception as exc:  # expired or forged: Airflow's own answer is 401/403
         raise HTTPException(401, f"Airflow did not accept the session ({type(exc).__name__}): log in again") from exc
     name = user.get_name()
     if not manager.is_authorized_custom_view(method="GET", resource_name=RESOURCE, user=user):

@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import itertools
 import weakref
-from typing import Any, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
@@ -27,6 +28,20 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisClusterException
 
 from ..core.calls import Call, Flow, Stream, script_args
+from ..core.features import (
+    COMPAT,
+    Features,
+    already_loaded,
+    detect_call,
+    fast_paths_default,
+    function_missing,
+    functions_mode,
+    load_call,
+    parse_features,
+    probe_call,
+    probe_found,
+    scripts_denied,
+)
 from ..core.urls import connection_options, split_cluster_flag
 from ..drivers_common import FCALLS, REDIS_ERRORS, already_loaded, call_args as _args, evalsha_denied, lane_ok, pack_call
 from ..drivers_common import resend_ok, script_missing as _missing, stream_read_slot, translate_error
@@ -39,11 +54,13 @@ from ..errors import NoScriptError, ScriptError
 
 __all__ = ["AsyncDriver", "translate_errors"]
 
+_R = TypeVar("_R")
+
 
 try:  # a dependency (redis[hiredis]); without it redis-py's own packer is used
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover
-    _hiredis_pack = None
+    _hiredis_pack = None  # type: ignore[assignment]
 
 _HIREDIS_CLASSES: dict[type, type] = {}
 
@@ -58,11 +75,11 @@ def _hiredis_connection_class(cls: type) -> type:
     """
     fast = _HIREDIS_CLASSES.get(cls)
     if fast is None:
-        original = cls.pack_command
+        original: Callable[..., list[bytes]] = cls.pack_command  # type: ignore[attr-defined]
 
         def pack_command(self: Any, *args: Any) -> list[bytes]:
             first = args[0] if args else None
-            if isinstance(first, (str, bytes)) and (" " if isinstance(first, str) else b" ") not in first:
+            if isinstance(first, (str, bytes)) and (" " if isinstance(first, str) else b" ") not in first:  # type: ignore[operator]
                 try:
                     return [_hiredis_pack(args)]
                 except (TypeError, UnicodeError):
@@ -89,7 +106,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
         cclient.response_callbacks.clear()  # the nodes share this dict
         cclient.response_callbacks["COMMAND"] = _command_listing_only
         if reader:
-            cclient._make_reader()
+            cclient._make_reader()  # type: ignore[attr-defined]
         return cclient  # type: ignore[return-value]
     client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
@@ -101,7 +118,7 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
 
 
 # Blocking readers of this process by the handle their ``CLIENT ID`` returned (see _RawCluster).
-_READERS: "weakref.WeakValueDictionary[int, _RawCluster]" = weakref.WeakValueDictionary()
+_READERS: weakref.WeakValueDictionary[int, _RawCluster] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1 << 62)
 _STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
 
@@ -165,7 +182,7 @@ class _RawCluster(AsyncRedisCluster):
             self._resolving = False
         self._blocked_on = (node.name, cid)
 
-    async def _unblock(self, reader: "_RawCluster", *mode: Any) -> Any:
+    async def _unblock(self, reader: _RawCluster, *mode: Any) -> Any:
         if reader._resolving:
             reader._skip_read = True
             return 1
@@ -179,11 +196,11 @@ class _RawCluster(AsyncRedisCluster):
             return 0
         return await super().execute_command("CLIENT UNBLOCK", cid, *mode, target_nodes=node)
 
-    async def initialize(self, *args: Any, **kwargs: Any) -> "_RawCluster":
+    async def initialize(self, *args: Any, **kwargs: Any) -> _RawCluster:
         """No reachable seed node is a connection error (retried like one), not a config error.
         (redis-py 8 passes ``last_failed_node_name``.)"""
         try:
-            return await super().initialize(*args, **kwargs)
+            return await super().initialize(*args, **kwargs)  # type: ignore[return-value]
         except RedisClusterException as exc:
             if isinstance(exc.__cause__, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
                 raise rexc.ConnectionError(str(exc)) from exc
@@ -348,7 +365,7 @@ class AsyncDriver:
                 nodes = [None]
             for node in nodes:
                 try:
-                    kw = {} if node is None else {"target_nodes": node}
+                    kw: dict[str, Any] = {} if node is None else {"target_nodes": node}
                     await self.client.execute_command(*call.args, **kw)
                 except rexc.ResponseError as exc:
                     if not already_loaded(exc):
@@ -479,8 +496,8 @@ class AsyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 await self._library_missing()
-            for body in {calls[i].script.body for i in missing
-                         if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
+            for body in {script_.body for i in missing
+                         if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)}:
                 await self.client.execute_command("SCRIPT LOAD", body)
             again = await self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):
@@ -497,7 +514,7 @@ class AsyncDriver:
             pipe.execute_command(*_args(c, functions))
         return await pipe.execute(raise_on_error=False)
 
-    async def run(self, flow: Flow) -> Any:
+    async def run(self, flow: Flow[_R]) -> _R:
         """Drive a core flow to completion (its calls leave redis-py errors translated)."""
         try:
             step = next(flow)
@@ -510,7 +527,8 @@ class AsyncDriver:
                     reply = await self.call(step)
                 step = flow.send(reply)
         except StopIteration as stop:
-            return stop.value
+            result: _R = stop.value  # the flow's return value
+            return result
 
     async def close(self) -> None:
         if self._lane is not None:

@@ -14,8 +14,13 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection, \
-    SentinelManagedSSLConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.backoff import NoBackoff
 
 from ..core.sentinel_url import is_sentinel_url, parse_sentinel_url
@@ -81,8 +86,9 @@ def make_client(url: str, **kwargs: Any) -> aioredis.Redis:
     merged = {**kwargs, **options, "connection_class": _SSLConnection if ssl else _Connection}
     sentinel_kwargs: dict[str, Any] = {k: v for k, v in merged.items() if k.startswith("socket_") or k == "protocol"}
     sentinel_kwargs.update(target.sentinel_kwargs)
-    sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)
-    pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)
+    # redis-py's Sentinel and SentinelConnectionPool constructors are unannotated
+    sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)  # type: ignore[no-untyped-call]
+    pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)  # type: ignore[no-untyped-call]
     client = aioredis.Redis(connection_pool=pool, single_connection_client=single)
     client.auto_close_connection_pool = True
     return client

@@ -54,7 +54,7 @@ class _Protocol(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         self.fd = sock.fileno() if sock is not None else -1
 
-    def send(self, packed: bytes) -> "asyncio.Future[Any]":
+    def send(self, packed: bytes) -> asyncio.Future[Any]:
         fut = self.loop.create_future()
         self.waiters.append(fut)
         now = self.last_send = self.loop.time()
@@ -206,7 +206,7 @@ def _close_orphan(transport: Any) -> None:
     """Close the socket of a transport whose event loop is closed (``asyncio.run`` ended):
     ``transport.close()`` only schedules that on the loop, so the socket (one per loop the
     driver was used on) stayed open until collected, with a ResourceWarning."""
-    inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)  # TLS: the socket's transport
+    inner: Any = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)  # TLS: the socket's transport
     for t in (transport, inner):
         if t is None:
             continue

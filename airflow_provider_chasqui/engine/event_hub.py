@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from redis import exceptions as rexc
 
 from ..core.calls import Flow
 from ..core.event_hub import (
+    Outcome,
     Waiter,
     WaiterIndex,
     event_hits,
@@ -54,11 +56,11 @@ READ_COUNT = 1000
 _MAX_BACKOFF_SECS = 5.0
 _RECONNECTABLE = (*TRANSIENT, ChasquiConnectionError)
 
-_HUBS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], EventHub]]" = \
+_HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], EventHub]] = \
     weakref.WeakKeyDictionary()
 
 
-def event_hub(url: str, queue: str) -> "EventHub":
+def event_hub(url: str, queue: str) -> EventHub:
     """The running loop's hub of ``(url, queue)``, made on first use."""
     loop = asyncio.get_running_loop()
     hubs = _HUBS.setdefault(loop, {})
@@ -68,7 +70,7 @@ def event_hub(url: str, queue: str) -> "EventHub":
     return hub
 
 
-def active_hubs() -> list["EventHub"]:
+def active_hubs() -> list[EventHub]:
     """The running loop's open hubs (for tests and tools)."""
     return list(_HUBS.get(asyncio.get_running_loop(), {}).values())
 
@@ -85,7 +87,7 @@ async def wait_for_jobs(url: str, queue: str, job_ids: Iterable[str], timeout: f
     return await event_hub(url, queue).wait(ids, timeout, stop_on_failure=stop_on_failure)
 
 
-def _outcomes(keys: QueueKeys, job_ids: list[str], hints: dict[str, tuple[str, str]] | None = None) -> Flow:
+def _outcomes(keys: QueueKeys, job_ids: list[str], hints: dict[str, tuple[str, str]] | None = None) -> Flow[dict[str, Outcome]]:
     raws = yield outcome_calls(keys, job_ids)
     return parse_outcomes(job_ids, raws, hints)
 
@@ -206,7 +208,7 @@ class EventHub:
                 log.warning("events of %s: Redis unavailable (%s); reconnecting", self.name, exc)
                 await self._drop_client()
                 await asyncio.sleep(min(0.1 * 2 ** min(failures, 6), _MAX_BACKOFF_SECS))
-            except Exception as exc:  # noqa: BLE001 - a surprise must not end the reader of every waiter
+            except Exception as exc:  # a surprise must not end the reader of every waiter
                 if self.closing:
                     return
                 failures += 1

@@ -103,7 +103,7 @@ class LeaderLoop:
     async def _sleep(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._stop.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _step_down(self, exc: BaseException) -> None:

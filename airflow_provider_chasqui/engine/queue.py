@@ -9,12 +9,15 @@ Units follow chasquimq: ``delay`` int = ms, float = seconds (or a timedelta/date
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from .. import tracing as _tracing
 from ..core.codec import now_ms
 from ..core.inspect import JobDetails, QueueListing, job_details
 from ..core.inspect import list_queues as list_queues_flow
+from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
@@ -62,7 +65,7 @@ class Queue:
         return self._flows.keys.queue
 
     @property
-    def keys(self):  # noqa: ANN201 - QueueKeys, for hooks and tools
+    def keys(self) -> QueueKeys:  # for hooks and tools
         return self._flows.keys
 
     @property
@@ -295,14 +298,14 @@ class Queue:
             self._driver = None
         self._closed = True
 
-    async def __aenter__(self) -> "Queue":
+    async def __aenter__(self) -> Queue:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
-async def list_queues(target: "str | AsyncDriver" = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
+async def list_queues(target: str | AsyncDriver = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
                       max_scan_calls: int = 100) -> QueueListing:
     """Every queue on the server whose name matches the glob ``match``, with its counts
     (``chasqui queues``; dashboards): a cursor SCAN capped at ``max_scan_calls`` calls of 1,000

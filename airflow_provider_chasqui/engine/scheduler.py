@@ -10,12 +10,12 @@ deployments::
 The lock ``{chasqui:<q>}:scheduler:lock`` (holder ``s-<uuid>``, TTL 5 s) is renewed every loop,
 so a dead leader is replaced within the TTL plus one tick.  Each tick fires up to ``batch``
 due specs in two round trips (one read script, then the firing scripts streamed a chunk at a
-time; a fire-all backlog adds one per 1,000 windows; see ``core/scheduler.py``); every fire is a compare-and-set on the spec's score, so
-even two leaders at once cannot fire a window twice.  "Now" is the server's TIME, read once
-per tick.  Between chunks the tick yields the event loop (a chunk is planned while Redis
-fires the one before), so a big tick never stalls the worker it is embedded in.  Between
-ticks the leader sleeps until the earliest next fire, at most ``tick_ms``, so fires are late
-by milliseconds rather than by up to a tick.
+time; a fire-all backlog adds one per 1,000 windows; see ``core/scheduler.py``); every fire is a
+compare-and-set on the spec's score, so even two leaders at once cannot fire a window twice.
+"Now" is the server's TIME, read once per tick.  Between chunks the tick yields the event loop
+(a chunk is planned while Redis fires the one before), so a big tick never stalls the worker it
+is embedded in.  Between ticks the leader sleeps until the earliest next fire, at most
+``tick_ms``, so fires are late by milliseconds rather than by up to a tick.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from redis import exceptions as rexc
 
@@ -35,6 +36,8 @@ from ..core.urls import redact_url
 from ..errors import ChasquiError
 from ._driver import AsyncDriver
 from .leader import TRANSIENT, LeaderLoop
+
+_R = TypeVar("_R")
 
 __all__ = ["Scheduler", "run_standalone", "main"]
 
@@ -64,7 +67,7 @@ class Scheduler(LeaderLoop):
         self.ticks = 0
         self.last: TickResult | None = None
 
-    async def _run(self, flow: Flow) -> Any:
+    async def _run(self, flow: Flow[_R]) -> _R:
         """``driver.run`` for the tick's flow, with the event loop yielded between the calls
         of a stream: each chunk is sent as soon as it is planned, then other tasks run before
         the next chunk is planned."""
@@ -83,11 +86,12 @@ class Scheduler(LeaderLoop):
                         raise reply
                 reply = replies
             else:
-                reply = await self.driver.run_call(step)
+                reply = await self.driver.run_call(step)  # type: ignore[arg-type]  # a tick yields no pipelines
             try:
                 step = flow.send(reply)
             except StopIteration as stop:
-                return stop.value
+                result: _R = stop.value  # the flow's return value
+                return result
 
     async def tick(self) -> bool | float:
         now = None if self.now_fn is None else self.now_fn()
@@ -96,7 +100,7 @@ class Scheduler(LeaderLoop):
             result: TickResult = await self._run(self.core.tick(now))
         except LOOP_ERRORS:
             raise  # the leader loop retries these (with backoff for connection errors)
-        except Exception:  # noqa: BLE001 - a bug must not end the loop that every schedule depends on
+        except Exception:  # a bug must not end the loop that every schedule depends on
             log.exception("scheduler %s: tick of queue %s failed", self.holder, self.keys.queue)
             return False
         self.last = result
@@ -135,7 +139,7 @@ async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bo
                          stop: asyncio.Event | None = None) -> list[LeaderLoop]:
     """Run a scheduler (and optionally a promoter) for each queue until ``stop`` is set;
     returns the loops (their counters: ``fired_total``, ``promoted_total``)."""
-    from .promoter import Promoter  # noqa: PLC0415 - only the standalone path needs it
+    from .promoter import Promoter  # only the standalone path needs it
 
     driver = AsyncDriver(redis_url)
     loops: list[LeaderLoop] = []
@@ -160,7 +164,7 @@ async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Deprecated entry (``python -m``, which prints a runpy warning): ``chasqui scheduler``."""
-    from ..ops.standalone import main as standalone_main  # noqa: PLC0415
+    from ..ops.standalone import main as standalone_main
 
     return standalone_main(argv)
 

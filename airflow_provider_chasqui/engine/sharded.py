@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
@@ -141,7 +142,7 @@ class ShardedQueue:
             self._driver = None
         self._closed = True
 
-    async def __aenter__(self) -> "ShardedQueue":
+    async def __aenter__(self) -> ShardedQueue:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -167,7 +168,7 @@ class ShardedWorker:
 
     def __init__(self, name: str, handler: Any, *, shards: int, redis_url: str = DEFAULT_URL,
                  install_signal_handlers: bool = False, **worker_options: Any) -> None:
-        from .worker import Worker  # noqa: PLC0415 - producers never pay for the worker
+        from .worker import Worker  # producers never pay for the worker
 
         if "queue_name" in worker_options:
             raise ConfigError("ShardedWorker takes the logical name; the shards are <name>.<i>")
@@ -190,7 +191,7 @@ class ShardedWorker:
     async def close(self) -> None:
         await asyncio.gather(*(w.close() for w in self.workers))
 
-    async def __aenter__(self) -> "ShardedWorker":
+    async def __aenter__(self) -> ShardedWorker:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

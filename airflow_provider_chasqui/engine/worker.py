@@ -45,13 +45,15 @@ import inspect
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, cast
 
 import msgpack
 from redis import exceptions as rexc
 
+from .. import tracing as _tracing
 from ..core.calls import command, int_reply
 from ..core.codec import now_ms
 from ..core.consumer import ROUTING_FAILED, ConsumerCore, Delivery, Rejected, handler_traceback
@@ -167,7 +169,7 @@ class WorkerSettings:
             raise ConfigError(f"fail_log_window_secs must be a positive number of seconds, got {w!r}")
 
 
-def _resolve_handler(handler: Any) -> Callable[[Job], Any]:
+def _resolve_handler(handler: Any) -> Callable[[Job], Any] | _Dispatch:
     """A callable, or a mapping of job name -> callable (unknown names are dead-lettered)."""
     if isinstance(handler, Mapping):
         table = dict(handler)
@@ -177,7 +179,7 @@ def _resolve_handler(handler: Any) -> Callable[[Job], Any]:
         return _Dispatch(table)
     if not callable(handler):
         raise ConfigError(f"handler must be callable or a mapping of job name to callable, got {type(handler).__name__}")
-    return handler
+    return cast("Callable[[Job], Any]", handler)
 
 
 class _Dispatch:
@@ -194,7 +196,7 @@ class _Dispatch:
 
 
 def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 - a callable object's own __call__
 
 
 class Worker:
@@ -232,6 +234,8 @@ class Worker:
         self._closed = False
         self._stopping: asyncio.Event | None = None
         self._done: asyncio.Event | None = None
+        # the max_jobs stop's unblocking task: held so the loop cannot collect it half-way
+        self._unblock_task: asyncio.Future[None] | None = None
 
     # ---- public lifecycle ---------------------------------------------------------------
     @property
@@ -306,7 +310,7 @@ class Worker:
             self._stopping.set()
             await self._unblock_reader()
 
-    async def __aenter__(self) -> "Worker":
+    async def __aenter__(self) -> Worker:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -314,11 +318,12 @@ class Worker:
 
     # ---- orchestration ----------------------------------------------------------------
     async def _run(self) -> None:
+        assert self._stopping is not None
         s = self.settings
         # Socket timeouts, so a connection that goes silent (no FIN, no RST) cannot wedge a read
         # or an ack for ever; the longest call is XREADGROUP BLOCK read_block_ms.  A URL's own
         # socket_timeout / socket_connect_timeout win (redis-py lets URL options override).
-        timeouts = {"socket_timeout": s.read_block_ms / 1000 + _IO_MARGIN_SECS, "socket_connect_timeout": _IO_MARGIN_SECS}
+        timeouts: dict[str, Any] = {"socket_timeout": s.read_block_ms / 1000 + _IO_MARGIN_SECS, "socket_connect_timeout": _IO_MARGIN_SECS}
         self.driver = AsyncDriver(self._url, fast_paths=self._fast_paths, **timeouts)
         self._group = GroupConsumer(self.driver, self.core)
         self._reader_client = raw_client(self._url, single_connection_client=True, **timeouts)
@@ -438,7 +443,7 @@ class Worker:
             return
         try:
             fn(self.name, *args)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("worker %s: metrics failed", self.consumer_id)
 
     def _supervised(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
@@ -460,7 +465,7 @@ class Worker:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - logged in full, then the task restarts
+            except Exception as exc:  # logged in full, then the task restarts
                 now = time.monotonic()
                 streak = streak + 1 if now - h.failed_at < 60 else 1
                 h.restarts += 1
@@ -661,7 +666,7 @@ class Worker:
         self._room_waiter = fut
         try:
             await asyncio.wait_for(fut, 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             self._room_waiter = None
@@ -744,7 +749,8 @@ class Worker:
         queue, stopping, idle, rows = self._deque, self._stopping, self._idle, self._done_rows
         s = self.settings
         store, ack_batch, metrics, name = s.store_results, s.ack_batch, self.metrics, self.name
-        handler = self._handler
+        # a _Dispatch is only ever called through ``dispatch.lookup`` below
+        handler = cast("Callable[[Job], Any]", self._handler)
         dispatch = handler if isinstance(handler, _Dispatch) else None
         async_fns = self._async_fns
         clock = time.perf_counter_ns
@@ -773,7 +779,7 @@ class Worker:
                         with contextlib.suppress(TypeError):
                             async_fns[fn] = is_async
                     result = await (fn(job) if is_async else self._call(fn, job))
-                except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
+                except BaseException as exc:  # every handler failure is routed, none escapes
                     if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
                         # our own cancellation (the shutdown deadline): the entry stays pending, unrenewed,
                         # and is reclaimed after claim_min_idle_ms.  A handler's own CancelledError is a failure.
@@ -818,7 +824,7 @@ class Worker:
             idle.append(fut)
             await fut
 
-    async def _start_span(self, tracer: "_tracing.Tracer", dl: Delivery) -> tuple[Any, Any]:
+    async def _start_span(self, tracer: _tracing.Tracer, dl: Delivery) -> tuple[Any, Any]:
         """The CONSUMER span of one attempt.  A retried attempt (no ``tp`` field: it came back
         through the delayed set) finds its producer's context and the failed attempt's span in
         the side key the worker wrote when it scheduled the retry (one GET, tracing on only)."""
@@ -833,11 +839,11 @@ class Worker:
                 dl.trace = parent  # a further retry keeps it too
         try:
             return tracer.start_consume(self.name, env.id, dl.name, env.attempt + 1, parent, previous)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("worker %s: starting a span failed", self.consumer_id)
             return None, None
 
-    async def _end_failed_span(self, tracer: "_tracing.Tracer", span: Any, token: Any, dl: Delivery, outcome: str,
+    async def _end_failed_span(self, tracer: _tracing.Tracer, span: Any, token: Any, dl: Delivery, outcome: str,
                                exc: BaseException) -> None:
         """End a failed attempt's span; on a retry, keep the trace for the next attempt (expires
         after ``TRACE_KEY_TTL_MS``: a longer backoff starts a new trace)."""
@@ -893,7 +899,7 @@ class Worker:
                     self.metrics.job_retried(self.name, dl.name)
                 else:
                     self.metrics.job_dead(self.name, dl.name, outcome)
-            except Exception:  # noqa: BLE001 - metrics never decide a job's fate
+            except Exception:  # metrics never decide a job's fate
                 log.exception("worker %s: metrics failed", self.consumer_id)
         self._count_processed()
         return outcome
@@ -910,7 +916,7 @@ class Worker:
         if limit is not None and self.processed >= limit and self._stopping is not None and not self._stopping.is_set():
             log.info("worker %s reached max_jobs=%d", self.consumer_id, limit)
             self._stopping.set()
-            asyncio.ensure_future(self._unblock_reader())
+            self._unblock_task = asyncio.ensure_future(self._unblock_reader())
 
     # ---- acknowledgements -------------------------------------------------------------
     async def _flusher(self) -> None:

@@ -14,8 +14,9 @@ nodes); ``sentinel`` is ``redis[s]+sentinel://sentinel[,sentinel...]/service/db`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from ..errors import ConfigError
@@ -108,7 +109,7 @@ class ChasquiConnectionSettings:
     # ---- building -----------------------------------------------------------------------
     @classmethod
     def from_fields(cls, *, host: str | None, port: int | None, login: str | None, password: str | None,
-                    schema: str | None, extra: Mapping[str, Any]) -> "ChasquiConnectionSettings":
+                    schema: str | None, extra: Mapping[str, Any]) -> ChasquiConnectionSettings:
         """Build from an Airflow ``Connection``'s fields (``schema`` may carry the db, as in a URI path)."""
         unknown = {k for k in extra if k not in _EXTRA_KEYS and not _blank(extra[k])}
         if unknown:

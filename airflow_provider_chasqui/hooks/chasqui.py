@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from airflow.sdk import BaseHook
 
 from ..engine.queue import Queue
-from ..sync._driver import translate_errors
 from ..errors import ConfigError
+from ..sync._driver import translate_errors
 from ..sync.queue import SyncQueue
 from ._connection import ChasquiConnectionSettings
 
@@ -53,7 +54,7 @@ def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
     Airflow's own components do (environment variables, the configured secrets backends, then
     the metadata database), and name every place tried when it is in none of them.
     """
-    from airflow.exceptions import AirflowNotFoundException
+    from airflow.exceptions import AirflowNotFoundException  # type: ignore[attr-defined]
 
     try:  # the Task SDK's own lookup first: AIRFLOW_CONN_* without touching airflow-core
         return ChasquiHook(conn_id).get_settings()

@@ -6,8 +6,9 @@ the task-log line that says what a wait found.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -59,7 +60,7 @@ def as_datetime(value: datetime | str | None, what: str) -> datetime | None:
             raise ValueError(f"{what} is not an ISO 8601 datetime: {value!r}") from exc
     if not isinstance(value, datetime):
         raise ValueError(f"{what} must be a datetime or an ISO 8601 string, got {value!r}")
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def failure_message(event: dict[str, Any]) -> str:
@@ -100,8 +101,8 @@ def waited_seconds(context: Any, started: float | None = None) -> float | None:
     ti = context.get("ti") if isinstance(context, Mapping) else None
     start = getattr(ti, "start_date", None)
     if isinstance(start, datetime):
-        start = start if start.tzinfo else start.replace(tzinfo=timezone.utc)
-        return max(0.0, (datetime.now(timezone.utc) - start).total_seconds())
+        start = start if start.tzinfo else start.replace(tzinfo=UTC)
+        return max(0.0, (datetime.now(UTC) - start).total_seconds())
     return None
 
 

@@ -23,7 +23,8 @@ def dashboard_path(page: str, **params: Any) -> str:
 
 def _queue(operator: Any) -> str | None:
     if getattr(operator, "queue_name", None):
-        return operator.queue_name
+        name: str = operator.queue_name
+        return name
     try:  # the connection's default queue
         from ..hooks.chasqui import ChasquiHook
 

@@ -16,8 +16,9 @@ import csv
 import json
 import sys
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
 
 from ..core.calls import command, str_reply
 from ..core.codec import now_ms
@@ -54,12 +55,12 @@ def iso_ms(ms: int | str | None) -> str:
     if not ms:
         return "-"
     try:
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")  # type: ignore[operator]
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")  # type: ignore[operator]
     except (TypeError, ValueError, OverflowError, OSError):  # no instant ("inf") or beyond year 9999
         return f"{ms} (no date)"
 
 
-def emit(args: argparse.Namespace, data: Any, human: Callable[[TextIO], None]) -> None:
+def emit(args: argparse.Namespace, data: Any, human: Callable[[TextIO], object]) -> None:
     if args.json:
         json.dump(data, sys.stdout, default=str)
         sys.stdout.write("\n")
@@ -227,7 +228,7 @@ def _meta_dict(m: Any) -> dict[str, Any]:
 
 def cmd_repeatable_list(args: argparse.Namespace) -> int:
     items, cursor = _queue(args).list_repeatable(cursor=args.cursor, count=args.limit)
-    data = {"items": [_meta_dict(m) for m in items], "next_cursor": cursor}
+    data: dict[str, Any] = {"items": [_meta_dict(m) for m in items], "next_cursor": cursor}
 
     def human(out: TextIO) -> None:
         rows = []
@@ -498,7 +499,7 @@ def register(sub: Any) -> None:
     p.add_argument("--max-events", type=int, default=0, help="stop after N events (0 = no limit)")
     p.set_defaults(func=cmd_events)
 
-    from .functions import register as register_functions  # noqa: PLC0415 - it imports this module
+    from .functions import register as register_functions  # it imports this module
 
     register_functions(sub)
 

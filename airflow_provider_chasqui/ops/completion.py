@@ -21,8 +21,8 @@ __all__ = ["register", "words_by_path", "bash_script"]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:  # noqa: SLF001 - argparse exposes no public walk of its tree
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+    for action in parser._actions:  # argparse exposes no public walk of its tree
+        if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
     return {}
 
@@ -30,7 +30,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def words_by_path(parser: argparse.ArgumentParser, prog: str = "chasqui") -> dict[str, list[str]]:
     """``{"chasqui dlq": ["peek", "replay", ..., "--help"], ...}`` for the whole tree; the
     ``worker`` entry takes its options from the worker's own parser."""
-    from ..worker.cli import build_parser as worker_parser  # noqa: PLC0415
+    from ..worker.cli import build_parser as worker_parser
 
     out: dict[str, list[str]] = {}
 
@@ -38,7 +38,7 @@ def words_by_path(parser: argparse.ArgumentParser, prog: str = "chasqui") -> dic
         if path == f"{prog} worker":
             p = worker_parser()
         subs = _subparsers(p)
-        options = sorted({s for a in p._actions for s in a.option_strings if s.startswith("--")})  # noqa: SLF001
+        options = sorted({s for a in p._actions for s in a.option_strings if s.startswith("--")})
         out[path] = list(subs) + options
         for name, child in subs.items():
             walk(child, f"{path} {name}")
@@ -69,7 +69,7 @@ complete -F {fn} {prog}
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from ..cli import build_parser  # noqa: PLC0415 - the whole tree, this command included
+    from ..cli import build_parser  # the whole tree, this command included
 
     script = bash_script(build_parser())
     if args.json:

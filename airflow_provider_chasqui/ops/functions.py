@@ -56,7 +56,7 @@ def install(url: str, replace: bool = False) -> list[dict[str, Any]]:
             try:
                 client.execute_command(*load_call(replace).args, **kw)
                 outcome = "replaced" if replace else "loaded"
-            except Exception as exc:  # noqa: BLE001 - only "already exists" is an answer here
+            except Exception as exc:  # only "already exists" is an answer here
                 if not already_loaded(exc):
                     raise
                 if _libraries(client, kw).get(LIBRARY.name) != LIBRARY.source:
@@ -85,8 +85,10 @@ def status(url: str) -> list[dict[str, Any]]:
 
 
 def _url(args: argparse.Namespace) -> str:
-    args.resolved_url, _ = resolve_url(args.redis_url, None, DEFAULT_URL)
-    return args.resolved_url
+    url: str
+    url, _ = resolve_url(args.redis_url, None, DEFAULT_URL)
+    args.resolved_url = url
+    return url
 
 
 def cmd_install(args: argparse.Namespace) -> int:

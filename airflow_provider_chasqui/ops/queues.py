@@ -12,9 +12,9 @@ import argparse
 from typing import Any, TextIO
 
 from ..sync.queue import list_queues
-from .commands import EXIT_FAILED, EXIT_OK, DEFAULT_URL, _queue, add_target, confirm, emit, table
 from ..worker.cli import resolve_url
 from .args import positive_int as _positive
+from .commands import DEFAULT_URL, EXIT_FAILED, EXIT_OK, _queue, add_target, confirm, emit, table
 
 __all__ = ["register"]
 

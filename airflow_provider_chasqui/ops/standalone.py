@@ -16,13 +16,14 @@ import json
 import logging
 import signal
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..core.sharding import shard_queue_names
 from ..errors import ConfigError
 from ..worker.cli import LOG_LEVELS, configure_logging, resolve_url
-from .commands import DEFAULT_URL, add_target
 from .args import positive_int as _positive
+from .commands import DEFAULT_URL, add_target
 
 __all__ = ["register", "run", "add_options"]
 
@@ -54,7 +55,7 @@ def _queues(args: argparse.Namespace, default_queue: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the loops of ``args.role`` until SIGTERM/SIGINT; 0 after a clean stop."""
-    from ..engine.scheduler import run_standalone  # noqa: PLC0415 - the engine only once arguments are valid
+    from ..engine.scheduler import run_standalone  # the engine only once arguments are valid
 
     configure_logging(args.log_level)
     args.resolved_url, default_queue = resolve_url(args.redis_url, args.conn_id, DEFAULT_URL)
@@ -104,6 +105,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.role = "promoter" if args.no_scheduler else "scheduler"
     print("note: `python -m airflow_provider_chasqui.engine.scheduler` is deprecated; run `chasqui "
           f"{args.role}`", file=sys.stderr)
-    from .commands import run as run_command  # noqa: PLC0415
+    from .commands import run as run_command
 
     return run_command(run, args)

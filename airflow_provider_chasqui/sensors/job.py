@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
@@ -89,7 +90,7 @@ class ChasquiJobSensor(BaseSensorOperator):
         ids = [value] if single else list(value) if isinstance(value, (list, tuple)) else None
         if not ids or not all(isinstance(j, str) and j for j in ids):
             raise AirflowFailException(f"no Chasqui job id(s) to wait for: got {value!r}")
-        return list(dict.fromkeys(ids)), single
+        return list(dict.fromkeys(cast("list[str]", ids))), single
 
     # ---- checking ---------------------------------------------------------------------
     def _check(self, ids: list[str], single: bool) -> tuple[str, PokeReturnValue]:

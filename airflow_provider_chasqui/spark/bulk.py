@@ -20,8 +20,9 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..engine.queue import DEFAULT_URL
 from ..errors import ConfigError, NotSupportedError
@@ -47,7 +48,7 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, bytearray):
         return bytes(value)
     if hasattr(value, "asDict") and isinstance(value, tuple):  # pyspark.sql.Row
-        return {k: to_plain(v) for k, v in value.asDict(recursive=False).items()}
+        return {k: to_plain(v) for k, v in value.asDict(recursive=False).items()}  # type: ignore[attr-defined]
     if isinstance(value, Mapping):
         return {to_plain(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import redis
 from redis import exceptions as rexc
@@ -29,6 +30,8 @@ from ._sentinel import make_client
 from ._wire import BUSY, SyncLane
 
 __all__ = ["SyncDriver", "translate_errors"]
+
+_R = TypeVar("_R")
 
 
 def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> redis.Redis:
@@ -53,7 +56,7 @@ class _RawCluster(RedisCluster):
     """Finds an XREAD/XREADGROUP's slot from its STREAMS keys: redis-py asks a node
     (COMMAND GETKEYS) on every such call, one more round trip per read."""
 
-    def determine_slot(self, *args: Any) -> int:
+    def determine_slot(self, *args: Any) -> int | None:
         if args and isinstance(args[0], str) and args[0].upper() in ("XREAD", "XREADGROUP"):
             slot = stream_read_slot(self.encoder, args[1:])
             if slot is not None:
@@ -66,7 +69,7 @@ def _raw_cluster(client: RedisCluster) -> RedisCluster:
     including for nodes it connects to later (failover, resharding)."""
     client.cluster_response_callbacks.clear()
     manager = client.nodes_manager
-    create = manager.create_redis_node
+    create: Callable[..., redis.Redis] = manager.create_redis_node
 
     def create_raw(host: str, port: int, **kw: Any) -> redis.Redis:
         node = create(host, port, **kw)
@@ -93,7 +96,7 @@ def _route_fcall(client: RedisCluster) -> None:
     """FCALL's keys are read from the call, as redis-py reads EVALSHA's (it would ask a node,
     COMMAND GETKEYS, on every FCALL).  On the parser: the client's pipelines share it."""
     parser = client.commands_parser
-    get_keys = parser.get_keys
+    get_keys: Callable[..., Any] = parser.get_keys
 
     def keys(redis_conn: Any, *args: Any) -> Any:
         if args and args[0] in FCALLS and len(args) > 2:
@@ -203,7 +206,7 @@ class SyncDriver:
         try:
             for node in nodes:
                 try:
-                    kw = {} if node is None else {"target_nodes": node}
+                    kw: dict[str, Any] = {} if node is None else {"target_nodes": node}
                     self.client.execute_command(*call.args, **kw)
                 except rexc.ResponseError as exc:
                     if not already_loaded(exc):
@@ -306,8 +309,8 @@ class SyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 self._library_missing()
-            for body in {calls[i].script.body for i in missing
-                         if calls[i].script and isinstance(replies[i], rexc.NoScriptError)}:
+            for body in {script_.body for i in missing
+                         if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)}:
                 self.client.execute_command("SCRIPT LOAD", body)
             again = self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):
@@ -324,7 +327,7 @@ class SyncDriver:
             pipe.execute_command(*_args(c, functions))
         return pipe.execute(raise_on_error=False)
 
-    def run(self, flow: Flow) -> Any:
+    def run(self, flow: Flow[_R]) -> _R:
         """Drive a core flow to completion (its calls leave redis-py errors translated)."""
         try:
             step = next(flow)
@@ -337,7 +340,8 @@ class SyncDriver:
                     reply = self.call(step)
                 step = flow.send(reply)
         except StopIteration as stop:
-            return stop.value
+            result: _R = stop.value  # the flow's return value
+            return result
 
     def close(self) -> None:
         if self._lane is not None:

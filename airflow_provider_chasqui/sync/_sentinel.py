@@ -8,8 +8,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.connection import SSLConnection, parse_url
 from redis.retry import Retry
-from redis.sentinel import (MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection,
-                            SentinelManagedSSLConnection)
+from redis.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 
 from ..core.sentinel_url import is_sentinel_url, parse_sentinel_url
 from ..core.urls import connection_options, redact_text
@@ -40,7 +45,7 @@ class _RedactingSentinel(Sentinel):
 
     def discover_master(self, service_name: str) -> Any:
         try:
-            return super().discover_master(service_name)
+            return super().discover_master(service_name)  # type: ignore[no-untyped-call]
         except MasterNotFoundError as exc:
             raise MasterNotFoundError(redact_text(exc)) from None
 
@@ -72,8 +77,9 @@ def make_client(url: str, **kwargs: Any) -> redis.Redis:
     merged = {**kwargs, **options, "connection_class": _SSLConnection if ssl else _Connection}
     sentinel_kwargs: dict[str, Any] = {k: v for k, v in merged.items() if k.startswith("socket_") or k == "protocol"}
     sentinel_kwargs.update(target.sentinel_kwargs)
-    sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)
-    pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)
+    # redis-py's Sentinel and SentinelConnectionPool constructors are unannotated
+    sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)  # type: ignore[no-untyped-call]
+    pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)  # type: ignore[no-untyped-call]
     client = redis.Redis(connection_pool=pool, single_connection_client=single)
     client.auto_close_connection_pool = True
     return client

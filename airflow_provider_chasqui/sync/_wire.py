@@ -16,7 +16,8 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from redis import exceptions as rexc
 
@@ -84,10 +85,9 @@ class SyncLane:
         elif self._sock is not None and now - self._used_at > IDLE_CHECK_S and self._closed_by_server():
             self._drop()
         self._used_at = now
-        if self._sock is None:
-            if not self._open():
-                self._lock.release()
-                return False
+        if self._sock is None and not self._open():
+            self._lock.release()
+            return False
         return True
 
     def _closed_by_server(self) -> bool:
@@ -100,7 +100,8 @@ class SyncLane:
             return True
 
     def _read(self, count: int) -> list[Any]:
-        sock, reader, replies = self._sock, self._reader, []
+        sock, reader = self._sock, self._reader
+        replies: list[Any] = []
         while len(replies) < count:
             reply = reader.gets()
             if reply is False:

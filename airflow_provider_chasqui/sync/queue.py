@@ -6,12 +6,15 @@ Same methods, same flows, no ``await``; a test checks the two stay twins.  Threa
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from .. import tracing as _tracing
 from ..core.codec import now_ms
 from ..core.inspect import JobDetails, QueueListing, job_details
 from ..core.inspect import list_queues as list_queues_flow
+from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
@@ -57,7 +60,7 @@ class SyncQueue:
         return self._flows.keys.queue
 
     @property
-    def keys(self):  # noqa: ANN201 - QueueKeys, for hooks and tools
+    def keys(self) -> QueueKeys:  # for hooks and tools
         return self._flows.keys
 
     @property
@@ -279,14 +282,14 @@ class SyncQueue:
             self._driver = None
         self._closed = True
 
-    def __enter__(self) -> "SyncQueue":
+    def __enter__(self) -> SyncQueue:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def list_queues(target: "str | SyncDriver" = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
+def list_queues(target: str | SyncDriver = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
                 max_scan_calls: int = 100) -> QueueListing:
     """Every queue on the server whose name matches the glob ``match``, with its counts
     (``chasqui queues``; dashboards): a cursor SCAN capped at ``max_scan_calls`` calls of 1,000

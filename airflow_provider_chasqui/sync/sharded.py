@@ -6,7 +6,8 @@ Same methods, same routing (``core/sharding.py``), no ``await``.  Thread-safe.
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
@@ -129,7 +130,7 @@ class SyncShardedQueue:
             self._driver = None
         self._closed = True
 
-    def __enter__(self) -> "SyncShardedQueue":
+    def __enter__(self) -> SyncShardedQueue:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -85,8 +86,9 @@ class ChasquiJobTrigger(BaseTrigger):
 
     Runs in the triggerer's event loop and waits through the loop's shared event hub of its
     queue (opened by the first waiting trigger, closed after the last); its own ``Queue``
-    opens no connection for the wait and is closed on every exit.  Free of side effects unless ``cancel_on_kill`` (a user kill then
-    cancels the jobs that are still delayed), so running it twice (triggerer HA) is harmless.
+    opens no connection for the wait and is closed on every exit.  Free of side effects unless
+    ``cancel_on_kill`` (a user kill then cancels the jobs that are still delayed), so running it
+    twice (triggerer HA) is harmless.
 
     :param job_ids: the jobs to wait for.
     :param queue_name: their queue.
@@ -101,7 +103,7 @@ class ChasquiJobTrigger(BaseTrigger):
     def __init__(self, *, job_ids: list[str], queue_name: str, chasqui_conn_id: str = ChasquiHook.default_conn_name,
                  deadline: float | None = None, wait_chunk_secs: float = 10.0, cancel_on_kill: bool = False,
                  traceparent: str | None = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
             raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
         if wait_chunk_secs <= 0:

@@ -72,7 +72,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,7 @@ def default_cursor(job_names: Sequence[str] | None) -> str:
 
 
 def _backoff(failures: int) -> float:
-    return min(0.2 * 2 ** min(failures, 5), _MAX_BACKOFF_SECS)
+    return min(0.2 * 2.0 ** min(failures, 5), _MAX_BACKOFF_SECS)
 
 
 async def _open_queue(conn_id: str, queue_name: str) -> Queue:
@@ -286,8 +286,9 @@ class QueueModeProducer(SharedStreamProducer):
     run, entries due for redelivery, idle entries of dead consumers, then new entries; after the
     first entry it keeps reading while more arrive within ``linger_ms`` (up to ``max_batch`` and
     about a second), so a burst sent in one go is one batch.  The next batch is read only after
-    this one was advanced (and ``event_gap_ms`` more).  Entries resolved with a failure (ack timeout, subscriber overflow)
-    or that no subscriber received stay pending and are re-read after ``redeliver_after_ms``.
+    this one was advanced (and ``event_gap_ms`` more).  Entries resolved with a failure (ack
+    timeout, subscriber overflow) or that no subscriber received stay pending and are re-read
+    after ``redeliver_after_ms``.
     """
 
     def __init__(self, *, queue_name: str, chasqui_conn_id: str, max_batch: int = DEFAULT_MAX_BATCH,
@@ -323,7 +324,7 @@ class QueueModeProducer(SharedStreamProducer):
         self.batches_total = 0
 
     # -- reading ---------------------------------------------------------------------------------
-    async def open_stream(self) -> AsyncIterator[tuple[QueueBatch, QueueBatch]]:
+    async def open_stream(self) -> AsyncGenerator[tuple[QueueBatch, QueueBatch], None]:
         self._queue = await _open_queue(self.chasqui_conn_id, self.queue_name)
         failures = 0
         ready = False
@@ -526,7 +527,7 @@ class QueueModeProducer(SharedStreamProducer):
             promoter.stop()
             try:
                 await asyncio.wait_for(task, 5)
-            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - best effort
+            except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - best effort
                 task.cancel()
         queue, self._queue = self._queue, None
         if queue is not None:
@@ -561,7 +562,7 @@ class CompletionModeProducer(SharedStreamProducer):
         self._seek_at: float | None = None
         self.batches_total = 0
 
-    async def open_stream(self) -> AsyncIterator[tuple[CompletionBatch, str]]:
+    async def open_stream(self) -> AsyncGenerator[tuple[CompletionBatch, str], None]:
         self._queue = await _open_queue(self.chasqui_conn_id, self.queue_name)
         failures = 0
         loaded = False
@@ -722,7 +723,7 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
                  chasqui_conn_id: str = ChasquiHook.default_conn_name, cursor: str | None = None,
                  max_batch: int = DEFAULT_MAX_BATCH, linger_ms: int = DEFAULT_LINGER_MS,
                  event_gap_ms: int = 0) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         try:
             validate_queue_name(queue_name)
         except ConfigError as exc:

@@ -38,8 +38,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..core.urls import check_url, redact_text
 from ..errors import ConfigError
@@ -236,7 +237,7 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
         settings = settings_outside_task(conn_id)
     except ConfigError:
         raise
-    except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends, shown plainly
+    except Exception as exc:  # AirflowNotFoundException and friends, shown plainly
         hint = (" (this process was started by an Airflow task, which may not read the metadata database: "
                 f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
                 "CHASQUI_REDIS_URL)") if in_task else ""

@@ -37,11 +37,15 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
-from ..core.calls import command, int_reply, str_reply
+from ..core.calls import Flow, command, int_reply, str_reply
 from ..core.keys import QueueKeys
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..sync._driver import SyncDriver
 
 __all__ = ["PrometheusMetrics", "DepthSampler", "MetricsServer", "UNREGISTERED", "LATENCY_BUCKETS", "DLQ_REASONS",
            "TASK_ROLES"]
@@ -219,9 +223,9 @@ class DepthSampler:
         self.keys = QueueKeys.for_queue(queue)
         self.group = group
         self._url = redis_url
-        self._driver: Any = None  # made on first use: a cluster client connects when it is built
+        self._driver: SyncDriver | None = None  # made on first use: a cluster client connects when it is built
 
-    def _flow(self, now_ms: int) -> Any:
+    def _flow(self, now_ms: int) -> Flow[dict[str, int]]:
         k = self.keys
         stream, delayed, dlq, exists, overdue, quarantined = yield [
             command("XLEN", k.stream), command("ZCARD", k.delayed), command("XLEN", k.dlq),
@@ -317,7 +321,7 @@ class MetricsServer:
         """The worker's event loop, which ``/livez`` asks to run a callback."""
         self._loop = loop
 
-    def start(self) -> "MetricsServer":
+    def start(self) -> MetricsServer:
         self._threads.extend(self._http.start())
         if self.sampler is not None:
             self.sample_now()
@@ -372,7 +376,7 @@ class MetricsServer:
             return True
         try:
             report = self.health_source()
-        except Exception:  # noqa: BLE001 - a broken health report is a failed probe, logged
+        except Exception:  # a broken health report is a failed probe, logged
             log.exception("queue %s: the worker's health() failed", self.queue)
             return False
         redis_up = self._sample_ok is not False
@@ -402,8 +406,8 @@ class MetricsServer:
         probe = {"/livez": self.liveness, "/readyz": self.readiness, "/healthz": self.readiness}.get(path)
         if probe is None:
             return 404, b"not found\n", "text/plain; charset=utf-8"
-        ok, body = probe()
-        return (200 if ok else 503), json.dumps(body).encode(), "application/json"
+        ok, report = probe()
+        return (200 if ok else 503), json.dumps(report).encode(), "application/json"
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
@@ -539,6 +543,6 @@ class _HttpServer:
         path = parts[1].split(b"?", 1)[0].decode("latin-1")
         try:
             return self._respond(path)
-        except Exception:  # noqa: BLE001 - a bug must not kill the answering thread; details go to the log
+        except Exception:  # a bug must not kill the answering thread; details go to the log
             log.exception("metrics http: %s failed", path)
             return 500, b"internal error\n", "text/plain; charset=utf-8"

@@ -33,7 +33,8 @@ import importlib
 import inspect
 import os
 import sys
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from ..core.codec import validate_job_name
 from ..errors import ConfigError
@@ -174,7 +175,7 @@ def _import(module: str, spec: str) -> Any:
             raise HandlerLoadError(f"handler module {module!r} (from {spec!r}) was not found: is it installed "
                                    "or on PYTHONPATH?") from exc
         raise HandlerLoadError(f"importing handler module {module!r} (from {spec!r}) failed: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - any error while importing user code is a load error
+    except Exception as exc:  # any error while importing user code is a load error
         raise HandlerLoadError(f"importing handler module {module!r} (from {spec!r}) failed: "
                                f"{type(exc).__name__}: {exc}") from exc
 
@@ -193,7 +194,7 @@ def _from_object(obj: Any, spec: str, attr_name: str | None) -> dict[str, Callab
         return out
     if callable(obj) and not isinstance(obj, type):
         names = getattr(obj, _MARK, None) or ((attr_name,) if attr_name else ())
-        return {name: obj for name in names}
+        return dict.fromkeys(names, obj)
     raise HandlerLoadError(f"{spec} is a {type(obj).__name__}, not a handler: expected a callable, a mapping of "
                            "job name to callable, or a HandlerRegistry")
 

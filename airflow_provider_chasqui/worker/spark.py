@@ -44,8 +44,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 if __name__ == "__main__":  # run as a file by spark-submit / python: drop this folder from sys.path
     _here = os.path.dirname(os.path.abspath(__file__))

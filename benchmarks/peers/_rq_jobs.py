@@ -3,6 +3,6 @@
 import _peer_common as common
 
 
-def noop(i):  # noqa: ANN001, ANN201
+def noop(i):
     common.hit()
     return None

@@ -10,10 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _peer_common as common  # noqa: E402
-from arq import create_pool  # noqa: E402
-from arq.connections import RedisSettings  # noqa: E402
-from arq.worker import Worker  # noqa: E402
+import _peer_common as common
+from arq import create_pool
+from arq.connections import RedisSettings
+from arq.worker import Worker
 
 try:
     from importlib.metadata import version as _version
@@ -23,7 +23,7 @@ except Exception:  # noqa: BLE001
     VERSION = "?"
 
 
-async def noop(ctx, i):  # noqa: ANN001, ANN201
+async def noop(ctx, i):
     common.hit()
     return None
 

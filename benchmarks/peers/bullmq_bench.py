@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _peer_common as common  # noqa: E402
-from bullmq import Queue, Worker  # noqa: E402
+import _peer_common as common
+from bullmq import Queue, Worker
 
 try:
     from importlib.metadata import version as _version
@@ -19,7 +19,7 @@ except Exception:  # noqa: BLE001
     VERSION = "?"
 
 
-async def noop(job, token):  # noqa: ANN001, ANN201
+async def noop(job, token):
     common.hit()
     return None
 

@@ -11,9 +11,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import _peer_common as common  # noqa: E402
-from airflow_provider_chasqui.engine.queue import Queue  # noqa: E402
-from airflow_provider_chasqui.engine.worker import Worker  # noqa: E402
+import _peer_common as common
+
+from airflow_provider_chasqui.engine.queue import Queue
+from airflow_provider_chasqui.engine.worker import Worker
 
 try:
     from importlib.metadata import version as _version
@@ -23,7 +24,7 @@ except Exception:  # noqa: BLE001
     VERSION = "source"
 
 
-async def noop(job):  # noqa: ANN001, ANN201
+async def noop(job):
     common.hit()
     return None
 

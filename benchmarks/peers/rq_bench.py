@@ -13,10 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _peer_common as common  # noqa: E402
-from redis import Redis  # noqa: E402
-from _rq_jobs import noop  # noqa: E402
-from rq import Queue, SimpleWorker  # noqa: E402
+import _peer_common as common
+from _rq_jobs import noop
+from redis import Redis
+from rq import Queue, SimpleWorker
 
 try:
     from importlib.metadata import version as _version

@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _peer_common as common  # noqa: E402
-from saq import Queue, Worker  # noqa: E402
+import _peer_common as common
+from saq import Queue, Worker
 
 try:
     from importlib.metadata import version as _version
@@ -22,7 +22,7 @@ except Exception:  # noqa: BLE001
     VERSION = "?"
 
 
-async def noop(ctx, *, i):  # noqa: ANN001, ANN201
+async def noop(ctx, *, i):
     common.hit()
     return None
 

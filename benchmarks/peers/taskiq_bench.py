@@ -11,9 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _peer_common as common  # noqa: E402
-from taskiq.api import run_receiver_task  # noqa: E402
-from taskiq_redis import RedisStreamBroker  # noqa: E402
+import _peer_common as common
+from taskiq.api import run_receiver_task
+from taskiq_redis import RedisStreamBroker
 
 try:
     from importlib.metadata import version as _version

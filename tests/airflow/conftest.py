@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from airflow_support import WorkerProcess, conn_json
 from services import airflow_services  # noqa: F401 - one definition: one set of services per session
 

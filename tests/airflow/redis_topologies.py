@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-
 from servers import RunningServer, start_server
 
 __all__ = ["free_port", "acl_server", "tls_server", "sentinel", "cluster", "TlsServer"]
@@ -31,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(cond, timeout: float, what: str) -> None:  # noqa: ANN001
+def _wait(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -71,7 +70,7 @@ def _certificates(tmpdir: Path) -> tuple[Path, Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def build(subject: str, issuer: x509.Name | None, issuer_key: object, key: object, ca: bool) -> x509.Certificate:
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])

@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.fernet import Fernet
-
 from airflow_support import delete_queue_keys
+from cryptography.fernet import Fernet
 from redis_topologies import free_port
 
 __all__ = ["AirflowServices", "airflow_services"]

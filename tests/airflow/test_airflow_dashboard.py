@@ -18,12 +18,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from airflow_support import conn_json
 
 from airflow_provider_chasqui.sync.queue import SyncQueue

@@ -14,10 +14,10 @@ import re
 import uuid
 
 import pytest
+from airflow_support import WorkerProcess, delete_queue_keys, run_dags
 
 from airflow_provider_chasqui.operators.enqueue import ChasquiEnqueueOperator
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
-from airflow_support import WorkerProcess, delete_queue_keys, run_dags
 
 UNSET = None
 CASES = [  # ([operators], [chasqui]) -> the default

@@ -14,9 +14,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from airflow_support import WorkerProcess, delete_queue_keys, run_dags
 
 from airflow_provider_chasqui import RepeatPattern, SyncQueue
-from airflow_support import WorkerProcess, delete_queue_keys, run_dags
 
 pytestmark = pytest.mark.timeout(300)
 

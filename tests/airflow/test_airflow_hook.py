@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk import Connection
+from airflow_support import WorkerProcess
+from redis_topologies import ALICE, acl_server, cluster, sentinel, tls_server
 
 from airflow_provider_chasqui import ChasquiConnectionError, ConfigError
 from airflow_provider_chasqui.hooks._connection import ChasquiConnectionSettings
 from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
 from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger
-from airflow_support import WorkerProcess
-from redis_topologies import ALICE, acl_server, cluster, sentinel, tls_server
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from engine_support import raw_sync, wait_until_sync
+from test_airflow_sensor import RecordingTI
 
 from airflow_provider_chasqui import BackoffSpec, ConfigError, SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.operators.dlq import ChasquiReplayDLQOperator
 from airflow_provider_chasqui.operators.enqueue import ChasquiEnqueueOperator
 from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger
-from engine_support import raw_sync, wait_until_sync
-from test_airflow_sensor import RecordingTI
 
 
 def enqueue(**kwargs: object) -> ChasquiEnqueueOperator:
@@ -62,7 +62,7 @@ def test_enqueue_returns_the_job_id_and_pushes_it(queue_name: str, redis_url: st
 
 def test_delay_and_run_at_go_to_the_delayed_set(queue_name: str, redis_url: str) -> None:
     enqueue(queue_name=queue_name, data={"x": 1}, delay=timedelta(minutes=5)).execute({"ti": RecordingTI()})
-    later = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     enqueue(queue_name=queue_name, data={"x": 1}, run_at=later).execute({"ti": RecordingTI()})
     assert _delayed(redis_url, queue_name) == 2 and _stream_len(redis_url, queue_name) == 0
 
@@ -169,7 +169,7 @@ def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None
 
 
 def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: str) -> None:
-    start = (datetime.now(timezone.utc) + timedelta(days=1)).replace(microsecond=0)
+    start = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
     key = upsert(queue_name=queue_name, data={"report": "sales"}, cron="0 6 * * *", tz="America/Lima",
                  key="daily-sales", start_after=start.isoformat(), missed_fires="fire-all", max_catchup=3,
                  deadline=timedelta(minutes=30), attempts=4, backoff={"kind": "fixed", "delay_ms": 1000},

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+from engine_support import running
+from test_airflow_sensor import RecordingTI, _task_log
 
 from airflow_provider_chasqui import BackoffSpec, Queue, SyncQueue, Worker
 from airflow_provider_chasqui.core.outcomes import end_attempts, outcome_line
 from airflow_provider_chasqui.operators.enqueue import ChasquiEnqueueOperator
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
-from engine_support import running
-from test_airflow_sensor import RecordingTI, _task_log
 
 WAITED = r"waited \d+\.\d\d s"
 

@@ -19,11 +19,11 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
     TaskDeferred,
 )
+from airflow_support import conn_json
 
 from airflow_provider_chasqui import JobFailed, SyncQueue
 from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
 from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger
-from airflow_support import conn_json
 
 
 class RecordingTI:

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from airflow_support import delete_queue_keys
 
 HERE = Path(__file__).resolve().parent

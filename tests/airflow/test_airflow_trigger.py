@@ -16,12 +16,12 @@ import pytest
 import redis
 from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import TriggerEvent
+from engine_support import running, wait_until
 
 from airflow_provider_chasqui import Queue, Worker
 from airflow_provider_chasqui.core.event_hub import reader_name
 from airflow_provider_chasqui.examples.handlers import HANDLERS
 from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger, json_safe_problem
-from engine_support import running, wait_until
 
 CASES = [
     {"job_ids": ["01J0000000000000000000000A"], "queue_name": "q"},

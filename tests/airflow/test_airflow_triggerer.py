@@ -21,9 +21,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cryptography.fernet import Fernet
-
 from airflow_support import WorkerProcess, delete_queue_keys, stop_services
+from cryptography.fernet import Fernet
 from redis_topologies import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -35,7 +34,7 @@ def _query(db: Path, sql: str, *args: object) -> list[tuple]:
         return conn.execute(sql, args).fetchall()
 
 
-def _wait_for(what: str, cond, timeout: float, procs: dict[str, subprocess.Popen]) -> object:  # noqa: ANN001
+def _wait_for(what: str, cond, timeout: float, procs: dict[str, subprocess.Popen]) -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = cond()

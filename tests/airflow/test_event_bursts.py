@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from airflow_support import WorkerProcess
+from services import AirflowServices
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
-from airflow_support import WorkerProcess
-from services import AirflowServices
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(420)]
 QUEUE_DAG, QUEUE_ASSET = "chasqui_on_queue_jobs", "chasqui_incoming_files"

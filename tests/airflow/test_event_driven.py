@@ -33,6 +33,8 @@ import redis
 from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedStreamManager
+from airflow_support import conn_json
+from engine_support import running, wait_until
 
 from airflow_provider_chasqui import Queue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -49,8 +51,6 @@ from airflow_provider_chasqui.triggers.queue_events import (
     QueueModeProducer,
     default_cursor,
 )
-from airflow_support import conn_json
-from engine_support import running, wait_until
 
 CLEAN = AdvanceOutcome(acked=1, failed=0)
 FAILED = AdvanceOutcome(acked=0, failed=1)

@@ -121,8 +121,8 @@ def run_info(s: AirflowServices, dag_id: str, run_id: str) -> dict[str, Any]:
 
 
 def task_states(s: AirflowServices, dag_id: str, run_id: str) -> dict[str, str | None]:
-    return {task_id: state for task_id, state in s.query(
-        "select task_id, state from task_instance where dag_id = ? and run_id = ?", dag_id, run_id)}
+    return dict(s.query(
+        "select task_id, state from task_instance where dag_id = ? and run_id = ?", dag_id, run_id))
 
 
 def task_logs(s: AirflowServices, dag_id: str, run_id: str, chars: int = 4000) -> str:

@@ -54,7 +54,7 @@ def test_engine_smoke_json_has_every_workload_with_positive_figures(smoke_result
     data = json.loads(smoke_results["engine"].read_text())
     assert data["meta"]["smoke"] is True and data["meta"]["n"] == 500
     assert data["meta"]["redis_version"]
-    assert ENGINE_WORKLOADS <= set(data["results"])
+    assert set(data["results"]) >= ENGINE_WORKLOADS
     for name in ENGINE_WORKLOADS:
         res = data["results"][name]
         assert _positive(res["jobs_per_s"]) and _positive(res["seconds"]), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from wire_vectors import CREATED_AT_MS, JOB_ID, V1, V2
 
 from airflow_provider_chasqui.core.codec import (
     MAX_JOB_NAME_BYTES,
@@ -17,7 +18,6 @@ from airflow_provider_chasqui.core.codec import (
     validate_job_name,
 )
 from airflow_provider_chasqui.errors import CodecError, ConfigError
-from wire_vectors import CREATED_AT_MS, JOB_ID, V1, V2
 
 CROCKFORD = set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
 

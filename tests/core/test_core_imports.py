@@ -33,7 +33,8 @@ import json, sys
 mods = sorted(sys.modules)
 scripts = sys.modules.get("{PKG}.core.scripts")
 print(json.dumps({{"io": [m for m in {IO!r} if m in sys.modules],
-                  "above": [m for m in mods if m.startswith("{PKG}.") and not m.startswith(("{PKG}.core", "{PKG}.errors"))],
+                  "above": [m for m in mods if m.startswith("{PKG}.")
+                            and not m.startswith(("{PKG}.core", "{PKG}.errors"))],
                   "lua_read": scripts is not None and "SCRIPTS" in vars(scripts),
                   "from": __import__("{PKG}").__file__}}))
 """)

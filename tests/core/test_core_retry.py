@@ -37,7 +37,7 @@ def test_jitter_may_exceed_the_cap() -> None:
 
 def test_fixed_backoff_ignores_the_retry_number() -> None:
     spec = BackoffWire("fixed", 500, None, None, 0)
-    assert {backoff_ms(n, spec, RetryPolicy()) for n in range(0, 20)} == {500}
+    assert {backoff_ms(n, spec, RetryPolicy()) for n in range(20)} == {500}
 
 
 def test_fixed_is_clamped_to_the_cap_too() -> None:

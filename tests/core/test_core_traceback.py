@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from wire_vectors import NAME, V2
 
 from airflow_provider_chasqui.core.consumer import (
     MAX_TRACEBACK_BYTES,
@@ -17,7 +18,6 @@ from airflow_provider_chasqui.core.consumer import (
 )
 from airflow_provider_chasqui.core.retry import RetryPolicy
 from airflow_provider_chasqui.core.settings import QueueSettings
-from wire_vectors import NAME, V2
 
 
 def _raised(fn) -> BaseException:

@@ -136,7 +136,7 @@ def test_impossible_and_rare_dates():
 
 @pytest.mark.parametrize("tz", [None, "", "UTC", "utc", "Utc", "Z"])
 def test_utc_aliases(tz):
-    assert resolve_timezone(tz) is dt.timezone.utc
+    assert resolve_timezone(tz) is dt.UTC
     assert next_fire_after(cron("30 2 * * *", tz), ms(2024, 1, 1)) == ms(2024, 1, 1, 2, 30)
 
 

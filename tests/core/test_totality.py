@@ -9,15 +9,16 @@ import random
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from airflow_provider_chasqui.core.codec import (
-    decode_data,
     MAX_JOB_ID_CHARS,
     MAX_JOB_NAME_BYTES,
     BackoffWire,
     Envelope,
     RetryOverride,
+    decode_data,
     decode_envelope,
     encode_envelope,
 )

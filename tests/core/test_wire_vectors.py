@@ -10,6 +10,23 @@ import struct
 
 import msgpack
 import pytest
+import wire_vectors
+from wire_vectors import (
+    CREATED_AT_MS,
+    DATA,
+    JOB_ID,
+    LENGTHS,
+    NAME,
+    V1,
+    V2,
+    V3,
+    V4,
+    V5,
+    V6,
+    V7,
+    V8,
+    V13,
+)
 
 from airflow_provider_chasqui.core.codec import (
     BackoffWire,
@@ -29,23 +46,6 @@ from airflow_provider_chasqui.core.retry import RetryPolicy
 from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.errors import CodecError
 from airflow_provider_chasqui.types import BackoffSpec, build_retry_override
-from wire_vectors import (
-    CREATED_AT_MS,
-    DATA,
-    JOB_ID,
-    LENGTHS,
-    NAME,
-    V1,
-    V2,
-    V3,
-    V4,
-    V5,
-    V6,
-    V7,
-    V8,
-    V13,
-)
-import wire_vectors
 
 NOW = CREATED_AT_MS
 

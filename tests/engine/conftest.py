@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-
-from airflow_provider_chasqui import Queue, Worker
 from engine_support import raw_async
 from servers import CLUSTER_KIND, KINDS, Cluster, RunningServer
+
+from airflow_provider_chasqui import Queue, Worker
 
 SINGLE = "single"
 

@@ -11,11 +11,11 @@ import time
 import uuid
 
 import pytest
+from engine_support import running, wait_until
+from servers import CLUSTER_KIND, Cluster, start_cluster
 
 from airflow_provider_chasqui import Job, Queue, SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import running, wait_until
-from servers import CLUSTER_KIND, Cluster, start_cluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,8 +19,12 @@ import time
 
 import pytest
 import redis
+from engine_support import running, stream_entries, wait_until
+from fault_support import FaultProxy, start_sentinel
+from servers import RunningServer, binary_for
 
 from airflow_provider_chasqui import Queue, QueueEvents, SyncQueue, Worker
+from airflow_provider_chasqui.cli import main as cli_main
 from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.urls import CONNECT_TIMEOUT_SECS, split_cluster_flag
@@ -29,12 +33,8 @@ from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.promoter import Promoter
 from airflow_provider_chasqui.engine.scheduler import Scheduler, run_standalone
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ConfigError
-from airflow_provider_chasqui.cli import main as cli_main
 from airflow_provider_chasqui.sync._driver import SyncDriver
 from airflow_provider_chasqui.worker.metrics import DepthSampler
-from engine_support import running, stream_entries, wait_until
-from fault_support import FaultProxy, start_sentinel
-from servers import RunningServer, binary_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -125,14 +125,14 @@ async def test_every_client_speaks_resp2(own_server: RunningServer, own_url: str
 
 
 @pytest.mark.timeout(180)
-async def test_every_cluster_client_speaks_resp2(cluster_server, queue_name: str) -> None:  # noqa: ANN001
+async def test_every_cluster_client_speaks_resp2(cluster_server, queue_name: str) -> None:
     url = cluster_server.url
     await _exercise(url, queue_name)
 
 
 @pytest.mark.single_node("a private server and its Sentinel")
 async def test_sentinel_clients_and_the_sentinel_connections_speak_resp2(own_server: RunningServer, queue_name: str,
-                                                                         tmp_path) -> None:  # noqa: ANN001
+                                                                         tmp_path) -> None:
     sentinel = start_sentinel(binary_for("redis7"), tmp_path, "conn-svc", own_server.port)
     try:
         url = f"redis+sentinel://127.0.0.1:{sentinel.port}/conn-svc/0"
@@ -189,7 +189,7 @@ async def test_protocol_2_in_the_url_is_accepted(redis_url: str, queue_name: str
 
 
 # ---- timeouts and keepalive ---------------------------------------------------------------------
-def _kwargs(client) -> dict:  # noqa: ANN001
+def _kwargs(client) -> dict:
     """The connection options of a client (of a cluster client's first node)."""
     if not hasattr(client, "get_nodes"):
         return client.connection_pool.connection_kwargs
@@ -295,20 +295,19 @@ async def test_a_lost_reply_never_writes_a_job_twice(own_server: RunningServer, 
                                                       kind: str) -> None:
     """The proxy forwards the request, drops its reply and resets the connection: the add ran
     once.  Before, the lane re-sent it on redis-py, which succeeded: a normal return, two jobs."""
-    async with FaultProxy(own_server.port) as proxy:
-        async with Queue(queue_name, redis_url=proxy.url) as q:
-            first = await q.add("d", {"i": 0})  # the lane is open
-            await q.add("d", {"i": 1}, attempts=2, delay_ms=0)
-            proxy.drop_replies = 1
-            with pytest.raises(ChasquiConnectionError):
-                if kind == "plain":
-                    await q.add("d", {"i": "lost-reply"})
-                elif kind == "with-options":
-                    await q.add("d", {"i": "lost-reply"}, attempts=3)
-                else:
-                    await q.add_bulk([{"name": "d", "data": {"i": "lost-reply"}}])
-            assert proxy.drop_replies == 0
-            after = await q.add("d", {"i": 2})  # and the queue works on
+    async with FaultProxy(own_server.port) as proxy, Queue(queue_name, redis_url=proxy.url) as q:
+        first = await q.add("d", {"i": 0})  # the lane is open
+        await q.add("d", {"i": 1}, attempts=2, delay_ms=0)
+        proxy.drop_replies = 1
+        with pytest.raises(ChasquiConnectionError):
+            if kind == "plain":
+                await q.add("d", {"i": "lost-reply"})
+            elif kind == "with-options":
+                await q.add("d", {"i": "lost-reply"}, attempts=3)
+            else:
+                await q.add_bulk([{"name": "d", "data": {"i": "lost-reply"}}])
+        assert proxy.drop_replies == 0
+        after = await q.add("d", {"i": 2})  # and the queue works on
     counts = _copies(own_url, queue_name)
     assert counts[first.id] == 1 and counts[after.id] == 1
     assert all(c == 1 for c in counts.values()), counts

@@ -11,11 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from engine_support import raw_sync, running, wait_until, wait_until_sync
+from servers import start_server
 
 from airflow_provider_chasqui import Job, Queue
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import raw_sync, running, wait_until, wait_until_sync
-from servers import start_server
 
 WORKER_SCRIPT = textwrap.dedent(
     """

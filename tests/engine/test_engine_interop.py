@@ -9,17 +9,17 @@ name and data.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import msgpack
 import pytest
+from engine_support import kv, running, wait_until
 
 from airflow_provider_chasqui import Job
 from airflow_provider_chasqui.core.codec import decode_envelope, encode_envelope, encode_member, split_member
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.types import build_retry_override
-from engine_support import kv, running, wait_until
 
 # chasquimq 1.3.0 has no Redis Cluster client (on a cluster its commands fail with MOVED):
 # interop is tested on the single shared server only.
@@ -50,7 +50,7 @@ async def test_chasquimq_delayed_adds_run_on_our_worker(chasquimq, redis_url, qu
                                   backoff=chasquimq.BackoffSpec.exponential(250, multiplier=3.0, max_ms=10_000,
                                                                              jitter_ms=50))
         with_int_backoff = await cq.add("int-backoff", 5, delay_ms=400, backoff=500)
-        at = await cq.add("absolute", "at", delay_ms=datetime.now(timezone.utc) + timedelta(milliseconds=400))
+        at = await cq.add("absolute", "at", delay_ms=datetime.now(UTC) + timedelta(milliseconds=400))
         with_id = await cq.add("by-id", {"id": 1}, delay_ms=400, job_id="cq-fixed-id")
     finally:
         await cq.close()

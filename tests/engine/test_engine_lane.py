@@ -15,8 +15,11 @@ import time
 import hiredis
 import pytest
 import redis
+from engine_support import client_at, pool_connections, stream_entries, stream_job_ids, wait_until, wait_until_sync
+from fault_support import FaultProxy
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from servers import RunningServer, start_server
 
 from airflow_provider_chasqui import Queue
 from airflow_provider_chasqui.core.calls import command, packed_command, resp_bulk, script_call
@@ -314,7 +317,7 @@ async def test_script_flush_is_reloaded_on_the_lane(own_url: str, queue_name: st
 
 
 
-async def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path) -> None:  # noqa: ANN001
+async def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path) -> None:
     """A demoted master answers READONLY: the lane lets go of that connection (one add, a
     pipeline), so the next call reconnects through redis-py (Sentinel finds the new master)."""
     other = start_server("redis7", tmpdir=tmp_path)

@@ -15,12 +15,12 @@ import math
 
 import msgpack
 import pytest
+from engine_support import events_of, kv, pending_count, running, wait_until
 from redis.exceptions import ResponseError
 
 from airflow_provider_chasqui import Job
 from airflow_provider_chasqui.core.codec import BackoffWire, Envelope, RetryOverride, encode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import events_of, kv, pending_count, running, wait_until
 
 
 async def _xlen_is(r, key: str, n: int) -> bool:

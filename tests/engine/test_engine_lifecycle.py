@@ -6,11 +6,11 @@ import asyncio
 import time
 
 import pytest
+from engine_support import events_of, pending_count, running, wait_until
 
 from airflow_provider_chasqui import ConfigError, Job, Promoter, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine._driver import AsyncDriver
-from engine_support import events_of, pending_count, running, wait_until
 
 
 async def _pending_is(r, queue, n) -> bool:

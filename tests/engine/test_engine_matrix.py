@@ -8,13 +8,13 @@ import re
 
 import msgpack
 import pytest
+from engine_support import events_of, kv, pending_count, running, wait_until
+from wire_vectors import V13
 
 from airflow_provider_chasqui import BackoffSpec, Job
 from airflow_provider_chasqui.core.codec import Envelope, decode_envelope, encode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.retry import RetryPolicy
-from engine_support import events_of, kv, pending_count, running, wait_until
-from wire_vectors import V13
 
 REASON = "handler: Python handler raised: ValueError('boom')"
 ENTRY_ID = re.compile(r"^\d+-\d+$")

@@ -10,12 +10,12 @@ from datetime import timedelta
 
 import msgpack
 import pytest
+from engine_support import client_lists, events_of, kv, pending_count, running, wait_until
 
 from airflow_provider_chasqui import Job, JobFailed, Queue, QueueEvents, UnrecoverableError
 from airflow_provider_chasqui.core.codec import decode_envelope, split_member
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine._driver import AsyncDriver
-from engine_support import client_lists, events_of, kv, pending_count, running, wait_until
 
 
 async def _xlen_is(r, key, n) -> bool:

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from engine_support import running, stream_entries, wait_until
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -22,7 +23,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from airflow_provider_chasqui import UnrecoverableError
 from airflow_provider_chasqui.sync.queue import SyncQueue
-from engine_support import running, stream_entries, wait_until
 
 pytestmark = pytest.mark.single_node("tracing is per entry: the cluster adds nothing but minutes")
 
@@ -78,7 +78,7 @@ async def test_consumer_span_is_a_child_of_the_producer_span(redis_url, queue_na
         assert c.attributes["chasqui.job.outcome"] == "completed"
         assert c.attributes["messaging.destination.name"] == queue_name
     # the handler ran inside its consumer span (the current span is the job's)
-    assert {jid: sid for jid, sid in seen} == {jid: consumers[jid].context.span_id for jid in consumers}
+    assert dict(seen) == {jid: consumers[jid].context.span_id for jid in consumers}
 
 
 @pytest.mark.timeout(60)

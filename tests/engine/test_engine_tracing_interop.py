@@ -13,11 +13,11 @@ import asyncio
 
 import pytest
 import redis
+from engine_support import running, stream_entries, wait_until
 
 from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
-from engine_support import running, stream_entries, wait_until
 
 pytestmark = [pytest.mark.interop, pytest.mark.single_node("the chasquimq wheel cannot talk to a Redis Cluster")]
 

@@ -10,12 +10,12 @@ import time
 
 import msgpack
 import pytest
+from engine_support import events_of, kv, pending_count, running, wait_until
 
 from airflow_provider_chasqui import BackoffSpec, Job, Promoter, UnrecoverableError
 from airflow_provider_chasqui.core.codec import Envelope, decode_envelope, encode_envelope, encode_member
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine._driver import AsyncDriver
-from engine_support import events_of, kv, pending_count, running, wait_until
 
 
 async def _xlen_is(r, key, n) -> bool:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from engine_support import raw_sync, wait_until_sync
+from fault_support import chunks, count_lines, indexes_of_entries, pending_ids, read_records, spawn_worker
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import raw_sync, wait_until_sync
-from fault_support import chunks, count_lines, indexes_of_entries, pending_ids, read_records, spawn_worker
 
 N = 50_000
 

@@ -20,18 +20,19 @@ import contextlib
 import random
 import struct
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 import pytest
 import redis
+from engine_support import wait_until_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_chasqui import Worker
 from airflow_provider_chasqui.core.codec import Envelope, RetryOverride, decode_data, decode_envelope, encode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import wait_until_sync
 
 MAX_PAYLOAD = 4096
 MAX_ATTEMPTS = 3

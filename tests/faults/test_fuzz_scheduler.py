@@ -20,6 +20,7 @@ import time
 import msgpack
 import pytest
 import redis
+from engine_support import wait_until_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,6 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.repeat import StoredSpec
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.scheduler import Scheduler
-from engine_support import wait_until_sync
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _counter = iter(range(10**9))
@@ -60,7 +60,7 @@ class SchedulerThread:
         finally:
             self.loop.close()
 
-    def __enter__(self) -> "SchedulerThread":
+    def __enter__(self) -> SchedulerThread:
         self.thread.start()
         assert self.ready.wait(10)
         return self

@@ -37,13 +37,13 @@ from typing import Any
 import msgpack
 import pytest
 import redis
+from engine_support import wait_until_sync
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from servers import start_server
 
 from airflow_provider_chasqui import RepeatPattern, SyncQueue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import wait_until_sync
-from servers import start_server
 
 GOOD, SLOW, SPEC = "good", "slow", "spec"
 LEASE_MS = 1500

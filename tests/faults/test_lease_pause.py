@@ -10,11 +10,11 @@ import os
 import signal
 
 import pytest
+from engine_support import events_of, pending_count, raw_async, running, wait_until
+from fault_support import count_lines, spawn_worker
 
 from airflow_provider_chasqui import Job, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import events_of, pending_count, raw_async, running, wait_until
-from fault_support import count_lines, spawn_worker
 
 
 async def _owners(r, stream: str) -> list[tuple[bytes, str]]:

@@ -17,6 +17,8 @@ import collections
 import time
 
 import pytest
+from engine_support import raw_async, running, wait_until
+from fault_support import FaultProxy, chunks
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -24,8 +26,6 @@ from airflow_provider_chasqui import Queue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ChasquiConnectionError
-from engine_support import raw_async, running, wait_until
-from fault_support import FaultProxy, chunks
 
 N0 = 15_000
 
@@ -63,7 +63,7 @@ async def test_stalls_cuts_and_refusals_lose_nothing(redis_url: str, queue_name:
         plan = [("stall", 1.5), ("cut", 0), ("refuse", 0.7), ("stall-then-cut", 0.4), ("cut", 0),
                 ("stall", 0.3), ("refuse+cut", 1.2), ("stall-then-cut", 1.2)]
         for step, (kind, seconds) in enumerate(plan, 1):
-            await wait_until(lambda: len(runs) >= 1500 * step, 60, what=f"progress before fault {step}")
+            await wait_until(lambda step=step: len(runs) >= 1500 * step, 60, what=f"progress before fault {step}")
             if kind == "stall":
                 proxy.pause()
                 await asyncio.sleep(seconds)
@@ -140,20 +140,19 @@ async def test_blackholed_connections_are_abandoned(redis_url: str, queue_name: 
         url = proxy.url + ("?socket_timeout=3" if url_timeout else "")
         worker = Worker(queue_name, handler, redis_url=url, concurrency=10, claim_min_idle_ms=1000,
                         read_block_ms=500, run_scheduler=False)
-        async with Queue(queue_name, redis_url=redis_url) as direct:
-            async with running(worker, stop_timeout=60) as task:
-                await direct.add_bulk([{"name": "bh", "data": {"i": i}} for i in range(100)])
-                await wait_until(lambda: len(ran) == 100, 30, what="first batch")
-                silenced = proxy.blackhole()
-                assert silenced >= 2
-                t0 = time.monotonic()
-                await direct.add_bulk([{"name": "bh", "data": {"i": i}} for i in range(100, 200)])
-                await wait_until(lambda: len(ran) == 200, 60, what="the worker to abandon black-holed connections")
-                recovered_in = time.monotonic() - t0
-                async with raw_async(redis_url) as r:
-                    r.response_callbacks.clear()
-                    await wait_until(lambda: _drained(r, keys), 30, what="drain", interval=0.05)
-                assert not task.done()
+        async with Queue(queue_name, redis_url=redis_url) as direct, running(worker, stop_timeout=60) as task:
+            await direct.add_bulk([{"name": "bh", "data": {"i": i}} for i in range(100)])
+            await wait_until(lambda: len(ran) == 100, 30, what="first batch")
+            silenced = proxy.blackhole()
+            assert silenced >= 2
+            t0 = time.monotonic()
+            await direct.add_bulk([{"name": "bh", "data": {"i": i}} for i in range(100, 200)])
+            await wait_until(lambda: len(ran) == 200, 60, what="the worker to abandon black-holed connections")
+            recovered_in = time.monotonic() - t0
+            async with raw_async(redis_url) as r:
+                r.response_callbacks.clear()
+                await wait_until(lambda: _drained(r, keys), 30, what="drain", interval=0.05)
+            assert not task.done()
     # The default gives up after read_block_ms + 10 s; a URL's socket_timeout=3 wins over it.
     if url_timeout:
         assert recovered_in < 9, recovered_in

@@ -22,16 +22,16 @@ import collections
 import time
 
 import pytest
+from engine_support import raw_async, running, wait_until
+from fault_support import chunks
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from servers import start_server
 
 from airflow_provider_chasqui import Queue, RepeatPattern, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ChasquiConnectionError
-from engine_support import raw_async, running, wait_until
-from fault_support import chunks
-from servers import start_server
 
 N0 = 20_000
 

@@ -35,21 +35,22 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import pytest
 import redis
-
-from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue
-from airflow_provider_chasqui.core.keys import QueueKeys
 from engine_support import wait_until_sync
 from fault_support import free_port
 from servers import start_server
 
+from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue
+from airflow_provider_chasqui.core.keys import QueueKeys
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
-from sched_support import Fire, fires, spawn_scheduler, stop_proc, wait_ready  # noqa: E402
+from sched_support import Fire, fires, spawn_scheduler, stop_proc, wait_ready
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
@@ -137,7 +138,7 @@ def test_five_schedulers_with_the_leader_killed_fire_every_window_exactly_once(t
     # verbose: the server logs why it closed a connection (a protocol error, say)
     server = start_server("redis7", tmpdir=tmp_path, extra_args=("--loglevel", "verbose"))
     procs: dict[str, subprocess.Popen[bytes]] = {}  # holder -> live process
-    log = open(tmp_path / "schedulers.log", "ab")  # every process's log lines, for a failure's story
+    log = open(tmp_path / "schedulers.log", "ab")  # noqa: SIM115 - closed in the finally; every process's log lines
     r: redis.Redis | None = None
     try:
         r = server.client(socket_timeout=60)
@@ -188,7 +189,7 @@ def test_five_schedulers_with_the_leader_killed_fire_every_window_exactly_once(t
             lead = rng.uniform(0.0, 0.15) if rng.random() < 0.4 else rng.uniform(*LEAD_S)
             kill_at = min(end, max(last_kill + rng.uniform(*KILL_GAP_S), seen + lead))
             # the pacing of the fault, not a synchronisation: wait for the chosen instant
-            wait_until_sync(lambda: time.monotonic() >= kill_at, RUN_S + 60, what="the kill instant")
+            wait_until_sync(lambda kill_at=kill_at: time.monotonic() >= kill_at, RUN_S + 60, what="the kill instant")
             if time.monotonic() >= end:
                 break
             behind = overdue()
@@ -207,7 +208,7 @@ def test_five_schedulers_with_the_leader_killed_fire_every_window_exactly_once(t
         # the followers first, then the leader, so no follower takes over for a last tick
         order = sorted(procs, key=lambda h: h == leader_at_end)
         results = {h: stop_proc(procs.pop(h)) for h in order}
-        assert {h: code for h, (code, _) in results.items()} == {h: 0 for h in results}
+        assert {h: code for h, (code, _) in results.items()} == dict.fromkeys(results, 0)
         elapsed = time.monotonic() - started
         sched_cpu = cpu_of_children() - cpu0
         rcpu = redis_cpu(r) - rcpu0

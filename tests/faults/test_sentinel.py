@@ -19,14 +19,14 @@ import time
 
 import pytest
 import redis
+from engine_support import raw_async, running, wait_until, wait_until_sync
+from fault_support import chunks, start_sentinel
+from servers import binary_for, start_server
 
 from airflow_provider_chasqui import Queue, SyncQueue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.sentinel_url import parse_sentinel_url
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ConfigError
-from engine_support import raw_async, running, wait_until, wait_until_sync
-from fault_support import chunks, start_sentinel
-from servers import binary_for, start_server
 
 SERVICE = "chasqui-m"
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from engine_support import wait_until_sync
 
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.scripts import SCRIPTS
-from engine_support import wait_until_sync
 
 
 @pytest.fixture

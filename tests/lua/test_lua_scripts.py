@@ -13,12 +13,12 @@ from typing import Any
 import msgpack
 import pytest
 import redis
+from engine_support import kv
+from wire_vectors import JOB_ID, NAME, V1, V2, V3, V7, V8
 
 from airflow_provider_chasqui.core.codec import Envelope, encode_envelope, encode_member
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.scripts import SCRIPTS
-from engine_support import kv
-from wire_vectors import JOB_ID, NAME, V1, V2, V3, V7, V8
 
 REASON = "handler: Python handler raised: ValueError('boom')"
 
@@ -110,7 +110,7 @@ def test_promote_reads_ids_of_every_msgpack_str_width(lua: Lua, id_len: int) -> 
     lua.r.set(lua.k.didx(jid), b"x")
     assert promote(lua)[0] == 1
     assert lua.r.exists(lua.k.didx(jid)) == 0
-    ((ev,),) = [[e for e in lua.events()]]
+    ((ev,),) = [list(lua.events())]
     assert ev[1] == ("id", jid.encode())
 
 
@@ -498,7 +498,10 @@ def _fail_cases(lua: Lua) -> list[dict[str, Any]]:
     ]
 
 
-TB = 'Traceback (most recent call last):\n  File "h.py", line 3, in send\n    raise ValueError("boom")\nValueError: boom\n'
+TB = (
+    'Traceback (most recent call last):\n  File "h.py", line 3, in send\n'
+    '    raise ValueError("boom")\nValueError: boom\n'
+)
 
 
 def _fail_state(lua: Lua, eids: list[bytes], jobs: list[str]) -> dict[str, Any]:

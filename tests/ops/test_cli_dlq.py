@@ -163,7 +163,7 @@ def test_peek_shows_the_job_id_and_the_handlers_error(redis_url: str, queue_name
 
     from airflow_provider_chasqui import UnrecoverableError, Worker
 
-    def boom(job) -> None:  # noqa: ANN001
+    def boom(job) -> None:
         raise UnrecoverableError(f"no such account {job.data['account']}")
 
     async def run() -> tuple[str, str]:

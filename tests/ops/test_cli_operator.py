@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from engine_support import wait_until_sync
 
 from airflow_provider_chasqui import RepeatPattern, SyncQueue
 from airflow_provider_chasqui.cli import build_parser
@@ -25,7 +26,6 @@ from airflow_provider_chasqui.engine.queue import list_queues as async_list_queu
 from airflow_provider_chasqui.sync._driver import SyncDriver
 from airflow_provider_chasqui.sync.queue import list_queues
 from airflow_provider_chasqui.worker.cli import build_parser as worker_parser
-from engine_support import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 

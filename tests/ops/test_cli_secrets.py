@@ -18,12 +18,12 @@ from urllib.parse import quote
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from servers import start_server
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.urls import REDACTED, redact_text, redact_url
 from airflow_provider_chasqui.engine.scheduler import run_standalone
 from airflow_provider_chasqui.errors import ChasquiConnectionError
-from servers import start_server
 
 HOSTILE = "p@ss:w/rd%40x@"  # unescaped @ : / and a percent escape, as people paste them
 
@@ -212,9 +212,8 @@ def test_version_from_package_metadata() -> None:
 def test_connection_errors_and_logs_hold_no_password(kind: str, caplog: pytest.LogCaptureFixture) -> None:
     url = _urls(HOSTILE, _free_port())[kind]
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(ChasquiConnectionError) as info:
-        with SyncQueue("q", redis_url=url) as q:
-            q.add("x", 1)
+    with pytest.raises(ChasquiConnectionError) as info, SyncQueue("q", redis_url=url) as q:
+        q.add("x", 1)
     shown = "".join([str(info.value), repr(info.value), caplog.text])
     assert not _leaks(shown, HOSTILE), shown
 

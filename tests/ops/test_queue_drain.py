@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from servers import RunningServer
 
 from airflow_provider_chasqui import Queue, RepeatPattern, SyncQueue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -23,7 +24,6 @@ from airflow_provider_chasqui.core.maintenance import QueueInUse, drain, obliter
 from airflow_provider_chasqui.errors import NotSupportedError
 from airflow_provider_chasqui.examples.handlers import HANDLERS
 from airflow_provider_chasqui.sync.queue import list_queues
-from servers import RunningServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,7 +185,7 @@ def test_queue_drain_and_obliterate_commands(url: str, q_name: str) -> None:
         assert gone.stdout.startswith(f"obliterated {q_name}:") and _keys(r, q_name) == []
 
 
-def test_drain_obliterate_and_job_details_on_a_cluster(cluster_server, queue_name: str) -> None:  # noqa: ANN001
+def test_drain_obliterate_and_job_details_on_a_cluster(cluster_server, queue_name: str) -> None:
     """Every script call stays in the queue's hash slot; only the final SCAN sweep and the
     queue listing (no SCAN spans the nodes) are left out there."""
     url = cluster_server.url

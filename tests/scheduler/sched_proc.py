@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from airflow_provider_chasqui.engine._driver import AsyncDriver  # noqa: E402
-from airflow_provider_chasqui.engine.scheduler import Scheduler  # noqa: E402
+from airflow_provider_chasqui.engine._driver import AsyncDriver
+from airflow_provider_chasqui.engine.scheduler import Scheduler
 
 
 class AlwaysLeader(Scheduler):

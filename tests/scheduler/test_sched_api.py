@@ -6,11 +6,13 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import msgpack
 import pytest
 import redis
+from sched_support import fires
+from wire_vectors import V1
 
 from airflow_provider_chasqui import BackoffSpec, MissedFiresPolicy, Queue, RepeatPattern, SyncQueue
 from airflow_provider_chasqui.core.codec import decode_envelope
@@ -20,8 +22,6 @@ from airflow_provider_chasqui.core.schedules import RepeatableInfo, SpecExt
 from airflow_provider_chasqui.engine.sharded import ShardedQueue
 from airflow_provider_chasqui.errors import CodecError, ConfigError
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
-from sched_support import fires
-from wire_vectors import V1
 
 # Test vectors V10 and V11 of the wire spec (section 23): StoredSpec bytes.
 V10 = bytes.fromhex("""
@@ -81,7 +81,7 @@ async def test_upsert_stores_v11_bytes_from_both_twins(redis_url: str, queue_nam
 
 
 def test_upsert_with_every_option(q: SyncQueue, r: redis.Redis) -> None:
-    start = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    start = datetime(2030, 1, 1, tzinfo=UTC)
     job = q.upsert_repeatable_job(
         "nightly", [1, 2], repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"), limit=10,
         start_after=start, end_before_ms=1_924_992_000_000, missed_fires=MissedFiresPolicy.fire_all(100),

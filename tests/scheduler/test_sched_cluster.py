@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from servers import Cluster
 
 from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern
 from airflow_provider_chasqui.core.scheduler import fire_time_of
 from airflow_provider_chasqui.core.sharding import shard_of
 from airflow_provider_chasqui.engine.sharded import ShardedQueue, ShardedWorker
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
-from servers import Cluster
 
 SHARDS = 6
 SPECS = 300

@@ -4,7 +4,7 @@ ones, the ext field, argument coercion, shard routing and the cluster URL option
 from __future__ import annotations
 
 import zlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import msgpack
 import pytest
@@ -140,7 +140,7 @@ def test_coercion_accepts_chasquimq_and_dict_forms() -> None:
 
 def test_prepare_accepts_datetimes_and_timedeltas() -> None:
     flows = SpecFlows("q")
-    start = datetime(2030, 1, 1, 12, tzinfo=timezone.utc)
+    start = datetime(2030, 1, 1, 12, tzinfo=UTC)
     p = flows.prepare("n", 1, repeat=RepeatPattern.every(1000), start_after=start.replace(tzinfo=None),
                       end_before=start + timedelta(days=1), deadline=timedelta(seconds=90), now=0)
     spec = StoredSpec.decode(p.spec)

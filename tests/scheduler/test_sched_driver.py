@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from servers import start_server
 
 from airflow_provider_chasqui.core.calls import Call, Stream, command, script_call
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.sync._driver import SyncDriver
-from servers import start_server
 
 
 def calls(key: str, n: int, fail_at: int | None = None) -> Iterator[Call]:
@@ -63,6 +63,6 @@ async def test_async_stream_is_the_same(redis_url: str, queue_name: str) -> None
         await d.close()
 
 
-def _flow(step: Stream):  # noqa: ANN202 - a one-step core flow
+def _flow(step: Stream):  # a one-step core flow
     reply = yield step
     return reply

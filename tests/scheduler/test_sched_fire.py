@@ -7,13 +7,15 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import msgpack
 import pytest
 import redis
+from engine_support import running, wait_until
+from sched_support import FakeClock, fire_times, fires
 
 from airflow_provider_chasqui import BackoffSpec, MissedFiresPolicy, Queue, RepeatPattern, SyncQueue, Worker
 from airflow_provider_chasqui.core.calls import Stream
@@ -23,8 +25,6 @@ from airflow_provider_chasqui.core.scheduler import SchedulerCore, fire_job_id, 
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.scheduler import Scheduler
 from airflow_provider_chasqui.sync._driver import SyncDriver
-from engine_support import running, wait_until
-from sched_support import FakeClock, fire_times, fires
 
 SECOND = 1000
 
@@ -99,7 +99,7 @@ DST_CASES = [
                          ids=[f"{c[0]}-{c[4]}" for c in DST_CASES])
 async def test_dst_matrix_fires_once_per_local_day(q: SyncQueue, r: redis.Redis, driver: AsyncDriver, zone: str,
                                                    hour: int, minute: int, day: date, kind: str) -> None:
-    start = ms(datetime(day.year, day.month, day.day, tzinfo=timezone.utc) - timedelta(days=3))
+    start = ms(datetime(day.year, day.month, day.day, tzinfo=UTC) - timedelta(days=3))
     key = q.upsert_repeatable_job("dst", {"zone": zone}, repeat=RepeatPattern.cron(f"{minute} {hour} * * *", tz=zone),
                                   start_after_ms=start).id
     clock = FakeClock(start)

@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
+from sched_support import FakeClock, fires
 
 from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue
 from airflow_provider_chasqui.core import cron as cron_mod
@@ -25,7 +26,6 @@ from airflow_provider_chasqui.engine import scheduler as engine_scheduler
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.scheduler import Scheduler
 from airflow_provider_chasqui.sync._driver import SyncDriver
-from sched_support import FakeClock, fires
 
 SECOND = 1000
 WINDOWS = 5
@@ -83,8 +83,8 @@ def plant_hostile(q: SyncQueue, r: redis.Redis, at: int) -> dict[bytes, str]:
         key = f"type-{kind}".encode()
         r.zadd(q.keys.repeat, {key: at})
         h = spec_hash(q, key)
-        {"string": lambda: r.set(h, "x"), "list": lambda: r.rpush(h, "x"), "set": lambda: r.sadd(h, "x"),
-         "zset": lambda: r.zadd(h, {"x": 1}), "stream": lambda: r.xadd(h, {"x": "y"})}[kind]()
+        {"string": lambda h=h: r.set(h, "x"), "list": lambda h=h: r.rpush(h, "x"), "set": lambda h=h: r.sadd(h, "x"),
+         "zset": lambda h=h: r.zadd(h, {"x": 1}), "stream": lambda h=h: r.xadd(h, {"x": "y"})}[kind]()
         bad[key] = kind
     member(b"fired-text", "fired", spec=valid_spec("fired-text"), fired="abc")
     member(b"fired-float", "fired", spec=valid_spec("fired-float"), fired="1.5")

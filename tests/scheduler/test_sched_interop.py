@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from sched_support import FakeClock, fires
 
 from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.scheduler import Scheduler
-from sched_support import FakeClock, fires
 
 pytestmark = pytest.mark.interop
 

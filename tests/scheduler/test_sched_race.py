@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from sched_support import Fire, fires, spawn_scheduler, stop_proc, wait_ready
 
 from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue
-from sched_support import Fire, fires, spawn_scheduler, stop_proc, wait_ready
 
 SPECS = 200
 

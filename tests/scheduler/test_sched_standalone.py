@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from engine_support import wait_until_sync
+from sched_support import fires
 
 from airflow_provider_chasqui import RepeatPattern, SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
-from engine_support import wait_until_sync
-from sched_support import fires
 
 
 @pytest.fixture

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from engine_support import wait_until
+from servers import KINDS, start_server
 
 from airflow_provider_chasqui import Queue, QueueEvents, RepeatPattern, SyncQueue, UnrecoverableError, Worker
 from airflow_provider_chasqui.core.scripts import LIBRARY, SCRIPTS
 from airflow_provider_chasqui.ops.functions import install
-from engine_support import wait_until
-from servers import KINDS, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "airflow_provider_chasqui"

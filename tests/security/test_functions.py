@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+from engine_support import client_at, stream_job_ids, wait_until
+from servers import RunningServer, start_server
 
 from airflow_provider_chasqui import Queue, SyncQueue, Worker
 from airflow_provider_chasqui.core.calls import command, script_call
@@ -24,8 +26,6 @@ from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ConfigError, ScriptError
 from airflow_provider_chasqui.ops.functions import install, status
 from airflow_provider_chasqui.sync._driver import SyncDriver
-from engine_support import client_at, stream_job_ids, wait_until
-from servers import RunningServer, start_server
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,10 +10,10 @@ job ids, unique keys or spec keys appended to it.
 
 from __future__ import annotations
 
-
 import inspect
 
 import pytest
+from engine_support import raw_async, running, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
@@ -23,7 +23,6 @@ from airflow_provider_chasqui.core.codec import MAX_JOB_NAME_BYTES
 from airflow_provider_chasqui.core.keys import MAX_QUEUE_NAME_BYTES, QueueKeys, validate_queue_name
 from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.engine._driver import AsyncDriver
-from engine_support import raw_async, running, wait_until
 
 UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens: a constructor that connected would fail differently
 INJECTIONS = ["q}:stream", "{other}", "a}{b", "x\r\nFLUSHALL\r\n", "nul\x00byte", "}", "{", "\n", "",
@@ -129,12 +128,11 @@ async def test_worker_dead_letters_what_other_producers_send(redis_url: str, que
             ids[await r.execute_command("XADD", keys.stream, "*", "d", payload, "n", "h")] = what
         worker = Worker(queue_name, {"h": lambda job: ran.append(job)}, redis_url=redis_url, run_scheduler=False,
                         max_payload_bytes=200_000)
-        async with running(worker):
-            async with Queue(queue_name, redis_url=redis_url) as q:
-                dead = await wait_until(lambda: _dlq(q, len(bad)), 15, what="every bad entry in the DLQ")
-                ok = await q.add("h", {"still": "alive"})
-                await wait_until(lambda: len(ran) == 1, 15, what="a good job after the bad ones")
-                assert ran[0].id == ok.id
+        async with running(worker), Queue(queue_name, redis_url=redis_url) as q:
+            dead = await wait_until(lambda: _dlq(q, len(bad)), 15, what="every bad entry in the DLQ")
+            ok = await q.add("h", {"still": "alive"})
+            await wait_until(lambda: len(ran) == 1, 15, what="a good job after the bad ones")
+            assert ran[0].id == ok.id
     reasons = {ids[d["source_id"].encode()]: d["reason"] for d in dead}
     assert reasons == {"oversize": "oversize_payload", "nested 100k deep": "decode_failed",
                        "declares 4 GiB string": "decode_failed", "declares 4G elements": "decode_failed"}

@@ -16,14 +16,14 @@ import asyncio
 from datetime import timedelta
 
 import pytest
+from engine_support import raw_async, running, wait_until
+from fault_support import chunks
 
 from airflow_provider_chasqui import Queue, RepeatPattern, UnrecoverableError, Worker, WorkerSettings
-from airflow_provider_chasqui.errors import ConfigError
 from airflow_provider_chasqui.core.features import Features
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.settings import QueueSettings
-from engine_support import raw_async, running, wait_until
-from fault_support import chunks
+from airflow_provider_chasqui.errors import ConfigError
 
 NODE = 100  # stream-node-max-entries: MAXLEN ~ trims whole nodes, so a stream may exceed its limit by < 1 node
 
@@ -144,7 +144,7 @@ async def test_results_failures_and_markers_expire(redis_url: str, queue_name: s
     assert all(0 < t <= 40_000 for t in ttls["result"]), ttls
     assert all(0 < t <= 20_000 for t in ttls["failure"]), ttls
     assert 0 < ttls["unique"][0] <= 30_000
-    assert all(0 < ttls[k][0] for k in ("dlid", "didx", "promoter lock")), ttls
+    assert all(ttls[k][0] > 0 for k in ("dlid", "didx", "promoter lock")), ttls
 
 
 async def _scan(r, pattern: str) -> list[bytes]:

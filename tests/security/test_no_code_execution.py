@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 
 import pytest
+from engine_support import raw_async, running, wait_until
 
 from airflow_provider_chasqui import Queue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import raw_async, running, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "airflow_provider_chasqui"
@@ -110,7 +110,7 @@ class _Bomb:
     def __init__(self, marker: str) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (open, (self.marker, "w"))
 
 

@@ -15,15 +15,15 @@ from urllib.parse import quote
 
 import pytest
 import redis
+from engine_support import running, wait_until
+from fault_support import free_port, make_tls_files
+from servers import start_server
 
 from airflow_provider_chasqui import Queue, QueueEvents, SyncQueue, Worker
 from airflow_provider_chasqui.engine.sharded import ShardedQueue
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ConfigError
 from airflow_provider_chasqui.hooks._connection import ChasquiConnectionSettings
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
-from engine_support import running, wait_until
-from fault_support import free_port, make_tls_files
-from servers import start_server
 
 
 @pytest.fixture(scope="module")
@@ -95,16 +95,15 @@ async def test_tls_refuses_wrong_ca_wrong_host_and_plaintext(tls_server) -> None
     }
     if mutual:
         bad["no client certificate"] = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={quote(str(files.ca))}"
-    for what, url in bad.items():
+    for url in bad.values():
         async with Queue("tls-q", redis_url=url) as q:
             with pytest.raises(ChasquiConnectionError):
                 await asyncio.wait_for(q.add("t", {}), 20)
-        with SyncQueue("tls-q", redis_url=url) as sq:
-            with pytest.raises(ChasquiConnectionError):
-                sq.add("t", {})
+        with SyncQueue("tls-q", redis_url=url) as sq, pytest.raises(ChasquiConnectionError):
+            sq.add("t", {})
 
 
-def _verify_options(client) -> dict:  # noqa: ANN001
+def _verify_options(client) -> dict:
     kw = client.connection_pool.connection_kwargs
     return {"ssl_cert_reqs": kw.get("ssl_cert_reqs"), "ssl_check_hostname": kw.get("ssl_check_hostname")}
 
@@ -159,7 +158,7 @@ async def test_verification_is_explicit_on_every_client_and_a_wrong_hostname_is_
         assert oq.driver.client.connection_pool.connection_kwargs["ssl_check_hostname"] is False
 
 
-async def test_tls_flag_never_silently_does_nothing(tmp_path) -> None:  # noqa: ANN001
+async def test_tls_flag_never_silently_does_nothing(tmp_path) -> None:
     """``tls=True`` upgrades redis:// and redis+sentinel:// (TLS to the master, verified); a unix
     socket cannot be upgraded and is refused instead of connecting in plain text."""
     sock = f"unix://{tmp_path}/redis.sock"

@@ -80,7 +80,7 @@ def test_bad_arguments_fail_on_the_driver(spark, redis_url: str, queue_name: str
     df = spark.createDataFrame([(1, "a")], "id INT, kind STRING")
     cases = [
         (dict(name="x", name_col="kind"), "exactly one of name="),
-        (dict(), "exactly one of name="),
+        ({}, "exactly one of name="),
         (dict(name="x", data_cols=["id"], data_col="id"), "not both"),
         (dict(name="x", data_cols=["nope"]), "column 'nope' is not in the DataFrame"),
         (dict(name_col="missing"), "column 'missing' is not in the DataFrame"),

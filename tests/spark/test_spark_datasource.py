@@ -148,7 +148,7 @@ def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (dict(), "exactly one of the options name"),
+    ({}, "exactly one of the options name"),
     (dict(name="x", name_col="k"), "exactly one of the options name"),
     (dict(name="x", nope="1"), r"unknown write options \['nope'\]"),
     (dict(name_col="n"), r"column 'n' \(name_col\) is int; expected string"),

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from engine_support import wait_until_sync
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.examples.spark_handlers import expected_rollup
 from airflow_provider_chasqui.worker import spark as spark_entry
-from engine_support import wait_until_sync
 
 # Generous: two JVMs, Airflow's start-up and a DAG run each; ~2 min on an idle 2-core machine,
 # several times that when the machine is shared.

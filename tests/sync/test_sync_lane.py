@@ -18,8 +18,11 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from engine_support import client_at, pool_connections, stream_entries, stream_job_ids, wait_until_sync
+from fault_support import FaultProxy
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from servers import RunningServer, start_server
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core import codec
@@ -29,9 +32,6 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ScriptError
 from airflow_provider_chasqui.sync._driver import SyncDriver
-from engine_support import client_at, pool_connections, stream_entries, stream_job_ids, wait_until_sync
-from fault_support import FaultProxy
-from servers import RunningServer, start_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,8 +59,8 @@ def _proxy_thread(port: int) -> Iterator[tuple[FaultProxy, asyncio.AbstractEvent
         loop.close()
 
 
-def _on(loop: asyncio.AbstractEventLoop, fn, *args):  # noqa: ANN001, ANN202
-    async def run():  # noqa: ANN202
+def _on(loop: asyncio.AbstractEventLoop, fn, *args):
+    async def run():
         return fn(*args)
 
     return asyncio.run_coroutine_threadsafe(run(), loop).result(10)
@@ -180,7 +180,7 @@ def test_script_flush_is_reloaded_on_the_lane(own_url: str, queue_name: str, mon
 
 
 
-def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path) -> None:  # noqa: ANN001
+def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path) -> None:
     """A demoted master answers READONLY: the lane drops that socket (one add, a pipeline)."""
     other = start_server("redis7", tmpdir=tmp_path)
     driver = SyncDriver(own_url)
@@ -267,7 +267,7 @@ def test_forked_child_gets_its_own_connection_and_ids(redis_url: str, queue_name
                 lane = q.driver._lane
                 ok = lane._pid == os.getpid() and lane._sock is not None and lane._sock is not parent_sock
                 addr = lane._sock.getsockname()
-                os.write(w_fd, ("%s:%d\n" % addr[:2] + "\n".join(j.id for j in jobs)).encode())
+                os.write(w_fd, ("{}:{}\n".format(*addr[:2]) + "\n".join(j.id for j in jobs)).encode())
                 code = 0 if ok else 3
             except BaseException:  # noqa: BLE001 - the exit status says it
                 code = 2
@@ -293,7 +293,7 @@ def test_forked_child_gets_its_own_connection_and_ids(redis_url: str, queue_name
             os.close(r_fd)
         assert os.waitstatus_to_exitcode(status) == 0, f"child exit status {status}"
         child_addr, *child_ids = out.decode().split("\n")
-        assert child_addr != "%s:%d" % parent_addr[:2]  # its own connection
+        assert child_addr != "{}:{}".format(*parent_addr[:2])  # its own connection
         # the parent's lane still works after the child exited, on the same socket
         parent_jobs += [q.add("fork", {"who": "parent", "i": i}) for i in range(50, 60)]
         assert q.driver._lane._sock is parent_sock

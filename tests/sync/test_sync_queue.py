@@ -14,6 +14,7 @@ from datetime import timedelta
 import msgpack
 import pytest
 import redis
+from engine_support import kv, wait_until_sync
 
 from airflow_provider_chasqui import (
     ConfigError,
@@ -25,9 +26,8 @@ from airflow_provider_chasqui import (
     Worker,
 )
 from airflow_provider_chasqui.core.codec import decode_envelope, split_member
-from airflow_provider_chasqui.errors import ChasquiConnectionError
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import kv, wait_until_sync
+from airflow_provider_chasqui.errors import ChasquiConnectionError
 
 
 @pytest.fixture
@@ -194,6 +194,5 @@ def test_one_sync_queue_shared_by_threads(queue_name, r, sq) -> None:
                          ids=["single", "cluster"])
 def test_sync_queue_on_an_unreachable_server_says_so(url: str) -> None:
     """Nothing listens on port 1: one clear connection error, for a server and for a cluster."""
-    with SyncQueue("t-unreachable", redis_url=url) as q:
-        with pytest.raises(ChasquiConnectionError, match="unreachable"):
-            q.add("a", 1)
+    with SyncQueue("t-unreachable", redis_url=url) as q, pytest.raises(ChasquiConnectionError, match="unreachable"):
+        q.add("a", 1)

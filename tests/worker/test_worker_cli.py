@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from engine_support import wait_until_sync
+from worker_support import ROOT, chasqui_command, subprocess_env
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
-from engine_support import wait_until_sync
-from worker_support import ROOT, chasqui_command, subprocess_env
 
 pytestmark = pytest.mark.timeout(300)  # deadlines are generous: CI machines are shared
 
@@ -69,7 +69,9 @@ def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
 def test_handler_errors_exit_2_with_the_reason(redis_url: str, queue_name: str) -> None:
     base = ["-q", queue_name, "--redis-url", redis_url]
     cases = {
-        "no_such_handler_module": "handler module 'no_such_handler_module' (from 'no_such_handler_module') was not found",
+        "no_such_handler_module": (
+            "handler module 'no_such_handler_module' (from 'no_such_handler_module') was not found"
+        ),
         "worker_handlers:missing": "worker_handlers has no attribute 'missing'",
         "worker_support:ROOT": "worker_support:ROOT is a PosixPath, not a handler",
         "not a spec": "is not pkg.module or pkg.module:attr",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from worker_support import subprocess_env
 
 from airflow_provider_chasqui import SyncQueue
-from worker_support import subprocess_env
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.airflow]  # the matrix venvs have no Airflow
 

@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from worker_support import chasqui_command
 
 from airflow_provider_chasqui import SyncQueue
-from worker_support import chasqui_command
 
 pytestmark = pytest.mark.timeout(180)
 

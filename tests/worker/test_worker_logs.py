@@ -10,11 +10,11 @@ import logging
 from datetime import datetime
 
 import pytest
+from worker_support import subprocess_env
 
 from airflow_provider_chasqui import SyncQueue, Worker
 from airflow_provider_chasqui.engine.worker import LogBudget
 from airflow_provider_chasqui.worker.logs import JsonFormatter, set_log_context
-from worker_support import subprocess_env
 
 pytestmark = pytest.mark.timeout(300)
 

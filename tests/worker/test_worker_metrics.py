@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from engine_support import wait_until_sync
+from fault_support import start_sentinel
+from servers import binary_for, start_server
+from worker_support import free_port, http_get, metric_value, subprocess_env
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.errors import ConfigError
 from airflow_provider_chasqui.worker.metrics import DepthSampler, MetricsServer, PrometheusMetrics
-from engine_support import wait_until_sync
-from fault_support import start_sentinel
-from servers import binary_for, start_server
-from worker_support import free_port, http_get, metric_value, subprocess_env
 
 READY = {"status": "ok", "checks": {"worker_running": True, "redis": True}}
 LIVE = {"status": "ok", "checks": {"event_loop": True, "tasks": True}}

@@ -14,12 +14,12 @@ import random
 from collections import Counter
 
 import pytest
+from engine_support import raw_async, running, wait_until
 
 from airflow_provider_chasqui import Job
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.engine.queue import Queue
 from airflow_provider_chasqui.engine.worker import Worker
-from engine_support import raw_async, running, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

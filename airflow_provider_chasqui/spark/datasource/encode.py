@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 from ...core.calls import Call, script_call
 from ...core.codec import (
@@ -55,15 +55,16 @@ def _simple(arrow_type: Any) -> bool:
     import pyarrow as pa
 
     t = pa.types
-    return (t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_string(arrow_type)
-            or t.is_large_string(arrow_type) or t.is_boolean(arrow_type) or t.is_binary(arrow_type)
-            or t.is_large_binary(arrow_type) or t.is_null(arrow_type))
+    simple: bool = (t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_string(arrow_type)
+                    or t.is_large_string(arrow_type) or t.is_boolean(arrow_type) or t.is_binary(arrow_type)
+                    or t.is_large_binary(arrow_type) or t.is_null(arrow_type))
+    return simple
 
 
 def plain_column(array: Any) -> list[Any]:
     """One Arrow column as msgpack-ready Python values (see ``spark.bulk.to_plain``)."""
     if _simple(array.type):
-        return array.to_pylist()
+        return cast("list[Any]", array.to_pylist())
     values = array.to_pylist(maps_as_pydicts="lossy")
     return [to_plain(v) for v in values]
 

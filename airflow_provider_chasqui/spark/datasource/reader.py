@@ -266,13 +266,13 @@ class ChasquiStreamReader(DataSourceStreamReader):
             last = q.driver.call(command("XREVRANGE", _stream_key(self.plan), "+", "-", "COUNT", 1))
         return str_reply(last[0][0]) if last else "0-0"
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         return {"id": "0-0" if self.plan.start == "earliest" else self._last()}
 
-    def latestOffset(self, start: dict, limit: Any = None) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
         return {"id": self._last()}
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if start["id"] == end["id"]:
             return []
         return [StreamRange("(" + start["id"], end["id"])]
@@ -293,7 +293,7 @@ class ChasquiStreamReader(DataSourceStreamReader):
             for eid, flat in _xrange(q, key, partition.start, partition.end, plan.page):
                 yield _event_row(eid, flat)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         pass
 
 
