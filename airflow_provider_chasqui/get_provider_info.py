@@ -27,23 +27,40 @@ def _field(label: str, kind: Any, description: str, **schema: Any) -> dict[str, 
 
 
 _CONN_FIELDS: dict[str, Any] = {
-    "db": _field("Database", ["integer", "null"], "Redis logical database (standalone and Sentinel only).",
-                 default=0, minimum=0),
-    "default_queue": _field("Default queue", ["string", "null"],
-                            "Queue used when an operator, sensor or hook call names none."),
+    "db": _field(
+        "Database", ["integer", "null"], "Redis logical database (standalone and Sentinel only).", default=0, minimum=0
+    ),
+    "default_queue": _field(
+        "Default queue", ["string", "null"], "Queue used when an operator, sensor or hook call names none."
+    ),
     "tls": _field("TLS", ["boolean", "null"], "Connect with TLS (rediss://).", default=False),
-    "tls_verify": _field("Verify TLS certificate", ["boolean", "null"],
-                         "Check the server certificate (turn off only for tests).", default=True),
+    "tls_verify": _field(
+        "Verify TLS certificate",
+        ["boolean", "null"],
+        "Check the server certificate (turn off only for tests).",
+        default=True,
+    ),
     "tls_ca_certs": _field("TLS CA bundle", ["string", "null"], "Path of a PEM CA bundle on the workers."),
-    "mode": _field("Mode", "string", "standalone: one server; sentinel: Host/Port (or Sentinels) are Sentinels "
-                   "asked for the master; cluster: Host/Port is one node of a Redis Cluster.",
-                   enum=["standalone", "sentinel", "cluster"], default="standalone"),
-    "sentinel_service": _field("Sentinel service", ["string", "null"],
-                               "Master name monitored by the Sentinels (sentinel mode)."),
-    "sentinels": _field("Sentinels", ["string", "null"],
-                        "host:port,host:port of the Sentinels; default: Host and Port (sentinel mode)."),
-    "sentinel_password": _field("Sentinel password", ["string", "null"],
-                                "Password of the Sentinels themselves, if they require one.", format="password"),
+    "mode": _field(
+        "Mode",
+        "string",
+        "standalone: one server; sentinel: Host/Port (or Sentinels) are Sentinels "
+        "asked for the master; cluster: Host/Port is one node of a Redis Cluster.",
+        enum=["standalone", "sentinel", "cluster"],
+        default="standalone",
+    ),
+    "sentinel_service": _field(
+        "Sentinel service", ["string", "null"], "Master name monitored by the Sentinels (sentinel mode)."
+    ),
+    "sentinels": _field(
+        "Sentinels", ["string", "null"], "host:port,host:port of the Sentinels; default: Host and Port (sentinel mode)."
+    ),
+    "sentinel_password": _field(
+        "Sentinel password",
+        ["string", "null"],
+        "Password of the Sentinels themselves, if they require one.",
+        format="password",
+    ),
 }
 
 
@@ -53,9 +70,9 @@ _CONFIG: dict[str, Any] = {
         "options": {
             "default_deferrable": {
                 "description": "Whether ChasquiJobSensor and ChasquiEnqueueOperator(wait_for_result=True) "
-                               "wait in the triggerer when their deferrable argument is not given.  Unset "
-                               "(the default), they follow [operators] default_deferrable, as the official "
-                               "providers' operators do; set, it overrides that for Chasqui only.",
+                "wait in the triggerer when their deferrable argument is not given.  Unset "
+                "(the default), they follow [operators] default_deferrable, as the official "
+                "providers' operators do; set, it overrides that for Chasqui only.",
                 "version_added": "0.1.0",
                 "type": "boolean",
                 "example": "True",
@@ -74,31 +91,44 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Redis Streams job queue and cron scheduler (ChasquiMQ-compatible) for Airflow.",
         "integrations": [{"integration-name": _INTEGRATION, "external-doc-url": _DOCS, "tags": ["software"]}],
         "hooks": [{"integration-name": _INTEGRATION, "python-modules": ["airflow_provider_chasqui.hooks.chasqui"]}],
-        "operators": [{
-            "integration-name": _INTEGRATION,
-            "python-modules": [
-                "airflow_provider_chasqui.operators.enqueue",
-                "airflow_provider_chasqui.operators.repeatable",
-                "airflow_provider_chasqui.operators.dlq",
-            ],
-        }],
+        "operators": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_chasqui.operators.enqueue",
+                    "airflow_provider_chasqui.operators.repeatable",
+                    "airflow_provider_chasqui.operators.dlq",
+                ],
+            }
+        ],
         "sensors": [{"integration-name": _INTEGRATION, "python-modules": ["airflow_provider_chasqui.sensors.job"]}],
-        "triggers": [{"integration-name": _INTEGRATION, "python-modules": [
-            "airflow_provider_chasqui.triggers.job", "airflow_provider_chasqui.triggers.queue_events"]}],
+        "triggers": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_chasqui.triggers.job",
+                    "airflow_provider_chasqui.triggers.queue_events",
+                ],
+            }
+        ],
         "queues": ["airflow_provider_chasqui.queues.chasqui.ChasquiMessageQueueProvider"],
         "config": _CONFIG,
         # task buttons in the UI that open the job's / spec's page of the dashboard plugin
-        "extra-links": ["airflow_provider_chasqui.operators.links.ChasquiJobLink",
-                        "airflow_provider_chasqui.operators.links.ChasquiScheduleLink"],
-        "connection-types": [{
-            "connection-type": "chasqui",
-            "hook-class-name": "airflow_provider_chasqui.hooks.chasqui.ChasquiHook",
-            "hook-name": "Chasqui (Redis Streams)",
-            "ui-field-behaviour": {
-                "hidden-fields": ["schema"],
-                "relabeling": {"login": "ACL user (optional)"},
-                "placeholders": {"host": "localhost", "port": "6379", "login": "default"},
-            },
-            "conn-fields": _CONN_FIELDS,
-        }],
+        "extra-links": [
+            "airflow_provider_chasqui.operators.links.ChasquiJobLink",
+            "airflow_provider_chasqui.operators.links.ChasquiScheduleLink",
+        ],
+        "connection-types": [
+            {
+                "connection-type": "chasqui",
+                "hook-class-name": "airflow_provider_chasqui.hooks.chasqui.ChasquiHook",
+                "hook-name": "Chasqui (Redis Streams)",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema"],
+                    "relabeling": {"login": "ACL user (optional)"},
+                    "placeholders": {"host": "localhost", "port": "6379", "login": "default"},
+                },
+                "conn-fields": _CONN_FIELDS,
+            }
+        ],
     }

@@ -97,22 +97,43 @@ class Tracer:
 
     # ---- spans --------------------------------------------------------------------------
     @contextmanager
-    def span(self, name: str, *, kind: str = "INTERNAL", parent: str | bytes | None = None,
-             attributes: dict[str, Any] | None = None) -> Iterator[Any]:
+    def span(
+        self,
+        name: str,
+        *,
+        kind: str = "INTERNAL",
+        parent: str | bytes | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> Iterator[Any]:
         """A current span (child of ``parent`` when given, else of the current span)."""
         ctx = self.extract(parent) if parent else None
-        with self._tracer.start_as_current_span(name, context=ctx, kind=getattr(self.api.SpanKind, kind),
-                                                attributes=attributes) as span:
+        with self._tracer.start_as_current_span(
+            name, context=ctx, kind=getattr(self.api.SpanKind, kind), attributes=attributes
+        ) as span:
             yield span
 
     def produce(self, queue: str, name: str) -> Any:
         """The PRODUCER span of one add; its traceparent goes into the job."""
-        return self.span(f"chasqui enqueue {name}", kind="PRODUCER", attributes={
-            "messaging.system": "chasqui", "messaging.operation.type": "send",
-            "messaging.destination.name": queue, "chasqui.job.name": name})
+        return self.span(
+            f"chasqui enqueue {name}",
+            kind="PRODUCER",
+            attributes={
+                "messaging.system": "chasqui",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": queue,
+                "chasqui.job.name": name,
+            },
+        )
 
-    def start_consume(self, queue: str, job_id: str, name: str, attempt: int, parent: bytes | str | None,
-                      previous: bytes | str | None = None) -> tuple[Any, Any]:
+    def start_consume(
+        self,
+        queue: str,
+        job_id: str,
+        name: str,
+        attempt: int,
+        parent: bytes | str | None,
+        previous: bytes | str | None = None,
+    ) -> tuple[Any, Any]:
         """Start and make current the CONSUMER span of one attempt: a child of the producer's
         span (``parent``), linked to the previous attempt's span (``previous``) on a retry.
         Returns ``(span, token)`` for :meth:`end_consume` (same task or thread)."""
@@ -123,10 +144,20 @@ class Tracer:
             if prev.is_valid:
                 links.append(api.Link(prev, {"chasqui.link": "previous_attempt"}))
         span = self._tracer.start_span(
-            f"chasqui process {name}", context=self.extract(parent), kind=api.SpanKind.CONSUMER, links=links,
-            attributes={"messaging.system": "chasqui", "messaging.operation.type": "process",
-                        "messaging.destination.name": queue, "messaging.message.id": job_id,
-                        "chasqui.job.id": job_id, "chasqui.job.name": name, "chasqui.job.attempt": attempt})
+            f"chasqui process {name}",
+            context=self.extract(parent),
+            kind=api.SpanKind.CONSUMER,
+            links=links,
+            attributes={
+                "messaging.system": "chasqui",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": queue,
+                "messaging.message.id": job_id,
+                "chasqui.job.id": job_id,
+                "chasqui.job.name": name,
+                "chasqui.job.attempt": attempt,
+            },
+        )
         token = api.context.attach(api.trace.set_span_in_context(span))
         return span, token
 
@@ -171,10 +202,17 @@ def airflow_task_span(context: Any, parent: Any = None) -> Iterator[str | None]:
     name = f"airflow task {getattr(ti, 'dag_id', '?')}.{getattr(ti, 'task_id', '?')}"
     upstream = parent() if parent is not None else None
     ctx = t.extract(upstream) if isinstance(upstream, str) and upstream else None
-    with t._tracer.start_as_current_span(name, context=ctx, record_exception=False, set_status_on_exception=False,
-                                         attributes={"airflow.dag_id": str(getattr(ti, "dag_id", "")),
-                                                     "airflow.task_id": str(getattr(ti, "task_id", "")),
-                                                     "airflow.dag_run.run_id": str(getattr(ti, "run_id", ""))}):
+    with t._tracer.start_as_current_span(
+        name,
+        context=ctx,
+        record_exception=False,
+        set_status_on_exception=False,
+        attributes={
+            "airflow.dag_id": str(getattr(ti, "dag_id", "")),
+            "airflow.task_id": str(getattr(ti, "task_id", "")),
+            "airflow.dag_run.run_id": str(getattr(ti, "run_id", "")),
+        },
+    ):
         yield t.traceparent()
 
 
@@ -185,9 +223,15 @@ def trigger_span(traceparent: str | None, queue: str, job_ids: list[str]) -> Ite
     if t is None:
         yield None
         return
-    with t.span(f"chasqui wait {queue}", parent=traceparent, attributes={
-            "messaging.system": "chasqui", "messaging.destination.name": queue,
-            "chasqui.job.ids": list(job_ids)[:100]}):
+    with t.span(
+        f"chasqui wait {queue}",
+        parent=traceparent,
+        attributes={
+            "messaging.system": "chasqui",
+            "messaging.destination.name": queue,
+            "chasqui.job.ids": list(job_ids)[:100],
+        },
+    ):
         yield t.traceparent()
 
 
@@ -199,6 +243,7 @@ def resume_span(event: Any, task_id: str) -> Iterator[None]:
     if t is None:
         yield
         return
-    with t.span(f"chasqui resume {task_id}", parent=parent, attributes={
-            "chasqui.status": str(event.get("status", ""))}):
+    with t.span(
+        f"chasqui resume {task_id}", parent=parent, attributes={"chasqui.status": str(event.get("status", ""))}
+    ):
         yield

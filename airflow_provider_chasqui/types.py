@@ -18,8 +18,17 @@ from .core.failure import JobFailure
 if TYPE_CHECKING:
     from .engine.queue import Queue
 
-__all__ = ["Job", "JobFailure", "BackoffSpec", "QueueEvent", "coerce_backoff", "build_retry_override", "new_job",
-           "BACKOFF_KINDS"]
+__all__ = [
+    "Job",
+    "JobFailure",
+    "BackoffSpec",
+    "QueueEvent",
+    "coerce_backoff",
+    "build_retry_override",
+    "new_job",
+    "BACKOFF_KINDS",
+]
+
 
 @dataclass(frozen=True)
 class Job:
@@ -58,20 +67,34 @@ def _job_builder() -> Callable[..., Job]:
     ``object.__setattr__``; filling ``__dict__`` in one go is equal and about 3x cheaper.  Checked
     once against the real constructor; any change to ``Job`` falls back to calling it.
     """
+
     def plain(job_id: str, name: str, data: Any, attempt: int, created_at_ms: int, _queue: Any = None) -> Job:
         return Job(id=job_id, name=name, data=data, attempt=attempt, created_at_ms=created_at_ms, _queue=_queue)
 
     try:
         names = tuple(f.name for f in dataclass_fields(Job))
-        if names != ("id", "name", "data", "attempt", "created_at_ms", "_queue") or "__slots__" in Job.__dict__ \
-                or hasattr(Job, "__post_init__"):
+        if (
+            names != ("id", "name", "data", "attempt", "created_at_ms", "_queue")
+            or "__slots__" in Job.__dict__
+            or hasattr(Job, "__post_init__")
+        ):
             return plain
         new, set_attr = object.__new__, object.__setattr__
 
         def fast(job_id: str, name: str, data: Any, attempt: int, created_at_ms: int, _queue: Any = None) -> Job:
             job = new(Job)
-            set_attr(job, "__dict__", {"id": job_id, "name": name, "data": data, "attempt": attempt,
-                                       "created_at_ms": created_at_ms, "_queue": _queue})
+            set_attr(
+                job,
+                "__dict__",
+                {
+                    "id": job_id,
+                    "name": name,
+                    "data": data,
+                    "attempt": attempt,
+                    "created_at_ms": created_at_ms,
+                    "_queue": _queue,
+                },
+            )
             return job
 
         probe = ("id", "name", {"k": [1]}, 2, 3)
@@ -96,4 +119,3 @@ class QueueEvent:
     fields: dict[str, str]
     ts_ms: int = 0
     event_id: str = ""
-

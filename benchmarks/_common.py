@@ -51,9 +51,23 @@ def private_redis(url: str | None = None) -> Iterator[str]:
         raise SystemExit("redis-server not found on PATH; pass --redis-url")
     port = free_port()
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--daemonize", "no", "--maxmemory", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--maxmemory",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 20

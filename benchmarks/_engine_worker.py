@@ -42,9 +42,18 @@ def main() -> None:
     ap.add_argument("--uvloop", action="store_true")
     args = ap.parse_args()
     handler = noop if args.handler == "noop" else fail_first
-    worker = Worker(args.queue, handler, redis_url=args.redis_url, concurrency=args.concurrency,
-                    events_enabled=True, store_results=False, run_scheduler=False, max_jobs=args.jobs,
-                    events_max_stream_len=args.events_max_len, shutdown_deadline_secs=10.0)
+    worker = Worker(
+        args.queue,
+        handler,
+        redis_url=args.redis_url,
+        concurrency=args.concurrency,
+        events_enabled=True,
+        store_results=False,
+        run_scheduler=False,
+        max_jobs=args.jobs,
+        events_max_stream_len=args.events_max_len,
+        shutdown_deadline_secs=10.0,
+    )
     loop_name = "asyncio"
     runner = asyncio.run
     if args.uvloop:
@@ -58,8 +67,19 @@ def main() -> None:
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    print(json.dumps({"processed": worker.processed, "cpu_s": cpu, "user_s": r1.ru_utime - r0.ru_utime,
-                      "sys_s": r1.ru_stime - r0.ru_stime, "run_wall_s": wall, "loop": loop_name}), flush=True)
+    print(
+        json.dumps(
+            {
+                "processed": worker.processed,
+                "cpu_s": cpu,
+                "user_s": r1.ru_utime - r0.ru_utime,
+                "sys_s": r1.ru_stime - r0.ru_stime,
+                "run_wall_s": wall,
+                "loop": loop_name,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -32,14 +32,36 @@ HERE = Path(__file__).resolve().parent
 def run_once(tree: Path, url: str, workload: str, n: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "engine.json"
-        proc = subprocess.run([sys.executable, "benchmarks/bench_engine.py", "--redis-url", url, "--only", workload,
-                               "--repeats", "1", "--n", str(n), "--out", str(out)], cwd=tree, check=False,
-                              env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "benchmarks/bench_engine.py",
+                "--redis-url",
+                url,
+                "--only",
+                workload,
+                "--repeats",
+                "1",
+                "--n",
+                str(n),
+                "--out",
+                str(out),
+            ],
+            cwd=tree,
+            check=False,
+            env=dict(os.environ, PYTHONPATH=str(tree)),
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{tree}: bench_engine.py failed ({proc.returncode}): {proc.stderr[-2000:]}")
         res = json.loads(out.read_text())["results"][workload]
-    return {"jobs_per_s": res["jobs_per_s"], "cpu_us_per_job": res["client_cpu_us_per_job"],
-            "redis_cpu_us_per_job": res["redis_cpu_us_per_job"], "loadavg": os.getloadavg()[0]}
+    return {
+        "jobs_per_s": res["jobs_per_s"],
+        "cpu_us_per_job": res["client_cpu_us_per_job"],
+        "redis_cpu_us_per_job": res["redis_cpu_us_per_job"],
+        "loadavg": os.getloadavg()[0],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -60,15 +82,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
                 res = run_once(trees[which], url, args.workload, args.n)
                 runs[which].append(res)
-                log(f"round {r + 1} {which}: {res['jobs_per_s']:,.0f} jobs/s, {res['cpu_us_per_job']:.1f} us CPU/job, "
-                    f"Redis {res['redis_cpu_us_per_job']:.1f} us/job, load {res['loadavg']:.1f}")
+                log(
+                    f"round {r + 1} {which}: {res['jobs_per_s']:,.0f} jobs/s, {res['cpu_us_per_job']:.1f} us CPU/job, "
+                    f"Redis {res['redis_cpu_us_per_job']:.1f} us/job, load {res['loadavg']:.1f}"
+                )
     med = {w: {k: statistics.median(x[k] for x in runs[w]) for k in ("jobs_per_s", "cpu_us_per_job")} for w in runs}
     ratio = {k: med["new"][k] / med["old"][k] for k in ("jobs_per_s", "cpu_us_per_job")}
     print(f"old: median {med['old']['jobs_per_s']:,.0f} jobs/s, {med['old']['cpu_us_per_job']:.2f} us CPU/job")
     print(f"new: median {med['new']['jobs_per_s']:,.0f} jobs/s, {med['new']['cpu_us_per_job']:.2f} us CPU/job")
     print(f"new/old: jobs/s {ratio['jobs_per_s']:.3f}, CPU per job {ratio['cpu_us_per_job']:.3f}")
-    data = {"trees": {k: str(v) for k, v in trees.items()}, "workload": args.workload, "n": args.n,
-            "runs": runs, "medians": med, "ratio_new_over_old": ratio}
+    data = {
+        "trees": {k: str(v) for k, v in trees.items()},
+        "workload": args.workload,
+        "n": args.n,
+        "runs": runs,
+        "medians": med,
+        "ratio_new_over_old": ratio,
+    }
     if args.out:
         write_json(Path(args.out), data)
     return data

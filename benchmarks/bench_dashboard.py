@@ -61,9 +61,17 @@ def seed(url: str, jobs: int, specs: int) -> dict[str, float]:
     started = time.perf_counter()
     for start in range(0, specs, 10_000):
         n = min(10_000, specs - start)
-        q.upsert_repeatable_bulk([{"name": "tick", "data": {"spec": start + i},
-                                   "repeat": RepeatPattern.every(60_000 * (1 + (start + i) % 60)),
-                                   "key": f"spec-{start + i:07d}"} for i in range(n)])
+        q.upsert_repeatable_bulk(
+            [
+                {
+                    "name": "tick",
+                    "data": {"spec": start + i},
+                    "repeat": RepeatPattern.every(60_000 * (1 + (start + i) % 60)),
+                    "key": f"spec-{start + i:07d}",
+                }
+                for i in range(n)
+            ]
+        )
     timings["seed_specs_s"] = time.perf_counter() - started
     k = QueueKeys.for_queue(QUEUE)
     r = redis.Redis.from_url(url)
@@ -76,8 +84,15 @@ def seed(url: str, jobs: int, specs: int) -> dict[str, float]:
     for i in range(10_000):
         jid = new_job_id()
         env = encode_new_envelope(jid, encode_data({"dead": i}), now)
-        pipe.xadd(k.dlq, {"d": env, "n": "report" if i % 2 else "export",
-                          "reason": "unrecoverable" if i % 3 else "retries_exhausted", "source_id": f"{now}-{i}"})
+        pipe.xadd(
+            k.dlq,
+            {
+                "d": env,
+                "n": "report" if i % 2 else "export",
+                "reason": "unrecoverable" if i % 3 else "retries_exhausted",
+                "source_id": f"{now}-{i}",
+            },
+        )
     pipe.execute()
     dlq_first = r.xrange(k.dlq, count=1)[0][0].decode()
     r.close()
@@ -112,9 +127,23 @@ def main() -> int:
         log(f"seeded: jobs {seeded['seed_jobs_s']:.1f} s, specs {seeded['seed_specs_s']:.1f} s")
         port = free_port()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", "dashboard", "--redis-url", url,
-                                 "--port", str(port), "--log-level", "WARNING"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.cli",
+                "dashboard",
+                "--redis-url",
+                url,
+                "--port",
+                str(port),
+                "--log-level",
+                "WARNING",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60
@@ -134,24 +163,42 @@ def main() -> int:
             log(f"queue scan of every key: {scan_s:.1f} s (in the background)")
             q = f"queue={QUEUE}"
             pages = {
-                "queues": "/", "queue": f"/queue?{q}", "job (middle of 1M)": f"/job?{q}&id={seeded['middle_job']}",
-                "dlq first page": f"/dlq?{q}", "dlq filtered": f"/dlq?{q}&reason=retries_exhausted&name=export",
-                "dlq entry": f"/dlq/entry?{q}&id={seeded['dlq_first']}", "schedules first page": f"/schedules?{q}",
+                "queues": "/",
+                "queue": f"/queue?{q}",
+                "job (middle of 1M)": f"/job?{q}&id={seeded['middle_job']}",
+                "dlq first page": f"/dlq?{q}",
+                "dlq filtered": f"/dlq?{q}&reason=retries_exhausted&name=export",
+                "dlq entry": f"/dlq/entry?{q}&id={seeded['dlq_first']}",
+                "schedules first page": f"/schedules?{q}",
                 "schedules next page": f"/schedules?{q}&cursor=r:1000",
-                "schedules prefix": f"/schedules?{q}&prefix=spec-05", "workers": f"/workers?{q}",
+                "schedules prefix": f"/schedules?{q}&prefix=spec-05",
+                "workers": f"/workers?{q}",
                 "api/queues": "/api/queues",
             }
             rows = {}
             for name, path in pages.items():
                 fetch(base + path)
                 times = sorted(fetch(base + path) for _ in range(repeat))
-                rows[name] = {"median_ms": statistics.median(times), "p95_ms": times[max(0, int(len(times) * .95) - 1)],
-                              "max_ms": times[-1], "path": path}
+                rows[name] = {
+                    "median_ms": statistics.median(times),
+                    "p95_ms": times[max(0, int(len(times) * 0.95) - 1)],
+                    "max_ms": times[-1],
+                    "path": path,
+                }
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-        result = {"jobs": jobs, "specs": specs, "repeat": repeat, "seed": seeded, "scan_s": scan_s,
-                  "target_ms": TARGET_MS, "pages": rows, "redis": redis_version(url), "machine": machine()}
+        result = {
+            "jobs": jobs,
+            "specs": specs,
+            "repeat": repeat,
+            "seed": seeded,
+            "scan_s": scan_s,
+            "target_ms": TARGET_MS,
+            "pages": rows,
+            "redis": redis_version(url),
+            "machine": machine(),
+        }
     print(f"\n{'page':24} {'median ms':>10} {'p95 ms':>8} {'max ms':>8}")
     for name, r in rows.items():
         flag = "" if r["median_ms"] <= TARGET_MS else "  over target"

@@ -67,10 +67,13 @@ def _queue_name(tag: str) -> str:
 def _cleanup(url: str, queue: str) -> None:
     r = redis.Redis.from_url(url)
     try:
-        keys = list(r.scan_iter(match=QueueKeys.for_queue(queue).prefix.replace("{", "\\{").replace("}", "\\}") + "*",
-                                count=1000))
+        keys = list(
+            r.scan_iter(
+                match=QueueKeys.for_queue(queue).prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=1000
+            )
+        )
         for i in range(0, len(keys), 500):
-            r.delete(*keys[i:i + 500])
+            r.delete(*keys[i : i + 500])
     finally:
         r.close()
 
@@ -95,6 +98,7 @@ def _timed(fn: Callable[[], None], n: int) -> dict[str, Any]:
 
 def _timed_async(factory: Callable[[], Any], n: int) -> dict[str, Any]:
     """``factory()`` returns (setup coroutine fn, timed coroutine fn, teardown coroutine fn)."""
+
     async def main() -> dict[str, Any]:
         setup, body, teardown = factory()
         await setup()
@@ -336,10 +340,25 @@ def _redis_cpu(url: str) -> float:
         r.close()
 
 
-def _run_worker(url: str, qn: str, jobs: int, handler: str, events_max: int, use_uvloop: bool,
-                timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, str(HERE / "_engine_worker.py"), "--redis-url", url, "--queue", qn,
-           "--jobs", str(jobs), "--concurrency", "50", "--handler", handler, "--events-max-len", str(events_max)]
+def _run_worker(
+    url: str, qn: str, jobs: int, handler: str, events_max: int, use_uvloop: bool, timeout: float
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        str(HERE / "_engine_worker.py"),
+        "--redis-url",
+        url,
+        "--queue",
+        qn,
+        "--jobs",
+        str(jobs),
+        "--concurrency",
+        "50",
+        "--handler",
+        handler,
+        "--events-max-len",
+        str(events_max),
+    ]
     if use_uvloop:
         cmd.append("--uvloop")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -348,8 +367,9 @@ def _run_worker(url: str, qn: str, jobs: int, handler: str, events_max: int, use
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _e2e(url: str, n: int, *, tag: str, delay_ms: int | None = None, fail_first: bool = False,
-         use_uvloop: bool = False) -> dict[str, Any]:
+def _e2e(
+    url: str, n: int, *, tag: str, delay_ms: int | None = None, fail_first: bool = False, use_uvloop: bool = False
+) -> dict[str, Any]:
     qn = _queue_name(tag)
     try:
         due = _fill(url, qn, n, delay_ms=delay_ms, fail_first=fail_first)
@@ -358,19 +378,30 @@ def _e2e(url: str, n: int, *, tag: str, delay_ms: int | None = None, fail_first:
             time.sleep(wait)
         deliveries = 2 * n if fail_first else n
         redis_cpu0 = _redis_cpu(url)
-        worker = _run_worker(url, qn, deliveries, "fail_first" if fail_first else "noop",
-                             max(100_000, 8 * n), use_uvloop, timeout=120 + n / 500)
+        worker = _run_worker(
+            url,
+            qn,
+            deliveries,
+            "fail_first" if fail_first else "noop",
+            max(100_000, 8 * n),
+            use_uvloop,
+            timeout=120 + n / 500,
+        )
         redis_cpu = _redis_cpu(url) - redis_cpu0
         span = _event_span(url, qn, "active")
         if span["first_ms"] is None or span["last_ms"] is None or span["completed_events"] < n:
             raise RuntimeError(f"{tag}: events incomplete: {span}")
         seconds = max(span["last_ms"] - span["first_ms"], 1) / 1000
-        return {"jobs_per_s": n / seconds, "seconds": seconds,
-                "client_cpu_us_per_job": worker["cpu_s"] / n * 1e6,
-                "worker_user_us_per_job": worker["user_s"] / n * 1e6,
-                "worker_sys_us_per_job": worker["sys_s"] / n * 1e6,
-                "redis_cpu_us_per_job": redis_cpu / n * 1e6,
-                "completed_events": span["completed_events"], "loop": worker["loop"]}
+        return {
+            "jobs_per_s": n / seconds,
+            "seconds": seconds,
+            "client_cpu_us_per_job": worker["cpu_s"] / n * 1e6,
+            "worker_user_us_per_job": worker["user_s"] / n * 1e6,
+            "worker_sys_us_per_job": worker["sys_s"] / n * 1e6,
+            "redis_cpu_us_per_job": redis_cpu / n * 1e6,
+            "completed_events": span["completed_events"],
+            "loop": worker["loop"],
+        }
     finally:
         _cleanup(url, qn)
 
@@ -395,7 +426,11 @@ def e2e_retry(url: str, n: int) -> dict[str, Any]:
 # name -> (function, what it is, the limit its ratio is taken against)
 WORKLOADS: dict[str, tuple[Callable[[str, int], dict[str, Any]], str, str | None]] = {
     "limit_sync_xadd_single": (limit_sync_xadd_single, "redis-py sync XADD, one by one (limit)", None),
-    "limit_sync_xadd_pipeline": (limit_sync_xadd_pipeline, "redis-py sync pipelined XADD, 1,000 per pipeline (limit)", None),
+    "limit_sync_xadd_pipeline": (
+        limit_sync_xadd_pipeline,
+        "redis-py sync pipelined XADD, 1,000 per pipeline (limit)",
+        None,
+    ),
     "ref_async_xadd_single": (ref_async_xadd_single, "redis.asyncio XADD, one by one (reference)", None),
     "ref_sync_lua_batch": (ref_sync_lua_batch, "EVALSHA enqueue_batch per 1,000 pre-encoded jobs (reference)", None),
     "queue_add": (queue_add, "Queue.add, one by one", "ref_async_xadd_single"),
@@ -441,8 +476,10 @@ def evaluate(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{'workload':<28} {'jobs/s':>10} {'ratio':>7}  {'vs':<26} {'CPU us/job':>10} {'Redis':>6}  description",
-             "-" * 127]
+    lines = [
+        f"{'workload':<28} {'jobs/s':>10} {'ratio':>7}  {'vs':<26} {'CPU us/job':>10} {'Redis':>6}  description",
+        "-" * 127,
+    ]
     for name, (_fn, desc, ref) in WORKLOADS.items():
         if name not in results:
             continue
@@ -450,9 +487,11 @@ def table(results: dict[str, Any]) -> str:
         ratio = res.get("ratio")
         cpu = res.get("client_cpu_us_per_job")
         rcpu = res.get("redis_cpu_us_per_job")
-        lines.append(f"{name:<28} {res['jobs_per_s']:>10,.0f} {f'{ratio:.2f}x' if ratio else '':>7}  "
-                     f"{ref or '':<26} {f'{cpu:.1f}' if cpu is not None else '':>10} "
-                     f"{f'{rcpu:.1f}' if rcpu is not None else '':>6}  {desc}")
+        lines.append(
+            f"{name:<28} {res['jobs_per_s']:>10,.0f} {f'{ratio:.2f}x' if ratio else '':>7}  "
+            f"{ref or '':<26} {f'{cpu:.1f}' if cpu is not None else '':>10} "
+            f"{f'{rcpu:.1f}' if rcpu is not None else '':>6}  {desc}"
+        )
     return "\n".join(lines)
 
 
@@ -481,8 +520,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {}
     meta = machine()
     with private_redis(args.redis_url) as url:
-        meta.update(redis_version=redis_version(url), redis_private=args.redis_url is None,
-                    redis_py=redis.__version__, n=args.n, repeats=args.repeats, smoke=args.smoke, batch=BATCH)
+        meta.update(
+            redis_version=redis_version(url),
+            redis_private=args.redis_url is None,
+            redis_py=redis.__version__,
+            n=args.n,
+            repeats=args.repeats,
+            smoke=args.smoke,
+            batch=BATCH,
+        )
         # Interleave the repeats (A B C ... A B C ...) so a noisy neighbour hurts all alike.
         runs: dict[str, list[dict[str, Any]]] = {w: [] for w in names}
         for rep in range(args.repeats):
@@ -499,10 +545,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 results[w]["ratio_to"] = ref
         if "queue_add" in results and "limit_sync_xadd_single" in results:
             results["queue_add"]["ratio_to_sync_xadd_single"] = (
-                results["queue_add"]["jobs_per_s"] / results["limit_sync_xadd_single"]["jobs_per_s"])
+                results["queue_add"]["jobs_per_s"] / results["limit_sync_xadd_single"]["jobs_per_s"]
+            )
     meta["loadavg_at_end"] = os.getloadavg()
-    data = {"meta": meta, "workloads": {w: WORKLOADS[w][1] for w in names}, "results": results,
-            "targets": evaluate(results)}
+    data = {
+        "meta": meta,
+        "workloads": {w: WORKLOADS[w][1] for w in names},
+        "results": results,
+        "targets": evaluate(results),
+    }
     write_json(Path(args.out), data)
     print(table(results))
     print()

@@ -48,15 +48,37 @@ def run_worker(url: str, queue: str, jobs: int, out: str) -> None:
             starts.append((time.time_ns() - sent) / 1e6)
         return 1
 
-    worker = Worker(queue, handler, redis_url=url, concurrency=50, store_results=True, run_scheduler=False,
-                    max_jobs=jobs, read_block_ms=1000)
+    worker = Worker(
+        queue,
+        handler,
+        redis_url=url,
+        concurrency=50,
+        store_results=True,
+        run_scheduler=False,
+        max_jobs=jobs,
+        read_block_ms=1000,
+    )
     asyncio.run(worker.run())
     Path(out).write_text(json.dumps(starts))
 
 
 def start_worker(url: str, queue: str, jobs: int, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, __file__, "--role", "worker", "--redis-url", url, "--queue", queue,
-                             "--jobs", str(jobs), "--out", str(out)])
+    return subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--role",
+            "worker",
+            "--redis-url",
+            url,
+            "--queue",
+            queue,
+            "--jobs",
+            str(jobs),
+            "--out",
+            str(out),
+        ]
+    )
 
 
 def wait_for_group(url: str, queue: str, timeout: float = 30) -> None:
@@ -100,7 +122,8 @@ async def trigger_latency(url: str, queue: str, jobs: int, waiters: int) -> list
 
     parts = urlparse(url)
     os.environ["AIRFLOW_CONN_CHASQUI_BENCH"] = json.dumps(
-        {"conn_type": "chasqui", "host": parts.hostname, "port": parts.port})
+        {"conn_type": "chasqui", "host": parts.hostname, "port": parts.port}
+    )
     import logging
 
     from airflow_provider_chasqui import Queue
@@ -173,17 +196,32 @@ def main() -> int:
         starts = json.loads(starts_file.read_text())
         starts_file.unlink()
         result = {
-            "benchmark": "latency", "mode": "smoke" if args.smoke else "full", "redis_version": redis_version(url),
+            "benchmark": "latency",
+            "mode": "smoke" if args.smoke else "full",
+            "redis_version": redis_version(url),
             "machine": machine(),
-            "enqueue_to_handler": {"offered_rate": args.rate, "achieved_rate": round(achieved), "jobs": sent,
-                                   "p50_ms": round(pct(starts, 50), 2), "p99_ms": round(pct(starts, 99), 2)},
-            "completion_to_trigger": {"jobs": len(trig), "waiters": args.waiters,
-                                      "p50_ms": round(pct(trig, 50), 2), "p99_ms": round(pct(trig, 99), 2)},
+            "enqueue_to_handler": {
+                "offered_rate": args.rate,
+                "achieved_rate": round(achieved),
+                "jobs": sent,
+                "p50_ms": round(pct(starts, 50), 2),
+                "p99_ms": round(pct(starts, 99), 2),
+            },
+            "completion_to_trigger": {
+                "jobs": len(trig),
+                "waiters": args.waiters,
+                "p50_ms": round(pct(trig, 50), 2),
+                "p99_ms": round(pct(trig, 99), 2),
+            },
         }
     e, t = result["enqueue_to_handler"], result["completion_to_trigger"]
-    print(f"enqueue -> handler start at {e['achieved_rate']:,} jobs/s offered: p50 {e['p50_ms']} ms, p99 {e['p99_ms']} ms")
-    print(f"job completion -> trigger event ({t['jobs']} jobs, {t['waiters']} waiters): "
-          f"p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms")
+    print(
+        f"enqueue -> handler start at {e['achieved_rate']:,} jobs/s offered: p50 {e['p50_ms']} ms, p99 {e['p99_ms']} ms"
+    )
+    print(
+        f"job completion -> trigger event ({t['jobs']} jobs, {t['waiters']} waiters): "
+        f"p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms"
+    )
     write_json(out, result)
     return 0
 

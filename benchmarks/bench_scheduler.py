@@ -56,23 +56,39 @@ from airflow_provider_chasqui.sync.queue import SyncQueue
 
 QUEUE = "bench-sched"
 CALL = 10_000
-TARGETS = {"memory_ratio_max": 1.1, "upsert_specs_per_s_min": 100_000, "fires_per_s_min": 20_000,
-           "spread_lag_p99_ms_max": 1500}
-PATTERNS = [RepeatPattern.every(3_600_000), RepeatPattern.every(86_400_000),
-            RepeatPattern.cron("0 3 * * *", tz="America/New_York"), RepeatPattern.cron("30 9 * * 1-5", tz="Europe/Madrid"),
-            RepeatPattern.cron("*/15 * * * *", tz="Australia/Lord_Howe"), RepeatPattern.cron("0 0 1 * *", tz="+05:30"),
-            RepeatPattern.cron("45 23 * * *", tz="UTC")]
+TARGETS = {
+    "memory_ratio_max": 1.1,
+    "upsert_specs_per_s_min": 100_000,
+    "fires_per_s_min": 20_000,
+    "spread_lag_p99_ms_max": 1500,
+}
+PATTERNS = [
+    RepeatPattern.every(3_600_000),
+    RepeatPattern.every(86_400_000),
+    RepeatPattern.cron("0 3 * * *", tz="America/New_York"),
+    RepeatPattern.cron("30 9 * * 1-5", tz="Europe/Madrid"),
+    RepeatPattern.cron("*/15 * * * *", tz="Australia/Lord_Howe"),
+    RepeatPattern.cron("0 0 1 * *", tz="+05:30"),
+    RepeatPattern.cron("45 23 * * *", tz="UTC"),
+]
 
 
 def payload(i: int) -> dict[str, Any]:
     """~100 bytes of msgpack."""
-    return {"user": 1_000_000 + i, "type": "renewal_reminder", "channel": "email",
-            "template": "tmpl-" + "x" * 40, "locale": "es-PE"}
+    return {
+        "user": 1_000_000 + i,
+        "type": "renewal_reminder",
+        "channel": "email",
+        "template": "tmpl-" + "x" * 40,
+        "locale": "es-PE",
+    }
 
 
 def spec_items(n: int) -> list[dict[str, Any]]:
-    return [{"name": "remind", "data": payload(i), "key": f"sched:{i:08}", "repeat": PATTERNS[i % len(PATTERNS)]}
-            for i in range(n)]
+    return [
+        {"name": "remind", "data": payload(i), "key": f"sched:{i:08}", "repeat": PATTERNS[i % len(PATTERNS)]}
+        for i in range(n)
+    ]
 
 
 def used_memory(r: redis.Redis) -> int:
@@ -99,7 +115,7 @@ def memory_and_upsert(url: str, n: int) -> dict[str, Any]:
     rc0 = _redis_cpu(r)
     c0, t0 = time.process_time(), time.perf_counter()
     for i in range(0, n, CALL):
-        q.upsert_repeatable_bulk(items[i:i + CALL])
+        q.upsert_repeatable_bulk(items[i : i + CALL])
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     redis_cpu = _redis_cpu(r) - rc0
     ours = settle(r) - base
@@ -112,7 +128,7 @@ def memory_and_upsert(url: str, n: int) -> dict[str, Any]:
     base = settle(r)
     for i in range(0, n, CALL):
         pipe = r.pipeline(transaction=False)
-        for p in prepared[i:i + CALL]:
+        for p in prepared[i : i + CALL]:
             pipe.execute_command("HSET", k.repeat_spec(p.key), "spec", p.spec)
             pipe.execute_command("ZADD", k.repeat, p.next_fire_ms, p.key)
         pipe.execute()
@@ -120,9 +136,14 @@ def memory_and_upsert(url: str, n: int) -> dict[str, Any]:
     r.flushall()
     r.close()
     return {
-        "specs": n, "stored_spec_bytes": payload_bytes,
-        "bytes_per_spec": ours / n, "floor_bytes_per_spec": floor / n, "ratio": ours / floor,
-        "upsert_specs_per_s": n / wall, "upsert_seconds": wall, "upsert_client_cpu_us_per_spec": cpu / n * 1e6,
+        "specs": n,
+        "stored_spec_bytes": payload_bytes,
+        "bytes_per_spec": ours / n,
+        "floor_bytes_per_spec": floor / n,
+        "ratio": ours / floor,
+        "upsert_specs_per_s": n / wall,
+        "upsert_seconds": wall,
+        "upsert_client_cpu_us_per_spec": cpu / n * 1e6,
         "upsert_redis_cpu_us_per_spec": redis_cpu / n * 1e6,
         # client and Redis overlap (chunks are streamed), so with a free core each the rate is
         # bounded by the busier of the two: a load-independent view of a shared machine's run
@@ -165,10 +186,11 @@ def fire_phase(url: str, f: int, *, spread_s: int, lead_s: float) -> dict[str, A
     slots = [t + 1000 * s for s in range(spread_s)]
     q = SyncQueue(QUEUE, redis_url=url)
     patterns = [cron_at(t) for t in slots]
-    items = [{"name": "fire", "data": {"i": i}, "key": f"f{i:07}", "repeat": patterns[i % len(slots)]}
-             for i in range(f)]
+    items = [
+        {"name": "fire", "data": {"i": i}, "key": f"f{i:07}", "repeat": patterns[i % len(slots)]} for i in range(f)
+    ]
     for i in range(0, f, CALL):
-        q.upsert_repeatable_bulk(items[i:i + CALL])
+        q.upsert_repeatable_bulk(items[i : i + CALL])
     q.close()
     ready_at = time.time_ns() // 1_000_000
     if ready_at > t - 200:
@@ -202,9 +224,15 @@ def fire_phase(url: str, f: int, *, spread_s: int, lead_s: float) -> dict[str, A
     lags = [e - s for e, s in got]
     last = max(e for e, _s in got)
     out = {
-        "fires": f, "window_s": spread_s, "lag_p50_ms": pct(lags, 0.50), "lag_p99_ms": pct(lags, 0.99),
-        "lag_max_ms": max(lags), "next_fire_computations": sched.core.plans_computed, "ticks": sched.ticks,
-        "client_cpu_us_per_fire": cpu / f * 1e6, "redis_cpu_us_per_fire": redis_cpu / f * 1e6,
+        "fires": f,
+        "window_s": spread_s,
+        "lag_p50_ms": pct(lags, 0.50),
+        "lag_p99_ms": pct(lags, 0.99),
+        "lag_max_ms": max(lags),
+        "next_fire_computations": sched.core.plans_computed,
+        "ticks": sched.ticks,
+        "client_cpu_us_per_fire": cpu / f * 1e6,
+        "redis_cpu_us_per_fire": redis_cpu / f * 1e6,
         "cpu_bound_fires_per_s": f / max(cpu, redis_cpu),
     }
     if spread_s == 1:
@@ -248,11 +276,17 @@ def main() -> int:
         version = redis_version(url)
 
     result = {
-        "benchmark": "scheduler", "mode": "smoke" if args.smoke else "full", "redis_version": version,
-        "machine": machine(), "memory": {k: mem[k] for k in ("specs", "stored_spec_bytes", "bytes_per_spec",
-                                                             "floor_bytes_per_spec", "ratio")},
+        "benchmark": "scheduler",
+        "mode": "smoke" if args.smoke else "full",
+        "redis_version": version,
+        "machine": machine(),
+        "memory": {
+            k: mem[k] for k in ("specs", "stored_spec_bytes", "bytes_per_spec", "floor_bytes_per_spec", "ratio")
+        },
         "upsert": {k: v for k, v in mem.items() if k.startswith("upsert_")},
-        "fire_burst": burst, "fire_spread": spread, "targets": TARGETS,
+        "fire_burst": burst,
+        "fire_spread": spread,
+        "targets": TARGETS,
         "meets": {
             "memory_ratio": mem["ratio"] <= TARGETS["memory_ratio_max"],
             "upsert_rate": mem["upsert_specs_per_s"] >= TARGETS["upsert_specs_per_s_min"],
@@ -262,25 +296,43 @@ def main() -> int:
     }
     write_json(out_path, result)
     rows = [
-        ("memory per spec", f"{mem['bytes_per_spec']:.0f} B", f"floor {mem['floor_bytes_per_spec']:.0f} B, "
-                                                              f"ratio {mem['ratio']:.3f} (target <= 1.1)"),
-        ("bulk upsert", f"{mem['upsert_specs_per_s']:,.0f} specs/s",
-         f"target >= 100,000 (CPU-bound: {mem['upsert_cpu_bound_specs_per_s']:,.0f}/s; client "
-         f"{mem['upsert_client_cpu_us_per_spec']:.1f} us + "
-         f"Redis {mem['upsert_redis_cpu_us_per_spec']:.1f} us per spec)"),
-        ("fire burst", f"{burst['fires_per_s']:,.0f} fires/s", f"{f:,} due at once; lag p50 {burst['lag_p50_ms']} ms, "
-                                                               f"p99 {burst['lag_p99_ms']} ms (target >= 20,000/s; "
-                                                               f"CPU-bound {burst['cpu_bound_fires_per_s']:,.0f}/s)"),
-        ("fire spread", f"p99 lag {spread['lag_p99_ms']} ms", f"{f:,} due within {window}s; p50 "
-                                                              f"{spread['lag_p50_ms']} ms (target p99 <= 1,500 ms)"),
-        ("next-fire computations", f"{burst['next_fire_computations']} + {spread['next_fire_computations']}",
-         f"for {2 * f:,} fires (shared per pattern and scheduled time)"),
+        (
+            "memory per spec",
+            f"{mem['bytes_per_spec']:.0f} B",
+            f"floor {mem['floor_bytes_per_spec']:.0f} B, ratio {mem['ratio']:.3f} (target <= 1.1)",
+        ),
+        (
+            "bulk upsert",
+            f"{mem['upsert_specs_per_s']:,.0f} specs/s",
+            f"target >= 100,000 (CPU-bound: {mem['upsert_cpu_bound_specs_per_s']:,.0f}/s; client "
+            f"{mem['upsert_client_cpu_us_per_spec']:.1f} us + "
+            f"Redis {mem['upsert_redis_cpu_us_per_spec']:.1f} us per spec)",
+        ),
+        (
+            "fire burst",
+            f"{burst['fires_per_s']:,.0f} fires/s",
+            f"{f:,} due at once; lag p50 {burst['lag_p50_ms']} ms, "
+            f"p99 {burst['lag_p99_ms']} ms (target >= 20,000/s; "
+            f"CPU-bound {burst['cpu_bound_fires_per_s']:,.0f}/s)",
+        ),
+        (
+            "fire spread",
+            f"p99 lag {spread['lag_p99_ms']} ms",
+            f"{f:,} due within {window}s; p50 {spread['lag_p50_ms']} ms (target p99 <= 1,500 ms)",
+        ),
+        (
+            "next-fire computations",
+            f"{burst['next_fire_computations']} + {spread['next_fire_computations']}",
+            f"for {2 * f:,} fires (shared per pattern and scheduled time)",
+        ),
     ]
     width = max(len(a) for a, _b, _c in rows)
     for a, b, c in rows:
         print(f"{a:<{width}}  {b:>20}  {c}")
-    print(f"load average at start {result['machine']['loadavg_at_start'][0]:.2f} on {result['machine']['cpus']} CPUs; "
-          f"wrote {out_path}")
+    print(
+        f"load average at start {result['machine']['loadavg_at_start'][0]:.2f} on {result['machine']['cpus']} CPUs; "
+        f"wrote {out_path}"
+    )
     return 0
 
 

@@ -61,10 +61,17 @@ def _sample(r: redis.Redis, keys: QueueKeys, worker_pid: int, t0: float, offered
     pipe.memory_usage(keys.stream)
     mem, dbsize, results, events, backlog, stream_mem = pipe.execute()
     used = int(mem["used_memory"])
-    return {"t": round(time.monotonic() - t0, 2), "offered": offered, "used_memory": used,
-            "memory_excl_stream": used - int(stream_mem or 0),
-            "dbsize": int(dbsize), "result_keys": int(results), "events_len": int(events),
-            "backlog": int(backlog), "worker_rss": _rss(worker_pid)}
+    return {
+        "t": round(time.monotonic() - t0, 2),
+        "offered": offered,
+        "used_memory": used,
+        "memory_excl_stream": used - int(stream_mem or 0),
+        "dbsize": int(dbsize),
+        "result_keys": int(results),
+        "events_len": int(events),
+        "backlog": int(backlog),
+        "worker_rss": _rss(worker_pid),
+    }
 
 
 def _slope_per_min(points: list[tuple[float, float]]) -> float:
@@ -80,17 +87,20 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float:
 def summarise(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
     steady = [s for s in samples if s["t"] >= warmup_s]
     if len(steady) < 3:
-        steady = samples[len(samples) // 3:]
+        steady = samples[len(samples) // 3 :]
     third = max(1, len(steady) // 3)
     first, last = steady[:third], steady[-third:]
     out: dict[str, Any] = {"steady_samples": len(steady), "steady_from_s": steady[0]["t"] if steady else None}
     for m in METRICS:
         a = sum(s[m] for s in first) / len(first)
         b = sum(s[m] for s in last) / len(last)
-        out[m] = {"first_third": round(a), "last_third": round(b),
-                  "change_pct": round(100 * (b - a) / a, 2) if a else 0.0,
-                  "slope_per_min": round(_slope_per_min([(s["t"], s[m]) for s in steady]), 1),
-                  "max": max(s[m] for s in samples)}
+        out[m] = {
+            "first_third": round(a),
+            "last_third": round(b),
+            "change_pct": round(100 * (b - a) / a, 2) if a else 0.0,
+            "slope_per_min": round(_slope_per_min([(s["t"], s[m]) for s in steady]), 1),
+            "max": max(s[m] for s in samples),
+        }
     return out
 
 
@@ -107,8 +117,9 @@ async def _produce(q: Queue, rate: int, seconds: float, state: dict[str, int]) -
         n = due - state["offered"]
         if n > 0:
             base = state["offered"]
-            await q.add_bulk([{"name": "work", "data": {"i": i, "f": 1} if i % 100 == 0 else {"i": i}}
-                              for i in range(base, due)])
+            await q.add_bulk(
+                [{"name": "work", "data": {"i": i, "f": 1} if i % 100 == 0 else {"i": i}} for i in range(base, due)]
+            )
             state["offered"] = due
         await asyncio.sleep(max(0.0, tick - (time.monotonic() - t0 - elapsed)))
 
@@ -118,9 +129,26 @@ async def soak(url: str, rate: int, minutes: float, interval: float) -> dict[str
     keys = QueueKeys.for_queue(queue)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
     worker = subprocess.Popen(
-        [sys.executable, "-m", "airflow_provider_chasqui.worker", "--queue", queue, "--handlers", "_soak_handlers",
-         "--redis-url", url, "--no-scheduler", "--log-level", "ERROR"],
-        cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_chasqui.worker",
+            "--queue",
+            queue,
+            "--handlers",
+            "_soak_handlers",
+            "--redis-url",
+            url,
+            "--no-scheduler",
+            "--log-level",
+            "ERROR",
+        ],
+        cwd=HERE,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seconds = minutes * 60
     samples: list[dict[str, Any]] = []
     state = {"offered": 0}
@@ -136,9 +164,11 @@ async def soak(url: str, rate: int, minutes: float, interval: float) -> dict[str
                 producer = asyncio.create_task(_produce(q, rate, seconds, state))
                 while not producer.done():
                     samples.append(_sample(r, keys, worker.pid, t0, state["offered"]))
-                    log(f"[soak] t={samples[-1]['t']:6.1f}s offered={state['offered']:>8} "
+                    log(
+                        f"[soak] t={samples[-1]['t']:6.1f}s offered={state['offered']:>8} "
                         f"used_memory={samples[-1]['used_memory'] / 1e6:7.2f} MB dbsize={samples[-1]['dbsize']:>7} "
-                        f"backlog={samples[-1]['backlog']:>6} worker_rss={samples[-1]['worker_rss'] / 1e6:6.1f} MB")
+                        f"backlog={samples[-1]['backlog']:>6} worker_rss={samples[-1]['worker_rss'] / 1e6:6.1f} MB"
+                    )
                     await asyncio.wait({producer}, timeout=interval)
                 await producer
                 elapsed = time.monotonic() - t0
@@ -159,21 +189,33 @@ async def soak(url: str, rate: int, minutes: float, interval: float) -> dict[str
             worker.kill()
             worker.wait()
     warmup = max(30.0, seconds / 3) if seconds >= 90 else seconds / 3
-    return {"queue": queue, "offered_rate": rate, "minutes": minutes, "offered": state["offered"],
-            "achieved_offer_rate": round(state["offered"] / elapsed), "backlog_after_drain": backlog_end,
-            "results_index_at_end": completed, "warmup_s": warmup, "samples": samples,
-            "summary": summarise(samples, warmup)}
+    return {
+        "queue": queue,
+        "offered_rate": rate,
+        "minutes": minutes,
+        "offered": state["offered"],
+        "achieved_offer_rate": round(state["offered"] / elapsed),
+        "backlog_after_drain": backlog_end,
+        "results_index_at_end": completed,
+        "warmup_s": warmup,
+        "samples": samples,
+        "summary": summarise(samples, warmup),
+    }
 
 
 def _table(res: dict[str, Any]) -> str:
     s = res["summary"]
-    lines = [f"soak: {res['offered']} jobs offered at {res['achieved_offer_rate']}/s (target {res['offered_rate']}/s) "
-             f"for {res['minutes']} min; steady state from t={s['steady_from_s']} s ({s['steady_samples']} samples)",
-             f"{'metric':<19} {'first third':>14} {'last third':>14} {'change':>8} {'slope/min':>12} {'max':>14}"]
+    lines = [
+        f"soak: {res['offered']} jobs offered at {res['achieved_offer_rate']}/s (target {res['offered_rate']}/s) "
+        f"for {res['minutes']} min; steady state from t={s['steady_from_s']} s ({s['steady_samples']} samples)",
+        f"{'metric':<19} {'first third':>14} {'last third':>14} {'change':>8} {'slope/min':>12} {'max':>14}",
+    ]
     for m in METRICS:
         v = s[m]
-        lines.append(f"{m:<19} {v['first_third']:>14,} {v['last_third']:>14,} {v['change_pct']:>7}% "
-                     f"{v['slope_per_min']:>12,} {v['max']:>14,}")
+        lines.append(
+            f"{m:<19} {v['first_third']:>14,} {v['last_third']:>14,} {v['change_pct']:>7}% "
+            f"{v['slope_per_min']:>12,} {v['max']:>14,}"
+        )
     return "\n".join(lines)
 
 

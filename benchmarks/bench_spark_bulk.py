@@ -40,8 +40,10 @@ def _clear(r: redis.Redis, queue: str) -> None:
 
 
 def raw_add_bulk_rate(url: str, queue: str, rows: int, batch: int, settings: QueueSettings) -> float:
-    items = [{"name": "sale", "data": {"id": i, "region": f"r{i % 7}", "amount": i * 0.25, "day": "2026-01-01"}}
-             for i in range(batch)]
+    items = [
+        {"name": "sale", "data": {"id": i, "region": f"r{i % 7}", "amount": i * 0.25, "day": "2026-01-01"}}
+        for i in range(batch)
+    ]
     r = redis.Redis.from_url(url)
     _clear(r, queue)
     with SyncQueue(queue, redis_url=url, settings=settings) as q:
@@ -79,14 +81,25 @@ def main(argv: list[str] | None = None) -> int:
         from pyspark.sql import SparkSession
         from pyspark.sql import functions as F
 
-        spark = (SparkSession.builder.master(args.master).appName("bench-spark-bulk")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        spark = (
+            SparkSession.builder.master(args.master)
+            .appName("bench-spark-bulk")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
     spark.sparkContext.setLogLevel("ERROR")
     parts = args.partitions or spark.sparkContext.defaultParallelism
-    df = (spark.range(args.rows, numPartitions=parts)
-          .select(F.col("id"), F.concat(F.lit("r"), (F.col("id") % 7).cast("string")).alias("region"),
-                  (F.col("id") * 0.25).alias("amount"), F.lit("2026-01-01").alias("day"))
-          .cache())
+    df = (
+        spark.range(args.rows, numPartitions=parts)
+        .select(
+            F.col("id"),
+            F.concat(F.lit("r"), (F.col("id") % 7).cast("string")).alias("region"),
+            (F.col("id") * 0.25).alias("amount"),
+            F.lit("2026-01-01").alias("day"),
+        )
+        .cache()
+    )
     assert df.count() == args.rows
 
     try:
@@ -101,27 +114,49 @@ def main(argv: list[str] | None = None) -> int:
             raw.append(raw_add_bulk_rate(args.redis_url, queue, raw_rows, args.batch, settings))
             _clear(r, queue)
             started = time.perf_counter()
-            n = enqueue_dataframe(df, queue, redis_url=args.redis_url, name="sale", batch=args.batch,
-                                  max_stream_len=settings.max_stream_len)
+            n = enqueue_dataframe(
+                df,
+                queue,
+                redis_url=args.redis_url,
+                name="sale",
+                batch=args.batch,
+                max_stream_len=settings.max_stream_len,
+            )
             elapsed = time.perf_counter() - started
             assert n == args.rows and r.xlen(QueueKeys.for_queue(queue).stream) == args.rows, (n, args.rows)
             rates.append(n / elapsed)
-            print(f"run {i + 1}: {n:,} rows in {elapsed:.2f} s = {n / elapsed:,.0f} rows/s "
-                  f"(raw add_bulk just before: {raw[-1]:,.0f} rows/s)", flush=True)
+            print(
+                f"run {i + 1}: {n:,} rows in {elapsed:.2f} s = {n / elapsed:,.0f} rows/s "
+                f"(raw add_bulk just before: {raw[-1]:,.0f} rows/s)",
+                flush=True,
+            )
     finally:
         _clear(r, queue)
         spark.stop()
     med, raw_med = statistics.median(rates), statistics.median(raw)
     ratio = statistics.median(a / b for a, b in zip(rates, raw))
-    print(f"enqueue_dataframe: median {med:,.0f} rows/s over {args.runs} runs of {args.rows:,} rows "
-          f"({parts} partitions, {args.master}, batch {args.batch})")
+    print(
+        f"enqueue_dataframe: median {med:,.0f} rows/s over {args.runs} runs of {args.rows:,} rows "
+        f"({parts} partitions, {args.master}, batch {args.batch})"
+    )
     print(f"raw SyncQueue.add_bulk (1 process, {raw_rows:,} rows, batch {args.batch}): median {raw_med:,.0f} rows/s")
     print(f"ratio enqueue_dataframe / raw add_bulk: {ratio:.2f} (median of the per-run ratios)")
     if args.json:
-        print(json.dumps({"rows": args.rows, "runs": [round(x) for x in rates], "median": round(med),
-                          "raw_runs": [round(x) for x in raw], "raw_median": round(raw_med),
-                          "ratio": round(ratio, 3), "partitions": parts, "batch": args.batch,
-                          "master": args.master}))
+        print(
+            json.dumps(
+                {
+                    "rows": args.rows,
+                    "runs": [round(x) for x in rates],
+                    "median": round(med),
+                    "raw_runs": [round(x) for x in raw],
+                    "raw_median": round(raw_med),
+                    "ratio": round(ratio, 3),
+                    "partitions": parts,
+                    "batch": args.batch,
+                    "master": args.master,
+                }
+            )
+        )
     return 0
 
 

@@ -41,7 +41,7 @@ def _clear(r: redis.Redis, queue: str) -> None:
     prefix = QueueKeys.for_queue(queue).prefix
     keys = list(r.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=10_000))
     for i in range(0, len(keys), 1000):
-        r.unlink(*keys[i:i + 1000])
+        r.unlink(*keys[i : i + 1000])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,20 +69,36 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_provider_chasqui.spark import enqueue_dataframe
         from airflow_provider_chasqui.spark.datasource import register
 
-        spark = (SparkSession.builder.master(args.master).appName("bench-spark-datasource")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        spark = (
+            SparkSession.builder.master(args.master)
+            .appName("bench-spark-datasource")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     parts = args.partitions or spark.sparkContext.defaultParallelism
-    df = (spark.range(args.rows, numPartitions=parts)
-          .select(F.col("id"), F.concat(F.lit("r"), (F.col("id") % 7).cast("string")).alias("region"),
-                  (F.col("id") * 0.25).alias("amount"), F.lit("2026-01-01").alias("day"))
-          .cache())
+    df = (
+        spark.range(args.rows, numPartitions=parts)
+        .select(
+            F.col("id"),
+            F.concat(F.lit("r"), (F.col("id") % 7).cast("string")).alias("region"),
+            (F.col("id") * 0.25).alias("amount"),
+            F.lit("2026-01-01").alias("day"),
+        )
+        .cache()
+    )
     assert df.count() == args.rows
 
     def write(frame, name: str) -> None:
-        w = (frame.write.format("chasqui").option("queue", queue).option("redis_url", args.redis_url)
-             .option("name", name).option("max_stream_len", settings.max_stream_len))
+        w = (
+            frame.write.format("chasqui")
+            .option("queue", queue)
+            .option("redis_url", args.redis_url)
+            .option("name", name)
+            .option("max_stream_len", settings.max_stream_len)
+        )
         if args.chunk_size:
             w = w.option("chunk_size", args.chunk_size)
         w.mode("append").save()
@@ -104,13 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.perf_counter() - started
             assert r.xlen(stream) == args.rows, (r.xlen(stream), args.rows)
             rates.append(args.rows / elapsed)
-            line = (f"run {i + 1}: {args.rows:,} rows in {elapsed:.2f} s = {args.rows / elapsed:,.0f} rows/s "
-                    f"(raw add_bulk just before: {raw[-1]:,.0f} rows/s)")
+            line = (
+                f"run {i + 1}: {args.rows:,} rows in {elapsed:.2f} s = {args.rows / elapsed:,.0f} rows/s "
+                f"(raw add_bulk just before: {raw[-1]:,.0f} rows/s)"
+            )
             _clear(r, queue)
             if args.with_rows:
                 started = time.perf_counter()
-                enqueue_dataframe(df, queue, redis_url=args.redis_url, name="sale",
-                                  max_stream_len=settings.max_stream_len)
+                enqueue_dataframe(
+                    df, queue, redis_url=args.redis_url, name="sale", max_stream_len=settings.max_stream_len
+                )
                 elapsed = time.perf_counter() - started
                 assert r.xlen(stream) == args.rows
                 row_rates.append(args.rows / elapsed)
@@ -122,13 +141,22 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
     med, raw_med = statistics.median(rates), statistics.median(raw)
     ratio = statistics.median(a / b for a, b in zip(rates, raw))
-    print(f"format(\"chasqui\") write: median {med:,.0f} rows/s over {args.runs} runs of {args.rows:,} rows "
-          f"({parts} partitions, {args.master})")
+    print(
+        f'format("chasqui") write: median {med:,.0f} rows/s over {args.runs} runs of {args.rows:,} rows '
+        f"({parts} partitions, {args.master})"
+    )
     print(f"raw SyncQueue.add_bulk (1 process, {raw_rows:,} rows, 1,000 per call): median {raw_med:,.0f} rows/s")
-    print(f"ratio format(\"chasqui\") / raw add_bulk: {ratio:.2f} (median of the per-run ratios)")
-    summary = {"rows": args.rows, "runs": [round(x) for x in rates], "median": round(med),
-               "raw_runs": [round(x) for x in raw], "raw_median": round(raw_med), "ratio": round(ratio, 3),
-               "partitions": parts, "master": args.master}
+    print(f'ratio format("chasqui") / raw add_bulk: {ratio:.2f} (median of the per-run ratios)')
+    summary = {
+        "rows": args.rows,
+        "runs": [round(x) for x in rates],
+        "median": round(med),
+        "raw_runs": [round(x) for x in raw],
+        "raw_median": round(raw_med),
+        "ratio": round(ratio, 3),
+        "partitions": parts,
+        "master": args.master,
+    }
     if row_rates:
         row_med = statistics.median(row_rates)
         print(f"enqueue_dataframe (wrapper): median {row_med:,.0f} rows/s")

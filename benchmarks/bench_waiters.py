@@ -57,8 +57,17 @@ def run_worker(url: str, queue: str) -> None:
     async def handler(job: Any) -> int:
         return 1
 
-    worker = Worker(queue, handler, redis_url=url, concurrency=50, store_results=True, run_scheduler=False,
-                    read_block_ms=1000, events_max_stream_len=5_000_000, install_signal_handlers=True)
+    worker = Worker(
+        queue,
+        handler,
+        redis_url=url,
+        concurrency=50,
+        store_results=True,
+        run_scheduler=False,
+        read_block_ms=1000,
+        events_max_stream_len=5_000_000,
+        install_signal_handlers=True,
+    )
     asyncio.run(worker.run())
 
 
@@ -78,8 +87,9 @@ def run_producer(url: str, queue: str, rate: int, seconds: float, waited_rate: i
         owed += waited_per_tick
         w = min(int(owed), n)
         owed -= w
-        items: list[dict[str, Any]] = [{"name": "w", "data": 0, "job_id": waited_id(waited + i, waiters)}
-                                       for i in range(w)]
+        items: list[dict[str, Any]] = [
+            {"name": "w", "data": 0, "job_id": waited_id(waited + i, waiters)} for i in range(w)
+        ]
         items += [{"name": "f", "data": 0} for _ in range(n - w)]
         q.add_bulk(items)
         sent += n
@@ -185,9 +195,28 @@ async def waiting_side(url: str, queue: str, args: argparse.Namespace) -> dict[s
         gc.freeze()
 
     producer_out = Path(args.out_dir) / f"producer-{uuid.uuid4().hex[:6]}.json"
-    producer = subprocess.Popen([sys.executable, __file__, "--role", "producer", "--redis-url", url, "--queue", queue,
-                                 "--rate", str(args.rate), "--seconds", str(args.seconds), "--waited-rate",
-                                 str(args.waited_rate), "--waiters", str(args.waiters), "--out", str(producer_out)])
+    producer = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--role",
+            "producer",
+            "--redis-url",
+            url,
+            "--queue",
+            queue,
+            "--rate",
+            str(args.rate),
+            "--seconds",
+            str(args.seconds),
+            "--waited-rate",
+            str(args.waited_rate),
+            "--waiters",
+            str(args.waiters),
+            "--out",
+            str(producer_out),
+        ]
+    )
     profile = None
     if args.profile:
         import cProfile
@@ -238,13 +267,20 @@ async def waiting_side(url: str, queue: str, args: argparse.Namespace) -> dict[s
     ts_lat = [wakes[j] - done_ts[j] for j in wakes if j in done_ts]
     log(f"from the events' ts field (the worker's clock): p50 {pct(ts_lat, 50):.1f} ms, p99 {pct(ts_lat, 99):.1f} ms")
     return {
-        "mode": args.mode, "waiters": args.waiters, "offered_rate": args.rate,
-        "achieved_rate": round(produced["sent"] / produced["seconds"]), "jobs": produced["sent"],
-        "waited_jobs": produced["waited"], "woken": len(latencies),
-        "cpu_pct_of_core": round(100 * cpu / (t1 - t0), 1), "window_s": round(t1 - t0, 2),
-        "wake_p50_ms": round(pct(latencies, 50), 1), "wake_p99_ms": round(pct(latencies, 99), 1),
+        "mode": args.mode,
+        "waiters": args.waiters,
+        "offered_rate": args.rate,
+        "achieved_rate": round(produced["sent"] / produced["seconds"]),
+        "jobs": produced["sent"],
+        "waited_jobs": produced["waited"],
+        "woken": len(latencies),
+        "cpu_pct_of_core": round(100 * cpu / (t1 - t0), 1),
+        "window_s": round(t1 - t0, 2),
+        "wake_p50_ms": round(pct(latencies, 50), 1),
+        "wake_p99_ms": round(pct(latencies, 99), 1),
         "wake_max_ms": round(max(latencies), 1) if latencies else None,
-        "redis_connections": max(sockets) if sockets else 0, "named_event_readers": readers,
+        "redis_connections": max(sockets) if sockets else 0,
+        "named_event_readers": readers,
         "gc_freeze": args.gc_freeze,
     }
 
@@ -259,8 +295,12 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=5000, help="offered load, jobs/s")
     ap.add_argument("--waited-rate", type=int, default=50, help="of which waited jobs, per second")
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
-                    help="leave the start-up heap to the collector (full collections stall the loop)")
+    ap.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave the start-up heap to the collector (full collections stall the loop)",
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile the waiting process over the window (stderr)")
     ap.add_argument("--smoke", action="store_true", help="50 waiters, 3 s at 500 jobs/s")
     ap.add_argument("--out", default=None)
@@ -295,13 +335,20 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
-        result = {"benchmark": "waiters", "mode": "smoke" if args.smoke else "full",
-                  "redis_version": redis_version(url), "machine": machine(), "results": figures}
+        result = {
+            "benchmark": "waiters",
+            "mode": "smoke" if args.smoke else "full",
+            "redis_version": redis_version(url),
+            "machine": machine(),
+            "results": figures,
+        }
     f = result["results"]
-    print(f"{f['waiters']} waiting triggers ({f['mode']}) at {f['achieved_rate']:,} jobs/s: "
-          f"CPU {f['cpu_pct_of_core']}% of a core, wake p50 {f['wake_p50_ms']} ms, p99 {f['wake_p99_ms']} ms "
-          f"({f['woken']} wakes), {f['redis_connections']} Redis connection(s), "
-          f"{f['named_event_readers']} event reader(s)")
+    print(
+        f"{f['waiters']} waiting triggers ({f['mode']}) at {f['achieved_rate']:,} jobs/s: "
+        f"CPU {f['cpu_pct_of_core']}% of a core, wake p50 {f['wake_p50_ms']} ms, p99 {f['wake_p99_ms']} ms "
+        f"({f['woken']} wakes), {f['redis_connections']} Redis connection(s), "
+        f"{f['named_event_readers']} event reader(s)"
+    )
     write_json(out, result)
     return 0
 

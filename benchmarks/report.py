@@ -46,7 +46,9 @@ def _rate(entry: Any) -> float | None:
     return None
 
 
-def build(engine: dict[str, Any] | None, peers: dict[str, Any] | None, scheduler: dict[str, Any] | None) -> dict[str, Any]:
+def build(
+    engine: dict[str, Any] | None, peers: dict[str, Any] | None, scheduler: dict[str, Any] | None
+) -> dict[str, Any]:
     eng = (engine or {}).get("results", {})
     peer_results = (peers or {}).get("results", {})
     rows = []
@@ -54,38 +56,56 @@ def build(engine: dict[str, Any] | None, peers: dict[str, Any] | None, scheduler
         ours_src = "peers run" if _rate(peer_results.get(OURS, {}).get(key)) else "engine.json"
         ours = _rate(peer_results.get(OURS, {}).get(key)) or _rate(eng.get(engine_key))
         others = {p: _rate(r.get(key)) for p, r in peer_results.items() if p != OURS}
-        notes = {p: (r.get(key) or {}).get("unsupported") or (r.get(key) or {}).get("error")
-                 for p, r in peer_results.items() if p != OURS and not _rate(r.get(key))}
+        notes = {
+            p: (r.get(key) or {}).get("unsupported") or (r.get(key) or {}).get("error")
+            for p, r in peer_results.items()
+            if p != OURS and not _rate(r.get(key))
+        }
         measured = {p: v for p, v in others.items() if v}
         best = max(measured, key=measured.get) if measured else None
         limit = _rate(eng.get(limit_key))
         row: dict[str, Any] = {
-            "workload": key, "label": label, OURS: ours, "ours_source": ours_src,
+            "workload": key,
+            "label": label,
+            OURS: ours,
+            "ours_source": ours_src,
             "ours_engine_json": _rate(eng.get(engine_key)),
             "ours_cpu_us_per_job": (peer_results.get(OURS, {}).get(key) or {}).get("client_cpu_us_per_job")
             or (eng.get(engine_key) or {}).get("client_cpu_us_per_job"),
-            "peers": others, "peer_notes": {p: v for p, v in notes.items() if v},
-            "best_peer": best, "best_peer_jobs_per_s": measured.get(best) if best else None,
+            "peers": others,
+            "peer_notes": {p: v for p, v in notes.items() if v},
+            "best_peer": best,
+            "best_peer_jobs_per_s": measured.get(best) if best else None,
             "ratio_to_best_peer": (ours / measured[best]) if ours and best else None,
-            "limit": limit_key, "limit_jobs_per_s": limit,
+            "limit": limit_key,
+            "limit_jobs_per_s": limit,
             # against the limit measured in the same run (engine.json) whenever that run has our figure
             "ratio_to_limit": ((_rate(eng.get(engine_key)) or ours) / limit) if ours and limit else None,
         }
         rows.append(row)
     report: dict[str, Any] = {
         "rows": rows,
-        "engine": {k: {m: v.get(m) for m in ("jobs_per_s", "client_cpu_us_per_job", "ratio", "ratio_to")
-                       if v.get(m) is not None}
-                   for k, v in eng.items()},
+        "engine": {
+            k: {
+                m: v.get(m)
+                for m in ("jobs_per_s", "client_cpu_us_per_job", "ratio", "ratio_to")
+                if v.get(m) is not None
+            }
+            for k, v in eng.items()
+        },
         "engine_targets": (engine or {}).get("targets"),
         "peer_versions": (peers or {}).get("versions"),
         "meta": {"engine": (engine or {}).get("meta"), "peers": (peers or {}).get("meta")},
-        "inputs_missing": [name for name, d in (("engine", engine), ("peers", peers), ("scheduler", scheduler))
-                           if d is None],
+        "inputs_missing": [
+            name for name, d in (("engine", engine), ("peers", peers), ("scheduler", scheduler)) if d is None
+        ],
     }
     if scheduler is not None:
-        report["scheduler"] = {k: scheduler.get(k) for k in ("mode", "memory", "upsert", "fire_burst", "fire_spread",
-                                                             "targets", "meets") if k in scheduler}
+        report["scheduler"] = {
+            k: scheduler.get(k)
+            for k in ("mode", "memory", "upsert", "fire_burst", "fire_spread", "targets", "meets")
+            if k in scheduler
+        }
     return report
 
 
@@ -97,22 +117,30 @@ def _fmt(v: float | None, ratio: bool = False) -> str:
 
 def table(report: dict[str, Any]) -> str:
     peers = sorted({p for r in report["rows"] for p in r["peers"]})
-    head = f"{'workload (jobs/s)':<34}{OURS:>10}" + "".join(f"{p:>9}" for p in peers) + \
-        f"{'best peer':>11}{'vs best':>9}{'limit':>10}{'vs limit*':>10}"
+    head = (
+        f"{'workload (jobs/s)':<34}{OURS:>10}"
+        + "".join(f"{p:>9}" for p in peers)
+        + f"{'best peer':>11}{'vs best':>9}{'limit':>10}{'vs limit*':>10}"
+    )
     lines = [head, "-" * len(head)]
     for r in report["rows"]:
-        lines.append(f"{r['label'][:33]:<34}{_fmt(r[OURS]):>10}" + "".join(f"{_fmt(r['peers'].get(p)):>9}" for p in peers)
-                     + f"{(r['best_peer'] or '-'):>11}{_fmt(r['ratio_to_best_peer'], True):>9}"
-                     + f"{_fmt(r['limit_jobs_per_s']):>10}{_fmt(r['ratio_to_limit'], True):>10}")
+        lines.append(
+            f"{r['label'][:33]:<34}{_fmt(r[OURS]):>10}"
+            + "".join(f"{_fmt(r['peers'].get(p)):>9}" for p in peers)
+            + f"{(r['best_peer'] or '-'):>11}{_fmt(r['ratio_to_best_peer'], True):>9}"
+            + f"{_fmt(r['limit_jobs_per_s']):>10}{_fmt(r['ratio_to_limit'], True):>10}"
+        )
     lines.append("* engine.json's own figure for this project over the limit of the same run")
     sched = report.get("scheduler")
     if sched:
         lines.append("")
         mem, ups, burst, spread = (sched.get(k) or {} for k in ("memory", "upsert", "fire_burst", "fire_spread"))
-        lines.append(f"scheduler ({sched.get('mode')}, {mem.get('specs', 0):,} specs): "
-                     f"{mem.get('bytes_per_spec', 0):.0f} B/spec (x{mem.get('ratio', 0):.2f} of the floor), "
-                     f"upsert {ups.get('upsert_specs_per_s', 0):,.0f} specs/s, burst {burst.get('fires_per_s', 0):,.0f} "
-                     f"fires/s, spread lag p99 {spread.get('lag_p99_ms', '-')} ms")
+        lines.append(
+            f"scheduler ({sched.get('mode')}, {mem.get('specs', 0):,} specs): "
+            f"{mem.get('bytes_per_spec', 0):.0f} B/spec (x{mem.get('ratio', 0):.2f} of the floor), "
+            f"upsert {ups.get('upsert_specs_per_s', 0):,.0f} specs/s, burst {burst.get('fires_per_s', 0):,.0f} "
+            f"fires/s, spread lag p99 {spread.get('lag_p99_ms', '-')} ms"
+        )
     if report["inputs_missing"]:
         lines.append(f"\n(no {', '.join(report['inputs_missing'])} results)")
     return "\n".join(lines)
@@ -136,22 +164,37 @@ def chart(report: dict[str, Any], path: Path) -> None:
             v = r["limit_jobs_per_s"] if name == "limit" else (r[OURS] if name == OURS else r["peers"].get(name))
             values.append(v or 0)
         xs = [i + (si - (len(series) - 1) / 2) * width for i in range(len(report["rows"]))]
-        label = "raw redis-py limit (XADD one by one / pipelined)" if name == "limit" else \
-            f"{name} (this project)" if name == OURS else name
+        label = (
+            "raw redis-py limit (XADD one by one / pipelined)"
+            if name == "limit"
+            else f"{name} (this project)"
+            if name == OURS
+            else name
+        )
         bars = ax.bar(xs, values, width, label=label, color=colors.get(name))
         if name == OURS:
             for b, v in zip(bars, values):
                 if v:
-                    ax.annotate(f"{v / 1000:.0f}k" if v >= 1000 else f"{v:.0f}", (b.get_x() + b.get_width() / 2, v),
-                                ha="center", va="bottom", fontsize=8)
+                    ax.annotate(
+                        f"{v / 1000:.0f}k" if v >= 1000 else f"{v:.0f}",
+                        (b.get_x() + b.get_width() / 2, v),
+                        ha="center",
+                        va="bottom",
+                        fontsize=8,
+                    )
     ax.set_yscale("log")
     ax.set_xticks(range(len(report["rows"])))
-    ax.set_xticklabels([r["label"].replace(", 1 worker", "\n1 worker").replace(" (1 s", "\n(1 s")
-                        for r in report["rows"]], fontsize=9)
+    ax.set_xticklabels(
+        [r["label"].replace(", 1 worker", "\n1 worker").replace(" (1 s", "\n(1 s") for r in report["rows"]], fontsize=9
+    )
     ax.set_ylabel("jobs/s (log scale, higher is better)")
     meta = (report.get("meta") or {}).get("peers") or (report.get("meta") or {}).get("engine") or {}
-    ax.set_title(f"Throughput, one Redis {meta.get('redis_version', '?')} on loopback, {meta.get('cpus', '?')} cores, "
-                 f"N={meta.get('n', '?'):,}" if isinstance(meta.get("n"), int) else "Throughput")
+    ax.set_title(
+        f"Throughput, one Redis {meta.get('redis_version', '?')} on loopback, {meta.get('cpus', '?')} cores, "
+        f"N={meta.get('n', '?'):,}"
+        if isinstance(meta.get("n"), int)
+        else "Throughput"
+    )
     ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -117,8 +117,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--redis-url", default=None, help="use this server (it is FLUSHALLed between runs!)")
     ap.add_argument("--no-install", action="store_true", help="fail instead of creating missing environments")
     ap.add_argument("--out", default=str(RESULTS / "peers.json"))
-    ap.add_argument("--merge", action="store_true",
-                    help="keep the other peers' results already in --out (re-measure only --peers)")
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the other peers' results already in --out (re-measure only --peers)"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.slow_n, args.repeats = 200, 200, 1
@@ -132,8 +133,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     meta = machine()
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {w: [] for w in workloads} for p in names}
     with private_redis(args.redis_url) as url:
-        meta.update(redis_version=redis_version(url), n=args.n, slow_n=args.slow_n, repeats=args.repeats,
-                    smoke=args.smoke, redis_private=args.redis_url is None)
+        meta.update(
+            redis_version=redis_version(url),
+            n=args.n,
+            slow_n=args.slow_n,
+            repeats=args.repeats,
+            smoke=args.smoke,
+            redis_private=args.redis_url is None,
+        )
         for rep in range(args.repeats):
             for name in names:
                 for w in workloads:
@@ -141,14 +148,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     flush(url)
                     t0 = time.monotonic()
                     res = run_one(pythons[name], name, url, w, n, timeout=300 + n / 20)
-                    shown = f"{res['jobs_per_s']:,.0f} jobs/s" if "jobs_per_s" in res else \
-                        res.get("unsupported") or res.get("error", "")[:300]
+                    shown = (
+                        f"{res['jobs_per_s']:,.0f} jobs/s"
+                        if "jobs_per_s" in res
+                        else res.get("unsupported") or res.get("error", "")[:300]
+                    )
                     log(f"[{rep + 1}/{args.repeats}] {name:<8} {w:<15} {shown}  ({time.monotonic() - t0:.1f} s)")
                     runs[name][w].append(res)
         flush(url)
     meta["loadavg_at_end"] = os.getloadavg()
-    versions = {p: next((r.get("version") for ws in runs[p].values() for r in ws if r.get("version")), None)
-                for p in names}
+    versions = {
+        p: next((r.get("version") for ws in runs[p].values() for r in ws if r.get("version")), None) for p in names
+    }
     results = {p: {w: summarize(runs[p][w]) for w in workloads} for p in names}
     data = {"meta": meta, "versions": versions, "results": results}
     if args.merge and Path(args.out).exists():

@@ -48,19 +48,24 @@ from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
 
 incoming_files = Asset(
     "chasqui_incoming_files",
-    watchers=[AssetWatcher(
-        name="chasqui_incoming_files_watcher",
-        trigger=MessageQueueTrigger(scheme="chasqui", queue_name=EVENTS_QUEUE, job_names=["file_arrived"]),
-    )],
+    watchers=[
+        AssetWatcher(
+            name="chasqui_incoming_files_watcher",
+            trigger=MessageQueueTrigger(scheme="chasqui", queue_name=EVENTS_QUEUE, job_names=["file_arrived"]),
+        )
+    ],
 )
 
 squares_completed = Asset(
     "chasqui_squares_completed",
-    watchers=[AssetWatcher(
-        name="chasqui_squares_completed_watcher",
-        trigger=MessageQueueTrigger(scheme="chasqui", queue_name=EXAMPLES_QUEUE, mode="completion",
-                                    job_names=["square"]),
-    )],
+    watchers=[
+        AssetWatcher(
+            name="chasqui_squares_completed_watcher",
+            trigger=MessageQueueTrigger(
+                scheme="chasqui", queue_name=EXAMPLES_QUEUE, mode="completion", job_names=["square"]
+            ),
+        )
+    ],
 )
 
 with DAG(

@@ -43,8 +43,9 @@ with DAG(
     doc_md=__doc__,
     params={
         "queue": queue_param(SPARK_BATCH_QUEUE, "the batch Spark worker started here"),
-        "conn_id": Param("chasqui_default", type="string",
-                         description="the chasqui connection the Spark driver reads Redis from"),
+        "conn_id": Param(
+            "chasqui_default", type="string", description="the chasqui connection the Spark driver reads Redis from"
+        ),
         "data_dir": Param(DATA_DIR, type="string"),
         "datasets": Param(3, type="integer", minimum=1, description="how many rollup jobs to seed"),
         "max_jobs": Param(100, type="integer", minimum=1),
@@ -65,8 +66,9 @@ with DAG(
         for i in range(int(params["datasets"])):
             base = os.path.join(params["data_dir"], "batch", run)
             made = generate_sales_csv(os.path.join(base, f"sales-{i}.csv"), rows=5_000, seed=i)
-            jobs.append({"name": "sales_rollup",
-                         "data": {"input": made["path"], "output": os.path.join(base, f"rollup-{i}")}})
+            jobs.append(
+                {"name": "sales_rollup", "data": {"input": made["path"], "output": os.path.join(base, f"rollup-{i}")}}
+            )
         with ChasquiHook().get_queue(params["queue"]) as queue:
             return [job.id for job in queue.add_bulk(jobs)]
 
@@ -76,11 +78,16 @@ with DAG(
         application=SPARK_WORKER_ENTRY,
         name="chasqui-batch-worker",
         application_args=[
-            "--queue", "{{ params.queue }}",
-            "--conn-id", "{{ params.conn_id }}",
-            "--handlers", "airflow_provider_chasqui.examples.spark_handlers",
-            "--max-jobs", "{{ params.max_jobs }}",
-            "--idle-exit", "{{ params.idle_exit_secs }}",
+            "--queue",
+            "{{ params.queue }}",
+            "--conn-id",
+            "{{ params.conn_id }}",
+            "--handlers",
+            "airflow_provider_chasqui.examples.spark_handlers",
+            "--max-jobs",
+            "{{ params.max_jobs }}",
+            "--idle-exit",
+            "{{ params.idle_exit_secs }}",
             "--no-scheduler",
         ],
         conf={"spark.ui.enabled": "false"},

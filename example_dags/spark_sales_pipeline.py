@@ -36,8 +36,7 @@ with DAG(
     doc_md=__doc__,
     params={
         "queue": queue_param(SPARK_QUEUE, "the Spark worker"),
-        "data_dir": Param(DATA_DIR, type="string",
-                          description="a directory the Spark worker reads and writes too"),
+        "data_dir": Param(DATA_DIR, type="string", description="a directory the Spark worker reads and writes too"),
         "rows": Param(50_000, type="integer", minimum=1),
     },
     tags=["chasqui", "example", "spark"],
@@ -81,8 +80,12 @@ with DAG(
             raise ValueError(f"rollup has {table.num_rows} rows, the worker reported {result['rows']}")
         if sum(table.column("orders").to_pylist()) != dataset["input_rows"]:
             raise ValueError("the rollup does not account for every input row")
-        summary = {"rollup_rows": table.num_rows, "input_rows": dataset["input_rows"],
-                   "revenue": result["revenue"], "output": result["output"]}
+        summary = {
+            "rollup_rows": table.num_rows,
+            "input_rows": dataset["input_rows"],
+            "revenue": result["revenue"],
+            "output": result["output"],
+        }
         print(f"sales rollup: {summary}")
         return summary
 

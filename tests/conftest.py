@@ -49,7 +49,8 @@ class MatrixTarget:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "single_node(reason): runs on the single shared server only, never on the test cluster")
+        "markers", "single_node(reason): runs on the single shared server only, never on the test cluster"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -77,8 +78,10 @@ def chasquimq():
     try:
         import chasquimq as module
     except ImportError as exc:
-        pytest.fail(f"interop tests need chasquimq ({exc}): pip install '.[interop]', or run "
-                    "scripts/matrix.sh interop", pytrace=False)
+        pytest.fail(
+            f"interop tests need chasquimq ({exc}): pip install '.[interop]', or run scripts/matrix.sh interop",
+            pytrace=False,
+        )
     return module
 
 
@@ -149,9 +152,22 @@ def tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     d = tmp_path_factory.mktemp("tls")
     files = make_tls_files(d)
     port = free_port()
-    server = start_server("redis7", tmpdir=d, extra_args=(
-        "--tls-port", str(port), "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
-        "--tls-ca-cert-file", str(files.ca), "--tls-auth-clients", "no"))
+    server = start_server(
+        "redis7",
+        tmpdir=d,
+        extra_args=(
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            str(files.cert),
+            "--tls-key-file",
+            str(files.key),
+            "--tls-ca-cert-file",
+            str(files.ca),
+            "--tls-auth-clients",
+            "no",
+        ),
+    )
     try:
         with server.client() as plain:
             plain.config_set("port", 0)
@@ -187,9 +203,7 @@ def _server_pool(
 
 
 @pytest.fixture(scope="session", params=KINDS)
-def server_matrix(
-    request: pytest.FixtureRequest, _server_pool: Callable[[str], RunningServer]
-) -> RunningServer:
+def server_matrix(request: pytest.FixtureRequest, _server_pool: Callable[[str], RunningServer]) -> RunningServer:
     """One of redis7 (the shared 6379 when it is 7.x), valkey8, redis82; never stop it."""
     return _server_pool(request.param)
 

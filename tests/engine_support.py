@@ -126,8 +126,6 @@ async def pending_count(client: aioredis.Redis, queue: str, group: str = "defaul
     return int(info["pending"])
 
 
-
-
 # ---- the driver lanes' tests (tests/engine/test_engine_lane.py, tests/sync/test_sync_lane.py) ----
 def stream_entries(url: str, queue: str) -> list[tuple[bytes, dict[str, bytes]]]:
     """The queue's stream as ``(entry id, {field: raw value})``, oldest first."""

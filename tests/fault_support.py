@@ -122,14 +122,26 @@ class WorkerProcess:
 
 def spawn_worker(url: str, queue: str, out: Path, consumer: str, **options: Any) -> WorkerProcess:
     """Start ``python fault_support.py worker`` recording into ``out``; options become flags."""
-    args = [sys.executable, str(HERE / "fault_support.py"), "worker", "--url", url, "--queue", queue,
-            "--out", str(out), "--consumer", consumer]
+    args = [
+        sys.executable,
+        str(HERE / "fault_support.py"),
+        "worker",
+        "--url",
+        url,
+        "--queue",
+        queue,
+        "--out",
+        str(out),
+        "--consumer",
+        consumer,
+    ]
     for key, value in options.items():
         args += ["--" + key.replace("_", "-"), str(value)]
     log = out.with_suffix(".log")
     with open(log, "ab") as logf:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return WorkerProcess(proc, out, consumer, log)
 
 
@@ -148,9 +160,17 @@ async def _worker_main(ns: argparse.Namespace) -> None:
             await asyncio.sleep(pause)
         os.write(fd, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
 
-    worker = Worker(ns.queue, record, redis_url=ns.url, consumer_id=ns.consumer, concurrency=ns.concurrency,
-                    claim_min_idle_ms=ns.claim_min_idle_ms, run_scheduler=False, read_block_ms=ns.read_block_ms,
-                    install_signal_handlers=True)
+    worker = Worker(
+        ns.queue,
+        record,
+        redis_url=ns.url,
+        consumer_id=ns.consumer,
+        concurrency=ns.concurrency,
+        claim_min_idle_ms=ns.claim_min_idle_ms,
+        run_scheduler=False,
+        read_block_ms=ns.read_block_ms,
+        install_signal_handlers=True,
+    )
     await worker.run()
     os.close(fd)
 
@@ -159,13 +179,21 @@ async def _worker_main(ns: argparse.Namespace) -> None:
 class _Pipe:
     """One proxied connection: two directions, each pausable, both abortable."""
 
-    def __init__(self, proxy: FaultProxy, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
-                 up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        proxy: FaultProxy,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        up_r: asyncio.StreamReader,
+        up_w: asyncio.StreamWriter,
+    ) -> None:
         self.proxy = proxy
         self.writers = (client_w, up_w)
         self.stalled = False  # a stalled pipe stays stalled forever (a black-holed flow)
-        self.tasks = [asyncio.ensure_future(self._pump(client_r, up_w)),
-                      asyncio.ensure_future(self._pump(up_r, client_w, replies=True))]
+        self.tasks = [
+            asyncio.ensure_future(self._pump(client_r, up_w)),
+            asyncio.ensure_future(self._pump(up_r, client_w, replies=True)),
+        ]
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, replies: bool = False) -> None:
         try:
@@ -297,8 +325,16 @@ class SentinelProcess:
                 self.proc.wait(10)
 
 
-def start_sentinel(binary: Path, tmpdir: Path, service: str, master_port: int, *,
-                   down_after_ms: int = 1000, failover_timeout_ms: int = 5000, timeout: float = 20.0) -> SentinelProcess:
+def start_sentinel(
+    binary: Path,
+    tmpdir: Path,
+    service: str,
+    master_port: int,
+    *,
+    down_after_ms: int = 1000,
+    failover_timeout_ms: int = 5000,
+    timeout: float = 20.0,
+) -> SentinelProcess:
     """``redis-server <conf> --sentinel`` monitoring ``127.0.0.1:master_port`` (quorum 1)."""
     import redis
 
@@ -313,8 +349,14 @@ def start_sentinel(binary: Path, tmpdir: Path, service: str, master_port: int, *
     )
     log = tmpdir / f"sentinel-{port}.log"
     with open(log, "ab") as logf:
-        proc = subprocess.Popen([str(binary), str(conf), "--sentinel"], stdin=subprocess.DEVNULL, stdout=logf,
-                                stderr=subprocess.STDOUT, cwd=tmpdir, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(binary), str(conf), "--sentinel"],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            cwd=tmpdir,
+            start_new_session=True,
+        )
     sp = SentinelProcess(proc, port, conf, log)
     deadline = time.monotonic() + timeout
     with redis.Redis(host=HOST, port=port, socket_connect_timeout=1, socket_timeout=2) as r:
@@ -345,27 +387,106 @@ class TlsFiles:
 
 def make_tls_files(tmpdir: Path) -> TlsFiles:
     """A throw-away CA and a server certificate for IP 127.0.0.1 (the openssl CLI)."""
+
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, cwd=tmpdir, capture_output=True, timeout=60)
 
     for name in ("ca", "other-ca"):
-        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", f"/CN=chasqui-test-{name}",
-            "-keyout", f"{name}.key", "-out", f"{name}.pem")
-    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
+        run(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN=chasqui-test-{name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.pem",
+        )
+    run(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    )
     (tmpdir / "san.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-        "-extfile", "san.ext", "-out", "server.pem")
-    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=chasqui-worker", "-keyout", "client.key",
-        "-out", "client.csr")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    )
+    run(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=chasqui-worker",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+    )
     (tmpdir / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    run("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-        "-extfile", "client.ext", "-out", "client.pem")
-    return TlsFiles(tmpdir / "ca.pem", tmpdir / "server.pem", tmpdir / "server.key", tmpdir / "other-ca.pem",
-                    tmpdir / "client.pem", tmpdir / "client.key")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "client.ext",
+        "-out",
+        "client.pem",
+    )
+    return TlsFiles(
+        tmpdir / "ca.pem",
+        tmpdir / "server.pem",
+        tmpdir / "server.key",
+        tmpdir / "other-ca.pem",
+        tmpdir / "client.pem",
+        tmpdir / "client.key",
+    )
 
 
 # ---- stream inspection ------------------------------------------------------------------------------
-def pending_ids(client: Any, stream: str, group: str, consumer: str | None = None, count: int = 1_000_000) -> list[bytes]:
+def pending_ids(
+    client: Any, stream: str, group: str, consumer: str | None = None, count: int = 1_000_000
+) -> list[bytes]:
     args: list[Any] = ["XPENDING", stream, group, "-", "+", count]
     if consumer is not None:
         args.append(consumer)

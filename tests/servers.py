@@ -207,8 +207,7 @@ class RunningServer:
                     pass  # not listening yet, or still loading its AOF
                 if time.monotonic() > deadline:
                     raise ServerStartError(
-                        f"{self.kind} on port {self.port} did not answer PING within "
-                        f"{timeout}s:\n{self.log_tail()}"
+                        f"{self.kind} on port {self.port} did not answer PING within {timeout}s:\n{self.log_tail()}"
                     )
                 time.sleep(0.01)
 
@@ -341,9 +340,20 @@ def _start_node(d: Path, extra_args: Sequence[str], attempts: int = 5) -> Runnin
     for attempt in range(attempts):
         port = _cluster_port()
         try:
-            return start_server("redis7", tmpdir=d, port=port, extra_args=(
-                "--cluster-enabled", "yes", "--cluster-config-file", str(d / f"nodes-{port}.conf"),
-                "--cluster-node-timeout", "5000", *extra_args))
+            return start_server(
+                "redis7",
+                tmpdir=d,
+                port=port,
+                extra_args=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    str(d / f"nodes-{port}.conf"),
+                    "--cluster-node-timeout",
+                    "5000",
+                    *extra_args,
+                ),
+            )
         except ServerStartError as exc:
             if attempt + 1 == attempts or "already in use" not in str(exc):
                 raise
@@ -365,8 +375,12 @@ def start_cluster(
             d = Path(tmpdir) / f"node{i}"
             d.mkdir(parents=True, exist_ok=True)
             nodes.append(_start_node(d, extra_args))
-        subprocess.run(["redis-cli", "--cluster", "create", *[f"{HOST}:{n.port}" for n in nodes],
-                        "--cluster-yes"], check=True, capture_output=True, timeout=timeout)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"{HOST}:{n.port}" for n in nodes], "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
         cluster = Cluster(nodes)
         cluster.wait_ok(timeout)
         return cluster

@@ -9,8 +9,9 @@ import pytest
 
 
 def run_demo(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.demo", *args],
-                          capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.demo", *args], capture_output=True, text=True, timeout=90
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -27,8 +27,13 @@ DASHBOARD_ASSETS = ["templates/layout.html", "static/dashboard.css", "static/das
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([sys.executable, "-m", "hatchling", "build", "-d", str(out), "-t", "wheel", "-t", "sdist"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-d", str(out), "-t", "wheel", "-t", "sdist"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = out.glob("*.whl")
     (sdist,) = out.glob("*.tar.gz")
@@ -66,11 +71,15 @@ def test_wheel_has_license_typing_marker_lua_and_metadata(dist: dict[str, Path])
         assert whl.read(pools) == (ROOT / pools).read_bytes()
         _check_metadata(whl.read(f"{info}/METADATA").decode())
         entry_points = whl.read(f"{info}/entry_points.txt").decode()
-        assert "[airflow.plugins]\nchasqui_dashboard = airflow_provider_chasqui.dashboard.plugin:ChasquiDashboardPlugin" \
-            in entry_points, entry_points
+        assert (
+            "[airflow.plugins]\nchasqui_dashboard = airflow_provider_chasqui.dashboard.plugin:ChasquiDashboardPlugin"
+            in entry_points
+        ), entry_points
         for asset in DASHBOARD_ASSETS:  # the dashboard loads nothing from the internet: its files ship here
-            assert whl.read(f"airflow_provider_chasqui/dashboard/{asset}") == \
-                (ROOT / "airflow_provider_chasqui" / "dashboard" / asset).read_bytes(), asset
+            assert (
+                whl.read(f"airflow_provider_chasqui/dashboard/{asset}")
+                == (ROOT / "airflow_provider_chasqui" / "dashboard" / asset).read_bytes()
+            ), asset
         assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
 
@@ -95,8 +104,14 @@ def test_sdist_has_license_typing_marker_lua_and_metadata(dist: dict[str, Path])
     with tarfile.open(dist["sdist"]) as sdist:
         top = sdist.getnames()[0].split("/")[0]
         members = {n.removeprefix(f"{top}/") for n in sdist.getnames()}
-        for name in ("LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "airflow_provider_chasqui/py.typed",
-                     *(f"lua/{lua}" for lua in LUA)):
+        for name in (
+            "LICENSE",
+            "README.md",
+            "CHANGELOG.md",
+            "pyproject.toml",
+            "airflow_provider_chasqui/py.typed",
+            *(f"lua/{lua}" for lua in LUA),
+        ):
             assert name in members, name
         assert sdist.extractfile(f"{top}/LICENSE").read() == (ROOT / "LICENSE").read_bytes()
         _check_metadata(sdist.extractfile(f"{top}/PKG-INFO").read().decode())
@@ -117,8 +132,9 @@ def test_extras_keep_conflicting_packages_apart() -> None:
     assert _names("spark") == {"pyspark", "pyarrow"}
     assert "apache-airflow-providers-apache-spark" in _names("spark-airflow")
     # chasquimq caps redis-py below 7: only its own extra, never the test tools the matrix venvs get
-    assert "chasquimq" in _names("interop") and all("chasquimq" not in _names(e) for e in PROJECT["optional-dependencies"]
-                                                      if e != "interop")
+    assert "chasquimq" in _names("interop") and all(
+        "chasquimq" not in _names(e) for e in PROJECT["optional-dependencies"] if e != "interop"
+    )
     # pyarrow wherever the package or its examples read Parquet
     assert "pyarrow" in _names("parquet")
 
@@ -142,12 +158,16 @@ def test_chasquimq_tests_are_marked_interop_and_import_it_lazily() -> None:
     marked = []
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         tree = ast.parse(path.read_text())
-        top_imports = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import)
-                       for alias in node.names}
+        top_imports = {
+            alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names
+        }
         top_imports |= {(node.module or "").split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
         assert "chasquimq" not in top_imports, f"{path}: import chasquimq through the `chasquimq` fixture"
-        uses = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   and any(a.arg == "chasquimq" for a in node.args.args) for node in ast.walk(tree))
+        uses = any(
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any(a.arg == "chasquimq" for a in node.args.args)
+            for node in ast.walk(tree)
+        )
         if uses:
             assert "pytest.mark.interop" in path.read_text(), f"{path} uses chasquimq but is not marked interop"
             marked.append(path.name)

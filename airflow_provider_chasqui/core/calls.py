@@ -15,7 +15,18 @@ from typing import Any, TypeVar
 from . import scripts as _scripts
 from .scripts import Script
 
-__all__ = ["Call", "Stream", "Flow", "script_call", "script_args", "command", "packed_command", "resp_bulk", "int_reply", "str_reply"]
+__all__ = [
+    "Call",
+    "Stream",
+    "Flow",
+    "script_call",
+    "script_args",
+    "command",
+    "packed_command",
+    "resp_bulk",
+    "int_reply",
+    "str_reply",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ def _random_part() -> str:
         return _random_parts.popleft()
     except IndexError:
         digits = os.urandom(16 * _RANDOM_BATCH).translate(_RANDOM_DIGITS).decode("ascii")
-        _random_parts.extend([digits[i:i + 16] for i in range(16, len(digits), 16)])
+        _random_parts.extend([digits[i : i + 16] for i in range(16, len(digits), 16)])
         return digits[:16]
 
 
@@ -99,7 +99,7 @@ def new_job_ids(n: int, ms: int | None = None) -> list[str]:
     prefix = _time_digits(time.time_ns() // 1_000_000 if ms is None else ms)
     size = 16 * n
     digits = os.urandom(size).translate(_RANDOM_DIGITS).decode("ascii")
-    return [prefix + digits[i:i + 16] for i in range(0, size, 16)]
+    return [prefix + digits[i : i + 16] for i in range(0, size, 16)]
 
 
 def validate_job_name(name: object) -> bytes:
@@ -236,8 +236,9 @@ def _decode_backoff(raw: Any) -> BackoffWire | None:
     if not isinstance(kind, str):
         raise CodecError("backoff kind must be a string")
     # NaN fails both comparisons; inf and ints beyond a float fail the upper one.
-    if mult is not None and (isinstance(mult, bool) or not isinstance(mult, (int, float))
-                             or not 0 <= mult <= _MAX_FLOAT):
+    if mult is not None and (
+        isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 <= mult <= _MAX_FLOAT
+    ):
         raise CodecError(f"backoff multiplier must be a finite non-negative number, got {mult!r}")
     return BackoffWire(
         kind,
@@ -266,8 +267,15 @@ def decode_envelope(raw: bytes) -> Envelope:
         raise CodecError(f"envelope is not valid msgpack: {exc}") from exc
     if type(arr) is list and len(arr) == 4:  # fast path: the shape every producer writes
         job_id, inner, created, attempt = arr
-        if type(job_id) is str and type(inner) is bytes and type(created) is int and type(attempt) is int \
-                and 0 <= created <= _U64_MAX and 0 <= attempt <= _U32_MAX and len(job_id) <= MAX_JOB_ID_CHARS:
+        if (
+            type(job_id) is str
+            and type(inner) is bytes
+            and type(created) is int
+            and type(attempt) is int
+            and 0 <= created <= _U64_MAX
+            and 0 <= attempt <= _U32_MAX
+            and len(job_id) <= MAX_JOB_ID_CHARS
+        ):
             return _new_envelope(job_id, inner, created, attempt, None)
     if isinstance(arr, dict):  # serde's map form: fields by name, defaults may be missing
         fields = _fields(arr, ("id", "payload", "created_at_ms", "attempt", "retry"), "envelope")

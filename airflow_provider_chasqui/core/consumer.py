@@ -29,8 +29,17 @@ from .keys import QueueKeys
 from .retry import RetryPolicy, backoff_ms
 from .settings import QueueSettings
 
-__all__ = ["ConsumerCore", "Delivery", "Rejected", "handler_failure_reason", "handler_traceback", "clip_text",
-           "clip_head", "MAX_REASON_BYTES", "MAX_TRACEBACK_BYTES"]
+__all__ = [
+    "ConsumerCore",
+    "Delivery",
+    "Rejected",
+    "handler_failure_reason",
+    "handler_traceback",
+    "clip_text",
+    "clip_head",
+    "MAX_REASON_BYTES",
+    "MAX_TRACEBACK_BYTES",
+]
 
 # DLQ reason strings, exactly as ChasquiMQ writes them (wire spec 7.2).
 RETRIES_EXHAUSTED = "retries_exhausted"
@@ -89,7 +98,7 @@ def clip_text(text: str, limit: int = MAX_REASON_BYTES) -> str:
     if len(raw) <= limit:
         return raw.decode("utf-8")
     marker = f"... [truncated: {len(raw)} bytes]"
-    return raw[:limit - len(marker)].decode("utf-8", "ignore") + marker
+    return raw[: limit - len(marker)].decode("utf-8", "ignore") + marker
 
 
 def clip_head(text: str, limit: int = MAX_TRACEBACK_BYTES) -> str:
@@ -99,10 +108,10 @@ def clip_head(text: str, limit: int = MAX_TRACEBACK_BYTES) -> str:
     if len(raw) <= limit:
         return raw.decode("utf-8")
     marker = f"[traceback truncated: {len(raw)} bytes; the innermost frames follow]\n"
-    tail = raw[len(raw) - (limit - len(marker)):].decode("utf-8", "ignore")
+    tail = raw[len(raw) - (limit - len(marker)) :].decode("utf-8", "ignore")
     cut = tail.find("\n")
     if 0 <= cut < len(tail) - 1:
-        tail = tail[cut + 1:]
+        tail = tail[cut + 1 :]
     return marker + tail
 
 
@@ -119,8 +128,12 @@ def handler_traceback(exc: BaseException) -> str:
     except Exception:  # noqa: BLE001 - a hostile __str__ or a broken frame: no traceback, not a crash
         return ""
     if len(text) > MAX_TRACEBACK_BYTES // 4:  # a huge message (or source line) must not push out every frame
-        text = "".join(clip_text(line.rstrip("\n"), _MAX_TRACEBACK_LINE) + "\n" * line.endswith("\n")
-                       if len(line) > _MAX_TRACEBACK_LINE // 4 else line for line in text.splitlines(keepends=True))
+        text = "".join(
+            clip_text(line.rstrip("\n"), _MAX_TRACEBACK_LINE) + "\n" * line.endswith("\n")
+            if len(line) > _MAX_TRACEBACK_LINE // 4
+            else line
+            for line in text.splitlines(keepends=True)
+        )
     return clip_head(text)
 
 
@@ -142,9 +155,19 @@ def _safe_repr(exc: BaseException) -> str:
 class ConsumerCore:
     """Decisions for one queue and group; holds no connection.  Not shared across loops."""
 
-    def __init__(self, queue: str, *, group: str, consumer_id: str, max_attempts: int,
-                 settings: QueueSettings, retry: RetryPolicy, events: bool, result_ttl_ms: int,
-                 failure_ttl_ms: int) -> None:
+    def __init__(
+        self,
+        queue: str,
+        *,
+        group: str,
+        consumer_id: str,
+        max_attempts: int,
+        settings: QueueSettings,
+        retry: RetryPolicy,
+        events: bool,
+        result_ttl_ms: int,
+        failure_ttl_ms: int,
+    ) -> None:
         self.keys = QueueKeys.for_queue(queue)
         self.group = group
         self.consumer_id = consumer_id
@@ -245,14 +268,29 @@ class ConsumerCore:
                         arr = unpackb(d, raw=False, strict_map_key=False)
                         if type(arr) is list and len(arr) == 4:
                             job_id, inner, created, attempt = arr
-                            if type(job_id) is str and type(inner) is bytes and type(created) is int \
-                                    and type(attempt) is int and 0 <= created <= _U64_MAX \
-                                    and 0 <= attempt < limit and attempt <= _U32_MAX \
-                                    and len(job_id) <= MAX_JOB_ID_CHARS:
+                            if (
+                                type(job_id) is str
+                                and type(inner) is bytes
+                                and type(created) is int
+                                and type(attempt) is int
+                                and 0 <= created <= _U64_MAX
+                                and 0 <= attempt < limit
+                                and attempt <= _U32_MAX
+                                and len(job_id) <= MAX_JOB_ID_CHARS
+                            ):
                                 data = unpackb(inner, raw=False, strict_map_key=False)
                                 name = n.decode()  # not UTF-8: gate() below keeps the bytes too
-                                ready.append(Delivery(entry_id, _new_envelope(job_id, inner, created, attempt, None),
-                                                      name, d, 1, 0, data))
+                                ready.append(
+                                    Delivery(
+                                        entry_id,
+                                        _new_envelope(job_id, inner, created, attempt, None),
+                                        name,
+                                        d,
+                                        1,
+                                        0,
+                                        data,
+                                    )
+                                )
                                 continue
                     except Exception:  # noqa: BLE001 - gate() below gives the exact verdict
                         pass
@@ -287,8 +325,19 @@ class ConsumerCore:
         argv: list[Any] = [self.events_max]
         for dl in deliveries:
             if dl.name:
-                argv += (5, "e", "active", "id", dl.envelope.id, "ts", now, "n", dl.name,
-                         "attempt", dl.envelope.attempt + 1)
+                argv += (
+                    5,
+                    "e",
+                    "active",
+                    "id",
+                    dl.envelope.id,
+                    "ts",
+                    now,
+                    "n",
+                    dl.name,
+                    "attempt",
+                    dl.envelope.attempt + 1,
+                )
             else:
                 argv += (4, "e", "active", "id", dl.envelope.id, "ts", now, "attempt", dl.envelope.attempt + 1)
         return script_call("emit_events", (self.keys.events,), argv)
@@ -307,18 +356,28 @@ class ConsumerCore:
     def drained_event(self, now: int) -> Call | None:
         if not self.events_max:
             return None
-        return script_call("emit_events", (self.keys.events,), (self.events_max, 3, "e", "drained", "id", "", "ts", now))
+        return script_call(
+            "emit_events", (self.keys.events,), (self.events_max, 3, "e", "drained", "id", "", "ts", now)
+        )
 
     def complete(self, done: list[tuple[bytes, str, str, int, int, bytes]], features: Features, now: int) -> Call:
         """``done`` rows: (entry_id, job_id, name, attempt_1_indexed, duration_us, result)."""
-        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.result_ttl_ms, self.keys.prefix,
-                           now, self.settings.results_max_len]
+        argv: list[Any] = [
+            self.group,
+            features.xackdel_flag,
+            self.events_max,
+            self.result_ttl_ms,
+            self.keys.prefix,
+            now,
+            self.settings.results_max_len,
+        ]
         for row in done:
             argv.extend(row)
         return script_call("complete_batch", (self.keys.stream, self.keys.events), argv)
 
-    def on_failure(self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int,
-                   features: Features, now: int) -> tuple[Call, str, int]:
+    def on_failure(
+        self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int, features: Features, now: int
+    ) -> tuple[Call, str, int]:
         """Retry or dead-letter after a handler error, as one per-entry script call
         (``retry.lua`` / ``dead_letter.lua``).  The worker batches :meth:`failure_row` instead;
         this single-entry form is the reference the wire-vector and ``fail_batch`` equivalence
@@ -327,21 +386,52 @@ class ConsumerCore:
         kind, entry_id, job_id, name, run, reason, duration_us = row[:7]
         if kind == "d":
             payload, why = row[7], row[8]
-            return self.dead_letter(entry_id, why, payload, name, "", job_id, run, features, now,
-                                    failed_reason=reason, duration_us=duration_us, dlq_name=row[10],
-                                    traceback_text=row[11]), outcome, delay
+            return (
+                self.dead_letter(
+                    entry_id,
+                    why,
+                    payload,
+                    name,
+                    "",
+                    job_id,
+                    run,
+                    features,
+                    now,
+                    failed_reason=reason,
+                    duration_us=duration_us,
+                    dlq_name=row[10],
+                    traceback_text=row[11],
+                ),
+                outcome,
+                delay,
+            )
         run_at, member, next_run = row[7], row[8], row[9]
         k = self.keys
         call = script_call(
             "retry",
             (k.stream, k.delayed, k.events),
-            (self.group, entry_id, run_at, member, features.xackdel_flag, self.events_max, now,
-             job_id, name, run, reason, duration_us, next_run, delay),
+            (
+                self.group,
+                entry_id,
+                run_at,
+                member,
+                features.xackdel_flag,
+                self.events_max,
+                now,
+                job_id,
+                name,
+                run,
+                reason,
+                duration_us,
+                next_run,
+                delay,
+            ),
         )
         return call, outcome, delay
 
-    def failure_row(self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int,
-                    now: int, tb: str | None = None) -> tuple[tuple[Any, ...], str, int]:
+    def failure_row(
+        self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int, now: int, tb: str | None = None
+    ) -> tuple[tuple[Any, ...], str, int]:
         """The retry-or-DLQ decision after a handler error, as one ``fail_batch`` row (the worker
         buffers failures like successes).  Returns (row, outcome, backoff_ms); the run-at time
         is fixed here.  The DLQ entry keeps the entry's original ``d`` and ``n`` bytes, and a
@@ -353,12 +443,31 @@ class ConsumerCore:
         nxt = env.attempt + 1
         if unrecoverable or nxt >= self._max_attempts(env):
             why = UNRECOVERABLE if unrecoverable else RETRIES_EXHAUSTED
-            return ("d", dl.entry_id, env.id, dl.name, run, reason, duration_us,
-                    dl.raw, why, "", dl.raw_name or "", handler_traceback(exc) if tb is None else tb), why, 0
+            return (
+                (
+                    "d",
+                    dl.entry_id,
+                    env.id,
+                    dl.name,
+                    run,
+                    reason,
+                    duration_us,
+                    dl.raw,
+                    why,
+                    "",
+                    dl.raw_name or "",
+                    handler_traceback(exc) if tb is None else tb,
+                ),
+                why,
+                0,
+            )
         delay = backoff_ms(nxt, env.retry.backoff if env.retry else None, self.retry_policy, self.rng)
         member = encode_member(dl.raw_name or dl.name.encode("utf-8"), encode_envelope(env.with_attempt(nxt)))
-        return ("r", dl.entry_id, env.id, dl.name, run, reason, duration_us, now + delay, member, nxt + 1, delay,
-                ""), "retry", delay
+        return (
+            ("r", dl.entry_id, env.id, dl.name, run, reason, duration_us, now + delay, member, nxt + 1, delay, ""),
+            "retry",
+            delay,
+        )
 
     def reject_row(self, r: Rejected) -> tuple[Any, ...]:
         """A refused arrival as one ``fail_batch`` row (no handler ran: no ``failed`` event).
@@ -372,37 +481,89 @@ class ConsumerCore:
     def fail(self, rows: list[tuple[Any, ...]], features: Features, now: int) -> Call:
         """One ``fail_batch`` call for rows of :meth:`failure_row` / :meth:`reject_row` (12 values each)."""
         k = self.keys
-        argv: list[Any] = [self.group, features.xackdel_flag, self.events_max, self.settings.dlq_max_len,
-                           self.failure_ttl_ms, k.prefix, now, self.settings.failures_max_len]
+        argv: list[Any] = [
+            self.group,
+            features.xackdel_flag,
+            self.events_max,
+            self.settings.dlq_max_len,
+            self.failure_ttl_ms,
+            k.prefix,
+            now,
+            self.settings.failures_max_len,
+        ]
         for row in rows:
             argv.extend(row)
         return script_call("fail_batch", (k.stream, k.delayed, k.dlq, k.events), argv)
 
-    def dead_letter(self, entry_id: bytes, reason: str, payload: bytes, name: str, detail: str, job_id: str,
-                    attempt: int, features: Features, now: int, *, failed_reason: str = "",
-                    duration_us: int = 0, dlq_name: bytes = b"", traceback_text: str = "") -> Call:
+    def dead_letter(
+        self,
+        entry_id: bytes,
+        reason: str,
+        payload: bytes,
+        name: str,
+        detail: str,
+        job_id: str,
+        attempt: int,
+        features: Features,
+        now: int,
+        *,
+        failed_reason: str = "",
+        duration_us: int = 0,
+        dlq_name: bytes = b"",
+        traceback_text: str = "",
+    ) -> Call:
         k = self.keys
         return script_call(
             "dead_letter",
             (k.stream, k.dlq, k.events),
-            (self.group, entry_id, features.xackdel_flag, self.settings.dlq_max_len, self.events_max, now,
-             payload, name, reason, clip_text(detail), job_id, attempt, failed_reason, duration_us,
-             self.failure_ttl_ms, k.prefix, self.settings.failures_max_len, dlq_name,
-             clip_head(traceback_text) if traceback_text else ""),
+            (
+                self.group,
+                entry_id,
+                features.xackdel_flag,
+                self.settings.dlq_max_len,
+                self.events_max,
+                now,
+                payload,
+                name,
+                reason,
+                clip_text(detail),
+                job_id,
+                attempt,
+                failed_reason,
+                duration_us,
+                self.failure_ttl_ms,
+                k.prefix,
+                self.settings.failures_max_len,
+                dlq_name,
+                clip_head(traceback_text) if traceback_text else "",
+            ),
         )
 
     def reject(self, r: Rejected, features: Features, now: int) -> Call:
         """:meth:`reject_row` as one ``dead_letter`` call (the queue trigger's path)."""
         _, entry_id, job_id, name, attempt, _, _, payload, reason, detail, dlq_name, _tb = self.reject_row(r)
-        return self.dead_letter(entry_id, reason, payload, name, detail, job_id, attempt, features, now,
-                                dlq_name=dlq_name)
+        return self.dead_letter(
+            entry_id, reason, payload, name, detail, job_id, attempt, features, now, dlq_name=dlq_name
+        )
 
-    def routing_failed_row(self, dl: Delivery, exc: BaseException, err: BaseException,
-                           duration_us: int) -> tuple[Any, ...]:
+    def routing_failed_row(
+        self, dl: Delivery, exc: BaseException, err: BaseException, duration_us: int
+    ) -> tuple[Any, ...]:
         """A DLQ row (reason ``routing_failed``) for a failure whose routing itself raised
         (``err``: a hostile retry override, an exception whose ``repr`` raises...).  Built only
         from values that cannot raise, so the entry is always settled."""
         env = dl.envelope
-        return ("d", dl.entry_id, env.id, dl.name, env.attempt + 1, handler_failure_reason(exc),
-                duration_us, dl.raw, ROUTING_FAILED, clip_text("routing the failure raised: " + _safe_repr(err)),
-                dl.raw_name or "", handler_traceback(exc))
+        return (
+            "d",
+            dl.entry_id,
+            env.id,
+            dl.name,
+            env.attempt + 1,
+            handler_failure_reason(exc),
+            duration_us,
+            dl.raw,
+            ROUTING_FAILED,
+            clip_text("routing the failure raised: " + _safe_repr(err)),
+            dl.raw_name or "",
+            handler_traceback(exc),
+        )

@@ -253,11 +253,9 @@ class _CronFields:
             d, hms = 1, (0, 0, 0)
         return None
 
-    def _in_month(
-        self, y: int, mo: int, d: int, hms: tuple[int, int, int]
-    ) -> tuple[int, tuple[int, int, int]] | None:
+    def _in_month(self, y: int, mo: int, d: int, hms: tuple[int, int, int]) -> tuple[int, tuple[int, int, int]] | None:
         days = self.days.of(y, mo)
-        for day in days[bisect_left(days, d):]:
+        for day in days[bisect_left(days, d) :]:
             t = self._time_at_or_after(*(hms if day == d else (0, 0, 0)))
             if t is not None:
                 return day, t
@@ -376,9 +374,7 @@ def next_fire_after(pattern: PatternLike, t_ms: int, start_after_ms: int | None 
     raise ConfigError(f"unknown repeat pattern kind {pattern.kind!r}")
 
 
-def first_fire_after_now(
-    pattern: PatternLike, fire_at_ms: int, now_ms: int, start_after_ms: int | None = None
-) -> int:
+def first_fire_after_now(pattern: PatternLike, fire_at_ms: int, now_ms: int, start_after_ms: int | None = None) -> int:
     """First instant of the spec's timeline strictly after ``now_ms`` (spec §15.4), in O(1)
     pattern evaluations however stale ``fire_at_ms`` is: cron instants do not depend on
     where a walk starts, so it is the next instant after now; an interval keeps its phase

@@ -138,8 +138,9 @@ def outcome_calls(keys: QueueKeys, job_ids: list[str]) -> list[Call]:
     return calls
 
 
-def parse_outcomes(job_ids: list[str], raws: list[Any],
-                   hints: dict[str, tuple[str, str]] | None = None) -> dict[str, Outcome]:
+def parse_outcomes(
+    job_ids: list[str], raws: list[Any], hints: dict[str, tuple[str, str]] | None = None
+) -> dict[str, Outcome]:
     """Stored outcomes of ``job_ids`` from ``outcome_calls``' replies.  An id with no record
     but an ending event in ``hints`` (a worker that stores no results) gets the event's
     outcome: ``("completed", None)`` or ``("failed", reason, "", "")``; other ids are absent."""
@@ -189,6 +190,5 @@ def read_call(keys: QueueKeys, cursor: str, count: int, block_ms: int | None) ->
 def reader_name(queue: str) -> str:
     """``chasqui-events:<queue>``, the reader's CLIENT SETNAME: a name may hold no spaces or
     control characters, so others are written as ``%XX`` (UTF-8 bytes), and it is bounded."""
-    safe = "".join(c if 33 <= ord(c) < 127 and c != "%" else "".join(f"%{b:02X}" for b in c.encode())
-                   for c in queue)
+    safe = "".join(c if 33 <= ord(c) < 127 and c != "%" else "".join(f"%{b:02X}" for b in c.encode()) for c in queue)
     return ("chasqui-events:" + safe)[:_MAX_NAME]

@@ -21,8 +21,18 @@ from ..errors import ConfigError
 from . import scripts as _scripts
 from .calls import Call, command, packed_command, resp_bulk
 
-__all__ = ["Features", "detect_call", "parse_features", "fast_paths_default", "COMPAT", "functions_mode",
-           "probe_call", "probe_found", "load_call", "scripts_denied"]
+__all__ = [
+    "Features",
+    "detect_call",
+    "parse_features",
+    "fast_paths_default",
+    "COMPAT",
+    "functions_mode",
+    "probe_call",
+    "probe_found",
+    "load_call",
+    "scripts_denied",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +95,8 @@ def load_call(replace: bool = False) -> Call:
 
 def scripts_denied(script: str) -> str:
     """The error for a user who may neither FCALL the library nor EVALSHA."""
-    return (f"cannot run script {script}: this user may not run EVALSHA, and the Redis Functions library "
-            f"{_scripts.LIBRARY.name} is not loaded there (or FCALL/FCALL_RO are not granted); load it with "
-            "`chasqui functions install --redis-url <admin url>` (see SECURITY.md)")
+    return (
+        f"cannot run script {script}: this user may not run EVALSHA, and the Redis Functions library "
+        f"{_scripts.LIBRARY.name} is not loaded there (or FCALL/FCALL_RO are not granted); load it with "
+        "`chasqui functions install --redis-url <admin url>` (see SECURITY.md)"
+    )

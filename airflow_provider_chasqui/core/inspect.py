@@ -27,8 +27,17 @@ from .keys import QueueKeys
 from .maintenance import glob_escape
 from .schedules import show_key
 
-__all__ = ["QueueSnapshot", "ConsumerInfo", "snapshot", "QueueSummary", "QueueListing", "list_queues",
-           "JobDetails", "job_details", "queue_of_key"]
+__all__ = [
+    "QueueSnapshot",
+    "ConsumerInfo",
+    "snapshot",
+    "QueueSummary",
+    "QueueListing",
+    "list_queues",
+    "JobDetails",
+    "job_details",
+    "queue_of_key",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +105,27 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
             rows = yield command("XINFO", "CONSUMERS", k.stream, group)
             for row in rows or []:
                 info = _parse_info(row)
-                consumers.append(ConsumerInfo(str_reply(info["name"]), int_reply(info.get("pending", 0)),
-                                              int_reply(info.get("idle", 0))))
+                consumers.append(
+                    ConsumerInfo(
+                        str_reply(info["name"]), int_reply(info.get("pending", 0)), int_reply(info.get("idle", 0))
+                    )
+                )
     first = score_ms(oldest[1]) if oldest else None
     lag = max(0, now_ms - first) if isinstance(first, int) else None
     pairs = [(show_key(fires[i]), score_ms(fires[i + 1])) for i in range(0, len(fires or []), 2)]
     return QueueSnapshot(
-        queue=queue, stream=int_reply(stream), pending=pending, delayed=int_reply(delayed),
-        oldest_delayed_lag_ms=lag, dlq=int_reply(dlq), specs=int_reply(specs), paused_specs=int_reply(paused),
-        next_fires=pairs, promoter_leader=str_reply(promoter) if promoter else None,
-        scheduler_leader=str_reply(scheduler) if scheduler else None, group_exists=group_exists,
+        queue=queue,
+        stream=int_reply(stream),
+        pending=pending,
+        delayed=int_reply(delayed),
+        oldest_delayed_lag_ms=lag,
+        dlq=int_reply(dlq),
+        specs=int_reply(specs),
+        paused_specs=int_reply(paused),
+        next_fires=pairs,
+        promoter_leader=str_reply(promoter) if promoter else None,
+        scheduler_leader=str_reply(scheduler) if scheduler else None,
+        group_exists=group_exists,
         consumers=consumers,
     )
 
@@ -139,8 +159,12 @@ class QueueListing:
     scan_calls: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"queues": [q.to_dict() for q in self.queues], "truncated": self.truncated,
-                "cursor": self.cursor, "scan_calls": self.scan_calls}
+        return {
+            "queues": [q.to_dict() for q in self.queues],
+            "truncated": self.truncated,
+            "cursor": self.cursor,
+            "scan_calls": self.scan_calls,
+        }
 
 
 _TAG = b"{chasqui:"
@@ -155,13 +179,19 @@ def queue_of_key(key: Any) -> str | None:
     if end <= len(_TAG):
         return None
     try:
-        return raw[len(_TAG):end].decode("utf-8")
+        return raw[len(_TAG) : end].decode("utf-8")
     except UnicodeDecodeError:
         return None
 
 
-def list_queues(*, match: str = "*", limit: int = 1000, cursor: str = "0", scan_count: int = SCAN_COUNT,
-                max_scan_calls: int = MAX_SCAN_CALLS) -> Flow[QueueListing]:
+def list_queues(
+    *,
+    match: str = "*",
+    limit: int = 1000,
+    cursor: str = "0",
+    scan_count: int = SCAN_COUNT,
+    max_scan_calls: int = MAX_SCAN_CALLS,
+) -> Flow[QueueListing]:
     """Every queue whose name matches the glob ``match``, with its counts: a
     :class:`QueueListing`, sorted by name.  At most ``max_scan_calls`` SCAN calls of
     ``scan_count`` keys (about 100,000 keys by default) and ``limit`` queues; ``truncated``
@@ -197,18 +227,25 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
     keys = [QueueKeys.for_queue(q) for q in queues]
     calls = []
     for k in keys:
-        calls += [command("TYPE", k.stream), command("ZCARD", k.delayed), command("EXISTS", k.dlq),
-                  command("ZCARD", k.repeat), command("ZCARD", k.repeat_paused)]
+        calls += [
+            command("TYPE", k.stream),
+            command("ZCARD", k.delayed),
+            command("EXISTS", k.dlq),
+            command("ZCARD", k.repeat),
+            command("ZCARD", k.repeat_paused),
+        ]
     first = yield calls
     streams = [i for i, _ in enumerate(keys) if str_reply(first[5 * i]) == "stream"]
     dlqs = [i for i, _ in enumerate(keys) if int_reply(first[5 * i + 2])]
     second: list[Any] = []
     if streams or dlqs:
-        second = yield ([c for i in streams for c in (command("XLEN", keys[i].stream),
-                                                      command("XINFO", "GROUPS", keys[i].stream))]
-                        + [command("XLEN", keys[i].dlq) for i in dlqs])
-    counts: dict[int, tuple[int, list[Any]]] = {i: (int_reply(second[2 * n]), second[2 * n + 1] or [])
-                                                 for n, i in enumerate(streams)}
+        second = yield (
+            [c for i in streams for c in (command("XLEN", keys[i].stream), command("XINFO", "GROUPS", keys[i].stream))]
+            + [command("XLEN", keys[i].dlq) for i in dlqs]
+        )
+    counts: dict[int, tuple[int, list[Any]]] = {
+        i: (int_reply(second[2 * n]), second[2 * n + 1] or []) for n, i in enumerate(streams)
+    }
     dlq_len = {i: int_reply(second[2 * len(streams) + n]) for n, i in enumerate(dlqs)}
     out = []
     for i, q in enumerate(queues):
@@ -218,10 +255,19 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
             info = _parse_info(g)
             pending += int_reply(info.get("pending", 0))
             consumers += int_reply(info.get("consumers", 0))
-        out.append(QueueSummary(queue=q, waiting=max(0, length - pending), pending=pending,
-                                delayed=int_reply(first[5 * i + 1]), dlq=dlq_len.get(i, 0),
-                                specs=int_reply(first[5 * i + 3]),
-                                paused_specs=int_reply(first[5 * i + 4]), consumers=consumers, groups=len(groups)))
+        out.append(
+            QueueSummary(
+                queue=q,
+                waiting=max(0, length - pending),
+                pending=pending,
+                delayed=int_reply(first[5 * i + 1]),
+                dlq=dlq_len.get(i, 0),
+                specs=int_reply(first[5 * i + 3]),
+                paused_specs=int_reply(first[5 * i + 4]),
+                consumers=consumers,
+                groups=len(groups),
+            )
+        )
     return out
 
 
@@ -309,8 +355,14 @@ def _take(d: JobDetails, env: Envelope, name: str) -> None:
         d.notes.append(f"the job's data does not decode: {exc}")
 
 
-def job_details(queue: str, job_id: str, *, group: str = "default", events_window: int = EVENTS_WINDOW,
-                search_pages: int = SEARCH_PAGES) -> Flow[JobDetails]:
+def job_details(
+    queue: str,
+    job_id: str,
+    *,
+    group: str = "default",
+    events_window: int = EVENTS_WINDOW,
+    search_pages: int = SEARCH_PAGES,
+) -> Flow[JobDetails]:
     """Everything known about one job: a :class:`JobDetails`.  The events are the newest
     ``events_window`` of the queue's stream filtered by id; the stream, the delayed set and the
     DLQ are searched ``search_pages`` pages of 500 at most, from the job's creation time
@@ -320,8 +372,11 @@ def job_details(queue: str, job_id: str, *, group: str = "default", events_windo
     k = QueueKeys.for_queue(queue)
     d = JobDetails(queue=queue, id=job_id, state="unknown")
     result, failure, didx, rows = yield [
-        command("GET", k.result(job_id)), command("GET", k.failure(job_id)), command("GET", k.didx(job_id)),
-        command("XREVRANGE", k.events, "+", "-", "COUNT", events_window)]
+        command("GET", k.result(job_id)),
+        command("GET", k.failure(job_id)),
+        command("GET", k.didx(job_id)),
+        command("XREVRANGE", k.events, "+", "-", "COUNT", events_window),
+    ]
     d.events_truncated = len(rows or []) >= events_window
     hints: dict[str, int] = {}
     for entry_id, flat in reversed(rows or []):
@@ -335,8 +390,10 @@ def job_details(queue: str, job_id: str, *, group: str = "default", events_windo
         if f.get("attempt", "").isdigit():
             d.attempt = max(d.attempt or 0, int(f["attempt"]))
     if d.events_truncated:
-        d.notes.append(f"only the newest {events_window} events of the queue were read: older events of this "
-                       "job may exist (or were trimmed)")
+        d.notes.append(
+            f"only the newest {events_window} events of the queue were read: older events of this "
+            "job may exist (or were trimmed)"
+        )
     if result is not None:
         d.has_result = True
         try:
@@ -379,8 +436,9 @@ def job_details(queue: str, job_id: str, *, group: str = "default", events_windo
     # 3. the DLQ
     if where is None and (d.failure is not None or "dlq" in hints or result is None):
         start = hints.get("dlq") or (d.failure or {}).get("finished_at_ms")
-        found = yield from _search_stream(k.dlq, job_id, start if isinstance(start, int) else None,
-                                          search_pages, d, "DLQ")
+        found = yield from _search_stream(
+            k.dlq, job_id, start if isinstance(start, int) else None, search_pages, d, "DLQ"
+        )
         if found is not None:
             entry_id, name, env, fields = found
             _take(d, env, name)
@@ -406,7 +464,9 @@ def job_details(queue: str, job_id: str, *, group: str = "default", events_windo
 SKEW_MS = 60_000  # a stream entry's id is the server's clock; the job id's time is the producer's
 
 
-def _search_stream(key: str, job_id: str, start_ms: int | None, pages: int, d: JobDetails, what: str) -> Flow[tuple[str, str, Envelope, dict[str, Any]] | None]:
+def _search_stream(
+    key: str, job_id: str, start_ms: int | None, pages: int, d: JobDetails, what: str
+) -> Flow[tuple[str, str, Envelope, dict[str, Any]] | None]:
     """The first entry of ``key`` whose envelope has ``job_id``, reading pages from ``start_ms``
     (less a clock skew) on: ``(entry_id, name, envelope, fields)`` or None."""
     start = "-" if start_ms is None else f"{max(0, start_ms - SKEW_MS)}-0"

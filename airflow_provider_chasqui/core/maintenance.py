@@ -76,7 +76,7 @@ def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[Drain
     waiting = removed = 0
     more = bool(top)
     while more:
-        n, again = (yield script_call("drain_stream", (k.stream,), (top, chunk)))
+        n, again = yield script_call("drain_stream", (k.stream,), (top, chunk))
         waiting += int_reply(n)
         more = bool(int_reply(again))
     while delayed:
@@ -88,12 +88,18 @@ def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[Drain
 
 
 # the indexes obliterate moves aside, and what their members name
-_INDEXES = (("delayed", "delayed"), ("results", ":result:"), ("failures", ":failure:"),
-            ("repeat", ":repeat:spec:"), ("repeat_paused", ":repeat:spec:"))
+_INDEXES = (
+    ("delayed", "delayed"),
+    ("results", ":result:"),
+    ("failures", ":failure:"),
+    ("repeat", ":repeat:spec:"),
+    ("repeat_paused", ":repeat:spec:"),
+)
 
 
-def obliterate(queue: str, *, force: bool = False, sweep: bool = True, chunk: int = CHUNK,
-               active_window_ms: int = ACTIVE_WINDOW_MS) -> Flow[ObliterateReport]:
+def obliterate(
+    queue: str, *, force: bool = False, sweep: bool = True, chunk: int = CHUNK, active_window_ms: int = ACTIVE_WINDOW_MS
+) -> Flow[ObliterateReport]:
     """Delete every key of the queue.  Raises :class:`QueueInUse` (and deletes nothing) while
     workers use it, unless ``force``.  Returns an :class:`ObliterateReport`."""
     k = QueueKeys.for_queue(queue)
@@ -102,8 +108,7 @@ def obliterate(queue: str, *, force: bool = False, sweep: bool = True, chunk: in
     moved = [getattr(k, name) for name, _ in _INDEXES]
     aside = [_aside(k, f"obliterating:{name}", token) for name, _ in _INDEXES]
     fixed = (k.stream, k.dlq, k.events, k.promoter_lock, k.scheduler_lock, k.repeat_quarantine)
-    ok, detail = yield script_call("obliterate_begin", (*fixed, *moved, *aside),
-                                   (1 if force else 0, active_window_ms))
+    ok, detail = yield script_call("obliterate_begin", (*fixed, *moved, *aside), (1 if force else 0, active_window_ms))
     if not int_reply(ok):
         raise QueueInUse(f"queue {queue!r} is in use: {str_reply(detail)}; stop its workers first, or force it")
     indexed = 0

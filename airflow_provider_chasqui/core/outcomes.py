@@ -15,8 +15,15 @@ from .calls import Flow, command, str_reply
 from .keys import QueueKeys
 from .producer import parse_fields
 
-__all__ = ["end_attempts", "ids_text", "value_text", "attempts_text", "outcome_line",
-           "ATTEMPTS_SCAN", "VALUE_TEXT_LIMIT"]
+__all__ = [
+    "end_attempts",
+    "ids_text",
+    "value_text",
+    "attempts_text",
+    "outcome_line",
+    "ATTEMPTS_SCAN",
+    "VALUE_TEXT_LIMIT",
+]
 
 #: Newest events read to find the attempt a job ended on: a bounded read, so a job that ended
 #: long ago on a busy queue (its entry trimmed or further back) shows "attempts: unknown".
@@ -71,9 +78,16 @@ def attempts_text(ids: list[str], attempts: Mapping[str, int] | None) -> str:
     return text + (f" ({missing} unknown)" if missing else "")
 
 
-def outcome_line(queue: str, ids: list[str], state: str, *, attempts: Mapping[str, int] | None = None,
-                 waited: float | None = None, results: Mapping[str, Any] | None = None,
-                 reason: str | None = None) -> str:
+def outcome_line(
+    queue: str,
+    ids: list[str],
+    state: str,
+    *,
+    attempts: Mapping[str, int] | None = None,
+    waited: float | None = None,
+    results: Mapping[str, Any] | None = None,
+    reason: str | None = None,
+) -> str:
     """One log line for a wait's outcome, e.g.
     ``queue q: job 01H... completed; attempts: 1; waited 2.31 s; result: {'x': 3}``.
 
@@ -88,8 +102,11 @@ def outcome_line(queue: str, ids: list[str], state: str, *, attempts: Mapping[st
     if reason is not None:
         parts.append(f"reason: {_cut(reason)}")
     if results is not None:
-        parts.append(f"result: {value_text(results[ids[0]])}" if len(ids) == 1 and ids[0] in results
-                     else f"results: {value_text(dict(results))}")
+        parts.append(
+            f"result: {value_text(results[ids[0]])}"
+            if len(ids) == 1 and ids[0] in results
+            else f"results: {value_text(dict(results))}"
+        )
     return "; ".join(parts)
 
 

@@ -111,8 +111,9 @@ def _prepared_builder() -> Callable[[str, str, bytes, bytes, int, int | None], P
     new = object.__new__
     s_id, s_name, s_name_bytes, s_envelope, s_created, s_run_at = (PreparedJob.__dict__[n].__set__ for n in names)
 
-    def build(job_id: str, name: str, name_bytes: bytes, envelope: bytes, created_at_ms: int,
-              run_at_ms: int | None) -> PreparedJob:
+    def build(
+        job_id: str, name: str, name_bytes: bytes, envelope: bytes, created_at_ms: int, run_at_ms: int | None
+    ) -> PreparedJob:
         job = new(PreparedJob)
         s_id(job, job_id)
         s_name(job, name)
@@ -140,7 +141,15 @@ class ProducerCore:
         self.keys = QueueKeys.for_queue(queue)
         self.settings = settings or QueueSettings()
         # the XADD every immediate add sends, up to the envelope: as args and as RESP bytes
-        self._xadd_args: tuple[Any, ...] = ("XADD", self.keys.stream, "MAXLEN", "~", self.settings.max_stream_len, "*", "d")
+        self._xadd_args: tuple[Any, ...] = (
+            "XADD",
+            self.keys.stream,
+            "MAXLEN",
+            "~",
+            self.settings.max_stream_len,
+            "*",
+            "d",
+        )
         self._xadd_resp = b"".join([resp_bulk(a) for a in self._xadd_args])
         self._names: dict[Any, tuple[bytes, bytes]] = {}  # name -> (UTF-8, RESP of ``n <name>``)
 
@@ -244,7 +253,9 @@ class ProducerCore:
         """The first id for an immediate add (``add_unique``'s reply); the caller's for a delayed one."""
         return str_reply(reply[1]) if job.run_at_ms is None else job.id
 
-    def add_unique(self, job: PreparedJob, unique_key: str | None, window_ms: int, trace: str | None = None) -> Flow[str]:
+    def add_unique(
+        self, job: PreparedJob, unique_key: str | None, window_ms: int, trace: str | None = None
+    ) -> Flow[str]:
         key = validate_unique_key(unique_key or job.id)
         return (yield from self._unique(job, key, window_ms, trace))
 
@@ -255,8 +266,15 @@ class ProducerCore:
     def _unique_call(self, job: PreparedJob, key: str, window_ms: int, trace: str | None = None) -> Call:
         k = self.keys
         member = encode_member(job.name_bytes, job.envelope) if job.run_at_ms else b""
-        argv: tuple[Any, ...] = (window_ms, job.id, job.run_at_ms or 0, self.settings.max_stream_len, job.envelope,
-                                 job.name_bytes, member)
+        argv: tuple[Any, ...] = (
+            window_ms,
+            job.id,
+            job.run_at_ms or 0,
+            self.settings.max_stream_len,
+            job.envelope,
+            job.name_bytes,
+            member,
+        )
         if trace and not job.run_at_ms:  # the extra ``tp`` field (see ``tracing``)
             argv += (trace,)
         return script_call("add_unique", (k.unique(key), k.stream, k.delayed), argv)
@@ -399,8 +417,9 @@ class ProducerCore:
             doomed = []
             for entry_id, flat in rows:
                 f = parse_fields(flat or [])
-                if ((reason is None or str_reply(f.get("reason", b"")) == reason)
-                        and (name is None or str_reply(f.get("n", b"")) == name)):
+                if (reason is None or str_reply(f.get("reason", b"")) == reason) and (
+                    name is None or str_reply(f.get("n", b"")) == name
+                ):
                     doomed.append(entry_id)
             if doomed:
                 removed += int_reply((yield command("XDEL", k.dlq, *doomed)))
@@ -438,8 +457,9 @@ class ProducerCore:
             return "failed"
         return "delayed" if int_reply(delayed) else "unknown"
 
-    def wait_for_jobs(self, job_ids: Iterable[str], timeout_ms: int, clock: Any, *,
-                      stop_on_failure: bool = False) -> Flow[dict[str, Outcome]]:
+    def wait_for_jobs(
+        self, job_ids: Iterable[str], timeout_ms: int, clock: Any, *, stop_on_failure: bool = False
+    ) -> Flow[dict[str, Outcome]]:
         """Block on the events stream until every id completed or failed.
 
         Returns ``{id: ("completed", result) | ("failed", reason, detail, traceback)}``; ids still
@@ -488,15 +508,15 @@ class ProducerCore:
 _HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
 
 
-
 def single_outcome(job_id: str, outcomes: Mapping[str, tuple[Any, ...]], timeout: float) -> Any:
     """Turn a ``wait_for_jobs`` answer for one id into a value or an exception."""
     if job_id not in outcomes:
         raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
     outcome = outcomes[job_id]
     if outcome[0] == "failed":
-        raise JobFailed(job_id, outcome[1], outcome[2] if len(outcome) > 2 else "",
-                        traceback=outcome[3] if len(outcome) > 3 else "")
+        raise JobFailed(
+            job_id, outcome[1], outcome[2] if len(outcome) > 2 else "", traceback=outcome[3] if len(outcome) > 3 else ""
+        )
     return outcome[1]
 
 
@@ -534,20 +554,43 @@ def _positive(value: Any, what: str) -> None:
 class QueueFlows(ProducerCore):
     """The public ``Queue``/``SyncQueue`` arguments mapped to flows, shared by both twins."""
 
-    def enqueue(self, name: str, data: Any, *, delay: Any = None, delay_ms: Any = None, attempts: Any = None,
-                backoff: Any = None, job_id: str | None = None, trace: str | None = None) -> Flow[tuple[str, int]]:
+    def enqueue(
+        self,
+        name: str,
+        data: Any,
+        *,
+        delay: Any = None,
+        delay_ms: Any = None,
+        attempts: Any = None,
+        backoff: Any = None,
+        job_id: str | None = None,
+        trace: str | None = None,
+    ) -> Flow[tuple[str, int]]:
         """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add`."""
-        job = self.prepare(name, data, delay=delay, delay_ms=delay_ms,
-                           retry=build_retry_override(attempts, backoff), job_id=job_id)
+        job = self.prepare(
+            name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
+        )
         jid = yield from (self.add_with_id(job, trace) if job_id is not None else self.add(job, trace))
         return jid, job.created_at_ms
 
-    def enqueue_unique(self, name: str, data: Any, *, job_id: str | None, key: str | None, window_ms: int,
-                       delay: Any = None, delay_ms: Any = None, attempts: Any = None, backoff: Any = None,
-                       trace: str | None = None) -> Flow[tuple[str, int]]:
+    def enqueue_unique(
+        self,
+        name: str,
+        data: Any,
+        *,
+        job_id: str | None,
+        key: str | None,
+        window_ms: int,
+        delay: Any = None,
+        delay_ms: Any = None,
+        attempts: Any = None,
+        backoff: Any = None,
+        trace: str | None = None,
+    ) -> Flow[tuple[str, int]]:
         _positive(window_ms, "window")
-        job = self.prepare(name, data, delay=delay, delay_ms=delay_ms,
-                           retry=build_retry_override(attempts, backoff), job_id=job_id)
+        job = self.prepare(
+            name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
+        )
         inner = encode_data(data)
         jid = yield from self.add_unique(job, key or job_id or unique_key_for(name, inner), window_ms, trace)
         return jid, job.created_at_ms
@@ -567,9 +610,17 @@ class QueueFlows(ProducerCore):
         now = now_ms()
         prepared = []
         for i in checked:
-            prepared.append(self.prepare(
-                i["name"], i["data"], delay=i.get("delay"), delay_ms=i.get("delay_ms"),
-                retry=build_retry_override(i.get("attempts"), i.get("backoff")), job_id=i.get("job_id"), now=now))
+            prepared.append(
+                self.prepare(
+                    i["name"],
+                    i["data"],
+                    delay=i.get("delay"),
+                    delay_ms=i.get("delay_ms"),
+                    retry=build_retry_override(i.get("attempts"), i.get("backoff")),
+                    job_id=i.get("job_id"),
+                    now=now,
+                )
+            )
         if not any(i.get("job_id") is not None for i in checked):
             yield from self.add_bulk(prepared)
             return [make(p.id, p.created_at_ms, i["name"], i["data"]) for i, p in zip(checked, prepared)]
@@ -604,8 +655,9 @@ class QueueFlows(ProducerCore):
             inners.append(inner)
         return name_list, inners, now
 
-    def _plain_bulk_flow(self, items: list[Mapping[str, Any]], name_list: list[bytes], inners: list[bytes],
-                         now: int, make: Any) -> Flow[list[Any]]:
+    def _plain_bulk_flow(
+        self, items: list[Mapping[str, Any]], name_list: list[bytes], inners: list[bytes], now: int, make: Any
+    ) -> Flow[list[Any]]:
         """Ids and envelopes are made chunk by chunk as the driver sends them, so Redis writes
         one chunk while the next is encoded, and the results are built while it writes the last."""
         jobs: list[Any] = []
@@ -619,7 +671,9 @@ class QueueFlows(ProducerCore):
                 ids += chunk_ids
                 argv: list[Any] = []
                 add = argv.extend
-                for jid, inner, name_bytes in zip(chunk_ids, inners[i:i + STREAM_CHUNK], name_list[i:i + STREAM_CHUNK]):
+                for jid, inner, name_bytes in zip(
+                    chunk_ids, inners[i : i + STREAM_CHUNK], name_list[i : i + STREAM_CHUNK]
+                ):
                     add((encode_new_envelope(jid, inner, now), name_bytes))
                 yield script_call("enqueue_batch", key, head + tuple(argv))
             jobs.extend(map(make, ids, repeat(now), [i["name"] for i in items], [i["data"] for i in items]))

@@ -312,13 +312,29 @@ class StoredSpec:
         if not _is_uint(fired):
             raise CodecError(f"stored spec fired must be a uint64, got {fired!r}")
         policy = policy_from_wire(arr[8]) if len(arr) == 9 else _SKIP
-        return cls(key, job_name, pattern_from_wire(pattern), _unwrap_raw_bytes(payload),
-                   limit, start_after, end_before, policy)
+        return cls(
+            key,
+            job_name,
+            pattern_from_wire(pattern),
+            _unwrap_raw_bytes(payload),
+            limit,
+            start_after,
+            end_before,
+            policy,
+        )
 
     def to_meta(self, next_fire_ms: int) -> RepeatableMeta:
         """Listing projection with the ZSET score as ``next_fire_ms``."""
-        return RepeatableMeta(self.key, self.job_name, self.pattern, next_fire_ms, self.limit,
-                              self.start_after_ms, self.end_before_ms, self.missed_fires)
+        return RepeatableMeta(
+            self.key,
+            self.job_name,
+            self.pattern,
+            next_fire_ms,
+            self.limit,
+            self.start_after_ms,
+            self.end_before_ms,
+            self.missed_fires,
+        )
 
 
 # --------------------------------------------------------------------------- keys & fires

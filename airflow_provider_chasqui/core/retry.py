@@ -49,7 +49,13 @@ def _ms(value: int) -> int:
 def backoff_ms(n: int, spec: BackoffWire | None, policy: RetryPolicy, rng: random.Random | None = None) -> int:
     """Delay before retry number ``n`` (1-indexed = the failed run's attempt + 1)."""
     if spec is None:
-        kind, delay, cap, mult, jitter = "exponential", policy.initial_ms, policy.max_ms, policy.multiplier, policy.jitter_ms
+        kind, delay, cap, mult, jitter = (
+            "exponential",
+            policy.initial_ms,
+            policy.max_ms,
+            policy.multiplier,
+            policy.jitter_ms,
+        )
     else:
         kind = spec.kind
         delay = spec.delay_ms

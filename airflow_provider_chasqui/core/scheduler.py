@@ -82,12 +82,22 @@ def fire_job_id(spec_key: str, fire_at_ms: int) -> str:
             _TIME_PART.clear()
         t = fire_at_ms & 0xFFFF_FFFF_FFFF
         p = _PAIRS
-        head = _TIME_PART[fire_at_ms] = (p[t >> 40] + p[(t >> 30) & 1023] + p[(t >> 20) & 1023]
-                                         + p[(t >> 10) & 1023] + p[t & 1023])
+        head = _TIME_PART[fire_at_ms] = (
+            p[t >> 40] + p[(t >> 30) & 1023] + p[(t >> 20) & 1023] + p[(t >> 10) & 1023] + p[t & 1023]
+        )
     v = int.from_bytes(_blake2b(b"%d\0%s" % (fire_at_ms, spec_key.encode()), digest_size=10).digest(), "big")
     p = _PAIRS
-    return (head + p[v >> 70] + p[(v >> 60) & 1023] + p[(v >> 50) & 1023] + p[(v >> 40) & 1023]
-            + p[(v >> 30) & 1023] + p[(v >> 20) & 1023] + p[(v >> 10) & 1023] + p[v & 1023])
+    return (
+        head
+        + p[v >> 70]
+        + p[(v >> 60) & 1023]
+        + p[(v >> 50) & 1023]
+        + p[(v >> 40) & 1023]
+        + p[(v >> 30) & 1023]
+        + p[(v >> 20) & 1023]
+        + p[(v >> 10) & 1023]
+        + p[v & 1023]
+    )
 
 
 def fire_time_of(job_id: str) -> int:
@@ -216,8 +226,17 @@ class DueSpec(NamedTuple):
 
 def _slow(raw: bytes) -> DueSpec:
     s = StoredSpec.decode(raw)
-    return DueSpec(s.key, s.job_name, s.pattern, s.payload_inner, s.limit, s.start_after_ms, s.end_before_ms,
-                   s.missed_fires, (s.pattern, s.start_after_ms, s.missed_fires))
+    return DueSpec(
+        s.key,
+        s.job_name,
+        s.pattern,
+        s.payload_inner,
+        s.limit,
+        s.start_after_ms,
+        s.end_before_ms,
+        s.missed_fires,
+        (s.pattern, s.start_after_ms, s.missed_fires),
+    )
 
 
 def _decode_spec(raw: bytes) -> DueSpec:
@@ -233,26 +252,50 @@ def _decode_spec(raw: bytes) -> DueSpec:
     # bin8 payload), checked with exact types and no loops; the rest takes the general path
     if type(arr) is list and len(arr) == 8:
         key, name, pat, payload, limit, start, end, fired = arr
-        if (limit is None and start is None and end is None and type(fired) is int and fired >= 0
-                and type(key) is str and type(name) is str and type(pat) is dict and len(pat) == 1
-                and type(payload) is bytes and len(payload) >= 2 and payload[0] == 0xC4
-                and len(payload) == payload[1] + 2):
+        if (
+            limit is None
+            and start is None
+            and end is None
+            and type(fired) is int
+            and fired >= 0
+            and type(key) is str
+            and type(name) is str
+            and type(pat) is dict
+            and len(pat) == 1
+            and type(payload) is bytes
+            and len(payload) >= 2
+            and payload[0] == 0xC4
+            and len(payload) == payload[1] + 2
+        ):
             body = pat.get("Every")
             if body is not None:
                 pkey = ("Every", body[0]) if type(body) is list and len(body) == 1 and type(body[0]) is int else None
             else:
                 body = pat.get("Cron")
-                pkey = (("Cron", body[0], body[1]) if type(body) is list and len(body) == 2 and type(body[0]) is str
-                        and (body[1] is None or type(body[1]) is str) else None)
+                pkey = (
+                    ("Cron", body[0], body[1])
+                    if type(body) is list
+                    and len(body) == 2
+                    and type(body[0]) is str
+                    and (body[1] is None or type(body[1]) is str)
+                    else None
+                )
             pattern = _PATTERNS.get(pkey) if pkey is not None else None
             if pattern is not None:
-                return _new_tuple(DueSpec, (key, name, pattern, payload[2:], None, None, None, _SKIP_POLICY,
-                                            (pkey, None, "")))
+                return _new_tuple(
+                    DueSpec, (key, name, pattern, payload[2:], None, None, None, _SKIP_POLICY, (pkey, None, ""))
+                )
     if type(arr) is not list or not 8 <= len(arr) <= 9:
         return _slow(raw)
     key, name, pat, payload, limit, start, end, fired = arr[:8]
-    if (type(key) is not str or type(name) is not str or type(pat) is not dict or len(pat) != 1
-            or type(payload) is not bytes or len(payload) < 2):
+    if (
+        type(key) is not str
+        or type(name) is not str
+        or type(pat) is not dict
+        or len(pat) != 1
+        or type(payload) is not bytes
+        or len(payload) < 2
+    ):
         return _slow(raw)
     for v in (limit, start, end):
         if v is not None and (type(v) is not int or not 0 <= v <= _U64):
@@ -267,8 +310,11 @@ def _decode_spec(raw: bytes) -> DueSpec:
     policy_wire = arr[8] if len(arr) == 9 else ""
     if type(policy_wire) is str:
         qkey: Any = policy_wire
-    elif (type(policy_wire) is dict and len(policy_wire) == 1
-          and all(type(v) is list and all(type(x) in _PLAIN for x in v) for v in policy_wire.values())):
+    elif (
+        type(policy_wire) is dict
+        and len(policy_wire) == 1
+        and all(type(v) is list and all(type(x) in _PLAIN for x in v) for v in policy_wire.values())
+    ):
         qkey = tuple((k, *v) for k, v in policy_wire.items())
     else:
         return _slow(raw)
@@ -303,8 +349,14 @@ def _bin_body(payload: bytes) -> bytes | None:
 class SchedulerCore:
     """Pure scheduler logic for one queue."""
 
-    def __init__(self, queue: str, settings: QueueSettings | None = None, *, batch: int = DEFAULT_BATCH,
-                 chunk: int = DEFAULT_CHUNK) -> None:
+    def __init__(
+        self,
+        queue: str,
+        settings: QueueSettings | None = None,
+        *,
+        batch: int = DEFAULT_BATCH,
+        chunk: int = DEFAULT_CHUNK,
+    ) -> None:
         for name, value in (("batch", batch), ("chunk", chunk)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
@@ -353,9 +405,14 @@ class SchedulerCore:
             self._account(result, plans, reply, now, gone)
         return result
 
-    def _plan(self, rows: list[tuple[Any, ...]], start: int, now: int,
-              cache: dict[Any, tuple[list[int], int] | None], carry: _Catchup | None = None
-              ) -> tuple[Call, _Plans, int, _Catchup | None]:
+    def _plan(
+        self,
+        rows: list[tuple[Any, ...]],
+        start: int,
+        now: int,
+        cache: dict[Any, tuple[list[int], int] | None],
+        carry: _Catchup | None = None,
+    ) -> tuple[Call, _Plans, int, _Catchup | None]:
         """One ``schedule_batch`` call for the ``fetch_due`` rows from ``start`` (after the
         next piece of ``carry``), what each entry asked, the index of the first row left for
         the next chunk and the catch-up whose next piece opens it: a chunk ends after
@@ -413,8 +470,15 @@ class SchedulerCore:
             end = spec.end_before_ms
             deadline = ext.deadline_ms
             inner, retry = spec.payload_inner, ext.retry
-            if (end is None and spec.limit is None and nxt > 0 and len(fires) == 1 and fires[0] == fire_at
-                    and fire_at <= now and (deadline is None or now - fire_at <= deadline)):
+            if (
+                end is None
+                and spec.limit is None
+                and nxt > 0
+                and len(fires) == 1
+                and fires[0] == fire_at
+                and fire_at <= now
+                and (deadline is None or now - fire_at <= deadline)
+            ):
                 # the common case (one fire at the score read): a short entry
                 body += ("f", raw_score, nxt, spec.job_name, _fire_envelope(key, fire_at, inner, now, retry))
                 plans.append(("F", key, fire_at, nxt, ""))
@@ -433,8 +497,9 @@ class SchedulerCore:
         return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv)
 
     @staticmethod
-    def _fires_entry(key: str, spec: DueSpec, ext: SpecExt, expected: Any, fires: list[int], nxt: int, now: int,
-                     body: list[Any]) -> None:
+    def _fires_entry(
+        key: str, spec: DueSpec, ext: SpecExt, expected: Any, fires: list[int], nxt: int, now: int, body: list[Any]
+    ) -> None:
         """An 'F' entry: ``fires`` (chronological, within ``end_before``) then score ``nxt``."""
         deadline = ext.deadline_ms
         inner, retry = spec.payload_inner, ext.retry
@@ -445,8 +510,9 @@ class SchedulerCore:
             else:
                 body += (at, _fire_envelope(key, at, inner, now, retry))
 
-    def _catchup_entry(self, c: _Catchup, fires: list[int], nxt: int, more: bool, now: int, body: list[Any],
-                       plans: _Plans) -> int:
+    def _catchup_entry(
+        self, c: _Catchup, fires: list[int], nxt: int, more: bool, now: int, body: list[Any], plans: _Plans
+    ) -> int:
         """The 'F' entry of one piece of a catch-up (op 'P' in the plans while more follow);
         the number of fires it spends."""
         end = c.spec.end_before_ms

@@ -69,10 +69,24 @@ __all__ = [
 UPSERT_CHUNK = 1000
 MAX_PAGE = 10_000
 EXT_VERSION = 1
-REPEAT_BULK_KEYS = frozenset({
-    "name", "data", "repeat", "key", "limit", "start_after", "end_before", "start_after_ms",
-    "end_before_ms", "missed_fires", "attempts", "backoff", "deadline", "job_id",
-})
+REPEAT_BULK_KEYS = frozenset(
+    {
+        "name",
+        "data",
+        "repeat",
+        "key",
+        "limit",
+        "start_after",
+        "end_before",
+        "start_after_ms",
+        "end_before_ms",
+        "missed_fires",
+        "attempts",
+        "backoff",
+        "deadline",
+        "job_id",
+    }
+)
 _U64 = 2**64 - 1
 _packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -204,8 +218,13 @@ def coerce_pattern(repeat: Any) -> RepeatPattern:
 
 _VALIDATED: set[RepeatPattern] = set()  # patterns already checked (bulk upserts share a few)
 
-_POLICY_NAMES = {"skip": "skip", "fire-once": "fire-once", "fire_once": "fire-once",
-                 "fire-all": "fire-all", "fire_all": "fire-all"}
+_POLICY_NAMES = {
+    "skip": "skip",
+    "fire-once": "fire-once",
+    "fire_once": "fire-once",
+    "fire-all": "fire-all",
+    "fire_all": "fire-all",
+}
 
 
 def coerce_policy(value: Any) -> MissedFiresPolicy:
@@ -283,8 +302,16 @@ def _pattern_wire(pattern: RepeatPattern) -> Any:
     return pattern_to_wire(pattern)
 
 
-def _encode_spec(key: str, name: str, pattern: RepeatPattern, inner: bytes, limit: int | None, start: int | None,
-                 end: int | None, policy: MissedFiresPolicy) -> bytes:
+def _encode_spec(
+    key: str,
+    name: str,
+    pattern: RepeatPattern,
+    inner: bytes,
+    limit: int | None,
+    start: int | None,
+    end: int | None,
+    policy: MissedFiresPolicy,
+) -> bytes:
     """``StoredSpec(...).encode()`` for already validated fields (the bulk path's hot loop);
     a test checks both give the same bytes."""
     items = [key, name, _pattern_wire(pattern), _packb(inner), limit, start, end, 0]
@@ -407,8 +434,10 @@ class SpecFlows:
             ext = b"" if ext_value.empty else ext_value.encode()
         spec = _encode_spec(spec_key, name, pattern, inner, _limit(limit), start, end, policy)
         if len(spec) > self.settings.max_payload_bytes:
-            raise ConfigError(f"spec {spec_key!r} encodes to {len(spec)} bytes; "
-                              f"max_payload_bytes is {self.settings.max_payload_bytes}")
+            raise ConfigError(
+                f"spec {spec_key!r} encodes to {len(spec)} bytes; "
+                f"max_payload_bytes is {self.settings.max_payload_bytes}"
+            )
         return PreparedSpec(spec_key, nxt, spec, ext)
 
     def _upsert_call(self, specs: list[PreparedSpec]) -> Call:
@@ -436,17 +465,24 @@ class SpecFlows:
         yield self._upsert_call([prepared])
         return prepared.key, now
 
-    def prepare_bulk(self, items: Iterable[Mapping[str, Any]], now: int | None = None,
-                     caches: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> list[PreparedSpec]:
+    def prepare_bulk(
+        self,
+        items: Iterable[Mapping[str, Any]],
+        now: int | None = None,
+        caches: tuple[dict[Any, Any], dict[Any, Any]] | None = None,
+    ) -> list[PreparedSpec]:
         """``prepare`` for many specs (the bulk path's encoding, as ``PreparedSpec``s)."""
         now = now_ms() if now is None else now
         argv, exts = self._bulk_argv(items if isinstance(items, list) else list(items), now, caches or ({}, {}))
         ext_of = dict(exts)
-        return [PreparedSpec(argv[i + 1], argv[i], argv[i + 2], ext_of.get(j, b""))
-                for j, i in enumerate(range(2, len(argv), 3))]
+        return [
+            PreparedSpec(argv[i + 1], argv[i], argv[i + 2], ext_of.get(j, b""))
+            for j, i in enumerate(range(2, len(argv), 3))
+        ]
 
-    def _bulk_argv(self, items: list[Any], now: int, caches: tuple[dict[Any, Any], dict[Any, Any]]
-                   ) -> tuple[list[Any], list[tuple[int, bytes]]]:
+    def _bulk_argv(
+        self, items: list[Any], now: int, caches: tuple[dict[Any, Any], dict[Any, Any]]
+    ) -> tuple[list[Any], list[tuple[int, bytes]]]:
         """The ``upsert_repeatable`` arguments of ``items``: ``[base, 3, (next, key, spec) ...]``
         and the (position, ext) of those with an ext.  Items with only name, data, repeat (a
         RepeatPattern) and key take an inlined path (the same checks and bytes as ``prepare``;
@@ -487,16 +523,20 @@ class SpecFlows:
                                 argv += (nxt, spec_key, spec)
                                 continue
             _check_item(item)  # the general path, with its precise errors
-            p = (prepare(now=now, next_cache=cache, **item) if "data" in item
-                 else prepare(data=None, now=now, next_cache=cache, **item))
+            p = (
+                prepare(now=now, next_cache=cache, **item)
+                if "data" in item
+                else prepare(data=None, now=now, next_cache=cache, **item)
+            )
             if p.ext:
                 exts.append(((len(argv) - 2) // 3, p.ext))
             argv += (p.next_fire_ms, p.key, p.spec)
         return argv, exts
 
     @staticmethod
-    def _fast_head(pattern: RepeatPattern, name: str, now: int, cache: dict[Any, Any]
-                   ) -> tuple[int, bytes | None, Any, str]:
+    def _fast_head(
+        pattern: RepeatPattern, name: str, now: int, cache: dict[Any, Any]
+    ) -> tuple[int, bytes | None, Any, str]:
         """(next fire, packed name + pattern or None when the name needs the general path,
         pattern wire form, derived key suffix) of a (pattern, name) pair."""
         shared = cache.get(("fast", pattern))  # an equal pattern seen before
@@ -562,8 +602,9 @@ class SpecFlows:
             nxt = was if was > t else first_fire_after_now(spec.pattern, was, t, spec.start_after_ms)
             if nxt <= 0 or (spec.end_before_ms is not None and nxt > spec.end_before_ms):
                 raise ConfigError(f"spec {key!r} has no fire left (pattern or end_before); remove it instead")
-            done = yield script_call("resume_repeatable", (k.repeat, k.repeat_paused, k.repeat_spec(key)),
-                                     (key, paused_score, nxt))
+            done = yield script_call(
+                "resume_repeatable", (k.repeat, k.repeat_paused, k.repeat_spec(key)), (key, paused_score, nxt)
+            )
             if int_reply(done) == 1:
                 return True
         raise ConfigError(f"spec {key!r} kept changing while it was being resumed; try again")
@@ -603,11 +644,20 @@ class SpecFlows:
         except CodecError:
             data = spec.payload_inner
         return RepeatableInfo(
-            key=spec.key if spec.key else key, job_name=spec.job_name, pattern=spec.pattern,
-            next_fire_ms=next_fire, limit=spec.limit, start_after_ms=spec.start_after_ms,
-            end_before_ms=spec.end_before_ms, missed_fires=spec.missed_fires, paused=paused,
-            fired=counters[0], skipped=counters[1], data=data,
-            attempts=None if ext.retry is None else ext.retry.max_attempts, backoff=_backoff_spec(ext.retry),
+            key=spec.key if spec.key else key,
+            job_name=spec.job_name,
+            pattern=spec.pattern,
+            next_fire_ms=next_fire,
+            limit=spec.limit,
+            start_after_ms=spec.start_after_ms,
+            end_before_ms=spec.end_before_ms,
+            missed_fires=spec.missed_fires,
+            paused=paused,
+            fired=counters[0],
+            skipped=counters[1],
+            data=data,
+            attempts=None if ext.retry is None else ext.retry.max_attempts,
+            backoff=_backoff_spec(ext.retry),
             deadline_ms=ext.deadline_ms,
         )
 

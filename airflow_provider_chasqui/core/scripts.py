@@ -32,11 +32,33 @@ __all__ = ["Script", "Library", "SCRIPTS", "LIBRARY", "LIBRARY_PREFIX", "lua_dir
 LIBRARY_PREFIX = "chasqui_"
 
 # Commands that write nothing: a script calling only these is registered ``no-writes``.
-_READS = frozenset({
-    "GET", "MGET", "EXISTS", "TTL", "PTTL", "HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "HSCAN", "ZCARD",
-    "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZSCAN", "XLEN", "XRANGE", "XREVRANGE", "XPENDING", "TIME",
-    "TYPE",
-})
+_READS = frozenset(
+    {
+        "GET",
+        "MGET",
+        "EXISTS",
+        "TTL",
+        "PTTL",
+        "HGET",
+        "HMGET",
+        "HGETALL",
+        "HEXISTS",
+        "HLEN",
+        "HSCAN",
+        "ZCARD",
+        "ZSCORE",
+        "ZRANGE",
+        "ZRANGEBYSCORE",
+        "ZREVRANGE",
+        "ZSCAN",
+        "XLEN",
+        "XRANGE",
+        "XREVRANGE",
+        "XPENDING",
+        "TIME",
+        "TYPE",
+    }
+)
 _ACKS = re.compile(rb"'XACK(?:DEL)?'")
 _CALL = re.compile(rb"redis\.p?call\(")
 _LITERAL_CALL = re.compile(rb"redis\.p?call\(\s*'([A-Za-z]+)'")
@@ -88,10 +110,14 @@ def build_library(bodies: dict[str, bytes]) -> tuple[Library, dict[str, str]]:
         fcalls[stem] = "FCALL_RO" if ro else "FCALL"
         parts.append(b"local function f_%b(KEYS, ARGV)\n%b\nend\n" % (stem.encode(), body.rstrip(b"\n")))
         flags = b", flags={'no-writes'}" if ro else b", flags={'allow-oom'}" if _ACKS.search(body) else b""
-        registers.append(b"redis.register_function{function_name='@LIB@_%b', callback=f_%b%b}\n"
-                         % (stem.encode(), stem.encode(), flags))
-    registers.append(b"redis.register_function{function_name='@LIB@_probe', callback=function() return '@LIB@' end, "
-                     b"flags={'no-writes'}}\n")
+        registers.append(
+            b"redis.register_function{function_name='@LIB@_%b', callback=f_%b%b}\n"
+            % (stem.encode(), stem.encode(), flags)
+        )
+    registers.append(
+        b"redis.register_function{function_name='@LIB@_probe', callback=function() return '@LIB@' end, "
+        b"flags={'no-writes'}}\n"
+    )
     template = b"#!lua name=@LIB@\n" + b"".join(parts) + b"".join(registers)
     name = LIBRARY_PREFIX + hashlib.sha1(template).hexdigest()[:12]
     return Library(name, template.replace(b"@LIB@", name.encode()), f"{name}_probe"), fcalls

@@ -80,5 +80,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         else:
             options.append((name, value))
     node_scheme = "rediss" if _SCHEMES[scheme.lower()] else "redis"
-    node_url = f"{node_scheme}://{auth + '@' if at else ''}sentinel/{db}" + (f"?{urlencode(options)}" if options else "")
+    node_url = f"{node_scheme}://{auth + '@' if at else ''}sentinel/{db}" + (
+        f"?{urlencode(options)}" if options else ""
+    )
     return SentinelTarget(_hosts(hosts), service, node_url, sentinel_kwargs)

@@ -27,8 +27,15 @@ class QueueSettings:
     failures_max_len: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("max_stream_len", "max_payload_bytes", "events_max_len", "dlq_max_len", "unique_window_ms",
-                     "results_max_len", "failures_max_len"):
+        for name in (
+            "max_stream_len",
+            "max_payload_bytes",
+            "events_max_len",
+            "dlq_max_len",
+            "unique_window_ms",
+            "results_max_len",
+            "failures_max_len",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")

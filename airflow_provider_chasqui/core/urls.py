@@ -99,7 +99,7 @@ def redact_url(url: object) -> str:
     if at != -1:
         user, colon, _password = rest[:at].partition(":")
         auth = f"{user}:{REDACTED}@" if colon else f"{REDACTED}@"
-        rest = rest[at + 1:]
+        rest = rest[at + 1 :]
     head, q, query = rest.partition("?")
     return f"{scheme}://{auth}{head}" + (q + _redact_query(query) if q else "")
 
@@ -126,13 +126,24 @@ def check_url(url: str) -> str:
                 raise ValueError("scheme or host")
             parts.port  # noqa: B018 - raises on a non-numeric port
     except ValueError:
-        raise ConfigError(f"not a valid Redis URL: {redact_url(url)} (redis[s]://[[user]:password@]host[:port]"
-                          "[/db][?options] or redis[s]+sentinel://...; percent-encode @ : / % in the password, "
-                          "e.g. @ as %40)") from None
+        raise ConfigError(
+            f"not a valid Redis URL: {redact_url(url)} (redis[s]://[[user]:password@]host[:port]"
+            "[/db][?options] or redis[s]+sentinel://...; percent-encode @ : / % in the password, "
+            "e.g. @ as %40)"
+        ) from None
     return url
+
+
 # ---- the options every client of this package is opened with -------------------------------------
-__all__ += ["connection_options", "with_tls", "read_timeout", "PROTOCOL", "CONNECT_TIMEOUT_SECS", "IO_MARGIN_SECS",
-            "WAIT_BLOCK_MS"]
+__all__ += [
+    "connection_options",
+    "with_tls",
+    "read_timeout",
+    "PROTOCOL",
+    "CONNECT_TIMEOUT_SECS",
+    "IO_MARGIN_SECS",
+    "WAIT_BLOCK_MS",
+]
 
 PROTOCOL = 2  # the lanes and the reply parsers read RESP2 only; redis-py 8 defaults to RESP3
 CONNECT_TIMEOUT_SECS = 10.0
@@ -157,11 +168,12 @@ def with_tls(url: str, tls: object) -> str:
     scheme, sep, rest = url.partition("://")
     low = scheme.lower()
     if sep and low in ("redis", "redis+sentinel"):
-        return "rediss" + scheme[len("redis"):] + sep + rest
+        return "rediss" + scheme[len("redis") :] + sep + rest
     if sep and low in ("rediss", "rediss+sentinel"):
         return url
-    raise ConfigError(f"tls=True needs a redis:// or redis+sentinel:// URL, not {scheme + sep!r} "
-                      "(a unix socket has no TLS)")
+    raise ConfigError(
+        f"tls=True needs a redis:// or redis+sentinel:// URL, not {scheme + sep!r} (a unix socket has no TLS)"
+    )
 
 
 def connection_options(url: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -183,8 +195,9 @@ def connection_options(url: str, kwargs: dict[str, Any]) -> tuple[str, dict[str,
     options = {name.lower(): value for name, value in query}
     if "protocol" in options:
         if options["protocol"].strip() != str(PROTOCOL):
-            raise ConfigError(f"protocol={options['protocol']!r} in the Redis URL: Chasqui speaks RESP2 only "
-                              "(protocol=2)")
+            raise ConfigError(
+                f"protocol={options['protocol']!r} in the Redis URL: Chasqui speaks RESP2 only (protocol=2)"
+            )
         url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k.lower() != "protocol"])))
     out["protocol"] = PROTOCOL
     out.setdefault("socket_keepalive", True)

@@ -82,13 +82,19 @@ def chart(completed: list[int], failed: list[int], width: int = 160, height: int
         x = i * bw
         ch = c / top * (half - 1)
         fh = f / top * (half - 1)
-        bars.append(f'<rect class="ok" x="{x:.1f}" y="{half - ch:.1f}" width="{bw - 1:.1f}" height="{ch:.1f}">'
-                    f'<title>{n - i} min ago: {c} completed</title></rect>')
-        bars.append(f'<rect class="bad" x="{x:.1f}" y="{half:.1f}" width="{bw - 1:.1f}" height="{fh:.1f}">'
-                    f'<title>{n - i} min ago: {f} failed</title></rect>')
-    return (f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-            f'aria-label="completed and failed per minute">{"".join(bars)}'
-            f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/></svg>')
+        bars.append(
+            f'<rect class="ok" x="{x:.1f}" y="{half - ch:.1f}" width="{bw - 1:.1f}" height="{ch:.1f}">'
+            f"<title>{n - i} min ago: {c} completed</title></rect>"
+        )
+        bars.append(
+            f'<rect class="bad" x="{x:.1f}" y="{half:.1f}" width="{bw - 1:.1f}" height="{fh:.1f}">'
+            f"<title>{n - i} min ago: {f} failed</title></rect>"
+        )
+    return (
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="completed and failed per minute">{"".join(bars)}'
+        f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/></svg>'
+    )
 
 
 def table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
@@ -122,30 +128,50 @@ class Ctx:
         return h(self.base + path + ("?" + urlencode(q, doseq=True) if q else ""))
 
     def form(self, path: str, fields: Mapping[str, Any], button: str, cls: str = "") -> str:
-        hidden = "".join(f'<input type="hidden" name="{h(k)}" value="{h(v)}">' for k, v in fields.items()
-                         if v is not None)
-        return (f'<form method="post" action="{self.url(path)}" class="inline {cls}">{hidden}'
-                f'<input type="hidden" name="csrf" value="{csrf_token(self.user)}">'
-                f'<button type="submit">{h(button)}</button></form>')
+        hidden = "".join(
+            f'<input type="hidden" name="{h(k)}" value="{h(v)}">' for k, v in fields.items() if v is not None
+        )
+        return (
+            f'<form method="post" action="{self.url(path)}" class="inline {cls}">{hidden}'
+            f'<input type="hidden" name="csrf" value="{csrf_token(self.user)}">'
+            f'<button type="submit">{h(button)}</button></form>'
+        )
 
     def page(self, title: str, body: str, active: str, status: int = 200) -> HTMLResponse:
         nav = "".join(
             f'<a href="{self.url(path, queue=self.request.query_params.get("queue"))}"'
-            f'{" class=active" if key == active else ""}>{label}</a>'
-            for key, path, label in (("queues", "/", "Queues"), ("job", "/job", "Job"), ("dlq", "/dlq", "DLQ"),
-                                     ("schedules", "/schedules", "Schedules"), ("workers", "/workers", "Workers")))
+            f"{' class=active' if key == active else ''}>{label}</a>"
+            for key, path, label in (
+                ("queues", "/", "Queues"),
+                ("job", "/job", "Job"),
+                ("dlq", "/dlq", "DLQ"),
+                ("schedules", "/schedules", "Schedules"),
+                ("workers", "/workers", "Workers"),
+            )
+        )
         labels = self.sources.labels()
         picker = ""
         if len(labels) > 1:
-            opts = "".join(f'<option value="{h(x)}"{" selected" if x == (self.label or labels[0]) else ""}>{h(x)}'
-                           "</option>" for x in labels)
-            picker = (f'<form method="get" action="{self.url("/")}" class="picker"><label>Redis '
-                      f'<select name="src" onchange="this.form.submit()">{opts}</select></label></form>')
+            opts = "".join(
+                f'<option value="{h(x)}"{" selected" if x == (self.label or labels[0]) else ""}>{h(x)}</option>'
+                for x in labels
+            )
+            picker = (
+                f'<form method="get" action="{self.url("/")}" class="picker"><label>Redis '
+                f'<select name="src" onchange="this.form.submit()">{opts}</select></label></form>'
+            )
         msg = self.request.query_params.get("msg")
         flash = f'<p class="flash" role="status">{h(msg)}</p>' if msg else ""
-        text = _LAYOUT.substitute(title=h(f"{title} - {self.title}"), heading=h(self.title), nav=nav, picker=picker,
-                                  user=h(self.user), static=h(self.base + "/static"), body=flash + body,
-                                  mode="editor" if self.can_write else "viewer")
+        text = _LAYOUT.substitute(
+            title=h(f"{title} - {self.title}"),
+            heading=h(self.title),
+            nav=nav,
+            picker=picker,
+            user=h(self.user),
+            static=h(self.base + "/static"),
+            body=flash + body,
+            mode="editor" if self.can_write else "viewer",
+        )
         return HTMLResponse(text, status_code=status)
 
 
@@ -165,9 +191,14 @@ def _int(value: Any, default: int, lo: int, hi: int) -> int:
         return default
 
 
-def create_app(sources: SourceSet | Mapping[str, str] | str, *, access: Callable[[Request, bool], Any] = open_access,
-               can_write: Callable[[Request], Any] | None = None, title: str = "Chasqui",
-               login_token: bool = False) -> FastAPI:
+def create_app(
+    sources: SourceSet | Mapping[str, str] | str,
+    *,
+    access: Callable[[Request, bool], Any] = open_access,
+    can_write: Callable[[Request], Any] | None = None,
+    title: str = "Chasqui",
+    login_token: bool = False,
+) -> FastAPI:
     """The dashboard over ``sources`` (a Redis URL, ``{label: url}``, or a ``SourceSet``).
 
     ``access(request, write)`` (a function or a coroutine function) returns the user's name or
@@ -206,7 +237,9 @@ def create_app(sources: SourceSet | Mapping[str, str] | str, *, access: Callable
         can = await _maybe(can_write(request)) if can_write is not None else await _writer(request)
         return Ctx(request, srcs, user, title, bool(can))
 
-    async def view(request: Request, fn: Callable[[Ctx], Response], path: str = "/", active: str = "queues") -> Response:
+    async def view(
+        request: Request, fn: Callable[[Ctx], Response], path: str = "/", active: str = "queues"
+    ) -> Response:
         c = await ctx(request)
 
         def run() -> Response:
@@ -222,17 +255,31 @@ def create_app(sources: SourceSet | Mapping[str, str] | str, *, access: Callable
     def static(name: str) -> Response:
         if name not in _STATIC:
             raise HTTPException(404)
-        return Response((_PKG / "static" / name).read_bytes(), media_type=_STATIC[name],
-                        headers={"Cache-Control": "max-age=300"})
+        return Response(
+            (_PKG / "static" / name).read_bytes(), media_type=_STATIC[name], headers={"Cache-Control": "max-age=300"}
+        )
 
     if login_token:
+
         @app.get("/login")
         def login_form(request: Request) -> Response:
             base = request.scope.get("root_path", "").rstrip("/")
-            body = (f'<form method="post" action="{h(base)}/login" class="login"><label>Token '
-                    '<input type="password" name="token" autofocus></label><button>Log in</button></form>')
-            return HTMLResponse(_LAYOUT.substitute(title="Log in", heading=h(title), nav="", picker="", user="",
-                                                   static=h(base + "/static"), body=body, mode="viewer"))
+            body = (
+                f'<form method="post" action="{h(base)}/login" class="login"><label>Token '
+                '<input type="password" name="token" autofocus></label><button>Log in</button></form>'
+            )
+            return HTMLResponse(
+                _LAYOUT.substitute(
+                    title="Log in",
+                    heading=h(title),
+                    nav="",
+                    picker="",
+                    user="",
+                    static=h(base + "/static"),
+                    body=body,
+                    mode="viewer",
+                )
+            )
 
         @app.post("/login")
         async def login(request: Request) -> Response:
@@ -298,8 +345,14 @@ def create_app(sources: SourceSet | Mapping[str, str] | str, *, access: Callable
         if (form.get("confirmed") or [""])[0] != "1":
             return await run_in_threadpool(_confirm_page, c, form, do)
         message, back_path, queue = await run_in_threadpool(do, c, form)
-        keep = (("src", c.label), ("queue", queue), ("reason", _first(form, "reason")), ("name", _first(form, "name")),
-                ("prefix", _first(form, "prefix")), ("msg", message))  # back to the page as it was filtered
+        keep = (
+            ("src", c.label),
+            ("queue", queue),
+            ("reason", _first(form, "reason")),
+            ("name", _first(form, "name")),
+            ("prefix", _first(form, "prefix")),
+            ("msg", message),
+        )  # back to the page as it was filtered
         return RedirectResponse(c.base + back_path + "?" + urlencode({k: v for k, v in keep if v}), status_code=303)
 
     return app
@@ -309,42 +362,77 @@ def create_app(sources: SourceSet | Mapping[str, str] | str, *, access: Callable
 def _queues_page(c: Ctx) -> Response:
     names, state = c.source.queue_names()
     start = _int(c.request.query_params.get("offset"), 0, 0, 10**9)
-    shown = names[start:start + PAGE]
+    shown = names[start : start + PAGE]
     rows = []
     for name in shown:
         r = c.source.queue_row(name, event_window=OVERVIEW_EVENT_WINDOW)
         s = r.snap
-        rows.append([
-            f'<a href="{c.url("/queue", queue=name)}">{h(name)}</a>', h(s.stream), h(r.waiting), h(s.pending),
-            h(s.delayed), f'<a href="{c.url("/dlq", queue=name)}">{h(s.dlq)}</a>', h(age(r.oldest_waiting_age_ms)),
-            h(r.completed[-1]), h(r.failed[-1]), h(len(s.consumers)),
-            f'<a href="{c.url("/schedules", queue=name)}">{h(s.specs)}+{h(s.paused_specs)}</a>',
-            chart(r.completed, r.failed)])
-    scan = "scanning for queues..." if state["scanning"] else (
-        "queues found by a cursor SCAN of {chasqui:*} keys (refreshed every 30 s)")
+        rows.append(
+            [
+                f'<a href="{c.url("/queue", queue=name)}">{h(name)}</a>',
+                h(s.stream),
+                h(r.waiting),
+                h(s.pending),
+                h(s.delayed),
+                f'<a href="{c.url("/dlq", queue=name)}">{h(s.dlq)}</a>',
+                h(age(r.oldest_waiting_age_ms)),
+                h(r.completed[-1]),
+                h(r.failed[-1]),
+                h(len(s.consumers)),
+                f'<a href="{c.url("/schedules", queue=name)}">{h(s.specs)}+{h(s.paused_specs)}</a>',
+                chart(r.completed, r.failed),
+            ]
+        )
+    scan = (
+        "scanning for queues..."
+        if state["scanning"]
+        else ("queues found by a cursor SCAN of {chasqui:*} keys (refreshed every 30 s)")
+    )
     if state["error"]:
         scan += f"; last scan failed: {state['error']}"
     more = ""
     if start + PAGE < len(names):
         more = f'<p><a href="{c.url("/", offset=start + PAGE)}">next {PAGE} queues</a></p>'
-    body = (f'<h2>Queues <small>{h(c.source.label)}: {h(c.source.shown_url)}</small></h2>'
-            f'<p class="note" id="scan-state">{h(scan)}; {len(names)} queue(s)</p>'
-            '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
-            '<div data-live="queues">'
-            + table(["queue", "stream", "waiting", "pending", "delayed", "DLQ", "oldest waiting", "done/min",
-                     "failed/min", "consumers", "specs", "last 10 min"], rows, "queues")
-            + "</div>" + more + _job_form(c, names))
+    body = (
+        f"<h2>Queues <small>{h(c.source.label)}: {h(c.source.shown_url)}</small></h2>"
+        f'<p class="note" id="scan-state">{h(scan)}; {len(names)} queue(s)</p>'
+        '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
+        '<div data-live="queues">'
+        + table(
+            [
+                "queue",
+                "stream",
+                "waiting",
+                "pending",
+                "delayed",
+                "DLQ",
+                "oldest waiting",
+                "done/min",
+                "failed/min",
+                "consumers",
+                "specs",
+                "last 10 min",
+            ],
+            rows,
+            "queues",
+        )
+        + "</div>"
+        + more
+        + _job_form(c, names)
+    )
     return c.page("Queues", body, "queues")
 
 
 def _job_form(c: Ctx, names: list[str], queue: str | None = None, job_id: str | None = None) -> str:
-    opts = "".join(f'<option{" selected" if n == queue else ""}>{h(n)}</option>' for n in names[:500])
+    opts = "".join(f"<option{' selected' if n == queue else ''}>{h(n)}</option>" for n in names[:500])
     src = f'<input type="hidden" name="src" value="{h(c.label)}">' if c.label else ""
-    return (f'<form method="get" action="{c.url("/job")}" class="lookup">{src}<h3>Find a job</h3>'
-            f'<label>queue <input name="queue" list="queue-names" value="{h(queue or "")}" required></label>'
-            f'<datalist id="queue-names">{opts}</datalist>'
-            f'<label>job id <input name="id" value="{h(job_id or "")}" size="30" required></label>'
-            '<button type="submit">Show</button></form>')
+    return (
+        f'<form method="get" action="{c.url("/job")}" class="lookup">{src}<h3>Find a job</h3>'
+        f'<label>queue <input name="queue" list="queue-names" value="{h(queue or "")}" required></label>'
+        f'<datalist id="queue-names">{opts}</datalist>'
+        f'<label>job id <input name="id" value="{h(job_id or "")}" size="30" required></label>'
+        '<button type="submit">Show</button></form>'
+    )
 
 
 class _PickQueue(Exception):
@@ -361,8 +449,9 @@ def _need_queue(c: Ctx) -> str:
 def _picker_page(c: Ctx, path: str, active: str) -> Response:
     names, _ = c.source.queue_names()
     links = "".join(f'<li><a href="{c.url(path, queue=n)}">{h(n)}</a></li>' for n in names[:500])
-    return c.page("Pick a queue", f"<h2>Pick a queue</h2><ul class=\"pick\">{links or '<li>no queue found</li>'}</ul>",
-                  active)
+    return c.page(
+        "Pick a queue", f'<h2>Pick a queue</h2><ul class="pick">{links or "<li>no queue found</li>"}</ul>', active
+    )
 
 
 def _queue_page(c: Ctx) -> Response:
@@ -370,23 +459,33 @@ def _queue_page(c: Ctx) -> Response:
     r = c.source.queue_row(queue)
     s = r.snap
     stats = [
-        ["stream entries", h(s.stream)], ["waiting (not yet delivered)", h(r.waiting)],
-        ["pending (delivered, not acked)", h(s.pending)], ["delayed", h(s.delayed)],
-        ["oldest delayed lag", h(age(s.oldest_delayed_lag_ms))], ["oldest waiting job", h(age(r.oldest_waiting_age_ms))],
+        ["stream entries", h(s.stream)],
+        ["waiting (not yet delivered)", h(r.waiting)],
+        ["pending (delivered, not acked)", h(s.pending)],
+        ["delayed", h(s.delayed)],
+        ["oldest delayed lag", h(age(s.oldest_delayed_lag_ms))],
+        ["oldest waiting job", h(age(r.oldest_waiting_age_ms))],
         ["DLQ", f'<a href="{c.url("/dlq", queue=queue)}">{h(s.dlq)}</a>'],
-        ["repeatable specs", f'<a href="{c.url("/schedules", queue=queue)}">{h(s.specs)} active, '
-                             f'{h(s.paused_specs)} paused</a>'],
+        [
+            "repeatable specs",
+            f'<a href="{c.url("/schedules", queue=queue)}">{h(s.specs)} active, {h(s.paused_specs)} paused</a>',
+        ],
         ["consumers", f'<a href="{c.url("/workers", queue=queue)}">{h(len(s.consumers))}</a>'],
-        ["promoter lock", h(s.promoter_leader)], ["scheduler lock", h(s.scheduler_leader)],
-        ["completed (last 10 min)", h(sum(r.completed))], ["failed (last 10 min)", h(sum(r.failed))],
+        ["promoter lock", h(s.promoter_leader)],
+        ["scheduler lock", h(s.scheduler_leader)],
+        ["completed (last 10 min)", h(sum(r.completed))],
+        ["failed (last 10 min)", h(sum(r.failed))],
     ]
     note = f" (the newest {EVENT_WINDOW} events only)" if r.events_window_full else ""
-    body = (f"<h2>Queue {h(queue)}</h2>"
-            '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
-            f'<div data-live="queue">{chart(r.completed, r.failed, 600, 120)}'
-            f'<p class="note">completed (up) and failed (down) per minute over the last 10 minutes{note}</p>'
-            + table(["what", "value"], stats, "kv") + "</div>"
-            + _job_form(c, [queue], queue))
+    body = (
+        f"<h2>Queue {h(queue)}</h2>"
+        '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
+        f'<div data-live="queue">{chart(r.completed, r.failed, 600, 120)}'
+        f'<p class="note">completed (up) and failed (down) per minute over the last 10 minutes{note}</p>'
+        + table(["what", "value"], stats, "kv")
+        + "</div>"
+        + _job_form(c, [queue], queue)
+    )
     return c.page(f"Queue {queue}", body, "queues")
 
 
@@ -398,12 +497,23 @@ def _job_page(c: Ctx) -> Response:
         return c.page("Job", "<h2>Job</h2>" + _job_form(c, names, queue, job_id), "job")
     j = c.source.job(queue, job_id)
     payload = j["payload"] or {}
-    rows = [["queue", f'<a href="{c.url("/queue", queue=queue)}">{h(queue)}</a>'], ["id", f"<code>{h(job_id)}</code>"],
-            ["state", f'<b class="state">{h(j["state"])}</b>'], ["name", h(j["name"])],
-            ["created", when(j["created_ms"])], ["attempts", h(j["attempts"])], ["found in", h(j["where"])]]
+    rows = [
+        ["queue", f'<a href="{c.url("/queue", queue=queue)}">{h(queue)}</a>'],
+        ["id", f"<code>{h(job_id)}</code>"],
+        ["state", f'<b class="state">{h(j["state"])}</b>'],
+        ["name", h(j["name"])],
+        ["created", when(j["created_ms"])],
+        ["attempts", h(j["attempts"])],
+        ["found in", h(j["where"])],
+    ]
     if j.get("dlq_id"):
-        rows.append(["DLQ entry", f'<a href="{c.url("/dlq/entry", queue=queue, id=j["dlq_id"])}">{h(j["dlq_id"])}</a>'
-                                  f' reason {h(j.get("dlq_reason"))}'])
+        rows.append(
+            [
+                "DLQ entry",
+                f'<a href="{c.url("/dlq/entry", queue=queue, id=j["dlq_id"])}">{h(j["dlq_id"])}</a>'
+                f" reason {h(j.get('dlq_reason'))}",
+            ]
+        )
     if j["failure"]:
         f = j["failure"]
         rows.append(["failure", f'{h(f["reason"])}: <pre class="inline">{h(f["detail"])}</pre>'])
@@ -411,13 +521,15 @@ def _job_page(c: Ctx) -> Response:
     if payload.get("data") is not None:
         cut = ' <span class="note">(cut at 64 KiB)</span>' if payload.get("truncated") else ""
         body += (
-            f'<h3>Data <small>{h(payload.get("size"))} bytes</small>{cut}</h3>'
+            f"<h3>Data <small>{h(payload.get('size'))} bytes</small>{cut}</h3>"
             f'<pre class="data">{h(payload["data"])}</pre>'
         )
     if j["result"] is not None:
         body += f'<h3>Result</h3><pre class="data result">{h(j["result"])}</pre>'
-    events = [[when(e["ts_ms"]), h(e["event"]), h(", ".join(f"{k}={v}" for k, v in e["fields"].items() if k != "ts"))]
-              for e in j["timeline"]]
+    events = [
+        [when(e["ts_ms"]), h(e["event"]), h(", ".join(f"{k}={v}" for k, v in e["fields"].items() if k != "ts"))]
+        for e in j["timeline"]
+    ]
     body += "<h3>Events</h3>" + table(["at", "event", "fields"], events, "timeline")
     body += _job_form(c, names, queue, job_id)
     return c.page(f"Job {job_id}", body, "job")
@@ -431,10 +543,19 @@ def _dlq_page(c: Ctx) -> Response:
     page = c.source.dlq_page(queue, cursor, _int(qp.get("count"), PAGE, 1, 500), reason, name)
     rows = []
     for r in page["rows"]:
-        box = (f'<input type="checkbox" name="ids" value="{h(r["dlq_id"])}" form="dlq-selected" '
-               f'aria-label="select {h(r["dlq_id"])}">') if c.can_write else ""
-        job = (f'<a href="{c.url("/job", queue=queue, id=r["job_id"])}">{h(r["job_id"])}</a>' if r["job_id"]
-               else "(undecodable)")
+        box = (
+            (
+                f'<input type="checkbox" name="ids" value="{h(r["dlq_id"])}" form="dlq-selected" '
+                f'aria-label="select {h(r["dlq_id"])}">'
+            )
+            if c.can_write
+            else ""
+        )
+        job = (
+            f'<a href="{c.url("/job", queue=queue, id=r["job_id"])}">{h(r["job_id"])}</a>'
+            if r["job_id"]
+            else "(undecodable)"
+        )
         err = (r.get("error") or r["detail"] or "").removeprefix("handler: Python handler raised: ")
         actions = f'<a href="{c.url("/dlq/entry", queue=queue, id=r["dlq_id"])}">view</a>'
         if c.can_write:
@@ -442,29 +563,48 @@ def _dlq_page(c: Ctx) -> Response:
             actions += c.form("/dlq/action", {"queue": queue, "action": "remove", "ids": r["dlq_id"]}, "remove")
         rows.append([box, h(r["dlq_id"]), job, h(r["name"]), h(r["reason"]), h(err[:120]), h(r["bytes"]), actions])
     src = f'<input type="hidden" name="src" value="{h(c.label)}">' if c.label else ""
-    filt = (f'<form method="get" action="{c.url("/dlq")}" class="filter">{src}'
-            f'<input type="hidden" name="queue" value="{h(queue)}">'
-            f'<label>reason <input name="reason" value="{h(reason or "")}"></label>'
-            f'<label>name <input name="name" value="{h(name or "")}"></label><button>Filter</button></form>')
+    filt = (
+        f'<form method="get" action="{c.url("/dlq")}" class="filter">{src}'
+        f'<input type="hidden" name="queue" value="{h(queue)}">'
+        f'<label>reason <input name="reason" value="{h(reason or "")}"></label>'
+        f'<label>name <input name="name" value="{h(name or "")}"></label><button>Filter</button></form>'
+    )
     bulk = ""
     if c.can_write:
         sel = {"queue": queue, "action": "replay"}
-        bulk = (f'<form method="post" action="{c.url("/dlq/action")}" id="dlq-selected" class="inline">'
-                f'<input type="hidden" name="csrf" value="{csrf_token(c.user)}">'
-                f'<input type="hidden" name="queue" value="{h(queue)}">'
-                '<button name="action" value="replay">replay selected</button>'
-                '<button name="action" value="remove">remove selected</button></form>'
-                + c.form("/dlq/action", {"queue": queue, "action": "replay_matching", "reason": reason, "name": name},
-                         "replay all matching")
-                + c.form("/dlq/action", {"queue": queue, "action": "purge", "reason": reason, "name": name},
-                         "purge all matching", "danger"))
+        bulk = (
+            f'<form method="post" action="{c.url("/dlq/action")}" id="dlq-selected" class="inline">'
+            f'<input type="hidden" name="csrf" value="{csrf_token(c.user)}">'
+            f'<input type="hidden" name="queue" value="{h(queue)}">'
+            '<button name="action" value="replay">replay selected</button>'
+            '<button name="action" value="remove">remove selected</button></form>'
+            + c.form(
+                "/dlq/action",
+                {"queue": queue, "action": "replay_matching", "reason": reason, "name": name},
+                "replay all matching",
+            )
+            + c.form(
+                "/dlq/action",
+                {"queue": queue, "action": "purge", "reason": reason, "name": name},
+                "purge all matching",
+                "danger",
+            )
+        )
         del sel
-    nxt = (f'<a href="{c.url("/dlq", queue=queue, reason=reason, name=name, cursor=page["next"])}" '
-           'class="next">next page</a>') if page["next"] else ""
+    nxt = (
+        (
+            f'<a href="{c.url("/dlq", queue=queue, reason=reason, name=name, cursor=page["next"])}" '
+            'class="next">next page</a>'
+        )
+        if page["next"]
+        else ""
+    )
     first = f'<a href="{c.url("/dlq", queue=queue, reason=reason, name=name)}">first page</a>' if cursor else ""
-    body = (f'<h2>DLQ of {h(queue)} <small>{h(page["total"])} entries</small></h2>{filt}<div class="bulk">{bulk}</div>'
-            + table(["", "DLQ id", "job", "name", "reason", "error / detail", "bytes", ""], rows, "dlq")
-            + f'<p class="pager">{first} {nxt}</p>')
+    body = (
+        f'<h2>DLQ of {h(queue)} <small>{h(page["total"])} entries</small></h2>{filt}<div class="bulk">{bulk}</div>'
+        + table(["", "DLQ id", "job", "name", "reason", "error / detail", "bytes", ""], rows, "dlq")
+        + f'<p class="pager">{first} {nxt}</p>'
+    )
     return c.page(f"DLQ {queue}", body, "dlq")
 
 
@@ -473,21 +613,41 @@ def _dlq_entry_page(c: Ctx) -> Response:
     dlq_id = c.request.query_params.get("id") or ""
     e = c.source.dlq_entry(queue, dlq_id)
     if e is None:
-        return c.page("DLQ entry", f"<h2>DLQ entry {h(dlq_id)}</h2><p>not in the DLQ of {h(queue)} "
-                                   "(replayed or removed?)</p>", "dlq", 404)
+        return c.page(
+            "DLQ entry",
+            f"<h2>DLQ entry {h(dlq_id)}</h2><p>not in the DLQ of {h(queue)} (replayed or removed?)</p>",
+            "dlq",
+            404,
+        )
     p = e["payload"]
-    rows = [["DLQ id", h(e["dlq_id"])], ["job", f'<a href="{c.url("/job", queue=queue, id=e["job_id"])}">'
-                                              f'{h(e["job_id"])}</a>' if e["job_id"] else "(undecodable)"],
-            ["name", h(e["name"])], ["reason", h(e["reason"])], ["detail", f'<pre class="inline">{h(e["detail"])}</pre>'],
-            ["attempt", h(p.get("attempt"))], ["created", when(p.get("created_ms"))], ["payload bytes", h(p.get("size"))]]
+    rows = [
+        ["DLQ id", h(e["dlq_id"])],
+        [
+            "job",
+            f'<a href="{c.url("/job", queue=queue, id=e["job_id"])}">{h(e["job_id"])}</a>'
+            if e["job_id"]
+            else "(undecodable)",
+        ],
+        ["name", h(e["name"])],
+        ["reason", h(e["reason"])],
+        ["detail", f'<pre class="inline">{h(e["detail"])}</pre>'],
+        ["attempt", h(p.get("attempt"))],
+        ["created", when(p.get("created_ms"))],
+        ["payload bytes", h(p.get("size"))],
+    ]
     if p.get("error"):
         rows.append(["decode error", h(p["error"])])
     actions = ""
     if c.can_write:
-        actions = (c.form("/dlq/action", {"queue": queue, "action": "replay", "ids": dlq_id}, "replay")
-                   + c.form("/dlq/action", {"queue": queue, "action": "remove", "ids": dlq_id}, "remove", "danger"))
-    body = (f"<h2>DLQ entry {h(dlq_id)}</h2>" + table(["what", "value"], rows, "kv") + f'<div class="bulk">{actions}</div>'
-            + f'<h3>Payload</h3><pre class="data">{h(p.get("data"))}</pre>')
+        actions = c.form("/dlq/action", {"queue": queue, "action": "replay", "ids": dlq_id}, "replay") + c.form(
+            "/dlq/action", {"queue": queue, "action": "remove", "ids": dlq_id}, "remove", "danger"
+        )
+    body = (
+        f"<h2>DLQ entry {h(dlq_id)}</h2>"
+        + table(["what", "value"], rows, "kv")
+        + f'<div class="bulk">{actions}</div>'
+        + f'<h3>Payload</h3><pre class="data">{h(p.get("data"))}</pre>'
+    )
     return c.page("DLQ entry", body, "dlq")
 
 
@@ -518,26 +678,51 @@ def _schedules_page(c: Ctx) -> Response:
         actions = ""
         if c.can_write:
             for verb in (("resume",) if m.paused else ("pause",)) + ("trigger", "remove"):
-                actions += c.form("/schedules/action", {"queue": queue, "action": verb, "key": m.key,
-                                                        "prefix": prefix}, verb, "danger" if verb == "remove" else "")
-        rows.append([f"<code>{h(m.key)}</code>", h(m.job_name), h(pattern), h(tz or "-"),
-                     (h(iso(m.next_fire_ms, tz)) if tz else "-") + "<br>" + when(m.next_fire_ms),
-                     f"{h(m.fired)} / {h(m.skipped)}", "paused" if m.paused else "active", h(m.limit), actions])
+                actions += c.form(
+                    "/schedules/action",
+                    {"queue": queue, "action": verb, "key": m.key, "prefix": prefix},
+                    verb,
+                    "danger" if verb == "remove" else "",
+                )
+        rows.append(
+            [
+                f"<code>{h(m.key)}</code>",
+                h(m.job_name),
+                h(pattern),
+                h(tz or "-"),
+                (h(iso(m.next_fire_ms, tz)) if tz else "-") + "<br>" + when(m.next_fire_ms),
+                f"{h(m.fired)} / {h(m.skipped)}",
+                "paused" if m.paused else "active",
+                h(m.limit),
+                actions,
+            ]
+        )
     src = f'<input type="hidden" name="src" value="{h(c.label)}">' if c.label else ""
-    search = (f'<form method="get" action="{c.url("/schedules")}" class="filter">{src}'
-              f'<input type="hidden" name="queue" value="{h(queue)}">'
-              f'<label>key prefix <input name="prefix" value="{h(prefix)}"></label><button>Search</button></form>')
-    nxt_link = (f'<a class="next" href="{c.url("/schedules", queue=queue, prefix=prefix, cursor=nxt)}">next page</a>'
-                if nxt else "")
+    search = (
+        f'<form method="get" action="{c.url("/schedules")}" class="filter">{src}'
+        f'<input type="hidden" name="queue" value="{h(queue)}">'
+        f'<label>key prefix <input name="prefix" value="{h(prefix)}"></label><button>Search</button></form>'
+    )
+    nxt_link = (
+        f'<a class="next" href="{c.url("/schedules", queue=queue, prefix=prefix, cursor=nxt)}">next page</a>'
+        if nxt
+        else ""
+    )
     quarantined = c.source.quarantined(queue)
     quar = ""
     if quarantined:
         quar = "<h3>Quarantined specs</h3>" + table(
-            ["key", "stored bytes"], [[f"<code>{h(k)}</code>", h(n)] for k, n in quarantined], "quarantine")
-    body = (f"<h2>Schedules of {h(queue)}</h2>{search}"
-            + table(["key", "job", "pattern", "zone", "next fire (spec zone / yours)", "fired / skipped", "state",
-                     "limit", ""], rows, "specs")
-            + f'<p class="pager">{nxt_link}</p>{quar}')
+            ["key", "stored bytes"], [[f"<code>{h(k)}</code>", h(n)] for k, n in quarantined], "quarantine"
+        )
+    body = (
+        f"<h2>Schedules of {h(queue)}</h2>{search}"
+        + table(
+            ["key", "job", "pattern", "zone", "next fire (spec zone / yours)", "fired / skipped", "state", "limit", ""],
+            rows,
+            "specs",
+        )
+        + f'<p class="pager">{nxt_link}</p>{quar}'
+    )
     return c.page(f"Schedules {queue}", body, "schedules")
 
 
@@ -545,21 +730,28 @@ def _workers_page(c: Ctx) -> Response:
     queue = _need_queue(c)
     w = c.source.workers(queue)
     body = f"<h2>Workers of {h(queue)}</h2>"
-    locks = [[name, h(w[name]["holder"]), h(age(w[name]["ttl_ms"]) if w[name]["ttl_ms"] > 0 else "-")]
-             for name in ("promoter", "scheduler")]
+    locks = [
+        [name, h(w[name]["holder"]), h(age(w[name]["ttl_ms"]) if w[name]["ttl_ms"] > 0 else "-")]
+        for name in ("promoter", "scheduler")
+    ]
     body += "<h3>Locks</h3>" + table(["lock", "held by", "expires in"], locks, "locks")
     if not w["groups"]:
         body += "<p>no consumer group yet (no worker has read this queue)</p>"
     for g in w["groups"]:
         rows = [[h(x["name"]), h(x["pending"]), h(age(x["idle_ms"])), h(age(x["inactive_ms"]))] for x in g["consumers"]]
-        body += (f'<h3>Group {h(g["name"])} <small>{h(g["pending"])} pending, lag {h(g["lag"])}</small></h3>'
-                 + table(["consumer", "pending", "idle", "inactive"], rows, "consumers"))
+        body += f"<h3>Group {h(g['name'])} <small>{h(g['pending'])} pending, lag {h(g['lag'])}</small></h3>" + table(
+            ["consumer", "pending", "idle", "inactive"], rows, "consumers"
+        )
     return c.page(f"Workers {queue}", body, "workers")
 
 
 # ---- actions ----------------------------------------------------------------------------------
-_DLQ_ACTIONS = {"replay": "Replay", "remove": "Remove", "replay_matching": "Replay every matching entry of",
-                "purge": "Purge every matching entry of"}
+_DLQ_ACTIONS = {
+    "replay": "Replay",
+    "remove": "Remove",
+    "replay_matching": "Replay every matching entry of",
+    "purge": "Purge every matching entry of",
+}
 _SPEC_ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Fire once now", "remove": "Remove"}
 
 
@@ -578,8 +770,11 @@ def _confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) ->
         if action in ("replay", "remove"):
             if not ids:
                 raise ConfigError("select at least one entry")
-            what = f"{_DLQ_ACTIONS[action]} {len(ids)} DLQ entr{'y' if len(ids) == 1 else 'ies'} of {queue}: " \
-                   + ", ".join(ids[:20]) + (" ..." if len(ids) > 20 else "")
+            what = (
+                f"{_DLQ_ACTIONS[action]} {len(ids)} DLQ entr{'y' if len(ids) == 1 else 'ies'} of {queue}: "
+                + ", ".join(ids[:20])
+                + (" ..." if len(ids) > 20 else "")
+            )
         else:
             which = " and ".join(f"{k} = {_first(form, k)!r}" for k in ("reason", "name") if _first(form, k))
             what = f"{_DLQ_ACTIONS[action]} the DLQ of {queue}" + (f" with {which}" if which else " (every entry)")
@@ -589,14 +784,20 @@ def _confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) ->
             raise ConfigError(f"unknown schedule action {action!r}")
         what = f"{_SPEC_ACTIONS[action]} the spec {_first(form, 'key')!r} of {queue}"
         back = c.url("/schedules", queue=queue)
-    hidden = "".join(f'<input type="hidden" name="{h(k)}" value="{h(v)}">' for k, vs in form.items() for v in vs
-                     if k not in ("confirmed",))
+    hidden = "".join(
+        f'<input type="hidden" name="{h(k)}" value="{h(v)}">'
+        for k, vs in form.items()
+        for v in vs
+        if k not in ("confirmed",)
+    )
     path = "/dlq/action" if do is _dlq_do else "/schedules/action"
-    body = (f'<h2>Confirm</h2><p class="confirm-what">{h(what)}?</p>'
-            f'<form method="post" action="{c.url(path)}" class="confirm">{hidden}'
-            '<input type="hidden" name="confirmed" value="1">'
-            f'<button type="submit" class="danger" id="confirm">Yes, {h(action.replace("_", " "))}</button> '
-            f'<a href="{back}">Cancel</a></form>')
+    body = (
+        f'<h2>Confirm</h2><p class="confirm-what">{h(what)}?</p>'
+        f'<form method="post" action="{c.url(path)}" class="confirm">{hidden}'
+        '<input type="hidden" name="confirmed" value="1">'
+        f'<button type="submit" class="danger" id="confirm">Yes, {h(action.replace("_", " "))}</button> '
+        f'<a href="{back}">Cancel</a></form>'
+    )
     return c.page("Confirm", body, "dlq" if do is _dlq_do else "schedules")
 
 
@@ -617,7 +818,8 @@ def _dlq_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
     elif action == "replay_matching":
         report = src.replay_matching(queue, reason, name)
         message = f"replayed {report['replayed']} entries" + (
-            f", skipped {report['skipped']} undecodable" if report["skipped"] else "")
+            f", skipped {report['skipped']} undecodable" if report["skipped"] else ""
+        )
         audit(c.user, src.label, queue, "dlq.replay_matching", reason=reason, name=name, **report)
     elif action == "purge":
         n = src.queue(queue).purge_dlq(reason=reason, name=name)

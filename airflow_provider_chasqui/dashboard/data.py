@@ -52,8 +52,14 @@ _CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
 def audit(user: str, source: str, queue: str, action: str, **details: Any) -> None:
     """One line per change made from the dashboard: who, where, what, and the outcome."""
     extra = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in details.items())
-    audit_log.info("chasqui dashboard audit: user=%s source=%s queue=%s action=%s %s",
-                   json.dumps(user), json.dumps(source), json.dumps(queue), action, extra)
+    audit_log.info(
+        "chasqui dashboard audit: user=%s source=%s queue=%s action=%s %s",
+        json.dumps(user),
+        json.dumps(source),
+        json.dumps(queue),
+        action,
+        extra,
+    )
 
 
 def ulid_ms(job_id: str) -> int | None:
@@ -96,8 +102,13 @@ def _decode_payload(raw: bytes) -> dict[str, Any]:
         env = decode_envelope(raw)
     except CodecError as exc:
         return {"job_id": None, "error": str(exc), "size": len(raw)}
-    out: dict[str, Any] = {"job_id": env.id, "attempt": env.attempt, "created_ms": env.created_at_ms,
-                           "size": len(env.inner), "error": None}
+    out: dict[str, Any] = {
+        "job_id": env.id,
+        "attempt": env.attempt,
+        "created_ms": env.created_at_ms,
+        "size": len(env.inner),
+        "error": None,
+    }
     try:
         out["data"], out["truncated"] = pretty(decode_data(env.inner))
     except Exception as exc:  # noqa: BLE001 - a payload this codec cannot read is shown, not raised
@@ -120,9 +131,13 @@ class QueueRow:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.snap.to_dict()
-        d.update(waiting=self.waiting, oldest_waiting_age_ms=self.oldest_waiting_age_ms,
-                 completed_per_min=self.completed, failed_per_min=self.failed,
-                 events_window_full=self.events_window_full)
+        d.update(
+            waiting=self.waiting,
+            oldest_waiting_age_ms=self.oldest_waiting_age_ms,
+            completed_per_min=self.completed,
+            failed_per_min=self.failed,
+            events_window_full=self.events_window_full,
+        )
         return d
 
 
@@ -142,16 +157,20 @@ def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDO
     last_delivered = "0-0"
     for g in groups_raw if isinstance(groups_raw, list) else []:
         info = _info(g)
-        row: dict[str, Any] = {"name": str_reply(info.get("name", b"")), "pending": int_reply(info.get("pending", 0)),
-               "consumers": int_reply(info.get("consumers", 0)),
-               "last_delivered": str_reply(info.get("last-delivered-id", b"0-0")),
-               "lag": None if info.get("lag") is None else int_reply(info["lag"])}
+        row: dict[str, Any] = {
+            "name": str_reply(info.get("name", b"")),
+            "pending": int_reply(info.get("pending", 0)),
+            "consumers": int_reply(info.get("consumers", 0)),
+            "last_delivered": str_reply(info.get("last-delivered-id", b"0-0")),
+            "lag": None if info.get("lag") is None else int_reply(info["lag"]),
+        }
         groups.append(row)
         if row["name"] == group:
             last_delivered, waiting = row["last_delivered"], row["lag"]
     if snap.stream:
-        first = yield command("XRANGE", k.stream, f"({last_delivered}" if last_delivered != "0-0" else "-", "+",
-                              "COUNT", 1)
+        first = yield command(
+            "XRANGE", k.stream, f"({last_delivered}" if last_delivered != "0-0" else "-", "+", "COUNT", 1
+        )
         if first:
             oldest_age = max(0, now - _id_ms(str_reply(first[0][0])))
         elif waiting is None:
@@ -215,16 +234,16 @@ class Source:
         with self._lock:
             stale = self._scanned_at is None or time.monotonic() - self._scanned_at > SCAN_REFRESH_S
             if stale and self._scanning is None and not self._closed:
-                thread = self._scanning = threading.Thread(target=self._scan, name=f"chasqui-scan-{self.label}",
-                                                           daemon=True)
+                thread = self._scanning = threading.Thread(
+                    target=self._scan, name=f"chasqui-scan-{self.label}", daemon=True
+                )
                 thread.start()
             running = self._scanning
         if running is not None and wait_s > 0 and self._scanned_at is None:  # only the first scan is waited for
             running.join(wait_s)
         with self._lock:
             names = sorted(self._found | set(self._fixed))
-            state = {"scanning": self._scanning is not None, "scanned_at": self._scanned_at,
-                     "error": self._scan_error}
+            state = {"scanning": self._scanning is not None, "scanned_at": self._scanned_at, "error": self._scan_error}
         return names, state
 
     def _nodes(self) -> list[dict[str, Any]]:
@@ -241,11 +260,12 @@ class Source:
                 for kw in self._nodes():
                     cursor = b"0"
                     while True:
-                        cursor, keys = client.execute_command("SCAN", cursor, "MATCH", "{chasqui:*",
-                                                              "COUNT", SCAN_COUNT, "TYPE", kind, **kw)
+                        cursor, keys = client.execute_command(
+                            "SCAN", cursor, "MATCH", "{chasqui:*", "COUNT", SCAN_COUNT, "TYPE", kind, **kw
+                        )
                         for raw in keys:
                             text = bytes(raw).decode("utf-8", "replace")
-                            name = text[len("{chasqui:"):text.find("}")] if "}" in text else ""
+                            name = text[len("{chasqui:") : text.find("}")] if "}" in text else ""
                             if name and name not in found:
                                 try:
                                     validate_queue_name(name)
@@ -276,8 +296,9 @@ class Source:
     def job(self, queue: str, job_id: str) -> dict[str, Any]:
         return self.run(job_flow(queue, job_id, now_ms()))
 
-    def dlq_page(self, queue: str, cursor: str | None, count: int, reason: str | None,
-                 name: str | None) -> dict[str, Any]:
+    def dlq_page(
+        self, queue: str, cursor: str | None, count: int, reason: str | None, name: str | None
+    ) -> dict[str, Any]:
         return self.run(dlq_page_flow(queue, cursor, count, reason, name))
 
     def dlq_entry(self, queue: str, dlq_id: str) -> dict[str, Any] | None:
@@ -347,8 +368,17 @@ def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
         if kind == "dlq":
             dlq_at = _id_ms(eid)
     timeline.sort(key=lambda e: e["event_id"])
-    out: dict[str, Any] = {"queue": queue, "job_id": job_id, "created_ms": created, "timeline": timeline,
-                           "name": None, "payload": None, "where": None, "result": None, "failure": None}
+    out: dict[str, Any] = {
+        "queue": queue,
+        "job_id": job_id,
+        "created_ms": created,
+        "timeline": timeline,
+        "name": None,
+        "payload": None,
+        "where": None,
+        "result": None,
+        "failure": None,
+    }
     if result is not None:
         try:
             out["result"], out["result_truncated"] = pretty(decode_data(bytes(result)))
@@ -378,8 +408,9 @@ def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
                     continue
                 p = _decode_payload(raw)
                 if p["job_id"] == job_id:
-                    out.update(name=str_reply(ef.get("n", b"")), payload=p, where="stream",
-                               stream_id=str_reply(entry_id))
+                    out.update(
+                        name=str_reply(ef.get("n", b"")), payload=p, where="stream", stream_id=str_reply(entry_id)
+                    )
                     break
             if out["where"] is not None:
                 break
@@ -394,15 +425,22 @@ def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
                     continue
                 p = _decode_payload(raw)
                 if p["job_id"] == job_id:
-                    out.update(name=str_reply(ef.get("n", b"")), payload=p, where="dlq", dlq_id=str_reply(entry_id),
-                               dlq_reason=str_reply(ef.get("reason", b"")),
-                               dlq_detail=str_reply(ef["detail"]) if "detail" in ef else None)
+                    out.update(
+                        name=str_reply(ef.get("n", b"")),
+                        payload=p,
+                        where="dlq",
+                        dlq_id=str_reply(entry_id),
+                        dlq_reason=str_reply(ef.get("reason", b"")),
+                        dlq_detail=str_reply(ef["detail"]) if "detail" in ef else None,
+                    )
                     break
     for ev in timeline:
         if out["name"] is None and ev["fields"].get("n"):
             out["name"] = ev["fields"]["n"]
-    out["attempts"] = max([int(e["fields"].get("attempt", 0) or 0) for e in timeline if
-                           str(e["fields"].get("attempt", "")).isdigit()] + [(out["payload"] or {}).get("attempt") or 0])
+    out["attempts"] = max(
+        [int(e["fields"].get("attempt", 0) or 0) for e in timeline if str(e["fields"].get("attempt", "")).isdigit()]
+        + [(out["payload"] or {}).get("attempt") or 0]
+    )
     out["state"] = _job_state(out, timeline)
     return out
 
@@ -431,17 +469,24 @@ def _dlq_row(entry_id: Any, flat: list[Any]) -> dict[str, Any]:
         job_id: str | None = decode_envelope(raw).id
     except CodecError:
         job_id = None
-    return {"dlq_id": str_reply(entry_id), "job_id": job_id, "name": str_reply(f.get("n", b"")),
-            "reason": str_reply(f.get("reason", b"")),
-            "detail": str_reply(f["detail"]) if "detail" in f else None, "bytes": len(raw),
-            "source_id": str_reply(f.get("source_id", b""))}
+    return {
+        "dlq_id": str_reply(entry_id),
+        "job_id": job_id,
+        "name": str_reply(f.get("n", b"")),
+        "reason": str_reply(f.get("reason", b"")),
+        "detail": str_reply(f["detail"]) if "detail" in f else None,
+        "bytes": len(raw),
+        "source_id": str_reply(f.get("source_id", b"")),
+    }
 
 
 def _matches(row: dict[str, Any], reason: str | None, name: str | None) -> bool:
     return (reason is None or row["reason"] == reason) and (name is None or row["name"] == name)
 
 
-def dlq_page_flow(queue: str, cursor: str | None, count: int, reason: str | None, name: str | None) -> Flow[dict[str, Any]]:
+def dlq_page_flow(
+    queue: str, cursor: str | None, count: int, reason: str | None, name: str | None
+) -> Flow[dict[str, Any]]:
     """One page of DLQ entries oldest first, filtered by reason and/or name: at most
     ``MAX_WINDOWS`` XRANGE windows of ``PAGE_WINDOW`` entries per page; ``next`` continues."""
     k = QueueKeys.for_queue(queue)
@@ -580,26 +625,41 @@ def workers_flow(queue: str, now: int) -> Flow[dict[str, Any]]:
     """Every group of the stream with its consumers (idle, pending), and the lock holders."""
     k = QueueKeys.for_queue(queue)
     exists, promoter, scheduler, p_ttl, s_ttl = yield [
-        command("EXISTS", k.stream), command("GET", k.promoter_lock), command("GET", k.scheduler_lock),
-        command("PTTL", k.promoter_lock), command("PTTL", k.scheduler_lock),
+        command("EXISTS", k.stream),
+        command("GET", k.promoter_lock),
+        command("GET", k.scheduler_lock),
+        command("PTTL", k.promoter_lock),
+        command("PTTL", k.scheduler_lock),
     ]
     groups: list[dict[str, Any]] = []
     if int_reply(exists):
         for g in (yield command("XINFO", "GROUPS", k.stream)) or []:
             info = _info(g)
-            groups.append({"name": str_reply(info.get("name", b"")), "pending": int_reply(info.get("pending", 0)),
-                           "lag": None if info.get("lag") is None else int_reply(info["lag"]), "consumers": []})
+            groups.append(
+                {
+                    "name": str_reply(info.get("name", b"")),
+                    "pending": int_reply(info.get("pending", 0)),
+                    "lag": None if info.get("lag") is None else int_reply(info["lag"]),
+                    "consumers": [],
+                }
+            )
         for g in groups[:20]:
             for row in (yield command("XINFO", "CONSUMERS", k.stream, g["name"])) or []:
                 info = _info(row)
-                g["consumers"].append({"name": str_reply(info.get("name", b"")),
-                                       "pending": int_reply(info.get("pending", 0)),
-                                       "idle_ms": int_reply(info.get("idle", 0)),
-                                       "inactive_ms": None if info.get("inactive") is None
-                                       else int_reply(info["inactive"])})
-    return {"queue": queue, "groups": groups,
-            "promoter": {"holder": str_reply(promoter) if promoter else None, "ttl_ms": int_reply(p_ttl)},
-            "scheduler": {"holder": str_reply(scheduler) if scheduler else None, "ttl_ms": int_reply(s_ttl)}}
+                g["consumers"].append(
+                    {
+                        "name": str_reply(info.get("name", b"")),
+                        "pending": int_reply(info.get("pending", 0)),
+                        "idle_ms": int_reply(info.get("idle", 0)),
+                        "inactive_ms": None if info.get("inactive") is None else int_reply(info["inactive"]),
+                    }
+                )
+    return {
+        "queue": queue,
+        "groups": groups,
+        "promoter": {"holder": str_reply(promoter) if promoter else None, "ttl_ms": int_reply(p_ttl)},
+        "scheduler": {"holder": str_reply(scheduler) if scheduler else None, "ttl_ms": int_reply(s_ttl)},
+    }
 
 
 # ---- the set of servers one dashboard shows ---------------------------------------------------

@@ -121,8 +121,10 @@ async def airflow_access(request: Request, write: bool) -> str:
                 labels = []
             label = labels[0] if labels else None
         if not manager.is_authorized_connection(method="PUT", user=user, details=ConnectionDetails(conn_id=label)):
-            raise HTTPException(403, f"{name} may not change queues of connection {label!r}: that needs the "
-                                     "right to edit the connection")
+            raise HTTPException(
+                403,
+                f"{name} may not change queues of connection {label!r}: that needs the right to edit the connection",
+            )
     return name
 
 
@@ -137,5 +139,12 @@ class ChasquiDashboardPlugin(AirflowPlugin):
 
     name = "chasqui_dashboard"
     fastapi_apps = [{"app": _app(), "url_prefix": URL_PREFIX, "name": "Chasqui dashboard"}]
-    external_views = [{"name": "Chasqui", "href": URL_PREFIX + "/", "destination": "nav", "category": "browse",
-                       "url_route": "chasqui"}]
+    external_views = [
+        {
+            "name": "Chasqui",
+            "href": URL_PREFIX + "/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "chasqui",
+        }
+    ]

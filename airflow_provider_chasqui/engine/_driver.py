@@ -31,10 +31,8 @@ from ..core.calls import Call, Flow, Stream, script_args
 from ..core.features import (
     COMPAT,
     Features,
-    already_loaded,
     detect_call,
     fast_paths_default,
-    function_missing,
     functions_mode,
     load_call,
     parse_features,
@@ -43,14 +41,22 @@ from ..core.features import (
     scripts_denied,
 )
 from ..core.urls import connection_options, split_cluster_flag
-from ..drivers_common import FCALLS, REDIS_ERRORS, already_loaded, call_args as _args, evalsha_denied, lane_ok, pack_call
-from ..drivers_common import resend_ok, script_missing as _missing, stream_read_slot, translate_error
+from ..drivers_common import (
+    FCALLS,
+    REDIS_ERRORS,
+    already_loaded,
+    evalsha_denied,
+    lane_ok,
+    pack_call,
+    resend_ok,
+    stream_read_slot,
+    translate_error,
+)
+from ..drivers_common import call_args as _args
+from ..drivers_common import script_missing as _missing
+from ..errors import NoScriptError, ScriptError
 from ._sentinel import make_client
 from ._wire import AsyncLane
-from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
-from ..core.features import functions_mode, load_call, probe_call, probe_found
-from ..core.features import scripts_denied
-from ..errors import NoScriptError, ScriptError
 
 __all__ = ["AsyncDriver", "translate_errors"]
 
@@ -111,8 +117,11 @@ def raw_client(url: str, *, cluster: bool | None = None, **kwargs: Any) -> aiore
     client = make_client(url, decode_responses=False, **kwargs)  # redis+sentinel:// too
     client.response_callbacks.clear()
     pool = client.connection_pool
-    if _hiredis_pack is not None and str(pool.connection_kwargs.get("encoding", "utf-8")).lower() in ("utf-8", "utf8") \
-            and pool.connection_kwargs.get("encoding_errors", "strict") == "strict":
+    if (
+        _hiredis_pack is not None
+        and str(pool.connection_kwargs.get("encoding", "utf-8")).lower() in ("utf-8", "utf8")
+        and pool.connection_kwargs.get("encoding_errors", "strict") == "strict"
+    ):
         pool.connection_class = _hiredis_connection_class(pool.connection_class)
     return client
 
@@ -240,7 +249,7 @@ def _route_fcall(client: AsyncRedisCluster) -> None:
 
     async def keys(*args: Any) -> Any:
         if args and args[0] in FCALLS and len(args) > 2:
-            return list(args[3:3 + int(args[2])])
+            return list(args[3 : 3 + int(args[2])])
         return await get_keys(*args)
 
     parser.get_keys = keys  # type: ignore[method-assign]
@@ -259,8 +268,15 @@ CLUSTER = AsyncRedisCluster
 class AsyncDriver:
     """One connection pool plus the feature flags of its server.  Task-safe."""
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379", *, client: aioredis.Redis | None = None,
-                 fast_paths: bool | None = None, lane: bool = True, **client_kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        client: aioredis.Redis | None = None,
+        fast_paths: bool | None = None,
+        lane: bool = True,
+        **client_kwargs: Any,
+    ) -> None:
         self.url = url
         self.client = client if client is not None else raw_client(url, **client_kwargs)
         if client is not None:
@@ -496,8 +512,11 @@ class AsyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 await self._library_missing()
-            for body in {script_.body for i in missing
-                         if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)}:
+            for body in {
+                script_.body
+                for i in missing
+                if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)
+            }:
                 await self.client.execute_command("SCRIPT LOAD", body)
             again = await self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):

@@ -99,7 +99,9 @@ class _Protocol(asyncio.Protocol):
         return False  # close the transport; connection_lost fails the waiters
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(rexc.ConnectionError(f"Connection closed by server: {exc}" if exc else "Connection closed by server."))
+        self._fail(
+            rexc.ConnectionError(f"Connection closed by server: {exc}" if exc else "Connection closed by server.")
+        )
 
     def _fail(self, exc: Exception) -> None:
         self.closed = True

@@ -56,8 +56,9 @@ READ_COUNT = 1000
 _MAX_BACKOFF_SECS = 5.0
 _RECONNECTABLE = (*TRANSIENT, ChasquiConnectionError)
 
-_HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], EventHub]] = \
+_HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], EventHub]] = (
     weakref.WeakKeyDictionary()
+)
 
 
 def event_hub(url: str, queue: str) -> EventHub:
@@ -75,8 +76,9 @@ def active_hubs() -> list[EventHub]:
     return list(_HUBS.get(asyncio.get_running_loop(), {}).values())
 
 
-async def wait_for_jobs(url: str, queue: str, job_ids: Iterable[str], timeout: float, *,
-                        stop_on_failure: bool = False) -> dict[str, tuple[Any, ...]]:
+async def wait_for_jobs(
+    url: str, queue: str, job_ids: Iterable[str], timeout: float, *, stop_on_failure: bool = False
+) -> dict[str, tuple[Any, ...]]:
     """``{id: ("completed", result) | ("failed", reason, detail, traceback)}`` once every id ended (or one
     failed, with ``stop_on_failure``); ids still running after ``timeout`` seconds are absent.
     Redis unreachable when the wait starts is ``ChasquiConnectionError``; an outage later
@@ -87,7 +89,9 @@ async def wait_for_jobs(url: str, queue: str, job_ids: Iterable[str], timeout: f
     return await event_hub(url, queue).wait(ids, timeout, stop_on_failure=stop_on_failure)
 
 
-def _outcomes(keys: QueueKeys, job_ids: list[str], hints: dict[str, tuple[str, str]] | None = None) -> Flow[dict[str, Outcome]]:
+def _outcomes(
+    keys: QueueKeys, job_ids: list[str], hints: dict[str, tuple[str, str]] | None = None
+) -> Flow[dict[str, Outcome]]:
     raws = yield outcome_calls(keys, job_ids)
     return parse_outcomes(job_ids, raws, hints)
 
@@ -120,8 +124,9 @@ class EventHub:
         return len(self._index)
 
     # ---- waiting -------------------------------------------------------------------------
-    async def wait(self, job_ids: list[str], timeout: float, *,
-                   stop_on_failure: bool = False) -> dict[str, tuple[Any, ...]]:
+    async def wait(
+        self, job_ids: list[str], timeout: float, *, stop_on_failure: bool = False
+    ) -> dict[str, tuple[Any, ...]]:
         """See :func:`wait_for_jobs` (which finds the hub)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
@@ -169,8 +174,9 @@ class EventHub:
             try:
                 client = self._client
                 if client is None:
-                    client = self._client = raw_client(self.url, single_connection_client=True,
-                                                       socket_timeout=read_timeout(self.block_ms))
+                    client = self._client = raw_client(
+                        self.url, single_connection_client=True, socket_timeout=read_timeout(self.block_ms)
+                    )
                 await self._set_name(client)
                 cursor = pinned(await client.execute_command(*pin_call(self.keys).args))
                 if self._ever_ready and len(self._index):  # events of the outage may be gone: read the records

@@ -34,15 +34,29 @@ def parse_event(entry_id: Any, flat: list[Any]) -> QueueEvent:
     job_id = f.pop("id", "")
     ts = f.pop("ts", "0")
     job_name = f.pop("n", "")
-    return QueueEvent(name=name, job_id=job_id or None, job_name=job_name, fields=f,
-                      ts_ms=int(ts) if ts.isdigit() else 0, event_id=str_reply(entry_id))
+    return QueueEvent(
+        name=name,
+        job_id=job_id or None,
+        job_name=job_name,
+        fields=f,
+        ts_ms=int(ts) if ts.isdigit() else 0,
+        event_id=str_reply(entry_id),
+    )
 
 
 class QueueEvents:
     """Async iterator over a queue's events.  One consumer task per instance."""
 
-    def __init__(self, queue_name: str, *, redis_url: str = "redis://127.0.0.1:6379", last_event_id: str = "$",
-                 block_ms: int = 5000, count: int = 100, driver: AsyncDriver | None = None) -> None:
+    def __init__(
+        self,
+        queue_name: str,
+        *,
+        redis_url: str = "redis://127.0.0.1:6379",
+        last_event_id: str = "$",
+        block_ms: int = 5000,
+        count: int = 100,
+        driver: AsyncDriver | None = None,
+    ) -> None:
         self.keys = QueueKeys.for_queue(queue_name)
         self.last_event_id = last_event_id
         self.block_ms = block_ms

@@ -74,15 +74,14 @@ class GroupConsumer:
         consumer no longer owns, each with its new owner (``b""``: settled, no longer pending)."""
         lost: list[Any] = []
         for i in range(0, len(entry_ids), RENEW_CHUNK):
-            lost += await self.driver.call(self.core.renew_lease(entry_ids[i:i + RENEW_CHUNK])) or []
+            lost += await self.driver.call(self.core.renew_lease(entry_ids[i : i + RENEW_CHUNK])) or []
         return {lost[i]: lost[i + 1] for i in range(0, len(lost) - 1, 2)}
 
     async def reap(self, min_idle_ms: int, name: str = "") -> list[Any]:
         """Remove consumers (or only ``name``) with nothing pending, idle ``min_idle_ms``."""
         return list(await self.driver.call(self.core.reap_consumers(min_idle_ms, name)) or [])
 
-    async def complete(self, rows: list[tuple[bytes, str, str, int, int, bytes]], features: Features,
-                       now: int) -> None:
+    async def complete(self, rows: list[tuple[bytes, str, str, int, int, bytes]], features: Features, now: int) -> None:
         """Acknowledge and delete finished entries (``complete_batch``, ``completed`` events)."""
         await self.driver.call(self.core.complete(rows, features, now))
 
@@ -90,8 +89,9 @@ class GroupConsumer:
         """Retry or dead-letter failed entries (``fail_batch``)."""
         await self.driver.call(self.core.fail(rows, features, now))
 
-    async def settle(self, done: list[tuple[bytes, str, str, int, int, bytes]], dead: list[Call],
-                     features: Features, now: int) -> None:
+    async def settle(
+        self, done: list[tuple[bytes, str, str, int, int, bytes]], dead: list[Call], features: Features, now: int
+    ) -> None:
         """Settle a batch in one round trip: the finished entries (one ``complete_batch``),
         then the dead letters.  Every call is idempotent (an entry no longer pending is neither
         acknowledged nor dead-lettered twice), so the caller may retry after a lost reply."""

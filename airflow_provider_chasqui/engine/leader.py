@@ -27,8 +27,14 @@ __all__ = ["LeaderLoop", "TRANSIENT"]
 log = logging.getLogger(__name__)
 # Raw redis-py errors (from clients outside a driver) and the drivers' typed ones (a lost
 # connection is ChasquiConnectionError, an OSError; a write on a replica ReadOnlyReplicaError).
-TRANSIENT = (rexc.ConnectionError, rexc.TimeoutError, OSError, rexc.BusyLoadingError, rexc.ReadOnlyError,
-             ReadOnlyReplicaError)
+TRANSIENT = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    OSError,
+    rexc.BusyLoadingError,
+    rexc.ReadOnlyError,
+    ReadOnlyReplicaError,
+)
 
 
 class LeaderLoop:
@@ -37,8 +43,15 @@ class LeaderLoop:
 
     role = "leader"
 
-    def __init__(self, driver: AsyncDriver, lock_key: str, *, holder: str | None = None,
-                 interval_ms: int = 100, lock_ttl_secs: int = 5) -> None:
+    def __init__(
+        self,
+        driver: AsyncDriver,
+        lock_key: str,
+        *,
+        holder: str | None = None,
+        interval_ms: int = 100,
+        lock_ttl_secs: int = 5,
+    ) -> None:
         self.driver = driver
         self.lock_key = lock_key
         self.holder = holder or f"{self.role[0]}-{uuid.uuid4()}"
@@ -108,8 +121,15 @@ class LeaderLoop:
 
     async def _step_down(self, exc: BaseException) -> None:
         """Hand the lock over: this leader renews it but cannot work (see the module docstring)."""
-        log.error("%s %s: every tick failed for %d s while the lock renewed (%s); releases %s and stays out %d s",
-                  self.role, self.holder, self.lock_ttl_secs, exc, self.lock_key, self.lock_ttl_secs)
+        log.error(
+            "%s %s: every tick failed for %d s while the lock renewed (%s); releases %s and stays out %d s",
+            self.role,
+            self.holder,
+            self.lock_ttl_secs,
+            exc,
+            self.lock_key,
+            self.lock_ttl_secs,
+        )
         try:
             await self._release()
         except (rexc.ResponseError, ChasquiError) as err:  # it lapses within its TTL anyway

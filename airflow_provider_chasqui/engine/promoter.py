@@ -21,12 +21,23 @@ __all__ = ["Promoter"]
 class Promoter(LeaderLoop):
     role = "promoter"
 
-    def __init__(self, driver: AsyncDriver, queue: str, *, holder: str | None = None, poll_interval_ms: int = 100,
-                 batch: int = 256, lock_ttl_secs: int = 5, settings: QueueSettings | None = None,
-                 events: bool = True, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        driver: AsyncDriver,
+        queue: str,
+        *,
+        holder: str | None = None,
+        poll_interval_ms: int = 100,
+        batch: int = 256,
+        lock_ttl_secs: int = 5,
+        settings: QueueSettings | None = None,
+        events: bool = True,
+        metrics: Any = None,
+    ) -> None:
         self.keys = QueueKeys.for_queue(queue)
-        super().__init__(driver, self.keys.promoter_lock, holder=holder, interval_ms=poll_interval_ms,
-                         lock_ttl_secs=lock_ttl_secs)
+        super().__init__(
+            driver, self.keys.promoter_lock, holder=holder, interval_ms=poll_interval_ms, lock_ttl_secs=lock_ttl_secs
+        )
         self.settings = settings or QueueSettings()
         self.batch = batch
         self.events_max = self.settings.events_max_len if events else 0
@@ -35,10 +46,13 @@ class Promoter(LeaderLoop):
 
     async def tick(self) -> bool:
         k = self.keys
-        reply = await self.driver.call(script_call(
-            "promote", (k.delayed, k.stream, k.events, k.dlq),
-            (self.batch, self.settings.max_stream_len, self.events_max, k.prefix, self.settings.dlq_max_len),
-        ))
+        reply = await self.driver.call(
+            script_call(
+                "promote",
+                (k.delayed, k.stream, k.events, k.dlq),
+                (self.batch, self.settings.max_stream_len, self.events_max, k.prefix, self.settings.dlq_max_len),
+            )
+        )
         promoted, depth, lag = (int_reply(x) for x in reply[:3])
         self.promoted_total += promoted
         if self.metrics is not None:

@@ -48,9 +48,20 @@ LOOP_ERRORS = (*TRANSIENT, ChasquiError, rexc.ResponseError)
 class Scheduler(LeaderLoop):
     role = "scheduler"
 
-    def __init__(self, driver: AsyncDriver, queue: str, *, holder: str | None = None, tick_ms: int = 1000,
-                 batch: int = DEFAULT_BATCH, lock_ttl_secs: int = 5, settings: QueueSettings | None = None,
-                 metrics: Any = None, now_fn: Callable[[], int] | None = None, min_sleep_ms: int = 5) -> None:
+    def __init__(
+        self,
+        driver: AsyncDriver,
+        queue: str,
+        *,
+        holder: str | None = None,
+        tick_ms: int = 1000,
+        batch: int = DEFAULT_BATCH,
+        lock_ttl_secs: int = 5,
+        settings: QueueSettings | None = None,
+        metrics: Any = None,
+        now_fn: Callable[[], int] | None = None,
+        min_sleep_ms: int = 5,
+    ) -> None:
         """``now_fn`` returns the scheduler's clock in epoch ms (tests inject a fake one); by
         default it is the server's TIME."""
         keys = QueueKeys.for_queue(queue)
@@ -110,14 +121,28 @@ class Scheduler(LeaderLoop):
         self.lost_total += result.lost
         for key, reason in result.quarantined:
             self.quarantined_total += 1
-            log.error("scheduler %s: spec %r of queue %s is corrupt (%s); moved to %s",
-                      self.holder, key, self.keys.queue, reason, self.keys.repeat_quarantine)
+            log.error(
+                "scheduler %s: spec %r of queue %s is corrupt (%s); moved to %s",
+                self.holder,
+                key,
+                self.keys.queue,
+                reason,
+                self.keys.repeat_quarantine,
+            )
         for key in result.dropped:
-            log.warning("scheduler %s: spec %r of queue %s had no stored spec; its entry was removed",
-                        self.holder, key, self.keys.queue)
+            log.warning(
+                "scheduler %s: spec %r of queue %s had no stored spec; its entry was removed",
+                self.holder,
+                key,
+                self.keys.queue,
+            )
         if result.skipped:
-            log.info("scheduler %s: %d fires of queue %s skipped past their execution deadline",
-                     self.holder, result.skipped, self.keys.queue)
+            log.info(
+                "scheduler %s: %d fires of queue %s skipped past their execution deadline",
+                self.holder,
+                result.skipped,
+                self.keys.queue,
+            )
         if self.metrics is not None and (result.fired or result.due):
             self.metrics.scheduler_fire(self.keys.queue, result.fired, result.lag_ms or 0)
         if result.full:
@@ -134,9 +159,17 @@ class Scheduler(LeaderLoop):
 # --------------------------------------------------------------------------- standalone
 
 
-async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bool = True, promoter: bool = False,
-                         tick_ms: int = 1000, poll_ms: int = 100, settings: QueueSettings | None = None,
-                         stop: asyncio.Event | None = None) -> list[LeaderLoop]:
+async def run_standalone(
+    queues: Sequence[str],
+    redis_url: str,
+    *,
+    scheduler: bool = True,
+    promoter: bool = False,
+    tick_ms: int = 1000,
+    poll_ms: int = 100,
+    settings: QueueSettings | None = None,
+    stop: asyncio.Event | None = None,
+) -> list[LeaderLoop]:
     """Run a scheduler (and optionally a promoter) for each queue until ``stop`` is set;
     returns the loops (their counters: ``fired_total``, ``promoted_total``)."""
     from .promoter import Promoter  # only the standalone path needs it
@@ -150,8 +183,12 @@ async def run_standalone(queues: Sequence[str], redis_url: str, *, scheduler: bo
             loops.append(Promoter(driver, q, holder=None, poll_interval_ms=poll_ms, settings=settings))
     stop = stop or asyncio.Event()
     tasks = [asyncio.create_task(lp.run(), name=f"chasqui-{lp.role}") for lp in loops]
-    log.info("standalone %s for %d queue(s) on %s", "+".join(sorted({lp.role for lp in loops})), len(queues),
-             redact_url(redis_url))
+    log.info(
+        "standalone %s for %d queue(s) on %s",
+        "+".join(sorted({lp.role for lp in loops})),
+        len(queues),
+        redact_url(redis_url),
+    )
     try:
         await stop.wait()
     finally:

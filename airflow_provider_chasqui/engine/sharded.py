@@ -23,11 +23,11 @@ from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
 from ..core.settings import QueueSettings
 from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
-from ..core.urls import WAIT_BLOCK_MS, read_timeout, with_tls
+from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError
 from ..types import Job
 from ._driver import AsyncDriver
-from .queue import DEFAULT_URL, Queue
+from .queue import Queue
 
 __all__ = ["ShardedQueue", "AsyncShardedQueue", "ShardedWorker"]
 
@@ -35,9 +35,17 @@ __all__ = ["ShardedQueue", "AsyncShardedQueue", "ShardedWorker"]
 class ShardedQueue:
     """Producer and spec manager over ``shards`` queues ``<name>.0`` .. ``<name>.<shards-1>``."""
 
-    def __init__(self, name: str, shards: int, *, redis_url: str = DEFAULT_URL, tls: bool = False,
-                 settings: QueueSettings | None = None, fast_paths: bool | None = None,
-                 driver: AsyncDriver | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        shards: int,
+        *,
+        redis_url: str = DEFAULT_URL,
+        tls: bool = False,
+        settings: QueueSettings | None = None,
+        fast_paths: bool | None = None,
+        driver: AsyncDriver | None = None,
+    ) -> None:
         names = shard_queue_names(name, shards)
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._name = name
@@ -63,8 +71,9 @@ class ShardedQueue:
     def driver(self) -> AsyncDriver:
         """One connection pool (or cluster client) shared by every shard."""
         if self._driver is None:
-            self._driver = AsyncDriver(self._url, fast_paths=self._fast_paths,
-                                       socket_timeout=read_timeout(WAIT_BLOCK_MS))
+            self._driver = AsyncDriver(
+                self._url, fast_paths=self._fast_paths, socket_timeout=read_timeout(WAIT_BLOCK_MS)
+            )
         return self._driver
 
     def shard_for(self, key: str) -> Queue:
@@ -72,8 +81,7 @@ class ShardedQueue:
         return self.queues[shard_of(key, len(self.queues))]
 
     # ---- jobs --------------------------------------------------------------------------
-    async def add(self, name: str, data: Any, *, job_id: str | None = None, repeat: Any = None,
-                  **options: Any) -> Job:
+    async def add(self, name: str, data: Any, *, job_id: str | None = None, repeat: Any = None, **options: Any) -> Job:
         """A job on the shard of its ``job_id`` (random without one); with ``repeat``, a spec
         on the shard of its key."""
         if repeat is not None:
@@ -83,8 +91,9 @@ class ShardedQueue:
         return await queue.add(name, data, job_id=job_id, **options)
 
     # ---- repeatable specs --------------------------------------------------------------
-    async def upsert_repeatable_job(self, name: str, data: Any, *, repeat: Any, key: str | None = None,
-                                    **options: Any) -> Job:
+    async def upsert_repeatable_job(
+        self, name: str, data: Any, *, repeat: Any, key: str | None = None, **options: Any
+    ) -> Job:
         spec_key = derive_spec_key(name, coerce_pattern(repeat), key)
         return await self.shard_for(spec_key).upsert_repeatable_job(name, data, repeat=repeat, key=key, **options)
 
@@ -93,8 +102,9 @@ class ShardedQueue:
         specs = list(specs)
         n = len(self.queues)
         indexed = split_by_shard(list(enumerate(specs)), [bulk_spec_key(s) for s in specs], n)  # type: ignore[arg-type]
-        results = await asyncio.gather(*(self.queues[i].upsert_repeatable_bulk([s for _j, s in group])
-                                         for i, group in indexed.items()))
+        results = await asyncio.gather(
+            *(self.queues[i].upsert_repeatable_bulk([s for _j, s in group]) for i, group in indexed.items())
+        )
         out: list[str] = [""] * len(specs)
         for group, keys in zip(indexed.values(), results):
             for (j, _s), key in zip(group, keys):
@@ -116,7 +126,9 @@ class ShardedQueue:
     async def trigger_repeatable(self, key: str) -> Job | None:
         return await self.shard_for(key).trigger_repeatable(key)
 
-    async def list_repeatable(self, cursor: str | None = None, count: int = 100) -> tuple[list[RepeatableInfo], str | None]:
+    async def list_repeatable(
+        self, cursor: str | None = None, count: int = 100
+    ) -> tuple[list[RepeatableInfo], str | None]:
         """One page across the shards, one shard after another; the cursor names the shard."""
         shard, inner = decode_cursor(cursor, len(self.queues))
         items, nxt = await self.queues[shard].list_repeatable(inner, count)
@@ -166,15 +178,24 @@ class ShardedWorker:
     """One ``Worker`` per shard, in this process; each also runs its shard's promoter and
     scheduler (leader-locked per shard, so any number of ShardedWorkers may run)."""
 
-    def __init__(self, name: str, handler: Any, *, shards: int, redis_url: str = DEFAULT_URL,
-                 install_signal_handlers: bool = False, **worker_options: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        handler: Any,
+        *,
+        shards: int,
+        redis_url: str = DEFAULT_URL,
+        install_signal_handlers: bool = False,
+        **worker_options: Any,
+    ) -> None:
         from .worker import Worker  # producers never pay for the worker
 
         if "queue_name" in worker_options:
             raise ConfigError("ShardedWorker takes the logical name; the shards are <name>.<i>")
         self.name = name
-        self.workers = [Worker(q, handler, redis_url=redis_url, **worker_options)
-                        for q in shard_queue_names(name, shards)]
+        self.workers = [
+            Worker(q, handler, redis_url=redis_url, **worker_options) for q in shard_queue_names(name, shards)
+        ]
         self._signals = install_signal_handlers
 
     @property

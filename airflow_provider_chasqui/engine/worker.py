@@ -61,7 +61,6 @@ from ..core.features import Features
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import with_tls
-from .. import tracing as _tracing
 from ..drivers_common import translate_error
 from ..errors import ClusterBusyError, ConfigError, NoGroupError, UnrecoverableError
 from ..types import Job, new_job
@@ -155,8 +154,18 @@ class WorkerSettings:
     queue: QueueSettings = QueueSettings()
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "read_block_ms", "read_count", "claim_min_idle_ms", "ack_batch",
-                     "scheduler_tick_ms", "promoter_poll_ms", "result_ttl_ms", "failure_ttl_ms", "fail_log_burst"):
+        for name in (
+            "concurrency",
+            "read_block_ms",
+            "read_count",
+            "claim_min_idle_ms",
+            "ack_batch",
+            "scheduler_tick_ms",
+            "promoter_poll_ms",
+            "result_ttl_ms",
+            "failure_ttl_ms",
+            "fail_log_burst",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
@@ -178,7 +187,9 @@ def _resolve_handler(handler: Any) -> Callable[[Job], Any] | _Dispatch:
                 raise ConfigError(f"handler for job name {key!r} is not callable")
         return _Dispatch(table)
     if not callable(handler):
-        raise ConfigError(f"handler must be callable or a mapping of job name to callable, got {type(handler).__name__}")
+        raise ConfigError(
+            f"handler must be callable or a mapping of job name to callable, got {type(handler).__name__}"
+        )
     return cast("Callable[[Job], Any]", handler)
 
 
@@ -202,10 +213,21 @@ def _is_async(fn: Any) -> bool:
 class Worker:
     """Consumes one queue.  Construct anywhere; ``await run()`` does all I/O.  Not thread-safe."""
 
-    def __init__(self, queue_name: str, handler: Any, *, redis_url: str = "redis://127.0.0.1:6379",
-                 tls: bool = False, settings: WorkerSettings | None = None, fast_paths: bool | None = None,
-                 metrics: Any = None, install_signal_handlers: bool = False,
-                 concurrency: int = DEFAULT_CONCURRENCY, tracing: bool | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        queue_name: str,
+        handler: Any,
+        *,
+        redis_url: str = "redis://127.0.0.1:6379",
+        tls: bool = False,
+        settings: WorkerSettings | None = None,
+        fast_paths: bool | None = None,
+        metrics: Any = None,
+        install_signal_handlers: bool = False,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        tracing: bool | None = None,
+        **options: Any,
+    ) -> None:
         self._handler = _resolve_handler(handler)
         if settings is None or concurrency != DEFAULT_CONCURRENCY:
             # chasquimq's signature (default 100, visible to inspect); a given ``settings`` keeps
@@ -221,8 +243,13 @@ class Worker:
         s = self.settings
         self.consumer_id = s.consumer_id or f"c-{uuid.uuid4()}"
         self.core = ConsumerCore(
-            queue_name, group=s.group, consumer_id=self.consumer_id, max_attempts=s.max_attempts,
-            settings=s.queue, retry=s.retry, events=s.events_enabled,
+            queue_name,
+            group=s.group,
+            consumer_id=self.consumer_id,
+            max_attempts=s.max_attempts,
+            settings=s.queue,
+            retry=s.retry,
+            events=s.events_enabled,
             result_ttl_ms=s.result_ttl_ms if s.store_results else 0,
             failure_ttl_ms=s.failure_ttl_ms if s.store_results else 0,
         )
@@ -295,8 +322,11 @@ class Worker:
             else:
                 out[role] = True
         stalled = now - self._beat
-        if "reader" in out and self._health["reader"].done == 0 \
-                and stalled > self.settings.read_block_ms / 1000 + 2 * _IO_MARGIN_SECS:
+        if (
+            "reader" in out
+            and self._health["reader"].done == 0
+            and stalled > self.settings.read_block_ms / 1000 + 2 * _IO_MARGIN_SECS
+        ):
             out["reader"], out["ok"] = f"stalled for {stalled:.0f}s", False
         late = now - self._renewed_at - self.settings.claim_min_idle_ms / 1000
         if self._inflight and late > 0:
@@ -323,7 +353,10 @@ class Worker:
         # Socket timeouts, so a connection that goes silent (no FIN, no RST) cannot wedge a read
         # or an ack for ever; the longest call is XREADGROUP BLOCK read_block_ms.  A URL's own
         # socket_timeout / socket_connect_timeout win (redis-py lets URL options override).
-        timeouts: dict[str, Any] = {"socket_timeout": s.read_block_ms / 1000 + _IO_MARGIN_SECS, "socket_connect_timeout": _IO_MARGIN_SECS}
+        timeouts: dict[str, Any] = {
+            "socket_timeout": s.read_block_ms / 1000 + _IO_MARGIN_SECS,
+            "socket_connect_timeout": _IO_MARGIN_SECS,
+        }
         self.driver = AsyncDriver(self._url, fast_paths=self._fast_paths, **timeouts)
         self._group = GroupConsumer(self.driver, self.core)
         self._reader_client = raw_client(self._url, single_connection_client=True, **timeouts)
@@ -355,8 +388,9 @@ class Worker:
         self._flush_wanted = asyncio.Event()
         self._final_flush = False
         self._room_waiter: asyncio.Future[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=s.sync_threads or min(s.concurrency, 64),
-                                            thread_name_prefix=f"chasqui-{self.name}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=s.sync_threads or min(s.concurrency, 64), thread_name_prefix=f"chasqui-{self.name}"
+        )
         loop = asyncio.get_running_loop()
         if self._signals:
             self._install_signals(loop)
@@ -365,8 +399,13 @@ class Worker:
         slots = [self._supervised("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency)]
         flusher = self._supervised("flusher", self._flusher)
         leaser = self._supervised("lease", self._leaser)
-        log.info("worker %s consuming %s (concurrency %d, xackdel %s)", self.consumer_id, self.name,
-                 s.concurrency, self._features.xackdel)
+        log.info(
+            "worker %s consuming %s (concurrency %d, xackdel %s)",
+            self.consumer_id,
+            self.name,
+            s.concurrency,
+            self._features.xackdel,
+        )
         try:
             await self._stopping.wait()
         finally:
@@ -376,18 +415,33 @@ class Worker:
         s = self.settings
         loops: list[Any] = []
         if s.delayed_enabled:
-            loops.append(Promoter(self.driver, self.name, holder=self.consumer_id, poll_interval_ms=s.promoter_poll_ms,
-                                  settings=s.queue, events=s.events_enabled, metrics=self.metrics))
+            loops.append(
+                Promoter(
+                    self.driver,
+                    self.name,
+                    holder=self.consumer_id,
+                    poll_interval_ms=s.promoter_poll_ms,
+                    settings=s.queue,
+                    events=s.events_enabled,
+                    metrics=self.metrics,
+                )
+            )
         if s.run_scheduler:
             from .scheduler import Scheduler  # the scheduler pulls in cron maths only when used
 
-            loops.append(Scheduler(self.driver, self.name, tick_ms=s.scheduler_tick_ms,
-                                   settings=s.queue, metrics=self.metrics))
+            loops.append(
+                Scheduler(self.driver, self.name, tick_ms=s.scheduler_tick_ms, settings=s.queue, metrics=self.metrics)
+            )
         return [(lp, self._supervised(lp.role, lp.run)) for lp in loops]
 
-    async def _shutdown(self, reader: asyncio.Task[None], slots: list[asyncio.Task[None]],
-                        flusher: asyncio.Task[None], background: list[tuple[Any, asyncio.Task[None]]],
-                        leaser: asyncio.Task[None]) -> None:
+    async def _shutdown(
+        self,
+        reader: asyncio.Task[None],
+        slots: list[asyncio.Task[None]],
+        flusher: asyncio.Task[None],
+        background: list[tuple[Any, asyncio.Task[None]]],
+        leaser: asyncio.Task[None],
+    ) -> None:
         s = self.settings
         await self._unblock_reader()
         await asyncio.gather(reader, return_exceptions=True)
@@ -473,8 +527,9 @@ class Worker:
                 self._metric("task_restarted", role, 1)
                 h.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 delay = min(0.05 * 2 ** min(streak, 7), 5.0)
-                log.error("worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay,
-                          exc_info=True)
+                log.error(
+                    "worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay, exc_info=True
+                )
                 h.backing_off += 1
                 try:
                     await asyncio.sleep(delay)
@@ -524,9 +579,15 @@ class Worker:
             for dl in queued:
                 self._lost.pop(dl.entry_id, None)
                 self._release(dl.entry_id)
-        log.warning("worker %s: lease lost on %d entries (first: %s, now held by %r); %d were still queued and are "
-                    "dropped, the outcome of the others will not be acked", self.consumer_id, len(lost),
-                    next(iter(lost)), next(iter(lost.values())) or "nobody (done)", len(queued))
+        log.warning(
+            "worker %s: lease lost on %d entries (first: %s, now held by %r); %d were still queued and are "
+            "dropped, the outcome of the others will not be acked",
+            self.consumer_id,
+            len(lost),
+            next(iter(lost)),
+            next(iter(lost.values())) or "nobody (done)",
+            len(queued),
+        )
 
     def _drop_lost(self, rows: list[tuple[Any, ...]], at: int) -> list[tuple[Any, ...]]:
         """The rows whose entry this worker still owns; the others are released unwritten."""
@@ -536,8 +597,12 @@ class Worker:
             if owner is None:
                 keep.append(row)
             else:
-                log.warning("worker %s: entry %s finished after its lease was lost to %r: outcome not recorded",
-                            self.consumer_id, row[at], owner or "nobody (done)")
+                log.warning(
+                    "worker %s: entry %s finished after its lease was lost to %r: outcome not recorded",
+                    self.consumer_id,
+                    row[at],
+                    owner or "nobody (done)",
+                )
                 self._acking -= 1
                 self._release(row[at])
         return keep
@@ -650,8 +715,12 @@ class Worker:
                 if busy:
                     busy = False
                     await self._emit(self.core.drained_event(now_ms()))
-                if s.idle_exit_secs is not None and not self._deque and not self._inflight \
-                        and time.monotonic() - idle_since >= s.idle_exit_secs:
+                if (
+                    s.idle_exit_secs is not None
+                    and not self._deque
+                    and not self._inflight
+                    and time.monotonic() - idle_since >= s.idle_exit_secs
+                ):
                     log.info("worker %s idle for %.1fs; exiting", self.consumer_id, s.idle_exit_secs)
                     self._stopping.set()
 
@@ -722,8 +791,15 @@ class Worker:
             if suppressed:
                 self._log_suppressed(suppressed)
             if ok:
-                log.error("worker %s: entry %s of %s dead-lettered: %s %s", self.consumer_id, r.entry_id, self.name,
-                          r.reason, r.detail, extra={"queue": self.name, "job_id": r.job_id or None})
+                log.error(
+                    "worker %s: entry %s of %s dead-lettered: %s %s",
+                    self.consumer_id,
+                    r.entry_id,
+                    self.name,
+                    r.reason,
+                    r.detail,
+                    extra={"queue": self.name, "job_id": r.job_id or None},
+                )
         rows = [self.core.reject_row(r) for r in rejected]
         await self._with_retry(lambda: self._group.fail(rows, self._features, now_ms()))
         if self.metrics is not None:
@@ -764,8 +840,13 @@ class Worker:
                 dl = queue.popleft()
                 env = dl.envelope
                 if debug:
-                    log.debug("job %s %s attempt %d started", env.id, dl.name, env.attempt + 1,
-                              extra={"queue": name, "job_id": env.id, "job_name": dl.name, "attempt": env.attempt + 1})
+                    log.debug(
+                        "job %s %s attempt %d started",
+                        env.id,
+                        dl.name,
+                        env.attempt + 1,
+                        extra={"queue": name, "job_id": env.id, "job_name": dl.name, "attempt": env.attempt + 1},
+                    )
                 if tracer is not None:
                     span, token = await self._start_span(tracer, dl)
                 start = clock()
@@ -843,8 +924,9 @@ class Worker:
             log.exception("worker %s: starting a span failed", self.consumer_id)
             return None, None
 
-    async def _end_failed_span(self, tracer: _tracing.Tracer, span: Any, token: Any, dl: Delivery, outcome: str,
-                               exc: BaseException) -> None:
+    async def _end_failed_span(
+        self, tracer: _tracing.Tracer, span: Any, token: Any, dl: Delivery, outcome: str, exc: BaseException
+    ) -> None:
         """End a failed attempt's span; on a retry, keep the trace for the next attempt (expires
         after ``TRACE_KEY_TTL_MS``: a longer backoff starts a new trace)."""
         if outcome == "retry":
@@ -852,8 +934,15 @@ class Worker:
             this = tracer.traceparent(tracer.api.trace.set_span_in_context(span))
             if parent and this:
                 try:
-                    await self.driver.call(command("SET", _trace_key(self.core, dl.envelope.id),
-                                                   parent + b" " + this.encode(), "PX", _tracing.TRACE_KEY_TTL_MS))
+                    await self.driver.call(
+                        command(
+                            "SET",
+                            _trace_key(self.core, dl.envelope.id),
+                            parent + b" " + this.encode(),
+                            "PX",
+                            _tracing.TRACE_KEY_TTL_MS,
+                        )
+                    )
                 except Exception:  # noqa: BLE001 - tracing never decides a job's fate
                     log.debug("worker %s: could not keep the trace of job %s", self.consumer_id, dl.envelope.id)
         tracer.end_consume(span, token, outcome, exc)
@@ -882,8 +971,13 @@ class Worker:
             unrecoverable = isinstance(exc, UnrecoverableError)
             row, outcome, delay = self.core.failure_row(dl, exc, unrecoverable, duration_us, now_ms())
         except Exception as err:  # noqa: BLE001 - see the docstring
-            log.error("worker %s: routing the failure of entry %s raised %r; dead-lettered as %s", self.consumer_id,
-                      dl.entry_id, err, ROUTING_FAILED)
+            log.error(
+                "worker %s: routing the failure of entry %s raised %r; dead-lettered as %s",
+                self.consumer_id,
+                dl.entry_id,
+                err,
+                ROUTING_FAILED,
+            )
             row, outcome, delay = self.core.routing_failed_row(dl, exc, err, duration_us), ROUTING_FAILED, 0
         self._fail_rows.append(row)
         # a dead-lettered row carries its formatted traceback; a retried one is formatted (~0.1-1 ms)
@@ -929,8 +1023,12 @@ class Worker:
             self._flush_wanted.clear()
             # Wait up to ack_idle_ms for more rows only while handlers are queued or running;
             # with none left, waiting would only delay the acks.
-            if len(self._done_rows) < s.ack_batch and len(self._fail_rows) < s.ack_batch and not self._final_flush \
-                    and (self._deque or len(self._inflight) > self._acking):
+            if (
+                len(self._done_rows) < s.ack_batch
+                and len(self._fail_rows) < s.ack_batch
+                and not self._final_flush
+                and (self._deque or len(self._inflight) > self._acking)
+            ):
                 await asyncio.sleep(s.ack_idle_ms / 1000)
             if self._inflight and time.monotonic() - self._renewed_at > lease_check:  # inline: once per flush
                 await self._check_lease()
@@ -943,8 +1041,12 @@ class Worker:
                     rows = self._drop_lost(rows, 0)
                     if not rows:
                         continue
+
+                def ack(rows: list[tuple[Any, ...]] = rows) -> Awaitable[None]:
+                    return self._group.complete(rows, self._features, now_ms())
+
                 try:
-                    await self._with_retry(lambda rows=rows: self._group.complete(rows, self._features, now_ms()))
+                    await self._with_retry(ack)
                 except Exception as exc:  # noqa: BLE001 - see _unacked
                     self._unacked(len(rows), exc)
                 finally:
@@ -963,8 +1065,12 @@ class Worker:
         """A batch that could not be written stays pending in Redis; releasing its entries
         (the caller does) lets recovery reclaim them after ``claim_min_idle_ms`` and re-run
         them (at-least-once), and the flusher lives on for the next batches."""
-        log.error("worker %s: %d acks not written (%s); the entries stay pending and will be reclaimed",
-                  self.consumer_id, n, exc)
+        log.error(
+            "worker %s: %d acks not written (%s); the entries stay pending and will be reclaimed",
+            self.consumer_id,
+            n,
+            exc,
+        )
 
     async def _flush_failures(self) -> None:
         """Write up to ``ack_batch`` buffered failures in one ``fail_batch`` call."""
@@ -1003,26 +1109,64 @@ class Worker:
             if not isinstance(tb, str):  # a retried attempt's exception, formatted now that it is logged
                 tb = handler_traceback(tb)
             then = f"retry in {delay} ms" if outcome == "retry" else f"dead-lettered ({outcome})"
-            log.warning("worker %s: job %s %s attempt %d failed: %s; %s%s", self.consumer_id, job_id, name, attempt,
-                        row[5], then, "\n" + tb.rstrip("\n") if tb else "",
-                        extra={"queue": self.name, "job_id": job_id, "job_name": name, "attempt": attempt})
+            log.warning(
+                "worker %s: job %s %s attempt %d failed: %s; %s%s",
+                self.consumer_id,
+                job_id,
+                name,
+                attempt,
+                row[5],
+                then,
+                "\n" + tb.rstrip("\n") if tb else "",
+                extra={"queue": self.name, "job_id": job_id, "job_name": name, "attempt": attempt},
+            )
 
     def _log_suppressed(self, count: int) -> None:
         s = self.settings
-        log.warning("worker %s: %d more failed jobs or refused entries not logged (at most %d per %gs)",
-                    self.consumer_id, count,
-                    s.fail_log_burst, s.fail_log_window_secs, extra={"queue": self.name})
+        log.warning(
+            "worker %s: %d more failed jobs or refused entries not logged (at most %d per %gs)",
+            self.consumer_id,
+            count,
+            s.fail_log_burst,
+            s.fail_log_window_secs,
+            extra={"queue": self.name},
+        )
 
 
 _OPTION_FIELDS = {
-    "concurrency", "max_attempts", "group", "consumer_id", "read_block_ms", "read_count", "claim_min_idle_ms",
-    "events_enabled", "delayed_enabled", "run_scheduler", "scheduler_tick_ms", "promoter_poll_ms", "store_results",
-    "result_ttl_ms", "failure_ttl_ms", "ack_batch", "ack_idle_ms", "shutdown_deadline_secs", "sync_threads",
-    "max_jobs", "idle_exit_secs", "fail_log_burst", "fail_log_window_secs", "retry",
+    "concurrency",
+    "max_attempts",
+    "group",
+    "consumer_id",
+    "read_block_ms",
+    "read_count",
+    "claim_min_idle_ms",
+    "events_enabled",
+    "delayed_enabled",
+    "run_scheduler",
+    "scheduler_tick_ms",
+    "promoter_poll_ms",
+    "store_results",
+    "result_ttl_ms",
+    "failure_ttl_ms",
+    "ack_batch",
+    "ack_idle_ms",
+    "shutdown_deadline_secs",
+    "sync_threads",
+    "max_jobs",
+    "idle_exit_secs",
+    "fail_log_burst",
+    "fail_log_window_secs",
+    "retry",
 }
-_QUEUE_FIELDS = {"max_payload_bytes": "max_payload_bytes", "dlq_max_stream_len": "dlq_max_len",
-                 "max_stream_len": "max_stream_len", "events_max_stream_len": "events_max_len",
-                 "results_max_len": "results_max_len", "failures_max_len": "failures_max_len"}
+_QUEUE_FIELDS = {
+    "max_payload_bytes": "max_payload_bytes",
+    "dlq_max_stream_len": "dlq_max_len",
+    "max_stream_len": "max_stream_len",
+    "events_max_stream_len": "events_max_len",
+    "results_max_len": "results_max_len",
+    "failures_max_len": "failures_max_len",
+}
 
 
 def _trace_key(core: ConsumerCore, job_id: str) -> str:
@@ -1038,7 +1182,9 @@ def _options_to_fields(options: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if key == "result_ttl":
-            out["result_ttl_ms"] = int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value * 1000)
+            out["result_ttl_ms"] = (
+                int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value * 1000)
+            )
         elif key in _QUEUE_FIELDS:
             queue[_QUEUE_FIELDS[key]] = value
         elif key in _OPTION_FIELDS:

@@ -34,6 +34,10 @@ def queue_param(default: str = EXAMPLES_QUEUE, what: str = "a worker of the exam
     """The ``queue`` Param of an example DAG: the shared default, overridable per run."""
     from airflow.sdk import Param
 
-    return Param(default, type="string", minLength=1,
-                 description=f"the Chasqui queue {what} consumes (default from the environment, see "
-                             "airflow_provider_chasqui.examples.dag_defaults)")
+    return Param(
+        default,
+        type="string",
+        minLength=1,
+        description=f"the Chasqui queue {what} consumes (default from the environment, see "
+        "airflow_provider_chasqui.examples.dag_defaults)",
+    )

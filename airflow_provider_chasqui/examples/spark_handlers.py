@@ -40,8 +40,9 @@ _PRODUCTS = {"widget": 2.50, "gadget": 12.00, "gizmo": 7.25, "doohickey": 0.99}
 _SCHEMA_DDL = "order_id BIGINT, day DATE, region STRING, product STRING, quantity INT, unit_price DOUBLE"
 
 
-def generate_sales_csv(path: str, rows: int = 10_000, *, seed: int = 7, days: int = 28,
-                       start: date = date(2026, 1, 1)) -> dict[str, Any]:
+def generate_sales_csv(
+    path: str, rows: int = 10_000, *, seed: int = 7, days: int = 28, start: date = date(2026, 1, 1)
+) -> dict[str, Any]:
     """Write a deterministic sales CSV with a header; returns ``{"path", "rows"}``."""
     if rows <= 0:
         raise ValueError("rows must be positive")
@@ -54,8 +55,16 @@ def generate_sales_csv(path: str, rows: int = 10_000, *, seed: int = 7, days: in
         out.writerow(SALES_COLUMNS)
         for i in range(rows):
             product = products[rng.randrange(len(products))]
-            out.writerow((i, (start + timedelta(days=rng.randrange(days))).isoformat(),
-                          _REGIONS[rng.randrange(len(_REGIONS))], product, rng.randint(1, 20), _PRODUCTS[product]))
+            out.writerow(
+                (
+                    i,
+                    (start + timedelta(days=rng.randrange(days))).isoformat(),
+                    _REGIONS[rng.randrange(len(_REGIONS))],
+                    product,
+                    rng.randint(1, 20),
+                    _PRODUCTS[product],
+                )
+            )
     os.replace(tmp, path)  # readers never see half a file
     return {"path": path, "rows": rows}
 
@@ -88,13 +97,26 @@ def sales_rollup(job: Job, spark: Any) -> dict[str, Any]:
 
     source, output = _paths(job)
     sales = spark.read.csv(source, header=True, schema=_SCHEMA_DDL, mode="FAILFAST")
-    rollup = (sales.groupBy("day", "region")
-              .agg(F.count(F.lit(1)).alias("orders"), F.sum("quantity").alias("units"),
-                   F.round(F.sum(F.col("quantity") * F.col("unit_price")), 2).alias("revenue"))
-              .orderBy("day", "region"))
+    rollup = (
+        sales.groupBy("day", "region")
+        .agg(
+            F.count(F.lit(1)).alias("orders"),
+            F.sum("quantity").alias("units"),
+            F.round(F.sum(F.col("quantity") * F.col("unit_price")), 2).alias("revenue"),
+        )
+        .orderBy("day", "region")
+    )
     rollup.coalesce(1).write.mode("overwrite").parquet(output)
     written = spark.read.parquet(output)
-    totals = written.agg(F.count(F.lit(1)).alias("rows"), F.sum("orders").alias("input_rows"),
-                         F.round(F.sum("revenue"), 2).alias("revenue")).first()
-    return {"rows": int(totals["rows"]), "input_rows": int(totals["input_rows"] or 0),
-            "revenue": float(totals["revenue"] or 0.0), "output": output, "job_id": job.id}
+    totals = written.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum("orders").alias("input_rows"),
+        F.round(F.sum("revenue"), 2).alias("revenue"),
+    ).first()
+    return {
+        "rows": int(totals["rows"]),
+        "input_rows": int(totals["input_rows"] or 0),
+        "revenue": float(totals["revenue"] or 0.0),
+        "output": output,
+        "job_id": job.id,
+    }

@@ -25,8 +25,15 @@ __all__ = ["ChasquiConnectionSettings", "MODES", "parse_nodes"]
 
 MODES = ("standalone", "sentinel", "cluster")
 _EXTRA_KEYS = {
-    "db", "default_queue", "tls", "tls_verify", "tls_ca_certs", "mode",
-    "sentinel_service", "sentinels", "sentinel_password",
+    "db",
+    "default_queue",
+    "tls",
+    "tls_verify",
+    "tls_ca_certs",
+    "mode",
+    "sentinel_service",
+    "sentinels",
+    "sentinel_password",
 }
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", ""}
 
@@ -108,8 +115,16 @@ class ChasquiConnectionSettings:
 
     # ---- building -----------------------------------------------------------------------
     @classmethod
-    def from_fields(cls, *, host: str | None, port: int | None, login: str | None, password: str | None,
-                    schema: str | None, extra: Mapping[str, Any]) -> ChasquiConnectionSettings:
+    def from_fields(
+        cls,
+        *,
+        host: str | None,
+        port: int | None,
+        login: str | None,
+        password: str | None,
+        schema: str | None,
+        extra: Mapping[str, Any],
+    ) -> ChasquiConnectionSettings:
         """Build from an Airflow ``Connection``'s fields (``schema`` may carry the db, as in a URI path)."""
         unknown = {k for k in extra if k not in _EXTRA_KEYS and not _blank(extra[k])}
         if unknown:
@@ -126,8 +141,12 @@ class ChasquiConnectionSettings:
             db = from_path
         sentinels = parse_nodes(str(x["sentinels"]), 26379) if "sentinels" in x else None
         return cls(
-            mode=mode, host=host, port=port, db=db,
-            username=login or None, password=password or None,
+            mode=mode,
+            host=host,
+            port=port,
+            db=db,
+            username=login or None,
+            password=password or None,
             tls=_as_bool(x.get("tls", False), "tls"),
             tls_verify=_as_bool(x.get("tls_verify", True), "tls_verify"),
             tls_ca_certs=x.get("tls_ca_certs"),

@@ -27,8 +27,9 @@ __all__ = ["ChasquiHook", "settings_outside_task"]
 
 
 def _settings(conn: Any, extra: dict[str, Any]) -> ChasquiConnectionSettings:
-    return ChasquiConnectionSettings.from_fields(host=conn.host, port=conn.port, login=conn.login,
-                                                 password=conn.password, schema=conn.schema, extra=extra)
+    return ChasquiConnectionSettings.from_fields(
+        host=conn.host, port=conn.port, login=conn.login, password=conn.password, schema=conn.schema, extra=extra
+    )
 
 
 @contextlib.contextmanager
@@ -64,9 +65,11 @@ def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
         from airflow.configuration import ensure_secrets_loaded
         from airflow.models.connection import Connection
     except ImportError:  # the Task SDK without airflow-core: nothing more to look in
-        raise ConfigError(f"Airflow connection {conn_id!r} was not found in the environment variable "
-                          f"AIRFLOW_CONN_{conn_id.upper()} (airflow-core, for the metadata database, is not "
-                          "installed)") from None
+        raise ConfigError(
+            f"Airflow connection {conn_id!r} was not found in the environment variable "
+            f"AIRFLOW_CONN_{conn_id.upper()} (airflow-core, for the metadata database, is not "
+            "installed)"
+        ) from None
     try:
         # airflow-core logs its warnings (e.g. "empty cryptography key") to stdout, which
         # belongs to the command's output (`chasqui dlq peek --json`): send them to stderr.
@@ -78,7 +81,8 @@ def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
         raise ConfigError(
             f"Airflow connection {conn_id!r} was not found; looked in the environment variable "
             f"AIRFLOW_CONN_{conn_id.upper()}, the secrets backends ({tried}) and the metadata database of "
-            "this AIRFLOW_HOME: create it in the UI or with `airflow connections add`") from None
+            "this AIRFLOW_HOME: create it in the UI or with `airflow connections add`"
+        ) from None
 
 
 class ChasquiHook(BaseHook):

@@ -18,8 +18,17 @@ from ..errors import ChasquiError
 from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
 
-__all__ = ["default_deferrable", "as_seconds", "as_datetime", "result_from_event", "failure_message",
-           "waited_seconds", "log_outcome", "log_resumed"]
+__all__ = [
+    "default_deferrable",
+    "as_seconds",
+    "as_datetime",
+    "result_from_event",
+    "failure_message",
+    "waited_seconds",
+    "log_outcome",
+    "log_resumed",
+]
+
 
 def default_deferrable() -> bool:
     """Whether a Chasqui wait defers when its ``deferrable`` argument is not given.
@@ -66,9 +75,11 @@ def as_datetime(value: datetime | str | None, what: str) -> datetime | None:
 def failure_message(event: dict[str, Any]) -> str:
     """The error of a failed job, with the handler's traceback (from the worker) when known."""
     detail, tb = event.get("detail"), event.get("traceback")
-    return (f"Chasqui job {event.get('job_id')} on queue {event.get('queue')} failed: {event.get('reason')}"
-            + (f" ({detail})" if detail else "")
-            + (f"\nhandler traceback (from the Chasqui worker):\n{tb.rstrip()}" if tb else ""))
+    return (
+        f"Chasqui job {event.get('job_id')} on queue {event.get('queue')} failed: {event.get('reason')}"
+        + (f" ({detail})" if detail else "")
+        + (f"\nhandler traceback (from the Chasqui worker):\n{tb.rstrip()}" if tb else "")
+    )
 
 
 def result_from_event(event: dict[str, Any] | None, job_ids: list[str] | None, single: bool) -> Any:
@@ -106,8 +117,14 @@ def waited_seconds(context: Any, started: float | None = None) -> float | None:
     return None
 
 
-def log_outcome(log: Any, queue: SyncQueue | None, event: dict[str, Any] | None, job_ids: list[str] | None,
-                waited: float | None, queue_name: str | None = None) -> None:
+def log_outcome(
+    log: Any,
+    queue: SyncQueue | None,
+    event: dict[str, Any] | None,
+    job_ids: list[str] | None,
+    waited: float | None,
+    queue_name: str | None = None,
+) -> None:
     """Log what a wait found: the jobs, their queue, the state, the attempts they ended on, the
     result (cut to a size) or the failure reason, and how long the task waited.
 
@@ -120,21 +137,30 @@ def log_outcome(log: Any, queue: SyncQueue | None, event: dict[str, Any] | None,
     if status == "success":
         results = event.get("results") or {}
         ids = list(results) if job_ids is None else job_ids
-        log.info("%s", outcome_line(name, ids, "completed", attempts=_attempts(queue, ids), waited=waited,
-                                    results=results))
+        log.info(
+            "%s", outcome_line(name, ids, "completed", attempts=_attempts(queue, ids), waited=waited, results=results)
+        )
     elif status == "error":
         ids = [str(event.get("job_id"))]
         detail = event.get("detail")
         reason = f"{event.get('reason')}" + (f" ({detail})" if detail else "")
-        log.warning("%s", outcome_line(name, ids, "failed", attempts=_attempts(queue, ids), waited=waited,
-                                       reason=reason))
+        log.warning(
+            "%s", outcome_line(name, ids, "failed", attempts=_attempts(queue, ids), waited=waited, reason=reason)
+        )
     elif status == "timeout":
-        log.warning("%s", outcome_line(name, list(event.get("pending") or []), "still running at the deadline",
-                                       waited=waited))
+        log.warning(
+            "%s", outcome_line(name, list(event.get("pending") or []), "still running at the deadline", waited=waited)
+        )
 
 
-def log_resumed(log: Any, conn_id: str, queue_name: str | None, event: dict[str, Any] | None,
-                job_ids: list[str] | None, context: Any) -> None:
+def log_resumed(
+    log: Any,
+    conn_id: str,
+    queue_name: str | None,
+    event: dict[str, Any] | None,
+    job_ids: list[str] | None,
+    context: Any,
+) -> None:
     """:func:`log_outcome` after a deferral, with a queue opened for the attempts when it can be."""
     name = (event or {}).get("queue") or queue_name
     try:

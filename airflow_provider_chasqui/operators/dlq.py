@@ -30,8 +30,14 @@ class ChasquiReplayDLQOperator(BaseOperator):
     template_fields: Sequence[str] = ("queue_name", "chasqui_conn_id")
     ui_color = "#f4d35e"
 
-    def __init__(self, *, queue_name: str | None = None, chasqui_conn_id: str = ChasquiHook.default_conn_name,
-                 limit: int = 100, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        queue_name: str | None = None,
+        chasqui_conn_id: str = ChasquiHook.default_conn_name,
+        limit: int = 100,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
             raise ValueError(f"limit must be a positive int, got {limit!r}")
@@ -42,6 +48,10 @@ class ChasquiReplayDLQOperator(BaseOperator):
     def execute(self, context: Context) -> int:
         with ChasquiHook(self.chasqui_conn_id).get_queue(self.queue_name) as queue:
             report = queue.replay_dlq_report(self.limit)
-            self.log.info("queue %s: replayed %d dead-lettered job(s); skipped %d undecodable entries "
-                          "(they stay in the DLQ)", queue.name, report["replayed"], report["skipped"])
+            self.log.info(
+                "queue %s: replayed %d dead-lettered job(s); skipped %d undecodable entries (they stay in the DLQ)",
+                queue.name,
+                report["replayed"],
+                report["skipped"],
+            )
         return report["replayed"]

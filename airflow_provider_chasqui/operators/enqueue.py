@@ -66,20 +66,41 @@ class ChasquiEnqueueOperator(BaseOperator):
         jobs added elsewhere.
     """
 
-    template_fields: Sequence[str] = ("job_name", "data", "queue_name", "chasqui_conn_id", "run_at", "job_id",
-                                      "unique_key")
+    template_fields: Sequence[str] = (
+        "job_name",
+        "data",
+        "queue_name",
+        "chasqui_conn_id",
+        "run_at",
+        "job_id",
+        "unique_key",
+    )
     template_fields_renderers = {"data": "json"}
     ui_color = "#f4d35e"
     operator_extra_links = (ChasquiJobLink(),)
 
-    def __init__(self, *, job_name: str, data: Any = None, queue_name: str | None = None,
-                 chasqui_conn_id: str = ChasquiHook.default_conn_name, delay: timedelta | float | None = None,
-                 run_at: datetime | str | None = None, job_id: str | None = None, unique: bool = False,
-                 unique_key: str | None = None, unique_window: timedelta | float | None = None,
-                 attempts: int | None = None, backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
-                 wait_for_result: bool = False, wait_timeout: timedelta | float | None = None,
-                 deferrable: bool | None = None, cancel_on_kill: bool = True, wait_chunk_secs: float = 10.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        data: Any = None,
+        queue_name: str | None = None,
+        chasqui_conn_id: str = ChasquiHook.default_conn_name,
+        delay: timedelta | float | None = None,
+        run_at: datetime | str | None = None,
+        job_id: str | None = None,
+        unique: bool = False,
+        unique_key: str | None = None,
+        unique_window: timedelta | float | None = None,
+        attempts: int | None = None,
+        backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
+        wait_for_result: bool = False,
+        wait_timeout: timedelta | float | None = None,
+        deferrable: bool | None = None,
+        cancel_on_kill: bool = True,
+        wait_chunk_secs: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if delay is not None and run_at is not None:
             raise ValueError("give delay or run_at, not both")
@@ -115,8 +136,14 @@ class ChasquiEnqueueOperator(BaseOperator):
             when = timedelta(seconds=self.delay)
         common = {"delay": when, "attempts": self.attempts, "backoff": self.backoff}
         if self.unique:
-            return queue.add_unique(self.job_name, self.data, job_id=self.job_id or None, key=self.unique_key or None,
-                                    window=timedelta(seconds=self.unique_window), **common)
+            return queue.add_unique(
+                self.job_name,
+                self.data,
+                job_id=self.job_id or None,
+                key=self.unique_key or None,
+                window=timedelta(seconds=self.unique_window),
+                **common,
+            )
         return queue.add(self.job_name, self.data, job_id=self.job_id or None, **common)
 
     def execute(self, context: Context) -> Any:
@@ -130,8 +157,14 @@ class ChasquiEnqueueOperator(BaseOperator):
             job = self._enqueue(queue)
             queue_name = queue.name
         self._job_id = job.id
-        self.log.info("queue %s: enqueued job %s (%s)%s%s", queue_name, job.id, self.job_name, self._when_text(),
-                      "; waiting for its result" if self.wait_for_result else "")
+        self.log.info(
+            "queue %s: enqueued job %s (%s)%s%s",
+            queue_name,
+            job.id,
+            self.job_name,
+            self._when_text(),
+            "; waiting for its result" if self.wait_for_result else "",
+        )
         context["ti"].xcom_push(key="job_id", value=job.id)
         if traceparent:  # a sensor waiting on this job continues this trace
             context["ti"].xcom_push(key=tracing.TRACE_XCOM_KEY, value=traceparent)
@@ -140,9 +173,15 @@ class ChasquiEnqueueOperator(BaseOperator):
         deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
         if not self.deferrable:
             return self._wait_blocking(hook, queue_name, job.id, deadline)
-        trigger = ChasquiJobTrigger(job_ids=[job.id], queue_name=queue_name, chasqui_conn_id=self.chasqui_conn_id,
-                                    deadline=deadline, wait_chunk_secs=self.wait_chunk_secs,
-                                    cancel_on_kill=self.cancel_on_kill, traceparent=traceparent)
+        trigger = ChasquiJobTrigger(
+            job_ids=[job.id],
+            queue_name=queue_name,
+            chasqui_conn_id=self.chasqui_conn_id,
+            deadline=deadline,
+            wait_chunk_secs=self.wait_chunk_secs,
+            cancel_on_kill=self.cancel_on_kill,
+            traceparent=traceparent,
+        )
         timeout = None if self.wait_timeout is None else timedelta(seconds=self.wait_timeout)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
 
@@ -164,7 +203,10 @@ class ChasquiEnqueueOperator(BaseOperator):
                 outcomes = queue.wait_for_results([job_id], timeout=chunk)
                 if job_id in outcomes:
                     event = first_error([job_id], outcomes, queue_name) or {
-                        "status": "success", "results": {job_id: outcomes[job_id][1]}, "queue": queue_name}
+                        "status": "success",
+                        "results": {job_id: outcomes[job_id][1]},
+                        "queue": queue_name,
+                    }
                     log_outcome(self.log, queue, event, [job_id], waited_seconds(None, started))
                     return result_from_event(event, [job_id], True)
         finally:

@@ -69,19 +69,42 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
     :param chasqui_conn_id: the ``chasqui`` connection. (templated)
     """
 
-    template_fields: Sequence[str] = ("job_name", "data", "cron", "tz", "key", "start_after", "end_before",
-                                      "queue_name", "chasqui_conn_id")
+    template_fields: Sequence[str] = (
+        "job_name",
+        "data",
+        "cron",
+        "tz",
+        "key",
+        "start_after",
+        "end_before",
+        "queue_name",
+        "chasqui_conn_id",
+    )
     template_fields_renderers = {"data": "json"}
     operator_extra_links = (ChasquiScheduleLink(),)
     ui_color = "#f4d35e"
 
-    def __init__(self, *, job_name: str, data: Any = None, cron: str | None = None, tz: str | None = None,
-                 every: timedelta | float | None = None, key: str | None = None, limit: int | None = None,
-                 start_after: datetime | str | None = None, end_before: datetime | str | None = None,
-                 missed_fires: str | None = None, max_catchup: int | None = None,
-                 deadline: timedelta | float | None = None, attempts: int | None = None,
-                 backoff: int | BackoffSpec | Mapping[str, Any] | None = None, queue_name: str | None = None,
-                 chasqui_conn_id: str = ChasquiHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        data: Any = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        every: timedelta | float | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+        start_after: datetime | str | None = None,
+        end_before: datetime | str | None = None,
+        missed_fires: str | None = None,
+        max_catchup: int | None = None,
+        deadline: timedelta | float | None = None,
+        attempts: int | None = None,
+        backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
+        queue_name: str | None = None,
+        chasqui_conn_id: str = ChasquiHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if (cron is None) == (every is None):
             raise ValueError("give exactly one of cron and every")
@@ -118,12 +141,17 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
     def execute(self, context: Context) -> str:
         with ChasquiHook(self.chasqui_conn_id).get_queue(self.queue_name) as queue:
             spec_key = queue.upsert_repeatable_job(
-                self.job_name, self.data, repeat=self._pattern(), key=self.key or None, limit=self.limit,
+                self.job_name,
+                self.data,
+                repeat=self._pattern(),
+                key=self.key or None,
+                limit=self.limit,
                 start_after=as_datetime(self.start_after, "start_after"),
                 end_before=as_datetime(self.end_before, "end_before"),
                 missed_fires=_policy(self.missed_fires, self.max_catchup),
                 deadline=None if self.deadline is None else timedelta(seconds=self.deadline),
-                attempts=self.attempts, backoff=self.backoff,
+                attempts=self.attempts,
+                backoff=self.backoff,
             ).id  # the Job's id is the spec key
             self.log.info("queue %s: repeatable spec %s upserted (%s)", queue.name, spec_key, self._pattern())
         return spec_key
@@ -137,8 +165,15 @@ class _ChasquiSpecKeyOperator(BaseOperator):
     ui_color = "#f4d35e"
     _done = ""
 
-    def __init__(self, *, key: str, missing_ok: bool = True, queue_name: str | None = None,
-                 chasqui_conn_id: str = ChasquiHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        key: str,
+        missing_ok: bool = True,
+        queue_name: str | None = None,
+        chasqui_conn_id: str = ChasquiHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.key = key
         self.missing_ok = missing_ok

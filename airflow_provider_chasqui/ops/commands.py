@@ -31,7 +31,19 @@ from ..sync._driver import translate_errors
 from ..sync.queue import SyncQueue
 from ..worker.cli import resolve_url
 
-__all__ = ["register", "add_target", "confirm", "emit", "table", "iso_ms", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNREACHABLE", "EXIT_NOT_FOUND"]
+__all__ = [
+    "register",
+    "add_target",
+    "confirm",
+    "emit",
+    "table",
+    "iso_ms",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "EXIT_UNREACHABLE",
+    "EXIT_NOT_FOUND",
+]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 DEFAULT_URL = "redis://127.0.0.1:6379"
@@ -78,8 +90,9 @@ def confirm(args: argparse.Namespace, question: str, action: str | None = None) 
     if args.yes:
         return True
     if not sys.stdin.isatty():
-        raise ConfigError(f"refusing to {action or args.dlq_cmd} without confirmation: pass --yes when not on a "
-                          "terminal")
+        raise ConfigError(
+            f"refusing to {action or args.dlq_cmd} without confirmation: pass --yes when not on a terminal"
+        )
     if input(f"{question} [y/N] ").strip().lower() == "y":
         return True
     print("cancelled")
@@ -156,15 +169,27 @@ def cmd_dlq_peek(args: argparse.Namespace) -> int:
     data = [{**r, "payload_bytes": len(r["payload"]), "payload": None} for r in rows]
 
     def human(out: TextIO) -> None:
-        table([(r["dlq_id"], r["job_id"] or "-", r["name"] or "-", r["reason"],
-                (r["error"] or _last_line(r["traceback"]) or r["detail"] or "").removeprefix(_HANDLER_PREFIX)[:60],
-                r["payload_bytes"])
-               for r in data],
-              ("dlq id", "job id", "name", "reason", "error / detail", "bytes"), out)
+        table(
+            [
+                (
+                    r["dlq_id"],
+                    r["job_id"] or "-",
+                    r["name"] or "-",
+                    r["reason"],
+                    (r["error"] or _last_line(r["traceback"]) or r["detail"] or "").removeprefix(_HANDLER_PREFIX)[:60],
+                    r["payload_bytes"],
+                )
+                for r in data
+            ],
+            ("dlq id", "job id", "name", "reason", "error / detail", "bytes"),
+            out,
+        )
         counts: dict[str, int] = {}
         for r in data:
             counts[r["reason"]] = counts.get(r["reason"], 0) + 1
-        out.write("\n" + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + "\n" if counts else "DLQ is empty\n")
+        out.write(
+            "\n" + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + "\n" if counts else "DLQ is empty\n"
+        )
 
     emit(args, data, human)
     return EXIT_OK
@@ -179,8 +204,10 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
     def human(out: TextIO) -> None:
         out.write(f"replayed {n} of {args.limit} entries\n")
         if skipped:
-            out.write(f"skipped {skipped} undecodable entries (they stay; `chasqui dlq peek` shows them, "
-                      "`chasqui dlq remove` deletes them)\n")
+            out.write(
+                f"skipped {skipped} undecodable entries (they stay; `chasqui dlq peek` shows them, "
+                "`chasqui dlq remove` deletes them)\n"
+            )
 
     emit(args, {"replayed": n, "limit": args.limit, "skipped": skipped}, human)
     return EXIT_OK
@@ -191,8 +218,9 @@ def cmd_dlq_remove(args: argparse.Namespace) -> int:
     if not confirm(args, f"delete {len(args.ids)} DLQ entries of {args.queue}?"):
         return EXIT_FAILED
     n = q.remove_dlq(args.ids)
-    emit(args, {"removed": n, "asked": len(args.ids)},
-         lambda out: out.write(f"removed {n} of {len(args.ids)} entries\n"))
+    emit(
+        args, {"removed": n, "asked": len(args.ids)}, lambda out: out.write(f"removed {n} of {len(args.ids)} entries\n")
+    )
     if n < len(args.ids) and not args.json:
         sys.stderr.write(f"chasqui: {len(args.ids) - n} id(s) were not in the DLQ of {args.queue}\n")
     return EXIT_OK if n == len(args.ids) else EXIT_NOT_FOUND
@@ -202,8 +230,11 @@ def cmd_dlq_purge(args: argparse.Namespace) -> int:
     q = _queue(args)
     which = " and ".join(f"{k} {v!r}" for k, v in (("reason", args.reason), ("name", args.name)) if v is not None)
     total = int(q.driver.call(command("XLEN", q.keys.dlq)))
-    question = (f"delete the DLQ entries with {which} of {args.queue} (of {total})?" if which
-                else f"delete all {total} DLQ entries of {args.queue}?")
+    question = (
+        f"delete the DLQ entries with {which} of {args.queue} (of {total})?"
+        if which
+        else f"delete all {total} DLQ entries of {args.queue}?"
+    )
     if not confirm(args, question):
         return EXIT_FAILED
     n = q.purge_dlq(reason=args.reason, name=args.name)
@@ -217,11 +248,17 @@ def _meta_dict(m: Any) -> dict[str, Any]:
         return {"key": m.key, "corrupt": True, "reason": m.reason, "score": m.score, "paused": m.paused}
     p = m.pattern
     return {
-        "key": m.key, "job_name": m.job_name, "kind": p.kind,
+        "key": m.key,
+        "job_name": m.job_name,
+        "kind": p.kind,
         "pattern": p.expression if p.kind == "cron" else f"every {p.interval_ms}ms",
-        "tz": (p.tz or "UTC") if p.kind == "cron" else None, "next_fire_ms": m.next_fire_ms,
-        "next_fire": iso_ms(m.next_fire_ms), "limit": m.limit,
-        "paused": getattr(m, "paused", False), "fired": getattr(m, "fired", 0), "skipped": getattr(m, "skipped", 0),
+        "tz": (p.tz or "UTC") if p.kind == "cron" else None,
+        "next_fire_ms": m.next_fire_ms,
+        "next_fire": iso_ms(m.next_fire_ms),
+        "limit": m.limit,
+        "paused": getattr(m, "paused", False),
+        "fired": getattr(m, "fired", 0),
+        "skipped": getattr(m, "skipped", 0),
         "corrupt": False,
     }
 
@@ -236,8 +273,18 @@ def cmd_repeatable_list(args: argparse.Namespace) -> int:
             if d["corrupt"]:
                 rows.append((d["key"], "-", "-", "-", d["score"], "-", "CORRUPT", "-"))
             else:
-                rows.append((d["key"], d["job_name"], d["pattern"], d["tz"], d["next_fire"], d["limit"],
-                             "paused" if d["paused"] else "active", d["fired"]))
+                rows.append(
+                    (
+                        d["key"],
+                        d["job_name"],
+                        d["pattern"],
+                        d["tz"],
+                        d["next_fire"],
+                        d["limit"],
+                        "paused" if d["paused"] else "active",
+                        d["fired"],
+                    )
+                )
         table(rows, ("key", "job", "pattern", "tz", "next fire (UTC)", "limit", "state", "fired"), out)
         bad = [d for d in data["items"] if d["corrupt"]]
         if bad:
@@ -343,13 +390,18 @@ def cmd_repeatable_import(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot read {args.file}: {exc}") from exc
     if errors and not args.skip_invalid:
         shown = "\n  ".join(errors[:20]) + (f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else "")
-        raise ConfigError(f"{len(errors)} invalid row(s) in {args.file}; nothing was imported "
-                          f"(fix them, or pass --skip-invalid to import the {valid} valid rows):\n  {shown}")
+        raise ConfigError(
+            f"{len(errors)} invalid row(s) in {args.file}; nothing was imported "
+            f"(fix them, or pass --skip-invalid to import the {valid} valid rows):\n  {shown}"
+        )
     for message in errors:
         print(f"chasqui: skipped {message}", file=sys.stderr)
     if args.dry_run:
-        emit(args, {"valid": valid, "invalid": len(errors), "imported": 0},
-             lambda out: out.write(f"{valid} valid rows, {len(errors)} invalid; nothing imported (--dry-run)\n"))
+        emit(
+            args,
+            {"valid": valid, "invalid": len(errors), "imported": 0},
+            lambda out: out.write(f"{valid} valid rows, {len(errors)} invalid; nothing imported (--dry-run)\n"),
+        )
         return EXIT_OK
     q = _queue(args)
     total, batch = 0, []
@@ -363,9 +415,15 @@ def cmd_repeatable_import(args: argparse.Namespace) -> int:
     if batch:
         total += len(q.upsert_repeatable_bulk(batch))
     _progress(total, started, final=True)
-    emit(args, {"imported": total, **({"invalid": len(errors)} if errors else {})},
-         lambda out: out.write(f"imported {total} specs into {args.queue}"
-                               + (f" ({len(errors)} invalid rows skipped)" if errors else "") + "\n"))
+    emit(
+        args,
+        {"imported": total, **({"invalid": len(errors)} if errors else {})},
+        lambda out: out.write(
+            f"imported {total} specs into {args.queue}"
+            + (f" ({len(errors)} invalid rows skipped)" if errors else "")
+            + "\n"
+        ),
+    )
     return EXIT_OK
 
 
@@ -423,8 +481,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_target(p: argparse.ArgumentParser) -> None:
     """--redis-url / --conn-id (else $CHASQUI_REDIS_URL) and --json: every command has them."""
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--redis-url", help=f"Redis URL (default: $CHASQUI_REDIS_URL, else {DEFAULT_URL}; "
-                                           "prefer the environment: argv is visible in ps)")
+    where.add_argument(
+        "--redis-url",
+        help=f"Redis URL (default: $CHASQUI_REDIS_URL, else {DEFAULT_URL}; "
+        "prefer the environment: argv is visible in ps)",
+    )
     where.add_argument("--conn-id", help="an Airflow 'chasqui' connection id instead of a URL (imports Airflow)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -433,12 +494,16 @@ def register(sub: Any) -> None:
     """Add the operator subcommands to the ``chasqui`` parser's subparsers."""
     p = sub.add_parser("inspect", help="stream, pending, delayed, DLQ, specs, leaders of a queue")
     _common(p)
-    p.add_argument("--group", default="default", help="consumer group whose pending entries to count (default: default)")
+    p.add_argument(
+        "--group", default="default", help="consumer group whose pending entries to count (default: default)"
+    )
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("watch", help="a live view of `inspect` that refreshes in place")
     _common(p)
-    p.add_argument("--group", default="default", help="consumer group whose pending entries to count (default: default)")
+    p.add_argument(
+        "--group", default="default", help="consumer group whose pending entries to count (default: default)"
+    )
     p.add_argument("--interval-ms", type=int, default=1000, help="refresh period in ms (default 1000)")
     p.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
     p.set_defaults(func=cmd_watch)
@@ -448,8 +513,10 @@ def register(sub: Any) -> None:
     _common(p)
     p.add_argument("--limit", type=int, default=20, help="entries shown, oldest first (default 20)")
     p.set_defaults(func=cmd_dlq_peek)
-    p = dlq.add_parser("replay", help="move DLQ entries back to the stream (attempt reset to 0); "
-                                      "undecodable ones are skipped, counted and stay")
+    p = dlq.add_parser(
+        "replay",
+        help="move DLQ entries back to the stream (attempt reset to 0); undecodable ones are skipped, counted and stay",
+    )
     _common(p)
     p.add_argument("--limit", type=int, default=100, help="entries replayed at most, oldest first (default 100)")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -467,28 +534,41 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_dlq_purge)
 
     rep = sub.add_parser("repeatable", help="repeatable (cron / interval) specs").add_subparsers(
-        dest="rep_cmd", required=True)
-    p = rep.add_parser("list", help="list specs one page at a time (active, then paused; pages follow a "
-                                    "ZSCAN cursor, so they are not sorted)")
+        dest="rep_cmd", required=True
+    )
+    p = rep.add_parser(
+        "list",
+        help="list specs one page at a time (active, then paused; pages follow a ZSCAN cursor, so they are not sorted)",
+    )
     _common(p)
     p.add_argument("--limit", type=int, default=100, help="specs per page (default 100)")
     p.add_argument("--cursor", default=None, help="the cursor a previous page printed, for the next page")
     p.set_defaults(func=cmd_repeatable_list)
-    for verb, helptext in (("get", "show one spec"), ("pause", "stop a spec firing"),
-                           ("resume", "let a paused spec fire again"), ("remove", "delete a spec")):
+    for verb, helptext in (
+        ("get", "show one spec"),
+        ("pause", "stop a spec firing"),
+        ("resume", "let a paused spec fire again"),
+        ("remove", "delete a spec"),
+    ):
         p = rep.add_parser(verb, help=helptext)
         _common(p)
         p.add_argument("key", help="spec key, e.g. 'report::every:60000'")
         p.set_defaults(func=cmd_repeatable_get if verb == "get" else _spec_action(verb))
-    p = rep.add_parser("import", help="bulk upsert specs from CSV or Parquet "
-                                      "(columns: name, cron + tz or every_ms, data as JSON, key); every row "
-                                      "is validated before anything is written")
+    p = rep.add_parser(
+        "import",
+        help="bulk upsert specs from CSV or Parquet "
+        "(columns: name, cron + tz or every_ms, data as JSON, key); every row "
+        "is validated before anything is written",
+    )
     _common(p)
     p.add_argument("file", help="a .csv or .parquet file")
     p.add_argument("--batch", type=int, default=1000, help="specs per upsert call (default 1000)")
     p.add_argument("--dry-run", action="store_true", help="validate every row, write nothing")
-    p.add_argument("--skip-invalid", action="store_true",
-                   help="import the valid rows and report the invalid ones (default: import nothing if any is invalid)")
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="import the valid rows and report the invalid ones (default: import nothing if any is invalid)",
+    )
     p.set_defaults(func=cmd_repeatable_import)
 
     p = sub.add_parser("events", help="print the events stream")
@@ -506,6 +586,7 @@ def register(sub: Any) -> None:
 
 def run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a subcommand, mapping errors to exit codes with a one-line message on stderr."""
+
     def say(text: str) -> None:
         print(f"chasqui: {redact_text(text)}", file=sys.stderr)
 
@@ -517,8 +598,10 @@ def run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> 
         return EXIT_NOT_FOUND
     except ChasquiConnectionError as exc:
         url = getattr(args, "resolved_url", None)
-        say(f"{exc} -- is Redis running at {redact_url(url) if url else '?'}? "
-            "Pass --redis-url (or set CHASQUI_REDIS_URL, or --conn-id) to point elsewhere.")
+        say(
+            f"{exc} -- is Redis running at {redact_url(url) if url else '?'}? "
+            "Pass --redis-url (or set CHASQUI_REDIS_URL, or --conn-id) to point elsewhere."
+        )
         return EXIT_UNREACHABLE
     except ConfigError as exc:
         say(str(exc))

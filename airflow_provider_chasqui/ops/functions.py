@@ -60,8 +60,10 @@ def install(url: str, replace: bool = False) -> list[dict[str, Any]]:
                 if not already_loaded(exc):
                     raise
                 if _libraries(client, kw).get(LIBRARY.name) != LIBRARY.source:
-                    raise ChasquiError(f"{name} holds a library named {LIBRARY.name} with other code; "
-                                       "run `chasqui functions install --replace`") from exc
+                    raise ChasquiError(
+                        f"{name} holds a library named {LIBRARY.name} with other code; "
+                        "run `chasqui functions install --replace`"
+                    ) from exc
                 outcome = "present"
             rows.append({"node": name, "library": LIBRARY.name, "outcome": outcome})
         return rows
@@ -77,8 +79,15 @@ def status(url: str) -> list[dict[str, Any]]:
         for name, kw in _nodes(client):
             libs = _libraries(client, kw)
             code = libs.pop(LIBRARY.name, None)
-            rows.append({"node": name, "library": LIBRARY.name, "loaded": code is not None,
-                         "code_matches": code == LIBRARY.source, "other_versions": sorted(libs)})
+            rows.append(
+                {
+                    "node": name,
+                    "library": LIBRARY.name,
+                    "loaded": code is not None,
+                    "code_matches": code == LIBRARY.source,
+                    "other_versions": sorted(libs),
+                }
+            )
         return rows
     finally:
         client.close()
@@ -107,8 +116,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     def human(out: TextIO) -> None:
         for r in rows:
-            state = ("loaded" if r["code_matches"] else "loaded with OTHER code (install --replace)") \
-                if r["loaded"] else "not loaded (scripts run as EVALSHA where the user may)"
+            state = (
+                ("loaded" if r["code_matches"] else "loaded with OTHER code (install --replace)")
+                if r["loaded"]
+                else "not loaded (scripts run as EVALSHA where the user may)"
+            )
             others = ", ".join(r["other_versions"]) or "none"
             out.write(f"{r['node']}: {r['library']} {state}; other versions: {others}\n")
 
@@ -120,13 +132,20 @@ def register(sub: Any) -> None:
     fn = sub.add_parser("functions", help="the Redis Functions library the scripts run from (admin)")
     cmds = fn.add_subparsers(dest="functions_cmd", required=True)
     for verb, func, helptext in (
-        ("install", cmd_install, f"load library {LIBRARY.name} (FUNCTION LOAD) on the server, on every "
-                                 "master of a cluster; needs an admin user"),
+        (
+            "install",
+            cmd_install,
+            f"load library {LIBRARY.name} (FUNCTION LOAD) on the server, on every "
+            "master of a cluster; needs an admin user",
+        ),
         ("status", cmd_status, "whether this version's library is loaded, and which other versions are"),
     ):
         p = cmds.add_parser(verb, help=helptext)
-        p.add_argument("--redis-url", default=None,
-                       help=f"Redis URL of an admin user (default: $CHASQUI_REDIS_URL, else {DEFAULT_URL})")
+        p.add_argument(
+            "--redis-url",
+            default=None,
+            help=f"Redis URL of an admin user (default: $CHASQUI_REDIS_URL, else {DEFAULT_URL})",
+        )
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if verb == "install":
             p.add_argument("--replace", action="store_true", help="replace a library of the same name")

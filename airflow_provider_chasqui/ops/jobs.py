@@ -45,8 +45,14 @@ def cmd_job_show(args: argparse.Namespace) -> int:
                 data[key], data[f"{key}_truncated"] = shown, True
 
     def human(out: TextIO) -> None:
-        rows: list[tuple[str, Any]] = [("queue", d.queue), ("id", d.id), ("state", d.state), ("name", d.name),
-                                       ("attempts", d.attempt), ("created", iso_ms(d.created_at_ms))]
+        rows: list[tuple[str, Any]] = [
+            ("queue", d.queue),
+            ("id", d.id),
+            ("state", d.state),
+            ("name", d.name),
+            ("attempts", d.attempt),
+            ("created", iso_ms(d.created_at_ms)),
+        ]
         if d.run_at_ms is not None:
             rows.append(("runs at", iso_ms(d.run_at_ms)))
         if d.entry_id:
@@ -86,14 +92,20 @@ def cmd_job_show(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     job = sub.add_parser("job", help="one job: `job show ID --queue Q`").add_subparsers(dest="job_cmd", required=True)
-    p = job.add_parser("show", help="state, name, data, attempts, result or failure (with traceback) and events "
-                                    "of one job")
+    p = job.add_parser(
+        "show", help="state, name, data, attempts, result or failure (with traceback) and events of one job"
+    )
     p.add_argument("job_id", metavar="ID", help="the job id (Job.id, the 'job id' column of `dlq peek`)")
     p.add_argument("--queue", "-q", required=True, help="the job's queue")
     p.add_argument("--group", default="default", help="consumer group that runs it (default: default)")
-    p.add_argument("--events", type=int, default=1000,
-                   help="read the newest N events of the queue for this job's (default 1000)")
-    p.add_argument("--max-data-bytes", type=int, default=4096,
-                   help="show at most this many bytes of the data and of the result (default 4096)")
+    p.add_argument(
+        "--events", type=int, default=1000, help="read the newest N events of the queue for this job's (default 1000)"
+    )
+    p.add_argument(
+        "--max-data-bytes",
+        type=int,
+        default=4096,
+        help="show at most this many bytes of the data and of the result (default 4096)",
+    )
     add_target(p)
     p.set_defaults(func=cmd_job_show)

@@ -19,23 +19,37 @@ from .commands import DEFAULT_URL, EXIT_FAILED, EXIT_OK, _queue, add_target, con
 __all__ = ["register"]
 
 
-
 def cmd_queues(args: argparse.Namespace) -> int:
     args.resolved_url, _ = resolve_url(args.redis_url, args.conn_id, DEFAULT_URL)
-    listing = list_queues(args.resolved_url, match=args.match, limit=args.limit, cursor=args.cursor,
-                          max_scan_calls=args.max_scan_calls)
+    listing = list_queues(
+        args.resolved_url, match=args.match, limit=args.limit, cursor=args.cursor, max_scan_calls=args.max_scan_calls
+    )
 
     def human(out: TextIO) -> None:
-        table([(q.queue, q.waiting, q.pending, q.delayed, q.dlq,
-                q.specs if not q.paused_specs else f"{q.specs} (+{q.paused_specs} paused)", q.consumers)
-               for q in listing.queues],
-              ("queue", "waiting", "pending", "delayed", "dlq", "specs", "consumers"), out)
+        table(
+            [
+                (
+                    q.queue,
+                    q.waiting,
+                    q.pending,
+                    q.delayed,
+                    q.dlq,
+                    q.specs if not q.paused_specs else f"{q.specs} (+{q.paused_specs} paused)",
+                    q.consumers,
+                )
+                for q in listing.queues
+            ],
+            ("queue", "waiting", "pending", "delayed", "dlq", "specs", "consumers"),
+            out,
+        )
         if not listing.queues:
             out.write(f"no queue matches {args.match!r}\n")
         if listing.truncated:
             more = f" --cursor {listing.cursor}" if listing.cursor != "0" else " a higher --limit"
-            out.write(f"\ntruncated after {listing.scan_calls} SCAN calls / {args.limit} queues: more queues may "
-                      f"exist (continue with{more}, or raise --max-scan-calls)\n")
+            out.write(
+                f"\ntruncated after {listing.scan_calls} SCAN calls / {args.limit} queues: more queues may "
+                f"exist (continue with{more}, or raise --max-scan-calls)\n"
+            )
 
     emit(args, listing.to_dict(), human)
     return EXIT_OK
@@ -47,6 +61,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if not confirm(args, f"delete the {what} of {args.queue}? (running jobs stay)", "drain"):
         return EXIT_FAILED
     report = q.drain(delayed=not args.keep_delayed)
+
     def human(out: TextIO) -> None:
         out.write(f"drained {args.queue}: {report.waiting} waiting and {report.delayed} delayed jobs deleted\n")
 
@@ -56,15 +71,16 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 def cmd_obliterate(args: argparse.Namespace) -> int:
     q = _queue(args)
-    if not confirm(args, f"delete EVERY key of queue {args.queue} (jobs, DLQ, events, results, specs)?",
-                   "obliterate"):
+    if not confirm(args, f"delete EVERY key of queue {args.queue} (jobs, DLQ, events, results, specs)?", "obliterate"):
         return EXIT_FAILED
     report = q.obliterate(force=args.force)
 
     def human(out: TextIO) -> None:
         swept = "not run (Redis Cluster)" if report.swept is None else str(report.swept)
-        out.write(f"obliterated {args.queue}: {report.keys} keys, {report.indexed} indexed entries, "
-                  f"{swept} more keys found by the final scan\n")
+        out.write(
+            f"obliterated {args.queue}: {report.keys} keys, {report.indexed} indexed entries, "
+            f"{swept} more keys found by the final scan\n"
+        )
 
     emit(args, {"queue": args.queue, **report.to_dict()}, human)
     return EXIT_OK
@@ -74,17 +90,22 @@ def register(sub: Any) -> None:
     p = sub.add_parser("queues", help="every queue on the server with its counts (a capped cursor SCAN)")
     p.add_argument("--match", default="*", help="only queues whose name matches this glob (default: all)")
     p.add_argument("--limit", type=_positive, default=1000, help="list at most this many queues (default 1000)")
-    p.add_argument("--max-scan-calls", type=_positive, default=100,
-                   help="stop the SCAN after this many calls of 1,000 keys (default 100); the output says when "
-                        "it stopped early")
+    p.add_argument(
+        "--max-scan-calls",
+        type=_positive,
+        default=100,
+        help="stop the SCAN after this many calls of 1,000 keys (default 100); the output says when it stopped early",
+    )
     p.add_argument("--cursor", default="0", help="continue a truncated listing from the cursor it printed")
     add_target(p)
     p.set_defaults(func=cmd_queues)
 
     queue = sub.add_parser("queue", help="act on one queue: drain, obliterate").add_subparsers(
-        dest="queue_cmd", required=True)
-    p = queue.add_parser("drain", help="delete the waiting and delayed jobs; running jobs, the DLQ, results and "
-                                       "specs stay")
+        dest="queue_cmd", required=True
+    )
+    p = queue.add_parser(
+        "drain", help="delete the waiting and delayed jobs; running jobs, the DLQ, results and specs stay"
+    )
     p.add_argument("queue", help="queue name")
     p.add_argument("--keep-delayed", action="store_true", help="delete the waiting jobs only")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -92,8 +113,11 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_drain)
     p = queue.add_parser("obliterate", help="delete every key of the queue; refused while workers use it")
     p.add_argument("queue", help="queue name")
-    p.add_argument("--force", action="store_true",
-                   help="go ahead even with running jobs, live consumers or a promoter/scheduler lock held")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="go ahead even with running jobs, live consumers or a promoter/scheduler lock held",
+    )
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     add_target(p)
     p.set_defaults(func=cmd_obliterate)

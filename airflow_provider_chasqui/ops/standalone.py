@@ -28,19 +28,33 @@ from .commands import DEFAULT_URL, add_target
 __all__ = ["register", "run", "add_options"]
 
 
-
 def add_options(p: argparse.ArgumentParser, role: str) -> None:
-    p.add_argument("--queue", "-q", action="append", default=None,
-                   help="queue to serve (repeat for several; default with --conn-id: the connection's default_queue)")
-    p.add_argument("--shards", type=_positive, default=None,
-                   help="serve the shards <queue>.0 .. <queue>.N-1 of each --queue")
+    p.add_argument(
+        "--queue",
+        "-q",
+        action="append",
+        default=None,
+        help="queue to serve (repeat for several; default with --conn-id: the connection's default_queue)",
+    )
+    p.add_argument(
+        "--shards", type=_positive, default=None, help="serve the shards <queue>.0 .. <queue>.N-1 of each --queue"
+    )
     if role == "scheduler":
         p.add_argument("--promoter", action="store_true", help="also promote due delayed jobs")
-        p.add_argument("--tick-ms", type=_positive, default=1000,
-                       help="longest sleep between ticks in ms (default 1000; the next fire wakes it earlier)")
+        p.add_argument(
+            "--tick-ms",
+            type=_positive,
+            default=1000,
+            help="longest sleep between ticks in ms (default 1000; the next fire wakes it earlier)",
+        )
     p.add_argument("--poll-ms", type=_positive, default=100, help="promoter poll interval in ms (default 100)")
-    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO",
-                   help="level of this package's loggers (default INFO)")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default="INFO",
+        help="level of this package's loggers (default INFO)",
+    )
     add_target(p)
 
 
@@ -71,12 +85,24 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        loops.extend(await run_standalone(queues, args.resolved_url, scheduler=scheduler, promoter=promoter,
-                                          tick_ms=getattr(args, "tick_ms", 1000), poll_ms=args.poll_ms, stop=stop))
+        loops.extend(
+            await run_standalone(
+                queues,
+                args.resolved_url,
+                scheduler=scheduler,
+                promoter=promoter,
+                tick_ms=getattr(args, "tick_ms", 1000),
+                poll_ms=args.poll_ms,
+                stop=stop,
+            )
+        )
 
     asyncio.run(main())
-    totals = {"queues": queues, "fired": sum(getattr(lp, "fired_total", 0) for lp in loops),
-              "promoted": sum(getattr(lp, "promoted_total", 0) for lp in loops)}
+    totals = {
+        "queues": queues,
+        "fired": sum(getattr(lp, "fired_total", 0) for lp in loops),
+        "promoted": sum(getattr(lp, "promoted_total", 0) for lp in loops),
+    }
     logging.getLogger(__name__).info("stopped: %d fired, %d promoted", totals["fired"], totals["promoted"])
     if args.json:
         print(json.dumps(totals), flush=True)
@@ -95,16 +121,20 @@ def register(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The old ``python -m airflow_provider_chasqui.engine.scheduler`` arguments, kept working."""
-    parser = argparse.ArgumentParser(prog="python -m airflow_provider_chasqui.engine.scheduler",
-                                     description="Deprecated: use `chasqui scheduler` / `chasqui promoter`.")
+    parser = argparse.ArgumentParser(
+        prog="python -m airflow_provider_chasqui.engine.scheduler",
+        description="Deprecated: use `chasqui scheduler` / `chasqui promoter`.",
+    )
     add_options(parser, "scheduler")
     parser.add_argument("--no-scheduler", action="store_true", help="promoter only (`chasqui promoter`)")
     args = parser.parse_args(argv)
     if args.no_scheduler and not args.promoter:
         parser.error("--no-scheduler needs --promoter")
     args.role = "promoter" if args.no_scheduler else "scheduler"
-    print("note: `python -m airflow_provider_chasqui.engine.scheduler` is deprecated; run `chasqui "
-          f"{args.role}`", file=sys.stderr)
+    print(
+        f"note: `python -m airflow_provider_chasqui.engine.scheduler` is deprecated; run `chasqui {args.role}`",
+        file=sys.stderr,
+    )
     from .commands import run as run_command
 
     return run_command(run, args)

@@ -32,7 +32,8 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise AirflowOptionalProviderFeatureException(
         "The chasqui message-queue provider needs apache-airflow-providers-common-messaging "
-        "(pip install 'airflow-provider-chasqui[airflow]')") from exc
+        "(pip install 'airflow-provider-chasqui[airflow]')"
+    ) from exc
 
 if TYPE_CHECKING:
     from airflow.triggers.base import BaseEventTrigger

@@ -63,10 +63,18 @@ class ChasquiJobSensor(BaseSensorOperator):
     operator_extra_links = (ChasquiJobLink(),)
     ui_color = "#f4d35e"
 
-    def __init__(self, *, job_id: str | list[str] | Any = None, upstream_task_id: str | None = None,
-                 xcom_key: str = "return_value", queue_name: str | None = None,
-                 chasqui_conn_id: str = ChasquiHook.default_conn_name, deferrable: bool | None = None,
-                 wait_chunk_secs: float = 10.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        job_id: str | list[str] | Any = None,
+        upstream_task_id: str | None = None,
+        xcom_key: str = "return_value",
+        queue_name: str | None = None,
+        chasqui_conn_id: str = ChasquiHook.default_conn_name,
+        deferrable: bool | None = None,
+        wait_chunk_secs: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if (job_id is None) == (upstream_task_id is None):
             raise ValueError("give exactly one of job_id and upstream_task_id")
@@ -152,11 +160,17 @@ class ChasquiJobSensor(BaseSensorOperator):
             raise
         if verdict.is_done:
             return verdict.xcom_value
-        self.log.info("queue %s: deferring to the triggerer to wait for %s (timeout %g s)", queue, ids_text(ids),
-                      self.timeout)
-        trigger = ChasquiJobTrigger(job_ids=ids, queue_name=queue, chasqui_conn_id=self.chasqui_conn_id,
-                                    deadline=time.time() + self.timeout, wait_chunk_secs=self.wait_chunk_secs,
-                                    traceparent=traceparent)
+        self.log.info(
+            "queue %s: deferring to the triggerer to wait for %s (timeout %g s)", queue, ids_text(ids), self.timeout
+        )
+        trigger = ChasquiJobTrigger(
+            job_ids=ids,
+            queue_name=queue,
+            chasqui_conn_id=self.chasqui_conn_id,
+            deadline=time.time() + self.timeout,
+            wait_chunk_secs=self.wait_chunk_secs,
+            traceparent=traceparent,
+        )
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
@@ -185,4 +199,3 @@ class ChasquiJobSensor(BaseSensorOperator):
         queue, self._queue = self._queue, None
         if queue is not None:
             queue.close()
-

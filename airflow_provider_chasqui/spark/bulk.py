@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.queue import DEFAULT_URL
+from ..core.urls import DEFAULT_URL
 from ..errors import ConfigError, NotSupportedError
 
 __all__ = ["enqueue_dataframe", "upsert_specs_dataframe", "to_plain", "DEFAULT_BATCH"]
@@ -81,8 +81,9 @@ class _Layout:
             return self.name
         value = row[self.name_idx]
         if not isinstance(value, str) or not value:
-            raise ConfigError(f"column {self.columns[self.name_idx]!r} holds {value!r}: a job name must be a "
-                              "non-empty string")
+            raise ConfigError(
+                f"column {self.columns[self.name_idx]!r} holds {value!r}: a job name must be a non-empty string"
+            )
         return value
 
     def row_data(self, row: Any) -> Any:
@@ -91,13 +92,21 @@ class _Layout:
         return {col: to_plain(row[i]) for col, i in self.data_idx}
 
 
-def _layout(df: Any, *, name: str | None, name_col: str | None, data_cols: Sequence[str] | None,
-            data_col: str | None, extra: Mapping[str, str | None]) -> tuple[_Layout, list[str]]:
+def _layout(
+    df: Any,
+    *,
+    name: str | None,
+    name_col: str | None,
+    data_cols: Sequence[str] | None,
+    data_col: str | None,
+    extra: Mapping[str, str | None],
+) -> tuple[_Layout, list[str]]:
     if (name is None) == (name_col is None):
         raise ConfigError("give exactly one of name= (every row's job name) and name_col= (a column of names)")
     if data_cols is not None and data_col is not None:
-        raise ConfigError("give data_cols= (columns -> a dict payload) or data_col= (one column as the payload), "
-                          "not both")
+        raise ConfigError(
+            "give data_cols= (columns -> a dict payload) or data_col= (one column as the payload), not both"
+        )
     columns = list(df.columns)
     used = [c for c in [name_col, data_col, *extra.values()] if c is not None]
     for col in used + list(data_cols or []):
@@ -149,11 +158,22 @@ def _save(df: Any, queue: str, redis_url: str, options: Mapping[str, Any]) -> di
     return report
 
 
-def enqueue_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL, name: str | None = None,
-                      name_col: str | None = None, data_cols: Sequence[str] | None = None,
-                      data_col: str | None = None, job_id_col: str | None = None, delay_ms_col: str | None = None,
-                      attempts: int | None = None, backoff: Any = None, batch: int = DEFAULT_BATCH,
-                      max_stream_len: int | None = None) -> int:
+def enqueue_dataframe(
+    df: Any,
+    queue: str,
+    *,
+    redis_url: str = DEFAULT_URL,
+    name: str | None = None,
+    name_col: str | None = None,
+    data_cols: Sequence[str] | None = None,
+    data_col: str | None = None,
+    job_id_col: str | None = None,
+    delay_ms_col: str | None = None,
+    attempts: int | None = None,
+    backoff: Any = None,
+    batch: int = DEFAULT_BATCH,
+    max_stream_len: int | None = None,
+) -> int:
     """Enqueue one job per row of ``df``; returns the number of rows enqueued.
 
     :param df: a ``pyspark.sql.DataFrame``; its partitions are written in parallel.
@@ -173,16 +193,29 @@ def enqueue_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL, name
     _positive(batch, "batch")
     if max_stream_len is not None:
         _positive(max_stream_len, "max_stream_len")
-    layout, projected = _layout(df, name=name, name_col=name_col, data_cols=data_cols, data_col=data_col,
-                                extra={"job_id": job_id_col, "delay_ms": delay_ms_col})
+    layout, projected = _layout(
+        df,
+        name=name,
+        name_col=name_col,
+        data_cols=data_cols,
+        data_col=data_col,
+        extra={"job_id": job_id_col, "delay_ms": delay_ms_col},
+    )
     constant = {k: v for k, v in (("attempts", attempts), ("backoff", backoff)) if v is not None}
     if constant:  # a bad retry option fails here on the driver, not in every task
         from ..types import build_retry_override
 
         build_retry_override(attempts, backoff)
-    options: dict[str, Any] = {"name": name, "name_col": name_col, "data_col": data_col, "id_col": job_id_col,
-                               "delay_ms_col": delay_ms_col, "chunk_size": min(batch, 10_000),
-                               "max_stream_len": max_stream_len, **constant}
+    options: dict[str, Any] = {
+        "name": name,
+        "name_col": name_col,
+        "data_col": data_col,
+        "id_col": job_id_col,
+        "delay_ms_col": delay_ms_col,
+        "chunk_size": min(batch, 10_000),
+        "max_stream_len": max_stream_len,
+        **constant,
+    }
     if data_col is None:
         options["data_cols"] = ",".join(c for c, _i in layout.data_idx)
     rows = int(_save(df.select(*projected), queue, redis_url, options)["rows"])
@@ -190,12 +223,24 @@ def enqueue_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL, name
     return rows
 
 
-def upsert_specs_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL, name: str | None = None,
-                           name_col: str | None = None, key_col: str | None = None, cron_col: str | None = None,
-                           tz_col: str | None = None, every_ms_col: str | None = None,
-                           data_cols: Sequence[str] | None = None, data_col: str | None = None,
-                           attempts: int | None = None, backoff: Any = None, missed_fires: Any = None,
-                           batch: int = DEFAULT_BATCH) -> int:
+def upsert_specs_dataframe(
+    df: Any,
+    queue: str,
+    *,
+    redis_url: str = DEFAULT_URL,
+    name: str | None = None,
+    name_col: str | None = None,
+    key_col: str | None = None,
+    cron_col: str | None = None,
+    tz_col: str | None = None,
+    every_ms_col: str | None = None,
+    data_cols: Sequence[str] | None = None,
+    data_col: str | None = None,
+    attempts: int | None = None,
+    backoff: Any = None,
+    missed_fires: Any = None,
+    batch: int = DEFAULT_BATCH,
+) -> int:
     """Create or replace one repeatable spec per row (the way millions of schedules are seeded).
 
     Each row needs a cron expression (``cron_col``, with an optional IANA zone in ``tz_col``) or
@@ -214,14 +259,30 @@ def upsert_specs_dataframe(df: Any, queue: str, *, redis_url: str = DEFAULT_URL,
         raise ConfigError("give cron_col= (cron expressions) and/or every_ms_col= (intervals in ms)")
     if tz_col is not None and cron_col is None:
         raise ConfigError("tz_col= only applies with cron_col=")
-    layout, projected = _layout(df, name=name, name_col=name_col, data_cols=data_cols, data_col=data_col,
-                                extra={"key": key_col, "cron": cron_col, "tz": tz_col, "every_ms": every_ms_col})
-    constant = {k: v for k, v in (("attempts", attempts), ("backoff", backoff), ("missed_fires", missed_fires))
-                if v is not None}
+    layout, projected = _layout(
+        df,
+        name=name,
+        name_col=name_col,
+        data_cols=data_cols,
+        data_col=data_col,
+        extra={"key": key_col, "cron": cron_col, "tz": tz_col, "every_ms": every_ms_col},
+    )
+    constant = {
+        k: v for k, v in (("attempts", attempts), ("backoff", backoff), ("missed_fires", missed_fires)) if v is not None
+    }
     if missed_fires is not None and not isinstance(missed_fires, str):
         raise ConfigError("missed_fires: pass the policy's name (skip, fire-once, fire-all)")
-    options = {"kind": "repeatable", "name": name, "name_col": name_col, "key_col": key_col, "cron_col": cron_col,
-               "tz_col": tz_col, "every_ms_col": every_ms_col, "data_col": data_col, **constant}
+    options = {
+        "kind": "repeatable",
+        "name": name,
+        "name_col": name_col,
+        "key_col": key_col,
+        "cron_col": cron_col,
+        "tz_col": tz_col,
+        "every_ms_col": every_ms_col,
+        "data_col": data_col,
+        **constant,
+    }
     if data_col is None:
         options["data_cols"] = ",".join(c for c, _i in layout.data_idx)
     rows = int(_save(df.select(*projected), queue, redis_url, options)["added"])

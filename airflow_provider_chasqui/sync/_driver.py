@@ -17,13 +17,31 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
 from ..core.calls import Call, Flow, Stream, script_args
-from ..core.features import COMPAT, Features, detect_call, fast_paths_default, parse_features
-from ..core.features import functions_mode, load_call, probe_call, probe_found
-from ..core.features import scripts_denied
+from ..core.features import (
+    COMPAT,
+    Features,
+    detect_call,
+    fast_paths_default,
+    functions_mode,
+    load_call,
+    parse_features,
+    probe_call,
+    probe_found,
+    scripts_denied,
+)
 from ..core.urls import connection_options, split_cluster_flag
-from ..drivers_common import FCALLS, REDIS_ERRORS, already_loaded, evalsha_denied, lane_ok, pack_call
+from ..drivers_common import (
+    FCALLS,
+    REDIS_ERRORS,
+    already_loaded,
+    evalsha_denied,
+    lane_ok,
+    pack_call,
+    resend_ok,
+    stream_read_slot,
+    translate_error,
+)
 from ..drivers_common import call_args as _args
-from ..drivers_common import resend_ok, stream_read_slot, translate_error
 from ..drivers_common import script_missing as _missing
 from ..errors import ChasquiConnectionError, NoScriptError, ScriptError
 from ._sentinel import make_client
@@ -100,7 +118,7 @@ def _route_fcall(client: RedisCluster) -> None:
 
     def keys(redis_conn: Any, *args: Any) -> Any:
         if args and args[0] in FCALLS and len(args) > 2:
-            return list(args[3:3 + int(args[2])])
+            return list(args[3 : 3 + int(args[2])])
         return get_keys(redis_conn, *args)
 
     parser.get_keys = keys  # type: ignore[method-assign]
@@ -119,8 +137,15 @@ CLUSTER = RedisCluster
 class SyncDriver:
     """One connection pool plus the feature flags of its server.  Thread-safe."""
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379", *, client: redis.Redis | None = None,
-                 fast_paths: bool | None = None, lane: bool = True, **client_kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        client: redis.Redis | None = None,
+        fast_paths: bool | None = None,
+        lane: bool = True,
+        **client_kwargs: Any,
+    ) -> None:
         self.url = url
         self.client = client if client is not None else raw_client(url, **client_kwargs)
         if client is not None:
@@ -257,6 +282,9 @@ class SyncDriver:
             if self._fn is None:
                 self._detect_functions()
             lane = self._lane
+            sent: list[Call]
+            replies: list[Any]
+            failed: BaseException | None  # the producer's error: raised once the sent calls are answered
             if lane is not None:
                 it = iter(calls)
                 fn = self._fn
@@ -270,9 +298,9 @@ class SyncDriver:
                 calls = it
             pool = self.client.connection_pool
             conn = _get_connection(pool)
-            sent: list[Call] = []
-            replies: list[Any] = []
-            failed: BaseException | None = None  # the producer's error: raised once the sent calls are answered
+            sent = []
+            replies = []
+            failed = None
             it = iter(calls)
             try:
                 while True:
@@ -309,8 +337,11 @@ class SyncDriver:
                 break
             if self._fn and any(not isinstance(replies[i], rexc.NoScriptError) for i in missing):
                 self._library_missing()
-            for body in {script_.body for i in missing
-                         if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)}:
+            for body in {
+                script_.body
+                for i in missing
+                if (script_ := calls[i].script) and isinstance(replies[i], rexc.NoScriptError)
+            }:
                 self.client.execute_command("SCRIPT LOAD", body)
             again = self._pipe([calls[i] for i in missing])
             for i, r in zip(missing, again):

@@ -21,7 +21,6 @@ from ..core.repeat import RepeatableMeta
 from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings, window_to_ms
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
-from .. import tracing as _tracing
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import SyncDriver
@@ -36,11 +35,22 @@ def _monotonic_ms() -> int:
 class SyncQueue:
     """Blocking producer for one queue; the connection pool opens lazily on first use."""
 
-    def __init__(self, name: str, *, redis_url: str = DEFAULT_URL, tls: bool = False,
-                 max_stream_len: int | None = None, max_delay_secs: int | None = None,
-                 settings: QueueSettings | None = None, fast_paths: bool | None = None,
-                 driver: SyncDriver | None = None, tracing: bool | None = None) -> None:
-        overrides = {k: v for k, v in (("max_stream_len", max_stream_len), ("max_delay_secs", max_delay_secs)) if v is not None}
+    def __init__(
+        self,
+        name: str,
+        *,
+        redis_url: str = DEFAULT_URL,
+        tls: bool = False,
+        max_stream_len: int | None = None,
+        max_delay_secs: int | None = None,
+        settings: QueueSettings | None = None,
+        fast_paths: bool | None = None,
+        driver: SyncDriver | None = None,
+        tracing: bool | None = None,
+    ) -> None:
+        overrides = {
+            k: v for k, v in (("max_stream_len", max_stream_len), ("max_delay_secs", max_delay_secs)) if v is not None
+        }
         if settings is not None and overrides:
             raise ConfigError("pass settings= or the individual limits, not both")
         settings = settings or QueueSettings(**overrides)
@@ -70,32 +80,54 @@ class SyncQueue:
     @property
     def driver(self) -> SyncDriver:
         if self._driver is None:
-            self._driver = SyncDriver(self._url, fast_paths=self._fast_paths,
-                                      socket_timeout=read_timeout(WAIT_BLOCK_MS))
+            self._driver = SyncDriver(
+                self._url, fast_paths=self._fast_paths, socket_timeout=read_timeout(WAIT_BLOCK_MS)
+            )
         return self._driver
 
     def _job(self, jid: str, created: int, name: str, data: Any) -> Job:
         return new_job(jid, name, data, 0, created)
 
     # ---- adding ------------------------------------------------------------------------
-    def add(self, name: str, data: Any, *, delay: Any = None, delay_ms: Any = None, attempts: int | None = None,
-            backoff: Any = None, job_id: str | None = None, repeat: Any = None, missed_fires: Any = None) -> Job:
+    def add(
+        self,
+        name: str,
+        data: Any,
+        *,
+        delay: Any = None,
+        delay_ms: Any = None,
+        attempts: int | None = None,
+        backoff: Any = None,
+        job_id: str | None = None,
+        repeat: Any = None,
+        missed_fires: Any = None,
+    ) -> Job:
         """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given)."""
         if self._tracer is not None and repeat is None and missed_fires is None:
-            return self._traced_add(name, data, delay=delay, delay_ms=delay_ms, attempts=attempts,
-                                       backoff=backoff, job_id=job_id)
-        if delay is None and delay_ms is None and attempts is None and backoff is None and job_id is None \
-                and repeat is None and missed_fires is None:  # the plain add: one call, no flow
+            return self._traced_add(
+                name, data, delay=delay, delay_ms=delay_ms, attempts=attempts, backoff=backoff, job_id=job_id
+            )
+        if (
+            delay is None
+            and delay_ms is None
+            and attempts is None
+            and backoff is None
+            and job_id is None
+            and repeat is None
+            and missed_fires is None
+        ):  # the plain add: one call, no flow
             call, jid, created = self._flows.quick_add(name, data)
             self.driver.run_call(call)
             return self._job(jid, created, name, data)
         if repeat is not None:
-            return self.upsert_repeatable_job(name, data, repeat=repeat, attempts=attempts, backoff=backoff,
-                                              job_id=job_id, missed_fires=missed_fires)
+            return self.upsert_repeatable_job(
+                name, data, repeat=repeat, attempts=attempts, backoff=backoff, job_id=job_id, missed_fires=missed_fires
+            )
         if missed_fires is not None:
             raise ConfigError("missed_fires only applies together with repeat=")
-        flow = self._flows.enqueue(name, data, delay=delay, delay_ms=delay_ms, attempts=attempts,
-                                   backoff=backoff, job_id=job_id)
+        flow = self._flows.enqueue(
+            name, data, delay=delay, delay_ms=delay_ms, attempts=attempts, backoff=backoff, job_id=job_id
+        )
         jid, created = self.driver.run(flow)
         return self._job(jid, created, name, data)
 
@@ -111,12 +143,29 @@ class SyncQueue:
                 span.set_attribute("chasqui.trace_carried", False)  # a delayed member has no room for it
             return self._job(jid, created, name, data)
 
-    def add_unique(self, name: str, data: Any, *, job_id: str | None = None, key: str | None = None,
-                   window: timedelta | float = timedelta(hours=1), delay: Any = None, delay_ms: Any = None,
-                   attempts: int | None = None, backoff: Any = None) -> Job:
+    def add_unique(
+        self,
+        name: str,
+        data: Any,
+        *,
+        job_id: str | None = None,
+        key: str | None = None,
+        window: timedelta | float = timedelta(hours=1),
+        delay: Any = None,
+        delay_ms: Any = None,
+        attempts: int | None = None,
+        backoff: Any = None,
+    ) -> Job:
         """Add unless the same unique key was added within ``window``; then return the first job."""
-        options = {"job_id": job_id, "key": key, "window_ms": window_to_ms(window), "delay": delay,
-                   "delay_ms": delay_ms, "attempts": attempts, "backoff": backoff}
+        options = {
+            "job_id": job_id,
+            "key": key,
+            "window_ms": window_to_ms(window),
+            "delay": delay,
+            "delay_ms": delay_ms,
+            "attempts": attempts,
+            "backoff": backoff,
+        }
         if self._tracer is not None:
             with self._tracer.produce(self.name, name) as span:
                 flow = self._flows.enqueue_unique(name, data, trace=self._tracer.traceparent(), **options)
@@ -136,11 +185,24 @@ class SyncQueue:
         return self.driver.run(self._flows.cancel_delayed(job_id))
 
     # ---- repeatable specs (cron / every) -------------------------------------------------
-    def upsert_repeatable_job(self, name: str, data: Any, *, repeat: Any, key: str | None = None,
-                              limit: int | None = None, start_after: Any = None, end_before: Any = None,
-                              missed_fires: Any = None, attempts: int | None = None, backoff: Any = None,
-                              deadline: Any = None, job_id: str | None = None, start_after_ms: int | None = None,
-                              end_before_ms: int | None = None) -> Job:
+    def upsert_repeatable_job(
+        self,
+        name: str,
+        data: Any,
+        *,
+        repeat: Any,
+        key: str | None = None,
+        limit: int | None = None,
+        start_after: Any = None,
+        end_before: Any = None,
+        missed_fires: Any = None,
+        attempts: int | None = None,
+        backoff: Any = None,
+        deadline: Any = None,
+        job_id: str | None = None,
+        start_after_ms: int | None = None,
+        end_before_ms: int | None = None,
+    ) -> Job:
         """Create or replace a repeatable spec; the returned Job's ``id`` is the spec key.
 
         ``repeat``: ``RepeatPattern.cron(expr, tz=...)`` or ``RepeatPattern.every(ms)`` (or the
@@ -154,10 +216,22 @@ class SyncQueue:
         paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
         raise ConfigError.
         """
-        flow = self._specs.upsert(name, data, repeat=repeat, key=key, limit=limit, start_after=start_after,
-                                  end_before=end_before, missed_fires=missed_fires, attempts=attempts, backoff=backoff,
-                                  deadline=deadline, job_id=job_id, start_after_ms=start_after_ms,
-                                  end_before_ms=end_before_ms)
+        flow = self._specs.upsert(
+            name,
+            data,
+            repeat=repeat,
+            key=key,
+            limit=limit,
+            start_after=start_after,
+            end_before=end_before,
+            missed_fires=missed_fires,
+            attempts=attempts,
+            backoff=backoff,
+            deadline=deadline,
+            job_id=job_id,
+            start_after_ms=start_after_ms,
+            end_before_ms=end_before_ms,
+        )
         spec_key, created = self.driver.run(flow)
         return self._job(spec_key, created, name, data)
 
@@ -238,8 +312,9 @@ class SyncQueue:
         """``completed``, ``failed`` (in the DLQ), ``delayed`` or ``unknown``."""
         return self.driver.run(self._flows.get_job_state(job_id))
 
-    def wait_for_results(self, job_ids: Sequence[str], timeout: float = 30.0, *,
-                   stop_on_failure: bool = False) -> dict[str, tuple[Any, ...]]:
+    def wait_for_results(
+        self, job_ids: Sequence[str], timeout: float = 30.0, *, stop_on_failure: bool = False
+    ) -> dict[str, tuple[Any, ...]]:
         """Block on the events stream until the jobs end (or one failed, with ``stop_on_failure``)."""
         flow = self._flows.wait_for_jobs(job_ids, int(timeout * 1000), _monotonic_ms, stop_on_failure=stop_on_failure)
         return self.driver.run(flow)
@@ -289,8 +364,14 @@ class SyncQueue:
         self.close()
 
 
-def list_queues(target: str | SyncDriver = DEFAULT_URL, *, match: str = "*", limit: int = 1000, cursor: str = "0",
-                max_scan_calls: int = 100) -> QueueListing:
+def list_queues(
+    target: str | SyncDriver = DEFAULT_URL,
+    *,
+    match: str = "*",
+    limit: int = 1000,
+    cursor: str = "0",
+    max_scan_calls: int = 100,
+) -> QueueListing:
     """Every queue on the server whose name matches the glob ``match``, with its counts
     (``chasqui queues``; dashboards): a cursor SCAN capped at ``max_scan_calls`` calls of 1,000
     keys and ``limit`` queues, ``truncated`` when a cap stopped it.  ``target``: a URL or a

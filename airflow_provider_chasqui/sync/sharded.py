@@ -24,9 +24,17 @@ __all__ = ["SyncShardedQueue"]
 class SyncShardedQueue:
     """Producer and spec manager over ``shards`` queues ``<name>.0`` .. ``<name>.<shards-1>``."""
 
-    def __init__(self, name: str, shards: int, *, redis_url: str = DEFAULT_URL, tls: bool = False,
-                 settings: QueueSettings | None = None, fast_paths: bool | None = None,
-                 driver: SyncDriver | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        shards: int,
+        *,
+        redis_url: str = DEFAULT_URL,
+        tls: bool = False,
+        settings: QueueSettings | None = None,
+        fast_paths: bool | None = None,
+        driver: SyncDriver | None = None,
+    ) -> None:
         names = shard_queue_names(name, shards)
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._name = name
@@ -52,8 +60,9 @@ class SyncShardedQueue:
     def driver(self) -> SyncDriver:
         """One connection pool (or cluster client) shared by every shard."""
         if self._driver is None:
-            self._driver = SyncDriver(self._url, fast_paths=self._fast_paths,
-                                      socket_timeout=read_timeout(WAIT_BLOCK_MS))
+            self._driver = SyncDriver(
+                self._url, fast_paths=self._fast_paths, socket_timeout=read_timeout(WAIT_BLOCK_MS)
+            )
         return self._driver
 
     def shard_for(self, key: str) -> SyncQueue:
@@ -61,8 +70,7 @@ class SyncShardedQueue:
         return self.queues[shard_of(key, len(self.queues))]
 
     # ---- jobs --------------------------------------------------------------------------
-    def add(self, name: str, data: Any, *, job_id: str | None = None, repeat: Any = None,
-            **options: Any) -> Job:
+    def add(self, name: str, data: Any, *, job_id: str | None = None, repeat: Any = None, **options: Any) -> Job:
         """A job on the shard of its ``job_id`` (random without one); with ``repeat``, a spec
         on the shard of its key."""
         if repeat is not None:
@@ -72,8 +80,9 @@ class SyncShardedQueue:
         return queue.add(name, data, job_id=job_id, **options)
 
     # ---- repeatable specs --------------------------------------------------------------
-    def upsert_repeatable_job(self, name: str, data: Any, *, repeat: Any, key: str | None = None,
-                              **options: Any) -> Job:
+    def upsert_repeatable_job(
+        self, name: str, data: Any, *, repeat: Any, key: str | None = None, **options: Any
+    ) -> Job:
         spec_key = derive_spec_key(name, coerce_pattern(repeat), key)
         return self.shard_for(spec_key).upsert_repeatable_job(name, data, repeat=repeat, key=key, **options)
 

@@ -69,13 +69,24 @@ def first_error(job_ids: list[str], outcomes: dict[str, tuple[Any, ...]], queue:
         if outcome[0] == "failed":
             detail = outcome[2] if len(outcome) > 2 else ""
             tb = outcome[3] if len(outcome) > 3 else ""
-            return {"status": "error", "job_id": jid, "reason": outcome[1], "detail": detail, "traceback": tb,
-                    "queue": queue}
+            return {
+                "status": "error",
+                "job_id": jid,
+                "reason": outcome[1],
+                "detail": detail,
+                "traceback": tb,
+                "queue": queue,
+            }
         problem = json_safe_problem(outcome[1])
         if problem:
-            return {"status": "error", "job_id": jid, "reason": "result_not_json_safe",
-                    "detail": f"{problem}; handlers awaited by Airflow must return JSON-compatible values "
-                              "(str, numbers, bools, None, lists, dicts with str keys)", "queue": queue}
+            return {
+                "status": "error",
+                "job_id": jid,
+                "reason": "result_not_json_safe",
+                "detail": f"{problem}; handlers awaited by Airflow must return JSON-compatible values "
+                "(str, numbers, bools, None, lists, dicts with str keys)",
+                "queue": queue,
+            }
     return None
 
 
@@ -100,9 +111,17 @@ class ChasquiJobTrigger(BaseTrigger):
         span of that trace and the event carries the wait's context to the resumed task.
     """
 
-    def __init__(self, *, job_ids: list[str], queue_name: str, chasqui_conn_id: str = ChasquiHook.default_conn_name,
-                 deadline: float | None = None, wait_chunk_secs: float = 10.0, cancel_on_kill: bool = False,
-                 traceparent: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        job_ids: list[str],
+        queue_name: str,
+        chasqui_conn_id: str = ChasquiHook.default_conn_name,
+        deadline: float | None = None,
+        wait_chunk_secs: float = 10.0,
+        cancel_on_kill: bool = False,
+        traceparent: str | None = None,
+    ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
             raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
@@ -148,15 +167,26 @@ class ChasquiJobTrigger(BaseTrigger):
         """The triggerer's log line for what the wait found (the resumed task logs the attempts)."""
         status = payload.get("status")
         if status == "success":
-            self.log.info("%s", outcome_line(self.queue_name, self.job_ids, "completed", waited=waited,
-                                             results=payload["results"]))
+            self.log.info(
+                "%s",
+                outcome_line(self.queue_name, self.job_ids, "completed", waited=waited, results=payload["results"]),
+            )
         elif status == "error":
             detail = payload.get("detail")
-            self.log.warning("%s", outcome_line(self.queue_name, [payload["job_id"]], "failed", waited=waited,
-                                                reason=f"{payload['reason']}" + (f" ({detail})" if detail else "")))
+            self.log.warning(
+                "%s",
+                outcome_line(
+                    self.queue_name,
+                    [payload["job_id"]],
+                    "failed",
+                    waited=waited,
+                    reason=f"{payload['reason']}" + (f" ({detail})" if detail else ""),
+                ),
+            )
         elif status == "timeout":
-            self.log.warning("%s", outcome_line(self.queue_name, payload["pending"], "still running at the deadline",
-                                                waited=waited))
+            self.log.warning(
+                "%s", outcome_line(self.queue_name, payload["pending"], "still running at the deadline", waited=waited)
+            )
 
     async def cleanup(self) -> None:
         """Close the queue's pool; ``run()`` calls it in ``finally``, the triggerer again (a no-op)."""

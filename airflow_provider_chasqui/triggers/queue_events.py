@@ -88,7 +88,8 @@ try:
     )
 except ImportError as exc:  # pragma: no cover - Airflow < 3.3
     raise AirflowOptionalProviderFeatureException(
-        "Chasqui event-driven triggers need Airflow 3.3+ (airflow.triggers.shared_stream)") from exc
+        "Chasqui event-driven triggers need Airflow 3.3+ (airflow.triggers.shared_stream)"
+    ) from exc
 
 from ..core.calls import Call, command, str_reply
 from ..core.codec import now_ms
@@ -212,8 +213,14 @@ class QueueJob:
     raw_name: bytes = field(default=b"", repr=False)  # the original name bytes when not UTF-8 (for the DLQ)
 
     def payload(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "name": self.name, "data": self.data, "attempt": self.attempt,
-                "created_at_ms": self.created_at_ms, "entry_id": str_reply(self.entry_id)}
+        return {
+            "job_id": self.job_id,
+            "name": self.name,
+            "data": self.data,
+            "attempt": self.attempt,
+            "created_at_ms": self.created_at_ms,
+            "entry_id": str_reply(self.entry_id),
+        }
 
 
 def _batch_payload(mode: str, queue: str, jobs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -245,8 +252,13 @@ class CompletedJob:
     fields: dict[str, str]
 
     def payload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"event": self.event, "job_id": self.job_id, "name": self.name, "ts_ms": self.ts_ms,
-                               "event_id": self.event_id}
+        out: dict[str, Any] = {
+            "event": self.event,
+            "job_id": self.job_id,
+            "name": self.name,
+            "ts_ms": self.ts_ms,
+            "event_id": self.event_id,
+        }
         for key in ("attempt", "duration_us"):
             value = self.fields.get(key, "")
             out[key] = int(value) if value.isdigit() else None
@@ -291,9 +303,19 @@ class QueueModeProducer(SharedStreamProducer):
     after ``redeliver_after_ms``.
     """
 
-    def __init__(self, *, queue_name: str, chasqui_conn_id: str, max_batch: int = DEFAULT_MAX_BATCH,
-                 linger_ms: int = DEFAULT_LINGER_MS, event_gap_ms: int = 0, block_ms: int = 1000,
-                 claim_min_idle_ms: int = 30_000, redeliver_after_ms: int = 1000, promote: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        chasqui_conn_id: str,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        linger_ms: int = DEFAULT_LINGER_MS,
+        event_gap_ms: int = 0,
+        block_ms: int = 1000,
+        claim_min_idle_ms: int = 30_000,
+        redeliver_after_ms: int = 1000,
+        promote: bool = True,
+    ) -> None:
         _check_batching(max_batch, linger_ms, event_gap_ms)
         self.queue_name = validate_queue_name(queue_name)
         self.chasqui_conn_id = chasqui_conn_id
@@ -305,9 +327,17 @@ class QueueModeProducer(SharedStreamProducer):
         self.promote = promote
         self.settings = QueueSettings()
         self.keys = QueueKeys.for_queue(queue_name)
-        self.core = ConsumerCore(queue_name, group=DEFAULT_GROUP, consumer_id=WATCHER_CONSUMER,
-                                 max_attempts=MAX_ATTEMPTS, settings=self.settings, retry=RetryPolicy(), events=True,
-                                 result_ttl_ms=0, failure_ttl_ms=24 * 3600 * 1000)
+        self.core = ConsumerCore(
+            queue_name,
+            group=DEFAULT_GROUP,
+            consumer_id=WATCHER_CONSUMER,
+            max_attempts=MAX_ATTEMPTS,
+            settings=self.settings,
+            retry=RetryPolicy(),
+            events=True,
+            result_ttl_ms=0,
+            failure_ttl_ms=24 * 3600 * 1000,
+        )
         self.flow = _Flow(gap_ms=event_gap_ms)
         self._queue: Queue | None = None
         self._group: GroupConsumer | None = None
@@ -341,8 +371,12 @@ class QueueModeProducer(SharedStreamProducer):
             except _TRANSIENT as exc:
                 failures += 1
                 delay = _backoff(failures)
-                log.warning("chasqui watcher of queue %s: Redis unavailable (%s); retrying in %.1f s",
-                            self.queue_name, exc, delay)
+                log.warning(
+                    "chasqui watcher of queue %s: Redis unavailable (%s); retrying in %.1f s",
+                    self.queue_name,
+                    exc,
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 continue
             if not jobs:
@@ -403,8 +437,11 @@ class QueueModeProducer(SharedStreamProducer):
         else:
             self._own_after = cursor
         if batch:
-            log.info("chasqui watcher of queue %s re-reads %d entries left pending by an earlier run",
-                     self.queue_name, len(batch))
+            log.info(
+                "chasqui watcher of queue %s re-reads %d entries left pending by an earlier run",
+                self.queue_name,
+                len(batch),
+            )
         return batch
 
     def _due_held(self) -> bool:
@@ -439,12 +476,29 @@ class QueueModeProducer(SharedStreamProducer):
         now = now_ms()
         ready, rejected = self.core.gate_rows(batch)
         for r in rejected:
-            log.warning("chasqui watcher of queue %s dead-letters entry %s: %s %s", self.queue_name,
-                        str_reply(r.entry_id), r.reason, r.detail)
+            log.warning(
+                "chasqui watcher of queue %s dead-letters entry %s: %s %s",
+                self.queue_name,
+                str_reply(r.entry_id),
+                r.reason,
+                r.detail,
+            )
         dead = [self.core.reject(r, self._features, now) for r in rejected]
-        jobs = [QueueJob(self.queue_name, dl.entry_id, dl.envelope.id, dl.name, dl.data, dl.delivery_count,
-                         dl.envelope.created_at_ms, dl.raw, time.monotonic_ns(), raw_name=dl.raw_name)
-                for dl in ready]
+        jobs = [
+            QueueJob(
+                self.queue_name,
+                dl.entry_id,
+                dl.envelope.id,
+                dl.name,
+                dl.data,
+                dl.delivery_count,
+                dl.envelope.created_at_ms,
+                dl.raw,
+                time.monotonic_ns(),
+                raw_name=dl.raw_name,
+            )
+            for dl in ready
+        ]
         if dead:
             await self._queue.driver.pipeline(dead)
             self.dead_lettered_total += len(dead)
@@ -480,23 +534,44 @@ class QueueModeProducer(SharedStreamProducer):
             outcome: AdvanceOutcome = item.outcome
             whole_batch_held = bool(outcome.failed or (outcome.acked == 0 and outcome.rejected == 0))
             if whole_batch_held:
-                log.warning("chasqui watcher of queue %s: batch of %d job(s) not taken by every watcher (%s); "
-                            "redelivering", self.queue_name, len(read.jobs), outcome)
+                log.warning(
+                    "chasqui watcher of queue %s: batch of %d job(s) not taken by every watcher (%s); redelivering",
+                    self.queue_name,
+                    len(read.jobs),
+                    outcome,
+                )
             for job in read.jobs:
                 if whole_batch_held or (not job.accepted and not job.reject_reasons):
                     self._held[job.entry_id] = (held_at, job.attempt)
                 elif job.accepted:
                     if job.reject_reasons:
-                        log.info("job %s of queue %s: accepted by %d watcher(s), refused by %d (%s)", job.job_id,
-                                 self.queue_name, job.accepted, len(job.reject_reasons),
-                                 "; ".join(job.reject_reasons))
-                    done.append((job.entry_id, job.job_id, job.name, job.attempt,
-                                 max(0, (now_ns - job.read_ns) // 1000), b""))
+                        log.info(
+                            "job %s of queue %s: accepted by %d watcher(s), refused by %d (%s)",
+                            job.job_id,
+                            self.queue_name,
+                            job.accepted,
+                            len(job.reject_reasons),
+                            "; ".join(job.reject_reasons),
+                        )
+                    done.append(
+                        (job.entry_id, job.job_id, job.name, job.attempt, max(0, (now_ns - job.read_ns) // 1000), b"")
+                    )
                 else:
                     detail = "; ".join(dict.fromkeys(job.reject_reasons)) or "refused by the Airflow asset watcher"
-                    dead.append(self.core.dead_letter(job.entry_id, UNRECOVERABLE, job.raw, job.name, detail[:500],
-                                                      job.job_id, job.attempt, self._features, now,
-                                                      dlq_name=job.raw_name))
+                    dead.append(
+                        self.core.dead_letter(
+                            job.entry_id,
+                            UNRECOVERABLE,
+                            job.raw,
+                            job.name,
+                            detail[:500],
+                            job.job_id,
+                            job.attempt,
+                            self._features,
+                            now,
+                            dlq_name=job.raw_name,
+                        )
+                    )
         if done or dead:
             await self._settle(done, dead, self._features, now)
         for item in batch:
@@ -506,8 +581,9 @@ class QueueModeProducer(SharedStreamProducer):
         self.dead_lettered_total += len(dead)
         self.flow.release(len(batch))
 
-    async def _settle(self, done: list[tuple[bytes, str, str, int, int, bytes]], dead: list[Call],
-                      features: Features, now: int) -> None:
+    async def _settle(
+        self, done: list[tuple[bytes, str, str, int, int, bytes]], dead: list[Call], features: Features, now: int
+    ) -> None:
         """One round trip; a lost connection is retried (see :meth:`GroupConsumer.settle`)."""
         assert self._group is not None
         for attempt in range(1, _ADVANCE_TRIES + 1):
@@ -542,9 +618,18 @@ class CompletionModeProducer(SharedStreamProducer):
     batch keeps the cursor where it was and is re-read from it after ``reread_after_ms``
     (like a Kafka seek)."""
 
-    def __init__(self, *, queue_name: str, chasqui_conn_id: str, cursor: str, max_batch: int = DEFAULT_MAX_BATCH,
-                 linger_ms: int = DEFAULT_LINGER_MS, event_gap_ms: int = 0, block_ms: int = 1000,
-                 reread_after_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        chasqui_conn_id: str,
+        cursor: str,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        linger_ms: int = DEFAULT_LINGER_MS,
+        event_gap_ms: int = 0,
+        block_ms: int = 1000,
+        reread_after_ms: int = 1000,
+    ) -> None:
         _check_batching(max_batch, linger_ms, event_gap_ms)
         self.queue_name = validate_queue_name(queue_name)
         self.chasqui_conn_id = chasqui_conn_id
@@ -577,8 +662,9 @@ class CompletionModeProducer(SharedStreamProducer):
                         await asyncio.sleep(min(wait, self.block_ms / 1000))
                         continue
                     self._seek_at = None
-                    log.info("chasqui watcher of %s events: re-reading after cursor %s", self.queue_name,
-                             self.committed)
+                    log.info(
+                        "chasqui watcher of %s events: re-reading after cursor %s", self.queue_name, self.committed
+                    )
                     self._read_from = self.committed
                 if not await self.flow.wait_for_room(self.block_ms / 1000):
                     continue
@@ -587,8 +673,12 @@ class CompletionModeProducer(SharedStreamProducer):
             except _TRANSIENT as exc:
                 failures += 1
                 delay = _backoff(failures)
-                log.warning("chasqui watcher of %s events: Redis unavailable (%s); retrying in %.1f s",
-                            self.queue_name, exc, delay)
+                log.warning(
+                    "chasqui watcher of %s events: Redis unavailable (%s); retrying in %.1f s",
+                    self.queue_name,
+                    exc,
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 continue
             if not completions:  # nothing any watcher fires on; a later commit covers it
@@ -606,14 +696,25 @@ class CompletionModeProducer(SharedStreamProducer):
         block: int | None = self.block_ms
         stop: float | None = None
         while len(out) < self.max_batch:
-            rows = await self._queue.driver.call(read_call(self.keys, self._read_from, self.max_batch - len(out), block))
+            rows = await self._queue.driver.call(
+                read_call(self.keys, self._read_from, self.max_batch - len(out), block)
+            )
             entries = [entry for _stream, stream_entries in rows or [] for entry in stream_entries]
             for entry_id, flat in entries:
                 ev = parse_event(entry_id, flat)
                 self._read_from = ev.event_id
                 if ev.name == "completed":
-                    out.append(CompletedJob(self.queue_name, ev.event_id, ev.name, ev.job_id or "", ev.job_name,
-                                            ev.ts_ms, dict(ev.fields)))
+                    out.append(
+                        CompletedJob(
+                            self.queue_name,
+                            ev.event_id,
+                            ev.name,
+                            ev.job_id or "",
+                            ev.job_name,
+                            ev.ts_ms,
+                            dict(ev.fields),
+                        )
+                    )
             if not out:
                 break  # only other kinds of events so far: the caller reads again
             stop = stop or time.monotonic() + _MAX_COLLECT_SECS
@@ -632,8 +733,10 @@ class CompletionModeProducer(SharedStreamProducer):
         await driver.call(command("SET", self.cursor_key, start, "NX"))
         value = str_reply(await driver.call(command("GET", self.cursor_key)) or b"")
         if not _STREAM_ID.match(value):
-            raise ConfigError(f"cursor {self.cursor_key} holds {value!r}, not a stream id; delete it to restart "
-                              "from the end of the events stream")
+            raise ConfigError(
+                f"cursor {self.cursor_key} holds {value!r}, not a stream id; delete it to restart "
+                "from the end of the events stream"
+            )
         self.committed = self._read_from = value
         try:
             info = await driver.call(command("XINFO", "STREAM", self.keys.events))
@@ -642,11 +745,15 @@ class CompletionModeProducer(SharedStreamProducer):
         fields = {str_reply(info[i]): info[i + 1] for i in range(0, len(info) - 1, 2)} if info else {}
         deleted = str_reply(fields.get("max-deleted-entry-id", b"0-0") or b"0-0")
         if _STREAM_ID.match(deleted) and _stream_id(deleted) > _stream_id(value):
-            log.warning("chasqui watcher of %s events: events after cursor %s were trimmed from %s before they "
-                        "were read (up to %s); raise the events stream's MAXLEN or keep the watcher running",
-                        self.queue_name, value, self.keys.events, deleted)
-        log.info("chasqui watcher of %s events starts after %s (cursor %s)", self.queue_name, value,
-                 self.cursor_key)
+            log.warning(
+                "chasqui watcher of %s events: events after cursor %s were trimmed from %s before they "
+                "were read (up to %s); raise the events stream's MAXLEN or keep the watcher running",
+                self.queue_name,
+                value,
+                self.keys.events,
+                deleted,
+            )
+        log.info("chasqui watcher of %s events starts after %s (cursor %s)", self.queue_name, value, self.cursor_key)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit the cursor to the end of the resolved batch; after a failed or unreceived one,
@@ -657,8 +764,14 @@ class CompletionModeProducer(SharedStreamProducer):
         for item in batch:
             outcome: AdvanceOutcome = item.outcome
             if outcome.failed or (outcome.acked == 0 and outcome.rejected == 0):
-                log.warning("chasqui watcher of %s events: batch through %s not taken by every watcher (%s); "
-                            "re-reading from %s", self.queue_name, item.broker_payload, outcome, self.committed)
+                log.warning(
+                    "chasqui watcher of %s events: batch through %s not taken by every watcher (%s); "
+                    "re-reading from %s",
+                    self.queue_name,
+                    item.broker_payload,
+                    outcome,
+                    self.committed,
+                )
                 self._seek_at = time.monotonic() + self.reread_after_ms / 1000
                 break
             through = item.broker_payload
@@ -719,10 +832,18 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
         than a triggerer sync to start a run can otherwise leave the next event waiting.
     """
 
-    def __init__(self, *, queue_name: str, mode: str = "queue", job_names: list[str] | None = None,
-                 chasqui_conn_id: str = ChasquiHook.default_conn_name, cursor: str | None = None,
-                 max_batch: int = DEFAULT_MAX_BATCH, linger_ms: int = DEFAULT_LINGER_MS,
-                 event_gap_ms: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        mode: str = "queue",
+        job_names: list[str] | None = None,
+        chasqui_conn_id: str = ChasquiHook.default_conn_name,
+        cursor: str | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        linger_ms: int = DEFAULT_LINGER_MS,
+        event_gap_ms: int = 0,
+    ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         try:
             validate_queue_name(queue_name)
@@ -734,8 +855,9 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
             if mode != "completion":
                 raise ValueError("cursor only applies to mode='completion'")
             if not isinstance(cursor, str) or not cursor or set(cursor) & set("{}\r\n\0"):
-                raise ValueError(f"cursor must be a non-empty name without braces or control characters, "
-                                 f"got {cursor!r}")
+                raise ValueError(
+                    f"cursor must be a non-empty name without braces or control characters, got {cursor!r}"
+                )
         if not isinstance(chasqui_conn_id, str) or not chasqui_conn_id:
             raise ValueError(f"chasqui_conn_id must be a connection id, got {chasqui_conn_id!r}")
         _check_batching(max_batch, linger_ms, event_gap_ms)
@@ -784,12 +906,21 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> QueueModeProducer | CompletionModeProducer:
         trigger = cls(**kwargs)
         if trigger.mode == "queue":
-            return QueueModeProducer(queue_name=trigger.queue_name, chasqui_conn_id=trigger.chasqui_conn_id,
-                                     max_batch=trigger.max_batch, linger_ms=trigger.linger_ms,
-                                     event_gap_ms=trigger.event_gap_ms)
-        return CompletionModeProducer(queue_name=trigger.queue_name, chasqui_conn_id=trigger.chasqui_conn_id,
-                                      cursor=trigger.cursor_name or "", max_batch=trigger.max_batch,
-                                      linger_ms=trigger.linger_ms, event_gap_ms=trigger.event_gap_ms)
+            return QueueModeProducer(
+                queue_name=trigger.queue_name,
+                chasqui_conn_id=trigger.chasqui_conn_id,
+                max_batch=trigger.max_batch,
+                linger_ms=trigger.linger_ms,
+                event_gap_ms=trigger.event_gap_ms,
+            )
+        return CompletionModeProducer(
+            queue_name=trigger.queue_name,
+            chasqui_conn_id=trigger.chasqui_conn_id,
+            cursor=trigger.cursor_name or "",
+            max_batch=trigger.max_batch,
+            linger_ms=trigger.linger_ms,
+            event_gap_ms=trigger.event_gap_ms,
+        )
 
     def refusal(self, job: QueueJob) -> str | None:
         """Why this watcher refuses one queued job (dead-lettered unless another watcher takes it)."""
@@ -825,8 +956,12 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
         async for raw in shared_stream:
             verdict = self.decide(raw)
             if isinstance(verdict, TriggerEvent):
-                self.log.info("queue %s: %d job(s) in one asset event (%s mode)", self.queue_name,
-                              verdict.payload["count"], self.mode)
+                self.log.info(
+                    "queue %s: %d job(s) in one asset event (%s mode)",
+                    self.queue_name,
+                    verdict.payload["count"],
+                    self.mode,
+                )
                 yield verdict
             elif verdict is not None:
                 reject_shared_stream_event()

@@ -48,8 +48,19 @@ from ..ops.args import positive_int as _positive_int
 from .logs import LOG_FORMATS, RedactingFormatter, formatter_spec, set_log_context
 from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
 
-__all__ = ["build_parser", "configure_logging", "main", "resolve_target", "resolve_url", "run_worker",
-           "worker_options", "package_version", "RedactingFormatter", "RunHooks", "DEFAULT_REDIS_URL"]
+__all__ = [
+    "build_parser",
+    "configure_logging",
+    "main",
+    "resolve_target",
+    "resolve_url",
+    "run_worker",
+    "worker_options",
+    "package_version",
+    "RedactingFormatter",
+    "RunHooks",
+    "DEFAULT_REDIS_URL",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,63 +104,135 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
     p = argparse.ArgumentParser(
         prog=prog,
         description="Consume one Chasqui queue with the handlers named by --handlers.",
-        epilog="Redis: --redis-url, else --conn-id, else $CHASQUI_REDIS_URL, else " + DEFAULT_REDIS_URL
-               + " (prefer the environment or a connection: argv is visible in ps).  CHASQUI_LOG_LEVEL sets "
-               "the default --log-level, CHASQUI_LOG_FORMAT the default --log-format.",
+        epilog="Redis: --redis-url, else --conn-id, else $CHASQUI_REDIS_URL, else "
+        + DEFAULT_REDIS_URL
+        + " (prefer the environment or a connection: argv is visible in ps).  CHASQUI_LOG_LEVEL sets "
+        "the default --log-level, CHASQUI_LOG_FORMAT the default --log-format.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--queue", "-q", help="queue to consume (default with --conn-id: the connection's default_queue)")
-    p.add_argument("--handlers", "-H", action="append", required=True, metavar="pkg.module[:attr]",
-                   help="handler module or object; repeat to combine (a job name may appear once)")
+    p.add_argument(
+        "--handlers",
+        "-H",
+        action="append",
+        required=True,
+        metavar="pkg.module[:attr]",
+        help="handler module or object; repeat to combine (a job name may appear once)",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--redis-url", help=f"Redis URL (default: $CHASQUI_REDIS_URL or {DEFAULT_REDIS_URL})")
     where.add_argument("--conn-id", help="an Airflow 'chasqui' connection id (imports Airflow)")
-    p.add_argument("--concurrency", "-c", type=_positive_int,
-                   help="jobs run at once (default: 100; 2 for the Spark worker)")
-    p.add_argument("--sync-threads", type=_positive_int,
-                   help="threads for plain (non-async) handlers (default: min(concurrency, 64))")
-    p.add_argument("--prefetch", type=_positive_int, dest="read_count",
-                   help="entries read per XREADGROUP beyond the running ones (default: 256; the Spark worker: 1)")
-    p.add_argument("--claim-min-idle-ms", type=_positive_int, metavar="MS",
-                   help="job lease: a running job's worker renews it every MS/3; a dead or paused worker's jobs "
-                        "are taken over by another worker after MS (default 30000)")
+    p.add_argument(
+        "--concurrency", "-c", type=_positive_int, help="jobs run at once (default: 100; 2 for the Spark worker)"
+    )
+    p.add_argument(
+        "--sync-threads",
+        type=_positive_int,
+        help="threads for plain (non-async) handlers (default: min(concurrency, 64))",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=_positive_int,
+        dest="read_count",
+        help="entries read per XREADGROUP beyond the running ones (default: 256; the Spark worker: 1)",
+    )
+    p.add_argument(
+        "--claim-min-idle-ms",
+        type=_positive_int,
+        metavar="MS",
+        help="job lease: a running job's worker renews it every MS/3; a dead or paused worker's jobs "
+        "are taken over by another worker after MS (default 30000)",
+    )
     p.add_argument("--max-attempts", type=int, help="attempts before a failing job is dead-lettered (default 25)")
     p.add_argument("--group", help="consumer group (default: 'default')")
     p.add_argument("--no-scheduler", action="store_true", help="do not run the repeatable-job scheduler loop")
     p.add_argument("--no-promoter", action="store_true", help="do not run the delayed-job promoter loop")
     p.add_argument("--max-jobs", type=_positive_int, help="exit after this many jobs (batch mode)")
-    p.add_argument("--idle-exit", type=_non_negative_float, metavar="SECONDS",
-                   help="exit after this long with nothing to do (batch mode)")
-    p.add_argument("--shutdown-deadline", type=_non_negative_float, default=None, metavar="SECONDS",
-                   help="on SIGTERM, how long running jobs may take to finish (default 30)")
+    p.add_argument(
+        "--idle-exit",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="exit after this long with nothing to do (batch mode)",
+    )
+    p.add_argument(
+        "--shutdown-deadline",
+        type=_non_negative_float,
+        default=None,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running jobs may take to finish (default 30)",
+    )
     results = p.add_mutually_exclusive_group()
-    results.add_argument("--store-results", dest="store_results", action="store_true", default=True,
-                         help="store handler results for Queue.get_job_result and the Airflow sensor (default)")
-    results.add_argument("--no-store-results", dest="store_results", action="store_false",
-                         help="do not store results (chasquimq's default)")
-    p.add_argument("--result-ttl", type=_non_negative_float, metavar="SECONDS",
-                   help="how long stored results live (default 86400)")
-    p.add_argument("--max-results", type=_positive_int, dest="results_max_len", metavar="N",
-                   help="stored results kept per queue besides their TTL; the oldest go first (default 10000)")
-    p.add_argument("--max-failures", type=_positive_int, dest="failures_max_len", metavar="N",
-                   help="failure records kept per queue besides their TTL (default 10000)")
-    p.add_argument("--metrics-port", type=_port,
-                   help="serve /metrics, /livez, /readyz (and /healthz = /readyz) on this port (0: any free port)")
-    p.add_argument("--metrics-host", default="127.0.0.1",
-                   help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus in a pod scrape it)")
-    p.add_argument("--metrics-interval", type=float, default=5.0, metavar="SECONDS",
-                   help="how often queue depths are sampled for /metrics (default 5)")
-    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
-                   default=os.environ.get("CHASQUI_LOG_LEVEL", "INFO").upper(),
-                   help="level of this package's loggers (default INFO; DEBUG logs every job)")
-    p.add_argument("--log-format", type=str.lower, choices=LOG_FORMATS,
-                   default=(os.environ.get("CHASQUI_LOG_FORMAT") or "human").lower(),
-                   help="human: one text line per record (default); json: one JSON object per line with ts, "
-                        "level, logger, message, queue, job_id, job_name, attempt (and trace ids when known)")
+    results.add_argument(
+        "--store-results",
+        dest="store_results",
+        action="store_true",
+        default=True,
+        help="store handler results for Queue.get_job_result and the Airflow sensor (default)",
+    )
+    results.add_argument(
+        "--no-store-results",
+        dest="store_results",
+        action="store_false",
+        help="do not store results (chasquimq's default)",
+    )
+    p.add_argument(
+        "--result-ttl", type=_non_negative_float, metavar="SECONDS", help="how long stored results live (default 86400)"
+    )
+    p.add_argument(
+        "--max-results",
+        type=_positive_int,
+        dest="results_max_len",
+        metavar="N",
+        help="stored results kept per queue besides their TTL; the oldest go first (default 10000)",
+    )
+    p.add_argument(
+        "--max-failures",
+        type=_positive_int,
+        dest="failures_max_len",
+        metavar="N",
+        help="failure records kept per queue besides their TTL (default 10000)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve /metrics, /livez, /readyz (and /healthz = /readyz) on this port (0: any free port)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus in a pod scrape it)",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often queue depths are sampled for /metrics (default 5)",
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=os.environ.get("CHASQUI_LOG_LEVEL", "INFO").upper(),
+        help="level of this package's loggers (default INFO; DEBUG logs every job)",
+    )
+    p.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=LOG_FORMATS,
+        default=(os.environ.get("CHASQUI_LOG_FORMAT") or "human").lower(),
+        help="human: one text line per record (default); json: one JSON object per line with ts, "
+        "level, logger, message, queue, job_id, job_name, attempt (and trace ids when known)",
+    )
     if spark:
         p.add_argument("--app-name", default=None, help="Spark application name (default: chasqui-worker-<queue>)")
-        p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                       help="extra Spark setting for the session this worker builds (repeatable)")
+        p.add_argument(
+            "--spark-conf",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="extra Spark setting for the session this worker builds (repeatable)",
+        )
     return p
 
 
@@ -194,8 +277,7 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
     return {k: v for k, v in opts.items() if v is not None}
 
 
-def resolve_url(redis_url: str | None, conn_id: str | None,
-                default: str = DEFAULT_REDIS_URL) -> tuple[str, str | None]:
+def resolve_url(redis_url: str | None, conn_id: str | None, default: str = DEFAULT_REDIS_URL) -> tuple[str, str | None]:
     """``(url, the connection's default queue)``: ``redis_url``, else the Airflow connection
     ``conn_id``, else ``$CHASQUI_REDIS_URL``, else ``default``."""
     if redis_url:
@@ -231,18 +313,26 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
     try:
         from ..hooks.chasqui import settings_outside_task
     except ImportError as exc:
-        raise ConfigError(f"--conn-id needs Airflow ({exc}); install 'airflow-provider-chasqui[airflow]' "
-                          "or pass --redis-url") from exc
+        raise ConfigError(
+            f"--conn-id needs Airflow ({exc}); install 'airflow-provider-chasqui[airflow]' or pass --redis-url"
+        ) from exc
     try:
         settings = settings_outside_task(conn_id)
     except ConfigError:
         raise
     except Exception as exc:  # AirflowNotFoundException and friends, shown plainly
-        hint = (" (this process was started by an Airflow task, which may not read the metadata database: "
+        hint = (
+            (
+                " (this process was started by an Airflow task, which may not read the metadata database: "
                 f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
-                "CHASQUI_REDIS_URL)") if in_task else ""
-        raise ConfigError(f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: "
-                          f"{redact_text(exc)}{hint}") from exc
+                "CHASQUI_REDIS_URL)"
+            )
+            if in_task
+            else ""
+        )
+        raise ConfigError(
+            f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {redact_text(exc)}{hint}"
+        ) from exc
     return settings.redis_url(), settings.default_queue
 
 
@@ -251,18 +341,22 @@ def configure_logging(level: str, fmt: str = "human") -> None:
     """The worker process's logging: one line per record on stderr (``fmt``: ``human`` text or
     ``json``, see :mod:`.logs`; Python warnings are logged too).  Only CLIs call this."""
     logging.captureWarnings(True)
-    logging.config.dictConfig({
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"line": formatter_spec(fmt)},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
-        "loggers": {
-            "airflow_provider_chasqui": {"level": level},
-            "py4j": {"level": "WARNING"},
-            "asyncio": {"level": "WARNING"},
-        },
-        "root": {"level": level, "handlers": ["stderr"]},
-    })
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "formatters": {"line": formatter_spec(fmt)},
+            "handlers": {
+                "stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}
+            },
+            "loggers": {
+                "airflow_provider_chasqui": {"level": level},
+                "py4j": {"level": "WARNING"},
+                "asyncio": {"level": "WARNING"},
+            },
+            "root": {"level": level, "handlers": ["stderr"]},
+        }
+    )
 
 
 # ---- running --------------------------------------------------------------------------------
@@ -288,8 +382,14 @@ def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHo
         sink = PrometheusMetrics(known_names=table)
         sampler = DepthSampler(url, queue, group=options.get("group", "default"))
         try:
-            server = MetricsServer(sink, port=args.metrics_port, host=args.metrics_host, sampler=sampler,
-                                   interval=args.metrics_interval, queue=queue)
+            server = MetricsServer(
+                sink,
+                port=args.metrics_port,
+                host=args.metrics_host,
+                sampler=sampler,
+                interval=args.metrics_interval,
+                queue=queue,
+            )
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}") from exc
     worker = Worker(queue, table, redis_url=url, metrics=sink, install_signal_handlers=False, **options)
@@ -320,8 +420,11 @@ async def _serve(worker: Any, server: Any, hooks: RunHooks) -> None:
 
     async def _close() -> None:
         await worker.close()  # returns once the blocked read is released: nothing new is read after this line
-        log.info("worker %s: no longer reading; running jobs get %.0fs to finish", worker.consumer_id,
-                 worker.settings.shutdown_deadline_secs)
+        log.info(
+            "worker %s: no longer reading; running jobs get %.0fs to finish",
+            worker.consumer_id,
+            worker.settings.shutdown_deadline_secs,
+        )
 
     def stop(signame: str, route: str = "") -> None:  # on the loop
         reason = f"{signame} (via {route})" if route else signame
@@ -335,8 +438,11 @@ async def _serve(worker: Any, server: Any, hooks: RunHooks) -> None:
         if signame == sig0 and route != route0 and now - t0 < _SAME_SIGNAL_WINDOW:
             log.debug("worker %s: %s is the same delivery as the first %s", worker.consumer_id, reason, sig0)
             return
-        log.warning("worker %s: %s again: exiting now; unfinished jobs stay pending and are reclaimed",
-                    worker.consumer_id, reason)
+        log.warning(
+            "worker %s: %s again: exiting now; unfinished jobs stay pending and are reclaimed",
+            worker.consumer_id,
+            reason,
+        )
         logging.shutdown()
         os._exit(130)
 
@@ -386,8 +492,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "chasqui worker") -> 
     if stragglers:
         # Handlers past the shutdown deadline: their entries stay pending and are reclaimed by
         # another worker; do not let them hold the process (the interpreter would join them).
-        log.warning("%d handler thread(s) still running after the shutdown deadline; exiting without them",
-                    len(stragglers))
+        log.warning(
+            "%d handler thread(s) still running after the shutdown deadline; exiting without them", len(stragglers)
+        )
         sys.stdout.flush()
         logging.shutdown()
         os._exit(code)

@@ -47,8 +47,15 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from ..sync._driver import SyncDriver
 
-__all__ = ["PrometheusMetrics", "DepthSampler", "MetricsServer", "UNREGISTERED", "LATENCY_BUCKETS", "DLQ_REASONS",
-           "TASK_ROLES"]
+__all__ = [
+    "PrometheusMetrics",
+    "DepthSampler",
+    "MetricsServer",
+    "UNREGISTERED",
+    "LATENCY_BUCKETS",
+    "DLQ_REASONS",
+    "TASK_ROLES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +63,35 @@ log = logging.getLogger(__name__)
 #: producers, not the operator, choose job names).
 UNREGISTERED = "__unregistered__"
 #: Handler latency buckets (seconds): 1 ms for plain handlers up to 4 h for Spark jobs.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                   120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, float("inf"))
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    14400.0,
+    float("inf"),
+)
 #: DLQ reasons a label may take (ChasquiMQ's five and ours); anything else is counted as ``other``.
-DLQ_REASONS = frozenset({"retries_exhausted", "unrecoverable", "decode_failed", "oversize_payload", "malformed",
-                         "routing_failed"})
+DLQ_REASONS = frozenset(
+    {"retries_exhausted", "unrecoverable", "decode_failed", "oversize_payload", "malformed", "routing_failed"}
+)
 #: The worker's supervised task roles (the ``task`` label of ``chasqui_task_restarts_total``).
 TASK_ROLES = ("reader", "slots", "flusher", "lease", "promoter", "scheduler")
 
@@ -82,65 +113,154 @@ class PrometheusMetrics:
     worker's event loop and the sampler thread; prometheus_client metrics are thread-safe.
     """
 
-    def __init__(self, *, known_names: Iterable[str] | None = None, registry: Any = None,
-                 namespace: str = "chasqui") -> None:
+    def __init__(
+        self, *, known_names: Iterable[str] | None = None, registry: Any = None, namespace: str = "chasqui"
+    ) -> None:
         pc = _prometheus()
         self.registry = registry if registry is not None else pc.CollectorRegistry(auto_describe=True)
         self._known = None if known_names is None else frozenset(known_names)
         r, ns = self.registry, namespace
-        self.completed = pc.Counter("jobs_completed", "Jobs whose handler returned", ["queue", "name"],
-                                    namespace=ns, registry=r)
-        self.failed = pc.Counter("jobs_failed", "Handler runs that raised (retried or dead-lettered)",
-                                 ["queue", "name"], namespace=ns, registry=r)
-        self.retried = pc.Counter("jobs_retried", "Failed runs scheduled for another attempt", ["queue", "name"],
-                                  namespace=ns, registry=r)
-        self.dead = pc.Counter("jobs_dead_lettered", "Jobs moved to the dead-letter queue", ["queue", "name", "reason"],
-                               namespace=ns, registry=r)
-        self.latency = pc.Histogram("handler_duration_seconds", "Run time of handlers that returned",
-                                    ["queue", "name"], namespace=ns, registry=r, buckets=LATENCY_BUCKETS)
-        self.read = pc.Counter("jobs_read", "Jobs read from the stream and handed to handlers", ["queue"],
-                               namespace=ns, registry=r)
+        self.completed = pc.Counter(
+            "jobs_completed", "Jobs whose handler returned", ["queue", "name"], namespace=ns, registry=r
+        )
+        self.failed = pc.Counter(
+            "jobs_failed",
+            "Handler runs that raised (retried or dead-lettered)",
+            ["queue", "name"],
+            namespace=ns,
+            registry=r,
+        )
+        self.retried = pc.Counter(
+            "jobs_retried", "Failed runs scheduled for another attempt", ["queue", "name"], namespace=ns, registry=r
+        )
+        self.dead = pc.Counter(
+            "jobs_dead_lettered",
+            "Jobs moved to the dead-letter queue",
+            ["queue", "name", "reason"],
+            namespace=ns,
+            registry=r,
+        )
+        self.latency = pc.Histogram(
+            "handler_duration_seconds",
+            "Run time of handlers that returned",
+            ["queue", "name"],
+            namespace=ns,
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.read = pc.Counter(
+            "jobs_read", "Jobs read from the stream and handed to handlers", ["queue"], namespace=ns, registry=r
+        )
         self.batches = pc.Counter("read_batches", "Non-empty stream reads", ["queue"], namespace=ns, registry=r)
-        self.promoted = pc.Counter("promoter_promoted", "Delayed jobs moved to the stream by this process's promoter",
-                                   ["queue"], namespace=ns, registry=r)
-        self.promoter_lag = pc.Gauge("promoter_lag_seconds", "How overdue the oldest due delayed job was at the "
-                                     "promoter's last tick", ["queue"], namespace=ns, registry=r)
-        self.fires = pc.Counter("scheduler_fires", "Repeatable-job fires enqueued by this process's scheduler",
-                                ["queue"], namespace=ns, registry=r)
-        self.fire_lag = pc.Histogram("scheduler_fire_lag_seconds", "Delay between a fire's due time and its enqueue",
-                                     ["queue"], namespace=ns, registry=r,
-                                     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf")))
-        self.stream_depth = pc.Gauge("stream_length", "Entries in the queue's stream (XLEN)", ["queue"],
-                                     namespace=ns, registry=r)
-        self.pending_depth = pc.Gauge("pending_jobs", "Entries read but not yet acknowledged (XPENDING)",
-                                      ["queue", "group"], namespace=ns, registry=r)
-        self.delayed_depth = pc.Gauge("delayed_jobs", "Jobs waiting in the delayed set (ZCARD)", ["queue"],
-                                      namespace=ns, registry=r)
-        self.dlq_depth = pc.Gauge("dlq_length", "Entries in the dead-letter stream (XLEN)", ["queue"],
-                                  namespace=ns, registry=r)
-        self.sample_time = pc.Gauge("depth_sample_timestamp_seconds", "Unix time of the last successful depth sample",
-                                    ["queue"], namespace=ns, registry=r)
-        self.sample_errors = pc.Counter("depth_sample_errors", "Depth samples that failed (Redis unreachable, ...)",
-                                        ["queue"], namespace=ns, registry=r)
-        self.oldest_waiting = pc.Gauge("oldest_waiting_job_age_seconds", "Age of the oldest job in the stream not yet "
-                                       "delivered to a worker (0: none waiting)", ["queue"], namespace=ns, registry=r)
-        self.delayed_overdue = pc.Gauge("delayed_overdue_jobs", "Delayed jobs whose run time has passed but are "
-                                        "still in the delayed set (the promoter is behind or not running)",
-                                        ["queue"], namespace=ns, registry=r)
-        self.consumers = pc.Gauge("consumers", "Consumers of the group (XINFO CONSUMERS)", ["queue", "group"],
-                                  namespace=ns, registry=r)
-        self.consumer_idle = pc.Gauge("consumer_max_idle_seconds", "Longest idle time among the group's consumers "
-                                      "(a dead worker's consumer grows until the janitor removes it)",
-                                      ["queue", "group"], namespace=ns, registry=r)
-        self.quarantined = pc.Gauge("scheduler_quarantined_specs", "Repeatable specs moved to quarantine because "
-                                    "they could not be decoded (they no longer fire)", ["queue"], namespace=ns,
-                                    registry=r)
-        self.lease_renewals = pc.Counter("lease_renewals", "In-flight entries whose lease this worker renewed",
-                                         ["queue"], namespace=ns, registry=r)
-        self.leases_lost = pc.Counter("leases_lost", "In-flight entries another consumer took over (this worker was "
-                                      "paused or cut off longer than the lease)", ["queue"], namespace=ns, registry=r)
-        self.restarts = pc.Counter("task_restarts", "Restarts of the worker's supervised tasks after a crash",
-                                   ["queue", "task"], namespace=ns, registry=r)
+        self.promoted = pc.Counter(
+            "promoter_promoted",
+            "Delayed jobs moved to the stream by this process's promoter",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.promoter_lag = pc.Gauge(
+            "promoter_lag_seconds",
+            "How overdue the oldest due delayed job was at the promoter's last tick",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.fires = pc.Counter(
+            "scheduler_fires",
+            "Repeatable-job fires enqueued by this process's scheduler",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.fire_lag = pc.Histogram(
+            "scheduler_fire_lag_seconds",
+            "Delay between a fire's due time and its enqueue",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf")),
+        )
+        self.stream_depth = pc.Gauge(
+            "stream_length", "Entries in the queue's stream (XLEN)", ["queue"], namespace=ns, registry=r
+        )
+        self.pending_depth = pc.Gauge(
+            "pending_jobs",
+            "Entries read but not yet acknowledged (XPENDING)",
+            ["queue", "group"],
+            namespace=ns,
+            registry=r,
+        )
+        self.delayed_depth = pc.Gauge(
+            "delayed_jobs", "Jobs waiting in the delayed set (ZCARD)", ["queue"], namespace=ns, registry=r
+        )
+        self.dlq_depth = pc.Gauge(
+            "dlq_length", "Entries in the dead-letter stream (XLEN)", ["queue"], namespace=ns, registry=r
+        )
+        self.sample_time = pc.Gauge(
+            "depth_sample_timestamp_seconds",
+            "Unix time of the last successful depth sample",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.sample_errors = pc.Counter(
+            "depth_sample_errors",
+            "Depth samples that failed (Redis unreachable, ...)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.oldest_waiting = pc.Gauge(
+            "oldest_waiting_job_age_seconds",
+            "Age of the oldest job in the stream not yet delivered to a worker (0: none waiting)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.delayed_overdue = pc.Gauge(
+            "delayed_overdue_jobs",
+            "Delayed jobs whose run time has passed but are "
+            "still in the delayed set (the promoter is behind or not running)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.consumers = pc.Gauge(
+            "consumers", "Consumers of the group (XINFO CONSUMERS)", ["queue", "group"], namespace=ns, registry=r
+        )
+        self.consumer_idle = pc.Gauge(
+            "consumer_max_idle_seconds",
+            "Longest idle time among the group's consumers "
+            "(a dead worker's consumer grows until the janitor removes it)",
+            ["queue", "group"],
+            namespace=ns,
+            registry=r,
+        )
+        self.quarantined = pc.Gauge(
+            "scheduler_quarantined_specs",
+            "Repeatable specs moved to quarantine because they could not be decoded (they no longer fire)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.lease_renewals = pc.Counter(
+            "lease_renewals", "In-flight entries whose lease this worker renewed", ["queue"], namespace=ns, registry=r
+        )
+        self.leases_lost = pc.Counter(
+            "leases_lost",
+            "In-flight entries another consumer took over (this worker was paused or cut off longer than the lease)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.restarts = pc.Counter(
+            "task_restarts",
+            "Restarts of the worker's supervised tasks after a crash",
+            ["queue", "task"],
+            namespace=ns,
+            registry=r,
+        )
 
     def _name(self, name: str) -> str:
         if self._known is None or name in self._known or name == "":
@@ -228,9 +348,13 @@ class DepthSampler:
     def _flow(self, now_ms: int) -> Flow[dict[str, int]]:
         k = self.keys
         stream, delayed, dlq, exists, overdue, quarantined = yield [
-            command("XLEN", k.stream), command("ZCARD", k.delayed), command("XLEN", k.dlq),
-            command("EXISTS", k.stream), command("ZCOUNT", k.delayed, "-inf", now_ms),
-            command("HLEN", k.repeat_quarantine)]
+            command("XLEN", k.stream),
+            command("ZCARD", k.delayed),
+            command("XLEN", k.dlq),
+            command("EXISTS", k.stream),
+            command("ZCOUNT", k.delayed, "-inf", now_ms),
+            command("HLEN", k.repeat_quarantine),
+        ]
         pending = consumers = idle_ms = 0
         after = "-"  # the oldest waiting entry: the first one past the group's last delivered id
         if int_reply(exists):
@@ -247,9 +371,17 @@ class DepthSampler:
             first = (yield command("XRANGE", k.stream, after, "+", "COUNT", 1)) or []
             if first:
                 oldest_ms = max(0, now_ms - int(str_reply(first[0][0]).split("-", 1)[0]))
-        return {"stream": int_reply(stream), "pending": pending, "delayed": int_reply(delayed), "dlq": int_reply(dlq),
-                "oldest_waiting_ms": oldest_ms, "overdue": int_reply(overdue), "consumers": consumers,
-                "consumer_max_idle_ms": idle_ms, "quarantined": int_reply(quarantined)}
+        return {
+            "stream": int_reply(stream),
+            "pending": pending,
+            "delayed": int_reply(delayed),
+            "dlq": int_reply(dlq),
+            "oldest_waiting_ms": oldest_ms,
+            "overdue": int_reply(overdue),
+            "consumers": consumers,
+            "consumer_max_idle_ms": idle_ms,
+            "quarantined": int_reply(quarantined),
+        }
 
     def sample(self) -> dict[str, int]:
         if self._driver is None:
@@ -286,13 +418,27 @@ class MetricsServer:
     with :meth:`stop`; every thread is a daemon, so a crashing worker never hangs on them.
     """
 
-    def __init__(self, metrics: PrometheusMetrics, *, port: int, host: str = "127.0.0.1",
-                 sampler: DepthSampler | None = None, interval: float = 5.0, loop_deadline: float = 5.0,
-                 is_running: Callable[[], bool] | None = None, health: Callable[[], Any] | None = None,
-                 queue: str = "", header_timeout: float = 5.0, max_connections: int = 64,
-                 workers: int = 4) -> None:
-        for name, value in (("metrics interval", interval), ("loop_deadline", loop_deadline),
-                            ("header_timeout", header_timeout)):
+    def __init__(
+        self,
+        metrics: PrometheusMetrics,
+        *,
+        port: int,
+        host: str = "127.0.0.1",
+        sampler: DepthSampler | None = None,
+        interval: float = 5.0,
+        loop_deadline: float = 5.0,
+        is_running: Callable[[], bool] | None = None,
+        health: Callable[[], Any] | None = None,
+        queue: str = "",
+        header_timeout: float = 5.0,
+        max_connections: int = 64,
+        workers: int = 4,
+    ) -> None:
+        for name, value in (
+            ("metrics interval", interval),
+            ("loop_deadline", loop_deadline),
+            ("header_timeout", header_timeout),
+        ):
             if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         self.metrics = metrics
@@ -305,8 +451,9 @@ class MetricsServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sample_ok: bool | None = None
         self._stop = threading.Event()
-        self._http = _HttpServer(host, port, self._respond, header_timeout=header_timeout,
-                                 max_connections=max_connections, workers=workers)
+        self._http = _HttpServer(
+            host, port, self._respond, header_timeout=header_timeout, max_connections=max_connections, workers=workers
+        )
         self._threads: list[threading.Thread] = []
 
     @property
@@ -328,8 +475,9 @@ class MetricsServer:
             sample = threading.Thread(target=self._sample_loop, name="chasqui-metrics-sampler", daemon=True)
             sample.start()
             self._threads.append(sample)
-        log.info("metrics for queue %s on http://%s:%d/metrics (probes: /livez, /readyz)",
-                 self.queue, self.host, self.port)
+        log.info(
+            "metrics for queue %s on http://%s:%d/metrics (probes: /livez, /readyz)", self.queue, self.host, self.port
+        )
         return self
 
     def stop(self) -> None:
@@ -410,8 +558,15 @@ class MetricsServer:
         return (200 if ok else 503), json.dumps(report).encode(), "application/json"
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 _MAX_HEAD = 8192
 
 
@@ -419,8 +574,16 @@ class _HttpServer:
     """GET-only HTTP/1.0-style server: a selector thread collects request heads, a fixed pool
     answers them (see the module docstring for the limits)."""
 
-    def __init__(self, host: str, port: int, respond: Callable[[str], tuple[int, bytes, str]], *,
-                 header_timeout: float, max_connections: int, workers: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        respond: Callable[[str], tuple[int, bytes, str]],
+        *,
+        header_timeout: float,
+        max_connections: int,
+        workers: int,
+    ) -> None:
         self._respond = respond
         self._header_timeout = header_timeout
         self._max = max_connections
@@ -444,8 +607,10 @@ class _HttpServer:
 
     def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._select_loop, name="chasqui-metrics-http", daemon=True)]
-        threads += [threading.Thread(target=self._answer_loop, name=f"chasqui-metrics-http-{i}", daemon=True)
-                    for i in range(self._workers)]
+        threads += [
+            threading.Thread(target=self._answer_loop, name=f"chasqui-metrics-http-{i}", daemon=True)
+            for i in range(self._workers)
+        ]
         for t in threads:
             t.start()
         return threads
@@ -525,8 +690,11 @@ class _HttpServer:
             try:
                 conn.settimeout(self._header_timeout)
                 status, body, ctype = self._answer(head)
-                conn.sendall(f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
-                             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+                conn.sendall(
+                    f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                    + body
+                )
             except OSError as exc:
                 log.debug("metrics http: could not answer: %s", exc)
             finally:

@@ -98,8 +98,9 @@ class HandlerRegistry(Mapping[str, Callable[..., Any]]):
     def register(self, name: str, fn: Callable[..., Any], *, origin: str = "") -> None:
         _check_name(name, origin or "register")
         if not callable(fn):
-            raise HandlerLoadError(f"{origin or 'register'}: the handler for job name {name!r} is a "
-                                   f"{type(fn).__name__}, not a callable")
+            raise HandlerLoadError(
+                f"{origin or 'register'}: the handler for job name {name!r} is a {type(fn).__name__}, not a callable"
+            )
         if name in self._table and self._table[name] is not fn:
             first = self._origin.get(name) or _qualname(self._table[name])
             raise HandlerLoadError(f"job name {name!r} has two handlers: {first} and {origin or _qualname(fn)}")
@@ -172,12 +173,14 @@ def _import(module: str, spec: str) -> Any:
         # Only a miss of the named module (or a parent) is "not found"; a missing import
         # *inside* the module is that module's own error and is reported as such.
         if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
-            raise HandlerLoadError(f"handler module {module!r} (from {spec!r}) was not found: is it installed "
-                                   "or on PYTHONPATH?") from exc
+            raise HandlerLoadError(
+                f"handler module {module!r} (from {spec!r}) was not found: is it installed or on PYTHONPATH?"
+            ) from exc
         raise HandlerLoadError(f"importing handler module {module!r} (from {spec!r}) failed: {exc}") from exc
     except Exception as exc:  # any error while importing user code is a load error
-        raise HandlerLoadError(f"importing handler module {module!r} (from {spec!r}) failed: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        raise HandlerLoadError(
+            f"importing handler module {module!r} (from {spec!r}) failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _from_object(obj: Any, spec: str, attr_name: str | None) -> dict[str, Callable[..., Any]]:
@@ -186,8 +189,9 @@ def _from_object(obj: Any, spec: str, attr_name: str | None) -> dict[str, Callab
         for name, fn in obj.items():
             _check_name(name, spec)
             if not callable(fn):
-                raise HandlerLoadError(f"{spec}: the handler for job name {name!r} is a {type(fn).__name__}, "
-                                       "not a callable")
+                raise HandlerLoadError(
+                    f"{spec}: the handler for job name {name!r} is a {type(fn).__name__}, not a callable"
+                )
             out[name] = fn
         if not out:
             raise HandlerLoadError(f"{spec} is an empty mapping: no handlers to run")
@@ -195,8 +199,10 @@ def _from_object(obj: Any, spec: str, attr_name: str | None) -> dict[str, Callab
     if callable(obj) and not isinstance(obj, type):
         names = getattr(obj, _MARK, None) or ((attr_name,) if attr_name else ())
         return dict.fromkeys(names, obj)
-    raise HandlerLoadError(f"{spec} is a {type(obj).__name__}, not a handler: expected a callable, a mapping of "
-                           "job name to callable, or a HandlerRegistry")
+    raise HandlerLoadError(
+        f"{spec} is a {type(obj).__name__}, not a handler: expected a callable, a mapping of "
+        "job name to callable, or a HandlerRegistry"
+    )
 
 
 def _load_one(spec: str) -> dict[str, Callable[..., Any]]:
@@ -221,9 +227,11 @@ def _load_one(spec: str) -> dict[str, Callable[..., Any]]:
                 raise HandlerLoadError(f"{module_name}: job name {job_name!r} is marked on two functions")
             marked[job_name] = value
     if not marked:
-        raise HandlerLoadError(f"handler module {module_name!r} defines no handlers: expected HANDLERS (a mapping), "
-                               "registry (a HandlerRegistry) or @handler(...) functions, or name one as "
-                               f"{module_name}:attr")
+        raise HandlerLoadError(
+            f"handler module {module_name!r} defines no handlers: expected HANDLERS (a mapping), "
+            "registry (a HandlerRegistry) or @handler(...) functions, or name one as "
+            f"{module_name}:attr"
+        )
     return marked
 
 
@@ -243,8 +251,12 @@ def load_handlers(specs: Iterable[str]) -> HandlerRegistry:
 
 
 # ---- binding resources ----------------------------------------------------------------------
-def bind(registry: Mapping[str, Callable[..., Any]], resources: Mapping[str, Any] | None = None,
-         *, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None) -> dict[str, Callable[..., Any]]:
+def bind(
+    registry: Mapping[str, Callable[..., Any]],
+    resources: Mapping[str, Any] | None = None,
+    *,
+    wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None,
+) -> dict[str, Callable[..., Any]]:
     """The table ``Worker`` receives: each handler as ``fn(job)``, resources bound by keyword.
 
     ``resources`` maps a :data:`RESOURCE_PARAMS` name to its object; a handler declaring a
@@ -260,9 +272,11 @@ def bind(registry: Mapping[str, Callable[..., Any]], resources: Mapping[str, Any
         wanted = {p: resources[p] for p in RESOURCE_PARAMS if p in params and p in resources}
         missing = [p for p in RESOURCE_PARAMS if p in params and p not in resources]
         if missing:
-            raise ConfigError(f"handler {_qualname(fn)} for job name {name!r} needs {', '.join(missing)}, which this "
-                              "worker does not provide (run Spark handlers with the Spark worker: "
-                              "spark-submit .../worker/spark.py or chasqui worker, which starts one when needed)")
+            raise ConfigError(
+                f"handler {_qualname(fn)} for job name {name!r} needs {', '.join(missing)}, which this "
+                "worker does not provide (run Spark handlers with the Spark worker: "
+                "spark-submit .../worker/spark.py or chasqui worker, which starts one when needed)"
+            )
         if signature is not None:
             _check_signature(name, fn, signature, set(wanted))
         bound = functools.partial(fn, **wanted) if wanted else fn
@@ -273,13 +287,18 @@ def bind(registry: Mapping[str, Callable[..., Any]], resources: Mapping[str, Any
 def _check_signature(name: str, fn: Any, params: Mapping[str, inspect.Parameter], given: set[str]) -> None:
     all_positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if all_positional and all_positional[0].name in given:
-        raise ConfigError(f"handler {_qualname(fn)} for job name {name!r}: the job must be the first parameter, "
-                          f"not {all_positional[0].name!r}")
+        raise ConfigError(
+            f"handler {_qualname(fn)} for job name {name!r}: the job must be the first parameter, "
+            f"not {all_positional[0].name!r}"
+        )
     positional = [p for p in all_positional if p.name not in given]
     takes_job = bool(positional) or any(p.kind is p.VAR_POSITIONAL for p in params.values())
     required = [p.name for p in positional[1:] if p.default is p.empty] + [
-        p.name for p in params.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in given]
+        p.name for p in params.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in given
+    ]
     if not takes_job or required:
         why = "takes no job argument" if not takes_job else f"also requires {', '.join(required)}"
-        raise ConfigError(f"handler {_qualname(fn)} for job name {name!r} {why}; a handler is fn(job) "
-                          f"(optionally with a {' / '.join(RESOURCE_PARAMS)} parameter)")
+        raise ConfigError(
+            f"handler {_qualname(fn)} for job name {name!r} {why}; a handler is fn(job) "
+            f"(optionally with a {' / '.join(RESOURCE_PARAMS)} parameter)"
+        )

@@ -56,8 +56,15 @@ from airflow_provider_chasqui.errors import ConfigError
 from airflow_provider_chasqui.worker import cli
 from airflow_provider_chasqui.worker.registry import HandlerLoadError, HandlerRegistry, bind
 
-__all__ = ["main", "run_with_spark", "SparkRuntime", "DEFAULT_SPARK_CONCURRENCY", "DEFAULT_SPARK_LOG_LEVEL",
-           "POOL_FILE", "POOLS"]
+__all__ = [
+    "main",
+    "run_with_spark",
+    "SparkRuntime",
+    "DEFAULT_SPARK_CONCURRENCY",
+    "DEFAULT_SPARK_LOG_LEVEL",
+    "POOL_FILE",
+    "POOLS",
+]
 
 log = logging.getLogger("airflow_provider_chasqui.worker.spark")
 
@@ -112,6 +119,7 @@ def _session_defaults(existing: Any, conf: dict[str, str]) -> dict[str, str]:
     """What the worker sets when neither spark-submit nor ``--spark-conf`` did: FAIR scheduling
     with the shipped pools (no "pool ... has not been configured" warning per handler thread),
     and Spark's log level (WARN: a batch's output is the worker's lines and Spark's warnings)."""
+
     def given(key: str) -> bool:
         return key in conf or existing.contains(key)
 
@@ -160,8 +168,9 @@ class SparkRuntime:
         if "spark" not in _declared(fn):
             return fn
         if inspect.iscoroutinefunction(fn):
-            log.warning("Spark handler for %r is async: its Spark calls block the event loop; make it a plain def",
-                        name)
+            log.warning(
+                "Spark handler for %r is async: its Spark calls block the event loop; make it a plain def", name
+            )
             return fn
         sc = self.sc
 
@@ -204,8 +213,11 @@ class SparkRuntime:
                 jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), handler)
                 self._jvm_handlers.append(handler)  # keep the proxy alive for the JVM
             except Exception as exc:  # noqa: BLE001 - an exotic JVM: fall back to Python's handlers only
-                log.warning("could not forward the JVM's SIG%s to the worker (%s); a SIGTERM to the JVM stops "
-                            "Spark at once", name, exc)
+                log.warning(
+                    "could not forward the JVM's SIG%s to the worker (%s); a SIGTERM to the JVM stops Spark at once",
+                    name,
+                    exc,
+                )
 
     def start(self, request_stop: Callable[[str, str], None]) -> None:
         """``RunHooks.on_start``: forward the JVM's signals and watch that the JVM stays up."""
@@ -241,8 +253,11 @@ class SparkRuntime:
         if self.jvm_lost:
             return
         if self.active:
-            log.warning("%d Spark handler(s) still running after the shutdown deadline: cancelling their Spark jobs "
-                        "(their entries stay pending and are reclaimed)", self.active)
+            log.warning(
+                "%d Spark handler(s) still running after the shutdown deadline: cancelling their Spark jobs "
+                "(their entries stay pending and are reclaimed)",
+                self.active,
+            )
             self.sc.cancelAllJobs()
             deadline = time.monotonic() + grace
             while self.active and time.monotonic() < deadline:
@@ -266,13 +281,20 @@ def run_with_spark(args: argparse.Namespace, registry: HandlerRegistry) -> int:
     cli.resolve_target(args)
     bind(registry, {"spark": None})
     started = time.monotonic()
-    spark = build_session(getattr(args, "app_name", None), conf,
-                          default_name=f"chasqui-worker-{args.queue or args.conn_id or 'queue'}")
-    log.info("SparkSession %s up in %.1fs (master %s, Spark %s)", spark.sparkContext.appName,
-             time.monotonic() - started, spark.sparkContext.master, spark.version)
+    spark = build_session(
+        getattr(args, "app_name", None), conf, default_name=f"chasqui-worker-{args.queue or args.conn_id or 'queue'}"
+    )
+    log.info(
+        "SparkSession %s up in %.1fs (master %s, Spark %s)",
+        spark.sparkContext.appName,
+        time.monotonic() - started,
+        spark.sparkContext.master,
+        spark.version,
+    )
     runtime = SparkRuntime(spark, args.queue or "")
-    hooks = cli.RunHooks(resources={"spark": spark}, wrap=runtime.wrap, on_start=runtime.start,
-                         defaults=_spark_defaults())
+    hooks = cli.RunHooks(
+        resources={"spark": spark}, wrap=runtime.wrap, on_start=runtime.start, defaults=_spark_defaults()
+    )
     try:
         code = cli.run_worker(args, registry, hooks)
     finally:

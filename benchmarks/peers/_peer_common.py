@@ -106,8 +106,14 @@ def _timed(adapter: Any, method: str, url: str, queue: str, n: int) -> dict[str,
 
 def _report(counter: Counter) -> str:
     assert counter.first is not None and counter.last is not None and counter.cpu_end is not None
-    return json.dumps({"first": counter.first, "last": counter.last, "cpu_s": counter.cpu_end - counter.cpu_start,
-                       "count": counter.count})
+    return json.dumps(
+        {
+            "first": counter.first,
+            "last": counter.last,
+            "cpu_s": counter.cpu_end - counter.cpu_start,
+            "count": counter.count,
+        }
+    )
 
 
 def _worker_role(adapter: Any, args: argparse.Namespace) -> None:
@@ -137,8 +143,20 @@ def _process(adapter: Any, args: argparse.Namespace, delayed: bool) -> dict[str,
         time.sleep(DELAY_S + 0.1)
     else:
         asyncio.run(_call(adapter.enqueue_bulk, args.redis_url, args.queue, args.n))
-    cmd = [sys.executable, os.path.abspath(sys.argv[0]), "--role", "worker", "--redis-url", args.redis_url,
-           "--n", str(args.n), "--queue", args.queue, "--workload", args.workload]
+    cmd = [
+        sys.executable,
+        os.path.abspath(sys.argv[0]),
+        "--role",
+        "worker",
+        "--redis-url",
+        args.redis_url,
+        "--n",
+        str(args.n),
+        "--queue",
+        args.queue,
+        "--workload",
+        args.workload,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + args.n / 50)
     if proc.returncode != 0:
         raise SystemExit(f"worker process failed ({proc.returncode}): {proc.stderr[-3000:]}")

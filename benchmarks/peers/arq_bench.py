@@ -44,14 +44,22 @@ class Adapter:
         pool = await create_pool(RedisSettings.from_dsn(url), default_queue_name=queue)
         try:
             for start in range(0, n, 1000):
-                await asyncio.gather(*(pool.enqueue_job("noop", i, _defer_by=delay_s)
-                                       for i in range(start, min(n, start + 1000))))
+                await asyncio.gather(
+                    *(pool.enqueue_job("noop", i, _defer_by=delay_s) for i in range(start, min(n, start + 1000)))
+                )
         finally:
             await pool.aclose()
 
     async def work(self, url: str, queue: str, n: int, counter: common.Counter, concurrency: int) -> None:
-        worker = Worker(functions=[noop], queue_name=queue, redis_settings=RedisSettings.from_dsn(url),
-                        burst=True, max_jobs=concurrency, handle_signals=False, poll_delay=0.01)
+        worker = Worker(
+            functions=[noop],
+            queue_name=queue,
+            redis_settings=RedisSettings.from_dsn(url),
+            burst=True,
+            max_jobs=concurrency,
+            handle_signals=False,
+            poll_delay=0.01,
+        )
         counter.start_clock()
         try:
             await worker.main()

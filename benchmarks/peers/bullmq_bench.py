@@ -41,8 +41,9 @@ class Adapter:
         opts = {"delay": int(delay_s * 1000)} if delay_s else {}
         try:
             for start in range(0, n, 1000):
-                await q.addBulk([{"name": "noop", "data": {"i": i}, "opts": opts}
-                                 for i in range(start, min(n, start + 1000))])
+                await q.addBulk(
+                    [{"name": "noop", "data": {"i": i}, "opts": opts} for i in range(start, min(n, start + 1000))]
+                )
         finally:
             await q.close()
 

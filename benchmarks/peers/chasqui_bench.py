@@ -42,11 +42,21 @@ class Adapter:
         extra = {"delay_ms": int(delay_s * 1000)} if delay_s else {}
         async with Queue(queue, redis_url=url) as q:
             for start in range(0, n, 1000):
-                await q.add_bulk([{"name": "noop", "data": {"i": i}, **extra} for i in range(start, min(n, start + 1000))])
+                await q.add_bulk(
+                    [{"name": "noop", "data": {"i": i}, **extra} for i in range(start, min(n, start + 1000))]
+                )
 
     async def work(self, url: str, queue: str, n: int, counter: common.Counter, concurrency: int) -> None:
-        worker = Worker(queue, noop, redis_url=url, concurrency=concurrency, events_enabled=True,
-                        store_results=False, run_scheduler=False, events_max_stream_len=max(100_000, 8 * n))
+        worker = Worker(
+            queue,
+            noop,
+            redis_url=url,
+            concurrency=concurrency,
+            events_enabled=True,
+            store_results=False,
+            run_scheduler=False,
+            events_max_stream_len=max(100_000, 8 * n),
+        )
         counter.start_clock()
         task = asyncio.create_task(worker.run())
         try:

@@ -52,8 +52,9 @@ class Adapter:
         counter.start_clock()
         # Burst mode enqueues one batch (1,000) of due scheduled jobs and quits once the queue is
         # empty; delayed jobs need RQ's normal mode, whose scheduler runs in a child process.
-        worker.work(burst=counter.n <= 1000 or not self.delayed, max_jobs=n, with_scheduler=True,
-                    logging_level="WARNING")
+        worker.work(
+            burst=counter.n <= 1000 or not self.delayed, max_jobs=n, with_scheduler=True, logging_level="WARNING"
+        )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,14 @@ HERE = Path(__file__).resolve().parent
 def conn_json(redis_url: str, **extra: object) -> str:
     """``AIRFLOW_CONN_*`` JSON for a standalone connection to ``redis_url``."""
     parsed = redis.connection.parse_url(redis_url)
-    return json.dumps({"conn_type": "chasqui", "host": parsed.get("host", "127.0.0.1"),
-                       "port": parsed.get("port", 6379), "extra": {"db": parsed.get("db", 0), **extra}})
+    return json.dumps(
+        {
+            "conn_type": "chasqui",
+            "host": parsed.get("host", "127.0.0.1"),
+            "port": parsed.get("port", 6379),
+            "extra": {"db": parsed.get("db", 0), **extra},
+        }
+    )
 
 
 def delete_queue_keys(redis_url: str, queue: str) -> None:
@@ -45,8 +51,9 @@ class WorkerProcess:
     def __init__(self, redis_url: str, queue: str, log_path: Path, timeout: float = 30.0) -> None:
         self.log_path = log_path
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, str(HERE / "worker_main.py"), redis_url, queue],
-                                         stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "worker_main.py"), redis_url, queue], stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + timeout
         while "READY" not in self.output():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -71,11 +78,17 @@ def run_dags(env: dict[str, str], plan: list[list[object]], timeout: float = 280
     process wall time (``process_seconds``, Airflow's start-up included).
     """
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(HERE / "run_dag.py"), json.dumps(plan)], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "run_dag.py"), json.dumps(plan)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     log = proc.stdout
     assert proc.returncode == 0, log[-6000:]
-    summaries = [json.loads(line[len("RESULT "):]) for line in log.splitlines() if line.startswith("RESULT ")]
+    summaries = [json.loads(line[len("RESULT ") :]) for line in log.splitlines() if line.startswith("RESULT ")]
     assert len(summaries) == len(plan), log[-6000:]
     elapsed = round(time.monotonic() - started, 3)
     return [{**s, "log": _run_log(log, i), "process_seconds": elapsed} for i, s in enumerate(summaries)]

@@ -40,10 +40,15 @@ def airflow_home(redis_url: str) -> Iterator[dict[str, str]]:
     shutil.copytree(ROOT / "example_dags", DAGS, ignore=shutil.ignore_patterns("__pycache__"))
     for dag_file in (HERE / "dags").glob("*.py"):
         shutil.copy(dag_file, DAGS / dag_file.name)
-    env = {**os.environ, **AIRFLOW_ENV, "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-           "AIRFLOW_CONN_CHASQUI_DEFAULT": conn_json(redis_url)}
-    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = {
+        **os.environ,
+        **AIRFLOW_ENV,
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW_CONN_CHASQUI_DEFAULT": conn_json(redis_url),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     shutil.copy(AIRFLOW_HOME / "airflow.db", AIRFLOW_HOME / "airflow.db.migrated")  # for private homes
     yield env

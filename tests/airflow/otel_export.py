@@ -19,13 +19,22 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 
 def _line(span) -> str:  # span: an SDK ReadableSpan
     ctx = span.get_span_context()
-    return json.dumps({
-        "name": span.name, "trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}",
-        "parent_id": f"{span.parent.span_id:016x}" if span.parent else None, "kind": span.kind.name,
-        "attributes": {k: (list(v) if isinstance(v, tuple) else v) for k, v in (span.attributes or {}).items()},
-        "links": [f"{link.context.span_id:016x}" for link in span.links],
-        "status": span.status.status_code.name, "events": [e.name for e in span.events],
-    }) + "\n"
+    return (
+        json.dumps(
+            {
+                "name": span.name,
+                "trace_id": f"{ctx.trace_id:032x}",
+                "span_id": f"{ctx.span_id:016x}",
+                "parent_id": f"{span.parent.span_id:016x}" if span.parent else None,
+                "kind": span.kind.name,
+                "attributes": {k: (list(v) if isinstance(v, tuple) else v) for k, v in (span.attributes or {}).items()},
+                "links": [f"{link.context.span_id:016x}" for link in span.links],
+                "status": span.status.status_code.name,
+                "events": [e.name for e in span.events],
+            }
+        )
+        + "\n"
+    )
 
 
 def main() -> None:

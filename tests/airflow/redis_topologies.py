@@ -74,14 +74,23 @@ def _certificates(tmpdir: Path) -> tuple[Path, Path, Path]:
 
     def build(subject: str, issuer: x509.Name | None, issuer_key: object, key: object, ca: bool) -> x509.Certificate:
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-        builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())  # type: ignore[attr-defined]
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(issuer or name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())  # type: ignore[attr-defined]
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if not ca:
-            builder = builder.add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+                ),
+                critical=False,
+            )
         return builder.sign(issuer_key, hashes.SHA256())  # type: ignore[arg-type]
 
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
@@ -90,8 +99,9 @@ def _certificates(tmpdir: Path) -> tuple[Path, Path, Path]:
     paths = tmpdir / "ca.pem", tmpdir / "server.pem", tmpdir / "server.key"
     paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return paths
 
 
@@ -100,9 +110,22 @@ def tls_server(tmpdir: Path) -> Iterator[TlsServer]:
     """A server with a TLS port (clients need no certificate) beside its plain one."""
     ca, cert, key = _certificates(tmpdir)
     tls_port = free_port()
-    server = start_server("redis7", tmpdir=tmpdir, extra_args=(
-        "--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-        "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"))
+    server = start_server(
+        "redis7",
+        tmpdir=tmpdir,
+        extra_args=(
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--tls-ca-cert-file",
+            str(ca),
+            "--tls-auth-clients",
+            "no",
+        ),
+    )
     try:
         yield TlsServer(server, tls_port, ca)
     finally:
@@ -117,8 +140,9 @@ def sentinel(tmpdir: Path, service: str = "chasqui-master") -> Iterator[tuple[Ru
     conf = tmpdir / f"sentinel-{port}.conf"
     conf.write_text(f"port {port}\nbind 127.0.0.1\nsentinel monitor {service} 127.0.0.1 {master.port} 1\n")
     with open(tmpdir / f"sentinel-{port}.log", "wb") as log:
-        proc = subprocess.Popen(["/usr/bin/redis-server", str(conf), "--sentinel"], stdout=log,
-                                stderr=subprocess.STDOUT, cwd=tmpdir)
+        proc = subprocess.Popen(
+            ["/usr/bin/redis-server", str(conf), "--sentinel"], stdout=log, stderr=subprocess.STDOUT, cwd=tmpdir
+        )
     try:
         with redis.Redis(port=port, socket_timeout=2) as s:
             _wait(lambda: s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service), 20, "the Sentinel")
@@ -135,11 +159,36 @@ def cluster(tmpdir: Path, nodes: int = 3) -> Iterator[list[RunningServer]]:
     servers: list[RunningServer] = []
     try:
         for _ in range(nodes):
-            servers.append(start_server("redis7", tmpdir=tmpdir, extra_args=(
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", "2000", "--cluster-port", str(free_port()))))
-        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+            servers.append(
+                start_server(
+                    "redis7",
+                    tmpdir=tmpdir,
+                    extra_args=(
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                        "--cluster-port",
+                        str(free_port()),
+                    ),
+                )
+            )
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{s.port}" for s in servers],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         for s in servers:
             with s.client() as c:
                 _wait(lambda c=c: c.cluster("info")["cluster_state"] == "ok", 30, f"cluster state ok on {s.port}")

@@ -133,8 +133,13 @@ class AirflowServices:
         args = SERVICES[name] + (("--port", str(self.port)) if name == "api-server" else ())
         self.starts[name] = self.starts.get(name, 0) + 1
         with open(self.logs / f"{name}-{self.starts[name]}.log", "wb") as log:
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", "airflow", *args], env=self.env, stdout=log,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.sessions.add(self.procs[name].pid)  # its session id: every process it starts stays in it
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -205,21 +210,29 @@ class AirflowServices:
             with urllib.request.urlopen(f"{base}/auth/token", timeout=30) as reply:
                 self._token = json.load(reply)["access_token"]
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{base}{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self._token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{base}{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=60) as reply:
             return json.load(reply)
 
     def airflow(self, *args: str, timeout: float = 120) -> str:
-        proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
     def wait_parsed(self, *dag_ids: str, timeout: float = 120) -> None:
         marks = ",".join("?" * len(dag_ids))
-        self.wait_for(f"{dag_ids} to be parsed", lambda: len(self.query(
-            f"select dag_id from dag where dag_id in ({marks})", *dag_ids)) == len(dag_ids), timeout)
+        self.wait_for(
+            f"{dag_ids} to be parsed",
+            lambda: len(self.query(f"select dag_id from dag where dag_id in ({marks})", *dag_ids)) == len(dag_ids),
+            timeout,
+        )
 
     def unpause(self, *dag_ids: str) -> None:
         """Unpause DAGs through the REST API (no CLI process to start); the dag-processor

@@ -69,13 +69,13 @@ def _entry_point_shim(tmp: Path) -> list[str]:
     info = tmp / "shim" / "chasqui_dashboard_entry_point-0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: chasqui-dashboard-entry-point\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(
-        "[airflow.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in target.items()))
+    (info / "entry_points.txt").write_text("[airflow.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in target.items()))
     return [str(tmp / "shim")]
 
 
-def _request(url: str, token: str | None = None, data: bytes | None = None,
-             headers: dict[str, str] | None = None) -> tuple[int, str]:
+def _request(
+    url: str, token: str | None = None, data: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
     hdrs = dict(headers or {})
     if token:
         hdrs["Authorization"] = f"Bearer {token}"
@@ -100,8 +100,9 @@ def queue(redis_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def af(airflow_home: dict[str, str], redis_url: str, tmp_path_factory: pytest.TempPathFactory,
-       queue: str) -> Iterator[dict[str, Any]]:
+def af(
+    airflow_home: dict[str, str], redis_url: str, tmp_path_factory: pytest.TempPathFactory, queue: str
+) -> Iterator[dict[str, Any]]:
     home = tmp_path_factory.mktemp("af-dash")
     shutil.copy(Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db.migrated", home / "airflow.db")
     (home / "dags").mkdir()
@@ -109,25 +110,39 @@ def af(airflow_home: dict[str, str], redis_url: str, tmp_path_factory: pytest.Te
     (home / "passwords.json").write_text(json.dumps(passwords))
     port = _free_port()
     env = {k: v for k, v in airflow_home.items() if not k.startswith("AIRFLOW_CONN_")}
-    env.update({
-        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32), "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "PYTHONPATH": os.pathsep.join([*_entry_point_shim(home), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    })
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONPATH": os.pathsep.join([*_entry_point_shim(home), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+    )
     (home / "dags" / "chasqui_dash_links.py").write_text(LINKS_DAG.format(queue=queue))
     for conn_id in ("chasqui_a", "chasqui_b"):
-        proc = subprocess.run([sys.executable, "-m", "airflow", "connections", "add", conn_id, "--conn-json",
-                               conn_json(redis_url)], env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow", "connections", "add", conn_id, "--conn-json", conn_json(redis_url)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
     log = home / "api-server.log"
     with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "airflow", "api-server", "--port", str(port)], env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "api-server", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -142,8 +157,11 @@ def af(airflow_home: dict[str, str], redis_url: str, tmp_path_factory: pytest.Te
             time.sleep(0.5)
         tokens = {}
         for user, pw in passwords.items():
-            status, body = _request(base + "/auth/token", data=json.dumps({"username": user, "password": pw}).encode(),
-                                    headers={"Content-Type": "application/json"})
+            status, body = _request(
+                base + "/auth/token",
+                data=json.dumps({"username": user, "password": pw}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             assert status == 201, body
             tokens[user] = json.loads(body)["access_token"]
         yield {"env": env, "base": base, "tokens": tokens, "log": log, "home": home}
@@ -158,10 +176,15 @@ def af(airflow_home: dict[str, str], redis_url: str, tmp_path_factory: pytest.Te
 
 
 def test_airflow_plugins_lists_the_dashboard(af: dict[str, Any]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "airflow", "plugins", "--output", "json"], env=af["env"],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", "plugins", "--output", "json"],
+        env=af["env"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
-    (plugin,) = [p for p in json.loads(proc.stdout[proc.stdout.index("["):]) if p["name"] == "chasqui_dashboard"]
+    (plugin,) = [p for p in json.loads(proc.stdout[proc.stdout.index("[") :]) if p["name"] == "chasqui_dashboard"]
     assert plugin["fastapi_apps"] and plugin["external_views"]
     status, body = _request(af["base"] + "/api/v2/plugins", af["tokens"]["vic"])
     assert status == 200
@@ -185,7 +208,7 @@ def test_logged_in_users_see_every_connection(af: dict[str, Any], queue: str) ->
 
 def _csrf(body: str) -> str:
     marker = 'name="csrf" value="'
-    return body[body.index(marker) + len(marker):].split('"', 1)[0]
+    return body[body.index(marker) + len(marker) :].split('"', 1)[0]
 
 
 def test_viewer_gets_403_on_replay_and_editor_may_change(af: dict[str, Any], queue: str) -> None:
@@ -193,8 +216,11 @@ def test_viewer_gets_403_on_replay_and_editor_may_change(af: dict[str, Any], que
     status, body = _request(af["base"] + "/chasqui/dlq/action?src=chasqui_a", af["tokens"]["vic"], data=form)
     assert status == 403 and "may not change" in body
     status, page = _request(af["base"] + f"/chasqui/dlq?src=chasqui_a&queue={queue}", af["tokens"]["olga"])
-    status, body = _request(af["base"] + "/chasqui/dlq/action?src=chasqui_a", af["tokens"]["olga"],
-                            data=form + f"&csrf={_csrf(page)}".encode())
+    status, body = _request(
+        af["base"] + "/chasqui/dlq/action?src=chasqui_a",
+        af["tokens"]["olga"],
+        data=form + f"&csrf={_csrf(page)}".encode(),
+    )
     assert status == 200 and "replayed 0 entries" in body  # followed the redirect to the DLQ page
     assert 'user="olga"' in af["log"].read_text()  # the audit line names the Airflow user
 
@@ -204,9 +230,18 @@ def test_browser_with_the_airflow_session(af: dict[str, Any], queue: str, tmp_pa
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no chromium at {CHROMIUM}")
     with playwright_sync.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         try:
             context = browser.new_context(viewport={"width": 1400, "height": 900})
             context.add_cookies([{"name": "_token", "value": af["tokens"]["boss"], "url": af["base"]}])
@@ -226,8 +261,9 @@ def test_browser_with_the_airflow_session(af: dict[str, Any], queue: str, tmp_pa
             browser.close()
 
 
-def test_extra_links_from_finished_tasks_open_the_job_and_spec_pages(af: dict[str, Any], queue: str,
-                                                                     tmp_path: Path) -> None:
+def test_extra_links_from_finished_tasks_open_the_job_and_spec_pages(
+    af: dict[str, Any], queue: str, tmp_path: Path
+) -> None:
     from airflow_support import run_dags
 
     (run,) = run_dags(af["env"], [["chasqui_dash_links", {}]])
@@ -241,15 +277,26 @@ def test_extra_links_from_finished_tasks_open_the_job_and_spec_pages(af: dict[st
     status, body = _request(af["base"] + "/api/v2/dags/chasqui_dash_links/dagRuns", af["tokens"]["vic"])
     assert status == 200, body
     (run_id,) = [r["dag_run_id"] for r in json.loads(body)["dag_runs"]]
-    status, body = _request(af["base"] + f"/api/v2/dags/chasqui_dash_links/dagRuns/{run_id}/taskInstances/enqueue/links",
-                            af["tokens"]["vic"])
+    status, body = _request(
+        af["base"] + f"/api/v2/dags/chasqui_dash_links/dagRuns/{run_id}/taskInstances/enqueue/links",
+        af["tokens"]["vic"],
+    )
     assert status == 200, body
     assert json.loads(body)["extra_links"]["Chasqui job"] == job_link, body
     playwright_sync = pytest.importorskip("playwright.sync_api")
     with playwright_sync.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         try:
             context = browser.new_context(viewport={"width": 1400, "height": 900})
             context.add_cookies([{"name": "_token", "value": af["tokens"]["vic"], "url": af["base"]}])

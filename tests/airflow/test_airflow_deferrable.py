@@ -58,17 +58,20 @@ def test_a_bad_value_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _task_log(log: str, task_id: str) -> str:
-    match = re.search(rf"\[DAG TEST\] starting task_id={task_id} .*?\[DAG TEST\] end task task_id={task_id} ", log,
-                      re.S)
+    match = re.search(
+        rf"\[DAG TEST\] starting task_id={task_id} .*?\[DAG TEST\] end task task_id={task_id} ", log, re.S
+    )
     assert match, f"no log for {task_id}:\n{log[-3000:]}"
     return match.group(0)
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(("config", "deferred"), [((UNSET, UNSET), False), (("true", UNSET), True),
-                                                  (("false", "true"), True)])
-def test_dag_test_defers_as_configured(airflow_home: dict[str, str], redis_url: str, tmp_path, config,
-                                       deferred: bool) -> None:
+@pytest.mark.parametrize(
+    ("config", "deferred"), [((UNSET, UNSET), False), (("true", UNSET), True), (("false", "true"), True)]
+)
+def test_dag_test_defers_as_configured(
+    airflow_home: dict[str, str], redis_url: str, tmp_path, config, deferred: bool
+) -> None:
     queue = f"t-deferrable-{uuid.uuid4().hex[:6]}"
     env = {k: v for k, v in airflow_home.items() if not k.endswith("__DEFAULT_DEFERRABLE")}
     for section, value in zip(("OPERATORS", "CHASQUI"), config):

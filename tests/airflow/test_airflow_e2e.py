@@ -44,8 +44,10 @@ def runs(airflow_home: dict[str, str], redis_url: str, tmp_path_factory: pytest.
         for tag, queue in queues.items():
             with SyncQueue(queue, redis_url=redis_url) as q:
                 specs[tag] = q.get_repeatable_job("daily-sales-report")
-        yield {name: {**summary, "queue": plan[i][1]["queue"], "spec": specs[SCENARIOS[name][1]]}
-               for i, (name, summary) in enumerate(zip(order, summaries))}
+        yield {
+            name: {**summary, "queue": plan[i][1]["queue"], "spec": specs[SCENARIOS[name][1]]}
+            for i, (name, summary) in enumerate(zip(order, summaries))
+        }
     finally:
         for worker in workers:
             out = worker.stop()
@@ -56,8 +58,9 @@ def runs(airflow_home: dict[str, str], redis_url: str, tmp_path_factory: pytest.
 
 def task_log(summary: dict, task_id: str) -> str:
     """The part of the run's log between ``[DAG TEST] starting`` and ``end task`` of one task."""
-    match = re.search(rf"\[DAG TEST\] starting task_id={task_id} .*?\[DAG TEST\] end task task_id={task_id} ",
-                      summary["log"], re.S)
+    match = re.search(
+        rf"\[DAG TEST\] starting task_id={task_id} .*?\[DAG TEST\] end task task_id={task_id} ", summary["log"], re.S
+    )
     assert match, f"no log for {task_id}"
     return match.group(0)
 
@@ -75,8 +78,12 @@ def test_enqueue_and_wait(runs: dict) -> None:
 def test_sensor_fails_on_a_dead_lettered_job(runs: dict) -> None:
     run = runs["enqueue_and_wait_dlq"]
     assert run["state"] == "failed"
-    assert run["tis"] == {"square": "success", "enqueue_greet": "success", "wait_greet": "failed",
-                          "report": "upstream_failed"}
+    assert run["tis"] == {
+        "square": "success",
+        "enqueue_greet": "success",
+        "wait_greet": "failed",
+        "report": "upstream_failed",
+    }
     job_id = run["xcom"]["enqueue_greet.job_id"]
     assert f"Chasqui job {job_id} on queue {run['queue']} failed: unrecoverable" in task_log(run, "wait_greet")
 
@@ -94,9 +101,14 @@ def test_fan_out_100_jobs_one_deferred_sensor(runs: dict) -> None:
 def test_every_way_a_deferred_sensor_ends(runs: dict) -> None:
     run = runs["sensor_cases"]
     assert run["tis"] == {
-        "enqueue_ok": "success", "enqueue_bad": "success", "enqueue_never": "success",
-        "wait_ok": "success", "wait_bad": "failed", "wait_bad_soft": "skipped",
-        "wait_timeout": "failed", "wait_timeout_soft": "skipped",
+        "enqueue_ok": "success",
+        "enqueue_bad": "success",
+        "enqueue_never": "success",
+        "wait_ok": "success",
+        "wait_bad": "failed",
+        "wait_bad_soft": "skipped",
+        "wait_timeout": "failed",
+        "wait_timeout_soft": "skipped",
     }
     assert run["xcom"]["wait_ok.return_value"] == {"x": 11, "square": 121}
     for task_id in ("wait_ok", "wait_bad", "wait_timeout", "wait_timeout_soft"):
@@ -125,8 +137,12 @@ def test_daily_cron_spec_tear_down_run_removes_it(runs: dict) -> None:
 def test_dead_letters_example_finds_its_job_in_the_dlq_and_removes_it(runs: dict, redis_url: str) -> None:
     run = runs["dead_letters"]
     assert run["state"] == "success", run["tis"]
-    assert run["tis"] == {"enqueue_bad": "success", "wait_bad": "skipped", "find_in_dlq": "success",
-                          "settle": "success"}
+    assert run["tis"] == {
+        "enqueue_bad": "success",
+        "wait_bad": "skipped",
+        "find_in_dlq": "success",
+        "settle": "success",
+    }
     found = run["xcom"]["find_in_dlq.return_value"]
     job_id = run["xcom"]["enqueue_bad.job_id"]
     assert (found["job_id"], found["name"], found["reason"]) == (job_id, "explode", "unrecoverable")
@@ -146,29 +162,44 @@ def test_task_logs_say_what_the_wait_found(runs: dict) -> None:
     square = task_log(run, "square")
     square_id = run["xcom"]["square.job_id"]
     assert f"queue {q}: enqueued job {square_id} (square); waiting for its result" in square
-    assert re.search(rf"queue {q}: job {square_id} completed; waited \d+\.\d\d s; result: {{'x': 7, 'square': 49}}"
-                     r" \[airflow_provider_chasqui\.triggers\.job\.ChasquiJobTrigger\]", square), square
-    assert re.search(rf"queue {q}: job {square_id} completed; attempts: 1; {WAITED}; result: {{'x': 7, 'square': 49}}"
-                     r" \[airflow\.task\.operators", square), square
+    assert re.search(
+        rf"queue {q}: job {square_id} completed; waited \d+\.\d\d s; result: {{'x': 7, 'square': 49}}"
+        r" \[airflow_provider_chasqui\.triggers\.job\.ChasquiJobTrigger\]",
+        square,
+    ), square
+    assert re.search(
+        rf"queue {q}: job {square_id} completed; attempts: 1; {WAITED}; result: {{'x': 7, 'square': 49}}"
+        r" \[airflow\.task\.operators",
+        square,
+    ), square
     greet_id = run["xcom"]["enqueue_greet.job_id"]
-    assert re.search(rf"queue {q}: job {greet_id} completed; attempts: 1; {WAITED}; result: 'hello, airflow'",
-                     task_log(run, "wait_greet"))
+    assert re.search(
+        rf"queue {q}: job {greet_id} completed; attempts: 1; {WAITED}; result: 'hello, airflow'",
+        task_log(run, "wait_greet"),
+    )
 
     run = runs["enqueue_and_wait_dlq"]
     bad_id = run["xcom"]["enqueue_greet.job_id"]
-    assert re.search(rf"queue {run['queue']}: job {bad_id} failed; attempts: 1; {WAITED}; reason: unrecoverable "
-                     r"\(handler: .*explode refuses", task_log(run, "wait_greet"))
+    assert re.search(
+        rf"queue {run['queue']}: job {bad_id} failed; attempts: 1; {WAITED}; reason: unrecoverable "
+        r"\(handler: .*explode refuses",
+        task_log(run, "wait_greet"),
+    )
 
     run = runs["fan_out_100"]
     ids = run["xcom"]["fan_out.return_value"]
     wait_all = task_log(run, "wait_all")
-    assert re.search(rf"queue {run['queue']}: 100 jobs \({', '.join(ids[:5])}, \.\.\.\) completed; "
-                     rf"attempts: 1 each; {WAITED}; results: {{'{ids[0]}': {{'x': 0, 'square': 0}}, .*\.\.\. "
-                     r"\[\d+ characters\]", wait_all), wait_all[-3000:]
+    assert re.search(
+        rf"queue {run['queue']}: 100 jobs \({', '.join(ids[:5])}, \.\.\.\) completed; "
+        rf"attempts: 1 each; {WAITED}; results: {{'{ids[0]}': {{'x': 0, 'square': 0}}, .*\.\.\. "
+        r"\[\d+ characters\]",
+        wait_all,
+    ), wait_all[-3000:]
 
     run = runs["sensor_cases"]
-    assert re.search(rf"queue {run['queue']}: job \S+ still running at the deadline; {WAITED}",
-                     task_log(run, "wait_timeout"))
+    assert re.search(
+        rf"queue {run['queue']}: job \S+ still running at the deadline; {WAITED}", task_log(run, "wait_timeout")
+    )
 
 
 def test_timings_are_reported(runs: dict, record_property) -> None:
@@ -177,4 +208,3 @@ def test_timings_are_reported(runs: dict, record_property) -> None:
         record_property(f"dag_test_seconds[{name}]", run["seconds"])
         print(f"dag.test {name}: {run['seconds']:.2f} s")
     print(f"run_dag.py process (all runs, incl. Airflow start-up): {runs['sensor_cases']['process_seconds']:.2f} s")
-

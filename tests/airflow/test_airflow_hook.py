@@ -25,8 +25,14 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def settings_of(conn: Connection) -> ChasquiConnectionSettings:
-    return ChasquiConnectionSettings.from_fields(host=conn.host, port=conn.port, login=conn.login,
-                                                 password=conn.password, schema=conn.schema, extra=conn.extra_dejson)
+    return ChasquiConnectionSettings.from_fields(
+        host=conn.host,
+        port=conn.port,
+        login=conn.login,
+        password=conn.password,
+        schema=conn.schema,
+        extra=conn.extra_dejson,
+    )
 
 
 def use(monkeypatch: pytest.MonkeyPatch, conn_id: str, value: dict | str) -> ChasquiHook:
@@ -37,12 +43,28 @@ def use(monkeypatch: pytest.MonkeyPatch, conn_id: str, value: dict | str) -> Cha
 
 # ---- parsing ------------------------------------------------------------------------------
 def test_json_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = use(monkeypatch, "j", {"conn_type": "chasqui", "host": "redis.internal", "port": 6380,
-                                  "login": "alice", "password": "s3cr:t@/", "extra": {
-                                      "db": 2, "tls": True, "tls_ca_certs": "/etc/ca.pem", "default_queue": "jobs"}})
+    hook = use(
+        monkeypatch,
+        "j",
+        {
+            "conn_type": "chasqui",
+            "host": "redis.internal",
+            "port": 6380,
+            "login": "alice",
+            "password": "s3cr:t@/",
+            "extra": {"db": 2, "tls": True, "tls_ca_certs": "/etc/ca.pem", "default_queue": "jobs"},
+        },
+    )
     s = hook.get_settings()
     assert (s.host, s.port, s.db, s.username, s.password, s.tls, s.default_queue) == (
-        "redis.internal", 6380, 2, "alice", "s3cr:t@/", True, "jobs")
+        "redis.internal",
+        6380,
+        2,
+        "alice",
+        "s3cr:t@/",
+        True,
+        "jobs",
+    )
     assert s.redis_url() == "rediss://alice:s3cr%3At%40%2F@redis.internal:6380/2?ssl_ca_certs=%2Fetc%2Fca.pem"
     assert "s3cr" not in repr(s)
     with hook.get_queue() as queue:
@@ -64,28 +86,36 @@ def test_defaults_and_ipv6() -> None:
     assert settings_of(Connection(conn_id="v6", conn_type="chasqui", host="::1")).redis_url() == "redis://[::1]:6379/0"
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"extra": {"colour": "blue"}}, "unknown chasqui connection extras"),
-    ({"extra": {"db": "two"}}, "db must be a non-negative integer"),
-    ({"schema": "1", "extra": {"db": 2}}, "db given twice"),
-    ({"extra": {"tls": "maybe"}}, "'tls' must be a boolean"),
-    ({"extra": {"mode": "ring"}}, "mode must be one of"),
-    ({"extra": {"mode": "sentinel"}}, "sentinel_service"),
-    ({"extra": {"mode": "cluster", "db": 1}}, "only database 0"),
-    ({"extra": {"sentinel_service": "m"}}, "only apply in sentinel mode"),
-    ({"extra": {"tls_verify": False}}, "need tls=true"),
-    ({"extra": {"mode": "sentinel", "sentinel_service": "m", "sentinels": "h:x"}}, "not host:port"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"extra": {"colour": "blue"}}, "unknown chasqui connection extras"),
+        ({"extra": {"db": "two"}}, "db must be a non-negative integer"),
+        ({"schema": "1", "extra": {"db": 2}}, "db given twice"),
+        ({"extra": {"tls": "maybe"}}, "'tls' must be a boolean"),
+        ({"extra": {"mode": "ring"}}, "mode must be one of"),
+        ({"extra": {"mode": "sentinel"}}, "sentinel_service"),
+        ({"extra": {"mode": "cluster", "db": 1}}, "only database 0"),
+        ({"extra": {"sentinel_service": "m"}}, "only apply in sentinel mode"),
+        ({"extra": {"tls_verify": False}}, "need tls=true"),
+        ({"extra": {"mode": "sentinel", "sentinel_service": "m", "sentinels": "h:x"}}, "not host:port"),
+    ],
+)
 def test_bad_connections_are_config_errors(fields: dict, message: str) -> None:
-    conn = Connection(conn_id="bad", conn_type="chasqui", host="h", schema=fields.get("schema"),
-                      extra=json.dumps(fields["extra"]))
+    conn = Connection(
+        conn_id="bad", conn_type="chasqui", host="h", schema=fields.get("schema"), extra=json.dumps(fields["extra"])
+    )
     with pytest.raises(ConfigError, match=message):
         settings_of(conn)
 
 
 def test_blank_extras_from_the_ui_are_ignored() -> None:
-    conn = Connection(conn_id="ui", conn_type="chasqui", host="h",
-                      extra=json.dumps({"db": None, "default_queue": "", "tls": None, "sentinels": ""}))
+    conn = Connection(
+        conn_id="ui",
+        conn_type="chasqui",
+        host="h",
+        extra=json.dumps({"db": None, "default_queue": "", "tls": None, "sentinels": ""}),
+    )
     assert settings_of(conn).redis_url() == "redis://h:6379/0"
 
 
@@ -96,16 +126,29 @@ def test_no_queue_name_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sentinel_and_cluster_settings() -> None:
-    sentinel_conn = Connection(conn_id="s", conn_type="chasqui", host="s1", extra=json.dumps(
-        {"mode": "sentinel", "sentinel_service": "m", "sentinels": "s1:26379, s2:26380,s3"}))
+    sentinel_conn = Connection(
+        conn_id="s",
+        conn_type="chasqui",
+        host="s1",
+        extra=json.dumps({"mode": "sentinel", "sentinel_service": "m", "sentinels": "s1:26379, s2:26380,s3"}),
+    )
     s = settings_of(sentinel_conn)
     assert s.sentinels == (("s1", 26379), ("s2", 26380), ("s3", 26379))
     assert s.redis_url() == "redis+sentinel://s1:26379,s2:26380,s3:26379/m/0"
-    secured = Connection(conn_id="s2", conn_type="chasqui", host="s1", port=5000, login="u", password="p w",
-                         extra=json.dumps({"mode": "sentinel", "sentinel_service": "my master", "db": 3, "tls": True,
-                                           "sentinel_password": "sp@"}))
+    secured = Connection(
+        conn_id="s2",
+        conn_type="chasqui",
+        host="s1",
+        port=5000,
+        login="u",
+        password="p w",
+        extra=json.dumps(
+            {"mode": "sentinel", "sentinel_service": "my master", "db": 3, "tls": True, "sentinel_password": "sp@"}
+        ),
+    )
     assert settings_of(secured).redis_url() == (
-        "rediss+sentinel://u:p%20w@s1:5000/my%20master/3?sentinel_password=sp%40")
+        "rediss+sentinel://u:p%20w@s1:5000/my%20master/3?sentinel_password=sp%40"
+    )
     c = settings_of(Connection(conn_id="c", conn_type="chasqui", host="n1", port=7000, extra='{"mode": "cluster"}'))
     assert c.redis_url() == "redis://n1:7000/0?cluster=true"
 
@@ -126,8 +169,11 @@ def test_acl_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             assert queue.get_job_state(job.id) == "unknown"  # added, not finished
         with server.client() as admin:
             assert admin.xlen("{chasqui:acl-q}:stream") == 1
-        wrong = use(monkeypatch, "acl_wrong", {"conn_type": "chasqui", "host": "127.0.0.1", "port": server.port,
-                                               "login": user, "password": "nope"})
+        wrong = use(
+            monkeypatch,
+            "acl_wrong",
+            {"conn_type": "chasqui", "host": "127.0.0.1", "port": server.port, "login": user, "password": "nope"},
+        )
         with wrong.get_queue("acl-q") as queue, pytest.raises(ChasquiConnectionError):
             queue.add("square", {"x": 1})
 
@@ -152,17 +198,30 @@ def test_sentinel_mode_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """Producer, sensor, trigger and the worker all reach the master through the Sentinel
     (one ``redis+sentinel://`` URL from the hook)."""
     with sentinel(tmp_path, service="chasqui-master") as (master, sentinel_port):
-        hook = use(monkeypatch, "via_sentinel", {"conn_type": "chasqui", "host": "127.0.0.1", "port": sentinel_port,
-                                                 "extra": {"mode": "sentinel", "sentinel_service": "chasqui-master",
-                                                           "default_queue": "sq"}})
+        hook = use(
+            monkeypatch,
+            "via_sentinel",
+            {
+                "conn_type": "chasqui",
+                "host": "127.0.0.1",
+                "port": sentinel_port,
+                "extra": {"mode": "sentinel", "sentinel_service": "chasqui-master", "default_queue": "sq"},
+            },
+        )
         with hook.get_queue() as queue:
             jobs = [queue.add("square", {"x": x}) for x in (2, 3)]
         url = hook.get_settings().redis_url()
         assert url == f"redis+sentinel://127.0.0.1:{sentinel_port}/chasqui-master/0"
         worker = WorkerProcess(url, "sq", tmp_path / "worker.log")
         try:
-            sensor = ChasquiJobSensor(task_id="w", job_id=[j.id for j in jobs], chasqui_conn_id="via_sentinel",
-                                      deferrable=False, poke_interval=0.1, timeout=30)
+            sensor = ChasquiJobSensor(
+                task_id="w",
+                job_id=[j.id for j in jobs],
+                chasqui_conn_id="via_sentinel",
+                deferrable=False,
+                poke_interval=0.1,
+                timeout=30,
+            )
             assert sensor.execute({}) == {jobs[0].id: {"x": 2, "square": 4}, jobs[1].id: {"x": 3, "square": 9}}
             trigger = ChasquiJobTrigger(job_ids=[jobs[0].id], queue_name="sq", chasqui_conn_id="via_sentinel")
             event = asyncio.run(asyncio.wait_for(anext(trigger.run()), 30))
@@ -177,8 +236,16 @@ def test_cluster_mode_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     """A 3-node Redis Cluster reached through one seed node: enqueue, a real worker on the
     hook's ``?cluster=true`` URL, then the sensor and the trigger read the results."""
     with cluster(tmp_path) as nodes:
-        hook = use(monkeypatch, "cl", {"conn_type": "chasqui", "host": "127.0.0.1", "port": nodes[-1].port,
-                                       "extra": {"mode": "cluster", "default_queue": "cq"}})
+        hook = use(
+            monkeypatch,
+            "cl",
+            {
+                "conn_type": "chasqui",
+                "host": "127.0.0.1",
+                "port": nodes[-1].port,
+                "extra": {"mode": "cluster", "default_queue": "cq"},
+            },
+        )
         url = hook.get_settings().redis_url()
         assert url == f"redis://127.0.0.1:{nodes[-1].port}/0?cluster=true"
         with hook.get_queue() as queue:
@@ -188,11 +255,13 @@ def test_cluster_mode_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ids = [j.id for j in jobs]
         worker = WorkerProcess(url, "cq", tmp_path / "worker.log")
         try:
-            sensor = ChasquiJobSensor(task_id="w", job_id=ids, chasqui_conn_id="cl", deferrable=False,
-                                      poke_interval=0.1, timeout=30)
+            sensor = ChasquiJobSensor(
+                task_id="w", job_id=ids, chasqui_conn_id="cl", deferrable=False, poke_interval=0.1, timeout=30
+            )
             assert sensor.execute({}) == {j.id: {"x": i, "square": i * i} for i, j in enumerate(jobs)}
-            trigger = ChasquiJobTrigger(job_ids=[ids[3], later.id], queue_name="cq", chasqui_conn_id="cl",
-                                        deadline=time.time() + 1)
+            trigger = ChasquiJobTrigger(
+                job_ids=[ids[3], later.id], queue_name="cq", chasqui_conn_id="cl", deadline=time.time() + 1
+            )
             event = asyncio.run(asyncio.wait_for(anext(trigger.run()), 30))
             assert event.payload == {"status": "timeout", "pending": [later.id], "queue": "cq"}
         finally:

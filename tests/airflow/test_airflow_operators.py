@@ -39,14 +39,17 @@ def _delayed(redis_url: str, queue_name: str) -> int:
         return r.zcard(QueueKeys.for_queue(queue_name).delayed)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"delay": 1.0, "run_at": "2030-01-01T00:00:00"}, "delay or run_at"),
-    ({"unique_key": "k"}, "need unique=True"),
-    ({"wait_timeout": 5}, "needs wait_for_result"),
-    ({"attempts": -1}, "attempts"),
-    ({"backoff": {"kind": "linear", "delay_ms": 1}}, "backoff kind"),
-    ({"delay": "soon"}, "delay must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"delay": 1.0, "run_at": "2030-01-01T00:00:00"}, "delay or run_at"),
+        ({"unique_key": "k"}, "need unique=True"),
+        ({"wait_timeout": 5}, "needs wait_for_result"),
+        ({"attempts": -1}, "attempts"),
+        ({"backoff": {"kind": "linear", "delay_ms": 1}}, "backoff kind"),
+        ({"delay": "soon"}, "delay must be"),
+    ],
+)
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:
     with pytest.raises((ValueError, ConfigError), match=message):
         enqueue(**kwargs)
@@ -54,8 +57,9 @@ def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs: dict, message: str) -
 
 def test_enqueue_returns_the_job_id_and_pushes_it(queue_name: str, redis_url: str) -> None:
     ti = RecordingTI()
-    job_id = enqueue(data={"x": 2}, queue_name=queue_name, attempts=2,
-                     backoff=BackoffSpec.fixed(50)).execute({"ti": ti})
+    job_id = enqueue(data={"x": 2}, queue_name=queue_name, attempts=2, backoff=BackoffSpec.fixed(50)).execute(
+        {"ti": ti}
+    )
     assert ti.xcoms[("self", "job_id")] == job_id
     assert _stream_len(redis_url, queue_name) == 1
 
@@ -106,8 +110,7 @@ def test_blocking_wait_with_a_real_worker(queue_name: str, start_worker) -> None
 
 
 def test_blocking_wait_times_out(queue_name: str) -> None:
-    op = enqueue(queue_name=queue_name, wait_for_result=True, deferrable=False, wait_timeout=0.5,
-                 wait_chunk_secs=0.2)
+    op = enqueue(queue_name=queue_name, wait_for_result=True, deferrable=False, wait_timeout=0.5, wait_chunk_secs=0.2)
     started = time.monotonic()
     with pytest.raises(AirflowException, match="still running"):
         op.execute({"ti": RecordingTI()})
@@ -153,16 +156,19 @@ def upsert(**kwargs: object) -> ChasquiUpsertRepeatableOperator:
     return ChasquiUpsertRepeatableOperator(**kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({}, "exactly one of cron and every"),
-    ({"cron": "0 6 * * *", "every": 60}, "exactly one of cron and every"),
-    ({"every": 60, "tz": "UTC"}, "tz only applies to cron"),
-    ({"every": 0.0001}, "at least one millisecond"),
-    ({"cron": "* * * * *", "missed_fires": "fire-all"}, "needs max_catchup"),
-    ({"cron": "* * * * *", "missed_fires": "skip", "max_catchup": 2}, "only applies to missed_fires='fire-all'"),
-    ({"cron": "* * * * *", "missed_fires": "sometimes"}, "must be 'skip', 'fire-once' or 'fire-all'"),
-    ({"cron": "* * * * *", "limit": 0}, "limit must be a positive int"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one of cron and every"),
+        ({"cron": "0 6 * * *", "every": 60}, "exactly one of cron and every"),
+        ({"every": 60, "tz": "UTC"}, "tz only applies to cron"),
+        ({"every": 0.0001}, "at least one millisecond"),
+        ({"cron": "* * * * *", "missed_fires": "fire-all"}, "needs max_catchup"),
+        ({"cron": "* * * * *", "missed_fires": "skip", "max_catchup": 2}, "only applies to missed_fires='fire-all'"),
+        ({"cron": "* * * * *", "missed_fires": "sometimes"}, "must be 'skip', 'fire-once' or 'fire-all'"),
+        ({"cron": "* * * * *", "limit": 0}, "limit must be a positive int"),
+    ],
+)
 def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         upsert(**kwargs)
@@ -170,18 +176,29 @@ def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None
 
 def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: str) -> None:
     start = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
-    key = upsert(queue_name=queue_name, data={"report": "sales"}, cron="0 6 * * *", tz="America/Lima",
-                 key="daily-sales", start_after=start.isoformat(), missed_fires="fire-all", max_catchup=3,
-                 deadline=timedelta(minutes=30), attempts=4, backoff={"kind": "fixed", "delay_ms": 1000},
-                 limit=10).execute({})
+    key = upsert(
+        queue_name=queue_name,
+        data={"report": "sales"},
+        cron="0 6 * * *",
+        tz="America/Lima",
+        key="daily-sales",
+        start_after=start.isoformat(),
+        missed_fires="fire-all",
+        max_catchup=3,
+        deadline=timedelta(minutes=30),
+        attempts=4,
+        backoff={"kind": "fixed", "delay_ms": 1000},
+        limit=10,
+    ).execute({})
     assert key == "daily-sales"
     info = queue.get_repeatable_job(key)
     assert info.pattern == RepeatPattern.cron("0 6 * * *", tz="America/Lima")
     assert info.data == {"report": "sales"} and info.attempts == 4 and info.limit == 10
     assert info.missed_fires == MissedFiresPolicy.fire_all(3) and info.deadline_ms == 30 * 60 * 1000
     assert info.start_after_ms == int(start.timestamp() * 1000) and info.next_fire_ms > info.start_after_ms
-    again = upsert(queue_name=queue_name, data={"report": "costs"}, cron="0 7 * * *", tz="America/Lima",
-                   key="daily-sales").execute({})
+    again = upsert(
+        queue_name=queue_name, data={"report": "costs"}, cron="0 7 * * *", tz="America/Lima", key="daily-sales"
+    ).execute({})
     assert again == key
     assert queue.get_repeatable_job(key).data == {"report": "costs"}
     assert [m.key for m in queue.get_repeatable_jobs()] == [key]

@@ -46,8 +46,9 @@ async def _run_jobs(queue_name: str, redis_url: str) -> dict[str, str]:
             "flaky": (await q.add("flaky", {"n": 1}, attempts=3, backoff=fast)).id,
             "bad": (await q.add("always_fails", {"n": 2}, attempts=2, backoff=fast)).id,
         }
-        worker = Worker(queue_name, HANDLERS, redis_url=redis_url, run_scheduler=False, read_block_ms=200,
-                        store_results=True)
+        worker = Worker(
+            queue_name, HANDLERS, redis_url=redis_url, run_scheduler=False, read_block_ms=200, store_results=True
+        )
         async with running(worker):
             outcomes = await q.wait_for_results(list(ids.values()), timeout=60)
         assert set(outcomes) == set(ids.values()), outcomes
@@ -66,18 +67,32 @@ async def test_the_sensor_logs_attempts_results_and_failures(queue_name: str, re
 
     with _task_log() as lines:
         assert sensor(job_id=ids["flaky"], queue_name=queue_name).execute({}) == {"ok": 1, "run": 3}
-    assert any(re.fullmatch(rf"queue {queue_name}: job {ids['flaky']} completed; attempts: 3; {WAITED}; "
-                            r"result: \{'ok': 1, 'run': 3\}", line) for line in lines), lines
+    assert any(
+        re.fullmatch(
+            rf"queue {queue_name}: job {ids['flaky']} completed; attempts: 3; {WAITED}; "
+            r"result: \{'ok': 1, 'run': 3\}",
+            line,
+        )
+        for line in lines
+    ), lines
 
     with _task_log() as lines:
         sensor(job_id=[ids["fine"], ids["flaky"]], queue_name=queue_name).execute({})
-    assert any(f"queue {queue_name}: 2 jobs ({ids['fine']}, {ids['flaky']}) completed; attempts: 1 to 3;" in line
-               for line in lines), lines
+    assert any(
+        f"queue {queue_name}: 2 jobs ({ids['fine']}, {ids['flaky']}) completed; attempts: 1 to 3;" in line
+        for line in lines
+    ), lines
 
     with _task_log() as lines, pytest.raises(AirflowFailException, match="retries_exhausted"):
         sensor(job_id=ids["bad"], queue_name=queue_name).execute({})
-    assert any(re.match(rf"queue {queue_name}: job {ids['bad']} failed; attempts: 2; {WAITED}; "
-                        r"reason: retries_exhausted \(.*bad input \{'n': 2\}", line) for line in lines), lines
+    assert any(
+        re.match(
+            rf"queue {queue_name}: job {ids['bad']} failed; attempts: 2; {WAITED}; "
+            r"reason: retries_exhausted \(.*bad input \{'n': 2\}",
+            line,
+        )
+        for line in lines
+    ), lines
 
     # resumed after a deferral: the same line from the trigger's event (attempts read again)
     event = {"status": "success", "queue": queue_name, "results": {ids["flaky"]: {"ok": 1, "run": 3}}}
@@ -88,23 +103,39 @@ async def test_the_sensor_logs_attempts_results_and_failures(queue_name: str, re
 
 def test_the_blocking_operator_logs_what_it_waited_for(queue_name: str, start_worker) -> None:
     start_worker(queue_name)
-    op = ChasquiEnqueueOperator(task_id="sq", job_name="square", data={"x": 12}, queue_name=queue_name,
-                                wait_for_result=True, deferrable=False)
+    op = ChasquiEnqueueOperator(
+        task_id="sq", job_name="square", data={"x": 12}, queue_name=queue_name, wait_for_result=True, deferrable=False
+    )
     ti = RecordingTI()
     with _task_log() as lines:
         assert op.execute({"ti": ti}) == {"x": 12, "square": 144}
     job_id = ti.xcoms[("self", "job_id")]
     assert f"queue {queue_name}: enqueued job {job_id} (square); waiting for its result" in lines
-    assert any(re.fullmatch(rf"queue {queue_name}: job {job_id} completed; attempts: 1; {WAITED}; "
-                            r"result: \{'x': 12, 'square': 144\}", line) for line in lines), lines
+    assert any(
+        re.fullmatch(
+            rf"queue {queue_name}: job {job_id} completed; attempts: 1; {WAITED}; "
+            r"result: \{'x': 12, 'square': 144\}",
+            line,
+        )
+        for line in lines
+    ), lines
 
-    late = ChasquiEnqueueOperator(task_id="late", job_name="square", data={"x": 1}, queue_name=queue_name,
-                                  delay=600.0, wait_for_result=True, deferrable=False, wait_timeout=0.3,
-                                  wait_chunk_secs=0.1)
+    late = ChasquiEnqueueOperator(
+        task_id="late",
+        job_name="square",
+        data={"x": 1},
+        queue_name=queue_name,
+        delay=600.0,
+        wait_for_result=True,
+        deferrable=False,
+        wait_timeout=0.3,
+        wait_chunk_secs=0.1,
+    )
     with _task_log() as lines, pytest.raises(Exception, match="still running"):
         late.execute({"ti": RecordingTI()})
-    assert any(re.search(rf"queue {queue_name}: job \S+ still running at the deadline; {WAITED}", line)
-               for line in lines), lines
+    assert any(
+        re.search(rf"queue {queue_name}: job \S+ still running at the deadline; {WAITED}", line) for line in lines
+    ), lines
     late.on_kill()  # cancel the delayed job
 
 

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _airflow(env: dict[str, str], *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ours = [block for block in proc.stderr.split("Traceback")[1:] if "airflow_provider_chasqui" in block]
     assert not ours, "".join(ours)[-3000:]  # our provider loads cleanly (others' warnings are theirs)
@@ -35,7 +36,8 @@ def test_package_name_matches_the_distribution() -> None:
     assert info["package-name"] == importlib.metadata.metadata("airflow-provider-chasqui")["Name"]
     eps = importlib.metadata.entry_points(group="apache_airflow_provider")
     assert [ep.value for ep in eps if ep.dist.name == "airflow-provider-chasqui"] == [
-        "airflow_provider_chasqui.get_provider_info:get_provider_info"]
+        "airflow_provider_chasqui.get_provider_info:get_provider_info"
+    ]
 
 
 def test_every_listed_module_and_class_imports() -> None:

@@ -51,8 +51,12 @@ def _task_log():
     with structlog.testing.capture_logs() as entries:
         lines: list[str] = []
         yield lines
-    lines.extend(str(e.get("event", "")) % tuple(e.get("positional_args", ())) if e.get("positional_args")
-                 else str(e.get("event", "")) for e in entries)
+    lines.extend(
+        str(e.get("event", "")) % tuple(e.get("positional_args", ()))
+        if e.get("positional_args")
+        else str(e.get("event", ""))
+        for e in entries
+    )
 
 
 @pytest.fixture
@@ -85,8 +89,7 @@ def test_defers_when_the_job_is_not_done(queue: SyncQueue, queue_name: str) -> N
     assert kwargs["cancel_on_kill"] is False  # the sensor does not own the jobs
 
 
-def test_queue_name_defaults_to_the_connection(queue: SyncQueue, queue_name: str, redis_url: str,
-                                               monkeypatch) -> None:
+def test_queue_name_defaults_to_the_connection(queue: SyncQueue, queue_name: str, redis_url: str, monkeypatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_WITH_QUEUE", conn_json(redis_url, default_queue=queue_name))
     job = queue.add("square", {"x": 3})
     with pytest.raises(TaskDeferred) as deferred:
@@ -103,8 +106,9 @@ def test_checks_once_before_deferring(queue: SyncQueue, queue_name: str, start_w
     with _task_log() as lines:
         assert op.execute({}) == {jobs[0].id: {"x": 5, "square": 25}, jobs[1].id: {"x": 6, "square": 36}}
     # a fast wait says what it found too: queue, the ids, the state, the results
-    assert any(queue_name in line and jobs[0].id in line and "completed" in line and "'square': 36" in line
-               for line in lines), lines
+    assert any(
+        queue_name in line and jobs[0].id in line and "completed" in line and "'square': 36" in line for line in lines
+    ), lines
 
 
 def test_dead_lettered_job_fails_the_check(queue: SyncQueue, queue_name: str, start_worker) -> None:
@@ -112,8 +116,10 @@ def test_dead_lettered_job_fails_the_check(queue: SyncQueue, queue_name: str, st
     start_worker(queue_name)
     with pytest.raises(JobFailed):
         queue.wait_for_result(job.id, timeout=30)
-    with _task_log() as lines, \
-            pytest.raises(AirflowFailException, match=f"job {job.id} on queue {queue_name} failed: unrecoverable") as info:
+    with (
+        _task_log() as lines,
+        pytest.raises(AirflowFailException, match=f"job {job.id} on queue {queue_name} failed: unrecoverable") as info,
+    ):
         sensor(job_id=job.id, queue_name=queue_name).execute({})
     # the message and the task log carry the handler's traceback, innermost frame last
     for text in (str(info.value), "\n".join(lines)):
@@ -136,10 +142,13 @@ def test_ids_from_upstream_xcom(queue: SyncQueue, queue_name: str) -> None:
 SUCCESS = {"status": "success", "queue": "q", "results": {"a": 1, "b": {"k": [2]}}}
 
 
-@pytest.mark.parametrize(("job_id", "expected"), [
-    ("a", 1),
-    (["b", "a"], {"b": {"k": [2]}, "a": 1}),
-])
+@pytest.mark.parametrize(
+    ("job_id", "expected"),
+    [
+        ("a", 1),
+        (["b", "a"], {"b": {"k": [2]}, "a": 1}),
+    ],
+)
 def test_execute_complete_returns_results(job_id: object, expected: object) -> None:
     assert sensor(job_id=job_id).execute_complete({}, SUCCESS) == expected
 
@@ -195,8 +204,9 @@ def test_poke_mode_timeout_and_soft_fail(queue: SyncQueue, queue_name: str) -> N
     with pytest.raises(AirflowSensorTimeout):
         sensor(job_id=job.id, queue_name=queue_name, deferrable=False, poke_interval=0.1, timeout=0.5).execute({})
     with pytest.raises(AirflowSkipException):
-        sensor(job_id=job.id, queue_name=queue_name, deferrable=False, poke_interval=0.1, timeout=0.5,
-               soft_fail=True).execute({})
+        sensor(
+            job_id=job.id, queue_name=queue_name, deferrable=False, poke_interval=0.1, timeout=0.5, soft_fail=True
+        ).execute({})
 
 
 def test_poke_mode_fails_on_the_dlq(queue: SyncQueue, queue_name: str, start_worker) -> None:

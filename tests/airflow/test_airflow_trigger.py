@@ -25,8 +25,14 @@ from airflow_provider_chasqui.triggers.job import ChasquiJobTrigger, json_safe_p
 
 CASES = [
     {"job_ids": ["01J0000000000000000000000A"], "queue_name": "q"},
-    {"job_ids": ["a", "b", "c"], "queue_name": "fan-out", "chasqui_conn_id": "other", "deadline": 1_900_000_000.5,
-     "wait_chunk_secs": 2.5, "cancel_on_kill": True},
+    {
+        "job_ids": ["a", "b", "c"],
+        "queue_name": "fan-out",
+        "chasqui_conn_id": "other",
+        "deadline": 1_900_000_000.5,
+        "wait_chunk_secs": 2.5,
+        "cancel_on_kill": True,
+    },
     {"job_ids": [f"job-{i}" for i in range(100)], "queue_name": "ünïcode queue", "deadline": None},
 ]
 
@@ -63,12 +69,15 @@ def test_duplicate_ids_are_waited_for_once() -> None:
     assert ChasquiJobTrigger(job_ids=["a", "b", "a"], queue_name="q").job_ids == ["a", "b"]
 
 
-@pytest.mark.parametrize(("value", "problem"), [
-    ({"a": [1, 2.5, None, True, "x"]}, None),
-    (b"raw", "result is a bytes"),
-    ({"k": [1, b"x"]}, "result['k'][1] is a bytes"),
-    ({1: "x"}, "result has a non-string key 1"),
-])
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({"a": [1, 2.5, None, True, "x"]}, None),
+        (b"raw", "result is a bytes"),
+        ({"k": [1, b"x"]}, "result['k'][1] is a bytes"),
+        ({1: "x"}, "result has a non-string key 1"),
+    ],
+)
 def test_json_safe_problem(value: object, problem: str | None) -> None:
     assert json_safe_problem(value) == problem
 
@@ -86,8 +95,11 @@ async def test_success_returns_handler_results(queue_name: str, redis_url: str) 
         trigger = ChasquiJobTrigger(job_ids=[j.id for j in jobs], queue_name=queue_name)
         async with running(make_worker(queue_name, HANDLERS, redis_url, store_results=True)):
             payload = await _first_event(trigger)
-    assert payload == {"status": "success", "queue": queue_name,
-                       "results": {jobs[0].id: {"x": 3, "square": 9}, jobs[1].id: {"x": 4, "square": 16}}}
+    assert payload == {
+        "status": "success",
+        "queue": queue_name,
+        "results": {jobs[0].id: {"x": 3, "square": 9}, jobs[1].id: {"x": 4, "square": 16}},
+    }
     assert trigger._queue is None  # closed in finally
 
 
@@ -110,8 +122,13 @@ async def test_dead_lettered_job_is_an_error_event(queue_name: str, redis_url: s
         async with running(make_worker(queue_name, HANDLERS, redis_url, store_results=True)):
             payload = await _first_event(trigger)
     tb = payload.pop("traceback")
-    assert payload == {"status": "error", "job_id": bad.id, "reason": "unrecoverable", "queue": queue_name,
-                       "detail": "handler: Python handler raised: UnrecoverableError(\"explode refuses {'n': 1}\")"}
+    assert payload == {
+        "status": "error",
+        "job_id": bad.id,
+        "reason": "unrecoverable",
+        "queue": queue_name,
+        "detail": "handler: Python handler raised: UnrecoverableError(\"explode refuses {'n': 1}\")",
+    }
     # the handler's traceback, innermost frame last, as the worker recorded it
     assert tb.startswith("Traceback (most recent call last):")
     assert tb.rstrip().endswith("UnrecoverableError: explode refuses {'n': 1}") and "in explode" in tb
@@ -131,8 +148,9 @@ async def test_deadline_fires_a_timeout_event(queue_name: str, redis_url: str) -
     async with Queue(queue_name, redis_url=redis_url) as q:
         job = await q.add("square", {"x": 1})  # no worker: it never finishes
     started = time.monotonic()
-    trigger = ChasquiJobTrigger(job_ids=[job.id], queue_name=queue_name, deadline=time.time() + 1.5,
-                                wait_chunk_secs=0.5)
+    trigger = ChasquiJobTrigger(
+        job_ids=[job.id], queue_name=queue_name, deadline=time.time() + 1.5, wait_chunk_secs=0.5
+    )
     payload = await _first_event(trigger)
     assert payload == {"status": "timeout", "pending": [job.id], "queue": queue_name}
     assert 1.4 <= time.monotonic() - started < 5
@@ -144,11 +162,15 @@ async def test_blocks_on_redis_and_cancels_promptly(queue_name: str, redis_url: 
     trigger = ChasquiJobTrigger(job_ids=[job.id], queue_name=queue_name, wait_chunk_secs=60)
     task = asyncio.create_task(anext(trigger.run()))
     with redis.Redis.from_url(redis_url) as r:
+
         def blocked_reads() -> list[dict]:
             # only this queue's events reader (named by the hub): other tests may block on XREAD too
             mine = reader_name(queue_name)
-            return [c for c in r.client_list()
-                    if c.get("name") == mine and c.get("cmd") == "xread" and "b" in c.get("flags", "")]
+            return [
+                c
+                for c in r.client_list()
+                if c.get("name") == mine and c.get("cmd") == "xread" and "b" in c.get("flags", "")
+            ]
 
         await wait_until(blocked_reads, what="the trigger's blocking XREAD on the events stream")
         started = time.monotonic()
@@ -185,8 +207,7 @@ async def test_unreachable_redis_is_retried_until_the_deadline(queue_name: str, 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("AIRFLOW_CONN_DEAD", json.dumps({"conn_type": "chasqui", "host": "127.0.0.1", "port": port}))
-    trigger = ChasquiJobTrigger(job_ids=["x"], queue_name=queue_name, chasqui_conn_id="dead",
-                                deadline=time.time() + 2)
+    trigger = ChasquiJobTrigger(job_ids=["x"], queue_name=queue_name, chasqui_conn_id="dead", deadline=time.time() + 2)
     payload = await _first_event(trigger)
     assert payload["status"] == "timeout"
 
@@ -209,6 +230,7 @@ async def test_waiting_triggers_share_one_events_reader(queue_name: str, redis_u
     triggers = [ChasquiJobTrigger(job_ids=[j.id], queue_name=queue_name) for j in jobs]
     tasks = [asyncio.create_task(_first_event(t, 120)) for t in triggers]
     with redis.Redis.from_url(redis_url) as r:
+
         def readers() -> list[dict]:
             return [c for c in r.client_list() if c.get("name") == reader_name(queue_name)]
 
@@ -218,5 +240,8 @@ async def test_waiting_triggers_share_one_events_reader(queue_name: str, redis_u
         assert len(readers()) <= 1
         await wait_until(lambda: not readers(), what="the reader to close after the last trigger")
     for job, payload in zip(jobs, payloads):
-        assert payload == {"status": "success", "queue": queue_name,
-                           "results": {job.id: {**job.data, "square": job.data["x"] ** 2}}}
+        assert payload == {
+            "status": "success",
+            "queue": queue_name,
+            "results": {job.id: {**job.data, "square": job.data["x"] ** 2}},
+        }

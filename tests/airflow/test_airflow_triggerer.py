@@ -46,8 +46,7 @@ def _wait_for(what: str, cond, timeout: float, procs: dict[str, subprocess.Popen
         time.sleep(0.5)
 
 
-def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], redis_url: str,
-                                                  tmp_path: Path) -> None:
+def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], redis_url: str, tmp_path: Path) -> None:
     home = tmp_path / "airflow"
     (home / "dags").mkdir(parents=True)
     shutil.copy(Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db.migrated", home / "airflow.db")
@@ -74,8 +73,9 @@ def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], r
     queue = f"t-triggerer-{uuid.uuid4().hex[:6]}"
 
     def airflow(*args: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
-                              timeout=180)
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=180
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
@@ -86,8 +86,13 @@ def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], r
 
     def start(name: str, *args: str) -> None:
         with open(tmp_path / f"{name}.log", "wb") as log:
-            procs[name] = subprocess.Popen([sys.executable, "-m", "airflow", *args], env=env, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def healthy() -> bool:
         try:
@@ -103,14 +108,22 @@ def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], r
         start("scheduler", "scheduler", "--skip-serve-logs")
         airflow("dags", "trigger", DAG_ID, "-c", json.dumps({"queue": queue}))
         triggered = time.monotonic()
-        state = _wait_for("the DAG run to finish", lambda: (
-            [r[0] for r in _query(db, "select state from dag_run where dag_id = ?", DAG_ID)
-             if r[0] in ("success", "failed")]), 300, procs)
+        state = _wait_for(
+            "the DAG run to finish",
+            lambda: (
+                [
+                    r[0]
+                    for r in _query(db, "select state from dag_run where dag_id = ?", DAG_ID)
+                    if r[0] in ("success", "failed")
+                ]
+            ),
+            300,
+            procs,
+        )
         finished = time.monotonic()
         tis = dict(_query(db, "select task_id, state from task_instance where dag_id = ?", DAG_ID))
         assert state == ["success"], (tis, _tail(tmp_path))
-        assert tis == {"square": "success", "enqueue_greet": "success", "wait_greet": "success",
-                       "report": "success"}
+        assert tis == {"square": "success", "enqueue_greet": "success", "wait_greet": "success", "report": "success"}
         xcom = dict(_query(db, "select task_id, value from xcom where dag_id = ? and key = 'return_value'", DAG_ID))
         assert json.loads(xcom["square"]) == {"x": 7, "square": 49}
         assert json.loads(xcom["report"]) == "hello, airflow: 7^2 = 49"
@@ -119,8 +132,10 @@ def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], r
         trigger_log = trigger_logs[0].read_text()
         assert f"waiting for 1 job(s) on queue {queue}" in trigger_log
         assert "Trigger fired event" in trigger_log and "'square': 49" in trigger_log
-        print(f"real triggerer: services up + run {finished - started:.1f} s "
-              f"(DAG run {finished - triggered:.1f} s after `airflow dags trigger`)")
+        print(
+            f"real triggerer: services up + run {finished - started:.1f} s "
+            f"(DAG run {finished - triggered:.1f} s after `airflow dags trigger`)"
+        )
     finally:
         stop_services(procs)
         worker.stop()

@@ -43,8 +43,13 @@ def _unpause_event_dags(s: AirflowServices) -> None:
     """Both DAGs of ``event_driven.py`` at once: one parse registers both watchers, so the test
     that runs second finds its watcher running."""
     s.wait_parsed(QUEUE_DAG, DONE_DAG)
-    paused = [dag_id for dag_id, is_paused in s.query("select dag_id, is_paused from dag where dag_id in (?, ?)",
-                                                      QUEUE_DAG, DONE_DAG) if is_paused]
+    paused = [
+        dag_id
+        for dag_id, is_paused in s.query(
+            "select dag_id, is_paused from dag where dag_id in (?, ?)", QUEUE_DAG, DONE_DAG
+        )
+        if is_paused
+    ]
     if paused:
         s.unpause(*paused)
 
@@ -54,7 +59,8 @@ def _events(s: AirflowServices, asset: str) -> list[tuple[int, list[str], int | 
     rows = s.query(
         "select ae.id, ae.extra, dae.dag_run_id from asset_event ae join asset a on a.id = ae.asset_id "
         "left join dagrun_asset_event dae on dae.event_id = ae.id where a.name = ? order by ae.id, dae.dag_run_id",
-        asset)
+        asset,
+    )
     return [(eid, [job["job_id"] for job in json.loads(extra)["payload"]["jobs"]], run) for eid, extra, run in rows]
 
 
@@ -73,9 +79,11 @@ def _stranded(s: AirflowServices, asset: str) -> int:
 
 def _timeline(s: AirflowServices, asset: str) -> tuple:
     """Asset events and runs, for a failure message."""
-    return ([(eid, len(jobs), run) for eid, jobs, run in _events(s, asset)],
-            s.query("select ae.id, ae.timestamp from asset_event ae order by ae.id"),
-            s.query("select id, dag_id, run_after, queued_at from dag_run order by id"))
+    return (
+        [(eid, len(jobs), run) for eid, jobs, run in _events(s, asset)],
+        s.query("select ae.id, ae.timestamp from asset_event ae order by ae.id"),
+        s.query("select id, dag_id, run_after, queued_at from dag_run order by id"),
+    )
 
 
 def _in_runs(s: AirflowServices, asset: str, ids: list[str], label: str, report: list[dict], t0: float) -> None:
@@ -84,21 +92,36 @@ def _in_runs(s: AirflowServices, asset: str, ids: list[str], label: str, report:
     while not set(ids) <= {job for jobs in _runs_of(s, asset).values() for job in jobs}:
         s.check_alive()
         if time.monotonic() > deadline:
-            pytest.fail(f"burst {label}: jobs without a run after 120 s; stranded events: {_stranded(s, asset)}; "
-                        f"{_timeline(s, asset)}\n{s.tail()}")
+            pytest.fail(
+                f"burst {label}: jobs without a run after 120 s; stranded events: {_stranded(s, asset)}; "
+                f"{_timeline(s, asset)}\n{s.tail()}"
+            )
         time.sleep(0.25)
     wanted = set(ids)
-    carrying = {run: [j for j in jobs if j in wanted] for run, jobs in sorted(_runs_of(s, asset).items())
-                if wanted & set(jobs)}
-    report.append({"burst": label, "jobs": len(ids), "runs": len(carrying),
-                   "jobs_per_run": [len(jobs) for jobs in carrying.values()],
-                   "events": sum(bool(wanted & set(jobs)) for _, jobs, _ in _events(s, asset)),
-                   "seconds_to_runs": round(time.monotonic() - t0, 1)})
+    carrying = {
+        run: [j for j in jobs if j in wanted] for run, jobs in sorted(_runs_of(s, asset).items()) if wanted & set(jobs)
+    }
+    report.append(
+        {
+            "burst": label,
+            "jobs": len(ids),
+            "runs": len(carrying),
+            "jobs_per_run": [len(jobs) for jobs in carrying.values()],
+            "events": sum(bool(wanted & set(jobs)) for _, jobs, _ in _events(s, asset)),
+            "seconds_to_runs": round(time.monotonic() - t0, 1),
+        }
+    )
     assert [j for jobs in carrying.values() for j in jobs] == ids, _timeline(s, asset)  # once each, in order
 
 
-def _check_runs(s: AirflowServices, dag_id: str, asset: str, task_id: str, sent: list[str],
-                job_ids_of: Callable[[object], list[str]]) -> dict[str, object]:
+def _check_runs(
+    s: AirflowServices,
+    dag_id: str,
+    asset: str,
+    task_id: str,
+    sent: list[str],
+    job_ids_of: Callable[[object], list[str]],
+) -> dict[str, object]:
     """Every job in exactly one run, in order, none stranded; each run succeeded and its task
     returned its events' jobs (through ``job_ids_of``); the REST API agrees.  The counts."""
     runs = _runs_of(s, asset)
@@ -112,35 +135,53 @@ def _check_runs(s: AirflowServices, dag_id: str, asset: str, task_id: str, sent:
 
     rows = s.wait_for(f"every {dag_id} run to finish", finished, 180)
     assert {state for _, _, state in rows} == {"success"}, s.tail()
-    returned = {run_id: job_ids_of(json.loads(value)) for run_id, value in s.query(
-        "select run_id, value from xcom where dag_id = ? and task_id = ? and key = 'return_value'", dag_id, task_id)}
+    returned = {
+        run_id: job_ids_of(json.loads(value))
+        for run_id, value in s.query(
+            "select run_id, value from xcom where dag_id = ? and task_id = ? and key = 'return_value'", dag_id, task_id
+        )
+    }
     assert {run_id: returned.get(run_id) for _, run_id, _ in rows} == {run_id: runs[rid] for rid, run_id, _ in rows}
     for rid, run_id, _ in rows:  # what the REST API says triggered each run
         reply = s.api(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/upstreamAssetEvents")
-        via_api = [job["job_id"] for event in sorted(reply["asset_events"], key=lambda e: e["id"])
-                   for job in event["extra"]["payload"]["jobs"]]
+        via_api = [
+            job["job_id"]
+            for event in sorted(reply["asset_events"], key=lambda e: e["id"])
+            for job in event["extra"]["payload"]["jobs"]
+        ]
         assert via_api == runs[rid], run_id
-    return {"jobs_sent": len(sent), "runs": len(runs), "jobs_per_run": [len(runs[k]) for k in sorted(runs)],
-            "asset_events": len(_events(s, asset)), "stranded": _stranded(s, asset)}
+    return {
+        "jobs_sent": len(sent),
+        "runs": len(runs),
+        "jobs_per_run": [len(runs[k]) for k in sorted(runs)],
+        "asset_events": len(_events(s, asset)),
+        "stranded": _stranded(s, asset),
+    }
 
 
-def test_queue_bursts_reach_exactly_one_run_each_in_order(airflow_services: AirflowServices,
-                                                          redis_url: str) -> None:
+def test_queue_bursts_reach_exactly_one_run_each_in_order(airflow_services: AirflowServices, redis_url: str) -> None:
     s = airflow_services
     started = time.monotonic()
     r = redis.Redis.from_url(redis_url)
     stream = QueueKeys.for_queue(s.events_queue).stream
     _unpause_event_dags(s)
-    s.wait_for("the watcher to read the queue", lambda: r.exists(stream) and any(
-        g["name"] == b"default" for g in r.xinfo_groups(stream)), 120)
+    s.wait_for(
+        "the watcher to read the queue",
+        lambda: r.exists(stream) and any(g["name"] == b"default" for g in r.xinfo_groups(stream)),
+        120,
+    )
     ready = time.monotonic()
     sent: list[str] = []
     report: list[dict] = []
 
     def burst(size: int, label: str, during_restart: bool = False) -> None:
         with SyncQueue(s.events_queue, redis_url=redis_url) as q:  # one round trip
-            ids = [job.id for job in q.add_bulk([{"name": "file_arrived", "data": {"path": f"/landing/{label}-{i}"}}
-                                                 for i in range(size)])]
+            ids = [
+                job.id
+                for job in q.add_bulk(
+                    [{"name": "file_arrived", "data": {"path": f"/landing/{label}-{i}"}} for i in range(size)]
+                )
+            ]
         sent.extend(ids)
         t0 = time.monotonic()
         if during_restart:
@@ -158,15 +199,17 @@ def test_queue_bursts_reach_exactly_one_run_each_in_order(airflow_services: Airf
     s.kill("triggerer")
     burst(20, "restart", during_restart=True)
 
-    totals = _check_runs(s, QUEUE_DAG, QUEUE_ASSET, "handle_files", sent,
-                         lambda value: [job["job_id"] for job in value])  # type: ignore[union-attr]
+    totals = _check_runs(
+        s, QUEUE_DAG, QUEUE_ASSET, "handle_files", sent, lambda value: [job["job_id"] for job in value]
+    )  # type: ignore[union-attr]
     assert r.xlen(stream) == 0  # every job acknowledged after Airflow saved its event
     totals["seconds"] = {"watcher_ready": round(ready - started, 1), "total": round(time.monotonic() - started, 1)}
     print(f"queue-mode bursts: {json.dumps(report)}\nqueue-mode totals: {json.dumps(totals)}")
 
 
-def test_completion_bursts_reach_exactly_one_run_each_in_order(airflow_services: AirflowServices, redis_url: str,
-                                                               tmp_path: Path) -> None:
+def test_completion_bursts_reach_exactly_one_run_each_in_order(
+    airflow_services: AirflowServices, redis_url: str, tmp_path: Path
+) -> None:
     s = airflow_services
     started = time.monotonic()
     r = redis.Redis.from_url(redis_url)
@@ -178,14 +221,20 @@ def test_completion_bursts_reach_exactly_one_run_each_in_order(airflow_services:
 
     def completed_in_order(ids: list[str]) -> list[str]:
         wanted = set(ids)
-        return [fields[b"id"].decode() for _, fields in r.xrange(keys.events)
-                if fields.get(b"e") == b"completed" and fields.get(b"id", b"").decode() in wanted]
+        return [
+            fields[b"id"].decode()
+            for _, fields in r.xrange(keys.events)
+            if fields.get(b"e") == b"completed" and fields.get(b"id", b"").decode() in wanted
+        ]
 
     def burst(size: int, label: str, during_restart: bool = False) -> None:
         with SyncQueue(s.examples_queue, redis_url=redis_url) as q:
             ids = [job.id for job in q.add_bulk([{"name": "square", "data": {"x": i}} for i in range(size)])]
-        order = s.wait_for(f"the worker to complete burst {label}", lambda: (
-            lambda done: done if len(done) == len(ids) else None)(completed_in_order(ids)), 60)
+        order = s.wait_for(
+            f"the worker to complete burst {label}",
+            lambda: (lambda done: done if len(done) == len(ids) else None)(completed_in_order(ids)),
+            60,
+        )
         completed.extend(order)
         t0 = time.monotonic()
         if during_restart:
@@ -199,14 +248,15 @@ def test_completion_bursts_reach_exactly_one_run_each_in_order(airflow_services:
         burst(1, "one")
         burst(50, "fifty")
         last = next(eid for eid, fields in r.xrevrange(keys.events) if fields.get(b"e") == b"completed")
-        s.wait_for("the cursor to pass the last completion", lambda: tuple(
-            map(int, r.get(cursor_key).split(b"-"))) >= tuple(map(int, last.split(b"-"))), 30)
+        s.wait_for(
+            "the cursor to pass the last completion",
+            lambda: tuple(map(int, r.get(cursor_key).split(b"-"))) >= tuple(map(int, last.split(b"-"))),
+            30,
+        )
         s.kill("triggerer")
         burst(20, "restart", during_restart=True)
-        totals = _check_runs(s, DONE_DAG, DONE_ASSET, "collect_results", completed,
-                             lambda value: list(value))  # type: ignore[call-overload]
-        for _, value in s.query("select run_id, value from xcom where dag_id = ? and key = 'return_value'",
-                                DONE_DAG):
+        totals = _check_runs(s, DONE_DAG, DONE_ASSET, "collect_results", completed, lambda value: list(value))  # type: ignore[call-overload]
+        for _, value in s.query("select run_id, value from xcom where dag_id = ? and key = 'return_value'", DONE_DAG):
             assert all(v["square"] == v["x"] ** 2 for v in json.loads(value).values())  # the stored results
     finally:
         worker.stop()

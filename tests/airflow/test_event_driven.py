@@ -159,23 +159,26 @@ def test_serialize_round_trip(kwargs: dict) -> None:
     assert data["job_names"] == (sorted(kwargs["job_names"]) if kwargs.get("job_names") else None)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"queue_name": "a{b}"}, "hash tag"),
-    ({"queue_name": ""}, "empty"),
-    ({"queue_name": "q", "mode": "completed"}, "mode must be one of"),
-    ({"queue_name": "q", "cursor": "c"}, "only applies to mode='completion'"),
-    ({"queue_name": "q", "mode": "completion", "cursor": "a}b"}, "cursor must be"),
-    ({"queue_name": "q", "job_names": []}, "job_names"),
-    ({"queue_name": "q", "job_names": "square"}, "job_names"),
-    ({"queue_name": "q", "job_names": ["", "x"]}, "job_names"),
-    ({"queue_name": "q", "chasqui_conn_id": ""}, "chasqui_conn_id"),
-    ({"queue_name": "q", "max_batch": 0}, "max_batch must be an integer from 1 to 1000"),
-    ({"queue_name": "q", "max_batch": 1001}, "max_batch"),
-    ({"queue_name": "q", "max_batch": True}, "max_batch"),
-    ({"queue_name": "q", "linger_ms": -1}, "linger_ms must be an integer from 0 to 5000"),
-    ({"queue_name": "q", "linger_ms": "50"}, "linger_ms"),
-    ({"queue_name": "q", "event_gap_ms": 600_001}, "event_gap_ms must be an integer from 0 to 600000"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"queue_name": "a{b}"}, "hash tag"),
+        ({"queue_name": ""}, "empty"),
+        ({"queue_name": "q", "mode": "completed"}, "mode must be one of"),
+        ({"queue_name": "q", "cursor": "c"}, "only applies to mode='completion'"),
+        ({"queue_name": "q", "mode": "completion", "cursor": "a}b"}, "cursor must be"),
+        ({"queue_name": "q", "job_names": []}, "job_names"),
+        ({"queue_name": "q", "job_names": "square"}, "job_names"),
+        ({"queue_name": "q", "job_names": ["", "x"]}, "job_names"),
+        ({"queue_name": "q", "chasqui_conn_id": ""}, "chasqui_conn_id"),
+        ({"queue_name": "q", "max_batch": 0}, "max_batch must be an integer from 1 to 1000"),
+        ({"queue_name": "q", "max_batch": 1001}, "max_batch"),
+        ({"queue_name": "q", "max_batch": True}, "max_batch"),
+        ({"queue_name": "q", "linger_ms": -1}, "linger_ms must be an integer from 0 to 5000"),
+        ({"queue_name": "q", "linger_ms": "50"}, "linger_ms"),
+        ({"queue_name": "q", "event_gap_ms": 600_001}, "event_gap_ms must be an integer from 0 to 600000"),
+    ],
+)
 def test_rejects_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ChasquiQueueEventTrigger(**kwargs)
@@ -204,24 +207,58 @@ def test_decide() -> None:
     later = QueueJob("q", b"2-0", "J4", "file_arrived", None, 2, 456, b"raw")
     event = trigger.decide(QueueBatch("q", [job, other, binary, later]))
     assert isinstance(event, TriggerEvent)
-    assert event.payload == {"mode": "queue", "queue": "q", "count": 2, "jobs": [
-        {"job_id": "J1", "name": "file_arrived", "data": {"path": "/in/a.csv"}, "attempt": 1, "created_at_ms": 123,
-         "entry_id": "1-0"},
-        {"job_id": "J4", "name": "file_arrived", "data": None, "attempt": 2, "created_at_ms": 456, "entry_id": "2-0"}]}
+    assert event.payload == {
+        "mode": "queue",
+        "queue": "q",
+        "count": 2,
+        "jobs": [
+            {
+                "job_id": "J1",
+                "name": "file_arrived",
+                "data": {"path": "/in/a.csv"},
+                "attempt": 1,
+                "created_at_ms": 123,
+                "entry_id": "1-0",
+            },
+            {
+                "job_id": "J4",
+                "name": "file_arrived",
+                "data": None,
+                "attempt": 2,
+                "created_at_ms": 456,
+                "entry_id": "2-0",
+            },
+        ],
+    }
     assert deserialize(serialize(event.payload)) == event.payload
     assert (job.accepted, later.accepted, other.accepted, binary.accepted) == (1, 1, 0, 0)
     assert other.reject_reasons == ["job name 'resize' is not watched (watching file_arrived)"]
     assert binary.reject_reasons == ["data['blob'] is a bytes: an asset event carries JSON-compatible data only"]
-    assert trigger.decide(QueueBatch("q", [QueueJob("q", b"3-0", "J5", "x", 1, 1, 1, b"")])) == \
-        "every job of the batch refused (1)"
+    assert (
+        trigger.decide(QueueBatch("q", [QueueJob("q", b"3-0", "J5", "x", 1, 1, 1, b"")]))
+        == "every job of the batch refused (1)"
+    )
 
     completion = ChasquiQueueEventTrigger(queue_name="q", mode="completion", job_names=["square"])
     done = CompletedJob("q", "5-0", "completed", "J4", "square", 77, {"attempt": "1", "duration_us": "12"})
     greet = CompletedJob("q", "5-2", "completed", "J5", "greet", 78, {})
     event = completion.decide(CompletionBatch("q", [done, greet], "5-3"))
-    assert isinstance(event, TriggerEvent) and event.payload == {"mode": "completion", "queue": "q", "count": 1, "jobs": [
-        {"event": "completed", "job_id": "J4", "name": "square", "ts_ms": 77, "event_id": "5-0", "attempt": 1,
-         "duration_us": 12}]}
+    assert isinstance(event, TriggerEvent) and event.payload == {
+        "mode": "completion",
+        "queue": "q",
+        "count": 1,
+        "jobs": [
+            {
+                "event": "completed",
+                "job_id": "J4",
+                "name": "square",
+                "ts_ms": 77,
+                "event_id": "5-0",
+                "attempt": 1,
+                "duration_us": 12,
+            }
+        ],
+    }
     assert completion.decide(CompletionBatch("q", [greet], "5-2")) is None
 
 
@@ -231,14 +268,24 @@ def test_message_queue_trigger_resolves_to_the_chasqui_trigger() -> None:
     from airflow.providers_manager import ProvidersManager
     from airflow.sdk import Asset, AssetWatcher
 
-    assert "airflow_provider_chasqui.queues.chasqui.ChasquiMessageQueueProvider" in \
-        ProvidersManager().queue_class_names
-    mqt = MessageQueueTrigger(scheme="chasqui", queue_name="files", mode="completion", job_names=["square"],
-                              cursor="nightly")
+    assert "airflow_provider_chasqui.queues.chasqui.ChasquiMessageQueueProvider" in ProvidersManager().queue_class_names
+    mqt = MessageQueueTrigger(
+        scheme="chasqui", queue_name="files", mode="completion", job_names=["square"], cursor="nightly"
+    )
     assert isinstance(mqt.trigger, ChasquiQueueEventTrigger)
-    assert mqt.serialize() == (CLASSPATH, {"queue_name": "files", "mode": "completion", "job_names": ["square"],
-                                           "chasqui_conn_id": "chasqui_default", "cursor": "nightly",
-                                           "max_batch": 100, "linger_ms": 100, "event_gap_ms": 0})
+    assert mqt.serialize() == (
+        CLASSPATH,
+        {
+            "queue_name": "files",
+            "mode": "completion",
+            "job_names": ["square"],
+            "chasqui_conn_id": "chasqui_default",
+            "cursor": "nightly",
+            "max_batch": 100,
+            "linger_ms": 100,
+            "event_gap_ms": 0,
+        },
+    )
     asset = Asset("chasqui_files", watchers=[AssetWatcher(name="w", trigger=mqt)])
     assert asset.watchers[0].trigger is mqt
     provider = ChasquiMessageQueueProvider()
@@ -251,17 +298,37 @@ def test_uri_form() -> None:
 
     with pytest.warns(DeprecationWarning, match="queue"):
         mqt = MessageQueueTrigger(queue="chasqui://etl_redis/in%2Ffiles?job_names=a,b&job_names=c")
-    assert mqt.serialize()[1] == {"queue_name": "in/files", "mode": "queue", "job_names": ["a", "b", "c"],
-                                  "chasqui_conn_id": "etl_redis", "cursor": None, "max_batch": 100,
-                                  "linger_ms": 100, "event_gap_ms": 0}
+    assert mqt.serialize()[1] == {
+        "queue_name": "in/files",
+        "mode": "queue",
+        "job_names": ["a", "b", "c"],
+        "chasqui_conn_id": "etl_redis",
+        "cursor": None,
+        "max_batch": 100,
+        "linger_ms": 100,
+        "event_gap_ms": 0,
+    }
     provider = ChasquiMessageQueueProvider()
     assert provider.queue_matches("chasqui:///q") and not provider.queue_matches("redis+pubsub://x")
     assert provider.trigger_kwargs("chasqui:///reports?mode=completion&cursor=nightly") == {
-        "queue_name": "reports", "mode": "completion", "cursor": "nightly"}
+        "queue_name": "reports",
+        "mode": "completion",
+        "cursor": "nightly",
+    }
     assert provider.trigger_kwargs("chasqui:///q?max_batch=500&linger_ms=0&event_gap_ms=2000") == {
-        "queue_name": "q", "max_batch": 500, "linger_ms": 0, "event_gap_ms": 2000}
-    for bad, match in [("chasqui:///q?max_batch=x", "whole number"), ("chasqui:///q?linger_ms=1&linger_ms=2", "once"),("chasqui://conn/", "names no queue"), ("chasqui:///q?colour=red", "unknown chasqui URI"),
-                       ("chasqui:///q?mode=queue&mode=completion", "given 2 times"), ("kafka:///q", "not a chasqui")]:
+        "queue_name": "q",
+        "max_batch": 500,
+        "linger_ms": 0,
+        "event_gap_ms": 2000,
+    }
+    for bad, match in [
+        ("chasqui:///q?max_batch=x", "whole number"),
+        ("chasqui:///q?linger_ms=1&linger_ms=2", "once"),
+        ("chasqui://conn/", "names no queue"),
+        ("chasqui:///q?colour=red", "unknown chasqui URI"),
+        ("chasqui:///q?mode=queue&mode=completion", "given 2 times"),
+        ("kafka:///q", "not a chasqui"),
+    ]:
         with pytest.raises(ValueError, match=match):
             provider.trigger_kwargs(bad)
     with pytest.raises(ValueError, match="both in the URI"):
@@ -375,8 +442,9 @@ async def test_a_crashed_watcher_loses_nothing(redis_url: str, queue_name: str, 
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, str(script), queue_name], stdout=out, stderr=subprocess.STDOUT)
     try:
-        await wait_until(lambda: "READ" in log.read_text() or proc.poll() is not None, 60, what="the watcher",
-                         interval=0.05)
+        await wait_until(
+            lambda: "READ" in log.read_text() or proc.poll() is not None, 60, what="the watcher", interval=0.05
+        )
         assert f"READ {' '.join(ids)}" in log.read_text(), log.read_text()[-3000:]
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -473,10 +541,8 @@ async def test_arrival_gate_delayed_jobs_and_dead_consumers(redis_url: str, queu
         assert pending(redis_url, queue_name) == 0 and r.xlen(keys.stream) == 0 and r.zcard(keys.delayed) == 0
 
 
-async def test_standalone_run_acknowledges_when_the_next_event_is_asked_for(redis_url: str,
-                                                                             queue_name: str) -> None:
-    ids = await add_jobs(redis_url, queue_name, ("file_arrived", {"n": 1}), ("resize", {}),
-                         ("file_arrived", {"n": 2}))
+async def test_standalone_run_acknowledges_when_the_next_event_is_asked_for(redis_url: str, queue_name: str) -> None:
+    ids = await add_jobs(redis_url, queue_name, ("file_arrived", {"n": 1}), ("resize", {}), ("file_arrived", {"n": 2}))
     trigger = ChasquiQueueEventTrigger(queue_name=queue_name, job_names=["file_arrived"])
     run = trigger.run()
     try:
@@ -508,7 +574,8 @@ async def test_queue_mode_on_every_server(matrix_url: Any, queue_name: str, monk
         batch.jobs[1].reject_reasons.append("no")  # and nobody looked at the third: held
         await first.advance([AdvanceItem(batch, AdvanceOutcome(acked=1, failed=0, rejected=1))])
         assert (await first._queue.driver.features()).xackdel == (
-            matrix_url.kind == "redis82" and not matrix_url.force_compat)
+            matrix_url.kind == "redis82" and not matrix_url.force_compat
+        )
     r = _r(matrix_url.url)
     assert r.xlen(keys.stream) == 1 and r.xlen(keys.dlq) == 1 and pending(matrix_url.url, queue_name) == 1
     second = QueueModeProducer(queue_name=queue_name, chasqui_conn_id="chasqui_matrix")
@@ -532,8 +599,12 @@ def make_worker(queue: str, url: str) -> Worker:
 async def complete(url: str, queue: str, *xs: int) -> list[str]:
     """Run ``square`` jobs through a real worker; return their ids once all completed."""
     ids = await add_jobs(url, queue, *[("square", {"x": x}) for x in xs])
-    await wait_until(lambda: {e["id"] for e in events(url, queue, "completed")} >= set(ids), 15,
-                     what="the jobs to complete", interval=0.02)
+    await wait_until(
+        lambda: {e["id"] for e in events(url, queue, "completed")} >= set(ids),
+        15,
+        what="the jobs to complete",
+        interval=0.02,
+    )
     return ids
 
 
@@ -591,8 +662,7 @@ async def test_completion_held_batch_keeps_the_cursor_and_is_reread(redis_url: s
             assert [c.event_id for c in again.completions] == [c.event_id for c in batch.completions]
             await producer.advance([AdvanceItem(again.through, CLEAN)])
             assert producer.committed == again.through
-            assert _r(redis_url).get(QueueKeys.for_queue(queue_name).cursor("airflow:square")) == \
-                again.through.encode()
+            assert _r(redis_url).get(QueueKeys.for_queue(queue_name).cursor("airflow:square")) == again.through.encode()
             start = again.through
             seen += [c.job_id for c in again.completions]
         assert seen == ids
@@ -642,11 +712,19 @@ async def test_queue_mode_acknowledges_after_airflow_saved_the_event(redis_url: 
     try:
         runner.add(1, ChasquiQueueEventTrigger(queue_name=queue_name, job_names=["file_arrived"]))
         runner.add(2, ChasquiQueueEventTrigger(queue_name=queue_name, job_names=["file_arrived", "resize"]))
-        await wait_until(lambda: _r(redis_url).exists(QueueKeys.for_queue(queue_name).stream), 15,
-                         what="the watcher's consumer group")
+        await wait_until(
+            lambda: _r(redis_url).exists(QueueKeys.for_queue(queue_name).stream),
+            15,
+            what="the watcher's consumer group",
+        )
         async with Queue(queue_name, redis_url=redis_url) as q:  # one pipeline: one batch
-            jobs = await q.add_bulk([{"name": "file_arrived", "data": {"p": 1}}, {"name": "resize", "data": {"w": 2}},
-                                     {"name": "thumbnail", "data": {}}])
+            jobs = await q.add_bulk(
+                [
+                    {"name": "file_arrived", "data": {"p": 1}},
+                    {"name": "resize", "data": {"w": 2}},
+                    {"name": "thumbnail", "data": {}},
+                ]
+            )
         file_id, resize_id, other_id = (job.id for job in jobs)
         await wait_until(lambda: len(runner.fired) == 2, 15, what="one trigger event per watcher")
         assert runner.fired_ids(1) == [file_id] and runner.fired_ids(2) == [file_id, resize_id]
@@ -661,15 +739,16 @@ async def test_queue_mode_acknowledges_after_airflow_saved_the_event(redis_url: 
         # "thumbnail" was refused by both: dead-lettered with the batch's acknowledgement
         [(_, dead)] = _r(redis_url).xrange(QueueKeys.for_queue(queue_name).dlq)
         assert dead[b"n"] == b"thumbnail" and dead[b"reason"] == b"unrecoverable"
-        assert dead[b"detail"] == (b"job name 'thumbnail' is not watched (watching file_arrived); "
-                                   b"job name 'thumbnail' is not watched (watching file_arrived, resize)")
+        assert dead[b"detail"] == (
+            b"job name 'thumbnail' is not watched (watching file_arrived); "
+            b"job name 'thumbnail' is not watched (watching file_arrived, resize)"
+        )
         assert other_id not in runner.fired_ids(2)
     finally:
         await runner.stop()
 
 
-async def test_completion_mode_moves_the_cursor_after_airflow_saved_the_event(redis_url: str,
-                                                                              queue_name: str) -> None:
+async def test_completion_mode_moves_the_cursor_after_airflow_saved_the_event(redis_url: str, queue_name: str) -> None:
     cursor_key = QueueKeys.for_queue(queue_name).cursor("airflow:square")
     runner = Runner()
     worker = make_worker(queue_name, redis_url)

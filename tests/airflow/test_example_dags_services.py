@@ -47,11 +47,21 @@ from airflow_provider_chasqui.examples.spark_handlers import expected_rollup
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(900)]
 
-ENQUEUE, FAN_OUT, DEAD, DAILY = ("chasqui_enqueue_and_wait", "chasqui_fan_out_100", "chasqui_dead_letters",
-                                 "chasqui_daily_cron_upsert")
+ENQUEUE, FAN_OUT, DEAD, DAILY = (
+    "chasqui_enqueue_and_wait",
+    "chasqui_fan_out_100",
+    "chasqui_dead_letters",
+    "chasqui_daily_cron_upsert",
+)
 SALES, BATCH = "chasqui_spark_sales_pipeline", "chasqui_spark_batch_worker"
-COVERED = {ENQUEUE: "enqueue_and_wait.py", FAN_OUT: "fan_out_100.py", DEAD: "dead_letters.py",
-           DAILY: "daily_cron_upsert.py", SALES: "spark_sales_pipeline.py", BATCH: "spark_batch_worker.py"}
+COVERED = {
+    ENQUEUE: "enqueue_and_wait.py",
+    FAN_OUT: "fan_out_100.py",
+    DEAD: "dead_letters.py",
+    DAILY: "daily_cron_upsert.py",
+    SALES: "spark_sales_pipeline.py",
+    BATCH: "spark_batch_worker.py",
+}
 ELSEWHERE = {"event_driven.py"}  # test_event_bursts.py runs its DAGs on the same services
 SPEC_KEY = "daily-sales-report"
 ROWS = 20_000
@@ -64,8 +74,10 @@ RETRIGGERED: list[str] = []  # runs failed by apache/airflow#72716 and triggered
 # The scheduler's words when it fails a resumed deferred task on the stale executor event of its
 # deferral (apache/airflow#71580, #72716: open on Airflow 3.3; the PR is apache/airflow#71579);
 # seen here with the resumed attempt queued as well as running
-STALE_DEFER_EXIT = re.compile(r"finished with state success, but the task instance's state attribute is "
-                              r"(scheduled|queued|running)\b")
+STALE_DEFER_EXIT = re.compile(
+    r"finished with state success, but the task instance's state attribute is "
+    r"(scheduled|queued|running)\b"
+)
 
 
 class Proc:
@@ -74,8 +86,9 @@ class Proc:
     def __init__(self, argv: list[str], log_path: Path, env: dict[str, str]) -> None:
         self.log_path = log_path
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT), start_new_session=True
+            )
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -109,8 +122,7 @@ def _worker_env(s: AirflowServices) -> dict[str, str]:
 # -- runs through the REST API ----------------------------------------------------------------------
 def trigger(s: AirflowServices, dag_id: str, conf: dict[str, Any]) -> str:
     run_id = f"svc-{dag_id}-{uuid.uuid4().hex[:8]}"
-    reply = s.api(f"/api/v2/dags/{dag_id}/dagRuns", "POST", {"dag_run_id": run_id, "logical_date": None,
-                                                              "conf": conf})
+    reply = s.api(f"/api/v2/dags/{dag_id}/dagRuns", "POST", {"dag_run_id": run_id, "logical_date": None, "conf": conf})
     assert reply["dag_run_id"] == run_id, reply
     CONFS[run_id] = conf
     return run_id
@@ -121,19 +133,22 @@ def run_info(s: AirflowServices, dag_id: str, run_id: str) -> dict[str, Any]:
 
 
 def task_states(s: AirflowServices, dag_id: str, run_id: str) -> dict[str, str | None]:
-    return dict(s.query(
-        "select task_id, state from task_instance where dag_id = ? and run_id = ?", dag_id, run_id))
+    return dict(s.query("select task_id, state from task_instance where dag_id = ? and run_id = ?", dag_id, run_id))
 
 
 def task_logs(s: AirflowServices, dag_id: str, run_id: str, chars: int = 4000) -> str:
     """Every task (and trigger) log file of one run, the end of each."""
     folder = s.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
-    return "\n".join(f"--- {p.relative_to(folder)}\n{p.read_text(errors='replace')[-chars:]}"
-                     for p in sorted(folder.glob("**/*")) if p.is_file())
+    return "\n".join(
+        f"--- {p.relative_to(folder)}\n{p.read_text(errors='replace')[-chars:]}"
+        for p in sorted(folder.glob("**/*"))
+        if p.is_file()
+    )
 
 
-def wait_success(s: AirflowServices, dag_id: str, run_id: str, timeout: float, label: str | None = None,
-                 retriggers: int = 2) -> str:
+def wait_success(
+    s: AirflowServices, dag_id: str, run_id: str, timeout: float, label: str | None = None, retriggers: int = 2
+) -> str:
     """Wait for the run to end; fail with its task states and logs unless it succeeded.  Records
     its run time (Airflow's start_date to end_date) under ``label``; returns the run id.
 
@@ -145,30 +160,43 @@ def wait_success(s: AirflowServices, dag_id: str, run_id: str, timeout: float, l
     while (info := run_info(s, dag_id, run_id))["state"] not in ("success", "failed"):
         s.check_alive()
         if time.monotonic() > deadline:
-            pytest.fail(f"{dag_id} {run_id} still {info['state']} after {timeout} s: {task_states(s, dag_id, run_id)}"
-                        f"\n{task_logs(s, dag_id, run_id)}\n{s.tail(1500)}")
+            pytest.fail(
+                f"{dag_id} {run_id} still {info['state']} after {timeout} s: {task_states(s, dag_id, run_id)}"
+                f"\n{task_logs(s, dag_id, run_id)}\n{s.tail(1500)}"
+            )
         time.sleep(1)
     if info["state"] != "success":
         mismatch = [line for line in _scheduler_lines(s, run_id) if STALE_DEFER_EXIT.search(line)]
         if mismatch and retriggers > 0:
             RETRIGGERED.append(f"{dag_id} {run_id}: {mismatch[0][-300:]}")
             return wait_success(s, dag_id, trigger(s, dag_id, CONFS[run_id]), timeout, label, retriggers - 1)
-        pytest.fail(f"{dag_id} {run_id} {info['state']}: {task_states(s, dag_id, run_id)}\n"
-                    f"{task_logs(s, dag_id, run_id)}\n--- scheduler lines of the run\n"
-                    + "\n".join(_scheduler_lines(s, run_id)[-30:]))
+        pytest.fail(
+            f"{dag_id} {run_id} {info['state']}: {task_states(s, dag_id, run_id)}\n"
+            f"{task_logs(s, dag_id, run_id)}\n--- scheduler lines of the run\n"
+            + "\n".join(_scheduler_lines(s, run_id)[-30:])
+        )
     seconds = (datetime.fromisoformat(info["end_date"]) - datetime.fromisoformat(info["start_date"])).total_seconds()
     RUN_TIMES[label or dag_id] = round(seconds, 1)
     return run_id
 
 
 def _scheduler_lines(s: AirflowServices, run_id: str) -> list[str]:
-    return [line for path in sorted(s.logs.glob("scheduler-*.log"))
-            for line in path.read_text(errors="replace").splitlines() if run_id in line]
+    return [
+        line
+        for path in sorted(s.logs.glob("scheduler-*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if run_id in line
+    ]
 
 
 def xcom(s: AirflowServices, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
-    rows = s.query("select value from xcom where dag_id = ? and run_id = ? and task_id = ? and key = ?",
-                   dag_id, run_id, task_id, key)
+    rows = s.query(
+        "select value from xcom where dag_id = ? and run_id = ? and task_id = ? and key = ?",
+        dag_id,
+        run_id,
+        task_id,
+        key,
+    )
     assert rows, f"no XCom {task_id}.{key} in {run_id}"
     value = rows[0][0]
     return json.loads(value) if isinstance(value, (str, bytes)) else value  # SQLite keeps a bare number as one
@@ -194,20 +222,50 @@ def examples(airflow_services: AirflowServices, redis_url: str) -> Iterator[dict
     logs.mkdir(exist_ok=True)
     workers: dict[str, Proc] = {}
     try:
-        workers["examples"] = Proc([sys.executable, "-m", "airflow_provider_chasqui.worker",
-                                    "--queue", s.examples_queue, "--redis-url", redis_url,
-                                    "--handlers", "airflow_provider_chasqui.examples.handlers",
-                                    "--claim-min-idle-ms", "10000"], logs / "examples.log", env)
+        workers["examples"] = Proc(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.worker",
+                "--queue",
+                s.examples_queue,
+                "--redis-url",
+                redis_url,
+                "--handlers",
+                "airflow_provider_chasqui.examples.handlers",
+                "--claim-min-idle-ms",
+                "10000",
+            ],
+            logs / "examples.log",
+            env,
+        )
         bin_dir = Path(sys.executable).parent
-        workers["spark"] = Proc([str(bin_dir / "spark-submit"), "--master", "local[1]",
-                                 "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
-                                 str(ROOT / "airflow_provider_chasqui" / "worker" / "spark.py"),
-                                 "--queue", s.spark_queue, "--redis-url", redis_url, "--no-scheduler",
-                                 "--handlers", "airflow_provider_chasqui.examples.spark_handlers"],
-                                logs / "spark.log", env)
+        workers["spark"] = Proc(
+            [
+                str(bin_dir / "spark-submit"),
+                "--master",
+                "local[1]",
+                "--conf",
+                "spark.ui.enabled=false",
+                "--conf",
+                "spark.ui.showConsoleProgress=false",
+                str(ROOT / "airflow_provider_chasqui" / "worker" / "spark.py"),
+                "--queue",
+                s.spark_queue,
+                "--redis-url",
+                redis_url,
+                "--no-scheduler",
+                "--handlers",
+                "airflow_provider_chasqui.examples.spark_handlers",
+            ],
+            logs / "spark.log",
+            env,
+        )
         s.unpause(*COVERED)
-        runs = {dag_id: trigger(s, dag_id, {"queue": s.examples_queue, **conf}) for dag_id, conf in (
-            (ENQUEUE, {}), (FAN_OUT, {"delay": FAN_OUT_DELAY}), (DEAD, {}), (DAILY, {}))}
+        runs = {
+            dag_id: trigger(s, dag_id, {"queue": s.examples_queue, **conf})
+            for dag_id, conf in ((ENQUEUE, {}), (FAN_OUT, {"delay": FAN_OUT_DELAY}), (DEAD, {}), (DAILY, {}))
+        }
         yield {"runs": runs, "workers": workers}
     finally:
         for worker in workers.values():
@@ -220,8 +278,10 @@ def _drop_default_queue_spec(s: AirflowServices, redis_url: str) -> None:
     midnight UTC: Airflow 3's cron timetable makes no run for the past day on unpause), that run
     used the queue Param's default: where that is not the fixture's queue (a DAG file that
     hard-codes it), remove the spec it upserted on the shared server."""
-    for (fields,) in s.query("select rendered_fields from rendered_task_instance_fields where dag_id = ? "
-                             "and task_id = 'upsert_report'", DAILY):
+    for (fields,) in s.query(
+        "select rendered_fields from rendered_task_instance_fields where dag_id = ? and task_id = 'upsert_report'",
+        DAILY,
+    ):
         queue = json.loads(fields).get("queue_name")
         if queue and queue not in (s.examples_queue,):
             with SyncQueue(queue, redis_url=redis_url) as q:
@@ -259,8 +319,12 @@ def test_fan_out_100(airflow_services: AirflowServices, examples: dict) -> None:
 def test_dead_letters(airflow_services: AirflowServices, examples: dict, redis_url: str) -> None:
     s, run_id = airflow_services, examples["runs"][DEAD]
     run_id = wait_success(s, DEAD, run_id, 600)
-    assert task_states(s, DEAD, run_id) == {"enqueue_bad": "success", "wait_bad": "skipped",
-                                            "find_in_dlq": "success", "settle": "success"}
+    assert task_states(s, DEAD, run_id) == {
+        "enqueue_bad": "success",
+        "wait_bad": "skipped",
+        "find_in_dlq": "success",
+        "settle": "success",
+    }
     job_id = xcom(s, DEAD, run_id, "enqueue_bad")
     found = xcom(s, DEAD, run_id, "find_in_dlq")
     assert (found["job_id"], found["name"], found["reason"]) == (job_id, "explode", "unrecoverable")
@@ -273,8 +337,11 @@ def test_dead_letters(airflow_services: AirflowServices, examples: dict, redis_u
 def test_daily_cron_upsert_then_remove(airflow_services: AirflowServices, examples: dict, redis_url: str) -> None:
     s, run_id = airflow_services, examples["runs"][DAILY]
     run_id = wait_success(s, DAILY, run_id, 600, label=f"{DAILY} (upsert)")
-    assert task_states(s, DAILY, run_id) == {"upsert_report": "success", "removing": "success",
-                                             "remove_report": "skipped"}
+    assert task_states(s, DAILY, run_id) == {
+        "upsert_report": "success",
+        "removing": "success",
+        "remove_report": "skipped",
+    }
     with SyncQueue(s.examples_queue, redis_url=redis_url) as q:
         spec = q.get_repeatable_job(SPEC_KEY)
         assert spec is not None and not spec.paused
@@ -282,8 +349,9 @@ def test_daily_cron_upsert_then_remove(airflow_services: AirflowServices, exampl
         assert spec.data == {"report": "sales", "declared_by": DAILY} and spec.attempts == 5
         remove_id = trigger(s, DAILY, {"queue": s.examples_queue, "remove": True})
         remove_id = wait_success(s, DAILY, remove_id, 600, label=f"{DAILY} (remove)")
-        assert task_states(s, DAILY, remove_id) == dict.fromkeys(["upsert_report", "removing", "remove_report"],
-                                                                 "success")
+        assert task_states(s, DAILY, remove_id) == dict.fromkeys(
+            ["upsert_report", "removing", "remove_report"], "success"
+        )
         assert q.get_repeatable_job(SPEC_KEY) is None
 
 
@@ -312,12 +380,16 @@ def test_spark_sales_pipeline(airflow_services: AirflowServices, examples: dict)
 def test_spark_batch_worker(airflow_services: AirflowServices, examples: dict, redis_url: str) -> None:
     s = airflow_services
     try:
-        s.api("/api/v2/connections", "POST", {"connection_id": "spark_default", "conn_type": "spark",
-                                              "host": "local[1]"})
+        s.api(
+            "/api/v2/connections", "POST", {"connection_id": "spark_default", "conn_type": "spark", "host": "local[1]"}
+        )
     except urllib.error.HTTPError as exc:  # made already (a rerun in the same session)
         assert exc.code == 409, exc
-    run_id = trigger(s, BATCH, {"queue": s.spark_batch_queue, "data_dir": str(s.data_dir), "datasets": 2,
-                                "max_jobs": 2, "idle_exit_secs": 60})
+    run_id = trigger(
+        s,
+        BATCH,
+        {"queue": s.spark_batch_queue, "data_dir": str(s.data_dir), "datasets": 2, "max_jobs": 2, "idle_exit_secs": 60},
+    )
     run_id = wait_success(s, BATCH, run_id, 900)
     ids = xcom(s, BATCH, run_id, "seed_batch")
     with SyncQueue(s.spark_batch_queue, redis_url=redis_url) as q:
@@ -336,20 +408,56 @@ def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp
     from airflow_support import conn_json
 
     blocked = "airflow-db-not-allowed:///"
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW_CONN_CHASQUI_DEFAULT": conn_json(redis_url),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": blocked, "AIRFLOW__CORE__SQL_ALCHEMY_CONN": blocked,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path),
+        "AIRFLOW_CONN_CHASQUI_DEFAULT": conn_json(redis_url),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": blocked,
+        "AIRFLOW__CORE__SQL_ALCHEMY_CONN": blocked,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
     queue = f"t-svc-conn-{uuid.uuid4().hex[:6]}"
     with SyncQueue(queue, redis_url=redis_url) as q:
         job = q.add("square", {"x": 12})
-        proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.worker", "--conn-id", "chasqui_default",
-                               "-q", queue, "-H", "airflow_provider_chasqui.examples.handlers", "--max-jobs", "1",
-                               "--no-scheduler"], env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.worker",
+                "--conn-id",
+                "chasqui_default",
+                "-q",
+                queue,
+                "-H",
+                "airflow_provider_chasqui.examples.handlers",
+                "--max-jobs",
+                "1",
+                "--no-scheduler",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert q.get_job_result(job.id) == {"x": 12, "square": 144}
-        missing = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.worker", "--conn-id", "no_such_conn",
-                                  "-q", queue, "-H", "airflow_provider_chasqui.examples.handlers"],
-                                 env=env, capture_output=True, text=True, timeout=120)
+        missing = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.worker",
+                "--conn-id",
+                "no_such_conn",
+                "-q",
+                queue,
+                "-H",
+                "airflow_provider_chasqui.examples.handlers",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert missing.returncode == 2 and "'no_such_conn' was not found" in missing.stderr, missing.stderr[-3000:]
     delete_queue_keys(redis_url, queue)
 

@@ -17,8 +17,16 @@ async def main(url: str, queue: str) -> None:
 
     if "airflow" in sys.modules:
         raise SystemExit("the worker imported airflow")
-    worker = Worker(queue, HANDLERS, redis_url=url, store_results=True, run_scheduler=False,
-                    install_signal_handlers=True, read_block_ms=1000, claim_min_idle_ms=5000)
+    worker = Worker(
+        queue,
+        HANDLERS,
+        redis_url=url,
+        store_results=True,
+        run_scheduler=False,
+        install_signal_handlers=True,
+        read_block_ms=1000,
+        claim_min_idle_ms=5000,
+    )
     run = asyncio.create_task(worker.run())
     while not worker.is_running:
         await asyncio.sleep(0.01)

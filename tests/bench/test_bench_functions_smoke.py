@@ -16,9 +16,24 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(180)
 def test_bench_functions_measures_both_commands(tmp_path: Path) -> None:
     out = tmp_path / "functions.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_functions.py"), "--blocks", "2",
-                           "--per-block", "2", "--jobs", "20", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_functions.py"),
+            "--blocks",
+            "2",
+            "--per-block",
+            "2",
+            "--jobs",
+            "20",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert results["jobs_per_call"] == 20

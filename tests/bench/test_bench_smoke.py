@@ -17,8 +17,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 ENGINE_WORKLOADS = {
-    "limit_sync_xadd_single", "limit_sync_xadd_pipeline", "ref_async_xadd_single", "ref_sync_lua_batch",
-    "queue_add", "syncqueue_add", "queue_add_bulk", "syncqueue_add_bulk", "e2e_process", "e2e_delayed", "e2e_retry",
+    "limit_sync_xadd_single",
+    "limit_sync_xadd_pipeline",
+    "ref_async_xadd_single",
+    "ref_sync_lua_batch",
+    "queue_add",
+    "syncqueue_add",
+    "queue_add_bulk",
+    "syncqueue_add_bulk",
+    "e2e_process",
+    "e2e_delayed",
+    "e2e_retry",
 }
 PEER_WORKLOADS = {"enqueue_single", "enqueue_bulk", "process", "delayed"}
 
@@ -41,12 +50,27 @@ def _positive(value: object) -> bool:
 @pytest.fixture(scope="module")
 def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("bench")
-    paths = {"engine": out / "engine.json", "peers": out / "peers.json", "report": out / "report.json",
-             "png": out / "report.png"}
+    paths = {
+        "engine": out / "engine.json",
+        "peers": out / "peers.json",
+        "report": out / "report.json",
+        "png": out / "report.png",
+    }
     _run(str(BENCH / "bench_engine.py"), "--smoke", "--out", str(paths["engine"]))
     _run(str(BENCH / "run_peers.py"), "--smoke", "--peers", "chasqui", "--no-install", "--out", str(paths["peers"]))
-    _run(str(BENCH / "report.py"), "--engine", str(paths["engine"]), "--peers", str(paths["peers"]),
-         "--scheduler", str(out / "absent.json"), "--out-json", str(paths["report"]), "--out-png", str(paths["png"]))
+    _run(
+        str(BENCH / "report.py"),
+        "--engine",
+        str(paths["engine"]),
+        "--peers",
+        str(paths["peers"]),
+        "--scheduler",
+        str(out / "absent.json"),
+        "--out-json",
+        str(paths["report"]),
+        "--out-png",
+        str(paths["png"]),
+    )
     return paths
 
 

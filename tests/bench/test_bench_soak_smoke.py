@@ -22,9 +22,24 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="the benchmark starts its own redis-server")
 def test_soak_smoke_keeps_the_key_count_at_the_results_cap(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_soak.py"), "--minutes", "0.33",
-                           "--rate", "2000", "--interval", "1", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_soak.py"),
+            "--minutes",
+            "0.33",
+            "--rate",
+            "2000",
+            "--interval",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, f"bench_soak failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     data = json.loads(out.read_text())
     assert "first third" in proc.stdout and "slope/min" in proc.stdout

@@ -18,8 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="the benchmark starts its own redis-server")
 def test_waiters_smoke_shares_one_reader(tmp_path: Path) -> None:
     out = tmp_path / "waiters.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_waiters.py"), "--smoke", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_waiters.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, f"bench_waiters failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     data = json.loads(out.read_text())
     res = data["results"]

@@ -77,8 +77,19 @@ async def test_oversize_payload() -> None:
         {"delay_ms": math.inf},
         {"delay": 5, "delay_ms": 5},
     ],
-    ids=["neg-int", "neg-float", "neg-timedelta", "neg-delay-ms", "neg-delay-ms-float", "nan", "inf", "-inf",
-         "nan-ms", "inf-ms", "both"],
+    ids=[
+        "neg-int",
+        "neg-float",
+        "neg-timedelta",
+        "neg-delay-ms",
+        "neg-delay-ms-float",
+        "nan",
+        "inf",
+        "-inf",
+        "nan-ms",
+        "inf-ms",
+        "both",
+    ],
 )
 async def test_bad_delays_are_value_errors(q: Queue, kwargs) -> None:
     with pytest.raises(ConfigError) as info:
@@ -86,8 +97,11 @@ async def test_bad_delays_are_value_errors(q: Queue, kwargs) -> None:
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("kwargs", [{"delay": True}, {"delay_ms": False}, {"delay": "5"}, {"delay_ms": [1]}],
-                         ids=["bool", "bool-ms", "str", "list"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"delay": True}, {"delay_ms": False}, {"delay": "5"}, {"delay_ms": [1]}],
+    ids=["bool", "bool-ms", "str", "list"],
+)
 async def test_delay_of_the_wrong_type_is_a_type_error(q: Queue, kwargs) -> None:
     """chasquimq raises TypeError here; we do too, and it is still one of our errors."""
     with pytest.raises(TypeError) as info:
@@ -106,8 +120,16 @@ async def test_delay_over_max_delay_secs(q: Queue) -> None:
 
 @pytest.mark.parametrize(
     "backoff",
-    [{"kind": "linear", "delay_ms": 5}, {"kind": "fixed"}, {"kind": "fixed", "delay_ms": 5, "extra": 1}, True, "fixed",
-     1.5, {"kind": "fixed", "delay_ms": -1}, {"kind": "exponential", "delay_ms": 1, "multiplier": math.nan}],
+    [
+        {"kind": "linear", "delay_ms": 5},
+        {"kind": "fixed"},
+        {"kind": "fixed", "delay_ms": 5, "extra": 1},
+        True,
+        "fixed",
+        1.5,
+        {"kind": "fixed", "delay_ms": -1},
+        {"kind": "exponential", "delay_ms": 1, "multiplier": math.nan},
+    ],
     ids=["unknown-kind", "no-delay", "unknown-key", "bool", "str", "float", "negative", "nan-multiplier"],
 )
 async def test_bad_backoff(q: Queue, backoff) -> None:
@@ -137,8 +159,13 @@ async def test_bad_job_id(q: Queue, job_id) -> None:
 
 
 async def test_bad_bulk_items(q: Queue) -> None:
-    for items in ([{"name": "a"}], [{"data": 1}], [{"name": "a", "data": 1, "priority": 2}], ["not a dict"],
-                  [{"name": "a", "data": 1}, {"name": "b", "data": object()}]):
+    for items in (
+        [{"name": "a"}],
+        [{"data": 1}],
+        [{"name": "a", "data": 1, "priority": 2}],
+        ["not a dict"],
+        [{"name": "a", "data": 1}, {"name": "b", "data": object()}],
+    ):
         with pytest.raises(ConfigError):
             await q.add_bulk(items)
 

@@ -127,8 +127,15 @@ def test_attempt_u32_max_is_fine() -> None:
 
 def test_map_form_envelope_is_accepted() -> None:
     """serde structs also decode from a map keyed by field name (spec 4.4)."""
-    raw = pack({"id": JOB_ID, "payload": V1, "created_at_ms": CREATED_AT_MS, "attempt": 2,
-                "retry": {"max_attempts": 4, "backoff": None}})
+    raw = pack(
+        {
+            "id": JOB_ID,
+            "payload": V1,
+            "created_at_ms": CREATED_AT_MS,
+            "attempt": 2,
+            "retry": {"max_attempts": 4, "backoff": None},
+        }
+    )
     assert decode_envelope(raw) == Envelope(JOB_ID, V1, CREATED_AT_MS, 2, RetryOverride(4, None))
     # default fields may be missing in the map form too
     assert decode_envelope(pack({"id": JOB_ID, "payload": V1, "created_at_ms": 1})).attempt == 0
@@ -155,7 +162,10 @@ def test_retry_nil_is_no_override() -> None:
         ([None, None], RetryOverride(None, None)),
         ([5, None], RetryOverride(5, None)),
         ([None, ["fixed", 500, None, None, None]], RetryOverride(None, BackoffWire("fixed", 500))),
-        ([5, ["exponential", 250, 10_000, 3.0, 50]], RetryOverride(5, BackoffWire("exponential", 250, 10_000, 3.0, 50))),
+        (
+            [5, ["exponential", 250, 10_000, 3.0, 50]],
+            RetryOverride(5, BackoffWire("exponential", 250, 10_000, 3.0, 50)),
+        ),
         # unknown kinds decode (serde(other)) and are treated as exponential by the consumer
         ([None, ["linear", 10, None, None, None]], RetryOverride(None, BackoffWire("linear", 10))),
     ],
@@ -182,8 +192,21 @@ def test_valid_retry_overrides(retry, expected) -> None:
         [None, ["fixed", 5, None, "2.0", None]],  # multiplier must be a float
         [None, ["fixed", 5, None, None, -1]],
     ],
-    ids=["1-elem", "3-elem", "empty", "str", "negative-attempts", "backoff-6", "backoff-4", "backoff-1",
-         "kind-int", "delay-nil", "delay-negative", "multiplier-str", "jitter-negative"],
+    ids=[
+        "1-elem",
+        "3-elem",
+        "empty",
+        "str",
+        "negative-attempts",
+        "backoff-6",
+        "backoff-4",
+        "backoff-1",
+        "kind-int",
+        "delay-nil",
+        "delay-negative",
+        "multiplier-str",
+        "jitter-negative",
+    ],
 )
 def test_invalid_retry_overrides_are_rejected(retry) -> None:
     with pytest.raises(CodecError):

@@ -21,14 +21,17 @@ IO = ("redis", "asyncio", "socket", "hiredis")
 def _fresh(code: str) -> dict:
     """Run ``code`` in a new interpreter (this tree first on the path); it prints one JSON line."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
-                         timeout=60, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _loaded(prelude: str) -> dict:
-    return _fresh(prelude + f"""
+    return _fresh(
+        prelude
+        + f"""
 import json, sys
 mods = sorted(sys.modules)
 scripts = sys.modules.get("{PKG}.core.scripts")
@@ -37,7 +40,8 @@ print(json.dumps({{"io": [m for m in {IO!r} if m in sys.modules],
                             and not m.startswith(("{PKG}.core", "{PKG}.errors"))],
                   "lua_read": scripts is not None and "SCRIPTS" in vars(scripts),
                   "from": __import__("{PKG}").__file__}}))
-""")
+"""
+    )
 
 
 @pytest.mark.timeout(120)

@@ -27,8 +27,12 @@ def test_extension_keys_share_the_hash_tag() -> None:
     k = QueueKeys.for_queue("emails")
     ours = [k.result("J"), k.failure("J"), k.unique("u"), k.cursor("c"), k.repeat_paused, k.repeat_quarantine]
     assert ours == [
-        "{chasqui:emails}:result:J", "{chasqui:emails}:failure:J", "{chasqui:emails}:unique:u",
-        "{chasqui:emails}:cursor:c", "{chasqui:emails}:repeat:paused", "{chasqui:emails}:repeat:quarantine",
+        "{chasqui:emails}:result:J",
+        "{chasqui:emails}:failure:J",
+        "{chasqui:emails}:unique:u",
+        "{chasqui:emails}:cursor:c",
+        "{chasqui:emails}:repeat:paused",
+        "{chasqui:emails}:repeat:quarantine",
     ]
     for key in ours:
         assert key.startswith("{chasqui:emails}:")
@@ -65,7 +69,6 @@ def test_queue_name_limit_counts_utf8_bytes() -> None:
 def test_queue_name_must_be_a_str(name) -> None:
     with pytest.raises(ConfigError):
         validate_queue_name(name)
-
 
 
 def test_the_count_cap_indexes_cannot_collide_with_a_record() -> None:

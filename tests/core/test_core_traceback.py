@@ -82,8 +82,9 @@ def test_a_deep_traceback_keeps_its_innermost_frames_within_the_bound() -> None:
     assert "Traceback (most recent call last):" not in tb.split("During handling of the above exception")[0]
     # the cut lands on a line start: the first kept line is a whole line of the traceback
     first = tb.splitlines()[1]
-    assert first == "" or first.startswith(("  File ", "    ", "  [Previous line repeated", "Traceback", "During",
-                                            "ValueError: "))
+    assert first == "" or first.startswith(
+        ("  File ", "    ", "  [Previous line repeated", "Traceback", "During", "ValueError: ")
+    )
     # at most TRACEBACK_FRAMES frames are formatted per exception, however deep the stack
     assert handler_traceback(_raised(lambda: ping(2000))).count("  File ") <= TRACEBACK_FRAMES
 
@@ -131,8 +132,17 @@ def test_clip_head_is_the_identity_within_the_bound_and_keeps_the_end(text: str)
 
 
 def test_only_dead_lettered_rows_carry_the_traceback() -> None:
-    core = ConsumerCore("emails", group="default", consumer_id="c", max_attempts=2, settings=QueueSettings(),
-                        retry=RetryPolicy(), events=True, result_ttl_ms=0, failure_ttl_ms=60_000)
+    core = ConsumerCore(
+        "emails",
+        group="default",
+        consumer_id="c",
+        max_attempts=2,
+        settings=QueueSettings(),
+        retry=RetryPolicy(),
+        events=True,
+        result_ttl_ms=0,
+        failure_ttl_ms=60_000,
+    )
     dl = core.gate(b"1-0", [b"d", V2, b"n", NAME.encode()], 1)
     assert isinstance(dl, Delivery)
     exc = _raised(innermost_failure)

@@ -64,15 +64,19 @@ def test_stored_records_win_over_event_hints() -> None:
     # a record with the handler's traceback (4 elements) hands it on; a damaged one is no outcome
     tb = "Traceback (most recent call last):\n  ...\nValueError: boom"
     assert parse_outcomes(["e"], [None, encode_data(["retries_exhausted", "boom", 7, tb])]) == {
-        "e": ("failed", "retries_exhausted", "boom", tb)}
+        "e": ("failed", "retries_exhausted", "boom", tb)
+    }
     assert parse_outcomes(["f"], [None, b"\xc1 not msgpack"]) == {}
 
 
-@pytest.mark.parametrize(("queue", "name"), [
-    ("emails", "chasqui-events:emails"),
-    ("ünïcode queue", "chasqui-events:%C3%BCn%C3%AFcode%20queue"),
-    ("a%b\n", "chasqui-events:a%25b%0A"),
-])
+@pytest.mark.parametrize(
+    ("queue", "name"),
+    [
+        ("emails", "chasqui-events:emails"),
+        ("ünïcode queue", "chasqui-events:%C3%BCn%C3%AFcode%20queue"),
+        ("a%b\n", "chasqui-events:a%25b%0A"),
+    ],
+)
 def test_reader_name_is_a_valid_client_name(queue: str, name: str) -> None:
     assert reader_name(queue) == name
     assert len(reader_name("x" * 500)) == 120

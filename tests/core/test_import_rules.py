@@ -150,7 +150,7 @@ def test_the_import_rules_hold() -> None:
 
 def test_the_exceptions_are_still_needed() -> None:
     found = {(m, t) for m, p in _modules() for t, _f, _l in imports(m, p)}
-    assert EXCEPTIONS <= found, sorted(EXCEPTIONS - found)
+    assert found >= EXCEPTIONS, sorted(EXCEPTIONS - found)
 
 
 def test_the_checker_sees_violations(tmp_path: Path) -> None:

@@ -41,9 +41,17 @@ BAD_MULTIPLIERS = [math.nan, math.inf, -math.inf, -1.0, -1e-300]
 
 
 def _core(max_attempts: int = 25) -> ConsumerCore:
-    return ConsumerCore("totality", group="g", consumer_id="c", max_attempts=max_attempts,
-                        settings=QueueSettings(), retry=RetryPolicy(), events=True,
-                        result_ttl_ms=0, failure_ttl_ms=1000)
+    return ConsumerCore(
+        "totality",
+        group="g",
+        consumer_id="c",
+        max_attempts=max_attempts,
+        settings=QueueSettings(),
+        retry=RetryPolicy(),
+        events=True,
+        result_ttl_ms=0,
+        failure_ttl_ms=1000,
+    )
 
 
 def _envelope(retry: object, job_id: str = "J1") -> bytes:
@@ -119,8 +127,15 @@ def test_every_integer_field_of_an_override_is_checked(value: object) -> None:
 
 
 def test_retry_policy_refuses_non_finite_values() -> None:
-    for bad in ({"multiplier": math.nan}, {"multiplier": math.inf}, {"multiplier": -2.0}, {"max_ms": -1},
-                {"initial_ms": True}, {"jitter_ms": 1.5}, {"max_ms": 2**60}):
+    for bad in (
+        {"multiplier": math.nan},
+        {"multiplier": math.inf},
+        {"multiplier": -2.0},
+        {"max_ms": -1},
+        {"initial_ms": True},
+        {"jitter_ms": 1.5},
+        {"max_ms": 2**60},
+    ):
         with pytest.raises(ConfigError):
             RetryPolicy(**bad)
 
@@ -132,9 +147,15 @@ _floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_f
 
 
 @settings(max_examples=500, deadline=None)
-@given(n=_ints, kind=st.sampled_from(["fixed", "exponential", "weird", ""]), delay=_ints,
-       cap=st.one_of(st.none(), _ints), mult=st.one_of(st.none(), _floats), jitter=st.one_of(st.none(), _ints),
-       seed=st.integers(0, 2**32))
+@given(
+    n=_ints,
+    kind=st.sampled_from(["fixed", "exponential", "weird", ""]),
+    delay=_ints,
+    cap=st.one_of(st.none(), _ints),
+    mult=st.one_of(st.none(), _floats),
+    jitter=st.one_of(st.none(), _ints),
+    seed=st.integers(0, 2**32),
+)
 def test_backoff_ms_never_raises_and_stays_in_range(n, kind, delay, cap, mult, jitter, seed) -> None:
     spec = BackoffWire(kind, delay, cap, mult, jitter)
     policy = RetryPolicy()
@@ -145,48 +166,63 @@ def test_backoff_ms_never_raises_and_stays_in_range(n, kind, delay, cap, mult, j
     assert got <= min(eff_cap, MAX_BACKOFF_MS) + eff_jitter
 
 
-@pytest.mark.parametrize("n, spec, want", [
-    (1, BackoffWire("exponential", 100, None, math.nan, 0), 100),  # nan ** 0 = 1 on the first retry
-    (2, BackoffWire("exponential", 100, None, math.nan, 0), 30_000),  # then NaN: the cap, as Rust's f64::min
-    (5, BackoffWire("exponential", 100, 0, 2.0, 0), 0),  # max 0
-    (10**9, BackoffWire("exponential", 2**64 - 1, None, 1e308, 0), 30_000),  # huge everything: the cap
-    (10**9, BackoffWire("exponential", 100, 2**64 - 1, 1e308, 0), MAX_BACKOFF_MS),
-    (2**2000, BackoffWire("exponential", 100, None, 2.0, 0), 30_000),  # an exponent past any float
-    (2, BackoffWire("exponential", 100, None, -3.0, -5), 0),  # negative multiplier and jitter
-    (1, BackoffWire("fixed", -5, None, None, 0), 0),
-    (1, BackoffWire("exponential", 2**64 - 1, 2**64 - 1, None, 2**64 - 1), MAX_BACKOFF_MS),
-])
+@pytest.mark.parametrize(
+    "n, spec, want",
+    [
+        (1, BackoffWire("exponential", 100, None, math.nan, 0), 100),  # nan ** 0 = 1 on the first retry
+        (2, BackoffWire("exponential", 100, None, math.nan, 0), 30_000),  # then NaN: the cap, as Rust's f64::min
+        (5, BackoffWire("exponential", 100, 0, 2.0, 0), 0),  # max 0
+        (10**9, BackoffWire("exponential", 2**64 - 1, None, 1e308, 0), 30_000),  # huge everything: the cap
+        (10**9, BackoffWire("exponential", 100, 2**64 - 1, 1e308, 0), MAX_BACKOFF_MS),
+        (2**2000, BackoffWire("exponential", 100, None, 2.0, 0), 30_000),  # an exponent past any float
+        (2, BackoffWire("exponential", 100, None, -3.0, -5), 0),  # negative multiplier and jitter
+        (1, BackoffWire("fixed", -5, None, None, 0), 0),
+        (1, BackoffWire("exponential", 2**64 - 1, 2**64 - 1, None, 2**64 - 1), MAX_BACKOFF_MS),
+    ],
+)
 def test_backoff_edge_cases(n: int, spec: BackoffWire, want: int) -> None:
     assert backoff_ms(n, spec, RetryPolicy()) == want
 
 
 # ---- arbitrary envelopes: decode is total, and so is the failure path after it ----------------------
 
-_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=8),
-                    st.binary(max_size=8))
+_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=8), st.binary(max_size=8)
+)
 _backoff = st.one_of(
     _scalar,
     st.lists(_scalar, max_size=6),
     st.tuples(st.sampled_from(["fixed", "exponential", "x"]), _scalar, _scalar, _scalar, _scalar).map(list),
-    st.tuples(st.sampled_from(["fixed", "exponential"]), st.integers(0, 2**64 - 1),
-              st.one_of(st.none(), st.integers(0, 2**64 - 1)), st.one_of(st.none(), st.floats()),
-              st.one_of(st.none(), st.integers(0, 2**64 - 1))).map(list),
+    st.tuples(
+        st.sampled_from(["fixed", "exponential"]),
+        st.integers(0, 2**64 - 1),
+        st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+        st.one_of(st.none(), st.floats()),
+        st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+    ).map(list),
 )
-_retry = st.one_of(_scalar, st.tuples(st.one_of(st.none(), st.integers(-1, 2**33), _scalar), _backoff).map(list),
-                   st.dictionaries(st.sampled_from(["max_attempts", "backoff", "x"]), st.one_of(_scalar, _backoff)))
+_retry = st.one_of(
+    _scalar,
+    st.tuples(st.one_of(st.none(), st.integers(-1, 2**33), _scalar), _backoff).map(list),
+    st.dictionaries(st.sampled_from(["max_attempts", "backoff", "x"]), st.one_of(_scalar, _backoff)),
+)
 _envelopes = st.one_of(
-    st.tuples(st.text(max_size=30), st.just(msgpack.packb(1)), st.integers(0, 2**64 - 1),
-              st.integers(0, 2**32 - 1), _retry).map(list),
+    st.tuples(
+        st.text(max_size=30), st.just(msgpack.packb(1)), st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1), _retry
+    ).map(list),
     st.tuples(_scalar, _scalar, _scalar, _scalar, _retry).map(list),
     st.lists(_scalar, max_size=6),
-    st.dictionaries(st.sampled_from(["id", "payload", "created_at_ms", "attempt", "retry"]), st.one_of(_scalar, _retry)),
+    st.dictionaries(
+        st.sampled_from(["id", "payload", "created_at_ms", "attempt", "retry"]), st.one_of(_scalar, _retry)
+    ),
 )
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arr=_envelopes, delivery_count=st.integers(1, 2**33), seed=st.integers(0, 2**32))
 def test_arbitrary_envelopes_decode_or_are_decode_failed_and_never_break_the_failure_path(
-        arr, delivery_count, seed) -> None:
+    arr, delivery_count, seed
+) -> None:
     raw = msgpack.packb(arr, use_bin_type=True)
     try:
         env = decode_envelope(raw)
@@ -215,7 +251,7 @@ def test_arbitrary_envelopes_decode_or_are_decode_failed_and_never_break_the_fai
         assert len(row[5].encode()) <= MAX_REASON_BYTES
         if outcome == "retry":
             assert 0 <= delay <= MAX_BACKOFF_MS and row[7] == NOW + delay
-            assert decode_envelope(row[8][4 + 3:]).attempt == env.attempt + 1  # the member re-decodes
+            assert decode_envelope(row[8][4 + 3 :]).attempt == env.attempt + 1  # the member re-decodes
             assert env.attempt + 1 <= 2**32 - 1
 
 

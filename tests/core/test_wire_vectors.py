@@ -108,7 +108,11 @@ def test_v4_backoff_dict_form_encodes_the_same() -> None:
 
 def test_multiplier_is_float64_even_when_given_as_int() -> None:
     job = ProducerCore("emails").prepare(
-        NAME, DATA, retry=build_retry_override(5, BackoffSpec("exponential", 250, 10_000, 3, 50)), job_id=JOB_ID, now=NOW
+        NAME,
+        DATA,
+        retry=build_retry_override(5, BackoffSpec("exponential", 250, 10_000, 3, 50)),
+        job_id=JOB_ID,
+        now=NOW,
     )
     assert job.envelope == V4  # 3 -> cb 40 08 00.. (float64), never an int or a float32
 
@@ -153,8 +157,15 @@ def test_split_member_rejects_short_or_truncated_members() -> None:
 
 def _consumer(max_attempts: int = 3) -> ConsumerCore:
     return ConsumerCore(
-        "emails", group="default", consumer_id="c-test", max_attempts=max_attempts, settings=QueueSettings(),
-        retry=RetryPolicy(), events=True, result_ttl_ms=0, failure_ttl_ms=0,
+        "emails",
+        group="default",
+        consumer_id="c-test",
+        max_attempts=max_attempts,
+        settings=QueueSettings(),
+        retry=RetryPolicy(),
+        events=True,
+        result_ttl_ms=0,
+        failure_ttl_ms=0,
     )
 
 
@@ -171,8 +182,18 @@ def test_v8_retry_member_after_the_first_failure() -> None:
     assert (group, entry_id, run_at) == ("default", b"1700000000000-0", NOW + delay)
     assert member == V8
     # the events part: failed run 1, next run 2, the ChasquiMQ reason string
-    assert call.argv[4:] == ("0", 100_000, NOW, JOB_ID, NAME, 1,
-                             "handler: Python handler raised: ValueError('boom')", 511, 2, delay)
+    assert call.argv[4:] == (
+        "0",
+        100_000,
+        NOW,
+        JOB_ID,
+        NAME,
+        1,
+        "handler: Python handler raised: ValueError('boom')",
+        511,
+        2,
+        delay,
+    )
 
 
 def test_v3_is_the_dlq_payload_of_the_last_allowed_run() -> None:
@@ -184,9 +205,35 @@ def test_v3_is_the_dlq_payload_of_the_last_allowed_run() -> None:
     assert outcome == "retries_exhausted"
     assert call.script.name == "dead_letter"
     assert call.keys == ("{chasqui:emails}:stream", "{chasqui:emails}:dlq", "{chasqui:emails}:events")
-    (group, entry_id, xackdel, dlq_max, events_max, now, payload, name, reason, detail, job_id, attempt,
-     failed_reason, duration_us, failure_ttl, prefix, failures_max, dlq_name, traceback_text) = call.argv
-    assert (group, entry_id, xackdel, dlq_max, events_max, now) == ("default", b"1700000005000-0", "1", 100_000, 100_000, NOW)
+    (
+        group,
+        entry_id,
+        xackdel,
+        dlq_max,
+        events_max,
+        now,
+        payload,
+        name,
+        reason,
+        detail,
+        job_id,
+        attempt,
+        failed_reason,
+        duration_us,
+        failure_ttl,
+        prefix,
+        failures_max,
+        dlq_name,
+        traceback_text,
+    ) = call.argv
+    assert (group, entry_id, xackdel, dlq_max, events_max, now) == (
+        "default",
+        b"1700000005000-0",
+        "1",
+        100_000,
+        100_000,
+        NOW,
+    )
     assert payload == V3
     assert (name, reason, detail, job_id, attempt) == (NAME, "retries_exhausted", "", JOB_ID, 3)
     assert failed_reason == "handler: Python handler raised: ValueError('boom')"
@@ -239,7 +286,11 @@ def test_v14_idempotent_delayed_add() -> None:
     job = core.prepare(NAME, DATA, delay_ms=60_000, job_id=JOB_ID, now=NOW)
     call = next(core.add_with_id(job))
     assert call.script.name == "schedule_delayed_idempotent"
-    assert call.keys == (f"{{chasqui:emails}}:dlid:{JOB_ID}", "{chasqui:emails}:delayed", f"{{chasqui:emails}}:didx:{JOB_ID}")
+    assert call.keys == (
+        f"{{chasqui:emails}}:dlid:{JOB_ID}",
+        "{chasqui:emails}:delayed",
+        f"{{chasqui:emails}}:didx:{JOB_ID}",
+    )
     assert call.argv == (3660, 1_700_000_060_000, V7)
 
 
@@ -253,9 +304,28 @@ def test_v14_consumer_read_and_group_commands() -> None:
     core = _consumer()
     assert core.create_group().args == ("XGROUP", "CREATE", "{chasqui:emails}:stream", "default", "0", "MKSTREAM")
     assert core.read(64, 5000).args == (
-        "XREADGROUP", "GROUP", "default", "c-test", "COUNT", 64, "BLOCK", 5000, "STREAMS", "{chasqui:emails}:stream", ">")
+        "XREADGROUP",
+        "GROUP",
+        "default",
+        "c-test",
+        "COUNT",
+        64,
+        "BLOCK",
+        5000,
+        "STREAMS",
+        "{chasqui:emails}:stream",
+        ">",
+    )
     assert core.idle_pending(30_000, 64).args == (
-        "XPENDING", "{chasqui:emails}:stream", "default", "IDLE", 30_000, "-", "+", 64)
+        "XPENDING",
+        "{chasqui:emails}:stream",
+        "default",
+        "IDLE",
+        30_000,
+        "-",
+        "+",
+        64,
+    )
 
 
 def test_v14_active_event_fields() -> None:
@@ -266,8 +336,26 @@ def test_v14_active_event_fields() -> None:
     assert call.script.name == "emit_events"
     assert call.argv == (
         100_000,
-        5, "e", "active", "id", JOB_ID, "ts", 1_700_000_000_105, "n", NAME, "attempt", 1,
-        4, "e", "active", "id", JOB_ID, "ts", 1_700_000_000_105, "attempt", 1,
+        5,
+        "e",
+        "active",
+        "id",
+        JOB_ID,
+        "ts",
+        1_700_000_000_105,
+        "n",
+        NAME,
+        "attempt",
+        1,
+        4,
+        "e",
+        "active",
+        "id",
+        JOB_ID,
+        "ts",
+        1_700_000_000_105,
+        "attempt",
+        1,
     )
 
 
@@ -277,8 +365,17 @@ def test_drained_event_has_an_empty_id_and_no_name() -> None:
 
 
 def test_events_disabled_writes_nothing_and_passes_zero() -> None:
-    core = ConsumerCore("emails", group="default", consumer_id="c", max_attempts=3, settings=QueueSettings(),
-                        retry=RetryPolicy(), events=False, result_ttl_ms=0, failure_ttl_ms=0)
+    core = ConsumerCore(
+        "emails",
+        group="default",
+        consumer_id="c",
+        max_attempts=3,
+        settings=QueueSettings(),
+        retry=RetryPolicy(),
+        events=False,
+        result_ttl_ms=0,
+        failure_ttl_ms=0,
+    )
     dl = core.gate(b"1-0", [b"d", V2], 1)
     assert core.active_events([dl], 1) is None
     assert core.drained_event(1) is None

@@ -36,8 +36,14 @@ pytestmark = [pytest.mark.dashboard, pytest.mark.timeout(300)]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CHROMIUM = os.environ.get("CHASQUI_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TOKEN = "dash-test-token-" + uuid.uuid4().hex
 DEADLINE = 60.0
 
@@ -99,8 +105,13 @@ def server(shared_redis_url: str, queue: str, tmp: Path) -> Iterator[dict[str, A
     log = tmp / "dashboard.log"
     env = _env(shared_redis_url) | {"CHASQUI_DASHBOARD_TOKEN": TOKEN}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", "dashboard", "--port", str(port),
-                                 "--queue", queue], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_provider_chasqui.cli", "dashboard", "--port", str(port), "--queue", queue],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(ROOT),
+        )
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -121,9 +132,24 @@ def server(shared_redis_url: str, queue: str, tmp: Path) -> Iterator[dict[str, A
 @pytest.fixture(scope="module")
 def worker(shared_redis_url: str, queue: str, tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
     with open(tmp / "worker.log", "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "--queue", queue,
-                                 "--handlers", "dash_handlers", "--redis-url", shared_redis_url],
-                                stdout=out, stderr=subprocess.STDOUT, env=_env(shared_redis_url), cwd=str(tmp))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.cli",
+                "worker",
+                "--queue",
+                queue,
+                "--handlers",
+                "dash_handlers",
+                "--redis-url",
+                shared_redis_url,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(shared_redis_url),
+            cwd=str(tmp),
+        )
     try:
         yield proc
     finally:
@@ -171,16 +197,44 @@ def confirm(page: Any) -> str:
 # ---- the command line ------------------------------------------------------------------------
 def test_refuses_a_public_address_without_credentials(shared_redis_url: str) -> None:
     env = {k: v for k, v in _env(shared_redis_url).items() if not k.startswith("CHASQUI_DASHBOARD_")}
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "dashboard", "--host", "0.0.0.0",
-                           "--port", str(_free_port())], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_chasqui.cli",
+            "dashboard",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(_free_port()),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "refusing to serve the dashboard on 0.0.0.0" in proc.stderr and "--token" in proc.stderr
 
 
 def test_short_token_is_refused(shared_redis_url: str) -> None:
     env = _env(shared_redis_url) | {"CHASQUI_DASHBOARD_TOKEN": "short"}
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "dashboard", "--host", "0.0.0.0",
-                           "--port", str(_free_port())], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_chasqui.cli",
+            "dashboard",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(_free_port()),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "at least 16 characters" in proc.stderr
 
 
@@ -201,8 +255,14 @@ def test_pages_need_the_token(server: dict[str, Any]) -> None:
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
     with pytest.raises(urllib.error.HTTPError) as err:  # a change without the form's check value
-        urllib.request.urlopen(urllib.request.Request(server["url"] + "/dlq/action", data=b"queue=x&action=purge",
-                                                      headers={"Authorization": f"Bearer {TOKEN}"}), timeout=10)
+        urllib.request.urlopen(
+            urllib.request.Request(
+                server["url"] + "/dlq/action",
+                data=b"queue=x&action=purge",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ),
+            timeout=10,
+        )
     assert err.value.code == 403
     err.value.close()
 
@@ -228,8 +288,9 @@ def test_login_then_queues_page(page: Any, server: dict[str, Any], q: SyncQueue,
     shot(page, tmp, "queue")
 
 
-def test_job_page_shows_result_and_timeline(page: Any, server: dict[str, Any], q: SyncQueue, worker: Any,
-                                            tmp: Path) -> None:
+def test_job_page_shows_result_and_timeline(
+    page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
+) -> None:
     job = q.add("square", {"x": 12})
     assert q.wait_for_result(job.id, timeout=DEADLINE) == {"square": 144}
     page.goto(server["url"] + "/job")
@@ -246,16 +307,20 @@ def test_job_page_shows_result_and_timeline(page: Any, server: dict[str, Any], q
 
 
 def _dead_letter(q: SyncQueue, tmp: Path, n: int, tag: str) -> list[str]:
-    before = int(q.driver.call(__import__("airflow_provider_chasqui.core.calls", fromlist=["command"]).command(
-        "XLEN", q.keys.dlq)))
+    before = int(
+        q.driver.call(
+            __import__("airflow_provider_chasqui.core.calls", fromlist=["command"]).command("XLEN", q.keys.dlq)
+        )
+    )
     ids = [q.add("gated", {"gate": str(tmp / f"gate-{tag}-{i}"), "n": i}).id for i in range(n)]
     wait_for(f"{n} jobs in the DLQ", lambda: len([r for r in q.peek_dlq(1000) if r["job_id"] in ids]) == n)
     assert before >= 0
     return ids
 
 
-def test_dlq_filter_view_and_replay_one(page: Any, server: dict[str, Any], q: SyncQueue, worker: Any,
-                                        tmp: Path) -> None:
+def test_dlq_filter_view_and_replay_one(
+    page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
+) -> None:
     (job_id,) = _dead_letter(q, tmp, 1, "one")
     page.goto(server["url"] + f"/dlq?queue={q.name}")
     page.fill("input[name=reason]", "unrecoverable")
@@ -283,8 +348,9 @@ def test_dlq_filter_view_and_replay_one(page: Any, server: dict[str, Any], q: Sy
     assert 'user="token"' in line and f'queue="{q.name}"' in line and "replayed=1" in line
 
 
-def test_dlq_replay_selected_remove_and_purge(page: Any, server: dict[str, Any], q: SyncQueue, worker: Any,
-                                              tmp: Path) -> None:
+def test_dlq_replay_selected_remove_and_purge(
+    page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
+) -> None:
     ids = _dead_letter(q, tmp, 4, "many")
     rows = {r["job_id"]: r["dlq_id"] for r in q.peek_dlq(1000) if r["job_id"] in ids}
     for i in (0, 1):
@@ -336,12 +402,14 @@ def _fired(q: SyncQueue, key: str) -> int:
     return info.fired
 
 
-def test_schedules_pause_stops_firing_then_resume_trigger_remove(page: Any, server: dict[str, Any], q: SyncQueue,
-                                                                 worker: Any, tmp: Path) -> None:
+def test_schedules_pause_stops_firing_then_resume_trigger_remove(
+    page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
+) -> None:
     q.upsert_repeatable_job("tick", {"spec": "a"}, repeat=RepeatPattern.every(500), key="tick-a")
     q.upsert_repeatable_job("tick", {"spec": "control"}, repeat=RepeatPattern.every(500), key="tock-control")
-    q.upsert_repeatable_job("tick", {"spec": "cron"}, repeat=RepeatPattern.cron("0 9 * * *", tz="Asia/Tokyo"),
-                            key="tock-cron")
+    q.upsert_repeatable_job(
+        "tick", {"spec": "cron"}, repeat=RepeatPattern.cron("0 9 * * *", tz="Asia/Tokyo"), key="tock-cron"
+    )
     wait_for("tick-a to fire", lambda: _fired(q, "tick-a") >= 1)
     page.goto(server["url"] + f"/schedules?queue={q.name}")
     page.fill("input[name=prefix]", "tick")
@@ -349,7 +417,9 @@ def test_schedules_pause_stops_firing_then_resume_trigger_remove(page: Any, serv
     rows = page.locator("table.specs tbody tr")
     assert rows.count() == 1 and "tick-a" in rows.inner_text()
     evil = "tock-<img src=x onerror=alert(1)>"
-    q.upsert_repeatable_job("tick", {"spec": "<script>alert(2)</script>"}, repeat=RepeatPattern.every(3_600_000), key=evil)
+    q.upsert_repeatable_job(
+        "tick", {"spec": "<script>alert(2)</script>"}, repeat=RepeatPattern.every(3_600_000), key=evil
+    )
     page.goto(server["url"] + f"/schedules?queue={q.name}&prefix=tock-%3C")
     assert page.locator("table.specs img").count() == 0 and evil in page.locator("table.specs").inner_text()
     q.remove_repeatable_by_key(evil)
@@ -392,14 +462,20 @@ def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: A
     consumers = page.locator("table.consumers").inner_text()
     assert re.search(r"\n\S+\t0\t", consumers), consumers  # one consumer, nothing pending
     locks = page.locator("table.locks").inner_text()
-    wait_for("the worker to hold the scheduler lock",
-             lambda: q.driver.call(__import__("airflow_provider_chasqui.core.calls",
-                                              fromlist=["command"]).command("GET", q.keys.scheduler_lock)))
+    wait_for(
+        "the worker to hold the scheduler lock",
+        lambda: q.driver.call(
+            __import__("airflow_provider_chasqui.core.calls", fromlist=["command"]).command(
+                "GET", q.keys.scheduler_lock
+            )
+        ),
+    )
     page.reload()
     locks = page.locator("table.locks").inner_text()
     assert "scheduler" in locks and "promoter" in locks
-    holder = q.driver.call(__import__("airflow_provider_chasqui.core.calls", fromlist=["command"]).command(
-        "GET", q.keys.scheduler_lock)).decode()
+    holder = q.driver.call(
+        __import__("airflow_provider_chasqui.core.calls", fromlist=["command"]).command("GET", q.keys.scheduler_lock)
+    ).decode()
     assert holder in locks
     shot(page, tmp, "workers")
     if os.environ.get("CHASQUI_DOCS_SCREENSHOTS") == "1":  # the README's picture, after every test's traffic
@@ -414,11 +490,25 @@ def test_basic_auth_server(shared_redis_url: str, browser: Any, tmp: Path, q: Sy
     env = {k: v for k, v in _env(shared_redis_url).items() if not k.startswith("CHASQUI_DASHBOARD_")}
     env["CHASQUI_DASHBOARD_BASIC_AUTH"] = "ana:s3cret-pass"
     with open(tmp / "basic.log", "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", "dashboard", "--port", str(port),
-                                 "--host", "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, cwd=str(ROOT))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.cli",
+                "dashboard",
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(ROOT),
+        )
     url = f"http://127.0.0.1:{port}"
     try:
+
         def answers() -> int | None:
             assert proc.poll() is None, (tmp / "basic.log").read_text()
             try:

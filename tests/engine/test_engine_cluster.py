@@ -68,8 +68,7 @@ def test_the_test_cluster_is_three_masters_covering_every_slot(cluster_server: C
             info = r.info("server")
             assert info["process_id"] == node.pid and info["redis_mode"] == "cluster"
             assert "cluster_state:ok" in r.execute_command("CLUSTER", "INFO").decode()
-            (mine,) = [line for line in r.execute_command("CLUSTER", "NODES").decode().splitlines()
-                       if "myself" in line]
+            (mine,) = [line for line in r.execute_command("CLUSTER", "NODES").decode().splitlines() if "myself" in line]
             assert "master" in mine.split()[2]
             for rng in mine.split()[8:]:
                 lo, _, hi = rng.partition("-")
@@ -79,15 +78,17 @@ def test_the_test_cluster_is_three_masters_covering_every_slot(cluster_server: C
 
 
 @pytest.mark.parametrize("node", [0, 1, 2])
-async def test_close_unblocks_the_read_on_the_node_of_the_queue(cluster_server: Cluster, node: int,
-                                                                worker_factory) -> None:
+async def test_close_unblocks_the_read_on_the_node_of_the_queue(
+    cluster_server: Cluster, node: int, worker_factory
+) -> None:
     """CLIENT ID / CLIENT UNBLOCK name the reader's connection on the queue's node, not the
     cluster client's default node (else close() waits out the 60 s block)."""
     name = _queue_on_node(cluster_server, node)
     seen: list[int] = []
     # no recovery tick shortens the 60 s block either (claim_min_idle_ms / 2)
-    w = worker_factory(name, lambda job: seen.append(job.data), cluster_server.url, read_block_ms=60_000,
-                       claim_min_idle_ms=240_000)
+    w = worker_factory(
+        name, lambda job: seen.append(job.data), cluster_server.url, read_block_ms=60_000, claim_min_idle_ms=240_000
+    )
     q = Queue(name, redis_url=cluster_server.url)
     try:
         task = asyncio.create_task(w.run())
@@ -104,8 +105,7 @@ async def test_close_unblocks_the_read_on_the_node_of_the_queue(cluster_server: 
         _drop_queue(cluster_server, name)
 
 
-async def test_stream_reads_need_no_command_getkeys(cluster_server: Cluster, queue_name: str,
-                                                    worker_factory) -> None:
+async def test_stream_reads_need_no_command_getkeys(cluster_server: Cluster, queue_name: str, worker_factory) -> None:
     """redis-py would ask a node (COMMAND GETKEYS) where every XREADGROUP/XREAD goes: one more
     round trip per read; the driver finds the slot from the STREAMS keys itself."""
     url = cluster_server.url
@@ -160,8 +160,11 @@ async def test_worker_survives_a_restart_of_its_queues_node(tmp_path, worker_fac
             release.set()
             await wait_until(lambda: _adds_work(q), timeout=60, what="adds accepted again")
             await q.add("r", 3, delay=100)  # through the promoter too
-            await wait_until(lambda: sorted(map(str, seen)) == ["1", "2", "3", "hold"], timeout=60,
-                             what="every job after the restart")
+            await wait_until(
+                lambda: sorted(map(str, seen)) == ["1", "2", "3", "hold"],
+                timeout=60,
+                what="every job after the restart",
+            )
             await wait_until(lambda: r.xlen(k.stream) == 0, timeout=30, what="all acked")
             assert not task.done()
         assert r.xpending(k.stream, "default")["pending"] == 0

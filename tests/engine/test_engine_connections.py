@@ -56,8 +56,13 @@ def _clients(url: str) -> list[dict]:
             entries = [c for clients in per_node.values() for c in clients]
         else:
             own_ids, entries = {r.client_id()}, r.client_list()
-    return [c for c in entries if int(c["id"]) not in own_ids and "master" not in c["flags"]
-            and c.get("cmd") not in ("replconf", "psync", "sync")]
+    return [
+        c
+        for c in entries
+        if int(c["id"]) not in own_ids
+        and "master" not in c["flags"]
+        and c.get("cmd") not in ("replconf", "psync", "sync")
+    ]
 
 
 def _entries(url: str, queue: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -81,8 +86,9 @@ async def _exercise(url: str, queue: str) -> None:
         job = await q.add("p", {"i": 0})
         delayed = await q.add("p", {"i": 1}, delay_ms=10)
         events = QueueEvents(queue, redis_url=url, last_event_id="0-0", block_ms=100)
-        worker = Worker(queue, lambda j: j.data["i"], redis_url=url, store_results=True, promoter_poll_ms=20,
-                        read_block_ms=200)
+        worker = Worker(
+            queue, lambda j: j.data["i"], redis_url=url, store_results=True, promoter_poll_ms=20, read_block_ms=200
+        )
         async with running(worker):
             assert await q.wait_for_result(job.id, timeout=20) == 0  # XREAD BLOCK: its reply parsed
             assert await q.wait_for_result(delayed.id, timeout=20) == 1
@@ -131,8 +137,9 @@ async def test_every_cluster_client_speaks_resp2(cluster_server, queue_name: str
 
 
 @pytest.mark.single_node("a private server and its Sentinel")
-async def test_sentinel_clients_and_the_sentinel_connections_speak_resp2(own_server: RunningServer, queue_name: str,
-                                                                         tmp_path) -> None:
+async def test_sentinel_clients_and_the_sentinel_connections_speak_resp2(
+    own_server: RunningServer, queue_name: str, tmp_path
+) -> None:
     sentinel = start_sentinel(binary_for("redis7"), tmp_path, "conn-svc", own_server.port)
     try:
         url = f"redis+sentinel://127.0.0.1:{sentinel.port}/conn-svc/0"
@@ -151,8 +158,9 @@ async def test_sentinel_clients_and_the_sentinel_connections_speak_resp2(own_ser
 
 
 # ---- URLs and arguments that ask for RESP3 ---------------------------------------------------------
-@pytest.mark.parametrize("suffix", ["?protocol=3", "?protocol=%203", "?PROTOCOL=3", "?socket_timeout=5&protocol=3",
-                                    "?protocol=resp3"])
+@pytest.mark.parametrize(
+    "suffix", ["?protocol=3", "?protocol=%203", "?PROTOCOL=3", "?socket_timeout=5&protocol=3", "?protocol=resp3"]
+)
 async def test_a_url_asking_for_another_protocol_is_refused(redis_url: str, queue_name: str, suffix: str) -> None:
     base, cluster = split_cluster_flag(redis_url)
     hostile = base + suffix + ("&cluster=true" if cluster else "")
@@ -206,8 +214,11 @@ async def test_every_client_has_timeouts_and_keepalive(redis_url: str, queue_nam
         await q.add("x", {})  # a cluster client knows its nodes once connected
         sq.add("x", {})
         await events._resolve_start()
-        for what, client, longest_block in (("Queue", q.driver.client, 10), ("SyncQueue", sq.driver.client, 10),
-                                            ("QueueEvents", events._driver.client, 30)):
+        for what, client, longest_block in (
+            ("Queue", q.driver.client, 10),
+            ("SyncQueue", sq.driver.client, 10),
+            ("QueueEvents", events._driver.client, 30),
+        ):
             kw = _kwargs(client)
             assert kw["protocol"] == 2, what
             assert kw["socket_keepalive"] is True, what
@@ -222,16 +233,18 @@ async def test_every_client_has_timeouts_and_keepalive(redis_url: str, queue_nam
 # ---- a silent server: the standalone leader loops neither hang nor keep the lock ---------------------
 @pytest.mark.single_node("pauses a private server")
 @pytest.mark.timeout(150)
-async def test_standalone_scheduler_and_promoter_survive_a_paused_server(own_server: RunningServer, own_url: str,
-                                                                          queue_name: str) -> None:
+async def test_standalone_scheduler_and_promoter_survive_a_paused_server(
+    own_server: RunningServer, own_url: str, queue_name: str
+) -> None:
     """SIGSTOP: the kernel keeps the connections open and silent.  Without socket timeouts the
     loops' calls waited for ever (stop() could not end them)."""
     stop = asyncio.Event()
     task = asyncio.create_task(run_standalone([queue_name], own_url, promoter=True, tick_ms=50, poll_ms=50, stop=stop))
     keys = QueueKeys.for_queue(queue_name)
     with own_server.client() as r:
-        await wait_until(lambda: r.exists(keys.scheduler_lock) and r.exists(keys.promoter_lock), 20,
-                         what="both leader locks taken")
+        await wait_until(
+            lambda: r.exists(keys.scheduler_lock) and r.exists(keys.promoter_lock), 20, what="both leader locks taken"
+        )
     os.kill(own_server.pid, signal.SIGSTOP)
     try:
         await asyncio.sleep(0)  # let a tick go out into the silence
@@ -247,23 +260,29 @@ async def test_standalone_scheduler_and_promoter_survive_a_paused_server(own_ser
 
 @pytest.mark.single_node("a proxy in front of a private server")
 @pytest.mark.timeout(150)
-async def test_a_leader_whose_connection_goes_silent_loses_the_lock(own_server: RunningServer, own_url: str,
-                                                                     queue_name: str) -> None:
+async def test_a_leader_whose_connection_goes_silent_loses_the_lock(
+    own_server: RunningServer, own_url: str, queue_name: str
+) -> None:
     async with FaultProxy(own_server.port) as proxy:
         silent_driver, direct_driver = AsyncDriver(proxy.url), AsyncDriver(own_url)  # the package's defaults
-        loops = {"sched-a": Scheduler(silent_driver, queue_name, holder="sched-a", tick_ms=50),
-                 "prom-a": Promoter(silent_driver, queue_name, holder="prom-a", poll_interval_ms=50)}
+        loops = {
+            "sched-a": Scheduler(silent_driver, queue_name, holder="sched-a", tick_ms=50),
+            "prom-a": Promoter(silent_driver, queue_name, holder="prom-a", poll_interval_ms=50),
+        }
         tasks = {n: asyncio.create_task(lp.run()) for n, lp in loops.items()}
         try:
             await wait_until(lambda: all(lp.is_leader for lp in loops.values()), 20, what="A leads both")
-            others = {"sched-b": Scheduler(direct_driver, queue_name, holder="sched-b", tick_ms=50),
-                      "prom-b": Promoter(direct_driver, queue_name, holder="prom-b", poll_interval_ms=50)}
+            others = {
+                "sched-b": Scheduler(direct_driver, queue_name, holder="sched-b", tick_ms=50),
+                "prom-b": Promoter(direct_driver, queue_name, holder="prom-b", poll_interval_ms=50),
+            }
             tasks.update({n: asyncio.create_task(lp.run()) for n, lp in others.items()})
             assert proxy.blackhole() >= 1  # A's connections go silent for ever; new ones work
             t0 = time.monotonic()
             await wait_until(lambda: all(lp.is_leader for lp in others.values()), 60, what="B takes both locks")
-            await wait_until(lambda: not any(lp.is_leader for lp in loops.values()), 60,
-                             what="A to know it lost both locks")
+            await wait_until(
+                lambda: not any(lp.is_leader for lp in loops.values()), 60, what="A to know it lost both locks"
+            )
             took = time.monotonic() - t0
             assert not any(t.done() for t in tasks.values()), "a leader loop ended"
             with own_server.client() as r:  # B holds both, and keeps them
@@ -291,8 +310,9 @@ def _copies(url: str, queue: str) -> dict[str, int]:
 
 @pytest.mark.single_node("a proxy in front of a private server")
 @pytest.mark.parametrize("kind", ["plain", "with-options", "bulk"])
-async def test_a_lost_reply_never_writes_a_job_twice(own_server: RunningServer, own_url: str, queue_name: str,
-                                                      kind: str) -> None:
+async def test_a_lost_reply_never_writes_a_job_twice(
+    own_server: RunningServer, own_url: str, queue_name: str, kind: str
+) -> None:
     """The proxy forwards the request, drops its reply and resets the connection: the add ran
     once.  Before, the lane re-sent it on redis-py, which succeeded: a normal return, two jobs."""
     async with FaultProxy(own_server.port) as proxy, Queue(queue_name, redis_url=proxy.url) as q:
@@ -318,8 +338,9 @@ async def test_a_lost_reply_never_writes_a_job_twice(own_server: RunningServer, 
 
 @pytest.mark.single_node("a proxy in front of a private server")
 @pytest.mark.parametrize("kind", ["plain", "with-options", "bulk"])
-async def test_a_lost_reply_never_writes_a_job_twice_sync(own_server: RunningServer, own_url: str, queue_name: str,
-                                                           kind: str) -> None:
+async def test_a_lost_reply_never_writes_a_job_twice_sync(
+    own_server: RunningServer, own_url: str, queue_name: str, kind: str
+) -> None:
     async with FaultProxy(own_server.port) as proxy:  # runs on this loop: the blocking calls go to a thread
         sq = SyncQueue(queue_name, redis_url=proxy.url)
         try:

@@ -38,13 +38,16 @@ def server_matrix(request: pytest.FixtureRequest, _server_pool: Callable[[str], 
 def _map_envelope(job_id: str, data: Any) -> bytes:
     """serde's map form of an envelope: decodes like the array form, re-encodes differently,
     so only the original bytes can match it."""
-    return msgpack.packb({"id": job_id, "payload": msgpack.packb(data), "created_at_ms": 1_700_000_000_000,
-                          "attempt": 0}, use_bin_type=True)
+    return msgpack.packb(
+        {"id": job_id, "payload": msgpack.packb(data), "created_at_ms": 1_700_000_000_000, "attempt": 0},
+        use_bin_type=True,
+    )
 
 
 @pytest.mark.timeout(120)
-async def test_dead_letters_keep_the_original_name_and_payload_bytes(matrix_url: Any, queue_name: str, clients: Any,
-                                                                     queues: Any, worker_factory: Any) -> None:
+async def test_dead_letters_keep_the_original_name_and_payload_bytes(
+    matrix_url: Any, queue_name: str, clients: Any, queues: Any, worker_factory: Any
+) -> None:
     url, k = matrix_url.url, QueueKeys.for_queue(queue_name)
     r = clients(url)
     q = queues(queue_name, url)
@@ -64,8 +67,14 @@ async def test_dead_letters_keep_the_original_name_and_payload_bytes(matrix_url:
             raise ValueError("boom")
         return "ok"
 
-    w = worker_factory(queue_name, handler, url, max_attempts=2, concurrency=2,
-                       retry=RetryPolicy(initial_ms=5, max_ms=50, multiplier=2.0, jitter_ms=0))
+    w = worker_factory(
+        queue_name,
+        handler,
+        url,
+        max_attempts=2,
+        concurrency=2,
+        retry=RetryPolicy(initial_ms=5, max_ms=50, multiplier=2.0, jitter_ms=0),
+    )
     async with running(w):
         await wait_until(lambda: _dlq_len(r, k.dlq, 2), timeout=60, what="two dead letters")
         await wait_until(lambda: _pending_zero(r, queue_name), timeout=30, what="nothing pending")
@@ -74,8 +83,12 @@ async def test_dead_letters_keep_the_original_name_and_payload_bytes(matrix_url:
     rows = {decode_envelope(dict(kv(f))["d"]).id: (eid, kv(f)) for eid, f in await r.xrange(k.dlq)}
     assert set(rows) == {"J-fatal", "J-worn"}
     # unrecoverable: the entry as it arrived, byte for byte (map-form payload and all)
-    assert rows["J-fatal"][1][:4] == [("d", fatal), ("n", BAD_NAME), ("source_id", sources[fatal].encode()),
-                                      ("reason", b"unrecoverable")]
+    assert rows["J-fatal"][1][:4] == [
+        ("d", fatal),
+        ("n", BAD_NAME),
+        ("source_id", sources[fatal].encode()),
+        ("reason", b"unrecoverable"),
+    ]
     # retries exhausted after a retry through the delayed set: the name's bytes survived the
     # retry member and the promotion; the payload is the retried entry's (attempt 1)
     worn_fields = dict(rows["J-worn"][1])

@@ -55,16 +55,24 @@ def test_signal_drains_in_flight_jobs_in_a_real_process(redis_url, queue_name, t
     script = tmp_path / "worker_proc.py"
     script.write_text(WORKER_SCRIPT)
     with raw_sync(redis_url) as r:
+
         async def add_two() -> list[str]:
             async with Queue(queue_name, redis_url=redis_url) as q:
                 return [(await q.add("slow", i)).id for i in range(2)]
 
         ids = asyncio.run(add_two())
-        proc = subprocess.Popen([sys.executable, str(script), redis_url, queue_name, tag],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), redis_url, queue_name, tag],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
-            wait_until_sync(lambda: r.llen(tag + ":started") == 2 or proc.poll() is not None, timeout=30,
-                            what="both jobs started in the subprocess")
+            wait_until_sync(
+                lambda: r.llen(tag + ":started") == 2 or proc.poll() is not None,
+                timeout=30,
+                what="both jobs started in the subprocess",
+            )
             assert proc.poll() is None, proc.communicate()
             proc.send_signal(sig)
             # the in-flight handlers are still allowed to finish: release them now
@@ -117,8 +125,9 @@ async def test_worker_survives_a_redis_restart_on_the_same_port(tmp_path: Path, 
             await q.add("r", 2)
             await q.add("r", 3, delay=100)  # through the promoter too
             expected = [1, "hold", 2, 3] if persistence == "aof" else [1, 2, 3]
-            await wait_until(lambda: sorted(map(str, seen)) == sorted(map(str, expected)), timeout=60,
-                             what="jobs after the restart")
+            await wait_until(
+                lambda: sorted(map(str, seen)) == sorted(map(str, expected)), timeout=60, what="jobs after the restart"
+            )
             await wait_until(lambda: r.xlen(k.stream) == 0, timeout=30, what="all acked")
             assert not task.done()
         assert r.xpending(k.stream, "default")["pending"] == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from engine_support import pending_count
 
 from airflow_provider_chasqui.core.calls import str_reply
 from airflow_provider_chasqui.core.codec import now_ms
@@ -14,12 +15,20 @@ from airflow_provider_chasqui.core.retry import RetryPolicy
 from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.group import GroupConsumer
-from engine_support import pending_count
 
 
 def _core(queue: str, consumer: str) -> ConsumerCore:
-    return ConsumerCore(queue, group="default", consumer_id=consumer, max_attempts=5, settings=QueueSettings(),
-                        retry=RetryPolicy(), events=True, result_ttl_ms=0, failure_ttl_ms=0)
+    return ConsumerCore(
+        queue,
+        group="default",
+        consumer_id=consumer,
+        max_attempts=5,
+        settings=QueueSettings(),
+        retry=RetryPolicy(),
+        events=True,
+        result_ttl_ms=0,
+        failure_ttl_ms=0,
+    )
 
 
 @pytest.fixture

@@ -37,8 +37,9 @@ async def _members(r, k: QueueKeys) -> dict[str, tuple[str, bytes, float]]:
     return out
 
 
-async def test_chasquimq_delayed_adds_run_on_our_worker(chasquimq, redis_url, queue_name, clients,
-                                                        worker_factory) -> None:
+async def test_chasquimq_delayed_adds_run_on_our_worker(
+    chasquimq, redis_url, queue_name, clients, worker_factory
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     cq = chasquimq.Queue(queue_name, redis_url=redis_url)
@@ -46,9 +47,13 @@ async def test_chasquimq_delayed_adds_run_on_our_worker(chasquimq, redis_url, qu
     try:
         named = await cq.add("send-email", DATA, delay_ms=400)
         unnamed = await cq.add("", [1, "two"], delay=timedelta(milliseconds=400))
-        with_retry = await cq.add("retrying", {"r": 1}, delay_ms=400, attempts=3,
-                                  backoff=chasquimq.BackoffSpec.exponential(250, multiplier=3.0, max_ms=10_000,
-                                                                             jitter_ms=50))
+        with_retry = await cq.add(
+            "retrying",
+            {"r": 1},
+            delay_ms=400,
+            attempts=3,
+            backoff=chasquimq.BackoffSpec.exponential(250, multiplier=3.0, max_ms=10_000, jitter_ms=50),
+        )
         with_int_backoff = await cq.add("int-backoff", 5, delay_ms=400, backoff=500)
         at = await cq.add("absolute", "at", delay_ms=datetime.now(UTC) + timedelta(milliseconds=400))
         with_id = await cq.add("by-id", {"id": 1}, delay_ms=400, job_id="cq-fixed-id")
@@ -66,8 +71,12 @@ async def test_chasquimq_delayed_adds_run_on_our_worker(chasquimq, redis_url, qu
     options = {
         named.id: ("send-email", DATA, None, None),
         unnamed.id: ("", [1, "two"], None, None),
-        with_retry.id: ("retrying", {"r": 1}, 3, {"kind": "exponential", "delay_ms": 250, "max_delay_ms": 10_000,
-                                                  "multiplier": 3.0, "jitter_ms": 50}),
+        with_retry.id: (
+            "retrying",
+            {"r": 1},
+            3,
+            {"kind": "exponential", "delay_ms": 250, "max_delay_ms": 10_000, "multiplier": 3.0, "jitter_ms": 50},
+        ),
         with_int_backoff.id: ("int-backoff", 5, None, 500),
         at.id: ("absolute", "at", None, None),
         "cq-fixed-id": ("by-id", {"id": 1}, None, None),
@@ -82,8 +91,14 @@ async def test_chasquimq_delayed_adds_run_on_our_worker(chasquimq, redis_url, qu
         assert before - 5 <= env.created_at_ms <= after + 5
         assert msgpack.unpackb(env.inner, raw=False) == data
         assert encode_envelope(env) == env_bytes
-        ours = core.prepare(name, data, delay_ms=score - env.created_at_ms, job_id=job_id, now=env.created_at_ms,
-                            retry=build_retry_override(attempts, backoff))
+        ours = core.prepare(
+            name,
+            data,
+            delay_ms=score - env.created_at_ms,
+            job_id=job_id,
+            now=env.created_at_ms,
+            retry=build_retry_override(attempts, backoff),
+        )
         assert ours.envelope == env_bytes, job_id
         assert encode_member(name.encode(), ours.envelope) == member
         assert 300 <= score - env.created_at_ms <= 500
@@ -102,8 +117,9 @@ async def test_chasquimq_delayed_adds_run_on_our_worker(chasquimq, redis_url, qu
     assert await r.zcard(k.delayed) == 0 and await r.xlen(k.stream) == 0
 
 
-async def test_our_cancel_and_dedup_work_on_chasquimq_scheduled_ids(chasquimq, redis_url, queue_name, clients,
-                                                                    queues) -> None:
+async def test_our_cancel_and_dedup_work_on_chasquimq_scheduled_ids(
+    chasquimq, redis_url, queue_name, clients, queues
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     cq = chasquimq.Queue(queue_name, redis_url=redis_url)
@@ -137,8 +153,9 @@ async def test_chasquimq_reads_our_dlq_shape(chasquimq, redis_url, queue_name, c
     assert decode_envelope(env).id == job.id
 
 
-async def test_chasquimq_reads_a_dlq_entry_carrying_our_traceback(chasquimq, redis_url, queue_name, clients, queues,
-                                                                   worker_factory) -> None:
+async def test_chasquimq_reads_a_dlq_entry_carrying_our_traceback(
+    chasquimq, redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     """Our worker puts a failed handler's traceback in the DLQ's optional ``detail`` field (the
     only field it adds to what ChasquiMQ writes): chasquimq's peek_dlq reads the entry, with the
     traceback as its detail and every other field as ChasquiMQ would have written it."""

@@ -29,9 +29,6 @@ from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ScriptError
-from engine_support import client_at, pool_connections, stream_entries, stream_job_ids, wait_until, wait_until_sync
-from fault_support import FaultProxy
-from servers import RunningServer, start_server
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.single_node("cluster clients never use the lane")]
 
@@ -68,7 +65,7 @@ def test_packed_command_and_resp_bulk() -> None:
     assert c == command(*args)
     assert packed == b"*%d\r\n" % len(args) + b"".join(resp_bulk(a) for a in args)
     for value in ("", "x", "ü✓", 0, -7, 2**63, b"", b"\r\n"):
-        assert resp_bulk(value) == hiredis.pack_command((value,))[len(b"*1\r\n"):]
+        assert resp_bulk(value) == hiredis.pack_command((value,))[len(b"*1\r\n") :]
     for bad in (1.5, None, True):
         with pytest.raises(TypeError):
             resp_bulk(bad)
@@ -76,10 +73,16 @@ def test_packed_command_and_resp_bulk() -> None:
 
 async def test_lane_and_redis_py_write_the_same_entry(redis_url: str, queue_name: str) -> None:
     data = {"k": "v", "n": 3, "b": b"\x01"}
-    async with Queue(queue_name, redis_url=redis_url) as fast, \
-            Queue(queue_name, driver=AsyncDriver(redis_url, lane=False)) as slow:
-        jobs = [await fast.add("named", data), await fast.add("", data),
-                await slow.add("named", data), await slow.add("", data)]
+    async with (
+        Queue(queue_name, redis_url=redis_url) as fast,
+        Queue(queue_name, driver=AsyncDriver(redis_url, lane=False)) as slow,
+    ):
+        jobs = [
+            await fast.add("named", data),
+            await fast.add("", data),
+            await slow.add("named", data),
+            await slow.add("", data),
+        ]
         assert fast.driver._lane.proto is not None and not fast.driver._lane.proto.closed
         assert pool_connections(fast.driver) == 0  # every call took the lane
         assert slow.driver._lane is None
@@ -117,6 +120,7 @@ async def test_concurrent_replies_go_to_their_callers(redis_url: str, queue_name
     prefix = QueueKeys.for_queue(queue_name).prefix
     driver = AsyncDriver(redis_url)
     try:
+
         async def one(i: int) -> tuple[int, bytes, bytes]:
             await asyncio.sleep(0)  # interleave the tasks
             eid = await driver.call(command("XADD", stream, "*", "i", i))
@@ -133,7 +137,6 @@ async def test_concurrent_replies_go_to_their_callers(redis_url: str, queue_name
     for i, eid, value in results:
         assert written[eid] == i
         assert value == f"v{i}".encode()
-
 
 
 async def test_cancelled_callers_do_not_shift_replies(redis_url: str, queue_name: str) -> None:
@@ -156,6 +159,7 @@ async def test_cancelled_callers_do_not_shift_replies(redis_url: str, queue_name
     finally:
         await driver.close()
 
+
 def test_driver_reused_across_asyncio_run(redis_url: str, queue_name: str) -> None:
     """A new event loop gets a new lane; the old loop's transport is not touched."""
     q = Queue(queue_name, redis_url=redis_url)
@@ -168,8 +172,11 @@ def test_driver_reused_across_asyncio_run(redis_url: str, queue_name: str) -> No
     # the first loop's connection is closed when the lane moves on, not left to the collector
     assert proto1.transport.get_extra_info("socket").fileno() == -1
     with redis.Redis.from_url(redis_url) as r:
-        wait_until_sync(lambda: addr1 not in {c["addr"] for c in r.client_list()}, 10,
-                        what="the first loop's lane connection to close")
+        wait_until_sync(
+            lambda: addr1 not in {c["addr"] for c in r.client_list()},
+            10,
+            what="the first loop's lane connection to close",
+        )
 
     async def more() -> list:
         jobs = await q.add_bulk([{"name": "loop", "data": {"run": 3, "i": i}} for i in range(300)])
@@ -202,7 +209,9 @@ async def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue
         jobs += [await q.add("k", {"i": i}) for i in range(2, 20)]
         jobs += await q.add_bulk([{"name": "k", "data": {"i": i}} for i in range(20, 520)])
         assert driver._lane.proto is not proto and not driver._lane.proto.closed  # reopened
-        assert _lane_client(own_url, driver)["cmd"] == ("fcall" if driver._fn else "evalsha")  # the bulk add's script ran on it
+        assert _lane_client(own_url, driver)["cmd"] == (
+            "fcall" if driver._fn else "evalsha"
+        )  # the bulk add's script ran on it
         # a kill while idle is noticed (connection_lost) and the next call reopens at once
         with redis.Redis.from_url(own_url) as r:
             assert r.client_kill_filter(_id=_lane_client(own_url, driver)["id"]) == 1
@@ -316,7 +325,6 @@ async def test_script_flush_is_reloaded_on_the_lane(own_url: str, queue_name: st
     assert set(ids) == {j.id for j in jobs[:1200]} | {jobs[-2].id, jobs[-1].id}
 
 
-
 async def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path) -> None:
     """A demoted master answers READONLY: the lane lets go of that connection (one add, a
     pipeline), so the next call reconnects through redis-py (Sentinel finds the new master)."""
@@ -383,8 +391,14 @@ async def test_lane_with_an_acl_user(own_url: str, own_server: RunningServer, qu
     prefix = QueueKeys.for_queue(queue_name).prefix
     user = f"lane-{queue_name}"
     with own_server.client() as admin:
-        admin.acl_setuser(user, enabled=True, passwords=["+s3cret"], keys=[f"{prefix}*"],
-                          commands=["+@all", "-@dangerous"], reset_keys=True)
+        admin.acl_setuser(
+            user,
+            enabled=True,
+            passwords=["+s3cret"],
+            keys=[f"{prefix}*"],
+            commands=["+@all", "-@dangerous"],
+            reset_keys=True,
+        )
     url = f"redis://{user}:s3cret@127.0.0.1:{own_server.port}/0"
     try:
         async with Queue(queue_name, redis_url=url) as q:

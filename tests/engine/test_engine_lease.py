@@ -40,8 +40,9 @@ async def _settled(r, queue: str) -> bool:
 
 
 @pytest.mark.timeout(60)
-async def test_a_long_job_runs_once_across_three_workers(redis_url, queue_name, clients, queues,
-                                                         worker_factory) -> None:
+async def test_a_long_job_runs_once_across_three_workers(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     """3 workers, claim_min_idle_ms=1000, one 3.5 s job: before leases it ran 3 times, 3 at once."""
     r = clients(redis_url)
     runs, now_running, most = [], [0], [0]
@@ -56,8 +57,10 @@ async def test_a_long_job_runs_once_across_three_workers(redis_url, queue_name, 
             now_running[0] -= 1
         return "done"
 
-    workers = [worker_factory(queue_name, slow, redis_url, claim_min_idle_ms=1000, concurrency=4, store_results=True)
-               for _ in range(3)]
+    workers = [
+        worker_factory(queue_name, slow, redis_url, claim_min_idle_ms=1000, concurrency=4, store_results=True)
+        for _ in range(3)
+    ]
     async with running(workers[0]), running(workers[1]), running(workers[2]):
         job = await queues(queue_name, redis_url).add("slow", {"n": 1})
         await wait_until(lambda: _settled(r, queue_name), 30, what="the job to be acked", interval=0.05)
@@ -70,8 +73,9 @@ async def test_a_long_job_runs_once_across_three_workers(redis_url, queue_name, 
 def _hostile_envelope(multiplier: float, delay_ms: int) -> bytes:
     """Decodes (today), but its second retry's backoff is NaN (NaN ** 1, 0 * inf)."""
     backoff = BackoffWire("exponential", delay_ms, None, multiplier, None)
-    return encode_envelope(Envelope(f"hostile-{multiplier}-{delay_ms}", msgpack.packb({}), 1, 1,
-                                    RetryOverride(5, backoff)))
+    return encode_envelope(
+        Envelope(f"hostile-{multiplier}-{delay_ms}", msgpack.packb({}), 1, 1, RetryOverride(5, backoff))
+    )
 
 
 @pytest.mark.timeout(60)
@@ -91,8 +95,9 @@ async def test_failure_routing_never_ends_a_slot(redis_url, queue_name, clients,
     async def ok(job: Job) -> None:
         done.append(job.data["i"])
 
-    w = worker_factory(queue_name, {"bad": fail, "stray": stray, "ok": ok}, redis_url, concurrency=4,
-                       delayed_enabled=False)
+    w = worker_factory(
+        queue_name, {"bad": fail, "stray": stray, "ok": ok}, redis_url, concurrency=4, delayed_enabled=False
+    )
     q = queues(queue_name, redis_url)
     async with running(w):
         for mult, delay in ((math.nan, 100), (math.nan, 0), (math.inf, 0), (-math.inf, 0)):
@@ -113,8 +118,9 @@ async def test_failure_routing_never_ends_a_slot(redis_url, queue_name, clients,
 
 
 @pytest.mark.timeout(60)
-async def test_an_unencodable_result_never_reruns_the_handler(redis_url, queue_name, clients, queues,
-                                                              worker_factory) -> None:
+async def test_an_unencodable_result_never_reruns_the_handler(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     """The handler ran (its side effects happened): the job is dead-lettered as unrecoverable."""
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
@@ -138,8 +144,9 @@ async def test_an_unencodable_result_never_reruns_the_handler(redis_url, queue_n
 
 
 @pytest.mark.timeout(60)
-async def test_a_failing_reader_is_restarted_and_reported(redis_url, queue_name, clients, queues,
-                                                          worker_factory, caplog) -> None:
+async def test_a_failing_reader_is_restarted_and_reported(
+    redis_url, queue_name, clients, queues, worker_factory, caplog
+) -> None:
     """The DLQ key has the wrong type, so dead-lettering a malformed arrival fails for good:
     before, the reader died and the worker stalled (and fail_batch had already acked and
     deleted the entry); now the script refuses before any write, so the entry stays pending,

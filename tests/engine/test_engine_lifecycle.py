@@ -46,7 +46,8 @@ def timedelta_ms(ms: int):
 
 
 async def test_past_the_shutdown_deadline_a_stuck_job_stays_pending_and_is_reclaimed(
-        redis_url, queue_name, clients, queues, worker_factory) -> None:
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     q = queues(queue_name, redis_url)
@@ -123,8 +124,15 @@ async def _get(r, key, value) -> bool:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"concurrency": 0}, {"concurrency": True}, {"max_attempts": -1}, {"read_block_ms": 0}, {"max_jobs": 0},
-     {"no_such_option": 1}, {"claim_min_idle_ms": -5}],
+    [
+        {"concurrency": 0},
+        {"concurrency": True},
+        {"max_attempts": -1},
+        {"read_block_ms": 0},
+        {"max_jobs": 0},
+        {"no_such_option": 1},
+        {"claim_min_idle_ms": -5},
+    ],
     ids=["concurrency-0", "concurrency-bool", "max-attempts-neg", "block-0", "max-jobs-0", "unknown", "claim-neg"],
 )
 def test_bad_worker_options_fail_at_construction(kwargs) -> None:
@@ -163,8 +171,9 @@ async def _dlq_len(r, k, n) -> bool:
     return await r.xlen(k.dlq) == n
 
 
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?cluster=true"],
-                         ids=["single", "cluster"])
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?cluster=true"], ids=["single", "cluster"]
+)
 async def test_close_while_redis_was_never_reachable_is_a_clean_stop(worker_factory, url) -> None:
     """The worker retries a missing Redis for ever; close() ends that without raising."""
     w = worker_factory("never-reachable", lambda job: None, url)
@@ -176,8 +185,9 @@ async def test_close_while_redis_was_never_reachable_is_a_clean_stop(worker_fact
     assert not w.is_running and w.is_closed
 
 
-async def test_the_stream_deleted_under_a_running_worker(redis_url, queue_name, clients, queues,
-                                                         worker_factory) -> None:
+async def test_the_stream_deleted_under_a_running_worker(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     """NOGROUP after the stream (and its group) vanished: the worker recreates the group."""
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)

@@ -47,19 +47,29 @@ async def test_success_path_events_and_acks(matrix_url, queue_name, clients, que
     async with running(w):
         await wait_until(lambda: events_of(r, queue_name), what="events")
         evs = await wait_until(
-            lambda: _events_when(r, queue_name, lambda es: sum(e["e"] == "completed" for e in es) == 2
-                                 and es[-1]["e"] == "drained"),
-            what="two completed events then drained")
+            lambda: _events_when(
+                r, queue_name, lambda es: sum(e["e"] == "completed" for e in es) == 2 and es[-1]["e"] == "drained"
+            ),
+            what="two completed events then drained",
+        )
         assert w._features.xackdel is (matrix_url.kind == "redis82" and fast(matrix_url))
     # the handler saw exactly what was added
     by_id = {j.id: j for j in seen}
     assert set(by_id) == {named.id, unnamed.id}
-    assert (by_id[named.id].name, by_id[named.id].data, by_id[named.id].attempt) == ("send-email", {"to": "ada@example.com"}, 0)
+    assert (by_id[named.id].name, by_id[named.id].data, by_id[named.id].attempt) == (
+        "send-email",
+        {"to": "ada@example.com"},
+        0,
+    )
     assert by_id[named.id].created_at_ms == named.created_at_ms
     assert (by_id[unnamed.id].name, by_id[unnamed.id].data) == ("", [1, 2, 3])
     # events per spec 9: active then completed, exact field order, `n` only when named
     a, c = of_job(evs, named.id)
-    assert list(a) == ["e", "id", "ts", "n", "attempt"] and (a["e"], a["n"], a["attempt"]) == ("active", "send-email", "1")
+    assert list(a) == ["e", "id", "ts", "n", "attempt"] and (a["e"], a["n"], a["attempt"]) == (
+        "active",
+        "send-email",
+        "1",
+    )
     assert list(c) == ["e", "id", "ts", "n", "attempt", "duration_us"]
     assert (c["e"], c["n"], c["attempt"]) == ("completed", "send-email", "1") and c["duration_us"].isdigit()
     a, c = of_job(evs, unnamed.id)
@@ -68,7 +78,7 @@ async def test_success_path_events_and_acks(matrix_url, queue_name, clients, que
     for e in evs:
         assert_ts(e)
     assert evs[-1] == {"e": "drained", "id": "", "ts": evs[-1]["ts"]}
-    assert [e["e"] for e in evs if e["id"]] .count("waiting") == 0  # immediate jobs are never "waiting"
+    assert [e["e"] for e in evs if e["id"]].count("waiting") == 0  # immediate jobs are never "waiting"
     # acknowledged means deleted: nothing left in the stream or the PEL
     assert await r.xlen(k.stream) == 0
     assert await pending_count(r, queue_name) == 0
@@ -79,8 +89,9 @@ async def _events_when(r, queue, pred):
     return evs if evs and pred(evs) else None
 
 
-async def test_retries_through_the_delayed_set_end_in_the_dlq(matrix_url, queue_name, clients, queues,
-                                                              worker_factory) -> None:
+async def test_retries_through_the_delayed_set_end_in_the_dlq(
+    matrix_url, queue_name, clients, queues, worker_factory
+) -> None:
     url, k = matrix_url.url, QueueKeys.for_queue(queue_name)
     r = clients(url)
     q = queues(queue_name, url, fast_paths=fast(matrix_url))
@@ -90,24 +101,41 @@ async def test_retries_through_the_delayed_set_end_in_the_dlq(matrix_url, queue_
         runs.setdefault(job.id, []).append(job.attempt)
         raise ValueError("boom")
 
-    w = worker_factory(queue_name, handler, url, fast_paths=fast(matrix_url), max_attempts=2,
-                       retry=RetryPolicy(initial_ms=5, max_ms=1000, multiplier=2.0, jitter_ms=0),
-                       promoter_poll_ms=20)
+    w = worker_factory(
+        queue_name,
+        handler,
+        url,
+        fast_paths=fast(matrix_url),
+        max_attempts=2,
+        retry=RetryPolicy(initial_ms=5, max_ms=1000, multiplier=2.0, jitter_ms=0),
+        promoter_poll_ms=20,
+    )
     # per-job override: 3 runs, exponential 10 ms x2 without jitter
-    custom = await q.add("send-email", {"n": 1}, attempts=3,
-                         backoff=BackoffSpec.exponential(10, multiplier=2.0, jitter_ms=0))
+    custom = await q.add(
+        "send-email", {"n": 1}, attempts=3, backoff=BackoffSpec.exponential(10, multiplier=2.0, jitter_ms=0)
+    )
     default = await q.add("", {"n": 2})  # the worker-wide max_attempts=2 and queue retry policy
     async with running(w):
         evs = await wait_until(
             lambda: _events_when(r, queue_name, lambda es: sum(e["e"] == "dlq" for e in es) == 2),
-            timeout=30, what="both jobs dead-lettered")
+            timeout=30,
+            what="both jobs dead-lettered",
+        )
     assert runs == {custom.id: [0, 1, 2], default.id: [0, 1]}
 
     seq = [(e["e"], e.get("attempt"), e.get("backoff_ms")) for e in of_job(evs, custom.id)]
     assert seq == [
-        ("active", "1", None), ("failed", "1", None), ("retry-scheduled", "2", "10"), ("waiting", None, None),
-        ("active", "2", None), ("failed", "2", None), ("retry-scheduled", "3", "20"), ("waiting", None, None),
-        ("active", "3", None), ("failed", "3", None), ("dlq", "3", None),
+        ("active", "1", None),
+        ("failed", "1", None),
+        ("retry-scheduled", "2", "10"),
+        ("waiting", None, None),
+        ("active", "2", None),
+        ("failed", "2", None),
+        ("retry-scheduled", "3", "20"),
+        ("waiting", None, None),
+        ("active", "3", None),
+        ("failed", "3", None),
+        ("dlq", "3", None),
     ]
     for e in of_job(evs, custom.id):
         assert_ts(e)
@@ -121,8 +149,15 @@ async def test_retries_through_the_delayed_set_end_in_the_dlq(matrix_url, queue_
         elif e["e"] == "dlq":
             assert list(e) == ["e", "id", "ts", "n", "attempt", "reason"] and e["reason"] == "retries_exhausted"
     seq = [(e["e"], e.get("attempt"), e.get("backoff_ms")) for e in of_job(evs, default.id)]
-    assert seq == [("active", "1", None), ("failed", "1", None), ("retry-scheduled", "2", "5"), ("waiting", None, None),
-                   ("active", "2", None), ("failed", "2", None), ("dlq", "2", None)]
+    assert seq == [
+        ("active", "1", None),
+        ("failed", "1", None),
+        ("retry-scheduled", "2", "5"),
+        ("waiting", None, None),
+        ("active", "2", None),
+        ("failed", "2", None),
+        ("dlq", "2", None),
+    ]
 
     dlq = await r.xrange(k.dlq)
     assert len(dlq) == 2
@@ -145,8 +180,9 @@ async def test_retries_through_the_delayed_set_end_in_the_dlq(matrix_url, queue_
     assert await pending_count(r, queue_name) == 0
 
 
-async def test_malformed_entries_go_to_the_dlq_and_the_worker_keeps_going(matrix_url, queue_name, clients, queues,
-                                                                          worker_factory) -> None:
+async def test_malformed_entries_go_to_the_dlq_and_the_worker_keeps_going(
+    matrix_url, queue_name, clients, queues, worker_factory
+) -> None:
     url, k = matrix_url.url, QueueKeys.for_queue(queue_name)
     r = clients(url)
     q = queues(queue_name, url, fast_paths=fast(matrix_url))
@@ -175,27 +211,53 @@ async def test_malformed_entries_go_to_the_dlq_and_the_worker_keeps_going(matrix
         await wait_until(lambda: done == ["first", "after"], what="a job after the malformed ones")
     by_source = {dict(kv(f))["source_id"]: kv(f) for _id, f in await r.xrange(k.dlq)}
     assert set(by_source) == set(ids.values())
-    malformed = [("d", b""), ("source_id", ids["no-d"]), ("reason", b"malformed"),
-                 ("detail", b"missing or non-bytes payload field")]
+    malformed = [
+        ("d", b""),
+        ("source_id", ids["no-d"]),
+        ("reason", b"malformed"),
+        ("detail", b"missing or non-bytes payload field"),
+    ]
     assert by_source[ids["no-d"]] == malformed
-    assert by_source[ids["no-d-named"]] == [("d", b""), ("n", b"named"), ("source_id", ids["no-d-named"]),
-                                             ("reason", b"malformed"), ("detail", b"missing or non-bytes payload field")]
+    assert by_source[ids["no-d-named"]] == [
+        ("d", b""),
+        ("n", b"named"),
+        ("source_id", ids["no-d-named"]),
+        ("reason", b"malformed"),
+        ("detail", b"missing or non-bytes payload field"),
+    ]
     # decode_failed: the original `d` and `n` bytes (spec 7.2 drops the name; we keep it) and a
     # detail naming what failed (an optional field ChasquiMQ's readers accept)
-    assert by_source[ids["not-msgpack"]][:4] == [("d", b"\xc1\xc1"), ("n", b"nm"), ("source_id", ids["not-msgpack"]),
-                                                  ("reason", b"decode_failed")]
+    assert by_source[ids["not-msgpack"]][:4] == [
+        ("d", b"\xc1\xc1"),
+        ("n", b"nm"),
+        ("source_id", ids["not-msgpack"]),
+        ("reason", b"decode_failed"),
+    ]
     assert by_source[ids["not-msgpack"]][4][1].startswith(b"envelope is not valid msgpack")
-    assert by_source[ids["str-payload"]] == [("d", str_payload), ("n", b"nm"), ("source_id", ids["str-payload"]),
-                                              ("reason", b"decode_failed"),
-                                              ("detail", b"envelope payload must be msgpack bin")]
-    assert by_source[ids["v13"]] == [("d", V13), ("source_id", ids["v13"]), ("reason", b"decode_failed"),
-                                     ("detail", b"envelope payload must be msgpack bin")]
+    assert by_source[ids["str-payload"]] == [
+        ("d", str_payload),
+        ("n", b"nm"),
+        ("source_id", ids["str-payload"]),
+        ("reason", b"decode_failed"),
+        ("detail", b"envelope payload must be msgpack bin"),
+    ]
+    assert by_source[ids["v13"]] == [
+        ("d", V13),
+        ("source_id", ids["v13"]),
+        ("reason", b"decode_failed"),
+        ("detail", b"envelope payload must be msgpack bin"),
+    ]
     # oversize: checked before decoding, original bytes, the name kept
-    assert by_source[ids["oversize"]] == [("d", big), ("n", b"big"), ("source_id", ids["oversize"]),
-                                           ("reason", b"oversize_payload")]
+    assert by_source[ids["oversize"]] == [
+        ("d", big),
+        ("n", b"big"),
+        ("source_id", ids["oversize"]),
+        ("reason", b"oversize_payload"),
+    ]
     dlq_events = [e for e in await events_of(r, queue_name) if e["e"] == "dlq"]
     assert sorted(e["reason"] for e in dlq_events) == sorted(
-        ["malformed", "malformed", "decode_failed", "decode_failed", "decode_failed", "oversize_payload"])
+        ["malformed", "malformed", "decode_failed", "decode_failed", "decode_failed", "oversize_payload"]
+    )
     for e in dlq_events:
         assert list(e) == ["e", "id", "ts", "attempt", "reason"] and e["id"] == "" and e["attempt"] == "0"
     assert await r.xlen(k.stream) == 0
@@ -206,8 +268,9 @@ async def _len(r, key, n) -> bool:
     return await r.xlen(key) == n
 
 
-async def test_entries_of_a_dead_consumer_are_reclaimed_and_exhausted_ones_dlqd(matrix_url, queue_name, clients,
-                                                                                 queues, worker_factory) -> None:
+async def test_entries_of_a_dead_consumer_are_reclaimed_and_exhausted_ones_dlqd(
+    matrix_url, queue_name, clients, queues, worker_factory
+) -> None:
     """The delivery-count gate (spec 13.3): XPENDING + XCLAIM after claim_min_idle_ms."""
     url, k = matrix_url.url, QueueKeys.for_queue(queue_name)
     r = clients(url)
@@ -226,8 +289,7 @@ async def test_entries_of_a_dead_consumer_are_reclaimed_and_exhausted_ones_dlqd(
     async def handler(job: Job) -> None:
         seen.append(job)
 
-    w = worker_factory(queue_name, handler, url, fast_paths=fast(matrix_url), max_attempts=3,
-                       claim_min_idle_ms=300)
+    w = worker_factory(queue_name, handler, url, fast_paths=fast(matrix_url), max_attempts=3, claim_min_idle_ms=300)
     async with running(w):
         await wait_until(lambda: len(seen) == 2, what="two reclaimed jobs run")
         await wait_until(lambda: _len(r, k.dlq, 1), what="the worn entry dead-lettered")
@@ -237,8 +299,14 @@ async def test_entries_of_a_dead_consumer_are_reclaimed_and_exhausted_ones_dlqd(
     ((_id, fields),) = await r.xrange(k.dlq)
     assert kv(fields) == [("d", raw_worn), ("n", b"r"), ("source_id", entry_ids[2]), ("reason", b"retries_exhausted")]
     (dlq_event,) = [e for e in await events_of(r, queue_name) if e["e"] == "dlq"]
-    assert dlq_event == {"e": "dlq", "id": worn.id, "ts": dlq_event["ts"], "n": "r", "attempt": "5",
-                         "reason": "retries_exhausted"}
+    assert dlq_event == {
+        "e": "dlq",
+        "id": worn.id,
+        "ts": dlq_event["ts"],
+        "n": "r",
+        "attempt": "5",
+        "reason": "retries_exhausted",
+    }
     assert await r.xlen(k.stream) == 0
     info = await r.xinfo_consumers(k.stream, "default")
     assert {c["name"]: c["pending"] for c in info}.get(b"dead-consumer", 0) == 0
@@ -286,8 +354,9 @@ async def test_many_jobs_all_acked(matrix_url, queue_name, clients, queues, work
     assert len(completed) == n_jobs
 
 
-async def test_a_deleted_entry_still_pending_does_not_wedge_recovery(matrix_url, queue_name, clients, queues,
-                                                                     worker_factory) -> None:
+async def test_a_deleted_entry_still_pending_does_not_wedge_recovery(
+    matrix_url, queue_name, clients, queues, worker_factory
+) -> None:
     url, k = matrix_url.url, QueueKeys.for_queue(queue_name)
     r = clients(url)
     q = queues(queue_name, url, fast_paths=fast(matrix_url))
@@ -297,8 +366,9 @@ async def test_a_deleted_entry_still_pending_does_not_wedge_recovery(matrix_url,
     ((_s, [(eid, _f)]),) = got
     await r.xdel(k.stream, eid)  # deleted, but still in the PEL of the dead consumer
     seen: list[int] = []
-    w = worker_factory(queue_name, lambda job: seen.append(job.data), url, fast_paths=fast(matrix_url),
-                       claim_min_idle_ms=200)
+    w = worker_factory(
+        queue_name, lambda job: seen.append(job.data), url, fast_paths=fast(matrix_url), claim_min_idle_ms=200
+    )
     async with running(w):
         await q.add("fresh", 2)
         await wait_until(lambda: seen == [2], what="the fresh job")

@@ -61,8 +61,9 @@ async def test_add_with_job_id_dedups_delayed_adds(redis_url, queue_name, client
     assert await q.get_job_state("d-1") == "delayed"
 
 
-async def test_add_unique_returns_the_first_id_within_the_window(redis_url, queue_name, clients, queues,
-                                                                 worker_factory) -> None:
+async def test_add_unique_returns_the_first_id_within_the_window(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     q1, q2 = queues(queue_name, redis_url), queues(queue_name, redis_url)
@@ -175,8 +176,17 @@ async def test_peek_and_replay_dlq_resets_attempt(redis_url, queue_name, clients
         peeked = await q.peek_dlq()
         assert len(peeked) == 2
         (entry,) = [e for e in peeked if e["reason"] == "retries_exhausted"]
-        assert set(entry) == {"dlq_id", "job_id", "source_id", "reason", "detail", "error", "traceback", "payload",
-                              "name"}
+        assert set(entry) == {
+            "dlq_id",
+            "job_id",
+            "source_id",
+            "reason",
+            "detail",
+            "error",
+            "traceback",
+            "payload",
+            "name",
+        }
         assert entry["name"] == "flaky" and entry["job_id"] == job.id
         # the handler's traceback is the DLQ entry's optional `detail` (innermost frame last)
         assert entry["detail"].startswith("Traceback (most recent call last):")

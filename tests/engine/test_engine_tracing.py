@@ -45,8 +45,11 @@ def _clear() -> None:
 
 
 def _spans(queue: str, prefix: str) -> list:
-    return [s for s in EXPORTER.get_finished_spans()
-            if s.name.startswith(prefix) and s.attributes.get("messaging.destination.name") == queue]
+    return [
+        s
+        for s in EXPORTER.get_finished_spans()
+        if s.name.startswith(prefix) and s.attributes.get("messaging.destination.name") == queue
+    ]
 
 
 @pytest.mark.timeout(60)
@@ -82,8 +85,9 @@ async def test_consumer_span_is_a_child_of_the_producer_span(redis_url, queue_na
 
 
 @pytest.mark.timeout(60)
-async def test_retries_are_linked_spans_and_failures_are_recorded(redis_url, queue_name, queues,
-                                                                 worker_factory) -> None:
+async def test_retries_are_linked_spans_and_failures_are_recorded(
+    redis_url, queue_name, queues, worker_factory
+) -> None:
     q = queues(queue_name, redis_url, tracing=True)
     job = await q.add("flaky", 1, attempts=3, backoff=0)
     boom = await q.add("boom", 2)
@@ -99,8 +103,10 @@ async def test_retries_are_linked_spans_and_failures_are_recorded(redis_url, que
     async with running(worker_factory(queue_name, handler, redis_url, tracing=True, promoter_poll_ms=20)):
         await wait_until(lambda: len(_spans(queue_name, "chasqui process")) == 4, what="four consumer spans")
     (producer,) = [s for s in _spans(queue_name, "chasqui enqueue") if s.attributes["messaging.message.id"] == job.id]
-    attempts = sorted((s for s in _spans(queue_name, "chasqui process") if s.attributes["chasqui.job.id"] == job.id),
-                      key=lambda s: s.attributes["chasqui.job.attempt"])
+    attempts = sorted(
+        (s for s in _spans(queue_name, "chasqui process") if s.attributes["chasqui.job.id"] == job.id),
+        key=lambda s: s.attributes["chasqui.job.attempt"],
+    )
     assert [s.attributes["chasqui.job.attempt"] for s in attempts] == [1, 2, 3]
     assert [s.attributes["chasqui.job.outcome"] for s in attempts] == ["retry", "retry", "completed"]
     for s in attempts:  # every attempt is a child of the producer's span, in its trace
@@ -121,8 +127,7 @@ async def test_retries_are_linked_spans_and_failures_are_recorded(redis_url, que
 
 
 @pytest.mark.timeout(60)
-async def test_untraced_and_delayed_jobs_start_their_own_trace(redis_url, queue_name, queues,
-                                                              worker_factory) -> None:
+async def test_untraced_and_delayed_jobs_start_their_own_trace(redis_url, queue_name, queues, worker_factory) -> None:
     plain = queues(queue_name, redis_url, tracing=False)
     traced = queues(queue_name, redis_url, tracing=True)
     untraced = await plain.add("a", 1)
@@ -191,7 +196,8 @@ def test_nothing_of_opentelemetry_is_imported_when_tracing_is_off(redis_url, que
     """)
     env = {k: v for k, v in os.environ.items() if k != "CHASQUI_OTEL"}
     for mode, extra in (("off", {}), ("blocked", {"CHASQUI_OTEL": "1"})):
-        proc = subprocess.run([sys.executable, "-c", code, mode], env={**env, **extra}, capture_output=True,
-                              text=True, timeout=90)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, mode], env={**env, **extra}, capture_output=True, text=True, timeout=90
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "LOADED []" in proc.stdout

@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.interop, pytest.mark.single_node("the chasquimq wheel 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-async def test_chasquimq_reads_and_replays_an_entry_with_a_trace_field(chasquimq, redis_url, queue_name,
-                                                                        worker_factory) -> None:
+async def test_chasquimq_reads_and_replays_an_entry_with_a_trace_field(
+    chasquimq, redis_url, queue_name, worker_factory
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     job = ProducerCore(queue_name).prepare("traced", {"a": 1})
     with redis.Redis.from_url(redis_url) as r:

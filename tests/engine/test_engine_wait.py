@@ -38,8 +38,12 @@ async def test_failure_detail_and_stop_on_failure(redis_url: str, queue_name: st
             await q.wait_for_result(bad.id, timeout=5)
         assert info.value.traceback == tb and "handler traceback" in str(info.value)
         failure = await q.get_failure(bad.id)
-        assert failure is not None and (failure.job_id, failure.reason, failure.error, failure.traceback) == \
-            (bad.id, "retries_exhausted", detail, tb)
+        assert failure is not None and (failure.job_id, failure.reason, failure.error, failure.traceback) == (
+            bad.id,
+            "retries_exhausted",
+            detail,
+            tb,
+        )
         assert failure.finished_ms > 0 and await q.get_job_state(bad.id) == "failed"
         assert await q.get_failure(slow.id) is None
         release.set()

@@ -29,8 +29,9 @@ async def _count_events(r, queue, kind) -> int:
 # ---- retries ------------------------------------------------------------------------------------
 
 
-async def test_retry_member_waits_in_the_delayed_set_with_its_name(redis_url, queue_name, clients, queues,
-                                                                  worker_factory) -> None:
+async def test_retry_member_waits_in_the_delayed_set_with_its_name(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     """Without a promoter the rescheduled job stays put: the member is V8-shaped and keeps the name."""
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
@@ -47,8 +48,9 @@ async def test_retry_member_waits_in_the_delayed_set_with_its_name(redis_url, qu
     w = worker_factory(queue_name, handler, redis_url, delayed_enabled=False)
     async with running(w):
         before = int(time.time() * 1000)
-        (member, score), = await wait_until(lambda: r.zrange(k.delayed, 0, -1, withscores=True),
-                                            what="the retry member")
+        ((member, score),) = await wait_until(
+            lambda: r.zrange(k.delayed, 0, -1, withscores=True), what="the retry member"
+        )
         after = int(time.time() * 1000)
     retry = decode_envelope(split_env(member)).retry
     expected_env = Envelope(job.id, msgpack.packb({"to": "ada"}), job.created_at_ms, 1, retry)
@@ -78,7 +80,7 @@ async def test_retry_member_waits_in_the_delayed_set_with_its_name(redis_url, qu
 
 def split_env(member: bytes) -> bytes:
     n = int.from_bytes(member[:4], "little")
-    return member[4 + n:]
+    return member[4 + n :]
 
 
 class MyFatal(UnrecoverableError):
@@ -101,8 +103,9 @@ UnrecoverableErrorLookalike.__name__ = "UnrecoverableError"
     ],
     ids=["UnrecoverableError", "subclass", "same-name-other-class"],
 )
-async def test_unrecoverable_errors_skip_the_remaining_attempts(redis_url, queue_name, clients, queues,
-                                                                worker_factory, exc, dead_after, reason) -> None:
+async def test_unrecoverable_errors_skip_the_remaining_attempts(
+    redis_url, queue_name, clients, queues, worker_factory, exc, dead_after, reason
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     q = queues(queue_name, redis_url)
@@ -125,12 +128,19 @@ async def test_unrecoverable_errors_skip_the_remaining_attempts(redis_url, queue
         assert f["d"] == original  # attempt not bumped
     evs = [e for e in await events_of(r, queue_name) if e["id"] == job.id]
     assert evs[-2]["e"] == "failed" and evs[-2]["reason"] == f"handler: Python handler raised: {exc!r}"
-    assert evs[-1] == {"e": "dlq", "id": job.id, "ts": evs[-1]["ts"], "n": "fatal", "attempt": str(dead_after),
-                       "reason": reason}
+    assert evs[-1] == {
+        "e": "dlq",
+        "id": job.id,
+        "ts": evs[-1]["ts"],
+        "n": "fatal",
+        "attempt": str(dead_after),
+        "reason": reason,
+    }
 
 
-async def test_unknown_job_name_with_a_handler_table_is_unrecoverable(redis_url, queue_name, clients, queues,
-                                                                      worker_factory) -> None:
+async def test_unknown_job_name_with_a_handler_table_is_unrecoverable(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     q = queues(queue_name, redis_url)
@@ -149,8 +159,9 @@ async def test_unknown_job_name_with_a_handler_table_is_unrecoverable(redis_url,
     assert dict(kv(fields))["reason"] == b"unrecoverable"
 
 
-async def test_worker_wide_max_attempts_zero_dead_letters_without_running(redis_url, queue_name, clients, queues,
-                                                                         worker_factory) -> None:
+async def test_worker_wide_max_attempts_zero_dead_letters_without_running(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     q = queues(queue_name, redis_url)
@@ -281,8 +292,9 @@ async def test_idle_exit_secs_returns_once_idle(redis_url, queue_name, queues, w
     await asyncio.wait_for(empty.run(), 30)
 
 
-async def test_close_drains_in_flight_and_buffered_jobs_and_flushes_acks(redis_url, queue_name, clients, queues,
-                                                                       worker_factory) -> None:
+async def test_close_drains_in_flight_and_buffered_jobs_and_flushes_acks(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     q = queues(queue_name, redis_url)
@@ -312,8 +324,9 @@ async def test_close_drains_in_flight_and_buffered_jobs_and_flushes_acks(redis_u
     assert await r.xlen(k.stream) == 1
 
 
-async def test_close_flushes_buffered_failures_as_retries_and_dead_letters(redis_url, queue_name, clients, queues,
-                                                                          worker_factory, caplog) -> None:
+async def test_close_flushes_buffered_failures_as_retries_and_dead_letters(
+    redis_url, queue_name, clients, queues, worker_factory, caplog
+) -> None:
     """Failures raised after close() are buffered like acks and written by the final flush:
     every one ends retried (delayed set) or dead-lettered, none stays pending or is lost."""
     k = QueueKeys.for_queue(queue_name)
@@ -380,8 +393,9 @@ async def test_close_unblocks_a_long_blocking_read(redis_url, queue_name, worker
     assert time.monotonic() - start < 10  # not the 60 s BLOCK
 
 
-async def test_a_second_group_does_not_steal_but_a_second_worker_shares(redis_url, queue_name, queues,
-                                                                        worker_factory) -> None:
+async def test_a_second_group_does_not_steal_but_a_second_worker_shares(
+    redis_url, queue_name, queues, worker_factory
+) -> None:
     q = queues(queue_name, redis_url)
     a_seen: list[int] = []
     b_seen: list[int] = []

@@ -40,12 +40,14 @@ async def test_a_thousand_waiters_share_one_reader(redis_url: str, queue_name: s
     admin = aioredis.Redis.from_url(redis_url)
     try:
         tasks = [asyncio.create_task(j.wait_for_result(timeout=120)) for j in jobs]
-        await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 1000,
-                         what="1,000 waiters on the hub")
+        await wait_until(
+            lambda: (h := _hub(queue_name)) is not None and h.waiters == 1000, what="1,000 waiters on the hub"
+        )
         readers = await wait_until(lambda: _readers(admin, queue_name), what="the named reader connection")
         assert len(readers) == 1
-        async with running(worker_factory(queue_name, lambda job: job.data * job.data, redis_url,
-                                          store_results=True, concurrency=50)):
+        async with running(
+            worker_factory(queue_name, lambda job: job.data * job.data, redis_url, store_results=True, concurrency=50)
+        ):
             results = await _settle(tasks)
         assert results == [i * i for i in range(1000)]  # each waiter got its own job's result
         assert _hub(queue_name) is None  # the last waiter closed it
@@ -94,8 +96,9 @@ async def test_a_failed_job_reaches_its_waiter(redis_url: str, queue_name: str, 
     assert failure.reason == "retries_exhausted" and "boom 7" in failure.detail
 
 
-async def test_stop_on_failure_wakes_at_once_and_timeouts_are_partial(redis_url: str, queue_name: str, queues,
-                                                                      worker_factory) -> None:
+async def test_stop_on_failure_wakes_at_once_and_timeouts_are_partial(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
     release = asyncio.Event()
 
     async def handler(job):
@@ -143,8 +146,10 @@ async def test_a_killed_reader_still_wakes_everyone(redis_url: str, queue_name: 
         tasks = [asyncio.create_task(j.wait_for_result(timeout=120)) for j in jobs]
         await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 50, what="50 waiters")
         hub = _hub(queue_name)
-        async with running(worker_factory(queue_name, lambda job: -job.data, redis_url, store_results=True,
-                                          events_enabled=False)):
+        async with running(
+            worker_factory(queue_name, lambda job: -job.data, redis_url, store_results=True, events_enabled=False)
+        ):
+
             async def all_stored() -> bool:
                 return await admin.exists(*[q.keys.result(j.id) for j in jobs]) == len(jobs)
 

@@ -27,6 +27,7 @@ from redis.cluster import RedisCluster
 
 pytestmark = pytest.mark.timeout(60)
 
+
 def _params(fn: object) -> list[str]:
     return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
 

@@ -39,8 +39,9 @@ def test_sigkill_mid_batch_loses_nothing(redis_url: str, queue_name: str, tmp_pa
     a = spawn_worker(redis_url, queue_name, tmp_path / "a.rec", "crash-a", handler_sleep_ms=2, concurrency=100)
     b = None
     try:
-        wait_until_sync(lambda: count_lines(a.out) >= N // 5 or not a.alive(), 90, what="worker A to run N/5 jobs",
-                        interval=0.005)
+        wait_until_sync(
+            lambda: count_lines(a.out) >= N // 5 or not a.alive(), 90, what="worker A to run N/5 jobs", interval=0.005
+        )
         assert a.alive(), a.log_tail()
         a.kill()
         done_by_a_at_kill = count_lines(a.out)
@@ -54,8 +55,12 @@ def test_sigkill_mid_batch_loses_nothing(redis_url: str, queue_name: str, tmp_pa
         b = spawn_worker(redis_url, queue_name, tmp_path / "b.rec", "crash-b", claim_min_idle_ms=1000)
         with raw_sync(redis_url) as r:
             r.response_callbacks.clear()
-            wait_until_sync(lambda: _drained(r, keys.stream) or not b.alive(), 180,
-                            what="worker B to drain stream and PEL", interval=0.05)
+            wait_until_sync(
+                lambda: _drained(r, keys.stream) or not b.alive(),
+                180,
+                what="worker B to drain stream and PEL",
+                interval=0.05,
+            )
             assert b.alive(), b.log_tail()
             dlq = int(r.execute_command("XLEN", keys.dlq))
         assert b.stop() == 0, b.log_tail()
@@ -74,6 +79,8 @@ def test_sigkill_mid_batch_loses_nothing(redis_url: str, queue_name: str, tmp_pa
     assert max(rec.counts.values()) <= 2
     assert dlq == 0
     ran_by_a = len(rec.by_consumer["crash-a"])
-    print(f"\n[crash] jobs={N} ran_by_A_before_kill={done_by_a_at_kill} A_in_flight_at_kill={len(inflight)} "
-          f"ran_by_B={len(rec.by_consumer['crash-b'])} duplicates={len(dups)} "
-          f"(all within A's in-flight set; A had run {ran_by_a}) lost=0 elapsed={elapsed:.1f}s")
+    print(
+        f"\n[crash] jobs={N} ran_by_A_before_kill={done_by_a_at_kill} A_in_flight_at_kill={len(inflight)} "
+        f"ran_by_B={len(rec.by_consumer['crash-b'])} duplicates={len(dups)} "
+        f"(all within A's in-flight set; A had run {ran_by_a}) lost=0 elapsed={elapsed:.1f}s"
+    )

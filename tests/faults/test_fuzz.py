@@ -67,25 +67,36 @@ def expected_outcome(pairs: list[tuple[bytes, bytes]]) -> str:
 
 
 # ---- strategies --------------------------------------------------------------------------------
-_scalars = st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False) \
-    | st.text(max_size=20) | st.binary(max_size=20)
-_data = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
-                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
+_data = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 _counter = iter(range(10**9))
 
 
 @st.composite
 def valid_envelopes(draw: Any) -> bytes:
     retry = draw(st.none() | st.builds(RetryOverride, st.none() | st.integers(0, 5)))
-    env = Envelope(f"fz-{next(_counter)}", _packb(draw(_data)), draw(st.integers(0, 2**48)),
-                   draw(st.integers(0, 4)), retry)
+    env = Envelope(
+        f"fz-{next(_counter)}", _packb(draw(_data)), draw(st.integers(0, 2**48)), draw(st.integers(0, 4)), retry
+    )
     return encode_envelope(env)
 
 
 _msgpack_junk = st.recursive(
-    _scalars | st.just(b"x" * 3), lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                                max_size=4),
-    max_leaves=10).map(_packb)
+    _scalars | st.just(b"x" * 3),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=10,
+).map(_packb)
 _payloads = st.one_of(
     valid_envelopes(),
     _msgpack_junk,  # msgpack, but not an envelope (wrong arity, types, map form...)
@@ -94,8 +105,13 @@ _payloads = st.one_of(
     valid_envelopes().map(lambda b: b + b"\x00"),  # trailing garbage
     st.integers(MAX_PAYLOAD + 1, MAX_PAYLOAD + 3000).map(lambda k: b"\x94" + b"\xa0" * k),  # oversize
 )
-_names = st.one_of(st.just(HANDLED.encode()), st.binary(max_size=12), st.text(max_size=12).map(str.encode),
-                   st.just(b"\xff\xfe"), st.just(b""))
+_names = st.one_of(
+    st.just(HANDLED.encode()),
+    st.binary(max_size=12),
+    st.text(max_size=12).map(str.encode),
+    st.just(b"\xff\xfe"),
+    st.just(b""),
+)
 _field_names = st.sampled_from([b"d", b"n", b"x", b"", b"D", b"d\x00"]) | st.binary(max_size=4)
 
 
@@ -126,9 +142,17 @@ class WorkerThread:
             with self.lock:
                 self.ran[job.id] += 1
 
-        self.worker = Worker(queue, {HANDLED: ok}, redis_url=url, max_attempts=MAX_ATTEMPTS, run_scheduler=False,
-                             claim_min_idle_ms=1000, read_block_ms=200, promoter_poll_ms=20,
-                             max_payload_bytes=MAX_PAYLOAD)
+        self.worker = Worker(
+            queue,
+            {HANDLED: ok},
+            redis_url=url,
+            max_attempts=MAX_ATTEMPTS,
+            run_scheduler=False,
+            claim_min_idle_ms=1000,
+            read_block_ms=200,
+            promoter_poll_ms=20,
+            max_payload_bytes=MAX_PAYLOAD,
+        )
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="fuzz-worker", daemon=True)
@@ -177,8 +201,11 @@ def _ensure_group(r: redis.Redis, keys: QueueKeys) -> None:
 
 
 def _dlq_since(r: redis.Redis, keys: QueueKeys, last: bytes) -> list[dict[bytes, bytes]]:
-    rows = r.execute_command("XRANGE", keys.dlq, b"(" + last, "+") if last else \
-        r.execute_command("XRANGE", keys.dlq, "-", "+")
+    rows = (
+        r.execute_command("XRANGE", keys.dlq, b"(" + last, "+")
+        if last
+        else r.execute_command("XRANGE", keys.dlq, "-", "+")
+    )
     out = []
     for eid, flat in rows:
         f = dict(zip(flat[::2], flat[1::2]))
@@ -214,8 +241,12 @@ def test_fuzzed_stream_entries_run_or_dead_letter(redis_url: str, queue_name: st
     with worker_thread(redis_url, queue_name) as wt, _client(redis_url) as r:
         _ensure_group(r, keys)
 
-        @settings(max_examples=200, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @settings(
+            max_examples=200,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
         @given(st.lists(entries(), min_size=1, max_size=12))
         def example(batch: list[list[tuple[bytes, bytes]]]) -> None:
             last = r.execute_command("XREVRANGE", keys.dlq, "+", "-", "COUNT", 1)
@@ -298,8 +329,12 @@ def test_fuzzed_delayed_members_never_stall_the_promoter(redis_url: str, queue_n
     with worker_thread(redis_url, queue_name) as wt, _client(redis_url) as r:
         _ensure_group(r, keys)
 
-        @settings(max_examples=120, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @settings(
+            max_examples=120,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
         @given(st.lists(_members, min_size=1, max_size=10, unique=True))
         def example(members: list[bytes]) -> None:
             last = r.execute_command("XREVRANGE", keys.dlq, "+", "-", "COUNT", 1)

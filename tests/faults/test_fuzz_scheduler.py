@@ -79,21 +79,36 @@ def _mutations(valid: bytes) -> st.SearchStrategy[bytes]:
     return st.one_of(
         st.integers(1, len(valid) - 1).map(lambda n: valid[:n]),  # truncated
         st.tuples(st.integers(0, len(valid) - 1), st.integers(0, 255)).map(
-            lambda t: valid[: t[0]] + bytes([t[1]]) + valid[t[0] + 1 :]),  # one byte changed
+            lambda t: valid[: t[0]] + bytes([t[1]]) + valid[t[0] + 1 :]
+        ),  # one byte changed
         st.binary(min_size=1, max_size=8).map(lambda b: valid + b),  # trailing bytes
     )
 
 
-_scalar = st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False) \
-    | st.text(max_size=12) | st.binary(max_size=12)
-_junk = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=9) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                            max_size=3),
-                     max_leaves=14).map(_packb)
+_scalar = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+    | st.binary(max_size=12)
+)
+_junk = st.recursive(
+    _scalar,
+    lambda inner: st.lists(inner, max_size=9) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=14,
+).map(_packb)
 _shaped = st.tuples(  # the StoredSpec array shape with arbitrary field values
-    st.text(max_size=8), st.text(max_size=8),
-    st.dictionaries(st.sampled_from(["Every", "Cron", "every", "cron", "x"]),
-                    st.lists(_scalar, max_size=3), min_size=1, max_size=2),
-    st.binary(max_size=6), _scalar, _scalar, _scalar, _scalar,
+    st.text(max_size=8),
+    st.text(max_size=8),
+    st.dictionaries(
+        st.sampled_from(["Every", "Cron", "every", "cron", "x"]), st.lists(_scalar, max_size=3), min_size=1, max_size=2
+    ),
+    st.binary(max_size=6),
+    _scalar,
+    _scalar,
+    _scalar,
+    _scalar,
 ).map(lambda t: _packb(list(t)))
 
 
@@ -116,13 +131,19 @@ def test_hostile_stored_specs_never_stall_the_scheduler(redis_url: str, queue_na
     tally = {"quarantined": 0, "handled": 0}
     try:
         with SchedulerThread(redis_url, queue_name) as st_:
-            spec_bytes = st.one_of(st.binary(max_size=40), _junk, _shaped, _mutations(valid), st.just(valid),
-                                   st.none())
-            entry = st.tuples(spec_bytes, st.none() | st.binary(max_size=12) | _junk,
-                              st.sampled_from(["due", "due", "due", "-inf", "ancient", "zero"]))
+            spec_bytes = st.one_of(st.binary(max_size=40), _junk, _shaped, _mutations(valid), st.just(valid), st.none())
+            entry = st.tuples(
+                spec_bytes,
+                st.none() | st.binary(max_size=12) | _junk,
+                st.sampled_from(["due", "due", "due", "-inf", "ancient", "zero"]),
+            )
 
-            @settings(max_examples=120, deadline=None, database=None,
-                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+            @settings(
+                max_examples=120,
+                deadline=None,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            )
             @given(st.lists(entry, min_size=1, max_size=8))
             def example(entries: list[tuple[bytes | None, bytes | None, str]]) -> None:
                 now = int(time.time() * 1000)
@@ -134,7 +155,7 @@ def test_hostile_stored_specs_never_stall_the_scheduler(redis_url: str, queue_na
                     fields = ([b"spec", spec] if spec is not None else []) + ([b"ext", ext] if ext is not None else [])
                     if fields:
                         pipe.execute_command("HSET", keys.repeat_spec(key), *fields)
-                    score = {"due": now - 1, "-inf": "-inf", "ancient": -10**15, "zero": 0}[when]
+                    score = {"due": now - 1, "-inf": "-inf", "ancient": -(10**15), "zero": 0}[when]
                     pipe.execute_command("ZADD", keys.repeat, score, key)
                     written[key] = spec
                     scores[key] = float(score)
@@ -152,8 +173,9 @@ def test_hostile_stored_specs_never_stall_the_scheduler(redis_url: str, queue_na
 
                 wait_until_sync(settled, 10, what="every hostile entry to be processed")
                 assert st_.alive(), st_.error
-                quarantine = {k.decode(): v for k, v in
-                              zip(*[iter(r.execute_command("HGETALL", keys.repeat_quarantine))] * 2)}
+                quarantine = {
+                    k.decode(): v for k, v in zip(*[iter(r.execute_command("HGETALL", keys.repeat_quarantine))] * 2)
+                }
                 for key, spec in written.items():
                     if key in quarantine:
                         assert quarantine[key] == spec, "quarantine must keep the exact bytes"
@@ -161,13 +183,19 @@ def test_hostile_stored_specs_never_stall_the_scheduler(redis_url: str, queue_na
                     else:
                         assert spec is None or _decodes(spec), f"{key}: undecodable spec not quarantined: {spec!r}"
                         tally["handled"] += 1
-                    assert not r.execute_command("EXISTS", keys.repeat_spec(key)) or spec is not None and \
-                        r.execute_command("ZSCORE", keys.repeat, key) is not None, f"{key} left a spec hash behind"
+                    assert (
+                        not r.execute_command("EXISTS", keys.repeat_spec(key))
+                        or spec is not None
+                        and r.execute_command("ZSCORE", keys.repeat, key) is not None
+                    ), f"{key} left a spec hash behind"
                     # valid copies are real schedules: remove them so examples do not pile up
                     r.execute_command("ZREM", keys.repeat, key)
                     r.execute_command("DEL", keys.repeat_spec(key))
-                wait_until_sync(lambda: int(r.execute_command("XLEN", keys.stream)) > fires_before, 10,
-                                what="the good spec to keep firing")
+                wait_until_sync(
+                    lambda: int(r.execute_command("XLEN", keys.stream)) > fires_before,
+                    10,
+                    what="the good spec to keep firing",
+                )
 
             example()
             assert st_.scheduler is not None and st_.scheduler.ticks > 0

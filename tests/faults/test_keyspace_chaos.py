@@ -105,10 +105,21 @@ class WorkerThread:
     """A real Worker on its own event loop in a thread."""
 
     def __init__(self, url: str, queue: str, ledger: Ledger, n: int) -> None:
-        self.worker = Worker(queue, _handlers(ledger), redis_url=url, concurrency=4, max_attempts=3,
-                             claim_min_idle_ms=LEASE_MS, read_block_ms=200, promoter_poll_ms=20,
-                             scheduler_tick_ms=200, store_results=True, events_max_stream_len=EVENTS_CAP,
-                             consumer_id=f"chaos-{n}", shutdown_deadline_secs=10)
+        self.worker = Worker(
+            queue,
+            _handlers(ledger),
+            redis_url=url,
+            concurrency=4,
+            max_attempts=3,
+            claim_min_idle_ms=LEASE_MS,
+            read_block_ms=200,
+            promoter_poll_ms=20,
+            scheduler_tick_ms=200,
+            store_results=True,
+            events_max_stream_len=EVENTS_CAP,
+            consumer_id=f"chaos-{n}",
+            shutdown_deadline_secs=10,
+        )
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name=f"chaos-worker-{n}", daemon=True)
@@ -175,12 +186,33 @@ _spec_fields = st.sampled_from([b"spec", b"fired", b"skipped", b"ext", b"paused"
 
 @st.composite
 def hostile_write(draw: Any) -> tuple[Any, ...]:
-    kind = draw(st.sampled_from([
-        "stream", "delayed", "repeat_member", "spec_counter", "spec_field", "spec_wrong_type", "dlq", "events",
-        "lock", "result", "failure", "unique",
-    ]))
-    return (kind, draw(_bytes), draw(_bytes), draw(_scores), draw(_counters), draw(_spec_fields),
-            draw(st.sampled_from(["string", "list", "set", "zset", "hash"])))
+    kind = draw(
+        st.sampled_from(
+            [
+                "stream",
+                "delayed",
+                "repeat_member",
+                "spec_counter",
+                "spec_field",
+                "spec_wrong_type",
+                "dlq",
+                "events",
+                "lock",
+                "result",
+                "failure",
+                "unique",
+            ]
+        )
+    )
+    return (
+        kind,
+        draw(_bytes),
+        draw(_bytes),
+        draw(_scores),
+        draw(_counters),
+        draw(_spec_fields),
+        draw(st.sampled_from(["string", "list", "set", "zset", "hash"])),
+    )
 
 
 def _wrong_type(r: redis.Redis, key: bytes, kind: str) -> None:
@@ -216,8 +248,9 @@ class Chaos:
         if kind == "stream":
             r.execute_command("XADD", k.stream, "*", b"d", a, b"n", b or GOOD.encode())
         elif kind == "delayed":
-            r.execute_command("ZADD", k.delayed, score if not math.isfinite(score) else now_ms + score % 500,
-                              self._member(a))
+            r.execute_command(
+                "ZADD", k.delayed, score if not math.isfinite(score) else now_ms + score % 500, self._member(a)
+            )
         elif kind == "repeat_member":
             r.execute_command("ZADD", k.repeat, score if not math.isfinite(score) else now_ms, self._member(a))
         elif kind in ("spec_counter", "spec_field", "spec_wrong_type"):
@@ -277,8 +310,10 @@ def run_chaos(url: str, queue: str, budget_s: float) -> None:
     r = redis.Redis.from_url(url, protocol=2)
     r.response_callbacks.clear()
     q = SyncQueue(queue, redis_url=url)
-    specs = [q.upsert_repeatable_job(SPEC, {"i": i}, repeat=RepeatPattern.every(1000), key=f"good-spec-{i}").id
-             for i in range(2)]
+    specs = [
+        q.upsert_repeatable_job(SPEC, {"i": i}, repeat=RepeatPattern.every(1000), key=f"good-spec-{i}").id
+        for i in range(2)
+    ]
     # hostile spec hashes start as copies of a valid spec whose fires say i = -1
     model = q.upsert_repeatable_job(SPEC, {"i": -1}, repeat=RepeatPattern.every(1000), key="model-spec").id
     template = dict(zip(*[iter(r.execute_command("HGETALL", keys.repeat_spec(model)))] * 2))
@@ -293,8 +328,13 @@ def run_chaos(url: str, queue: str, budget_s: float) -> None:
     try:
         # The system's state accumulates across examples, so shrinking would only replay a
         # later, innocent example: generate only, and report the recent writes with a finding.
-        @settings(max_examples=max(5, int(budget_s * 20)), deadline=None, database=None,
-                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=max(5, int(budget_s * 20)),
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(st.lists(hostile_write(), min_size=1, max_size=6), st.booleans())
         def state(writes: list[tuple[Any, ...]], with_slow: bool) -> None:
             nonlocal states
@@ -308,16 +348,25 @@ def run_chaos(url: str, queue: str, budget_s: float) -> None:
                 batch.append("slow:" + q.add(SLOW, {}).id)
             expected.extend(batch)
             ids = [j.removeprefix("slow:") for j in batch]
-            wait_until_sync(lambda: all(ledger.runs[j] >= 1 for j in ids if not j.startswith("slow:"))
-                            or bool(_problems(workers, ledger)), 60, what="the well-formed jobs of a chaos state")
+            wait_until_sync(
+                lambda: (
+                    all(ledger.runs[j] >= 1 for j in ids if not j.startswith("slow:"))
+                    or bool(_problems(workers, ledger))
+                ),
+                60,
+                what="the well-formed jobs of a chaos state",
+            )
             problems = _problems(workers, ledger)
             assert not problems, (problems, "recent hostile writes:", list(chaos.recent))
             states += 1
 
         state()
         want = [j.removeprefix("slow:") for j in expected]
-        wait_until_sync(lambda: all(ledger.runs[j] >= 1 for j in want) or bool(_problems(workers, ledger)), 90,
-                        what="every well-formed job to run")
+        wait_until_sync(
+            lambda: all(ledger.runs[j] >= 1 for j in want) or bool(_problems(workers, ledger)),
+            90,
+            what="every well-formed job to run",
+        )
         wait_until_sync(lambda: _drained(r, keys), 60, what="the stream and the pending list to drain")
         problems = _problems(workers, ledger)
         assert not problems, problems
@@ -333,10 +382,12 @@ def run_chaos(url: str, queue: str, budget_s: float) -> None:
         q.close()
         r.close()
     assert all(w.error is None for w in workers), [w.error for w in workers]
-    print(f"\n[keyspace chaos] {states} generated states in {time.monotonic() - started:.0f}s, "
-          f"{sum(chaos.counts.values())} hostile writes {dict(chaos.counts)}, {len(expected)} well-formed jobs, "
-          f"{sum(len(f) for f in ledger.good_fires.values())} fires of the well-formed specs, "
-          f"{len(ledger.fires)} fires in all")
+    print(
+        f"\n[keyspace chaos] {states} generated states in {time.monotonic() - started:.0f}s, "
+        f"{sum(chaos.counts.values())} hostile writes {dict(chaos.counts)}, {len(expected)} well-formed jobs, "
+        f"{sum(len(f) for f in ledger.good_fires.values())} fires of the well-formed specs, "
+        f"{len(ledger.fires)} fires in all"
+    )
 
 
 BUDGET_S = float(os.environ.get("CHASQUI_CHAOS_SECONDS", "60"))

@@ -27,8 +27,15 @@ async def test_a_paused_workers_job_is_taken_over_and_completed_once(redis_url, 
     k = QueueKeys.for_queue(queue_name)
     r = raw_async(redis_url)
     await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
-    a = spawn_worker(redis_url, queue_name, tmp_path / "a.rec", "lease-a", concurrency=1, claim_min_idle_ms=1000,
-                     handler_sleep_ms=4000)
+    a = spawn_worker(
+        redis_url,
+        queue_name,
+        tmp_path / "a.rec",
+        "lease-a",
+        concurrency=1,
+        claim_min_idle_ms=1000,
+        handler_sleep_ms=4000,
+    )
     b_started, b_done = asyncio.Event(), asyncio.Event()
 
     async def b_handler(job: Job) -> None:
@@ -39,12 +46,19 @@ async def test_a_paused_workers_job_is_taken_over_and_completed_once(redis_url, 
     stopped = False
     try:
         await r.xadd(k.stream, {"d": _envelope(), "n": "pause"})
-        (entry, owner), = await wait_until(lambda: _owners(r, k.stream), 30, what="worker A to take the job")
+        ((entry, owner),) = await wait_until(lambda: _owners(r, k.stream), 30, what="worker A to take the job")
         assert owner == "lease-a"
         os.kill(a.pid, signal.SIGSTOP)
         stopped = True
-        b = Worker(queue_name, b_handler, redis_url=redis_url, consumer_id="lease-b", claim_min_idle_ms=1000,
-                   run_scheduler=False, read_block_ms=1000)
+        b = Worker(
+            queue_name,
+            b_handler,
+            redis_url=redis_url,
+            consumer_id="lease-b",
+            claim_min_idle_ms=1000,
+            run_scheduler=False,
+            read_block_ms=1000,
+        )
         async with running(b):
             await asyncio.wait_for(b_started.wait(), 20)  # B reclaimed it once A's lease lapsed
             os.kill(a.pid, signal.SIGCONT)

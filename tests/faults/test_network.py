@@ -60,8 +60,16 @@ async def test_stalls_cuts_and_refusals_lose_nothing(redis_url: str, queue_name:
 
     async def inject(proxy: FaultProxy) -> None:
         """One fault per ~1,500 jobs run; durations are the faults themselves, not waits."""
-        plan = [("stall", 1.5), ("cut", 0), ("refuse", 0.7), ("stall-then-cut", 0.4), ("cut", 0),
-                ("stall", 0.3), ("refuse+cut", 1.2), ("stall-then-cut", 1.2)]
+        plan = [
+            ("stall", 1.5),
+            ("cut", 0),
+            ("refuse", 0.7),
+            ("stall-then-cut", 0.4),
+            ("cut", 0),
+            ("stall", 0.3),
+            ("refuse+cut", 1.2),
+            ("stall-then-cut", 1.2),
+        ]
         for step, (kind, seconds) in enumerate(plan, 1):
             await wait_until(lambda step=step: len(runs) >= 1500 * step, 60, what=f"progress before fault {step}")
             if kind == "stall":
@@ -101,8 +109,19 @@ async def test_stalls_cuts_and_refusals_lose_nothing(redis_url: str, queue_name:
 
     t0 = time.monotonic()
     async with FaultProxy(_port(redis_url)) as proxy:
-        workers = [Worker(queue_name, handler, redis_url=proxy.url, concurrency=20, claim_min_idle_ms=1000,
-                          read_block_ms=500, run_scheduler=False, consumer_id=f"net-{n}") for n in (1, 2)]
+        workers = [
+            Worker(
+                queue_name,
+                handler,
+                redis_url=proxy.url,
+                concurrency=20,
+                claim_min_idle_ms=1000,
+                read_block_ms=500,
+                run_scheduler=False,
+                consumer_id=f"net-{n}",
+            )
+            for n in (1, 2)
+        ]
         async with running(workers[0]) as t1, running(workers[1]) as t2:
             async with Queue(queue_name, driver=AsyncDriver(proxy.url, retry=Retry(NoBackoff(), 0))) as q:
                 await asyncio.gather(inject(proxy), produce(q))
@@ -119,10 +138,12 @@ async def test_stalls_cuts_and_refusals_lose_nothing(redis_url: str, queue_name:
     assert dlq == 0
     twice = {i: c for i, c in runs.items() if c > 1}
     from_uncertain = sum(1 for i in twice if i in uncertain)
-    print(f"\n[network] faults={log} connections_cut={cuts} connections_opened={accepted} "
-          f"confirmed_adds={len(confirmed)} uncertain_adds={len(uncertain)} jobs_run={sum(runs.values())} "
-          f"ran_more_than_once={len(twice)} (of which uncertain adds: {from_uncertain}) lost=0 "
-          f"elapsed={time.monotonic() - t0:.1f}s")
+    print(
+        f"\n[network] faults={log} connections_cut={cuts} connections_opened={accepted} "
+        f"confirmed_adds={len(confirmed)} uncertain_adds={len(uncertain)} jobs_run={sum(runs.values())} "
+        f"ran_more_than_once={len(twice)} (of which uncertain adds: {from_uncertain}) lost=0 "
+        f"elapsed={time.monotonic() - t0:.1f}s"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -138,8 +159,15 @@ async def test_blackholed_connections_are_abandoned(redis_url: str, queue_name: 
 
     async with FaultProxy(_port(redis_url)) as proxy:
         url = proxy.url + ("?socket_timeout=3" if url_timeout else "")
-        worker = Worker(queue_name, handler, redis_url=url, concurrency=10, claim_min_idle_ms=1000,
-                        read_block_ms=500, run_scheduler=False)
+        worker = Worker(
+            queue_name,
+            handler,
+            redis_url=url,
+            concurrency=10,
+            claim_min_idle_ms=1000,
+            read_block_ms=500,
+            run_scheduler=False,
+        )
         async with Queue(queue_name, redis_url=redis_url) as direct, running(worker, stop_timeout=60) as task:
             await direct.add_bulk([{"name": "bh", "data": {"i": i}} for i in range(100)])
             await wait_until(lambda: len(ran) == 100, 30, what="first batch")

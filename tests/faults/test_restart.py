@@ -85,8 +85,16 @@ async def _restart_under_load(tmp_path, *, fsync: str, crash: bool) -> dict[str,
             for part in chunks(list(range(N0)), 5000):
                 await q.add_bulk([{"name": "load", "data": {"i": i}} for i in part])
             await q.upsert_repeatable_job("tick", {}, repeat=RepeatPattern.every(100), key="tick")
-            worker = Worker(queue, handler, redis_url=server.url, concurrency=20, claim_min_idle_ms=1000,
-                            read_block_ms=500, run_scheduler=True, scheduler_tick_ms=50)
+            worker = Worker(
+                queue,
+                handler,
+                redis_url=server.url,
+                concurrency=20,
+                claim_min_idle_ms=1000,
+                read_block_ms=500,
+                run_scheduler=True,
+                scheduler_tick_ms=50,
+            )
             async with running(worker) as task:
                 producer = asyncio.create_task(produce(q))
                 await wait_until(lambda: len(ran_i) >= N0 // 4, 60, what="a quarter of the jobs to run")
@@ -103,8 +111,11 @@ async def _restart_under_load(tmp_path, *, fsync: str, crash: bool) -> dict[str,
                         return int(await r.execute_command("HGET", keys.repeat_spec("tick"), "fired") or 0)
 
                     fired_at_restart = await fired()
-                    await wait_until(lambda: _at_least(fired, fired_at_restart + 5), 30,
-                                     what="the embedded scheduler to fire again after the restart")
+                    await wait_until(
+                        lambda: _at_least(fired, fired_at_restart + 5),
+                        30,
+                        what="the embedded scheduler to fire again after the restart",
+                    )
                 while True:  # stop the schedule so the final counts are stable
                     try:
                         assert await q.remove_repeatable_by_key("tick")
@@ -118,11 +129,15 @@ async def _restart_under_load(tmp_path, *, fsync: str, crash: bool) -> dict[str,
 
                     async def drained() -> bool:
                         pel = await r.execute_command("XPENDING", keys.stream, "default")
-                        return confirmed <= ran_i and int(await r.execute_command("XLEN", keys.stream)) == 0 \
+                        return (
+                            confirmed <= ran_i
+                            and int(await r.execute_command("XLEN", keys.stream)) == 0
                             and int(pel[0]) == 0
+                        )
 
-                    await wait_until(drained, 120, what="every confirmed job to run and the stream to drain",
-                                     interval=0.05)
+                    await wait_until(
+                        drained, 120, what="every confirmed job to run and the stream to drain", interval=0.05
+                    )
                     assert not task.done(), "the worker stopped"
                     completed = collections.Counter()
                     for _eid, flat in await r.execute_command("XRANGE", keys.events, "-", "+"):
@@ -141,10 +156,16 @@ async def _restart_under_load(tmp_path, *, fsync: str, crash: bool) -> dict[str,
     assert max(completed.values()) == 1, "an ack was applied twice"
     assert dlq == 0
     assert {i for i, c in runs_of_i.items() if c > 1} <= uncertain, "only an uncertain add may run twice"
-    return {"jobs_run": len(runs) - len(fires), "schedule_fires_run": len(fires), "fired_before_restart": fired_at_restart,
-            "confirmed_adds": len(confirmed), "uncertain_adds": len(uncertain),
-            "ran_before_restart": before, "downtime_s": round(downtime, 2),
-            "uncertain_added_twice": sum(1 for i in uncertain if runs_of_i[i] > 1)}
+    return {
+        "jobs_run": len(runs) - len(fires),
+        "schedule_fires_run": len(fires),
+        "fired_before_restart": fired_at_restart,
+        "confirmed_adds": len(confirmed),
+        "uncertain_adds": len(uncertain),
+        "ran_before_restart": before,
+        "downtime_s": round(downtime, 2),
+        "uncertain_added_twice": sum(1 for i in uncertain if runs_of_i[i] > 1),
+    }
 
 
 async def _at_least(read, want: int) -> bool:

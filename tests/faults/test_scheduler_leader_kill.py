@@ -57,12 +57,12 @@ pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 SPECS = 1000
 SCHEDULERS = 5
 RUN_S = 120.0
-KILL_GAP_S = (3.0, 6.0)     # at least this long between kills (a takeover itself takes ~TTL)
-LEAD_S = (0.15, 2.5)        # how long a new leader leads before it is killed (or 0-0.15 s: mid catch-up)
+KILL_GAP_S = (3.0, 6.0)  # at least this long between kills (a takeover itself takes ~TTL)
+LEAD_S = (0.15, 2.5)  # how long a new leader leads before it is killed (or 0-0.15 s: mid catch-up)
 POLICY = MissedFiresPolicy.fire_all(1000)  # far above the ~7 windows a takeover misses
-LAG_BOUND_MS = 30_000       # two takeovers back to back (~11 s, seen: 10.7 s); the rest is CI slack
-MIN_KILLS = 8               # 18-20 happen on a quiet machine
-CAUGHT_UP_MS = 3000         # no spec later than this: the leader has caught up
+LAG_BOUND_MS = 30_000  # two takeovers back to back (~11 s, seen: 10.7 s); the rest is CI slack
+MIN_KILLS = 8  # 18-20 happen on a quiet machine
+CAUGHT_UP_MS = 3000  # no spec later than this: the leader has caught up
 
 
 def now_ms() -> int:
@@ -84,11 +84,19 @@ def upsert_specs(url: str, queue: str, n: int) -> list[int]:
     their first fires."""
     t0 = now_ms()
     with SyncQueue(queue, redis_url=url) as q:
-        q.upsert_repeatable_bulk([
-            {"name": "race", "data": i, "key": f"s{i:04}", "repeat": RepeatPattern.every(1000),
-             "start_after_ms": t0 + 1000 + i * (1000 // n), "missed_fires": POLICY}
-            for i in range(n)
-        ])
+        q.upsert_repeatable_bulk(
+            [
+                {
+                    "name": "race",
+                    "data": i,
+                    "key": f"s{i:04}",
+                    "repeat": RepeatPattern.every(1000),
+                    "start_after_ms": t0 + 1000 + i * (1000 // n),
+                    "missed_fires": POLICY,
+                }
+                for i in range(n)
+            ]
+        )
     with redis.Redis.from_url(url) as r, r.pipeline(transaction=False) as p:
         for i in range(n):
             p.zscore(QueueKeys.for_queue(queue).repeat, f"s{i:04}")
@@ -124,8 +132,14 @@ def check_every_window_fired_once(r: redis.Redis, queue: str, firsts: list[int])
         times = sorted(per[i])
         if times != list(range(firsts[i], nexts[i], 1000)) or counters[i] != len(times):
             want = set(range(firsts[i], nexts[i], 1000))
-            bad.append((i, f"missing {sorted(want - set(times))[:5]}", f"extra {sorted(set(times) - want)[:5]}",
-                        f"counter {counters[i]} vs {len(times)} fires"))
+            bad.append(
+                (
+                    i,
+                    f"missing {sorted(want - set(times))[:5]}",
+                    f"extra {sorted(set(times) - want)[:5]}",
+                    f"counter {counters[i]} vs {len(times)} fires",
+                )
+            )
     assert not bad, f"{len(bad)} specs with a gap or a stray fire: {bad[:5]}"
     return got, nexts
 
@@ -219,11 +233,13 @@ def test_five_schedulers_with_the_leader_killed_fire_every_window_exactly_once(t
         lags = sorted(f.entry_ms - f.scheduled_ms for f in got)
         catchup = sum(lag >= 1000 for lag in lags)
         mid = sum(k[2] for k in kills)
-        figures = (f"seed={seed} kills={len(kills)} ({mid} mid catch-up) in {elapsed:.0f}s fires={len(got)} "
-                   f"catch-up fires (lag>=1s)={catchup} lag p50={lags[len(lags) // 2]}ms "
-                   f"p99={lags[len(lags) * 99 // 100]}ms max={lags[-1]}ms "
-                   f"scheduler CPU={sched_cpu:.1f}s ({sched_cpu / len(got) * 1e6:.0f}us/fire) "
-                   f"redis CPU={rcpu:.1f}s ({rcpu / len(got) * 1e6:.0f}us/fire)")
+        figures = (
+            f"seed={seed} kills={len(kills)} ({mid} mid catch-up) in {elapsed:.0f}s fires={len(got)} "
+            f"catch-up fires (lag>=1s)={catchup} lag p50={lags[len(lags) // 2]}ms "
+            f"p99={lags[len(lags) * 99 // 100]}ms max={lags[-1]}ms "
+            f"scheduler CPU={sched_cpu:.1f}s ({sched_cpu / len(got) * 1e6:.0f}us/fire) "
+            f"redis CPU={rcpu:.1f}s ({rcpu / len(got) * 1e6:.0f}us/fire)"
+        )
         print(f"\n{figures}\nkills (s into the run, s it led, mid catch-up): {kills}")
         (tmp_path / "figures.txt").write_text(figures + "\n")
         assert len(kills) >= MIN_KILLS, f"{figures}\n{story()}"
@@ -238,8 +254,7 @@ def test_five_schedulers_with_the_leader_killed_fire_every_window_exactly_once(t
         server.stop()
 
 
-def test_a_leader_whose_ticks_keep_failing_hands_the_lock_over(redis_url: str, queue_name: str,
-                                                               tmp_path: Path) -> None:
+def test_a_leader_whose_ticks_keep_failing_hands_the_lock_over(redis_url: str, queue_name: str, tmp_path: Path) -> None:
     """A leader that renews its lock but cannot fire (its firing connection points at a dead
     port) releases the lock after one TTL of failed ticks; a healthy process takes over and
     fires every window, late ones as catch-up, exactly once."""
@@ -257,13 +272,19 @@ def test_a_leader_whose_ticks_keep_failing_hands_the_lock_over(redis_url: str, q
             procs.append(spawn_scheduler(redis_url, queue_name, "--log-level", "INFO", log=log))
             healthy = wait_ready(procs[1], timeout=60)
             started = time.monotonic()
-            wait_until_sync(lambda: r.get(keys.scheduler_lock) == healthy.encode(), 60,
-                            what=f"the healthy one to take the lock over\n{log_path.read_text()}")
+            wait_until_sync(
+                lambda: r.get(keys.scheduler_lock) == healthy.encode(),
+                60,
+                what=f"the healthy one to take the lock over\n{log_path.read_text()}",
+            )
             took = time.monotonic() - started
             # it catches up, and keeps the lock once the broken one's time out is over
             handed_at = now_ms()
-            wait_until_sync(lambda: not r.zrangebyscore(keys.repeat, "-inf", handed_at, start=0, num=1), 60,
-                            what="the healthy leader to fire the windows missed meanwhile")
+            wait_until_sync(
+                lambda: not r.zrangebyscore(keys.repeat, "-inf", handed_at, start=0, num=1),
+                60,
+                what="the healthy leader to fire the windows missed meanwhile",
+            )
             wait_until_sync(lambda: b"stays out" in log_path.read_bytes(), 30, what="the step-down logged")
             back = now_ms() + 5000 + 2000  # the broken one's time out (one TTL), then a refused try
             wait_until_sync(lambda: now_ms() >= back, 30, what="the broken one to ask again")

@@ -33,16 +33,24 @@ SERVICE = "chasqui-m"
 
 # ---- URL parsing (no server) ---------------------------------------------------------------------
 def test_sentinel_url_parsing() -> None:
-    t = parse_sentinel_url("redis+sentinel://u:p%40ss@10.0.0.1:26380,[::1],h3/svc/2?socket_timeout=3"
-                           "&sentinel_password=sp&sentinel_username=su")
+    t = parse_sentinel_url(
+        "redis+sentinel://u:p%40ss@10.0.0.1:26380,[::1],h3/svc/2?socket_timeout=3"
+        "&sentinel_password=sp&sentinel_username=su"
+    )
     assert t.sentinels == (("10.0.0.1", 26380), ("::1", 26379), ("h3", 26379))
     assert t.service == "svc"
     assert t.node_url == "redis://u:p%40ss@sentinel/2?socket_timeout=3"
     assert t.sentinel_kwargs == {"password": "sp", "username": "su"}
     tls = parse_sentinel_url("rediss+sentinel://h/svc?ssl_ca_certs=%2Ftmp%2Fca.pem")
     assert tls.node_url == "rediss://sentinel/0?ssl_ca_certs=%2Ftmp%2Fca.pem"
-    for bad in ("redis+sentinel://h", "redis+sentinel://h/svc/x", "redis+sentinel:///svc", "redis://h/0",
-                "redis+sentinel://h:99999/svc", "redis+sentinel://h/a/1/2"):
+    for bad in (
+        "redis+sentinel://h",
+        "redis+sentinel://h/svc/x",
+        "redis+sentinel:///svc",
+        "redis://h/0",
+        "redis+sentinel://h:99999/svc",
+        "redis+sentinel://h/a/1/2",
+    ):
         with pytest.raises(ConfigError):
             parse_sentinel_url(bad)
 
@@ -65,8 +73,9 @@ def sentinel_setup(tmp_path):
     try:
         replica = start_server("redis7", tmpdir=tmp_path, extra_args=("--replicaof", "127.0.0.1", str(master.port)))
         with replica.client() as r:
-            wait_until_sync(lambda: r.info("replication").get("master_link_status") == "up", 30,
-                            what="the replica to sync")
+            wait_until_sync(
+                lambda: r.info("replication").get("master_link_status") == "up", 30, what="the replica to sync"
+            )
         sentinel = start_sentinel(binary_for("redis7"), tmp_path, SERVICE, master.port)
         with redis.Redis(port=sentinel.port, socket_timeout=2, decode_responses=True, protocol=2) as s:
 
@@ -107,8 +116,9 @@ async def test_worker_follows_the_new_master_after_failover(sentinel_setup) -> N
     with master.client() as m:  # the replica holds every add before the failover starts
         assert m.execute_command("WAIT", 1, 10_000) == 1
 
-    worker = Worker(queue, handler, redis_url=url, concurrency=5, claim_min_idle_ms=1000, read_block_ms=500,
-                    run_scheduler=False)
+    worker = Worker(
+        queue, handler, redis_url=url, concurrency=5, claim_min_idle_ms=1000, read_block_ms=500, run_scheduler=False
+    )
     async with running(worker) as task:
         await wait_until(lambda: len(runs) >= 1000, 60, what="a third of the jobs before the failover")
         at_request = len(runs)
@@ -123,8 +133,12 @@ async def test_worker_follows_the_new_master_after_failover(sentinel_setup) -> N
                     raise
 
             await wait_until(failover, 30, what="SENTINEL FAILOVER to be accepted", interval=0.1)
-        await wait_until(lambda: _master_port(sentinel.port) == replica.port and _role(replica.port) == "master",
-                         60, what="sentinel to promote the replica", interval=0.05)
+        await wait_until(
+            lambda: _master_port(sentinel.port) == replica.port and _role(replica.port) == "master",
+            60,
+            what="sentinel to promote the replica",
+            interval=0.05,
+        )
         t_failover = time.monotonic()
         at_failover = len(runs)
         confirmed = set(range(3000))
@@ -143,8 +157,11 @@ async def test_worker_follows_the_new_master_after_failover(sentinel_setup) -> N
 
             async def drained() -> bool:
                 pel = await r.execute_command("XPENDING", keys.stream, "default")
-                return confirmed <= set(runs) and int(await r.execute_command("XLEN", keys.stream)) == 0 \
+                return (
+                    confirmed <= set(runs)
+                    and int(await r.execute_command("XLEN", keys.stream)) == 0
                     and int(pel[0]) == 0
+                )
 
             await wait_until(drained, 120, what="every job to run on the new master", interval=0.05)
             clients = (await r.execute_command("CLIENT", "LIST")).decode()
@@ -155,7 +172,9 @@ async def test_worker_follows_the_new_master_after_failover(sentinel_setup) -> N
     twice = {i: c for i, c in runs.items() if c > 1}
     assert confirmed <= set(runs)
     assert all(i < 3000 for i in twice), "a job added after the failover ran twice"
-    print(f"\n[sentinel] jobs={len(confirmed)} ran_at_failover_request={at_request} "
-          f"ran_when_promotion_seen={at_failover} duplicates={len(twice)} (all added before the failover) "
-          f"new_master_port={replica.port} old_master_role=slave drained_after={followed_in:.1f}s "
-          f"elapsed={time.monotonic() - t0:.1f}s")
+    print(
+        f"\n[sentinel] jobs={len(confirmed)} ran_at_failover_request={at_request} "
+        f"ran_when_promotion_seen={at_failover} duplicates={len(twice)} (all added before the failover) "
+        f"new_master_port={replica.port} old_master_role=slave drained_after={followed_in:.1f}s "
+        f"elapsed={time.monotonic() - t0:.1f}s"
+    )

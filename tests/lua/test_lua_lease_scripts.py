@@ -28,8 +28,10 @@ def _run(r: redis.Redis, name: str, keys: list, argv: list):
 
 def _pel(r: redis.Redis, stream: str) -> dict[bytes, tuple[str, int, int]]:
     rows = r.xpending_range(stream, "default", "-", "+", 100)
-    return {row["message_id"]: (row["consumer"].decode(), row["time_since_delivered"], row["times_delivered"])
-            for row in rows}
+    return {
+        row["message_id"]: (row["consumer"].decode(), row["time_since_delivered"], row["times_delivered"])
+        for row in rows
+    }
 
 
 def test_renew_lease_keeps_what_is_ours_and_reports_the_rest(r: redis.Redis, queue_name: str) -> None:

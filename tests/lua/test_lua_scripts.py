@@ -104,7 +104,7 @@ def test_promote_unnamed_member_writes_no_n(lua: Lua) -> None:
 
 @pytest.mark.parametrize("id_len", [31, 32, 255, 256, 70_000], ids=["fixstr", "str8", "str8-max", "str16", "str32"])
 def test_promote_reads_ids_of_every_msgpack_str_width(lua: Lua, id_len: int) -> None:
-    jid = ("J" * id_len)
+    jid = "J" * id_len
     env = encode_envelope(Envelope(jid, V1, 1, 0))
     lua.r.zadd(lua.k.delayed, {encode_member(b"n", env): 1})
     lua.r.set(lua.k.didx(jid), b"x")
@@ -152,8 +152,12 @@ def test_promote_dead_letters_a_member_shorter_than_its_prefix_instead_of_failin
     assert promote(lua)[0] == 2
     assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")]]
     ((_id, fields),) = lua.r.xrange(lua.k.dlq)
-    assert kv(fields) == [("d", b"\x01\x02"), ("source_id", b""), ("reason", b"decode_failed"),
-                          ("detail", b"delayed member: member of 2 bytes is shorter than its 4-byte name prefix")]
+    assert kv(fields) == [
+        ("d", b"\x01\x02"),
+        ("source_id", b""),
+        ("reason", b"decode_failed"),
+        ("detail", b"delayed member: member of 2 bytes is shorter than its 4-byte name prefix"),
+    ]
     assert lua.r.zcard(lua.k.delayed) == 0
 
 
@@ -167,8 +171,12 @@ def test_promote_dead_letters_a_member_whose_name_length_overruns_with_all_its_b
     assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")]]
     ((_id, fields),) = lua.r.xrange(lua.k.dlq)
     n = int.from_bytes(prefix, "little")
-    assert kv(fields) == [("d", member), ("source_id", b""), ("reason", b"decode_failed"),
-                          ("detail", f"delayed member: name length {n} runs past the member (11 bytes)".encode())]
+    assert kv(fields) == [
+        ("d", member),
+        ("source_id", b""),
+        ("reason", b"decode_failed"),
+        ("detail", f"delayed member: name length {n} runs past the member (11 bytes)".encode()),
+    ]
     assert [dict(e)["e"] for e in lua.events()] == [b"waiting"]  # the good member only
 
 
@@ -183,7 +191,22 @@ def test_two_promoters_cannot_promote_a_member_twice(lua: Lua) -> None:
 
 
 def retry_args(lua: Lua, eid: bytes, run_at: int, member: bytes, name: str, events_max: int = 100_000) -> list[Any]:
-    return ["default", eid, run_at, member, lua.flag, events_max, 1_700_000_000_200, JOB_ID, name, 1, REASON, 511, 2, 137]
+    return [
+        "default",
+        eid,
+        run_at,
+        member,
+        lua.flag,
+        events_max,
+        1_700_000_000_200,
+        JOB_ID,
+        name,
+        1,
+        REASON,
+        511,
+        2,
+        137,
+    ]
 
 
 def test_retry_gate_returns_1_then_0(lua: Lua) -> None:
@@ -195,10 +218,23 @@ def test_retry_gate_returns_1_then_0(lua: Lua) -> None:
     assert lua.r.zscore(k.delayed, V8) == run_at
     assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0  # acked and deleted
     expected_events = [
-        [("e", b"failed"), ("id", JOB_ID.encode()), ("ts", b"1700000000200"), ("n", b"send-email"),
-         ("attempt", b"1"), ("reason", REASON.encode()), ("duration_us", b"511")],
-        [("e", b"retry-scheduled"), ("id", JOB_ID.encode()), ("ts", b"1700000000200"), ("n", b"send-email"),
-         ("attempt", b"2"), ("backoff_ms", b"137")],
+        [
+            ("e", b"failed"),
+            ("id", JOB_ID.encode()),
+            ("ts", b"1700000000200"),
+            ("n", b"send-email"),
+            ("attempt", b"1"),
+            ("reason", REASON.encode()),
+            ("duration_us", b"511"),
+        ],
+        [
+            ("e", b"retry-scheduled"),
+            ("id", JOB_ID.encode()),
+            ("ts", b"1700000000200"),
+            ("n", b"send-email"),
+            ("attempt", b"2"),
+            ("backoff_ms", b"137"),
+        ],
     ]
     assert lua.events() == expected_events
     # a repeated call (e.g. a client retry after a lost reply) schedules nothing twice
@@ -226,12 +262,38 @@ def test_retry_of_an_entry_nobody_holds_does_nothing(lua: Lua) -> None:
 
 
 def dead_letter_args(lua: Lua, eid: bytes, **over: Any) -> list[Any]:
-    a = {"payload": V3, "name": NAME, "reason": "retries_exhausted", "detail": "", "job_id": JOB_ID, "attempt": 3,
-         "failed": REASON, "duration_us": 9, "failure_ttl": 0}
+    a = {
+        "payload": V3,
+        "name": NAME,
+        "reason": "retries_exhausted",
+        "detail": "",
+        "job_id": JOB_ID,
+        "attempt": 3,
+        "failed": REASON,
+        "duration_us": 9,
+        "failure_ttl": 0,
+    }
     a.update(over)
-    return ["default", eid, lua.flag, 100_000, 100_000, 1_700_000_005_100, a["payload"], a["name"], a["reason"],
-            a["detail"], a["job_id"], a["attempt"], a["failed"], a["duration_us"], a["failure_ttl"], lua.k.prefix,
-            a.get("failures_max", 10_000), a.get("dlq_name", b"")]
+    return [
+        "default",
+        eid,
+        lua.flag,
+        100_000,
+        100_000,
+        1_700_000_005_100,
+        a["payload"],
+        a["name"],
+        a["reason"],
+        a["detail"],
+        a["job_id"],
+        a["attempt"],
+        a["failed"],
+        a["duration_us"],
+        a["failure_ttl"],
+        lua.k.prefix,
+        a.get("failures_max", 10_000),
+        a.get("dlq_name", b""),
+    ]
 
 
 def test_dead_letter_after_the_last_run(lua: Lua) -> None:
@@ -243,10 +305,23 @@ def test_dead_letter_after_the_last_run(lua: Lua) -> None:
     ((_id, fields),) = lua.r.xrange(k.dlq)
     assert kv(fields) == [("d", V3), ("n", b"send-email"), ("source_id", eid), ("reason", b"retries_exhausted")]
     assert lua.events() == [
-        [("e", b"failed"), ("id", JOB_ID.encode()), ("ts", b"1700000005100"), ("n", b"send-email"), ("attempt", b"3"),
-         ("reason", REASON.encode()), ("duration_us", b"9")],
-        [("e", b"dlq"), ("id", JOB_ID.encode()), ("ts", b"1700000005100"), ("n", b"send-email"), ("attempt", b"3"),
-         ("reason", b"retries_exhausted")],
+        [
+            ("e", b"failed"),
+            ("id", JOB_ID.encode()),
+            ("ts", b"1700000005100"),
+            ("n", b"send-email"),
+            ("attempt", b"3"),
+            ("reason", REASON.encode()),
+            ("duration_us", b"9"),
+        ],
+        [
+            ("e", b"dlq"),
+            ("id", JOB_ID.encode()),
+            ("ts", b"1700000005100"),
+            ("n", b"send-email"),
+            ("attempt", b"3"),
+            ("reason", b"retries_exhausted"),
+        ],
     ]
     # exactly once: the entry is no longer pending, so a repeat writes nothing
     assert lua("dead_letter", keys, dead_letter_args(lua, eid)) == 0
@@ -256,14 +331,28 @@ def test_dead_letter_after_the_last_run(lua: Lua) -> None:
 def test_dead_letter_reader_side_malformed(lua: Lua) -> None:
     k = lua.k
     eid = lua.pending_entry({"x": "no d"})
-    args = dead_letter_args(lua, eid, payload=b"", name="", reason="malformed",
-                            detail="missing or non-bytes payload field", job_id="", attempt=0, failed="")
+    args = dead_letter_args(
+        lua,
+        eid,
+        payload=b"",
+        name="",
+        reason="malformed",
+        detail="missing or non-bytes payload field",
+        job_id="",
+        attempt=0,
+        failed="",
+    )
     assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
     ((_id, fields),) = lua.r.xrange(k.dlq)
-    assert kv(fields) == [("d", b""), ("source_id", eid), ("reason", b"malformed"),
-                          ("detail", b"missing or non-bytes payload field")]
-    assert lua.events() == [[("e", b"dlq"), ("id", b""), ("ts", b"1700000005100"), ("attempt", b"0"),
-                             ("reason", b"malformed")]]
+    assert kv(fields) == [
+        ("d", b""),
+        ("source_id", eid),
+        ("reason", b"malformed"),
+        ("detail", b"missing or non-bytes payload field"),
+    ]
+    assert lua.events() == [
+        [("e", b"dlq"), ("id", b""), ("ts", b"1700000005100"), ("attempt", b"0"), ("reason", b"malformed")]
+    ]
 
 
 def test_dead_letter_failure_record(lua: Lua) -> None:
@@ -275,8 +364,9 @@ def test_dead_letter_failure_record(lua: Lua) -> None:
     assert msgpack.unpackb(lua.r.get(k.failure(JOB_ID)), raw=False) == ["unrecoverable", REASON, 1_700_000_005_100]
     assert 0 < lua.r.pttl(k.failure(JOB_ID)) <= 60_000
     eid = lua.pending_entry({"d": V2})
-    args = dead_letter_args(lua, eid, payload=V2, reason="malformed", detail="fields not an array", failed="",
-                            failure_ttl=60_000)
+    args = dead_letter_args(
+        lua, eid, payload=V2, reason="malformed", detail="fields not an array", failed="", failure_ttl=60_000
+    )
     assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
     assert msgpack.unpackb(lua.r.get(k.failure(JOB_ID)), raw=False)[:2] == ["malformed", "fields not an array"]
 
@@ -286,8 +376,19 @@ def test_dead_letter_keeps_the_original_name_bytes_and_caps_failure_records(lua:
     raw_name = b"\xff" + b"x" * 300  # not UTF-8, over the name limit: the events name nothing
     for i in range(5):
         eid = lua.pending_entry({"d": b"\xc1", "n": raw_name})
-        args = dead_letter_args(lua, eid, payload=b"\xc1", name="", reason="decode_failed", detail="bad", failed="",
-                                job_id=f"J{i}", failure_ttl=60_000, failures_max=3, dlq_name=raw_name)
+        args = dead_letter_args(
+            lua,
+            eid,
+            payload=b"\xc1",
+            name="",
+            reason="decode_failed",
+            detail="bad",
+            failed="",
+            job_id=f"J{i}",
+            failure_ttl=60_000,
+            failures_max=3,
+            dlq_name=raw_name,
+        )
         assert lua("dead_letter", [k.stream, k.dlq, k.events], args) == 1
     assert all(kv(f)[:2] == [("d", b"\xc1"), ("n", raw_name)] for _e, f in lua.r.xrange(k.dlq))
     assert all(b"n" not in dict(e) for e in lua.events())
@@ -386,17 +487,41 @@ def test_complete_batch_acks_records_results_and_events(lua: Lua) -> None:
     k = lua.k
     e1 = lua.pending_entry({"d": V2, "n": NAME})
     e2 = lua.pending_entry({"d": V2})
-    argv = ["default", lua.flag, 100_000, 60_000, k.prefix, 1_700_000_000_106, 10_000,
-            e1, "J1", NAME, 1, 842, msgpack.packb({"ok": 1}),
-            e2, "J2", "", 2, 7, ""]
+    argv = [
+        "default",
+        lua.flag,
+        100_000,
+        60_000,
+        k.prefix,
+        1_700_000_000_106,
+        10_000,
+        e1,
+        "J1",
+        NAME,
+        1,
+        842,
+        msgpack.packb({"ok": 1}),
+        e2,
+        "J2",
+        "",
+        2,
+        7,
+        "",
+    ]
     assert lua("complete_batch", [k.stream, k.events], argv) == 2
     assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0
     assert msgpack.unpackb(lua.r.get(k.result("J1"))) == {"ok": 1}
     assert 0 < lua.r.pttl(k.result("J1")) <= 60_000
     assert lua.r.exists(k.result("J2")) == 0  # "" = nothing to store
     expected = [
-        [("e", b"completed"), ("id", b"J1"), ("ts", b"1700000000106"), ("n", b"send-email"), ("attempt", b"1"),
-         ("duration_us", b"842")],
+        [
+            ("e", b"completed"),
+            ("id", b"J1"),
+            ("ts", b"1700000000106"),
+            ("n", b"send-email"),
+            ("attempt", b"1"),
+            ("duration_us", b"842"),
+        ],
         [("e", b"completed"), ("id", b"J2"), ("ts", b"1700000000106"), ("attempt", b"2"), ("duration_us", b"7")],
     ]
     assert lua.events() == expected
@@ -429,8 +554,27 @@ def test_complete_batch_keeps_the_newest_results_up_to_the_cap(lua: Lua) -> None
     assert 0 < lua.r.pttl(index) <= 60_000
     # a lowered cap: the next call trims down to it (at most stored + 64 keys per call)
     eids = [lua.pending_entry({"d": V2}) for _ in range(2)]
-    argv = ["default", lua.flag, 0, 60_000, k.prefix, 2_000, 1, eids[0], "L0", "", 1, 1, b"r",
-            eids[1], "L1", "", 1, 1, b"r"]
+    argv = [
+        "default",
+        lua.flag,
+        0,
+        60_000,
+        k.prefix,
+        2_000,
+        1,
+        eids[0],
+        "L0",
+        "",
+        1,
+        1,
+        b"r",
+        eids[1],
+        "L1",
+        "",
+        1,
+        1,
+        b"r",
+    ]
     assert lua("complete_batch", [k.stream, k.events], argv) == 2
     assert lua.r.zcard(index) == 1 and lua.r.exists(k.result("L1")) == 1
 
@@ -447,8 +591,7 @@ def test_emit_events_writes_each_event_in_order(lua: Lua) -> None:
     k = lua.k
     argv = [100_000, 2, "e", "drained", "id", "", 3, "e", "active", "id", "J", "attempt", "1"]
     assert lua("emit_events", [k.events], argv) == 2
-    assert lua.events() == [[("e", b"drained"), ("id", b"")],
-                            [("e", b"active"), ("id", b"J"), ("attempt", b"1")]]
+    assert lua.events() == [[("e", b"drained"), ("id", b"")], [("e", b"active"), ("id", b"J"), ("attempt", b"1")]]
 
 
 def test_add_unique_marker(lua: Lua) -> None:
@@ -465,9 +608,22 @@ def test_add_unique_marker(lua: Lua) -> None:
 
 def test_every_engine_script_has_a_test() -> None:
     """The engine's scripts (the scheduler's are tested with the scheduler)."""
-    tested = {"promote", "retry", "dead_letter", "replay_dlq", "acquire_lock", "release_lock",
-              "schedule_delayed_idempotent", "cancel_delayed", "complete_batch", "enqueue_batch", "delay_batch",
-              "emit_events", "add_unique", "fail_batch"}
+    tested = {
+        "promote",
+        "retry",
+        "dead_letter",
+        "replay_dlq",
+        "acquire_lock",
+        "release_lock",
+        "schedule_delayed_idempotent",
+        "cancel_delayed",
+        "complete_batch",
+        "enqueue_batch",
+        "delay_batch",
+        "emit_events",
+        "add_unique",
+        "fail_batch",
+    }
     assert tested <= set(SCRIPTS)
 
 
@@ -481,20 +637,96 @@ def _fail_cases(lua: Lua) -> list[dict[str, Any]]:
     unnamed), a gate rejection (no handler ran), and entries no longer pending (retry and DLQ)."""
     unnamed_member = encode_member(b"", encode_envelope(Envelope(JOB_ID, V1, 1_700_000_000_000, 1)))
     return [
-        {"kind": "r", "fields": {"d": V2, "n": NAME}, "job": JOB_ID, "name": NAME, "attempt": 1, "failed": REASON,
-         "dur": 511, "run_at": NOW + 137, "member": V8, "next": 2, "backoff": 137},
-        {"kind": "r", "fields": {"d": V2}, "job": "J-unnamed", "name": "", "attempt": 1, "failed": REASON,
-         "dur": 7, "run_at": NOW + 50, "member": unnamed_member, "next": 2, "backoff": 50},
-        {"kind": "r", "fields": {"d": V2, "n": NAME}, "job": "J-gone-r", "name": NAME, "attempt": 1, "failed": REASON,
-         "dur": 3, "run_at": NOW + 9, "member": b"gone-member", "next": 2, "backoff": 9, "gone": True},
-        {"kind": "d", "fields": {"d": V3, "n": NAME}, "job": "J-exhausted", "name": NAME, "attempt": 3,
-         "failed": REASON, "dur": 9, "payload": V3, "reason": "retries_exhausted", "detail": "", "tb": TB},
-        {"kind": "d", "fields": {"d": V2}, "job": "J-unrec", "name": "", "attempt": 1, "failed": REASON, "dur": 4,
-         "payload": V2, "reason": "unrecoverable", "detail": ""},
-        {"kind": "d", "fields": {"x": "no d"}, "job": "", "name": "", "attempt": 0, "failed": "", "dur": 0,
-         "payload": b"", "reason": "malformed", "detail": "missing or non-bytes payload field"},
-        {"kind": "d", "fields": {"d": V3, "n": NAME}, "job": "J-gone-d", "name": NAME, "attempt": 2,
-         "failed": REASON, "dur": 1, "payload": V3, "reason": "retries_exhausted", "detail": "", "gone": True},
+        {
+            "kind": "r",
+            "fields": {"d": V2, "n": NAME},
+            "job": JOB_ID,
+            "name": NAME,
+            "attempt": 1,
+            "failed": REASON,
+            "dur": 511,
+            "run_at": NOW + 137,
+            "member": V8,
+            "next": 2,
+            "backoff": 137,
+        },
+        {
+            "kind": "r",
+            "fields": {"d": V2},
+            "job": "J-unnamed",
+            "name": "",
+            "attempt": 1,
+            "failed": REASON,
+            "dur": 7,
+            "run_at": NOW + 50,
+            "member": unnamed_member,
+            "next": 2,
+            "backoff": 50,
+        },
+        {
+            "kind": "r",
+            "fields": {"d": V2, "n": NAME},
+            "job": "J-gone-r",
+            "name": NAME,
+            "attempt": 1,
+            "failed": REASON,
+            "dur": 3,
+            "run_at": NOW + 9,
+            "member": b"gone-member",
+            "next": 2,
+            "backoff": 9,
+            "gone": True,
+        },
+        {
+            "kind": "d",
+            "fields": {"d": V3, "n": NAME},
+            "job": "J-exhausted",
+            "name": NAME,
+            "attempt": 3,
+            "failed": REASON,
+            "dur": 9,
+            "payload": V3,
+            "reason": "retries_exhausted",
+            "detail": "",
+            "tb": TB,
+        },
+        {
+            "kind": "d",
+            "fields": {"d": V2},
+            "job": "J-unrec",
+            "name": "",
+            "attempt": 1,
+            "failed": REASON,
+            "dur": 4,
+            "payload": V2,
+            "reason": "unrecoverable",
+            "detail": "",
+        },
+        {
+            "kind": "d",
+            "fields": {"x": "no d"},
+            "job": "",
+            "name": "",
+            "attempt": 0,
+            "failed": "",
+            "dur": 0,
+            "payload": b"",
+            "reason": "malformed",
+            "detail": "missing or non-bytes payload field",
+        },
+        {
+            "kind": "d",
+            "fields": {"d": V3, "n": NAME},
+            "job": "J-gone-d",
+            "name": NAME,
+            "attempt": 2,
+            "failed": REASON,
+            "dur": 1,
+            "payload": V3,
+            "reason": "retries_exhausted",
+            "detail": "",
+            "gone": True,
+        },
     ]
 
 
@@ -508,10 +740,18 @@ def _fail_state(lua: Lua, eids: list[bytes], jobs: list[str]) -> dict[str, Any]:
     """Everything the scripts write, with entry ids replaced by their case's index."""
     k = lua.k
     index = {eid: i for i, eid in enumerate(eids)}
-    dlq = [[(f, index.get(v, v) if f == "source_id" else v) for f, v in kv(fields)] for _e, fields in lua.r.xrange(k.dlq)]
+    dlq = [
+        [(f, index.get(v, v) if f == "source_id" else v) for f, v in kv(fields)] for _e, fields in lua.r.xrange(k.dlq)
+    ]
     records = {j: lua.r.get(k.failure(j)) for j in jobs if j}
-    return {"delayed": lua.r.zrange(k.delayed, 0, -1, withscores=True), "dlq": dlq, "events": lua.events(),
-            "records": records, "stream": [index[e] for e, _f in lua.stream()], "pending": lua.pending()}
+    return {
+        "delayed": lua.r.zrange(k.delayed, 0, -1, withscores=True),
+        "dlq": dlq,
+        "events": lua.events(),
+        "records": records,
+        "stream": [index[e] for e, _f in lua.stream()],
+        "pending": lua.pending(),
+    }
 
 
 def _load_cases(lua: Lua, cases: list[dict[str, Any]]) -> list[bytes]:
@@ -531,19 +771,55 @@ def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str
     ref_replies = []
     for c, eid in zip(cases, ref_eids):
         if c["kind"] == "r":
-            argv = ["default", eid, c["run_at"], c["member"], ref.flag, 100_000, NOW, c["job"], c["name"],
-                    c["attempt"], c["failed"], c["dur"], c["next"], c["backoff"]]
+            argv = [
+                "default",
+                eid,
+                c["run_at"],
+                c["member"],
+                ref.flag,
+                100_000,
+                NOW,
+                c["job"],
+                c["name"],
+                c["attempt"],
+                c["failed"],
+                c["dur"],
+                c["next"],
+                c["backoff"],
+            ]
             ref_replies.append(ref("retry", [ref.k.stream, ref.k.delayed, ref.k.events], argv))
         else:
-            argv = ["default", eid, ref.flag, 100_000, 100_000, NOW, c["payload"], c["name"], c["reason"], c["detail"],
-                    c["job"], c["attempt"], c["failed"], c["dur"], 60_000, ref.k.prefix, 10_000, b"", c.get("tb", "")]
+            argv = [
+                "default",
+                eid,
+                ref.flag,
+                100_000,
+                100_000,
+                NOW,
+                c["payload"],
+                c["name"],
+                c["reason"],
+                c["detail"],
+                c["job"],
+                c["attempt"],
+                c["failed"],
+                c["dur"],
+                60_000,
+                ref.k.prefix,
+                10_000,
+                b"",
+                c.get("tb", ""),
+            ]
             ref_replies.append(ref("dead_letter", [ref.k.stream, ref.k.dlq, ref.k.events], argv))
     # the same cases as one batch
     eids = _load_cases(lua, cases)
     argv: list[Any] = ["default", lua.flag, 100_000, 100_000, 60_000, lua.k.prefix, NOW, 10_000]
     for c, eid in zip(cases, eids):
-        tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
-            [c["payload"], c["reason"], c["detail"], ""]
+        tail = (
+            [c["run_at"], c["member"], c["next"], c["backoff"]]
+            if c["kind"] == "r"
+            else [c["payload"], c["reason"], c["detail"], ""]
+        )
         argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail, c.get("tb", "")]
     k = lua.k
     keys = [k.stream, k.delayed, k.dlq, k.events]
@@ -555,12 +831,26 @@ def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str
     assert state["stream"] == [2, 6] and state["pending"] == 0  # only the entries handled elsewhere remain
     assert [m for m, _s in state["delayed"]] == sorted([V8, cases[1]["member"]])
     assert [dict(f)["reason"] for f in state["dlq"]] == [b"retries_exhausted", b"unrecoverable", b"malformed"]
-    assert [e[0][1] for e in state["events"]] == [b"failed", b"retry-scheduled", b"failed", b"retry-scheduled",
-                                                  b"failed", b"dlq", b"failed", b"dlq", b"dlq"]
+    assert [e[0][1] for e in state["events"]] == [
+        b"failed",
+        b"retry-scheduled",
+        b"failed",
+        b"retry-scheduled",
+        b"failed",
+        b"dlq",
+        b"failed",
+        b"dlq",
+        b"dlq",
+    ]
     assert msgpack.unpackb(state["records"]["J-unrec"], raw=False) == ["unrecoverable", REASON, NOW]
     # a handler's traceback: the DLQ's optional `detail` (no other field added) and the record's 4th element
-    assert state["dlq"][0] == [("d", V3), ("n", NAME.encode()), ("source_id", 3), ("reason", b"retries_exhausted"),
-                               ("detail", TB.encode())]
+    assert state["dlq"][0] == [
+        ("d", V3),
+        ("n", NAME.encode()),
+        ("source_id", 3),
+        ("reason", b"retries_exhausted"),
+        ("detail", TB.encode()),
+    ]
     assert b"detail" not in dict(state["dlq"][1])
     assert msgpack.unpackb(state["records"]["J-exhausted"], raw=False) == ["retries_exhausted", REASON, NOW, TB]
     assert state["records"]["J-gone-d"] is None and state["records"]["J-gone-r"] is None
@@ -575,8 +865,11 @@ def test_fail_batch_with_events_off_writes_no_events(lua: Lua) -> None:
     eids = _load_cases(lua, cases)
     argv: list[Any] = ["default", lua.flag, 0, 100_000, 0, k.prefix, NOW, 10_000]
     for c, eid in zip(cases, eids):
-        tail = [c["run_at"], c["member"], c["next"], c["backoff"]] if c["kind"] == "r" else \
-            [c["payload"], c["reason"], c["detail"], ""]
+        tail = (
+            [c["run_at"], c["member"], c["next"], c["backoff"]]
+            if c["kind"] == "r"
+            else [c["payload"], c["reason"], c["detail"], ""]
+        )
         argv += [c["kind"], eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"], *tail, c.get("tb", "")]
     assert lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], argv) == [1] * len(cases)
     assert lua.events() == [] and lua.r.zcard(k.delayed) == 2 and lua.r.xlen(k.dlq) == 3

@@ -15,8 +15,13 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 
 
 def chasqui(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True,
-                          text=True, timeout=60, input=stdin)
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=stdin,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
     return proc
@@ -71,8 +76,10 @@ def test_dlq_peek_and_replay(seeded: SyncQueue, redis_url: str) -> None:
 def test_events_prints_chasqui_format(redis_url: str, queue_name: str) -> None:
     k = QueueKeys.for_queue(queue_name)
     r = redis.Redis.from_url(redis_url)
-    r.xadd(k.events, {"e": "completed", "id": "J1", "ts": "1700000000106", "n": "send-email", "attempt": "1",
-                      "duration_us": "842"})
+    r.xadd(
+        k.events,
+        {"e": "completed", "id": "J1", "ts": "1700000000106", "n": "send-email", "attempt": "1", "duration_us": "842"},
+    )
     r.xadd(k.events, {"e": "drained", "id": "", "ts": "1700000000200"})
     lines = chasqui("events", queue_name, "--redis-url", redis_url).stdout.splitlines()
     assert lines[0].startswith("2023-11-14T22:13:20.106+00:00 ")
@@ -84,9 +91,26 @@ def test_events_prints_chasqui_format(redis_url: str, queue_name: str) -> None:
 
 def test_events_follow_sees_new_events(redis_url: str, queue_name: str) -> None:
     k = QueueKeys.for_queue(queue_name)
-    proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", "events", queue_name, "--follow",
-                             "--from", "0-0", "--max-events", "2", "--block-ms", "200", "--redis-url", redis_url],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_chasqui.cli",
+            "events",
+            queue_name,
+            "--follow",
+            "--from",
+            "0-0",
+            "--max-events",
+            "2",
+            "--block-ms",
+            "200",
+            "--redis-url",
+            redis_url,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     r = redis.Redis.from_url(redis_url)
     r.xadd(k.events, {"e": "waiting", "id": "A", "ts": "1"})
     r.xadd(k.events, {"e": "waiting", "id": "B", "ts": "2"})

@@ -20,13 +20,26 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import DLQ_PAGE
 from airflow_provider_chasqui.errors import ConfigError
 
-HOSTILE_PAYLOADS = [b"\xc1", b"\xff" * 64, msgpack.packb({"not": "an envelope"}), msgpack.packb([1, 2]), b"",
-                    msgpack.packb(["id", b"\x00", "not-a-time", 0]), b"\x92\x01"]
+HOSTILE_PAYLOADS = [
+    b"\xc1",
+    b"\xff" * 64,
+    msgpack.packb({"not": "an envelope"}),
+    msgpack.packb([1, 2]),
+    b"",
+    msgpack.packb(["id", b"\x00", "not-a-time", 0]),
+    b"\x92\x01",
+]
 
 
 def chasqui(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True,
-                          text=True, timeout=120, input=stdin, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        input=stdin,
+        env=dict(os.environ),
+    )
 
 
 def _envelope(job_id: str, data: object, attempt: int = 3) -> bytes:
@@ -44,8 +57,10 @@ def _seed(url: str, queue: str, *, bad: int, good: int, good_name: bytes = b"boo
             fields["d"] = HOSTILE_PAYLOADS[i % len(HOSTILE_PAYLOADS)]
         pipe.xadd(k.dlq, fields)
     for i in range(good):
-        pipe.xadd(k.dlq, {"d": _envelope(f"G{i}", {"i": i}), "n": good_name, "source_id": f"9-{i}",
-                          "reason": "retries_exhausted"})
+        pipe.xadd(
+            k.dlq,
+            {"d": _envelope(f"G{i}", {"i": i}), "n": good_name, "source_id": f"9-{i}", "reason": "retries_exhausted"},
+        )
     ids = pipe.execute()
     r.close()
     return ids[:bad], ids[bad:]

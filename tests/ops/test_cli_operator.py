@@ -37,18 +37,31 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def chasqui(*args: str, env: dict[str, str] | None = None, check: bool = True, stdin: str | None = "",
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, input=stdin, env=env or _env())
+def chasqui(
+    *args: str, env: dict[str, str] | None = None, check: bool = True, stdin: str | None = "", timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+        env=env or _env(),
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
     return proc
 
 
 def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env or _env(), start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or _env(),
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
@@ -102,10 +115,23 @@ def test_queues_lists_every_queue_with_its_counts_from_a_scan(two_queues: tuple[
     out = json.loads(chasqui("queues", "--match", a[:-2] + "*", "--json", "--redis-url", url).stdout)
     rows = {q["queue"]: q for q in out["queues"]}
     assert set(rows) == {a, b} and out["truncated"] is False and out["cursor"] == "0"
-    assert {k: rows[a][k] for k in ("waiting", "pending", "delayed", "dlq", "specs", "paused_specs", "consumers")} \
-        == {"waiting": 3, "pending": 0, "delayed": 1, "dlq": 1, "specs": 1, "paused_specs": 1, "consumers": 0}
-    assert {k: rows[b][k] for k in ("waiting", "pending", "delayed", "dlq", "consumers", "groups")} \
-        == {"waiting": 3, "pending": 2, "delayed": 0, "dlq": 0, "consumers": 1, "groups": 1}
+    assert {k: rows[a][k] for k in ("waiting", "pending", "delayed", "dlq", "specs", "paused_specs", "consumers")} == {
+        "waiting": 3,
+        "pending": 0,
+        "delayed": 1,
+        "dlq": 1,
+        "specs": 1,
+        "paused_specs": 1,
+        "consumers": 0,
+    }
+    assert {k: rows[b][k] for k in ("waiting", "pending", "delayed", "dlq", "consumers", "groups")} == {
+        "waiting": 3,
+        "pending": 2,
+        "delayed": 0,
+        "dlq": 0,
+        "consumers": 1,
+        "groups": 1,
+    }
     with redis.Redis.from_url(url) as raw:
         stats = raw.info("commandstats")
     assert "cmdstat_scan" in stats and "cmdstat_keys" not in stats  # a cursor scan, never KEYS
@@ -117,10 +143,13 @@ def test_queues_lists_every_queue_with_its_counts_from_a_scan(two_queues: tuple[
 
 def test_queues_says_when_a_cap_cut_the_listing(two_queues: tuple[str, str, str]) -> None:
     url, a, b = two_queues
-    limited = json.loads(chasqui("queues", "--match", a[:-2] + "*", "--limit", "1", "--json", "--redis-url", url).stdout)
+    limited = json.loads(
+        chasqui("queues", "--match", a[:-2] + "*", "--limit", "1", "--json", "--redis-url", url).stdout
+    )
     assert [q["queue"] for q in limited["queues"]] == [a] and limited["truncated"] is True
-    assert "more queues may exist" in chasqui("queues", "--match", a[:-2] + "*", "--limit", "1",
-                                              "--redis-url", url).stdout
+    assert (
+        "more queues may exist" in chasqui("queues", "--match", a[:-2] + "*", "--limit", "1", "--redis-url", url).stdout
+    )
 
 
 def test_list_queues_caps_the_scan_work(two_queues: tuple[str, str, str]) -> None:
@@ -143,9 +172,25 @@ def test_job_show_follows_a_job_through_a_real_worker(redis_url: str, queue_name
         ok = q.add("square", {"x": 7})
         bad = q.add("explode", {"why": "test"})
         worker = subprocess.run(
-            [sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "--queue", queue_name, "--handlers",
-             "airflow_provider_chasqui.examples.handlers", "--max-jobs", "2", "--redis-url", redis_url],
-            capture_output=True, text=True, timeout=120, env=_env())
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.cli",
+                "worker",
+                "--queue",
+                queue_name,
+                "--handlers",
+                "airflow_provider_chasqui.examples.handlers",
+                "--max-jobs",
+                "2",
+                "--redis-url",
+                redis_url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env(),
+        )
         assert worker.returncode == 0, worker.stderr
         waiting = q.add("greet", {"who": "w" * 5000})
         later = q.add("greet", {"who": "later"}, delay=3_600_000, job_id="later-1")
@@ -162,8 +207,9 @@ def test_job_show_follows_a_job_through_a_real_worker(redis_url: str, queue_name
     text = chasqui("job", "show", bad.id, "-q", queue_name, "--redis-url", redis_url).stdout
     assert "\nfailure:\n  reason: unrecoverable\n" in text and "explode refuses" in text and "dlq entry:" in text
 
-    shown = chasqui("job", "show", waiting.id, "-q", queue_name, "--max-data-bytes", "100", "--redis-url",
-                    redis_url).stdout
+    shown = chasqui(
+        "job", "show", waiting.id, "-q", queue_name, "--max-data-bytes", "100", "--redis-url", redis_url
+    ).stdout
     assert any(line.split() == ["state", "waiting"] for line in shown.splitlines())
     assert '"who": "www' in shown and "more bytes; --max-data-bytes" in shown
     delayed = json.loads(chasqui("job", "show", later.id, "-q", queue_name, "--json", "--redis-url", redis_url).stdout)
@@ -245,10 +291,19 @@ def test_bash_completion_completes_subcommands_and_options(tmp_path: Path) -> No
 
     def complete(*words: str) -> list[str]:
         line = " ".join(f"'{w}'" for w in words)
-        proc = subprocess.run(["bash", "--norc", "--noprofile", "-c",
-                               f"source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; "
-                               '_chasqui_complete; printf "%s\\n" "${COMPREPLY[@]}"'],
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [
+                "bash",
+                "--norc",
+                "--noprofile",
+                "-c",
+                f"source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; "
+                '_chasqui_complete; printf "%s\\n" "${COMPREPLY[@]}"',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split()
 
@@ -262,15 +317,23 @@ def test_bash_completion_completes_subcommands_and_options(tmp_path: Path) -> No
 
 
 COMMANDS_ON_A_QUEUE = [
-    ("queues",), ("inspect", "{q}"), ("watch", "{q}", "--iterations", "1"), ("dlq", "peek", "{q}"),
-    ("repeatable", "list", "{q}"), ("events", "{q}"), ("job", "show", "J", "-q", "{q}"),
-    ("queue", "drain", "{q}", "--yes"), ("queue", "obliterate", "{q}", "--yes"), ("functions", "status"),
+    ("queues",),
+    ("inspect", "{q}"),
+    ("watch", "{q}", "--iterations", "1"),
+    ("dlq", "peek", "{q}"),
+    ("repeatable", "list", "{q}"),
+    ("events", "{q}"),
+    ("job", "show", "J", "-q", "{q}"),
+    ("queue", "drain", "{q}", "--yes"),
+    ("queue", "obliterate", "{q}", "--yes"),
+    ("functions", "status"),
 ]
 
 
 @pytest.mark.parametrize("argv", COMMANDS_ON_A_QUEUE, ids=lambda a: " ".join(a[:2]))
-def test_every_command_honours_chasqui_redis_url_and_json(argv: tuple[str, ...], redis_url: str,
-                                                          queue_name: str) -> None:
+def test_every_command_honours_chasqui_redis_url_and_json(
+    argv: tuple[str, ...], redis_url: str, queue_name: str
+) -> None:
     args = [a.replace("{q}", queue_name) for a in argv]
     down = chasqui(*args, env=_env(CHASQUI_REDIS_URL="redis://127.0.0.1:1/0"), check=False)
     assert down.returncode == 3, (down.returncode, down.stderr)  # it went where the environment said
@@ -287,18 +350,29 @@ def test_every_command_honours_chasqui_redis_url_and_json(argv: tuple[str, ...],
         assert up.returncode == 4 and up.stderr
 
 
-def test_job_show_prints_every_failure_field_a_traceback_included(redis_url: str, queue_name: str,
-                                                                  r: redis.Redis) -> None:
+def test_job_show_prints_every_failure_field_a_traceback_included(
+    redis_url: str, queue_name: str, r: redis.Redis
+) -> None:
     """Whatever fields a worker adds to the failure record (a list's extra items, or a map) or to
     the DLQ entry are shown; a multi-line one as an indented block."""
     from airflow_provider_chasqui.core.codec import encode_data, encode_new_envelope
 
     k = QueueKeys.for_queue(queue_name)
     tb = 'Traceback (most recent call last):\n  File "h.py", line 3, in handler\nValueError: boom'
-    r.set(k.failure("J-tb"), encode_data(["retries_exhausted", "ValueError('boom')", 1_700_000_000_000,
-                                          {"traceback": tb}]))
-    r.xadd(k.dlq, {"d": encode_new_envelope("J-tb", encode_data({"a": 1}), 1_700_000_000_000), "n": "h",
-                   "source_id": "1-0", "reason": "retries_exhausted", "traceback": tb})
+    r.set(
+        k.failure("J-tb"),
+        encode_data(["retries_exhausted", "ValueError('boom')", 1_700_000_000_000, {"traceback": tb}]),
+    )
+    r.xadd(
+        k.dlq,
+        {
+            "d": encode_new_envelope("J-tb", encode_data({"a": 1}), 1_700_000_000_000),
+            "n": "h",
+            "source_id": "1-0",
+            "reason": "retries_exhausted",
+            "traceback": tb,
+        },
+    )
     text = chasqui("job", "show", "J-tb", "-q", queue_name, "--redis-url", redis_url).stdout
     assert any(line.split() == ["state", "failed"] for line in text.splitlines())
     assert "  reason: retries_exhausted\n  detail: ValueError('boom')\n" in text

@@ -19,8 +19,9 @@ from tests.ops.test_cli import chasqui
 
 def test_list_get_pause_resume_remove(redis_url: str, queue_name: str) -> None:
     q = SyncQueue(queue_name, redis_url=redis_url)
-    q.upsert_repeatable_bulk([{"name": f"job{i}", "data": {"i": i}, "repeat": RepeatPattern.every(60_000 * (i + 1))}
-                              for i in range(300)])
+    q.upsert_repeatable_bulk(
+        [{"name": f"job{i}", "data": {"i": i}, "repeat": RepeatPattern.every(60_000 * (i + 1))} for i in range(300)]
+    )
     q.upsert_repeatable_job("nightly", 1, repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"))
     base = ["--redis-url", redis_url, "--json"]
     keys: list[str] = []
@@ -60,8 +61,16 @@ def test_import_csv_and_parquet(redis_url: str, queue_name: str, tmp_path: Path)
         w = csv.DictWriter(fh, fieldnames=["name", "cron", "tz", "every_ms", "data", "key"])
         w.writeheader()
         for i in range(2500):
-            w.writerow({"name": "report", "cron": "*/5 * * * *", "tz": "Europe/Madrid", "every_ms": "",
-                        "data": json.dumps({"tenant": i}), "key": f"tenant-{i}"})
+            w.writerow(
+                {
+                    "name": "report",
+                    "cron": "*/5 * * * *",
+                    "tz": "Europe/Madrid",
+                    "every_ms": "",
+                    "data": json.dumps({"tenant": i}),
+                    "key": f"tenant-{i}",
+                }
+            )
     out = json.loads(chasqui("repeatable", "import", queue_name, str(path), "--redis-url", redis_url, "--json").stdout)
     assert out == {"imported": 2500}
     q = SyncQueue(queue_name, redis_url=redis_url)
@@ -163,9 +172,14 @@ def write_csv(path: Path, rows: list[dict[str, str]]) -> None:
 
 
 def test_import_validates_every_row_before_writing(redis_url: str, queue_name: str, tmp_path: Path) -> None:
-    rows = [{"name": "a", "every_ms": "1000"}, {"name": "b", "cron": "* * * * *", "tz": "Mars/Olympus"},
-            {"name": "c", "every_ms": "1000", "data": "{not json"}, {"name": "d", "cron": "*/5 * * * *"},
-            {"name": "", "every_ms": "5"}, {"name": "e", "every_ms": "ten"}]
+    rows = [
+        {"name": "a", "every_ms": "1000"},
+        {"name": "b", "cron": "* * * * *", "tz": "Mars/Olympus"},
+        {"name": "c", "every_ms": "1000", "data": "{not json"},
+        {"name": "d", "cron": "*/5 * * * *"},
+        {"name": "", "every_ms": "5"},
+        {"name": "e", "every_ms": "ten"},
+    ]
     path = tmp_path / "mixed.csv"
     write_csv(path, rows)
     base = ["--redis-url", redis_url]
@@ -176,12 +190,17 @@ def test_import_validates_every_row_before_writing(redis_url: str, queue_name: s
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert "4 invalid row(s)" in proc.stderr and "nothing was imported" in proc.stderr
         for line, word in ((3, "Mars/Olympus"), (4, "not JSON"), (6, "'name' column"), (7, "ten")):
-            assert any(ln.strip().startswith(f"row {line}:") and word in ln for ln in proc.stderr.splitlines()), \
-                (line, proc.stderr)
+            assert any(ln.strip().startswith(f"row {line}:") and word in ln for ln in proc.stderr.splitlines()), (
+                line,
+                proc.stderr,
+            )
         assert r.zcard(k.repeat) == 0  # nothing written, not even the valid rows before the first bad one
 
-        dry = json.loads(chasqui("repeatable", "import", queue_name, str(path), *base, "--json", "--dry-run",
-                                 "--skip-invalid").stdout)
+        dry = json.loads(
+            chasqui(
+                "repeatable", "import", queue_name, str(path), *base, "--json", "--dry-run", "--skip-invalid"
+            ).stdout
+        )
         assert dry == {"valid": 2, "invalid": 4, "imported": 0} and r.zcard(k.repeat) == 0
 
         out = chasqui("repeatable", "import", queue_name, str(path), *base, "--json", "--skip-invalid")

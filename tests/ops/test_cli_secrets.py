@@ -53,8 +53,13 @@ def _leaks(text: str, password: str) -> list[str]:
 
 def chasqui(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True,
-                          text=True, timeout=90, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=full,
+    )
 
 
 # ---- the helper --------------------------------------------------------------------------
@@ -68,22 +73,28 @@ def test_redact_url_hides_hostile_passwords_exactly(password: str, user: str) ->
     assert redact_url(raw) == f"redis://{user}:{REDACTED}@h1:6379/2"
     q = quote(password, safe="")
     sentinel = f"rediss+sentinel://{user}:{q}@s1:26379,[::1]:26380/svc/0?socket_timeout=3&sentinel_password={q}"
-    assert redact_url(sentinel) == (f"rediss+sentinel://{user}:{REDACTED}@s1:26379,[::1]:26380/svc/0"
-                                    f"?socket_timeout=3&sentinel_password={REDACTED}")
+    assert redact_url(sentinel) == (
+        f"rediss+sentinel://{user}:{REDACTED}@s1:26379,[::1]:26380/svc/0?socket_timeout=3&sentinel_password={REDACTED}"
+    )
     query = f"redis://h/0?cluster=true&ssl_password={q}&password={q}&auth_token={q};client_secret={q}"
-    assert redact_url(query) == (f"redis://h/0?cluster=true&ssl_password={REDACTED}&password={REDACTED}"
-                                 f"&auth_token={REDACTED};client_secret={REDACTED}")
+    assert redact_url(query) == (
+        f"redis://h/0?cluster=true&ssl_password={REDACTED}&password={REDACTED}"
+        f"&auth_token={REDACTED};client_secret={REDACTED}"
+    )
     text = redact_text(f"cannot reach {raw} (Connection(host=h1,password={q},db=2)) or '{sentinel}'")
-    assert text == (f"cannot reach {redact_url(raw)} (Connection(host=h1,password={REDACTED},db=2)) "
-                    f"or '{redact_url(sentinel)}'")
+    assert text == (
+        f"cannot reach {redact_url(raw)} (Connection(host=h1,password={REDACTED},db=2)) or '{redact_url(sentinel)}'"
+    )
 
 
 def test_redact_url_keeps_what_is_not_secret() -> None:
     assert redact_url("redis://127.0.0.1:6379/0?cluster=true") == "redis://127.0.0.1:6379/0?cluster=true"
     assert redact_url("redis://alice@h/0") == f"redis://{REDACTED}@h/0"  # a lone userinfo may be a password
     assert redact_url(None) == "None"
-    assert redact_text("AUTH <password> called without any password configured") == \
-        "AUTH <password> called without any password configured"
+    assert (
+        redact_text("AUTH <password> called without any password configured")
+        == "AUTH <password> called without any password configured"
+    )
 
 
 # ---- the real command ----------------------------------------------------------------------
@@ -110,8 +121,9 @@ def test_wrong_password_on_a_real_server_is_not_echoed(tmp_path) -> None:
         proc = chasqui("dlq", "peek", "q", env={"CHASQUI_REDIS_URL": url})
         assert proc.returncode in (1, 3), proc.stderr
         assert proc.stderr.startswith("chasqui: ") and not _leaks(proc.stdout + proc.stderr, HOSTILE), proc.stderr
-        ok = chasqui("dlq", "peek", "q", "--json", env={"CHASQUI_REDIS_URL": f"redis://:the-right-one@127.0.0.1:"
-                                                                             f"{server.port}/0"})
+        ok = chasqui(
+            "dlq", "peek", "q", "--json", env={"CHASQUI_REDIS_URL": f"redis://:the-right-one@127.0.0.1:{server.port}/0"}
+        )
         assert ok.returncode == 0 and ok.stdout.strip() == "[]", ok.stderr
     finally:
         server.stop()
@@ -131,11 +143,21 @@ def test_conn_id_reads_redis_from_an_airflow_connection(tmp_path) -> None:
             r.xadd("{chasqui:cq}:dlq", {"d": b"\xc1", "reason": "malformed"})
 
         def conn(password: str) -> str:
-            return json.dumps({"conn_type": "chasqui", "host": "127.0.0.1", "port": server.port,
-                               "password": password, "extra": {"db": 0}})
+            return json.dumps(
+                {
+                    "conn_type": "chasqui",
+                    "host": "127.0.0.1",
+                    "port": server.port,
+                    "password": password,
+                    "extra": {"db": 0},
+                }
+            )
 
-        env = {"AIRFLOW_HOME": str(tmp_path / "af"), "AIRFLOW_CONN_CHASQUI_OPS_TEST": conn(HOSTILE),
-               "AIRFLOW_CONN_CHASQUI_OPS_WRONG": conn(HOSTILE + "x")}
+        env = {
+            "AIRFLOW_HOME": str(tmp_path / "af"),
+            "AIRFLOW_CONN_CHASQUI_OPS_TEST": conn(HOSTILE),
+            "AIRFLOW_CONN_CHASQUI_OPS_WRONG": conn(HOSTILE + "x"),
+        }
         ok = chasqui("dlq", "peek", "cq", "--json", "--conn-id", "chasqui_ops_test", env=env)
         assert ok.returncode == 0 and [e["reason"] for e in json.loads(ok.stdout)] == ["malformed"], ok.stderr
         wrong = chasqui("inspect", "cq", "--conn-id", "chasqui_ops_wrong", env=env)
@@ -172,9 +194,23 @@ def test_worker_logs_hold_no_password(kind: str, tmp_path) -> None:
     handlers.write_text("HANDLERS = {'noop': lambda job: None}\n")
     env = dict(os.environ, CHASQUI_REDIS_URL=url, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "-q", "q", "-H",
-                                 "secret_test_handlers", "--metrics-port", "0"], stdout=log,
-                                stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.cli",
+                "worker",
+                "-q",
+                "q",
+                "-H",
+                "secret_test_handlers",
+                "--metrics-port",
+                "0",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + 120
         while "Redis unavailable" not in log_path.read_text() or "depth sample failed" not in log_path.read_text():
@@ -190,9 +226,22 @@ def test_worker_logs_hold_no_password(kind: str, tmp_path) -> None:
 
 def test_worker_refuses_an_unparsable_url_without_quoting_it() -> None:
     url = f"redis://app:{HOSTILE}@127.0.0.1:{_free_port()}/0"
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "-q", "q", "-H",
-                           "airflow_provider_chasqui.examples.handlers"], capture_output=True, text=True, timeout=90,
-                          env=dict(os.environ, CHASQUI_REDIS_URL=url))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_chasqui.cli",
+            "worker",
+            "-q",
+            "q",
+            "-H",
+            "airflow_provider_chasqui.examples.handlers",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=dict(os.environ, CHASQUI_REDIS_URL=url),
+    )
     assert proc.returncode == 2 and "not a valid Redis URL" in proc.stderr, proc.stderr
     assert not _leaks(proc.stdout + proc.stderr, HOSTILE) and "rd%40x" not in proc.stderr, proc.stderr
 
@@ -202,8 +251,9 @@ def test_version_from_package_metadata() -> None:
 
     want = version("airflow-provider-chasqui")
     for args, prog in ((["--version"], "chasqui"), (["worker", "--version"], "chasqui worker")):
-        proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True, text=True, timeout=60
+        )
         assert (proc.returncode, proc.stdout) == (0, f"{prog} {want}\n"), proc.stderr
 
 

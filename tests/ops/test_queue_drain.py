@@ -160,8 +160,14 @@ def test_obliterate_refuses_while_jobs_are_pending(url: str, q_name: str) -> Non
 
 def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True,
-                          text=True, timeout=60, input=stdin, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=stdin,
+        env=env,
+    )
 
 
 def test_queue_drain_and_obliterate_commands(url: str, q_name: str) -> None:

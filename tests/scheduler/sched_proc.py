@@ -68,8 +68,11 @@ async def main() -> None:
     p.add_argument("--log-level", default="WARNING")
     p.add_argument("--fire-url", default=None)
     args = p.parse_args()
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(created).3f %(process)d %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(created).3f %(process)d %(levelname)s %(name)s: %(message)s",
+    )
     driver = AsyncDriver(args.redis_url)
     fire_driver = None
     if args.fire_url:

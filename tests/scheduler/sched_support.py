@@ -38,7 +38,7 @@ class FakeClock:
 
 @dataclass(frozen=True)
 class Fire:
-    entry_ms: int          # when it reached the stream (Redis clock)
+    entry_ms: int  # when it reached the stream (Redis clock)
     name: str
     envelope: Envelope
 
@@ -69,8 +69,12 @@ def fire_times(r: redis.Redis, queue: str) -> list[int]:
 
 def spawn_scheduler(url: str, queue: str, *extra: str, log: Any = None) -> subprocess.Popen[bytes]:
     """A scheduler process (``sched_proc.py``); it prints ``ready <holder>`` once running."""
-    return subprocess.Popen([sys.executable, str(SCHEDULER_PROC), "--redis-url", url, "--queue", queue, *extra],
-                            stdout=subprocess.PIPE, stderr=log or subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(SCHEDULER_PROC), "--redis-url", url, "--queue", queue, *extra],
+        stdout=subprocess.PIPE,
+        stderr=log or subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
@@ -89,7 +93,9 @@ def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
     return line.split(" ", 1)[1]
 
 
-def stop_proc(proc: subprocess.Popen[bytes], sig: int | None = None, timeout: float = 20.0) -> tuple[int, dict[str, int]]:
+def stop_proc(
+    proc: subprocess.Popen[bytes], sig: int | None = None, timeout: float = 20.0
+) -> tuple[int, dict[str, int]]:
     """SIGTERM (by pid) and wait; returns the exit code and the ``stats`` line's counters."""
     import signal as _signal
 

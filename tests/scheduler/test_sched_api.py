@@ -24,16 +24,20 @@ from airflow_provider_chasqui.errors import CodecError, ConfigError
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
 
 # Test vectors V10 and V11 of the wire spec (section 23): StoredSpec bytes.
-V10 = bytes.fromhex("""
+V10 = bytes.fromhex(
+    """
 98 b3 72 65 70 6f 72 74 3a 3a 65 76 65 72 79 3a 36 30 30 30 30 a6 72 65 70 6f 72 74 81 a5 45 76
 65 72 79 91 cd ea 60 c4 16 c4 14 81 a2 74 6f af 61 64 61 40 65 78 61 6d 70 6c 65 2e 63 6f 6d c0
-c0 c0 00""".replace("\n", " "))
-V11 = bytes.fromhex("""
+c0 c0 00""".replace("\n", " ")
+)
+V11 = bytes.fromhex(
+    """
 99 d9 28 6e 69 67 68 74 6c 79 3a 3a 63 72 6f 6e 3a 30 20 32 20 2a 20 2a 20 2a 3a 41 6d 65 72 69
 63 61 2f 4e 65 77 5f 59 6f 72 6b a7 6e 69 67 68 74 6c 79 81 a4 43 72 6f 6e 92 a9 30 20 32 20 2a
 20 2a 20 2a b0 41 6d 65 72 69 63 61 2f 4e 65 77 5f 59 6f 72 6b c4 16 c4 14 81 a2 74 6f af 61 64
 61 40 65 78 61 6d 70 6c 65 2e 63 6f 6d 0a c0 cf 00 00 01 b8 da c5 b4 00 00 81 a7 46 69 72 65 41
-6c 6c 91 64""".replace("\n", " "))
+6c 6c 91 64""".replace("\n", " ")
+)
 
 
 @pytest.fixture
@@ -54,6 +58,7 @@ def now_ms() -> int:
 
 # ---- upsert --------------------------------------------------------------------------------
 
+
 def test_upsert_stores_v10_bytes_and_returns_the_key(q: SyncQueue, r: redis.Redis) -> None:
     before = now_ms()
     job = q.upsert_repeatable_job("report", {"to": "ada@example.com"}, repeat=RepeatPattern.every(60_000))
@@ -67,8 +72,12 @@ def test_upsert_stores_v10_bytes_and_returns_the_key(q: SyncQueue, r: redis.Redi
 
 
 async def test_upsert_stores_v11_bytes_from_both_twins(redis_url: str, queue_name: str, r: redis.Redis) -> None:
-    kwargs = dict(repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"), limit=10,
-                  end_before_ms=1_893_456_000_000, missed_fires=MissedFiresPolicy.fire_all(100))
+    kwargs = dict(
+        repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"),
+        limit=10,
+        end_before_ms=1_893_456_000_000,
+        missed_fires=MissedFiresPolicy.fire_all(100),
+    )
     k = QueueKeys.for_queue(queue_name)
     async with Queue(queue_name, redis_url=redis_url) as aq:
         job = await aq.upsert_repeatable_job("nightly", {"to": "ada@example.com"}, **kwargs)
@@ -83,9 +92,15 @@ async def test_upsert_stores_v11_bytes_from_both_twins(redis_url: str, queue_nam
 def test_upsert_with_every_option(q: SyncQueue, r: redis.Redis) -> None:
     start = datetime(2030, 1, 1, tzinfo=UTC)
     job = q.upsert_repeatable_job(
-        "nightly", [1, 2], repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"), limit=10,
-        start_after=start, end_before_ms=1_924_992_000_000, missed_fires=MissedFiresPolicy.fire_all(100),
-        attempts=5, backoff=BackoffSpec.exponential(250, multiplier=3.0, max_ms=10_000, jitter_ms=50),
+        "nightly",
+        [1, 2],
+        repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"),
+        limit=10,
+        start_after=start,
+        end_before_ms=1_924_992_000_000,
+        missed_fires=MissedFiresPolicy.fire_all(100),
+        attempts=5,
+        backoff=BackoffSpec.exponential(250, multiplier=3.0, max_ms=10_000, jitter_ms=50),
         deadline=timedelta(minutes=2),
     )
     assert job.id == "nightly::cron:0 2 * * *:America/New_York"
@@ -100,23 +115,32 @@ def test_upsert_with_every_option(q: SyncQueue, r: redis.Redis) -> None:
     assert ext.retry is not None and ext.retry.max_attempts == 5 and ext.deadline_ms == 120_000
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"repeat": RepeatPattern(kind="cron", expression="61 * * * *")}, "invalid cron"),
-    ({"repeat": {"kind": "cron", "expression": "* * *"}}, "expected 5 fields"),
-    ({"repeat": {"kind": "cron", "expression": "0 2 * * *", "tz": "Mars/Olympus"}}, "unknown timezone"),
-    ({"repeat": {"kind": "every", "interval_ms": 0}}, "interval_ms must be an int > 0"),
-    ({"repeat": {"kind": "every", "interval_ms": -5}}, "interval_ms must be an int > 0"),
-    ({"repeat": RepeatPattern.every(1000), "start_after_ms": 2_000_000_000_000, "end_before_ms": 1_999_000_000_000},
-     "must be after start_after"),
-    ({"repeat": RepeatPattern.every(1000), "end_before_ms": 1_000}, "in the past"),
-    ({"repeat": RepeatPattern.cron("0 0 30 2 *")}, "no future fire"),
-    ({"repeat": RepeatPattern.every(86_400_000), "end_before_ms": now_ms() + 43_200_000}, "after end_before"),
-    ({"repeat": RepeatPattern.every(1000), "limit": 0}, "limit must be a positive int"),
-    ({"repeat": RepeatPattern.every(1000), "deadline": 0}, "deadline must be at least 1 ms"),
-    ({"repeat": RepeatPattern.every(1000), "start_after": 5, "start_after_ms": 5}, "either start_after"),
-    ({"repeat": None}, "repeat is required"),
-    ({"repeat": RepeatPattern.every(1000), "missed_fires": "sometimes"}, "unknown missed_fires"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"repeat": RepeatPattern(kind="cron", expression="61 * * * *")}, "invalid cron"),
+        ({"repeat": {"kind": "cron", "expression": "* * *"}}, "expected 5 fields"),
+        ({"repeat": {"kind": "cron", "expression": "0 2 * * *", "tz": "Mars/Olympus"}}, "unknown timezone"),
+        ({"repeat": {"kind": "every", "interval_ms": 0}}, "interval_ms must be an int > 0"),
+        ({"repeat": {"kind": "every", "interval_ms": -5}}, "interval_ms must be an int > 0"),
+        (
+            {
+                "repeat": RepeatPattern.every(1000),
+                "start_after_ms": 2_000_000_000_000,
+                "end_before_ms": 1_999_000_000_000,
+            },
+            "must be after start_after",
+        ),
+        ({"repeat": RepeatPattern.every(1000), "end_before_ms": 1_000}, "in the past"),
+        ({"repeat": RepeatPattern.cron("0 0 30 2 *")}, "no future fire"),
+        ({"repeat": RepeatPattern.every(86_400_000), "end_before_ms": now_ms() + 43_200_000}, "after end_before"),
+        ({"repeat": RepeatPattern.every(1000), "limit": 0}, "limit must be a positive int"),
+        ({"repeat": RepeatPattern.every(1000), "deadline": 0}, "deadline must be at least 1 ms"),
+        ({"repeat": RepeatPattern.every(1000), "start_after": 5, "start_after_ms": 5}, "either start_after"),
+        ({"repeat": None}, "repeat is required"),
+        ({"repeat": RepeatPattern.every(1000), "missed_fires": "sometimes"}, "unknown missed_fires"),
+    ],
+)
 def test_bad_specs_fail_at_upsert_and_write_nothing(q: SyncQueue, r: redis.Redis, kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         q.upsert_repeatable_job("bad", {}, **kwargs)
@@ -147,9 +171,11 @@ def test_job_id_is_ignored_and_add_with_repeat_upserts(q: SyncQueue) -> None:
 
 # ---- read, pause, resume, trigger, remove ----------------------------------------------------
 
+
 def test_list_pages_cover_every_spec_once_active_then_paused(q: SyncQueue) -> None:
-    q.upsert_repeatable_bulk([{"name": "s", "data": i, "key": f"k{i:04}", "repeat": RepeatPattern.every(60_000)}
-                              for i in range(1050)])
+    q.upsert_repeatable_bulk(
+        [{"name": "s", "data": i, "key": f"k{i:04}", "repeat": RepeatPattern.every(60_000)} for i in range(1050)]
+    )
     for i in range(0, 1050, 7):
         assert q.pause_repeatable(f"k{i:04}")
     seen: list[RepeatableInfo] = []
@@ -260,9 +286,18 @@ def fires_of(url: str, queue: str) -> list[bytes]:
 
 # ---- twins ---------------------------------------------------------------------------------
 
-SPEC_METHODS = ("upsert_repeatable_job", "upsert_repeatable_bulk", "get_repeatable_job", "get_repeatable_jobs",
-                "list_repeatable", "remove_repeatable_by_key", "pause_repeatable", "resume_repeatable",
-                "trigger_repeatable", "get_quarantined")
+SPEC_METHODS = (
+    "upsert_repeatable_job",
+    "upsert_repeatable_bulk",
+    "get_repeatable_job",
+    "get_repeatable_jobs",
+    "list_repeatable",
+    "remove_repeatable_by_key",
+    "pause_repeatable",
+    "resume_repeatable",
+    "trigger_repeatable",
+    "get_quarantined",
+)
 
 
 @pytest.mark.parametrize(("async_cls", "sync_cls"), [(Queue, SyncQueue), (ShardedQueue, SyncShardedQueue)])

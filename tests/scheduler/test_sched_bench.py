@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_scheduler_smoke(tmp_path: Path) -> None:
     out = tmp_path / "scheduler.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_scheduler.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler.py"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["mode"] == "smoke" and data["redis_version"]

@@ -50,8 +50,15 @@ async def driver(redis_url: str) -> AsyncIterator[AsyncDriver]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("pattern", [RepeatPattern.every(7 * SECOND), RepeatPattern.cron("*/7 * * * * *"),
-                                     RepeatPattern.cron("0 9 * * 1-5", tz="Europe/Madrid")], ids=str)
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        RepeatPattern.every(7 * SECOND),
+        RepeatPattern.cron("*/7 * * * * *"),
+        RepeatPattern.cron("0 9 * * 1-5", tz="Europe/Madrid"),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("piece", [1, 3, 250, 1000])
 def test_pieces_of_a_catch_up_add_up_to_the_whole_plan(pattern: RepeatPattern, piece: int) -> None:
     """Planning a backlog piece by piece (each from the cursor the last returned) gives the
@@ -72,12 +79,22 @@ def test_pieces_of_a_catch_up_add_up_to_the_whole_plan(pattern: RepeatPattern, p
 
 @pytest.mark.timeout(300)
 async def test_a_capped_fire_all_backlog_is_planned_in_pieces_and_fires_each_window_once(
-        q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     # a per-second cron whose score is 3 hours stale: 10,800 windows, replayed up to the cap
-    backlog = q.upsert_repeatable_job("backlog", 0, repeat=RepeatPattern.cron("* * * * * *"), key="backlog",
-                                      missed_fires=MissedFiresPolicy.fire_all(2**32 - 1)).id
-    q.upsert_repeatable_bulk([{"name": f"n{i}", "data": i, "repeat": RepeatPattern.every(60 * SECOND + i),
-                               "key": f"n{i}"} for i in range(NORMAL)])
+    backlog = q.upsert_repeatable_job(
+        "backlog",
+        0,
+        repeat=RepeatPattern.cron("* * * * * *"),
+        key="backlog",
+        missed_fires=MissedFiresPolicy.fire_all(2**32 - 1),
+    ).id
+    q.upsert_repeatable_bulk(
+        [
+            {"name": f"n{i}", "data": i, "repeat": RepeatPattern.every(60 * SECOND + i), "key": f"n{i}"}
+            for i in range(NORMAL)
+        ]
+    )
     now = (time.time_ns() // 1_000_000 // SECOND + 4 * 3600) * SECOND + 321  # off the second boundary
     stale = now - 321 - 3 * 3600 * SECOND
     r.zadd(q.keys.repeat, {backlog: stale})
@@ -124,8 +141,10 @@ async def test_a_capped_fire_all_backlog_is_planned_in_pieces_and_fires_each_win
     # the piece before it is fenced), then the ordinary specs a chunk of 250 at a time
     assert result.chunks == FIRE_ALL_LIST_CAP // FIRE_BUDGET + -(-NORMAL // s.core.chunk)
     assert len(cpu_gaps) >= result.chunks  # the loop turned between the chunks
-    print(f"\nlongest loop step {max(cpu_gaps) * 1000:.1f} ms of CPU, worst 5 ms-timer lateness "
-          f"{max(wall_gaps) * 1000:.1f} ms, {result.chunks} chunks")
+    print(
+        f"\nlongest loop step {max(cpu_gaps) * 1000:.1f} ms of CPU, worst 5 ms-timer lateness "
+        f"{max(wall_gaps) * 1000:.1f} ms, {result.chunks} chunks"
+    )
     # a piece of 1,000 cron windows measures ~20 ms of CPU (the unchunked tick: ~200 ms); the
     # bound is loose so a loaded 2-core box does not flake, and still far below the old step
     assert max(cpu_gaps) < 0.1, f"the loop was blocked for {max(cpu_gaps) * 1000:.0f} ms of CPU"
@@ -145,11 +164,18 @@ async def test_a_capped_fire_all_backlog_is_planned_in_pieces_and_fires_each_win
 
 @pytest.mark.timeout(120)
 async def test_a_backlog_cut_short_by_its_limit_counts_no_lost_fences(
-        q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     """``limit`` ends the spec inside the first piece: the later pieces find it gone, which is
     no lost fence; the ordinary spec after it still fires."""
-    capped = q.upsert_repeatable_job("capped", 0, repeat=RepeatPattern.every(SECOND), key="capped", limit=1500,
-                                     missed_fires=MissedFiresPolicy.fire_all(5000)).id
+    capped = q.upsert_repeatable_job(
+        "capped",
+        0,
+        repeat=RepeatPattern.every(SECOND),
+        key="capped",
+        limit=1500,
+        missed_fires=MissedFiresPolicy.fire_all(5000),
+    ).id
     other = q.upsert_repeatable_job("other", 0, repeat=RepeatPattern.every(SECOND), key="other").id
     first = int(r.zscore(q.keys.repeat, capped))
     now = first + 4000 * SECOND + 10

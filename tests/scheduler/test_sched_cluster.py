@@ -41,11 +41,18 @@ async def test_sharded_schedules_on_a_cluster(cluster: Cluster, caplog: pytest.L
         seen[job.data["k"]].append(fire_time_of(job.id))
 
     async with ShardedQueue(name, SHARDS, redis_url=cluster.url) as sq:
-        keys = await sq.upsert_repeatable_bulk([
-            {"name": "tick", "data": {"k": f"s{i}"}, "key": f"s{i}", "repeat": RepeatPattern.every(500),
-             "missed_fires": MissedFiresPolicy.fire_all(100)}  # late ticks on a busy machine replay, not skip
-            for i in range(SPECS)
-        ])
+        keys = await sq.upsert_repeatable_bulk(
+            [
+                {
+                    "name": "tick",
+                    "data": {"k": f"s{i}"},
+                    "key": f"s{i}",
+                    "repeat": RepeatPattern.every(500),
+                    "missed_fires": MissedFiresPolicy.fire_all(100),
+                }  # late ticks on a busy machine replay, not skip
+                for i in range(SPECS)
+            ]
+        )
         assert keys == [f"s{i}" for i in range(SPECS)]
         per_shard = collections.Counter(shard_of(k, SHARDS) for k in keys)
         assert len(per_shard) == SHARDS and min(per_shard.values()) > SPECS // SHARDS // 3
@@ -73,8 +80,9 @@ async def test_sharded_schedules_on_a_cluster(cluster: Cluster, caplog: pytest.L
         assert sorted(i.key for i in listed) == sorted(f"s{i}" for i in range(SPECS))
         assert len(await sq.get_repeatable_jobs(50)) == 50
 
-        worker = ShardedWorker(name, handler, shards=SHARDS, redis_url=cluster.url, concurrency=20,
-                               read_block_ms=200, events_enabled=False)
+        worker = ShardedWorker(
+            name, handler, shards=SHARDS, redis_url=cluster.url, concurrency=20, read_block_ms=200, events_enabled=False
+        )
         task = asyncio.create_task(worker.run())
         try:
             await asyncio.sleep(3.0)
@@ -95,8 +103,9 @@ async def test_sharded_schedules_on_a_cluster(cluster: Cluster, caplog: pytest.L
 
 def test_sync_sharded_queue_on_a_cluster(cluster: Cluster) -> None:
     with SyncShardedQueue("cl-sync", 3, redis_url=cluster.url) as sq:
-        keys = sq.upsert_repeatable_bulk([{"name": "n", "data": i, "repeat": RepeatPattern.every(60_000 + i)}
-                                          for i in range(30)])
+        keys = sq.upsert_repeatable_bulk(
+            [{"name": "n", "data": i, "repeat": RepeatPattern.every(60_000 + i)} for i in range(30)]
+        )
         assert len(set(keys)) == 30
         fired = sq.trigger_repeatable(keys[0])
         assert fired is not None and fired.data == 0

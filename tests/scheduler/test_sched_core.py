@@ -24,13 +24,28 @@ CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 patterns = st.one_of(
     st.integers(1, 2**64 - 1).map(RepeatPattern.every),
     st.sampled_from(["* * * * *", "0 2 * * *", "*/15 * * * * *", "0 9 * * 1-5"]).flatmap(
-        lambda e: st.sampled_from([None, "UTC", "America/New_York", "+05:30"]).map(lambda tz: RepeatPattern.cron(e, tz=tz))),
+        lambda e: st.sampled_from([None, "UTC", "America/New_York", "+05:30"]).map(
+            lambda tz: RepeatPattern.cron(e, tz=tz)
+        )
+    ),
 )
-policies = st.one_of(st.just(MissedFiresPolicy.skip()), st.just(MissedFiresPolicy.fire_once()),
-                     st.integers(1, 2**32 - 1).map(MissedFiresPolicy.fire_all))
+policies = st.one_of(
+    st.just(MissedFiresPolicy.skip()),
+    st.just(MissedFiresPolicy.fire_once()),
+    st.integers(1, 2**32 - 1).map(MissedFiresPolicy.fire_all),
+)
 opt_u64 = st.one_of(st.none(), st.integers(0, 2**64 - 1))
-specs = st.builds(StoredSpec, st.text(max_size=40), st.text(max_size=20), patterns, st.binary(max_size=70_000),
-                  opt_u64, opt_u64, opt_u64, policies)
+specs = st.builds(
+    StoredSpec,
+    st.text(max_size=40),
+    st.text(max_size=20),
+    patterns,
+    st.binary(max_size=70_000),
+    opt_u64,
+    opt_u64,
+    opt_u64,
+    policies,
+)
 
 
 def reference_ulid(spec_key: str, fire_at_ms: int) -> str:
@@ -62,17 +77,31 @@ def test_fire_ids_are_canonical_deterministic_ulids() -> None:
 def test_fast_decode_equals_the_reference_decoder(spec: StoredSpec) -> None:
     raw = spec.encode()
     assert StoredSpec.decode(raw) == spec
-    want = (spec.key, spec.job_name, spec.pattern, spec.payload_inner, spec.limit, spec.start_after_ms,
-            spec.end_before_ms, spec.missed_fires)
+    want = (
+        spec.key,
+        spec.job_name,
+        spec.pattern,
+        spec.payload_inner,
+        spec.limit,
+        spec.start_after_ms,
+        spec.end_before_ms,
+        spec.missed_fires,
+    )
     assert tuple(_decode_spec(raw))[:8] == want
     assert tuple(_decode_spec(raw))[:8] == want  # the cached pattern/policy path too
 
 
-@pytest.mark.parametrize("raw", [b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb(["k", "n", {"Every": [0]}, b"\xc4\x00",
-                                                                                     None, None, None, 0]),
-                                 msgpack.packb(["k", "n", {"Every": [5]}, b"\xc4\x05ab", None, None, None, 0]),
-                                 msgpack.packb(["k", "n", {"Every": [5]}, b"\xc4\x00", -1, None, None, 0]),
-                                 msgpack.packb(["k", "n", {"Every": [5]}, b"\xc4\x00", None, None, None, 0, "Never"])])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xc1",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb(["k", "n", {"Every": [0]}, b"\xc4\x00", None, None, None, 0]),
+        msgpack.packb(["k", "n", {"Every": [5]}, b"\xc4\x05ab", None, None, None, 0]),
+        msgpack.packb(["k", "n", {"Every": [5]}, b"\xc4\x00", -1, None, None, 0]),
+        msgpack.packb(["k", "n", {"Every": [5]}, b"\xc4\x00", None, None, None, 0, "Never"]),
+    ],
+)
 def test_fast_decode_rejects_what_the_reference_rejects(raw: bytes) -> None:
     with pytest.raises(CodecError):
         StoredSpec.decode(raw)
@@ -94,17 +123,32 @@ def test_fast_decode_cache_never_confuses_true_or_floats_with_ints() -> None:
 @settings(max_examples=200, deadline=None)
 @given(spec=specs)
 def test_fast_encode_equals_storedspec_encode(spec: StoredSpec) -> None:
-    assert _encode_spec(spec.key, spec.job_name, spec.pattern, spec.payload_inner, spec.limit, spec.start_after_ms,
-                        spec.end_before_ms, spec.missed_fires) == spec.encode()
+    assert (
+        _encode_spec(
+            spec.key,
+            spec.job_name,
+            spec.pattern,
+            spec.payload_inner,
+            spec.limit,
+            spec.start_after_ms,
+            spec.end_before_ms,
+            spec.missed_fires,
+        )
+        == spec.encode()
+    )
 
 
 def test_bulk_fast_path_gives_the_same_bytes_as_prepare() -> None:
     flows = SpecFlows("q")
-    items = [{"name": "n", "data": {"i": i}, "repeat": RepeatPattern.every(1000 + i % 3), "key": None if i % 2 else f"k{i}"}
-             for i in range(20)]
+    items = [
+        {"name": "n", "data": {"i": i}, "repeat": RepeatPattern.every(1000 + i % 3), "key": None if i % 2 else f"k{i}"}
+        for i in range(20)
+    ]
     # payloads around the bin8/bin16 edges, cron in a zone, a non-ASCII name, an ext (general path)
-    items += [{"name": "ñandú" * 3, "data": "x" * size, "repeat": RepeatPattern.cron("0 3 * * *", tz="Europe/Madrid")}
-              for size in (0, 249, 250, 251, 252, 253, 300, 70_000)]
+    items += [
+        {"name": "ñandú" * 3, "data": "x" * size, "repeat": RepeatPattern.cron("0 3 * * *", tz="Europe/Madrid")}
+        for size in (0, 249, 250, 251, 252, 253, 300, 70_000)
+    ]
     items += [{"name": "n", "data": 1, "repeat": RepeatPattern.every(5000), "key": "with-ext", "attempts": 3}]
     fast = flows.prepare_bulk(items, now=1_000)
     slow = [flows.prepare(**item, now=1_000) for item in items]
@@ -141,8 +185,15 @@ def test_coercion_accepts_chasquimq_and_dict_forms() -> None:
 def test_prepare_accepts_datetimes_and_timedeltas() -> None:
     flows = SpecFlows("q")
     start = datetime(2030, 1, 1, 12, tzinfo=UTC)
-    p = flows.prepare("n", 1, repeat=RepeatPattern.every(1000), start_after=start.replace(tzinfo=None),
-                      end_before=start + timedelta(days=1), deadline=timedelta(seconds=90), now=0)
+    p = flows.prepare(
+        "n",
+        1,
+        repeat=RepeatPattern.every(1000),
+        start_after=start.replace(tzinfo=None),
+        end_before=start + timedelta(days=1),
+        deadline=timedelta(seconds=90),
+        now=0,
+    )
     spec = StoredSpec.decode(p.spec)
     assert (spec.start_after_ms, spec.end_before_ms) == (1_893_499_200_000, 1_893_585_600_000)
     assert p.next_fire_ms == 1_893_499_201_000 and SpecExt.decode(p.ext).deadline_ms == 90_000

@@ -42,8 +42,17 @@ def test_sync_stream_runs_calls_in_order_and_survives_a_producer_error(private_u
             assert r.lrange(key, 0, -1) == [b"0", b"1", b"2", b"3", b"4", b"0", b"1", b"2"]  # sent ones ran
             r.script_flush()
         lock = QueueKeys.for_queue(queue_name).scheduler_lock
-        got = d.run(_flow(Stream([script_call("acquire_lock", (lock,), ("a", 5)), command("LLEN", key),
-                                  script_call("acquire_lock", (lock,), ("b", 5))])))
+        got = d.run(
+            _flow(
+                Stream(
+                    [
+                        script_call("acquire_lock", (lock,), ("a", 5)),
+                        command("LLEN", key),
+                        script_call("acquire_lock", (lock,), ("b", 5)),
+                    ]
+                )
+            )
+        )
         assert got == [1, 8, 0]  # NOSCRIPT: loaded and the missing calls re-run
         assert d.call(command("PING")) == b"PONG"  # the pooled connection is clean
     finally:

@@ -64,6 +64,7 @@ def ms(dt: datetime) -> int:
 
 # ---- DST matrix ------------------------------------------------------------------------------
 
+
 def expected_daily(zone: str, hour: int, minute: int, day: date) -> int:
     """The instant a daily ``minute hour * * *`` cron fires on local ``day``, worked out
     independently: a nonexistent time fires at the end of the gap, an ambiguous one once,
@@ -88,20 +89,23 @@ DST_CASES = [
     ("America/New_York", 1, 30, date(2027, 11, 7), "overlap"),
     ("Europe/Madrid", 2, 30, date(2027, 3, 28), "gap"),
     ("Europe/Madrid", 2, 30, date(2027, 10, 31), "overlap"),
-    ("Australia/Lord_Howe", 2, 15, date(2027, 10, 3), "gap"),      # 30-minute shift: 02:00 -> 02:30
-    ("Australia/Lord_Howe", 1, 45, date(2027, 4, 4), "overlap"),   # 02:00 -> 01:30
+    ("Australia/Lord_Howe", 2, 15, date(2027, 10, 3), "gap"),  # 30-minute shift: 02:00 -> 02:30
+    ("Australia/Lord_Howe", 1, 45, date(2027, 4, 4), "overlap"),  # 02:00 -> 01:30
     ("+05:30", 2, 30, date(2027, 3, 14), "fixed"),
     ("UTC", 2, 30, date(2027, 3, 14), "fixed"),
 ]
 
 
-@pytest.mark.parametrize(("zone", "hour", "minute", "day", "kind"), DST_CASES,
-                         ids=[f"{c[0]}-{c[4]}" for c in DST_CASES])
-async def test_dst_matrix_fires_once_per_local_day(q: SyncQueue, r: redis.Redis, driver: AsyncDriver, zone: str,
-                                                   hour: int, minute: int, day: date, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("zone", "hour", "minute", "day", "kind"), DST_CASES, ids=[f"{c[0]}-{c[4]}" for c in DST_CASES]
+)
+async def test_dst_matrix_fires_once_per_local_day(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver, zone: str, hour: int, minute: int, day: date, kind: str
+) -> None:
     start = ms(datetime(day.year, day.month, day.day, tzinfo=UTC) - timedelta(days=3))
-    key = q.upsert_repeatable_job("dst", {"zone": zone}, repeat=RepeatPattern.cron(f"{minute} {hour} * * *", tz=zone),
-                                  start_after_ms=start).id
+    key = q.upsert_repeatable_job(
+        "dst", {"zone": zone}, repeat=RepeatPattern.cron(f"{minute} {hour} * * *", tz=zone), start_after_ms=start
+    ).id
     clock = FakeClock(start)
     s = make(driver, q.name, clock)
     for _ in range(7 * 24 * 4):  # a week of 15-minute ticks
@@ -135,14 +139,19 @@ async def test_six_field_cron_with_seconds(q: SyncQueue, r: redis.Redis, driver:
 
 # ---- missed fires, limits, deadlines ----------------------------------------------------------
 
-@pytest.mark.parametrize(("policy", "expect_fires", "expect_next_offset"), [
-    (None, [], 11_000),
-    (MissedFiresPolicy.fire_once(), [0], 11_000),
-    (MissedFiresPolicy.fire_all(3), [0, 1000, 2000], 11_000),
-    (MissedFiresPolicy.fire_all(100), list(range(0, 10_001, 1000)), 11_000),
-])
-async def test_missed_fire_policies_after_downtime(q: SyncQueue, r: redis.Redis, driver: AsyncDriver, policy: Any,
-                                                  expect_fires: list[int], expect_next_offset: int) -> None:
+
+@pytest.mark.parametrize(
+    ("policy", "expect_fires", "expect_next_offset"),
+    [
+        (None, [], 11_000),
+        (MissedFiresPolicy.fire_once(), [0], 11_000),
+        (MissedFiresPolicy.fire_all(3), [0, 1000, 2000], 11_000),
+        (MissedFiresPolicy.fire_all(100), list(range(0, 10_001, 1000)), 11_000),
+    ],
+)
+async def test_missed_fire_policies_after_downtime(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver, policy: Any, expect_fires: list[int], expect_next_offset: int
+) -> None:
     key = q.upsert_repeatable_job("m", 1, repeat=RepeatPattern.every(SECOND), missed_fires=policy).id
     first = int(r.zscore(q.keys.repeat, key))
     clock = FakeClock(first + 10_500)  # the scheduler was down for ten windows
@@ -152,12 +161,13 @@ async def test_missed_fire_policies_after_downtime(q: SyncQueue, r: redis.Redis,
     assert r.zscore(q.keys.repeat, key) == first + expect_next_offset  # from the timeline, not from now
     clock.advance(600)
     await tick(s)
-    assert fire_times(r, q.name)[len(expect_fires):] == [first + 11_000]  # back on the fast path
+    assert fire_times(r, q.name)[len(expect_fires) :] == [first + 11_000]  # back on the fast path
 
 
 async def test_cron_fire_all_replays_missed_minutes(q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
-    key = q.upsert_repeatable_job("c", 1, repeat=RepeatPattern.cron("* * * * *"),
-                                  missed_fires=MissedFiresPolicy.fire_all(100)).id
+    key = q.upsert_repeatable_job(
+        "c", 1, repeat=RepeatPattern.cron("* * * * *"), missed_fires=MissedFiresPolicy.fire_all(100)
+    ).id
     first = int(r.zscore(q.keys.repeat, key))
     clock = FakeClock(first + 5 * 60_000 + 30_000)
     await tick(make(driver, q.name, clock))
@@ -165,8 +175,9 @@ async def test_cron_fire_all_replays_missed_minutes(q: SyncQueue, r: redis.Redis
     assert r.zscore(q.keys.repeat, key) == first + 6 * 60_000
 
 
-async def test_next_fire_comes_from_the_scheduled_time_not_from_now(q: SyncQueue, r: redis.Redis,
-                                                                    driver: AsyncDriver) -> None:
+async def test_next_fire_comes_from_the_scheduled_time_not_from_now(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     key = q.upsert_repeatable_job("lag", 1, repeat=RepeatPattern.every(10 * SECOND)).id
     first = int(r.zscore(q.keys.repeat, key))
     clock = FakeClock(first + 7_300)  # 7.3 s late: the chain must not lag behind
@@ -178,8 +189,9 @@ async def test_next_fire_comes_from_the_scheduled_time_not_from_now(q: SyncQueue
 async def test_limit_and_end_before_end_a_spec(q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
     lim = q.upsert_repeatable_job("lim", 1, repeat=RepeatPattern.every(SECOND), limit=3).id
     first = int(r.zscore(q.keys.repeat, lim))
-    end = q.upsert_repeatable_job("end", 1, repeat=RepeatPattern.every(SECOND), end_before_ms=first + 2_500,
-                                  key="end").id
+    end = q.upsert_repeatable_job(
+        "end", 1, repeat=RepeatPattern.every(SECOND), end_before_ms=first + 2_500, key="end"
+    ).id
     clock = FakeClock(first)
     s = make(driver, q.name, clock)
     for _ in range(8):
@@ -196,8 +208,9 @@ async def test_limit_and_end_before_end_a_spec(q: SyncQueue, r: redis.Redis, dri
 
 
 async def test_deadline_skips_late_fires_and_counts_them(q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
-    key = q.upsert_repeatable_job("dl", 1, repeat=RepeatPattern.every(SECOND), deadline=500,
-                                  missed_fires=MissedFiresPolicy.fire_all(10)).id
+    key = q.upsert_repeatable_job(
+        "dl", 1, repeat=RepeatPattern.every(SECOND), deadline=500, missed_fires=MissedFiresPolicy.fire_all(10)
+    ).id
     first = int(r.zscore(q.keys.repeat, key))
     s = make(driver, q.name, FakeClock(first + 3_300))
     result = await tick(s)
@@ -209,8 +222,13 @@ async def test_deadline_skips_late_fires_and_counts_them(q: SyncQueue, r: redis.
 
 
 async def test_retry_override_reaches_every_fired_envelope(q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
-    key = q.upsert_repeatable_job("ov", {"a": 1}, repeat=RepeatPattern.every(SECOND), attempts=7,
-                                  backoff=BackoffSpec.exponential(250, multiplier=3.0, max_ms=10_000, jitter_ms=50)).id
+    key = q.upsert_repeatable_job(
+        "ov",
+        {"a": 1},
+        repeat=RepeatPattern.every(SECOND),
+        attempts=7,
+        backoff=BackoffSpec.exponential(250, multiplier=3.0, max_ms=10_000, jitter_ms=50),
+    ).id
     plain = q.upsert_repeatable_job("plain", {"a": 2}, repeat=RepeatPattern.every(SECOND)).id
     first = int(r.zscore(q.keys.repeat, key))
     clock = FakeClock(first + 100)
@@ -237,8 +255,11 @@ async def test_worker_applies_the_specs_attempts(redis_url: str, queue_name: str
         raise ValueError("boom")
 
     async with Queue(queue_name, redis_url=redis_url) as aq:
-        key = (await aq.upsert_repeatable_job("fails", 1, repeat=RepeatPattern.every(300), attempts=2,
-                                              backoff=BackoffSpec.fixed(10), limit=1)).id
+        key = (
+            await aq.upsert_repeatable_job(
+                "fails", 1, repeat=RepeatPattern.every(300), attempts=2, backoff=BackoffSpec.fixed(10), limit=1
+            )
+        ).id
         worker = Worker(queue_name, handler, redis_url=redis_url, concurrency=2, read_block_ms=200)
         async with running(worker):
             dlq = await wait_until(lambda: aq.peek_dlq(), timeout=20, what="the fire to be dead-lettered")
@@ -249,12 +270,16 @@ async def test_worker_applies_the_specs_attempts(redis_url: str, queue_name: str
 
 # ---- bad stored data --------------------------------------------------------------------------
 
+
 async def test_quarantine_moves_undecodable_specs_aside_and_the_loop_goes_on(
-        q: SyncQueue, r: redis.Redis, driver: AsyncDriver, caplog: pytest.LogCaptureFixture) -> None:
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver, caplog: pytest.LogCaptureFixture
+) -> None:
     good = q.upsert_repeatable_job("good", 1, repeat=RepeatPattern.every(SECOND)).id
     first = int(r.zscore(q.keys.repeat, good))
     junk = msgpack.packb(["not", "a", "spec"])
-    bad_tz = StoredSpec("badtz", "x", RepeatPattern(kind="cron", expression="* * * * *", tz="Nowhere/Land"), b"\x01").encode()
+    bad_tz = StoredSpec(
+        "badtz", "x", RepeatPattern(kind="cron", expression="* * * * *", tz="Nowhere/Land"), b"\x01"
+    ).encode()
     r.zadd(q.keys.repeat, {"junk": first, "badtz": first, "dangling": first})
     r.hset(q.keys.repeat_spec("junk"), "spec", junk)
     r.hset(q.keys.repeat_spec("badtz"), "spec", bad_tz)
@@ -269,12 +294,14 @@ async def test_quarantine_moves_undecodable_specs_aside_and_the_loop_goes_on(
     assert not r.exists(q.keys.repeat_spec("junk"), q.keys.repeat_spec("badtz"))
 
 
-async def test_a_score_that_is_no_instant_re_anchors_a_valid_spec(q: SyncQueue, r: redis.Redis,
-                                                                  driver: AsyncDriver) -> None:
+async def test_a_score_that_is_no_instant_re_anchors_a_valid_spec(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     q.upsert_repeatable_job("a", 1, repeat=RepeatPattern.every(SECOND), key="inf")
-    q.upsert_repeatable_job("b", 1, repeat=RepeatPattern.cron("* * * * * *"), key="neg",
-                            missed_fires=MissedFiresPolicy.fire_all(2**32 - 1))
-    r.zadd(q.keys.repeat, {"inf": float("-inf"), "neg": -10**15})
+    q.upsert_repeatable_job(
+        "b", 1, repeat=RepeatPattern.cron("* * * * * *"), key="neg", missed_fires=MissedFiresPolicy.fire_all(2**32 - 1)
+    )
+    r.zadd(q.keys.repeat, {"inf": float("-inf"), "neg": -(10**15)})
     clock = FakeClock(time.time_ns() // 1_000_000)
     result = await tick(make(driver, q.name, clock))
     assert (result.fired, result.quarantined) == (0, [])
@@ -284,8 +311,9 @@ async def test_a_score_that_is_no_instant_re_anchors_a_valid_spec(q: SyncQueue, 
 
 
 async def test_fire_all_catch_up_is_bounded_per_tick(q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
-    key = q.upsert_repeatable_job("c", 1, repeat=RepeatPattern.cron("* * * * * *"),
-                                  missed_fires=MissedFiresPolicy.fire_all(2**32 - 1)).id
+    key = q.upsert_repeatable_job(
+        "c", 1, repeat=RepeatPattern.cron("* * * * * *"), missed_fires=MissedFiresPolicy.fire_all(2**32 - 1)
+    ).id
     first = int(r.zscore(q.keys.repeat, key))
     s = make(driver, q.name, FakeClock(first + 3 * 86_400_000))  # three days of seconds missed
     started = time.monotonic()
@@ -296,6 +324,7 @@ async def test_fire_all_catch_up_is_bounded_per_tick(q: SyncQueue, r: redis.Redi
 
 
 # ---- races --------------------------------------------------------------------------------------
+
 
 def run_call(driver: SyncDriver, call: Any) -> Any:
     """Execute one step of a core flow (a call, a pipeline or a stream)."""
@@ -324,8 +353,9 @@ def test_two_leaders_at_once_cannot_fire_a_window_twice(q: SyncQueue, r: redis.R
     d.close()
 
 
-def test_an_update_during_a_tick_wins_and_the_old_fire_never_happens(q: SyncQueue, r: redis.Redis,
-                                                                     redis_url: str) -> None:
+def test_an_update_during_a_tick_wins_and_the_old_fire_never_happens(
+    q: SyncQueue, r: redis.Redis, redis_url: str
+) -> None:
     key = q.upsert_repeatable_job("u", 1, repeat=RepeatPattern.every(SECOND), key="upd").id
     first = int(r.zscore(q.keys.repeat, key))
     d = SyncDriver(redis_url)
@@ -358,6 +388,7 @@ async def test_a_paused_spec_is_invisible_to_any_scheduler(q: SyncQueue, r: redi
 
 # ---- real time --------------------------------------------------------------------------------
 
+
 async def test_every_specs_fire_for_real_on_time(redis_url: str, queue_name: str, r: redis.Redis) -> None:
     class Metrics:
         calls: list[tuple[str, int, int]] = []
@@ -368,8 +399,9 @@ async def test_every_specs_fire_for_real_on_time(redis_url: str, queue_name: str
     metrics = Metrics()
     async with Queue(queue_name, redis_url=redis_url) as aq:
         for i in range(3):
-            await aq.upsert_repeatable_job(f"e{i}", i, repeat=RepeatPattern.every(300 + 100 * i),
-                                           missed_fires=MissedFiresPolicy.fire_all(10))  # a busy CI box may lag
+            await aq.upsert_repeatable_job(
+                f"e{i}", i, repeat=RepeatPattern.every(300 + 100 * i), missed_fires=MissedFiresPolicy.fire_all(10)
+            )  # a busy CI box may lag
         s = Scheduler(aq.driver, queue_name, metrics=metrics)
         task = asyncio.create_task(s.run())
         try:

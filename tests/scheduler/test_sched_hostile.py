@@ -83,8 +83,13 @@ def plant_hostile(q: SyncQueue, r: redis.Redis, at: int) -> dict[bytes, str]:
         key = f"type-{kind}".encode()
         r.zadd(q.keys.repeat, {key: at})
         h = spec_hash(q, key)
-        {"string": lambda h=h: r.set(h, "x"), "list": lambda h=h: r.rpush(h, "x"), "set": lambda h=h: r.sadd(h, "x"),
-         "zset": lambda h=h: r.zadd(h, {"x": 1}), "stream": lambda h=h: r.xadd(h, {"x": "y"})}[kind]()
+        {
+            "string": lambda h=h: r.set(h, "x"),
+            "list": lambda h=h: r.rpush(h, "x"),
+            "set": lambda h=h: r.sadd(h, "x"),
+            "zset": lambda h=h: r.zadd(h, {"x": 1}),
+            "stream": lambda h=h: r.xadd(h, {"x": "y"}),
+        }[kind]()
         bad[key] = kind
     member(b"fired-text", "fired", spec=valid_spec("fired-text"), fired="abc")
     member(b"fired-float", "fired", spec=valid_spec("fired-float"), fired="1.5")
@@ -104,7 +109,8 @@ async def tick(s: Scheduler) -> Any:
 
 @pytest.mark.timeout(180)
 async def test_hostile_entries_are_quarantined_and_every_other_spec_fires_once_per_window(
-        q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     good = [q.upsert_repeatable_job(f"g{i}", i, repeat=RepeatPattern.every(SECOND), key=f"g{i}").id for i in range(6)]
     first = int(min(r.zscore(q.keys.repeat, k) for k in good))
     for k in good:  # one timeline for all, so every window holds each spec once
@@ -139,12 +145,14 @@ async def test_hostile_entries_are_quarantined_and_every_other_spec_fires_once_p
 
 
 @pytest.mark.timeout(120)
-async def test_a_bad_counter_never_makes_its_chunk_fire_again(q: SyncQueue, r: redis.Redis,
-                                                             driver: AsyncDriver) -> None:
+async def test_a_bad_counter_never_makes_its_chunk_fire_again(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     """Issue #12 item 2: a non-integer ``fired`` in one spec used to make schedule_batch fail
     after its XADDs, before the rescoring ZADD: every tick fired the chunk's other specs again."""
-    keys = [q.upsert_repeatable_job(f"c{i}", i, repeat=RepeatPattern.every(60 * SECOND), key=f"c{i}").id
-            for i in range(4)]
+    keys = [
+        q.upsert_repeatable_job(f"c{i}", i, repeat=RepeatPattern.every(60 * SECOND), key=f"c{i}").id for i in range(4)
+    ]
     first = int(r.zscore(q.keys.repeat, keys[0]))
     for k in keys:
         r.zadd(q.keys.repeat, {k: first})
@@ -154,8 +162,9 @@ async def test_a_bad_counter_never_makes_its_chunk_fire_again(q: SyncQueue, r: r
         await tick(s)
     ids = Counter(f.envelope.id for f in fires(r, q.name))
     assert ids == {fire_job_id(k, first): 1 for k in ("c0", "c1", "c3")}
-    assert {k: r.zscore(q.keys.repeat, k) for k in ("c0", "c1", "c3")} == dict.fromkeys(("c0", "c1", "c3"),
-                                                                                       first + 60 * SECOND)
+    assert {k: r.zscore(q.keys.repeat, k) for k in ("c0", "c1", "c3")} == dict.fromkeys(
+        ("c0", "c1", "c3"), first + 60 * SECOND
+    )
     assert r.zscore(q.keys.repeat, "c2") is None and b"c2" in r.hgetall(q.keys.repeat_quarantine)
 
 
@@ -178,14 +187,16 @@ def run_tick(d: SyncDriver, queue: str, now: int, after_fetch: Any = None) -> An
 
 
 @pytest.mark.parametrize("corrupt", ["fired", "skipped", "type"])
-def test_a_counter_corrupted_between_read_and_fire_is_fenced(q: SyncQueue, r: redis.Redis, url: str,
-                                                             corrupt: str) -> None:
+def test_a_counter_corrupted_between_read_and_fire_is_fenced(
+    q: SyncQueue, r: redis.Redis, url: str, corrupt: str
+) -> None:
     """The counter or the key type changes after ``fetch_due`` read the spec: the script itself
     must keep every fire's fence (its rescore) and quarantine that spec alone."""
     once = MissedFiresPolicy.fire_once()
     q.upsert_repeatable_job("a", 1, repeat=RepeatPattern.every(SECOND), key="a", missed_fires=once)
-    q.upsert_repeatable_job("b", 1, repeat=RepeatPattern.every(SECOND), key="b", deadline=SECOND,
-                            missed_fires=MissedFiresPolicy.fire_all(5))
+    q.upsert_repeatable_job(
+        "b", 1, repeat=RepeatPattern.every(SECOND), key="b", deadline=SECOND, missed_fires=MissedFiresPolicy.fire_all(5)
+    )
     q.upsert_repeatable_job("c", 1, repeat=RepeatPattern.every(SECOND), key="c", missed_fires=once)
     first = int(r.zscore(q.keys.repeat, "a"))
     r.zadd(q.keys.repeat, {"a": first, "b": first, "c": first})
@@ -216,8 +227,14 @@ def test_a_counter_corrupted_between_read_and_fire_is_fenced(q: SyncQueue, r: re
 async def test_hostile_scores_are_isolated(q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
     q.upsert_repeatable_job("ok", 1, repeat=RepeatPattern.every(SECOND), key="ok")
     first = int(r.zscore(q.keys.repeat, "ok"))
-    for key, score in (("neg-inf", float("-inf")), ("pos-inf", float("inf")), ("negative", -1.5),
-                       ("tiny", 5e-324), ("huge", 1.7e308), ("frac", first + 0.5)):
+    for key, score in (
+        ("neg-inf", float("-inf")),
+        ("pos-inf", float("inf")),
+        ("negative", -1.5),
+        ("tiny", 5e-324),
+        ("huge", 1.7e308),
+        ("frac", first + 0.5),
+    ):
         q.upsert_repeatable_job(key, 1, repeat=RepeatPattern.cron("* * * * * *"), key=key)
         r.zadd(q.keys.repeat, {key: score})
     clock = FakeClock(first + 10)
@@ -235,8 +252,10 @@ async def test_hostile_scores_are_isolated(q: SyncQueue, r: redis.Redis, driver:
 
 # ---- the clock ----------------------------------------------------------------------------------
 
-async def test_the_scheduler_clock_is_redis_time(q: SyncQueue, r: redis.Redis, driver: AsyncDriver,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+
+async def test_the_scheduler_clock_is_redis_time(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A leader whose local clock runs an hour ahead must not fire anything early: "now" is
     the server's TIME, as the promoter's."""
     key = q.upsert_repeatable_job("t", 1, repeat=RepeatPattern.every(600 * SECOND), key="t").id
@@ -254,15 +273,22 @@ async def test_the_scheduler_clock_is_redis_time(q: SyncQueue, r: redis.Redis, d
 
 # ---- cost of a stale score ----------------------------------------------------------------------
 
-@pytest.mark.parametrize(("policy", "max_fires"), [
-    (None, 0), (MissedFiresPolicy.fire_once(), 1), (MissedFiresPolicy.fire_all(3), 3),
-    (MissedFiresPolicy.fire_all(2**32 - 1), 10_000),
-])
+
+@pytest.mark.parametrize(
+    ("policy", "max_fires"),
+    [
+        (None, 0),
+        (MissedFiresPolicy.fire_once(), 1),
+        (MissedFiresPolicy.fire_all(3), 3),
+        (MissedFiresPolicy.fire_all(2**32 - 1), 10_000),
+    ],
+)
 async def test_a_stale_cron_score_costs_o1_evaluations_and_rearms_on_the_boundary(
-        q: SyncQueue, r: redis.Redis, driver: AsyncDriver, monkeypatch: pytest.MonkeyPatch,
-        policy: Any, max_fires: int) -> None:
-    key = q.upsert_repeatable_job("stale", 1, repeat=RepeatPattern.cron("*/5 * * * *"), key="stale",
-                                  missed_fires=policy).id
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver, monkeypatch: pytest.MonkeyPatch, policy: Any, max_fires: int
+) -> None:
+    key = q.upsert_repeatable_job(
+        "stale", 1, repeat=RepeatPattern.cron("*/5 * * * *"), key="stale", missed_fires=policy
+    ).id
     nxt = int(r.zscore(q.keys.repeat, key))
     stale = nxt - 40 * 86_400_000  # a scheduler outage of 40 days
     r.zadd(q.keys.repeat, {key: stale})
@@ -286,9 +312,11 @@ async def test_a_stale_cron_score_costs_o1_evaluations_and_rearms_on_the_boundar
 
 # ---- the event loop -----------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(300)
-async def test_a_big_tick_yields_the_event_loop_between_chunks(q: SyncQueue, r: redis.Redis,
-                                                              driver: AsyncDriver) -> None:
+async def test_a_big_tick_yields_the_event_loop_between_chunks(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     """3,000 due specs, a third of them stale crons with patterns of their own: the tick plans
     at most a chunk (250 specs) between two yields, and no loop step takes long (the bound is
     generous: a chunk measures ~10-40 ms of CPU on a loaded 2-core box; the stale walk it
@@ -296,8 +324,7 @@ async def test_a_big_tick_yields_the_event_loop_between_chunks(q: SyncQueue, r: 
     n = 3000
     items = []
     for i in range(n):
-        rep = (RepeatPattern.cron(f"{i % 60} {(i // 60) % 24} * * *") if i % 3 == 0
-               else RepeatPattern.every(SECOND + i))
+        rep = RepeatPattern.cron(f"{i % 60} {(i // 60) % 24} * * *") if i % 3 == 0 else RepeatPattern.every(SECOND + i)
         items.append({"name": f"s{i}", "data": i, "repeat": rep, "key": f"s{i}"})
     q.upsert_repeatable_bulk(items)
     now = time.time_ns() // 1_000_000 + 90_000_000
@@ -335,13 +362,18 @@ async def test_a_big_tick_yields_the_event_loop_between_chunks(q: SyncQueue, r: 
     assert len(gaps) >= result.chunks  # the tick yielded between chunks
 
 
-async def test_catch_ups_of_many_windows_are_split_into_chunks(q: SyncQueue, r: redis.Redis,
-                                                               driver: AsyncDriver) -> None:
+async def test_catch_ups_of_many_windows_are_split_into_chunks(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     """A chunk ends at 250 specs or at 1,000 fires, a catch-up cut into pieces to fit: five
     fire-all specs replaying 600 windows each go in three calls of 1,000 fires, every window
     exactly once."""
-    keys = [q.upsert_repeatable_job(f"fa{i}", i, repeat=RepeatPattern.every(SECOND), key=f"fa{i}",
-                                    missed_fires=MissedFiresPolicy.fire_all(600)).id for i in range(5)]
+    keys = [
+        q.upsert_repeatable_job(
+            f"fa{i}", i, repeat=RepeatPattern.every(SECOND), key=f"fa{i}", missed_fires=MissedFiresPolicy.fire_all(600)
+        ).id
+        for i in range(5)
+    ]
     first = int(r.zscore(q.keys.repeat, keys[0]))
     r.zadd(q.keys.repeat, dict.fromkeys(keys, first))
     now = first + 10_000 * SECOND + 500
@@ -357,12 +389,18 @@ async def test_catch_ups_of_many_windows_are_split_into_chunks(q: SyncQueue, r: 
 
 @pytest.mark.timeout(120)
 async def test_a_running_scheduler_on_redis_time_isolates_hostile_entries_planted_while_it_runs(
-        q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver
+) -> None:
     """The real loop (Redis TIME, real sleeps): hostile entries appear before it starts and
     while it runs; every good spec fires each window once, in order, and the bad ones go."""
     interval = 300
-    good = [q.upsert_repeatable_job(f"r{i}", i, repeat=RepeatPattern.every(interval), key=f"r{i}",
-                                    missed_fires=MissedFiresPolicy.fire_all(50)).id for i in range(4)]
+    good = [
+        q.upsert_repeatable_job(
+            f"r{i}", i, repeat=RepeatPattern.every(interval), key=f"r{i}", missed_fires=MissedFiresPolicy.fire_all(50)
+        ).id
+        for i in range(4)
+    ]
+
     def now_server() -> int:
         sec, usec = r.time()
         return int(sec) * 1000 + int(usec) // 1000

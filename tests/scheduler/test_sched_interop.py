@@ -29,23 +29,48 @@ def q(redis_url: str, queue_name: str) -> Iterator[SyncQueue]:
         yield queue
 
 
-async def test_identical_specs_are_byte_identical(chasquimq, redis_url: str, queue_name: str, q: SyncQueue,
-                                                  r: redis.Redis) -> None:
+async def test_identical_specs_are_byte_identical(
+    chasquimq, redis_url: str, queue_name: str, q: SyncQueue, r: redis.Redis
+) -> None:
     theirs = chasquimq.Queue(queue_name, redis_url=redis_url)
     try:
         cases = [
-            ("report", {"to": "ada@example.com"}, dict(repeat=chasquimq.RepeatPattern.every(60_000)),
-             dict(repeat=RepeatPattern.every(60_000))),
-            ("nightly", {"to": "ada@example.com"},
-             dict(repeat=chasquimq.RepeatPattern.cron("0 2 * * *", tz="America/New_York"), limit=10,
-                  end_before_ms=1_893_456_000_000, missed_fires=chasquimq.MissedFiresPolicy.fire_all(100)),
-             dict(repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"), limit=10,
-                  end_before_ms=1_893_456_000_000, missed_fires=MissedFiresPolicy.fire_all(100))),
-            ("every-min", [1, 2.5, None, b"\x00"],
-             dict(repeat=chasquimq.RepeatPattern.cron("* * * * *"), start_after_ms=1_900_000_000_000,
-                  missed_fires=chasquimq.MissedFiresPolicy.fire_once()),
-             dict(repeat=RepeatPattern.cron("* * * * *"), start_after_ms=1_900_000_000_000,
-                  missed_fires=MissedFiresPolicy.fire_once())),
+            (
+                "report",
+                {"to": "ada@example.com"},
+                dict(repeat=chasquimq.RepeatPattern.every(60_000)),
+                dict(repeat=RepeatPattern.every(60_000)),
+            ),
+            (
+                "nightly",
+                {"to": "ada@example.com"},
+                dict(
+                    repeat=chasquimq.RepeatPattern.cron("0 2 * * *", tz="America/New_York"),
+                    limit=10,
+                    end_before_ms=1_893_456_000_000,
+                    missed_fires=chasquimq.MissedFiresPolicy.fire_all(100),
+                ),
+                dict(
+                    repeat=RepeatPattern.cron("0 2 * * *", tz="America/New_York"),
+                    limit=10,
+                    end_before_ms=1_893_456_000_000,
+                    missed_fires=MissedFiresPolicy.fire_all(100),
+                ),
+            ),
+            (
+                "every-min",
+                [1, 2.5, None, b"\x00"],
+                dict(
+                    repeat=chasquimq.RepeatPattern.cron("* * * * *"),
+                    start_after_ms=1_900_000_000_000,
+                    missed_fires=chasquimq.MissedFiresPolicy.fire_once(),
+                ),
+                dict(
+                    repeat=RepeatPattern.cron("* * * * *"),
+                    start_after_ms=1_900_000_000_000,
+                    missed_fires=MissedFiresPolicy.fire_once(),
+                ),
+            ),
         ]
         for name, data, their_kw, our_kw in cases:
             job = await theirs.upsert_repeatable_job(name, data, **their_kw)
@@ -60,11 +85,18 @@ async def test_identical_specs_are_byte_identical(chasquimq, redis_url: str, que
         await theirs.close()
 
 
-async def test_chasquimq_lists_and_removes_our_specs(chasquimq, redis_url: str, queue_name: str, q: SyncQueue,
-                                                   r: redis.Redis) -> None:
-    ours = q.upsert_repeatable_job("mine", {"x": 1}, repeat=RepeatPattern.cron("*/5 * * * *", tz="Europe/Madrid"),
-                                   attempts=3, deadline=60_000, limit=4,
-                                   missed_fires=MissedFiresPolicy.fire_once())
+async def test_chasquimq_lists_and_removes_our_specs(
+    chasquimq, redis_url: str, queue_name: str, q: SyncQueue, r: redis.Redis
+) -> None:
+    ours = q.upsert_repeatable_job(
+        "mine",
+        {"x": 1},
+        repeat=RepeatPattern.cron("*/5 * * * *", tz="Europe/Madrid"),
+        attempts=3,
+        deadline=60_000,
+        limit=4,
+        missed_fires=MissedFiresPolicy.fire_once(),
+    )
     paused = q.upsert_repeatable_job("hidden", 2, repeat=RepeatPattern.every(1000))
     q.pause_repeatable(paused.id)
     theirs = chasquimq.Queue(queue_name, redis_url=redis_url)
@@ -80,12 +112,18 @@ async def test_chasquimq_lists_and_removes_our_specs(chasquimq, redis_url: str, 
     assert q.get_repeatable_job(ours.id) is None and not r.exists(q.keys.repeat_spec(ours.id))
 
 
-async def test_we_read_fire_and_manage_chasquimq_specs(chasquimq, redis_url: str, queue_name: str, q: SyncQueue,
-                                                      r: redis.Redis) -> None:
+async def test_we_read_fire_and_manage_chasquimq_specs(
+    chasquimq, redis_url: str, queue_name: str, q: SyncQueue, r: redis.Redis
+) -> None:
     theirs = chasquimq.Queue(queue_name, redis_url=redis_url)
     try:
-        job = await theirs.upsert_repeatable_job("theirs", {"n": 7}, repeat=chasquimq.RepeatPattern.every(1000),
-                                                 limit=2, missed_fires=chasquimq.MissedFiresPolicy.fire_all(5))
+        job = await theirs.upsert_repeatable_job(
+            "theirs",
+            {"n": 7},
+            repeat=chasquimq.RepeatPattern.every(1000),
+            limit=2,
+            missed_fires=chasquimq.MissedFiresPolicy.fire_all(5),
+        )
         cron = await theirs.add("cronjob", [1], repeat=chasquimq.RepeatPattern.cron("0 9 * * 1", tz="Asia/Tokyo"))
     finally:
         await theirs.close()

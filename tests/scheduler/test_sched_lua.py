@@ -30,8 +30,9 @@ class Lua:
 
     def upsert(self, *specs: tuple[int, str, bytes, bytes]) -> Any:
         k = self.k
-        return self("upsert_repeatable", [k.repeat, k.repeat_paused],
-                    [k.repeat_spec(""), 4, *[x for s in specs for x in s]])
+        return self(
+            "upsert_repeatable", [k.repeat, k.repeat_paused], [k.repeat_spec(""), 4, *[x for s in specs for x in s]]
+        )
 
     def schedule(self, now: int, *specs: tuple[Any, ...], maxlen: int = 1000) -> list[int]:
         """specs: (op, key, expected, next, limit, end_before, name, [(at, env), ...]); 'f' takes
@@ -74,8 +75,12 @@ def test_upsert_writes_the_chasquimq_layout_and_ext(lua: Lua) -> None:
     assert lua.r.zscore(k.repeat, "k2") == 7000
     lua.r.hset(k.repeat_spec("k2"), "ext", b"EXT")
     # the narrow layout (no ext slots, what a bulk chunk without ext sends) drops a stale ext too
-    assert lua("upsert_repeatable", [k.repeat, k.repeat_paused], [k.repeat_spec(""), 3, 8000, "k2", SPEC,
-                                                                   8000, "k3", SPEC]) == 2
+    assert (
+        lua(
+            "upsert_repeatable", [k.repeat, k.repeat_paused], [k.repeat_spec(""), 3, 8000, "k2", SPEC, 8000, "k3", SPEC]
+        )
+        == 2
+    )
     assert lua.r.hgetall(k.repeat_spec("k2")) == {b"spec": SPEC, b"fired": b"3"}
     assert lua.r.hgetall(k.repeat_spec("k3")) == {b"spec": SPEC}
     assert lua.r.zscore(k.repeat, "k2") == 8000 and lua.r.zscore(k.repeat, "k3") == 8000
@@ -106,8 +111,22 @@ def test_fetch_due_returns_scores_and_fields(lua: Lua) -> None:
     lua.upsert((1000, "a", SPEC, b""), (2000, "b", SPEC, b"E"), (9000, "c", SPEC, b""))
     lua.r.zadd(k.repeat, {"dangling": 1500})
     reply = lua("fetch_due", [k.repeat], [2000, 10, k.prefix])
-    assert reply == [b"9000", b"2000", b"a", b"1000", SPEC, None, b"dangling", b"1500", None, None,
-                     b"b", b"2000", SPEC, b"E"]
+    assert reply == [
+        b"9000",
+        b"2000",
+        b"a",
+        b"1000",
+        SPEC,
+        None,
+        b"dangling",
+        b"1500",
+        None,
+        None,
+        b"b",
+        b"2000",
+        SPEC,
+        b"E",
+    ]
     full = lua("fetch_due", [k.repeat], [2000, 2, k.prefix])
     assert full[0] is None and len(full) == 10  # batch full: no look-ahead
     server = lua.r.time()
@@ -130,9 +149,12 @@ def test_schedule_fires_and_reanchors_under_compare_and_set(lua: Lua) -> None:
 def test_schedule_short_entries_fire_under_compare_and_set_next_to_long_ones(lua: Lua) -> None:
     k = lua.k
     lua.upsert((1000, "a", SPEC, b""), (1000, "b", SPEC, b""), (1000, "c", SPEC, b""))
-    reply = lua.schedule(1500, ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]),
-                         ("F", "b", "1000", 3000, 0, 0, "", [(1000, b"B")]),
-                         ("f", "c", "999", 2000, 0, 0, "rep", [(999, b"C")]))  # not the score: lost
+    reply = lua.schedule(
+        1500,
+        ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]),
+        ("F", "b", "1000", 3000, 0, 0, "", [(1000, b"B")]),
+        ("f", "c", "999", 2000, 0, 0, "rep", [(999, b"C")]),
+    )  # not the score: lost
     assert reply == [2, 0, 0, 1, 2, 2, -1]
     assert [(f[b"d"], f.get(b"n")) for _i, f in lua.r.xrange(k.stream)] == [(b"A", b"rep"), (b"B", None)]
     assert lua.r.zrange(k.repeat, 0, -1, withscores=True) == [(b"c", 1000), (b"a", 2000), (b"b", 3000)]
@@ -172,8 +194,12 @@ def test_schedule_drops_dangling_entries_and_quarantines_bad_specs(lua: Lua) -> 
     lua.r.zadd(k.repeat, {"gone": 1000, "bad": 1000, "back": 1000})
     lua.r.hset(k.repeat_spec("bad"), "spec", b"\xc1junk")
     lua.r.hset(k.repeat_spec("back"), "spec", SPEC)  # re-upserted after the read: not dropped
-    reply = lua.schedule(2000, ("D", "gone", "1000", 0, 0, 0, "", []), ("Q", "bad", "1000", 0, 0, 0, b"\xc1junk", []),
-                         ("D", "back", "1000", 0, 0, 0, "", []))
+    reply = lua.schedule(
+        2000,
+        ("D", "gone", "1000", 0, 0, 0, "", []),
+        ("Q", "bad", "1000", 0, 0, 0, b"\xc1junk", []),
+        ("D", "back", "1000", 0, 0, 0, "", []),
+    )
     assert reply == [0, 0, 2, 1, 1, 1, -1]
     assert lua.r.zrange(k.repeat, 0, -1) == [b"back"]
     assert lua.r.hgetall(k.repeat_quarantine) == {b"bad": b"\xc1junk"}
@@ -188,10 +214,13 @@ def test_schedule_quarantines_a_spec_whose_hash_turned_corrupt_and_keeps_the_oth
     lua.r.hset(k.repeat_spec("bad"), "fired", "1.5")
     lua.r.delete(k.repeat_spec("typed"))
     lua.r.rpush(k.repeat_spec("typed"), "x")
-    reply = lua.schedule(1500, ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]),
-                         ("f", "bad", "1000", 2000, 0, 0, "rep", [(1000, b"B")]),
-                         ("F", "typed", "1000", 2000, 0, 0, "rep", [(1000, b"T")]),
-                         ("f", "z", "1000", 2000, 0, 0, "rep", [(1000, b"Z")]))
+    reply = lua.schedule(
+        1500,
+        ("f", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]),
+        ("f", "bad", "1000", 2000, 0, 0, "rep", [(1000, b"B")]),
+        ("F", "typed", "1000", 2000, 0, 0, "rep", [(1000, b"T")]),
+        ("f", "z", "1000", 2000, 0, 0, "rep", [(1000, b"Z")]),
+    )
     assert reply == [2, 0, 2, 0, 2, 1, 1, 2]
     assert lua.corrupt[0::2] == [2, 3]
     assert lua.corrupt[1].startswith(b"the fired counter: ERR hash value is not an integer")

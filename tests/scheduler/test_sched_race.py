@@ -30,11 +30,19 @@ def now_ms() -> int:
 def upsert_specs(q: SyncQueue, n: int) -> list[int]:
     """``n`` every-1 s specs whose phases spread over one second; returns their first fires."""
     t0 = now_ms()
-    q.upsert_repeatable_bulk([
-        {"name": "race", "data": i, "key": f"s{i:03}", "repeat": RepeatPattern.every(1000),
-         "start_after_ms": t0 + i * (1000 // n), "missed_fires": MissedFiresPolicy.fire_all(100)}
-        for i in range(n)
-    ])
+    q.upsert_repeatable_bulk(
+        [
+            {
+                "name": "race",
+                "data": i,
+                "key": f"s{i:03}",
+                "repeat": RepeatPattern.every(1000),
+                "start_after_ms": t0 + i * (1000 // n),
+                "missed_fires": MissedFiresPolicy.fire_all(100),
+            }
+            for i in range(n)
+        ]
+    )
     with redis.Redis.from_url(q._url) as r:
         return [int(r.zscore(q.keys.repeat, f"s{i:03}")) for i in range(n)]
 
@@ -56,8 +64,9 @@ def check_timelines(got: list[Fire], firsts: list[int], n: int, until: int) -> d
     return per
 
 
-def test_several_scheduler_processes_fire_each_window_exactly_once(redis_url: str, queue_name: str,
-                                                                  r: redis.Redis) -> None:
+def test_several_scheduler_processes_fire_each_window_exactly_once(
+    redis_url: str, queue_name: str, r: redis.Redis
+) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         firsts = upsert_specs(q, SPECS)
     procs = [spawn_scheduler(redis_url, queue_name) for _ in range(2)]
@@ -88,8 +97,9 @@ def test_several_scheduler_processes_fire_each_window_exactly_once(redis_url: st
     assert lags[len(lags) // 2] < 1000, lags[len(lags) // 2]
 
 
-def test_killed_leader_is_replaced_within_lock_ttl_plus_one_tick(redis_url: str, queue_name: str,
-                                                                r: redis.Redis) -> None:
+def test_killed_leader_is_replaced_within_lock_ttl_plus_one_tick(
+    redis_url: str, queue_name: str, r: redis.Redis
+) -> None:
     n = 20
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         firsts = upsert_specs(q, n)

@@ -24,8 +24,12 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 
 
 def launch(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "airflow_provider_chasqui.engine.scheduler", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "airflow_provider_chasqui.engine.scheduler", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
@@ -46,10 +50,16 @@ def test_standalone_scheduler_and_promoter(redis_url: str, queue_name: str, r: r
         q.add("later", {"l": 1}, delay_ms=300)
         proc = launch("--queue", queue_name, "--redis-url", redis_url, "--promoter")
         try:
-            wait_until_sync(lambda: len([f for f in fires(r, queue_name) if f.name == "beat"]) >= 3, 15,
-                            what="three fires from the standalone scheduler")
-            wait_until_sync(lambda: any(f.name == "later" for f in fires(r, queue_name)), 15,
-                            what="the delayed job promoted by the standalone promoter")
+            wait_until_sync(
+                lambda: len([f for f in fires(r, queue_name) if f.name == "beat"]) >= 3,
+                15,
+                what="three fires from the standalone scheduler",
+            )
+            wait_until_sync(
+                lambda: any(f.name == "later" for f in fires(r, queue_name)),
+                15,
+                what="the delayed job promoted by the standalone promoter",
+            )
             assert r.get(k.scheduler_lock).startswith(b"s-") and r.get(k.promoter_lock).startswith(b"p-")
         finally:
             code, err = stop(proc)
@@ -62,8 +72,11 @@ def test_standalone_scheduler_serves_every_shard(redis_url: str, queue_name: str
         sq.upsert_repeatable_bulk([{"name": f"n{i}", "data": i, "repeat": RepeatPattern.every(300)} for i in range(12)])
         proc = launch("--queue", queue_name, "--shards", "3", "--redis-url", redis_url, "--tick-ms", "500")
         try:
-            wait_until_sync(lambda: all(r.xlen(QueueKeys.for_queue(f"{queue_name}.{i}").stream) >= 4
-                                        for i in range(3)), 15, what="fires on every shard")
+            wait_until_sync(
+                lambda: all(r.xlen(QueueKeys.for_queue(f"{queue_name}.{i}").stream) >= 4 for i in range(3)),
+                15,
+                what="fires on every shard",
+            )
         finally:
             code, err = stop(proc)
         for i in range(3):

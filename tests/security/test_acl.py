@@ -27,10 +27,23 @@ from airflow_provider_chasqui.ops.functions import install
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "airflow_provider_chasqui"
-CONTAINERS = {"ACL", "CLIENT", "CLUSTER", "COMMAND", "CONFIG", "FUNCTION", "MEMORY", "OBJECT", "SCRIPT", "XGROUP",
-              "XINFO"}
-_PY_LITERAL = re.compile(r'\b(?:command|execute_command)\(\s*"([A-Z][A-Z0-9_]*)(?: ([A-Z][A-Z0-9-]*))?"'
-                         r'(?:\s*,\s*"([A-Z][A-Z0-9-]*)")?')
+CONTAINERS = {
+    "ACL",
+    "CLIENT",
+    "CLUSTER",
+    "COMMAND",
+    "CONFIG",
+    "FUNCTION",
+    "MEMORY",
+    "OBJECT",
+    "SCRIPT",
+    "XGROUP",
+    "XINFO",
+}
+_PY_LITERAL = re.compile(
+    r'\b(?:command|execute_command)\(\s*"([A-Z][A-Z0-9_]*)(?: ([A-Z][A-Z0-9-]*))?"'
+    r'(?:\s*,\s*"([A-Z][A-Z0-9-]*)")?'
+)
 # args = ("XREADGROUP", ...) and return ("EVALSHA", ...)
 _PY_TUPLE = re.compile(r'(?:\bargs\b[^=\n]*=|\breturn)\s*\(\s*"([A-Z][A-Z0-9_]+)"\s*,')
 _PY_METHOD = re.compile(r"\b(?:pipe|client|_client|conn|r)\.([a-z][a-z_]*)\(")
@@ -62,8 +75,9 @@ def commands_in_code(known: set[str] | None = None) -> set[str]:
         for cmd, sub_inline, sub_arg in _PY_LITERAL.findall(text):
             sub = sub_inline or sub_arg
             out.add(f"{cmd}|{sub}".lower() if cmd in CONTAINERS and sub else cmd.lower())
-        out.update(c.lower() for c in _PY_TUPLE.findall(text)
-                   if c not in CONTAINERS and (known is None or c.lower() in known))
+        out.update(
+            c.lower() for c in _PY_TUPLE.findall(text) if c not in CONTAINERS and (known is None or c.lower() in known)
+        )
         if known is not None:
             out.update(m for m in _PY_METHOD.findall(text) if m in known and m.upper() not in CONTAINERS)
     for path in (ROOT / "lua").glob("*.lua"):
@@ -94,9 +108,25 @@ def documented_commands(marker: str = "acl") -> set[str]:
 
 def test_code_derivation_sees_the_known_commands() -> None:
     found = commands_in_code()
-    assert {"evalsha", "script|load", "fcall", "fcall_ro", "function|load", "xreadgroup", "xack", "xdel",
-            "xclaim", "xpending", "client|id", "client|unblock", "command|info", "xgroup|create", "xadd", "zadd",
-            "time"} <= found, found
+    assert {
+        "evalsha",
+        "script|load",
+        "fcall",
+        "fcall_ro",
+        "function|load",
+        "xreadgroup",
+        "xack",
+        "xdel",
+        "xclaim",
+        "xpending",
+        "client|id",
+        "client|unblock",
+        "command|info",
+        "xgroup|create",
+        "xadd",
+        "zadd",
+        "time",
+    } <= found, found
 
 
 def test_security_md_grants_every_command_the_code_sends(redis_url: str) -> None:
@@ -112,8 +142,9 @@ def test_security_md_grants_every_command_the_code_sends(redis_url: str) -> None
     assert documented_commands("acl-operator") == OPERATOR  # granted on top of the runtime line
 
 
-def _setuser(admin: redis.Redis, marker: str, name: str, password: str, queue: str,
-             swap: dict[str, str] | None = None) -> None:
+def _setuser(
+    admin: redis.Redis, marker: str, name: str, password: str, queue: str, swap: dict[str, str] | None = None
+) -> None:
     """SECURITY.md's line for ``marker`` as written, for ``queue``, less the commands this server
     lacks (as its notes say); ``swap`` replaces tokens (the script-grant variant)."""
     args = []
@@ -133,8 +164,11 @@ def _setuser(admin: redis.Redis, marker: str, name: str, password: str, queue: s
 
 def _script_stats(admin: redis.Redis) -> dict[str, int]:
     stats = admin.info("commandstats")
-    return {k[len("cmdstat_"):]: v["calls"] for k, v in stats.items()
-            if k[len("cmdstat_"):].split("|")[0] in SCRIPT_COMMANDS + ("fcall", "fcall_ro")}
+    return {
+        k[len("cmdstat_") :]: v["calls"]
+        for k, v in stats.items()
+        if k[len("cmdstat_") :].split("|")[0] in SCRIPT_COMMANDS + ("fcall", "fcall_ro")
+    }
 
 
 async def _workload(url: str, queue: str) -> None:
@@ -165,13 +199,24 @@ async def _workload(url: str, queue: str) -> None:
         await q.add("flaky", {}, backoff=10)
         await q.upsert_repeatable_job("ok", {"n": "cron"}, repeat=RepeatPattern.every(200), key="every-200")
         events = QueueEvents(queue, redis_url=url, last_event_id="0-0", block_ms=200)
-        worker = Worker(queue, {"ok": ok, "boom": boom, "flaky": flaky}, redis_url=url, store_results=True,
-                        run_scheduler=True, scheduler_tick_ms=50, promoter_poll_ms=20, claim_min_idle_ms=1000)
+        worker = Worker(
+            queue,
+            {"ok": ok, "boom": boom, "flaky": flaky},
+            redis_url=url,
+            store_results=True,
+            run_scheduler=True,
+            scheduler_tick_ms=50,
+            promoter_poll_ms=20,
+            claim_min_idle_ms=1000,
+        )
         task = asyncio.create_task(worker.run())
         try:
             assert await q.wait_for_result(job.id, timeout=30) == {"echo": {"n": 1}}
-            await wait_until(lambda: ran.count("ok") >= 55 + 2 and "flaky" in ran, 30,
-                             what="plain, bulk, delayed, unique, flaky and two scheduled fires to run")
+            await wait_until(
+                lambda: ran.count("ok") >= 55 + 2 and "flaky" in ran,
+                30,
+                what="plain, bulk, delayed, unique, flaky and two scheduled fires to run",
+            )
             dead = await wait_until(q.peek_dlq, 30, what="the unrecoverable job in the DLQ")
             assert dead[0]["reason"] == "unrecoverable"
             assert await q.get_job_state(job.id) == "completed"
@@ -225,13 +270,24 @@ async def test_least_privilege_user_runs_on_functions_only(kind: str, db: int, t
         # clients), other queues' keys, other keys, admin and dangerous commands.
         loop = "local n = 0 while true do n = n + 1 end"
         with redis.Redis.from_url(url, socket_timeout=5) as user:
-            for args in (("EVAL", loop, "0"), ("EVALSHA", SCRIPTS["promote"].sha, "0"), ("SCRIPT", "LOAD", loop),
-                         ("FUNCTION", "LOAD", f"#!lua name=evil\nredis.register_function('evil', function() {loop} end)"),
-                         ("FUNCTION", "DELETE", LIBRARY.name), ("FUNCTION", "FLUSH"), ("SCRIPT", "FLUSH"),
-                         ("GET", "unrelated"), ("SET", f"{{chasqui:{other}}}:stream", "x"), ("FLUSHALL",),
-                         ("KEYS", "*"), ("CONFIG", "GET", "*"), ("ACL", "WHOAMI"),
-                         ("CLIENT", "KILL", "TYPE", "normal"), ("SCAN", "0"),
-                         ("XGROUP", "DESTROY", f"{{chasqui:{queue}}}:stream", "default")):
+            for args in (
+                ("EVAL", loop, "0"),
+                ("EVALSHA", SCRIPTS["promote"].sha, "0"),
+                ("SCRIPT", "LOAD", loop),
+                ("FUNCTION", "LOAD", f"#!lua name=evil\nredis.register_function('evil', function() {loop} end)"),
+                ("FUNCTION", "DELETE", LIBRARY.name),
+                ("FUNCTION", "FLUSH"),
+                ("SCRIPT", "FLUSH"),
+                ("GET", "unrelated"),
+                ("SET", f"{{chasqui:{other}}}:stream", "x"),
+                ("FLUSHALL",),
+                ("KEYS", "*"),
+                ("CONFIG", "GET", "*"),
+                ("ACL", "WHOAMI"),
+                ("CLIENT", "KILL", "TYPE", "normal"),
+                ("SCAN", "0"),
+                ("XGROUP", "DESTROY", f"{{chasqui:{queue}}}:stream", "default"),
+            ):
                 with pytest.raises(redis.exceptions.NoPermissionError):
                     user.execute_command(*args)
             with pytest.raises(redis.exceptions.ResponseError, match="Function not found"):
@@ -253,8 +309,14 @@ async def test_script_grant_still_works_without_the_library(kind: str, tmp_path,
     queue = "acl-fallback"
     try:
         with server.client() as admin:
-            _setuser(admin, "acl", "chasqui", "s3cret-pw", queue,
-                     swap={"+fcall": "+evalsha", "+fcall_ro": "+script|load", "-evalsha": "", "-script": ""})
+            _setuser(
+                admin,
+                "acl",
+                "chasqui",
+                "s3cret-pw",
+                queue,
+                swap={"+fcall": "+evalsha", "+fcall_ro": "+script|load", "-evalsha": "", "-script": ""},
+            )
             admin.execute_command("ACL", "LOG", "RESET")
             admin.execute_command("CONFIG", "RESETSTAT")
         await _workload(f"redis://chasqui:s3cret-pw@127.0.0.1:{server.port}/0", queue)

@@ -74,7 +74,11 @@ def test_library_is_generated_from_the_scripts_with_a_stable_name() -> None:
         assert SCRIPTS[stem].function == f"{LIBRARY.name}_{stem}" and SCRIPTS[stem].fcall == fcalls[stem]
     assert {s for s, f in fcalls.items() if f == "FCALL_RO"} == {"fetch_due"}
     assert {s for s in bodies if f"callback=f_{s}, flags={{'allow-oom'}}".encode() in LIBRARY.source} == {
-        "complete_batch", "fail_batch", "dead_letter", "retry"}  # the scripts that XACK
+        "complete_batch",
+        "fail_batch",
+        "dead_letter",
+        "retry",
+    }  # the scripts that XACK
     changed = dict(bodies, promote=bodies["promote"] + b"-- one more byte\n")
     assert build_library(changed)[0].name != LIBRARY.name  # another version: another library
     # a call the wrapper cannot read (redis.call(unpack(t))) is taken as a write
@@ -95,7 +99,9 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
         assert set(funcs) == {s.function for s in SCRIPTS.values()} | {LIBRARY.probe}
         acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "retry")}
         for name, flags in funcs.items():
-            expected = ["no-writes"] if name.endswith(("_fetch_due", "_probe")) else ["allow-oom"] if name in acks else []
+            expected = (
+                ["no-writes"] if name.endswith(("_fetch_due", "_probe")) else ["allow-oom"] if name in acks else []
+            )
             assert flags == expected, (name, flags)
         assert r.execute_command("FCALL_RO", LIBRARY.probe, 0) == LIBRARY.name.encode()
         lock = keys.prefix + ":promoter:lock"
@@ -110,8 +116,7 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
 
 
 # ---- the drivers: FCALL, reloading, falling back --------------------------------------------
-async def test_async_driver_loads_the_library_and_reloads_it_when_deleted(bare: RunningServer,
-                                                                          queue_name: str) -> None:
+async def test_async_driver_loads_the_library_and_reloads_it_when_deleted(bare: RunningServer, queue_name: str) -> None:
     keys = QueueKeys.for_queue(queue_name)
     driver = AsyncDriver(bare.url)
     q = Queue(queue_name, driver=driver)
@@ -130,8 +135,9 @@ async def test_async_driver_loads_the_library_and_reloads_it_when_deleted(bare: 
         assert await driver.call(script_call("enqueue_batch", (keys.stream,), (10_000, one.envelope, one.name_bytes)))
         _delete_library(admin)
         two = ProducerCore(queue_name).prepare("f", {"i": "two"})
-        replies = await driver.pipeline([script_call("enqueue_batch", (keys.stream,), (10_000, two.envelope, b"")),
-                                         command("XLEN", keys.stream)])
+        replies = await driver.pipeline(
+            [script_call("enqueue_batch", (keys.stream,), (10_000, two.envelope, b"")), command("XLEN", keys.stream)]
+        )
         assert replies[0] and int(replies[1]) == 1202  # only the function call re-ran, after XLEN
         assert driver._fn is True and driver._lane.proto is proto and not proto.closed
         assert LIBRARY.name in _libraries(admin)
@@ -162,8 +168,12 @@ def test_sync_driver_loads_the_library_and_reloads_it_when_deleted(bare: Running
             assert driver.call(script_call("enqueue_batch", (keys.stream,), (10_000, one.envelope, b"")))
             _delete_library(admin)
             two = ProducerCore(queue_name).prepare("f", {"i": "two"})
-            replies = driver.pipeline([script_call("enqueue_batch", (keys.stream,), (10_000, two.envelope, b"")),
-                                       command("XLEN", keys.stream)])
+            replies = driver.pipeline(
+                [
+                    script_call("enqueue_batch", (keys.stream,), (10_000, two.envelope, b"")),
+                    command("XLEN", keys.stream),
+                ]
+            )
             assert replies[0] and int(replies[1]) == 1202
             assert driver._fn is True and driver._lane._sock is sock
     finally:
@@ -188,13 +198,15 @@ async def test_concurrent_first_calls_probe_and_load_once(bare: RunningServer, q
 def _user(server: RunningServer, name: str, queue: str, *grants: str) -> str:
     prefix = QueueKeys.for_queue(queue).prefix
     with server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", f"~{prefix}*", "+@all", "-@scripting",
-                              *grants)
+        admin.execute_command(
+            "ACL", "SETUSER", name, "reset", "on", ">pw", f"~{prefix}*", "+@all", "-@scripting", *grants
+        )
     return f"redis://{name}:pw@127.0.0.1:{server.port}/0"
 
 
-async def test_functions_only_user_is_told_to_install_and_recovers_without_restart(bare: RunningServer,
-                                                                                   queue_name: str) -> None:
+async def test_functions_only_user_is_told_to_install_and_recovers_without_restart(
+    bare: RunningServer, queue_name: str
+) -> None:
     url = _user(bare, f"fo-{queue_name}", queue_name, "+fcall", "+fcall_ro")
     async with Queue(queue_name, redis_url=url) as q:
         with pytest.raises(ScriptError, match="chasqui functions install"):
@@ -270,8 +282,14 @@ async def test_workers_drain_a_server_at_maxmemory(tmp_path) -> None:
         with server.client() as r:
             async with Queue("full", redis_url=server.url) as q:
                 jobs = await q.add_bulk([{"name": "n", "data": "x" * 2000} for _ in range(300)])
-                worker = Worker("full", {"n": handler}, redis_url=server.url, run_scheduler=False,
-                                claim_min_idle_ms=1000, concurrency=5)
+                worker = Worker(
+                    "full",
+                    {"n": handler},
+                    redis_url=server.url,
+                    run_scheduler=False,
+                    claim_min_idle_ms=1000,
+                    concurrency=5,
+                )
                 task = asyncio.create_task(worker.run())
                 try:
                     await wait_until(lambda: len(done) >= 10, 30, what="the worker to start")
@@ -279,8 +297,11 @@ async def test_workers_drain_a_server_at_maxmemory(tmp_path) -> None:
                     r.config_set("maxmemory-policy", "noeviction")
                     with pytest.raises(Exception, match="maxmemory"):
                         await q.add_bulk([{"name": "n", "data": 1}])
-                    await wait_until(lambda: len(done) >= 300 and r.xpending(keys.stream, "default")["pending"] == 0,
-                                     30, what="every job acknowledged at maxmemory")
+                    await wait_until(
+                        lambda: len(done) >= 300 and r.xpending(keys.stream, "default")["pending"] == 0,
+                        30,
+                        what="every job acknowledged at maxmemory",
+                    )
                 finally:
                     await worker.close()
                     await asyncio.wait_for(task, 30)
@@ -308,8 +329,9 @@ def test_other_versions_and_foreign_scripts_are_left_alone(bare: RunningServer, 
 
 # ---- the CLI ---------------------------------------------------------------------------------
 def _chasqui(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_install_and_status(bare: RunningServer, queue_name: str) -> None:
@@ -360,7 +382,9 @@ async def test_cluster_loads_on_every_master_and_reloads_on_a_node_that_lost_it(
         assert [r["loaded"] for r in status(cluster_server.url)] == [True] * len(cluster_server.nodes)
         assert _getkeys_calls(cluster_server) == getkeys_before  # FCALL's keys are read locally
         with cluster_server.client() as c:
-            assert sum(c.xlen(QueueKeys.for_queue(n).stream) for n in queues) == 12 * 41  # the first queue's second add_unique was a duplicate
+            assert (
+                sum(c.xlen(QueueKeys.for_queue(n).stream) for n in queues) == 12 * 41
+            )  # the first queue's second add_unique was a duplicate
     finally:
         with cluster_server.client() as c:
             for n in queues:

@@ -25,18 +25,33 @@ from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 
 UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens: a constructor that connected would fail differently
-INJECTIONS = ["q}:stream", "{other}", "a}{b", "x\r\nFLUSHALL\r\n", "nul\x00byte", "}", "{", "\n", "",
-              "x" * (MAX_QUEUE_NAME_BYTES + 1), "é" * (MAX_QUEUE_NAME_BYTES // 2 + 1)]
+INJECTIONS = [
+    "q}:stream",
+    "{other}",
+    "a}{b",
+    "x\r\nFLUSHALL\r\n",
+    "nul\x00byte",
+    "}",
+    "{",
+    "\n",
+    "",
+    "x" * (MAX_QUEUE_NAME_BYTES + 1),
+    "é" * (MAX_QUEUE_NAME_BYTES // 2 + 1),
+]
 
 
 # ---- queue names --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", INJECTIONS, ids=repr)
 def test_every_constructor_rejects_injected_queue_names_before_io(name: str) -> None:
     driver = AsyncDriver(UNREACHABLE)
-    for make in (lambda: Queue(name, redis_url=UNREACHABLE), lambda: SyncQueue(name, redis_url=UNREACHABLE),
-                 lambda: Worker(name, lambda job: None, redis_url=UNREACHABLE),
-                 lambda: QueueEvents(name, redis_url=UNREACHABLE), lambda: Promoter(driver, name),
-                 lambda: QueueKeys.for_queue(name)):
+    for make in (
+        lambda: Queue(name, redis_url=UNREACHABLE),
+        lambda: SyncQueue(name, redis_url=UNREACHABLE),
+        lambda: Worker(name, lambda job: None, redis_url=UNREACHABLE),
+        lambda: QueueEvents(name, redis_url=UNREACHABLE),
+        lambda: Promoter(driver, name),
+        lambda: QueueKeys.for_queue(name),
+    ):
         with pytest.raises(ConfigError):
             make()
     for bad_type in (None, 1, b"q", ["q"]):
@@ -55,8 +70,7 @@ def _all_keys(k: QueueKeys, suffix: str) -> list[str]:
             value = getattr(k, name)
         elif callable(attr):
             params = list(inspect.signature(attr).parameters.values())[1:]
-            value = getattr(k, name)(*[1 if p.annotation in (int, "int") or "ms" in p.name else suffix
-                                       for p in params])
+            value = getattr(k, name)(*[1 if p.annotation in (int, "int") or "ms" in p.name else suffix for p in params])
         else:
             continue
         if isinstance(value, str):
@@ -126,16 +140,25 @@ async def test_worker_dead_letters_what_other_producers_send(redis_url: str, que
         ids = {}
         for what, payload in bad.items():
             ids[await r.execute_command("XADD", keys.stream, "*", "d", payload, "n", "h")] = what
-        worker = Worker(queue_name, {"h": lambda job: ran.append(job)}, redis_url=redis_url, run_scheduler=False,
-                        max_payload_bytes=200_000)
+        worker = Worker(
+            queue_name,
+            {"h": lambda job: ran.append(job)},
+            redis_url=redis_url,
+            run_scheduler=False,
+            max_payload_bytes=200_000,
+        )
         async with running(worker), Queue(queue_name, redis_url=redis_url) as q:
             dead = await wait_until(lambda: _dlq(q, len(bad)), 15, what="every bad entry in the DLQ")
             ok = await q.add("h", {"still": "alive"})
             await wait_until(lambda: len(ran) == 1, 15, what="a good job after the bad ones")
             assert ran[0].id == ok.id
     reasons = {ids[d["source_id"].encode()]: d["reason"] for d in dead}
-    assert reasons == {"oversize": "oversize_payload", "nested 100k deep": "decode_failed",
-                       "declares 4 GiB string": "decode_failed", "declares 4G elements": "decode_failed"}
+    assert reasons == {
+        "oversize": "oversize_payload",
+        "nested 100k deep": "decode_failed",
+        "declares 4 GiB string": "decode_failed",
+        "declares 4G elements": "decode_failed",
+    }
 
 
 async def _dlq(q: Queue, n: int):
@@ -148,5 +171,3 @@ def test_settings_reject_unbounded_values() -> None:
         for bad in (0, -1, None, 1.5, True):
             with pytest.raises(ConfigError):
                 QueueSettings(**{field: bad})
-
-

@@ -84,8 +84,14 @@ async def test_events_dlq_and_stream_stay_near_their_max_len(redis_url: str, que
         watchers = [asyncio.create_task(_watch_max(r, k, stop)) for k in (keys.events, keys.dlq)]
         for part in chunks(list(range(3000)), 500):
             await q.add_bulk([{"name": "ok" if i % 3 else "bad", "data": {"i": i}} for i in part])
-        worker = Worker(queue_name, {"ok": ok, "bad": bad}, redis_url=redis_url, run_scheduler=False,
-                        events_max_stream_len=100, dlq_max_stream_len=50)
+        worker = Worker(
+            queue_name,
+            {"ok": ok, "bad": bad},
+            redis_url=redis_url,
+            run_scheduler=False,
+            events_max_stream_len=100,
+            dlq_max_stream_len=50,
+        )
         async with running(worker):
             await wait_until(lambda: len(done) == 2000, 60, what="the ok jobs")
             await wait_until(lambda: _xlen(r, keys.stream, 0), 30, what="the stream to drain")
@@ -102,8 +108,10 @@ async def test_events_dlq_and_stream_stay_near_their_max_len(redis_url: str, que
     assert 100 <= events_top < 100 + NODE, events_top
     assert 50 <= dlq_top < 50 + NODE, dlq_top
     assert 100 <= stream_len < 100 + NODE, stream_len
-    print(f"\n[memory] events max_len=100 peak XLEN={events_top} (6000+ events written); dlq max_len=50 peak "
-          f"XLEN={dlq_top} (1000 dead); stream max_len=100 XLEN={stream_len} (2300 added)")
+    print(
+        f"\n[memory] events max_len=100 peak XLEN={events_top} (6000+ events written); dlq max_len=50 peak "
+        f"XLEN={dlq_top} (1000 dead); stream max_len=100 XLEN={stream_len} (2300 added)"
+    )
 
 
 async def _xlen(r, key: str, want: int) -> bool:
@@ -126,8 +134,15 @@ async def test_results_failures_and_markers_expire(redis_url: str, queue_name: s
         async def bad(job) -> None:
             raise UnrecoverableError("no")
 
-        worker = Worker(queue_name, {"ok": ok, "bad": bad}, redis_url=redis_url, run_scheduler=False,
-                        store_results=True, result_ttl=timedelta(seconds=40), failure_ttl_ms=20_000)
+        worker = Worker(
+            queue_name,
+            {"ok": ok, "bad": bad},
+            redis_url=redis_url,
+            run_scheduler=False,
+            store_results=True,
+            result_ttl=timedelta(seconds=40),
+            failure_ttl_ms=20_000,
+        )
         async with running(worker):
             for job in oks:
                 assert await q.wait_for_result(job.id, timeout=15) == "r" * 100
@@ -184,8 +199,15 @@ async def test_results_and_failure_records_are_capped_by_count(redis_url: str, q
         jobs = []
         for part in chunks(items, 500):
             jobs += await q.add_bulk(part)
-        worker = Worker(queue_name, {"ok": ok, "bad": bad}, redis_url=redis_url, run_scheduler=False,
-                        store_results=True, results_max_len=40, failures_max_len=30)
+        worker = Worker(
+            queue_name,
+            {"ok": ok, "bad": bad},
+            redis_url=redis_url,
+            run_scheduler=False,
+            store_results=True,
+            results_max_len=40,
+            failures_max_len=30,
+        )
         async with running(worker):
             await wait_until(lambda: len(done) == len(items), 60, what="every job")
             await wait_until(lambda: _xlen(r, keys.stream, 0), 30, what="the stream to drain")
@@ -204,8 +226,10 @@ async def test_results_and_failure_records_are_capped_by_count(redis_url: str, q
     assert all(b"Traceback (most recent call last)" in rec for rec in records)
     reasons = [f[f.index(b"reason") + 1] for _id, f in events if f[1] == b"failed"]
     assert reasons and max(len(x) for x in reasons) <= 4096
-    print(f"\n[memory] 1680 results / 420 failures written; kept {len(results)} results (cap 40) and "
-          f"{len(failures)} failure records (cap 30)")
+    print(
+        f"\n[memory] 1680 results / 420 failures written; kept {len(results)} results (cap 40) and "
+        f"{len(failures)} failure records (cap 30)"
+    )
 
 
 async def _all_exist(r, names: list[str]) -> bool:
@@ -216,8 +240,13 @@ async def _all_exist(r, names: list[str]) -> bool:
 async def test_key_census_after_a_mixed_workload(redis_url: str, queue_name: str) -> None:
     """Every key left behind expires, or is a bounded structure."""
     keys = QueueKeys.for_queue(queue_name)
-    bounded = {keys.stream: "MAXLEN", keys.events: "MAXLEN", keys.dlq: "MAXLEN",
-               keys.delayed: "drained by the promoter", keys.repeat: "one member per spec the user keeps"}
+    bounded = {
+        keys.stream: "MAXLEN",
+        keys.events: "MAXLEN",
+        keys.dlq: "MAXLEN",
+        keys.delayed: "drained by the promoter",
+        keys.repeat: "one member per spec the user keeps",
+    }
     runs: list[str] = []
 
     async def ok(job) -> str:
@@ -243,8 +272,15 @@ async def test_key_census_after_a_mixed_workload(redis_url: str, queue_name: str
         assert await q.cancel_delayed("cancel-me")
         await q.upsert_repeatable_job("ok", {}, repeat=RepeatPattern.every(100), key="spec-kept")
         await q.upsert_repeatable_job("ok", {}, repeat=RepeatPattern.every(100), key="spec-removed")
-        worker = Worker(queue_name, {"ok": ok, "flaky": flaky, "bad": bad}, redis_url=redis_url,
-                        store_results=True, run_scheduler=True, scheduler_tick_ms=20, promoter_poll_ms=20)
+        worker = Worker(
+            queue_name,
+            {"ok": ok, "flaky": flaky, "bad": bad},
+            redis_url=redis_url,
+            store_results=True,
+            run_scheduler=True,
+            scheduler_tick_ms=20,
+            promoter_poll_ms=20,
+        )
         async with running(worker):
             await wait_until(lambda: runs.count("ok") >= 203 + 2, 30, what="plain, unique, delayed and fired jobs")
             assert await q.remove_repeatable_by_key("spec-removed")
@@ -264,5 +300,7 @@ async def test_key_census_after_a_mixed_workload(redis_url: str, queue_name: str
     assert not unexpected, f"keys with no TTL and no bound: {sorted(unexpected)}"
     assert not any("spec-removed" in k for k in left), "a removed spec left keys behind"
     assert all(k.startswith(keys.prefix) for k in left)
-    print(f"\n[memory census] {len(left)} keys left: {len(persistent)} persistent "
-          f"({sorted(k.removeprefix(keys.prefix) for k in persistent)}), {len(left) - len(persistent)} with a TTL")
+    print(
+        f"\n[memory census] {len(left)} keys left: {len(persistent)} persistent "
+        f"({sorted(k.removeprefix(keys.prefix) for k in persistent)}), {len(left) - len(persistent)} with a TTL"
+    )

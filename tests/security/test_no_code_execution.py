@@ -24,8 +24,7 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "airflow_provider_chasqui"
-FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle",
-                     "joblib"}
+FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle", "joblib"}
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
 IMPORT_MODULE_ALLOWED = {
     "worker/registry.py",  # operator-given --handlers only, never job data
@@ -65,13 +64,21 @@ def test_no_eval_exec_or_dynamic_import_outside_the_registry() -> None:
                 bad.append(f"{rel}:{node.lineno} {fn.id}()")
             if isinstance(fn, ast.Attribute) and fn.attr == "import_module" and rel not in IMPORT_MODULE_ALLOWED:
                 bad.append(f"{rel}:{node.lineno} import_module()")
-            if isinstance(fn, ast.Attribute) and fn.attr in ("unpackb", "Unpacker", "unpack") or \
-                    isinstance(fn, ast.Name) and fn.id in ("_unpackb",):
+            if (
+                isinstance(fn, ast.Attribute)
+                and fn.attr in ("unpackb", "Unpacker", "unpack")
+                or isinstance(fn, ast.Name)
+                and fn.id in ("_unpackb",)
+            ):
                 hooks = {k.arg for k in node.keywords} & MSGPACK_HOOKS
                 if hooks:
                     bad.append(f"{rel}:{node.lineno} msgpack decoding with {sorted(hooks)}")
-            if isinstance(fn, ast.Attribute) and fn.attr in ("load", "unsafe_load") and \
-                    isinstance(fn.value, ast.Name) and fn.value.id == "yaml":
+            if (
+                isinstance(fn, ast.Attribute)
+                and fn.attr in ("load", "unsafe_load")
+                and isinstance(fn.value, ast.Name)
+                and fn.value.id == "yaml"
+            ):
                 bad.append(f"{rel}:{node.lineno} yaml.{fn.attr}()")
     assert not bad, bad
 
@@ -89,8 +96,9 @@ def test_the_consuming_path_cannot_import_anything() -> None:
                 bad += [f"{rel}: import {a.name}" for a in node.names if a.name.split(".")[0] == "importlib"]
             elif isinstance(node, ast.ImportFrom):
                 mod = node.module or ""
-                if mod.split(".")[0] == "importlib" and not (rel == "core/scripts.py" and mod == "importlib"
-                                                            and [a.name for a in node.names] == ["resources"]):
+                if mod.split(".")[0] == "importlib" and not (
+                    rel == "core/scripts.py" and mod == "importlib" and [a.name for a in node.names] == ["resources"]
+                ):
                     bad.append(f"{rel}: from {mod}")
                 if "registry" in mod:
                     bad.append(f"{rel}: from {mod}")

@@ -36,9 +36,22 @@ def tls_server(request, tmp_path, tls_files):
     files = tls_files
     port = free_port()
     mutual = request.param
-    server = start_server("redis7", tmpdir=tmp_path, extra_args=(
-        "--tls-port", str(port), "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
-        "--tls-ca-cert-file", str(files.ca), "--tls-auth-clients", "yes" if mutual else "no"))
+    server = start_server(
+        "redis7",
+        tmpdir=tmp_path,
+        extra_args=(
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            str(files.cert),
+            "--tls-key-file",
+            str(files.key),
+            "--tls-ca-cert-file",
+            str(files.ca),
+            "--tls-auth-clients",
+            "yes" if mutual else "no",
+        ),
+    )
     try:
         with server.client() as plain:
             plain.config_set("port", 0)  # from here on the server speaks TLS only
@@ -69,8 +82,15 @@ async def test_producer_worker_and_events_over_tls(tls_server) -> None:
         delayed = await q.add("t", {"i": 200}, delay_ms=20)
         events = QueueEvents("tls-q", redis_url=url, last_event_id="0-0", block_ms=200)
         # tls=True upgrades a redis:// URL, as chasquimq's flag does.
-        worker = Worker("tls-q", handler, redis_url=_url(port, files, mutual, scheme="redis"), tls=True,
-                        store_results=True, run_scheduler=False, promoter_poll_ms=20)
+        worker = Worker(
+            "tls-q",
+            handler,
+            redis_url=_url(port, files, mutual, scheme="redis"),
+            tls=True,
+            store_results=True,
+            run_scheduler=False,
+            promoter_poll_ms=20,
+        )
         async with running(worker):
             await wait_until(lambda: len(ran) == 201, 30, what="every job over TLS")
             assert await q.wait_for_result(delayed.id, timeout=10) == 200
@@ -126,8 +146,9 @@ async def test_verification_is_explicit_on_every_client_and_a_wrong_hostname_is_
         job = await q.add("v", {})
         assert sq.get_job_state(job.id) == "unknown"
         async with running(worker):
-            await wait_until(lambda: getattr(worker, "_reader_client", None) is not None, 20,
-                             what="the worker's clients")
+            await wait_until(
+                lambda: getattr(worker, "_reader_client", None) is not None, 20, what="the worker's clients"
+            )
             assert _verify_options(worker.driver.client) == want
             assert _verify_options(worker._reader_client) == want
     finally:
@@ -137,8 +158,9 @@ async def test_verification_is_explicit_on_every_client_and_a_wrong_hostname_is_
     # the Airflow connection's URL (hooks/_connection.py): host "localhost" is not in the certificate
     extra = {"tls": True, "tls_ca_certs": str(files.ca)}
     for host, ok in (("127.0.0.1", True), ("localhost", False)):
-        conn = ChasquiConnectionSettings.from_fields(host=host, port=port, login=None, password=None, schema=None,
-                                                     extra=extra)
+        conn = ChasquiConnectionSettings.from_fields(
+            host=host, port=port, login=None, password=None, schema=None, extra=extra
+        )
         conn_url = conn.redis_url()
         if mutual:
             conn_url += f"&ssl_certfile={quote(str(files.client_cert))}&ssl_keyfile={quote(str(files.client_key))}"
@@ -162,10 +184,13 @@ async def test_tls_flag_never_silently_does_nothing(tmp_path) -> None:
     """``tls=True`` upgrades redis:// and redis+sentinel:// (TLS to the master, verified); a unix
     socket cannot be upgraded and is refused instead of connecting in plain text."""
     sock = f"unix://{tmp_path}/redis.sock"
-    for make in (lambda: Queue("t", redis_url=sock, tls=True), lambda: SyncQueue("t", redis_url=sock, tls=True),
-                 lambda: Worker("t", lambda job: None, redis_url=sock, tls=True),
-                 lambda: ShardedQueue("t", 2, redis_url=sock, tls=True),
-                 lambda: SyncShardedQueue("t", 2, redis_url=sock, tls=True)):
+    for make in (
+        lambda: Queue("t", redis_url=sock, tls=True),
+        lambda: SyncQueue("t", redis_url=sock, tls=True),
+        lambda: Worker("t", lambda job: None, redis_url=sock, tls=True),
+        lambda: ShardedQueue("t", 2, redis_url=sock, tls=True),
+        lambda: SyncShardedQueue("t", 2, redis_url=sock, tls=True),
+    ):
         with pytest.raises(ConfigError, match="unix"):
             make()
     with pytest.raises(ConfigError, match="tls must be a bool"):

@@ -22,11 +22,14 @@ def spark() -> Iterator[Any]:
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
         from pyspark.sql import SparkSession
 
-        session = (SparkSession.builder.master("local[2]").appName("chasqui-tests")
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.shuffle.partitions", "4")
-                   .getOrCreate())
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("chasqui-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .getOrCreate()
+        )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -57,8 +60,10 @@ def spark_connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     home = Path(pyspark.__file__).resolve().parent
     script = home / "sbin" / "start-connect-server.sh"
     if not script.exists() or not list((home / "jars").glob("spark-connect_*.jar")):
-        pytest.fail(f"this pyspark ({home}) ships no Spark Connect server (sbin/start-connect-server.sh and "
-                    "jars/spark-connect_*.jar): install pyspark, not only pyspark-client")
+        pytest.fail(
+            f"this pyspark ({home}) ships no Spark Connect server (sbin/start-connect-server.sh and "
+            "jars/spark-connect_*.jar): install pyspark, not only pyspark-client"
+        )
     for module in ("grpc", "grpc_status", "google.rpc.status_pb2", "zstandard", "pyarrow", "pandas"):
         try:
             importlib.import_module(module)
@@ -67,28 +72,54 @@ def spark_connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     port = _free_port()
     logs = tmp_path_factory.mktemp("spark-connect")
     root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs),
-               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(home),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_LOG_DIR=str(logs),
+        SPARK_PID_DIR=str(logs),
+        PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+    )
     log = open(logs / "server.log", "wb")  # noqa: SIM115 - closed at teardown
     proc = subprocess.Popen(
-        ["bash", str(script), "--wait", "--master", "local[2]",
-         "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            "bash",
+            str(script),
+            "--wait",
+            "--master",
+            "local[2]",
+            "--conf",
+            f"spark.connect.grpc.binding.port={port}",
+            "--conf",
+            "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=4",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"the Spark Connect server exited ({proc.returncode}):\n"
-                            + (logs / "server.log").read_text(errors="replace")[-3000:])
+                pytest.fail(
+                    f"the Spark Connect server exited ({proc.returncode}):\n"
+                    + (logs / "server.log").read_text(errors="replace")[-3000:]
+                )
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1):
                     break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.fail("the Spark Connect server did not listen within 300 s:\n"
-                                + (logs / "server.log").read_text(errors="replace")[-3000:])
+                    pytest.fail(
+                        "the Spark Connect server did not listen within 300 s:\n"
+                        + (logs / "server.log").read_text(errors="replace")[-3000:]
+                    )
                 time.sleep(0.5)
         yield f"sc://127.0.0.1:{port}"
     finally:

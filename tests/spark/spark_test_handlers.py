@@ -20,7 +20,10 @@ def spark_hold(job, spark):
             raise TimeoutError("spark_hold was never released")
         time.sleep(0.01)
     # A Spark job after the SIGTERM: proves the session is still up while the worker drains.
-    return {"count": spark.range(int(job.data.get("n", 1000))).count(), "job_group": spark.sparkContext.getLocalProperty("spark.jobGroup.id")}
+    return {
+        "count": spark.range(int(job.data.get("n", 1000))).count(),
+        "job_group": spark.sparkContext.getLocalProperty("spark.jobGroup.id"),
+    }
 
 
 @handler("spark_count")

@@ -16,13 +16,28 @@ def main(src: str, checkpoint: str, queue: str, url: str, load_id: str) -> None:
 
     from airflow_provider_chasqui.spark.datasource import register
 
-    spark = (SparkSession.builder.master("local[2]").appName("chasqui-stream-proc")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("chasqui-stream-proc")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    query = (spark.readStream.schema("id BIGINT").option("maxFilesPerTrigger", 1).parquet(src)
-             .writeStream.format("chasqui").option("queue", queue).option("redis_url", url).option("name", "row")
-             .option("load_id", load_id).option("chunk_size", 25).option("checkpointLocation", checkpoint).start())
+    query = (
+        spark.readStream.schema("id BIGINT")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(src)
+        .writeStream.format("chasqui")
+        .option("queue", queue)
+        .option("redis_url", url)
+        .option("name", "row")
+        .option("load_id", load_id)
+        .option("chunk_size", 25)
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
     query.awaitTermination()
 
 

@@ -32,12 +32,23 @@ def _stream_jobs(url: str, queue: str) -> list[tuple[str, Any, str]]:
 
 @pytest.fixture(scope="module")
 def typed_df(spark):
-    rows = [(i, "even" if i % 2 == 0 else "odd", decimal.Decimal(f"{i}.25"),
-             dt.date(2026, 1, 1) + dt.timedelta(days=i % 3), dt.datetime(2026, 1, 1, 12, i % 60),
-             [f"t{i % 4}"], (i, str(i)), bytearray(b"\x00\x01"))
-            for i in range(1000)]
-    schema = ("id BIGINT, kind STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP_NTZ, tags ARRAY<STRING>, "
-              "info STRUCT<a: INT, b: STRING>, blob BINARY")
+    rows = [
+        (
+            i,
+            "even" if i % 2 == 0 else "odd",
+            decimal.Decimal(f"{i}.25"),
+            dt.date(2026, 1, 1) + dt.timedelta(days=i % 3),
+            dt.datetime(2026, 1, 1, 12, i % 60),
+            [f"t{i % 4}"],
+            (i, str(i)),
+            bytearray(b"\x00\x01"),
+        )
+        for i in range(1000)
+    ]
+    schema = (
+        "id BIGINT, kind STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP_NTZ, tags ARRAY<STRING>, "
+        "info STRUCT<a: INT, b: STRING>, blob BINARY"
+    )
     return spark.createDataFrame(rows, schema).repartition(4)
 
 
@@ -49,16 +60,29 @@ def test_rows_become_jobs_with_converted_values(typed_df, redis_url: str, queue_
     by_id = {data["id"]: (name, data) for name, data, _ in jobs}
     name, data = by_id[7]
     assert name == "odd"
-    assert data == {"id": 7, "amount": "7.25", "day": "2026-01-02", "at": "2026-01-01T12:07:00",
-                    "tags": ["t3"], "info": {"a": 7, "b": "7"}, "blob": b"\x00\x01"}
+    assert data == {
+        "id": 7,
+        "amount": "7.25",
+        "day": "2026-01-02",
+        "at": "2026-01-01T12:07:00",
+        "tags": ["t3"],
+        "info": {"a": 7, "b": "7"},
+        "blob": b"\x00\x01",
+    }
     assert sorted(by_id) == list(range(1000))
 
 
 def test_constant_name_one_payload_column_and_delays(spark, redis_url: str, queue_name: str) -> None:
-    df = spark.createDataFrame([(i, {"k": str(i)}, None if i % 2 else 60_000) for i in range(10)],
-                               "n INT, payload MAP<STRING,STRING>, wait BIGINT")
-    assert enqueue_dataframe(df, queue_name, redis_url=redis_url, name="send", data_col="payload",
-                             delay_ms_col="wait", attempts=2) == 10
+    df = spark.createDataFrame(
+        [(i, {"k": str(i)}, None if i % 2 else 60_000) for i in range(10)],
+        "n INT, payload MAP<STRING,STRING>, wait BIGINT",
+    )
+    assert (
+        enqueue_dataframe(
+            df, queue_name, redis_url=redis_url, name="send", data_col="payload", delay_ms_col="wait", attempts=2
+        )
+        == 10
+    )
     keys = QueueKeys.for_queue(queue_name)
     with redis.Redis.from_url(redis_url) as r:
         assert (r.xlen(keys.stream), r.zcard(keys.delayed)) == (5, 5)
@@ -117,18 +141,38 @@ async def test_a_worker_consumes_what_a_dataframe_enqueued(spark, redis_url: str
         seen.append(job.data["triple"])
         return job.data["triple"]
 
-    await Worker(queue_name, {"sum": add}, redis_url=redis_url, run_scheduler=False, max_jobs=2000,
-                 read_block_ms=200).run()
+    await Worker(
+        queue_name, {"sum": add}, redis_url=redis_url, run_scheduler=False, max_jobs=2000, read_block_ms=200
+    ).run()
     assert sum(seen) == 3 * sum(range(2000)) and len(seen) == 2000
 
 
 def test_upsert_specs_dataframe(spark, redis_url: str, queue_name: str) -> None:
-    rows = [(f"tenant-{i}", "report", "0 6 * * *" if i % 2 == 0 else None,
-             "Europe/Madrid" if i % 2 == 0 else None, None if i % 2 == 0 else 60_000, i) for i in range(40)]
+    rows = [
+        (
+            f"tenant-{i}",
+            "report",
+            "0 6 * * *" if i % 2 == 0 else None,
+            "Europe/Madrid" if i % 2 == 0 else None,
+            None if i % 2 == 0 else 60_000,
+            i,
+        )
+        for i in range(40)
+    ]
     df = spark.createDataFrame(rows, "key STRING, job STRING, cron STRING, tz STRING, every BIGINT, tenant INT")
-    n = upsert_specs_dataframe(df.repartition(3), queue_name, redis_url=redis_url, name_col="job", key_col="key",
-                               cron_col="cron", tz_col="tz", every_ms_col="every", data_cols=["tenant"],
-                               attempts=3, batch=7)
+    n = upsert_specs_dataframe(
+        df.repartition(3),
+        queue_name,
+        redis_url=redis_url,
+        name_col="job",
+        key_col="key",
+        cron_col="cron",
+        tz_col="tz",
+        every_ms_col="every",
+        data_cols=["tenant"],
+        attempts=3,
+        batch=7,
+    )
     assert n == 40
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         cron_spec = q.get_repeatable_job("tenant-4")
@@ -139,8 +183,20 @@ def test_upsert_specs_dataframe(spark, redis_url: str, queue_name: str) -> None:
     assert "0 6 * * *" in text and "Europe/Madrid" in text and "report" in text
     assert "60000" in repr(every_spec)
     # Re-upserting the same keys replaces, never duplicates.
-    assert upsert_specs_dataframe(df, queue_name, redis_url=redis_url, name_col="job", key_col="key",
-                                  cron_col="cron", tz_col="tz", every_ms_col="every", data_cols=["tenant"]) == 40
+    assert (
+        upsert_specs_dataframe(
+            df,
+            queue_name,
+            redis_url=redis_url,
+            name_col="job",
+            key_col="key",
+            cron_col="cron",
+            tz_col="tz",
+            every_ms_col="every",
+            data_cols=["tenant"],
+        )
+        == 40
+    )
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         assert len(q.get_repeatable_jobs(limit=100)) == 40
 
@@ -148,8 +204,9 @@ def test_upsert_specs_dataframe(spark, redis_url: str, queue_name: str) -> None:
 def test_upsert_specs_needs_exactly_one_pattern_per_row(spark, redis_url: str, queue_name: str) -> None:
     df = spark.createDataFrame([("k", "job", "* * * * *", 1000)], "key STRING, job STRING, cron STRING, every BIGINT")
     with pytest.raises(Exception, match="give exactly one of a cron expression and an every_ms interval"):
-        upsert_specs_dataframe(df, queue_name, redis_url=redis_url, name_col="job", key_col="key",
-                               cron_col="cron", every_ms_col="every")
+        upsert_specs_dataframe(
+            df, queue_name, redis_url=redis_url, name_col="job", key_col="key", cron_col="cron", every_ms_col="every"
+        )
     with pytest.raises(ConfigError, match="cron_col= .* every_ms_col="):
         upsert_specs_dataframe(df, queue_name, redis_url=redis_url, name="job")
 
@@ -163,9 +220,25 @@ def test_the_benchmark_runs(redis_url: str) -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_spark_bulk.py"), "--rows", "20000",
-                           "--runs", "1", "--raw-rows", "5000", "--redis-url", redis_url, "--json"],
-                          capture_output=True, text=True, timeout=550, env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "bench_spark_bulk.py"),
+            "--rows",
+            "20000",
+            "--runs",
+            "1",
+            "--raw-rows",
+            "5000",
+            "--redis-url",
+            redis_url,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=550,
+        env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["rows"] == 20000 and summary["median"] > 0 and summary["raw_median"] > 0 and summary["ratio"] > 0

@@ -56,11 +56,24 @@ def _report(queue: str, load_id: str, url: str) -> dict[str, Any]:
 
 
 def test_rows_become_jobs_with_deterministic_ids(ds, redis_url: str, queue_name: str) -> None:
-    rows = [(i, "even" if i % 2 == 0 else "odd", decimal.Decimal(f"{i}.25"), dt.date(2026, 1, 1) + dt.timedelta(days=i % 3),
-             dt.datetime(2026, 1, 1, 12, i % 60), [f"t{i % 4}"], (i, str(i)), bytearray(b"\x00\x01"), {"k": i})
-            for i in range(1200)]
-    schema = ("id BIGINT, kind STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP_NTZ, tags ARRAY<STRING>, "
-              "info STRUCT<a: INT, b: STRING>, blob BINARY, m MAP<STRING, INT>")
+    rows = [
+        (
+            i,
+            "even" if i % 2 == 0 else "odd",
+            decimal.Decimal(f"{i}.25"),
+            dt.date(2026, 1, 1) + dt.timedelta(days=i % 3),
+            dt.datetime(2026, 1, 1, 12, i % 60),
+            [f"t{i % 4}"],
+            (i, str(i)),
+            bytearray(b"\x00\x01"),
+            {"k": i},
+        )
+        for i in range(1200)
+    ]
+    schema = (
+        "id BIGINT, kind STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP_NTZ, tags ARRAY<STRING>, "
+        "info STRUCT<a: INT, b: STRING>, blob BINARY, m MAP<STRING, INT>"
+    )
     df = ds.createDataFrame(rows, schema).repartition(3, "id")
     _write(df, queue_name, redis_url, name_col="kind", load_id="L1", chunk_size="100")
     jobs = _jobs(redis_url, queue_name)
@@ -68,8 +81,16 @@ def test_rows_become_jobs_with_deterministic_ids(ds, redis_url: str, queue_name:
     by_id = {data["id"]: (name, data, jid) for name, data, jid, _r in jobs}
     name, data, jid = by_id[7]
     assert name == "odd" and jid.startswith("L1-")
-    assert data == {"id": 7, "amount": "7.25", "day": "2026-01-02", "at": "2026-01-01T12:07:00",
-                    "tags": ["t3"], "info": {"a": 7, "b": "7"}, "blob": b"\x00\x01", "m": {"k": 7}}
+    assert data == {
+        "id": 7,
+        "amount": "7.25",
+        "day": "2026-01-02",
+        "at": "2026-01-01T12:07:00",
+        "tags": ["t3"],
+        "info": {"a": 7, "b": "7"},
+        "blob": b"\x00\x01",
+        "m": {"k": 7},
+    }
     # ids are <load_id>-<partition>-<row in partition>: every partition counts from 0
     parts: dict[str, list[int]] = {}
     for _n, _d, jid, _r in jobs:
@@ -100,8 +121,11 @@ def test_a_half_failed_load_rerun_writes_each_row_once(ds, redis_url: str, queue
     try:
         base = ds.range(1000, numPartitions=1)
         bad = base.select("id", F.when(F.col("id") == 650, F.lit(None)).otherwise(F.lit("work")).alias("job"))
-        with pytest.raises(Exception, match=r"(?s)a job name must be a non-empty string.*the 600 rows before it "
-                                            r"\(6 chunks\) may have been written.*load_id='L2'"):
+        with pytest.raises(
+            Exception,
+            match=r"(?s)a job name must be a non-empty string.*the 600 rows before it "
+            r"\(6 chunks\) may have been written.*load_id='L2'",
+        ):
             _write(bad, queue_name, redis_url, name_col="job", load_id="L2", chunk_size="100")
         assert len(_jobs(redis_url, queue_name)) == 600
         aborted = _report(queue_name, "L2", redis_url)
@@ -117,10 +141,18 @@ def test_a_half_failed_load_rerun_writes_each_row_once(ds, redis_url: str, queue
 
 
 def test_id_column_delays_payload_column_and_retry_options(ds, redis_url: str, queue_name: str) -> None:
-    df = ds.createDataFrame([(f"order-{i}", (i, f"c{i}"), None if i % 2 else 60_000) for i in range(10)],
-                            "oid STRING, payload STRUCT<n: INT, c: STRING>, wait BIGINT")
-    opts = dict(name="ship", id_col="oid", data_col="payload", delay_ms_col="wait", attempts="4",
-                backoff='{"kind": "exponential", "delay_ms": 500}')
+    df = ds.createDataFrame(
+        [(f"order-{i}", (i, f"c{i}"), None if i % 2 else 60_000) for i in range(10)],
+        "oid STRING, payload STRUCT<n: INT, c: STRING>, wait BIGINT",
+    )
+    opts = dict(
+        name="ship",
+        id_col="oid",
+        data_col="payload",
+        delay_ms_col="wait",
+        attempts="4",
+        backoff='{"kind": "exponential", "delay_ms": 500}',
+    )
     for _ in range(2):  # the second load finds every id's marker
         _write(df, queue_name, redis_url, **opts)
     keys = QueueKeys.for_queue(queue_name)
@@ -142,24 +174,29 @@ def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
     _write(df, queue_name, redis_url, name="tick", run_at_col="at")
     keys = QueueKeys.for_queue(queue_name)
     with redis.Redis.from_url(redis_url) as r:
-        (member, score), = r.zrange(keys.delayed, 0, -1, withscores=True)
+        ((member, score),) = r.zrange(keys.delayed, 0, -1, withscores=True)
         assert r.xlen(keys.stream) == 1
-    assert abs(score - later.timestamp() * 1000) < 2 and decode_data(decode_envelope(split_member(member)[1]).inner) == {"n": 1}
+    assert abs(score - later.timestamp() * 1000) < 2 and decode_data(
+        decode_envelope(split_member(member)[1]).inner
+    ) == {"n": 1}
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({}, "exactly one of the options name"),
-    (dict(name="x", name_col="k"), "exactly one of the options name"),
-    (dict(name="x", nope="1"), r"unknown write options \['nope'\]"),
-    (dict(name_col="n"), r"column 'n' \(name_col\) is int; expected string"),
-    (dict(name="x", id_col="missing"), "option id_col='missing' is not a column"),
-    (dict(name="x", delay_ms_col="n", run_at_col="n"), "delay_ms_col or run_at_col, not both"),
-    (dict(name="x", chunk_size="0"), "chunk_size must be >= 1"),
-    (dict(name="x", attempts="-1"), "attempts must be >= 0"),
-    (dict(name="x", backoff="soon"), "backoff must be ms or a JSON object"),
-    (dict(name="x", queue="a{b}"), "would break the"),
-    (dict(name="x", redis_url="redis://:s3cret@"), "not a valid Redis URL"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "exactly one of the options name"),
+        (dict(name="x", name_col="k"), "exactly one of the options name"),
+        (dict(name="x", nope="1"), r"unknown write options \['nope'\]"),
+        (dict(name_col="n"), r"column 'n' \(name_col\) is int; expected string"),
+        (dict(name="x", id_col="missing"), "option id_col='missing' is not a column"),
+        (dict(name="x", delay_ms_col="n", run_at_col="n"), "delay_ms_col or run_at_col, not both"),
+        (dict(name="x", chunk_size="0"), "chunk_size must be >= 1"),
+        (dict(name="x", attempts="-1"), "attempts must be >= 0"),
+        (dict(name="x", backoff="soon"), "backoff must be ms or a JSON object"),
+        (dict(name="x", queue="a{b}"), "would break the"),
+        (dict(name="x", redis_url="redis://:s3cret@"), "not a valid Redis URL"),
+    ],
+)
 def test_bad_options(options: dict[str, str], message: str) -> None:
     """The checks ``writer()`` runs on the driver, without a Spark job per case."""
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
@@ -201,8 +238,14 @@ def test_batch_write_over_spark_connect(spark_connect, redis_url: str, queue_nam
     with redis.Redis.from_url(redis_url) as r:
         for i in range(25):
             r.xadd(QueueKeys.for_queue(queue_name).events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000})
-    events = (spark_connect.read.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
-              .option("what", "events").option("partitions", "2").load())
+    events = (
+        spark_connect.read.format("chasqui")
+        .option("queue", queue_name)
+        .option("redis_url", redis_url)
+        .option("what", "events")
+        .option("partitions", "2")
+        .load()
+    )
     assert sorted(int(e.job_id[1:]) for e in events.collect()) == list(range(25))
 
 
@@ -224,8 +267,15 @@ async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, q
     def boom(job: Any) -> None:
         raise RuntimeError("nope")
 
-    await Worker(queue_name, {"ok": ok, "boom": boom}, redis_url=redis_url, run_scheduler=False, max_jobs=30,
-                 read_block_ms=200, store_results=True).run()
+    await Worker(
+        queue_name,
+        {"ok": ok, "boom": boom},
+        redis_url=redis_url,
+        run_scheduler=False,
+        max_jobs=30,
+        read_block_ms=200,
+        store_results=True,
+    ).run()
 
     def read(what: str, **options: str) -> list[Any]:
         r = ds.read.format("chasqui").option("queue", queue_name).option("redis_url", redis_url).option("what", what)
@@ -245,8 +295,12 @@ async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, q
     results = read("results")
     assert sorted(json.loads(x.result)["double"] for x in results) == sorted(2 * i for i in range(30) if i % 3)
     specs = {s.key: s for s in read("repeatable")}
-    assert (specs["k1"].kind, specs["k1"].cron, specs["k1"].tz, json.loads(specs["k1"].data)) == \
-        ("cron", "0 6 * * *", "Europe/Madrid", {"a": 1})
+    assert (specs["k1"].kind, specs["k1"].cron, specs["k1"].tz, json.loads(specs["k1"].data)) == (
+        "cron",
+        "0 6 * * *",
+        "Europe/Madrid",
+        {"a": 1},
+    )
     assert (specs["k2"].kind, specs["k2"].every_ms, specs["k2"].paused) == ("every", 60_000, False)
     assert specs["k1"].next_fire > dt.datetime.now() - dt.timedelta(days=1)
     with pytest.raises(Exception, match="option what must be one of"):
@@ -254,14 +308,24 @@ async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, q
 
 
 def _stream_query(spark: Any, src: str, checkpoint: str, queue: str, url: str) -> Any:
-    return (spark.readStream.schema("id BIGINT").option("maxFilesPerTrigger", 1).parquet(src)
-            .writeStream.format("chasqui").option("queue", queue).option("redis_url", url).option("name", "row")
-            .option("load_id", "S1").option("chunk_size", 25).option("checkpointLocation", checkpoint))
+    return (
+        spark.readStream.schema("id BIGINT")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(src)
+        .writeStream.format("chasqui")
+        .option("queue", queue)
+        .option("redis_url", url)
+        .option("name", "row")
+        .option("load_id", "S1")
+        .option("chunk_size", 25)
+        .option("checkpointLocation", checkpoint)
+    )
 
 
 @pytest.mark.slow  # its own Spark JVM: about a minute more than the rest of the module
-def test_streaming_write_is_exactly_once_across_a_killed_spark_process(ds, redis_url: str, queue_name: str,
-                                                                      tmp_path) -> None:
+def test_streaming_write_is_exactly_once_across_a_killed_spark_process(
+    ds, redis_url: str, queue_name: str, tmp_path
+) -> None:
     """A streaming query in its own Spark process is SIGKILLed while it writes; the query restarted
     from its checkpoint (here, in another Spark) replays the unfinished micro-batch: each row's job
     is in the queue exactly once."""
@@ -279,13 +343,27 @@ def test_streaming_write_is_exactly_once_across_a_killed_spark_process(ds, redis
     stream = QueueKeys.for_queue(queue_name).stream
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_CONNECT", "SPARK_REMOTE"))}
-    env.update(SPARK_LOCAL_IP="127.0.0.1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    env.update(
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+    )
     log = tmp_path / "stream_proc.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stream_proc.py")), src, checkpoint,
-                                 queue_name, redis_url, "S1"], env=env, start_new_session=True,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("stream_proc.py")),
+                src,
+                checkpoint,
+                queue_name,
+                redis_url,
+                "S1",
+            ],
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     r = redis.Redis.from_url(redis_url)
     try:
         deadline = time.monotonic() + 400
@@ -307,14 +385,14 @@ def test_streaming_write_is_exactly_once_across_a_killed_spark_process(ds, redis
     jobs = _jobs(redis_url, queue_name)
     assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(files * per_file))
     assert len({j for _n, _d, j, _r in jobs}) == files * per_file
-    skipped = sum(json.loads(r.get(k))["skipped"] for k in r.scan_iter(
-        match="{chasqui:" + queue_name + "}:spark:load:S1.*"))
+    skipped = sum(
+        json.loads(r.get(k))["skipped"] for k in r.scan_iter(match="{chasqui:" + queue_name + "}:spark:load:S1.*")
+    )
     print(f"killed at {at_kill} jobs; rows the restart found written before: {skipped}")
     r.close()
 
 
-def test_streaming_write_replays_an_uncommitted_micro_batch_once(ds, redis_url: str, queue_name: str,
-                                                               tmp_path) -> None:
+def test_streaming_write_replays_an_uncommitted_micro_batch_once(ds, redis_url: str, queue_name: str, tmp_path) -> None:
     """A crash between the sink's write and Spark's commit of micro-batch N leaves its offsets
     logged and its commit missing; the restarted query runs batch N again (same id, same rows),
     and the sink writes nothing twice.  The crash is staged by deleting the last commit file."""
@@ -349,9 +427,17 @@ def test_streaming_read_of_events(ds, redis_url: str, queue_name: str, tmp_path)
     for i in range(40):
         r.xadd(events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000 + i, "n": "x"})
     table = "ev_" + queue_name.replace("-", "_")
-    query = (ds.readStream.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
-             .option("what", "events").load()
-             .writeStream.format("memory").queryName(table).option("checkpointLocation", str(tmp_path / "ck")).start())
+    query = (
+        ds.readStream.format("chasqui")
+        .option("queue", queue_name)
+        .option("redis_url", redis_url)
+        .option("what", "events")
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
     try:
         query.processAllAvailable()
         assert ds.sql(f"select count(*) from {table}").collect()[0][0] == 40
@@ -378,13 +464,25 @@ def test_chunk_and_id_marker_scripts(redis_url: str, queue_name: str) -> None:
     member = encode_member(b"late", env[2])
     driver = SyncDriver(redis_url)
     try:
-        once = script_call("enqueue_batch_once", (k.stream, k.delayed, k.unique("spark:L:0:0")),
-                           (60_000, 1000, 0, env[0], b"a", 0, env[1], b"", 99, member, b"late"))
+        once = script_call(
+            "enqueue_batch_once",
+            (k.stream, k.delayed, k.unique("spark:L:0:0")),
+            (60_000, 1000, 0, env[0], b"a", 0, env[1], b"", 99, member, b"late"),
+        )
         assert driver.call(once) == 3 and driver.call(once) == -1
-        unique = script_call("enqueue_batch_unique", (k.stream, k.delayed, k.unique("x"), k.unique("y")),
-                             (60_000, 1000, "x", 0, env[0], b"a", "y", 0, env[1], b"a"))
-        assert driver.call(script_call("enqueue_batch_unique", (k.stream, k.delayed, k.unique("x")),
-                                       (60_000, 1000, "x", 0, env[0], b"a"))) == 1
+        unique = script_call(
+            "enqueue_batch_unique",
+            (k.stream, k.delayed, k.unique("x"), k.unique("y")),
+            (60_000, 1000, "x", 0, env[0], b"a", "y", 0, env[1], b"a"),
+        )
+        assert (
+            driver.call(
+                script_call(
+                    "enqueue_batch_unique", (k.stream, k.delayed, k.unique("x")), (60_000, 1000, "x", 0, env[0], b"a")
+                )
+            )
+            == 1
+        )
         assert driver.call(unique) == 1  # x held by the call before, y new
     finally:
         driver.close()
@@ -398,13 +496,30 @@ def test_spec_upserts_report_bad_rows(ds, redis_url: str, queue_name: str) -> No
     their row and key, or (on_error=skip) are counted and listed in the report."""
     from airflow_provider_chasqui import SyncQueue
 
-    rows = [(f"tenant-{i}", "report", "0 6 * * *" if i % 2 == 0 else None, "Europe/Madrid" if i % 2 == 0 else None,
-             None if i % 2 == 0 else 60_000, i) for i in range(40)]
+    rows = [
+        (
+            f"tenant-{i}",
+            "report",
+            "0 6 * * *" if i % 2 == 0 else None,
+            "Europe/Madrid" if i % 2 == 0 else None,
+            None if i % 2 == 0 else 60_000,
+            i,
+        )
+        for i in range(40)
+    ]
     rows[7] = ("tenant-7", "report", "61 * * * *", None, None, 7)  # invalid cron
     rows[9] = ("tenant-9", "report", "0 6 * * *", "Mars/Base", None, 9)  # unknown zone
     df = ds.createDataFrame(rows, "key STRING, job STRING, cron STRING, tz STRING, every BIGINT, tenant INT")
-    opts = dict(kind="repeatable", name_col="job", key_col="key", cron_col="cron", tz_col="tz", every_ms_col="every",
-                data_cols="tenant", attempts="3")
+    opts = dict(
+        kind="repeatable",
+        name_col="job",
+        key_col="key",
+        cron_col="cron",
+        tz_col="tz",
+        every_ms_col="every",
+        data_cols="tenant",
+        attempts="3",
+    )
     with pytest.raises(Exception, match=r"row 7 \(key 'tenant-7'\)"):
         _write(df.coalesce(1), queue_name, redis_url, **opts)
     _write(df.repartition(2), queue_name, redis_url, on_error="skip", load_id="SP", **opts)

@@ -57,36 +57,82 @@ def pipeline(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port = free_port()
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ)
-    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env.update(
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
     started = time.monotonic()
     worker = WorkerProc(
-        ["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
-         spark_entry.__file__, "--queue", queue, "--redis-url", redis_url,
-         "--handlers", "airflow_provider_chasqui.examples.spark_handlers", "--handlers", "spark_test_handlers",
-         "--shutdown-deadline", "90", "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
-        tmp / "spark-worker.log", env=env, command=[str(bin_dir / "spark-submit"), "--master", "local[2]"])
+        [
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.ui.showConsoleProgress=false",
+            spark_entry.__file__,
+            "--queue",
+            queue,
+            "--redis-url",
+            redis_url,
+            "--handlers",
+            "airflow_provider_chasqui.examples.spark_handlers",
+            "--handlers",
+            "spark_test_handlers",
+            "--shutdown-deadline",
+            "90",
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+        ],
+        tmp / "spark-worker.log",
+        env=env,
+        command=[str(bin_dir / "spark-submit"), "--master", "local[2]"],
+    )
 
     home, dags = tmp / "airflow-home", tmp / "airflow-home" / "dags"
     dags.mkdir(parents=True)
     for dag_file in ("spark_sales_pipeline.py", "spark_batch_worker.py"):
         shutil.copy(ROOT / "example_dags" / dag_file, dags)
     parsed = redis.connection.parse_url(redis_url)
-    airflow_env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-                   "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                   "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-                   "AIRFLOW_CONN_CHASQUI_DEFAULT": json.dumps({
-                       "conn_type": "chasqui", "host": parsed.get("host", "127.0.0.1"),
-                       "port": parsed.get("port", 6379), "extra": {"db": parsed.get("db", 0)}})}
+    airflow_env = {
+        **env,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "AIRFLOW_CONN_CHASQUI_DEFAULT": json.dumps(
+            {
+                "conn_type": "chasqui",
+                "host": parsed.get("host", "127.0.0.1"),
+                "port": parsed.get("port", 6379),
+                "extra": {"db": parsed.get("db", 0)},
+            }
+        ),
+    }
     try:
-        migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=airflow_env,
-                                 capture_output=True, text=True, timeout=600)
+        migrate = subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            env=airflow_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
         worker.wait_for_log(f"consuming {queue}", timeout=600)
         batch_queue = f"{queue}-batch"
-        yield {"queue": queue, "batch_queue": batch_queue, "worker": worker, "port": port, "env": airflow_env,
-               "data": tmp / "data", "started": started, "tmp": tmp}
+        yield {
+            "queue": queue,
+            "batch_queue": batch_queue,
+            "worker": worker,
+            "port": port,
+            "env": airflow_env,
+            "data": tmp / "data",
+            "started": started,
+            "tmp": tmp,
+        }
     finally:
         worker.kill()
         _delete_keys(redis_url, queue)
@@ -98,24 +144,41 @@ def dag_runs(pipeline: dict, redis_url: str) -> dict:
     """Both Spark example DAGs with ``dag.test()`` in one runner process (Airflow starts once)."""
     plan = [
         ["chasqui_spark_sales_pipeline", {"queue": pipeline["queue"], "data_dir": str(pipeline["data"]), "rows": ROWS}],
-        ["chasqui_spark_batch_worker", {"queue": pipeline["batch_queue"],
-                                        "data_dir": str(pipeline["data"]), "datasets": 2, "max_jobs": 2,
-                                        "idle_exit_secs": 60}],
+        [
+            "chasqui_spark_batch_worker",
+            {
+                "queue": pipeline["batch_queue"],
+                "data_dir": str(pipeline["data"]),
+                "datasets": 2,
+                "max_jobs": 2,
+                "idle_exit_secs": 60,
+            },
+        ],
     ]
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "airflow" / "run_dag.py"), json.dumps(plan)],
-                          env=pipeline["env"], capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "airflow" / "run_dag.py"), json.dumps(plan)],
+        env=pipeline["env"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     runs = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    return {"pipeline": runs[0], "batch": runs[1], "log": proc.stdout + proc.stderr,
-            "process_seconds": time.monotonic() - t0}
+    return {
+        "pipeline": runs[0],
+        "batch": runs[1],
+        "log": proc.stdout + proc.stderr,
+        "process_seconds": time.monotonic() - t0,
+    }
 
 
 def test_sales_pipeline_dag_end_to_end(pipeline: dict, dag_runs: dict) -> None:
     run = dag_runs["pipeline"]
     assert run["state"] == "success", (run["tis"], dag_runs["log"][-5000:])
-    assert run["tis"] == dict.fromkeys(["generate_sales", "enqueue_rollup", "wait_for_rollup", "check_rollup"],
-                                       "success")
+    assert run["tis"] == dict.fromkeys(
+        ["generate_sales", "enqueue_rollup", "wait_for_rollup", "check_rollup"], "success"
+    )
 
     dataset, result = run["xcom"]["generate_sales.return_value"], run["xcom"]["wait_for_rollup.return_value"]
     expected = expected_rollup(dataset["input"])
@@ -136,8 +199,10 @@ def test_sales_pipeline_dag_end_to_end(pipeline: dict, dag_runs: dict) -> None:
     labels = {"queue": pipeline["queue"], "name": "sales_rollup"}
     assert metric_value(text, "chasqui_jobs_completed_total", **labels) == 1
     job_s = metric_value(text, "chasqui_handler_duration_seconds_sum", **labels)
-    print(f"\nspark pipeline: dag.test {run['seconds']:.1f}s, Spark job {job_s:.2f}s, {ROWS} rows -> "
-          f"{len(expected)} rollup rows (runner process for both DAGs {dag_runs['process_seconds']:.1f}s)")
+    print(
+        f"\nspark pipeline: dag.test {run['seconds']:.1f}s, Spark job {job_s:.2f}s, {ROWS} rows -> "
+        f"{len(expected)} rollup rows (runner process for both DAGs {dag_runs['process_seconds']:.1f}s)"
+    )
     assert run["seconds"] < 180
 
 
@@ -192,12 +257,31 @@ def test_sigterm_to_spark_submit_lets_the_running_spark_job_finish(pipeline: dic
 def test_a_dead_jvm_stops_the_python_driver(redis_url: str, queue_name: str, tmp_path: Path) -> None:
     """SIGKILL to spark-submit's JVM (as an OOM kill would): its Python child must not live on."""
     bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               PYSPARK_DRIVER_PYTHON=sys.executable, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    worker = WorkerProc(["--conf", "spark.ui.enabled=false", spark_entry.__file__, "--queue", queue_name,
-                         "--redis-url", redis_url, "--handlers", "spark_test_handlers", "--no-scheduler"],
-                        tmp_path / "w.log", env=env, command=[str(bin_dir / "spark-submit"), "--master", "local[1]"])
+    env = dict(
+        os.environ,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
+    worker = WorkerProc(
+        [
+            "--conf",
+            "spark.ui.enabled=false",
+            spark_entry.__file__,
+            "--queue",
+            queue_name,
+            "--redis-url",
+            redis_url,
+            "--handlers",
+            "spark_test_handlers",
+            "--no-scheduler",
+        ],
+        tmp_path / "w.log",
+        env=env,
+        command=[str(bin_dir / "spark-submit"), "--master", "local[1]"],
+    )
     try:
         worker.wait_for_log(f"consuming {queue_name}", timeout=600)
         driver = _python_child(worker.pid)
@@ -212,12 +296,29 @@ def test_a_dead_jvm_stops_the_python_driver(redis_url: str, queue_name: str, tmp
 
 def test_chasqui_worker_starts_a_session_for_spark_handlers(redis_url: str, queue_name: str, tmp_path: Path) -> None:
     """Plain ``chasqui worker`` (no spark-submit): pyspark starts the JVM in the worker process."""
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env = dict(
+        os.environ,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("spark_count", {"n": 777})
-        worker = WorkerProc(["-q", queue_name, "-H", "spark_test_handlers:spark_count", "--redis-url", redis_url,
-                             "--max-jobs", "1", "--no-scheduler"], tmp_path / "w.log", env=env)
+        worker = WorkerProc(
+            [
+                "-q",
+                queue_name,
+                "-H",
+                "spark_test_handlers:spark_count",
+                "--redis-url",
+                redis_url,
+                "--max-jobs",
+                "1",
+                "--no-scheduler",
+            ],
+            tmp_path / "w.log",
+            env=env,
+        )
         assert worker.wait_exit(600) == 0, worker.output()[-5000:]
         result = q.get_job_result(job.id)
     assert result["count"] == 777 and result["master"].startswith("local")
@@ -225,10 +326,16 @@ def test_chasqui_worker_starts_a_session_for_spark_handlers(redis_url: str, queu
 
 
 def test_spark_entry_rejects_bad_handlers_before_starting_spark(redis_url: str, queue_name: str) -> None:
-    for args, message in ((["-H", "no_such_module_z"], "was not found"),
-                          (["-H", "spark_test_handlers", "--spark-conf", "novalue"], "--spark-conf takes KEY=VALUE")):
-        proc = subprocess.run([sys.executable, spark_entry.__file__, "-q", queue_name, "--redis-url", redis_url, *args],
-                              capture_output=True, text=True, timeout=300,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)])))
+    for args, message in (
+        (["-H", "no_such_module_z"], "was not found"),
+        (["-H", "spark_test_handlers", "--spark-conf", "novalue"], "--spark-conf takes KEY=VALUE"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, spark_entry.__file__, "-q", queue_name, "--redis-url", redis_url, *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)])),
+        )
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "SparkSession" not in proc.stderr

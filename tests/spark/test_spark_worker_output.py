@@ -31,8 +31,7 @@ MAX_LINES = 40
 
 
 @pytest.mark.timeout(900)
-def test_a_three_job_batch_is_quiet_and_uses_the_shipped_pools(redis_url: str, queue_name: str,
-                                                                tmp_path: Path) -> None:
+def test_a_three_job_batch_is_quiet_and_uses_the_shipped_pools(redis_url: str, queue_name: str, tmp_path: Path) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         jobs = []
         for i in range(3):
@@ -40,14 +39,36 @@ def test_a_three_job_batch_is_quiet_and_uses_the_shipped_pools(redis_url: str, q
             jobs.append({"name": "sales_rollup", "data": {"input": made["path"], "output": str(tmp_path / f"r-{i}")}})
         ids = [job.id for job in q.add_bulk(jobs)]
         bin_dir = Path(sys.executable).parent
-        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-                   PYSPARK_DRIVER_PYTHON=sys.executable,
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        env = dict(
+            os.environ,
+            SPARK_LOCAL_IP="127.0.0.1",
+            PYSPARK_PYTHON=sys.executable,
+            PYSPARK_DRIVER_PYTHON=sys.executable,
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        )
         proc = subprocess.run(
-            [str(bin_dir / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-             spark_entry.__file__, "--queue", queue_name, "--redis-url", redis_url,
-             "--handlers", "airflow_provider_chasqui.examples.spark_handlers", "--max-jobs", "3", "--no-scheduler"],
-            env=env, capture_output=True, text=True, timeout=800)
+            [
+                str(bin_dir / "spark-submit"),
+                "--master",
+                "local[2]",
+                "--conf",
+                "spark.ui.enabled=false",
+                spark_entry.__file__,
+                "--queue",
+                queue_name,
+                "--redis-url",
+                redis_url,
+                "--handlers",
+                "airflow_provider_chasqui.examples.spark_handlers",
+                "--max-jobs",
+                "3",
+                "--no-scheduler",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=800,
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-5000:]
         results = q.get_job_result_bulk(ids)
@@ -71,8 +92,11 @@ def _conf(**pairs: str) -> Any:
 
 def test_session_defaults_give_way_to_the_users_settings(spark: Any) -> None:
     defaults = spark_entry._session_defaults(_conf(), {})
-    assert defaults == {"spark.scheduler.mode": "FAIR", "spark.log.level": "WARN",
-                        "spark.scheduler.allocation.file": Path(spark_entry.POOL_FILE).as_uri()}
+    assert defaults == {
+        "spark.scheduler.mode": "FAIR",
+        "spark.log.level": "WARN",
+        "spark.scheduler.allocation.file": Path(spark_entry.POOL_FILE).as_uri(),
+    }
     # spark-submit --conf (the JVM's properties) or --spark-conf: the user's value wins
     mine = {"spark.log.level": "INFO", "spark.scheduler.allocation.file": "file:///etc/spark/pools.xml"}
     assert spark_entry._session_defaults(_conf(), mine) == {"spark.scheduler.mode": "FAIR"}
@@ -81,7 +105,8 @@ def test_session_defaults_give_way_to_the_users_settings(spark: Any) -> None:
     # FIFO has no pools: no allocation file then
     assert spark_entry._session_defaults(_conf(), {"spark.scheduler.mode": "FIFO"}) == {"spark.log.level": "WARN"}
     assert "spark.scheduler.allocation.file" not in spark_entry._session_defaults(
-        _conf(spark_scheduler_mode="FIFO"), {})
+        _conf(spark_scheduler_mode="FIFO"), {}
+    )
 
 
 def test_the_pool_file_declares_every_pool_the_worker_uses(spark: Any) -> None:

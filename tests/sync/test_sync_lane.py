@@ -69,8 +69,10 @@ def _on(loop: asyncio.AbstractEventLoop, fn, *args):
 # ---- the lane's ordinary use --------------------------------------------------------------------
 def test_adds_take_the_lane_and_write_the_generic_entry(redis_url: str, queue_name: str) -> None:
     data = {"k": "v", "b": b"\x00"}
-    with SyncQueue(queue_name, redis_url=redis_url) as fast, \
-            SyncQueue(queue_name, driver=SyncDriver(redis_url, lane=False)) as slow:
+    with (
+        SyncQueue(queue_name, redis_url=redis_url) as fast,
+        SyncQueue(queue_name, driver=SyncDriver(redis_url, lane=False)) as slow,
+    ):
         jobs = [fast.add("named", data), fast.add("", data), slow.add("named", data), slow.add("", data)]
         jobs += fast.add_bulk([{"name": "named", "data": data}] * 3)
         assert fast.driver._lane._sock is not None
@@ -179,7 +181,6 @@ def test_script_flush_is_reloaded_on_the_lane(own_url: str, queue_name: str, mon
         assert r.zcard(keys.delayed) == 3
 
 
-
 def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path) -> None:
     """A demoted master answers READONLY: the lane drops that socket (one add, a pipeline)."""
     other = start_server("redis7", tmpdir=tmp_path)
@@ -207,6 +208,7 @@ def test_readonly_reply_closes_the_lane(own_url: str, queue_name: str, tmp_path)
         other.stop()
     ids = stream_job_ids(own_url, queue_name)  # a finished resync from ``other`` may have emptied the stream
     assert jobs[-1].id in ids and set(ids) <= {j.id for j in jobs}
+
 
 # ---- threads and processes ----------------------------------------------------------------------
 def test_four_threads_share_one_queue(redis_url: str, queue_name: str) -> None:
@@ -326,8 +328,14 @@ def test_lane_with_an_acl_user(own_url: str, own_server: RunningServer, queue_na
     prefix = QueueKeys.for_queue(queue_name).prefix
     user = f"lane-{queue_name}"
     with own_server.client() as admin:
-        admin.acl_setuser(user, enabled=True, passwords=["+s3cret"], keys=[f"{prefix}*"],
-                          commands=["+@all", "-@dangerous"], reset_keys=True)
+        admin.acl_setuser(
+            user,
+            enabled=True,
+            passwords=["+s3cret"],
+            keys=[f"{prefix}*"],
+            commands=["+@all", "-@dangerous"],
+            reset_keys=True,
+        )
     url = f"redis://{user}:s3cret@127.0.0.1:{own_server.port}/0"
     try:
         with SyncQueue(queue_name, redis_url=url) as q:

@@ -174,7 +174,10 @@ def test_sync_dlq_peek_and_replay(redis_url, queue_name, r, sq) -> None:
         wait_until_sync(lambda: r.xlen(k.dlq) == 1, what="dead letter")
         (entry,) = sq.peek_dlq()
         assert (entry["reason"], entry["name"], decode_envelope(entry["payload"]).id) == (
-            "retries_exhausted", "flaky", job.id)
+            "retries_exhausted",
+            "flaky",
+            job.id,
+        )
         healthy.set()
         assert sq.replay_dlq() == 1
         wait_until_sync(lambda: len(attempts) == 2, what="the replayed run")
@@ -190,8 +193,9 @@ def test_one_sync_queue_shared_by_threads(queue_name, r, sq) -> None:
     assert r.xlen(k.stream) == 200
 
 
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?cluster=true"],
-                         ids=["single", "cluster"])
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0?cluster=true"], ids=["single", "cluster"]
+)
 def test_sync_queue_on_an_unreachable_server_says_so(url: str) -> None:
     """Nothing listens on port 1: one clear connection error, for a server and for a cluster."""
     with SyncQueue("t-unreachable", redis_url=url) as q, pytest.raises(ChasquiConnectionError, match="unreachable"):

@@ -89,8 +89,13 @@ class _ToSync(ast.NodeTransformer):
 def _strip_docstrings(node: ast.AST) -> None:
     for child in ast.walk(node):
         body = getattr(child, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             child.body = body[1:] or [ast.Pass()]
 
 
@@ -115,8 +120,9 @@ def test_the_twins_have_the_same_methods_with_the_same_bodies() -> None:
     async_methods = _methods(_class(async_mod, "Queue"), to_sync=True)
     sync_methods = _methods(_class(sync_mod, "SyncQueue"), to_sync=False)
     assert sorted(async_methods) == sorted(sync_methods)
-    differ = [name for name in async_methods
-              if async_methods[name] != sync_methods[name] and name not in ASYNC_ONLY_METHODS]
+    differ = [
+        name for name in async_methods if async_methods[name] != sync_methods[name] and name not in ASYNC_ONLY_METHODS
+    ]
     assert differ == [], f"methods that differ beyond async/await tokens: {differ}"
 
 
@@ -184,8 +190,12 @@ TWIN_MODULES = [
 ]
 # Names in annotations that differ by twin (async spelling -> sync spelling).
 ANNOTATION_RENAMES = {
-    "AsyncDriver": "SyncDriver", "ShardedQueue": "SyncShardedQueue", "Queue": "SyncQueue",
-    "aioredis.Redis": "redis.Redis", "AsyncIterator": "Iterator", "AsyncRedisCluster": "RedisCluster",
+    "AsyncDriver": "SyncDriver",
+    "ShardedQueue": "SyncShardedQueue",
+    "Queue": "SyncQueue",
+    "aioredis.Redis": "redis.Redis",
+    "AsyncIterator": "Iterator",
+    "AsyncRedisCluster": "RedisCluster",
 }
 # The intended differences, each with its reason.  Module level: (module, name) present on one side only.
 ASYNC_ONLY_MODULE_NAMES = {
@@ -212,8 +222,11 @@ def _norm(annotation: object) -> str:
 
 def _public(obj: object) -> dict[str, object]:
     keep = {"__init__", "__aenter__", "__aexit__", "__enter__", "__exit__"}
-    return {RENAMES.get(n, n): f for n, f in vars(obj).items()
-            if (not n.startswith("_") or n in keep) and (callable(f) or isinstance(f, property))}
+    return {
+        RENAMES.get(n, n): f
+        for n, f in vars(obj).items()
+        if (not n.startswith("_") or n in keep) and (callable(f) or isinstance(f, property))
+    }
 
 
 def _same_signature(where: str, a: object, s: object) -> None:
@@ -285,6 +298,9 @@ def test_sync_imports_nothing_private_from_engine() -> None:
                 if mod.startswith(("..engine", "airflow_provider_chasqui.engine")):
                     bad.append(f"{path.name}: from {mod} import {', '.join(a.name for a in node.names)}")
             elif isinstance(node, ast.Import):
-                bad += [f"{path.name}: import {a.name}" for a in node.names
-                        if a.name.startswith("airflow_provider_chasqui.engine")]
+                bad += [
+                    f"{path.name}: import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("airflow_provider_chasqui.engine")
+                ]
     assert bad == [], bad

@@ -204,8 +204,17 @@ def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str,
     from airflow_provider_chasqui.errors import UnrecoverableError
 
     def core() -> ConsumerCore:
-        c = ConsumerCore("emails", group="g", consumer_id="c", max_attempts=2, settings=QueueSettings(),
-                         retry=RetryPolicy(), events=True, result_ttl_ms=0, failure_ttl_ms=5_000)
+        c = ConsumerCore(
+            "emails",
+            group="g",
+            consumer_id="c",
+            max_attempts=2,
+            settings=QueueSettings(),
+            retry=RetryPolicy(),
+            events=True,
+            result_ttl_ms=0,
+            failure_ttl_ms=5_000,
+        )
         c.rng.seed(7)
         return c
 
@@ -230,16 +239,56 @@ def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str,
     k = a.keys
     assert batch.keys == (k.stream, k.delayed, k.dlq, k.events)
     head, (kind, eid, job, name, att, failed, dur, *tail) = batch.argv[:8], batch.argv[8:]
-    assert head == ("g", features.xackdel_flag, a.events_max, a.settings.dlq_max_len, 5_000, k.prefix, now,
-                    a.settings.failures_max_len)
+    assert head == (
+        "g",
+        features.xackdel_flag,
+        a.events_max,
+        a.settings.dlq_max_len,
+        5_000,
+        k.prefix,
+        now,
+        a.settings.failures_max_len,
+    )
     if case == "retry":
         assert one.script.name == "retry" and kind == "r"
-        assert one.argv == ("g", eid, tail[0], tail[1], features.xackdel_flag, a.events_max, now, job, name, att,
-                            failed, dur, tail[2], tail[3])
+        assert one.argv == (
+            "g",
+            eid,
+            tail[0],
+            tail[1],
+            features.xackdel_flag,
+            a.events_max,
+            now,
+            job,
+            name,
+            att,
+            failed,
+            dur,
+            tail[2],
+            tail[3],
+        )
         assert tail[4] == ""  # a retried attempt's traceback is logged, not stored
     else:
         assert one.script.name == "dead_letter" and kind == "d" and not tail[3]  # the DLQ's `n` is `name`
-        assert one.argv == ("g", eid, features.xackdel_flag, a.settings.dlq_max_len, a.events_max, now, tail[0],
-                            name, tail[1], tail[2], job, att, failed, dur, 5_000, k.prefix,
-                            a.settings.failures_max_len, tail[3], tail[4])
+        assert one.argv == (
+            "g",
+            eid,
+            features.xackdel_flag,
+            a.settings.dlq_max_len,
+            a.events_max,
+            now,
+            tail[0],
+            name,
+            tail[1],
+            tail[2],
+            job,
+            att,
+            failed,
+            dur,
+            5_000,
+            k.prefix,
+            a.settings.failures_max_len,
+            tail[3],
+            tail[4],
+        )
         assert (tail[4].startswith("Traceback") and "in test_fail_batch_rows" in tail[4]) == (case != "rejected")

@@ -31,8 +31,9 @@ def _pending(url: str, queue: str) -> int:
 def test_batch_mode_runs_max_jobs_then_exits(start_worker, redis_url: str, queue_name: str) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         jobs = q.add_bulk([{"name": "echo", "data": i} for i in range(5)])
-        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url,
-                             "--max-jobs", "5", "--no-scheduler"])
+        proc = start_worker(
+            ["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url, "--max-jobs", "5", "--no-scheduler"]
+        )
         assert proc.wait_exit(180) == 0, proc.output()
         assert q.get_job_result_bulk([j.id for j in jobs]) == [{"echo": i} for i in range(5)]
     out = proc.output()
@@ -43,8 +44,20 @@ def test_idle_exit_with_the_promoter_and_scheduler_loops(start_worker, redis_url
     """Default flags: promoter and scheduler run; an empty queue ends the batch after --idle-exit."""
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("echo", "late", delay=300)  # promoted by the worker's own promoter
-        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url,
-                             "--idle-exit", "1.5", "--log-level", "debug"])
+        proc = start_worker(
+            [
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers",
+                "--redis-url",
+                redis_url,
+                "--idle-exit",
+                "1.5",
+                "--log-level",
+                "debug",
+            ]
+        )
         assert proc.wait_exit(180) == 0, proc.output()
         assert q.get_job_result(job.id) == {"echo": "late"}
     out = proc.output()
@@ -54,16 +67,39 @@ def test_idle_exit_with_the_promoter_and_scheduler_loops(start_worker, redis_url
 def test_python_dash_m_entry(redis_url: str, queue_name: str, tmp_path: Path) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("echo", 1)
-        proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.worker", "-q", queue_name,
-                               "-H", "worker_handlers:echo", "--redis-url", redis_url, "--max-jobs", "1",
-                               "--no-scheduler"], env=subprocess_env(), capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.worker",
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers:echo",
+                "--redis-url",
+                redis_url,
+                "--max-jobs",
+                "1",
+                "--no-scheduler",
+            ],
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert proc.returncode == 0, proc.stderr
         assert q.get_job_result(job.id) == {"echo": 1}
 
 
 def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*chasqui_command(), "worker", *args], env=subprocess_env(**env), capture_output=True,
-                          text=True, timeout=180, cwd=str(ROOT))
+    return subprocess.run(
+        [*chasqui_command(), "worker", *args],
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=str(ROOT),
+    )
 
 
 def test_handler_errors_exit_2_with_the_reason(redis_url: str, queue_name: str) -> None:
@@ -85,19 +121,35 @@ def test_handler_errors_exit_2_with_the_reason(redis_url: str, queue_name: str) 
 
 
 def test_usage_errors_exit_2() -> None:
-    for args in (["-H", "worker_handlers", "--concurrency", "0", "-q", "x"],
-                 ["-H", "worker_handlers", "-q", "x", "--redis-url", "u", "--conn-id", "c"],
-                 ["-q", "x"]):
+    for args in (
+        ["-H", "worker_handlers", "--concurrency", "0", "-q", "x"],
+        ["-H", "worker_handlers", "-q", "x", "--redis-url", "u", "--conn-id", "c"],
+        ["-q", "x"],
+    ):
         proc = _run(args)
         assert proc.returncode == 2 and "error:" in proc.stderr, (args, proc.stderr)
 
 
-def test_sigterm_stops_reading_and_lets_running_jobs_finish(start_worker, redis_url: str, queue_name: str,
-                                                           tmp_path: Path) -> None:
+def test_sigterm_stops_reading_and_lets_running_jobs_finish(
+    start_worker, redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         held = [q.add("hold", {"dir": str(tmp_path)}) for _ in range(3)]
-        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url,
-                             "--concurrency", "2", "--no-scheduler", "--shutdown-deadline", "60"])
+        proc = start_worker(
+            [
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers",
+                "--redis-url",
+                redis_url,
+                "--concurrency",
+                "2",
+                "--no-scheduler",
+                "--shutdown-deadline",
+                "60",
+            ]
+        )
         started = lambda: sorted(p.name for p in tmp_path.glob("started-*"))  # noqa: E731
         wait_until_sync(lambda: len(started()) == 2, 120, what="two held jobs running")
         assert _pending(redis_url, queue_name) == 3  # the third was read and waits in the worker
@@ -115,12 +167,24 @@ def test_sigterm_stops_reading_and_lets_running_jobs_finish(start_worker, redis_
     assert "stopped after 3 jobs" in proc.output()
 
 
-def test_sigterm_deadline_leaves_the_job_pending_for_reclaim(start_worker, redis_url: str, queue_name: str,
-                                                             tmp_path: Path) -> None:
+def test_sigterm_deadline_leaves_the_job_pending_for_reclaim(
+    start_worker, redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("hold", {"dir": str(tmp_path), "max_hold": 30})
-        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url,
-                             "--no-scheduler", "--shutdown-deadline", "0.5"])
+        proc = start_worker(
+            [
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers",
+                "--redis-url",
+                redis_url,
+                "--no-scheduler",
+                "--shutdown-deadline",
+                "0.5",
+            ]
+        )
         wait_until_sync(lambda: any(tmp_path.glob("started-*")), 120, what="the held job running")
         proc.signal(signal.SIGTERM)
         assert proc.wait_exit(180) == 0, proc.output()
@@ -134,8 +198,19 @@ def test_sigterm_deadline_leaves_the_job_pending_for_reclaim(start_worker, redis
 def test_a_second_signal_exits_at_once(start_worker, redis_url: str, queue_name: str, tmp_path: Path) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         q.add("hold", {"dir": str(tmp_path), "max_hold": 30})
-        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url,
-                             "--no-scheduler", "--shutdown-deadline", "60"])
+        proc = start_worker(
+            [
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers",
+                "--redis-url",
+                redis_url,
+                "--no-scheduler",
+                "--shutdown-deadline",
+                "60",
+            ]
+        )
         wait_until_sync(lambda: any(tmp_path.glob("started-*")), 120, what="the held job running")
         proc.signal(signal.SIGINT)
         proc.wait_for_log("SIGINT: stopping")
@@ -145,16 +220,21 @@ def test_a_second_signal_exits_at_once(start_worker, redis_url: str, queue_name:
 
 
 @pytest.mark.airflow
-def test_conn_id_resolves_an_airflow_connection(start_worker, redis_url: str, queue_name: str,
-                                                tmp_path: Path) -> None:
+def test_conn_id_resolves_an_airflow_connection(start_worker, redis_url: str, queue_name: str, tmp_path: Path) -> None:
     conn = redis.connection.parse_url(redis_url)
-    spec = {"conn_type": "chasqui", "host": conn.get("host", "127.0.0.1"), "port": conn.get("port", 6379),
-            "schema": str(conn.get("db", 0)), "extra": {"default_queue": queue_name}}
+    spec = {
+        "conn_type": "chasqui",
+        "host": conn.get("host", "127.0.0.1"),
+        "port": conn.get("port", 6379),
+        "schema": str(conn.get("db", 0)),
+        "extra": {"default_queue": queue_name},
+    }
     env = subprocess_env(AIRFLOW_CONN_CHASQUI_WORKER_TEST=json.dumps(spec), AIRFLOW_HOME=str(tmp_path / "af"))
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("echo", "via connection")
-        proc = start_worker(["--conn-id", "chasqui_worker_test", "-H", "worker_handlers", "--max-jobs", "1",
-                             "--no-scheduler"], env=env)
+        proc = start_worker(
+            ["--conn-id", "chasqui_worker_test", "-H", "worker_handlers", "--max-jobs", "1", "--no-scheduler"], env=env
+        )
         assert proc.wait_exit(180) == 0, proc.output()
         assert q.get_job_result(job.id) == {"echo": "via connection"}
     assert f"consuming {queue_name}" in proc.output()
@@ -174,7 +254,8 @@ def test_worker_modules_import_neither_airflow_nor_pyspark() -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'pyspark', 'py4j'))\n"
         "print(bad)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
-                          env=subprocess_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=subprocess_env()
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

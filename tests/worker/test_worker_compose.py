@@ -54,12 +54,25 @@ IMAGE = "airflow-provider-chasqui:dev"
 IMAGE_HOME = "/opt/airflow"  # apache/airflow's AIRFLOW_HOME and WORKDIR
 IMAGE_UID = 50000  # apache/airflow's `airflow` user, the USER of docker/Dockerfile
 IMAGE_ENTRYPOINT = ["/usr/bin/dumb-init", "--", "/entrypoint"]  # apache/airflow's ENTRYPOINT
-SECRETS = ("AIRFLOW_FERNET_KEY", "AIRFLOW_SECRET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_ADMIN_PASSWORD",
-           "REDIS_PASSWORD", "POSTGRES_PASSWORD")
-AIRFLOW_KEYS = {"AIRFLOW__CORE__FERNET_KEY": "AIRFLOW_FERNET_KEY", "AIRFLOW__API__SECRET_KEY": "AIRFLOW_SECRET_KEY",
-                "AIRFLOW__API_AUTH__JWT_SECRET": "AIRFLOW_JWT_SECRET"}
-AIRFLOW_SERVICES = {"airflow-apiserver": "api-server", "airflow-scheduler": "scheduler",
-                    "airflow-dag-processor": "dag-processor", "airflow-triggerer": "triggerer"}
+SECRETS = (
+    "AIRFLOW_FERNET_KEY",
+    "AIRFLOW_SECRET_KEY",
+    "AIRFLOW_JWT_SECRET",
+    "AIRFLOW_ADMIN_PASSWORD",
+    "REDIS_PASSWORD",
+    "POSTGRES_PASSWORD",
+)
+AIRFLOW_KEYS = {
+    "AIRFLOW__CORE__FERNET_KEY": "AIRFLOW_FERNET_KEY",
+    "AIRFLOW__API__SECRET_KEY": "AIRFLOW_SECRET_KEY",
+    "AIRFLOW__API_AUTH__JWT_SECRET": "AIRFLOW_JWT_SECRET",
+}
+AIRFLOW_SERVICES = {
+    "airflow-apiserver": "api-server",
+    "airflow-scheduler": "scheduler",
+    "airflow-dag-processor": "dag-processor",
+    "airflow-triggerer": "triggerer",
+}
 WORKERS = ("chasqui-worker", "spark-worker")
 
 
@@ -144,8 +157,9 @@ def _seconds(value: str | int | float) -> float:
 
 
 # ---- what the file promises ------------------------------------------------------------------------
-def test_make_env_writes_fresh_private_secrets_and_never_overwrites(env_file: Path, secrets: dict[str, str],
-                                                                     tmp_path: Path) -> None:
+def test_make_env_writes_fresh_private_secrets_and_never_overwrites(
+    env_file: Path, secrets: dict[str, str], tmp_path: Path
+) -> None:
     from cryptography.fernet import Fernet
 
     assert set(secrets) == set(SECRETS) and all(secrets.values())
@@ -161,7 +175,9 @@ def test_make_env_writes_fresh_private_secrets_and_never_overwrites(env_file: Pa
     assert again.returncode != 0 and "not overwriting" in again.stderr and other.read_text() == before
     example = (ROOT / ".env.example").read_text()
     assert all(f"\n{name}=\n" in example for name in SECRETS)  # documented, with no value
-    assert ".env" in (ROOT / ".gitignore").read_text().split() and ".env" in (ROOT / ".dockerignore").read_text().split()
+    assert (
+        ".env" in (ROOT / ".gitignore").read_text().split() and ".env" in (ROOT / ".dockerignore").read_text().split()
+    )
 
 
 @pytest.mark.parametrize("missing", SECRETS)
@@ -189,8 +205,10 @@ def test_airflow_services_share_one_set_of_keys(config: dict, secrets: dict[str,
         env = services[name]["environment"]
         for key, var in AIRFLOW_KEYS.items():
             assert env[key] == secrets[var], (name, key)
-        assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == services["airflow-apiserver"]["environment"][
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert (
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+            == services["airflow-apiserver"]["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        )
         assert urlsplit(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).password == secrets["POSTGRES_PASSWORD"]
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == secrets["POSTGRES_PASSWORD"]
 
@@ -230,7 +248,9 @@ def test_redis_has_a_password_that_travels_in_env_only(config: dict, secrets: di
     assert "requirepass ${REDISCLI_AUTH}" in " ".join(_argv(services["redis"]["command"]))
     clients = 0
     for name, svc in services.items():
-        argv = " ".join(_argv(svc.get("entrypoint")) + _argv(svc.get("command")) + svc.get("healthcheck", {}).get("test", []))
+        argv = " ".join(
+            _argv(svc.get("entrypoint")) + _argv(svc.get("command")) + svc.get("healthcheck", {}).get("test", [])
+        )
         assert all(value not in argv for value in secrets.values()), f"{name}: a secret in argv"
         for key, value in svc.get("environment", {}).items():
             if "redis://" in value:
@@ -257,7 +277,7 @@ def test_workers_are_wired_to_redis_airflow_and_each_other(config: dict) -> None
     assert spark[:3] == ["spark-submit", "--master", "local[2]"]
     entry = next(a for a in spark if a.endswith(".py"))
     assert entry == "/opt/airflow/chasqui_spark_worker.py" and entry in DOCKERFILE.read_text()
-    sargs = build_parser(spark=True).parse_args(spark[spark.index(entry) + 1:])
+    sargs = build_parser(spark=True).parse_args(spark[spark.index(entry) + 1 :])
     assert sargs.redis_url is None and sargs.queue == env["CHASQUI_SPARK_QUEUE"]
     assert "sales_rollup" in load_handlers(sargs.handlers)
     assert sargs.shutdown_deadline < _seconds(services["spark-worker"]["stop_grace_period"])
@@ -278,8 +298,9 @@ def test_workers_are_wired_to_redis_airflow_and_each_other(config: dict) -> None
 def test_the_image_is_airflow_33_with_java_and_the_spark_entry() -> None:
     dockerfile = DOCKERFILE.read_text()
     assert "FROM ${AIRFLOW_IMAGE}" in dockerfile and "apache/airflow:3.3" in dockerfile
-    assert "openjdk-17" in dockerfile and re.search(r"ln -s .*worker\.spark.*\n.*/opt/airflow/chasqui_spark_worker\.py",
-                                                    dockerfile)
+    assert "openjdk-17" in dockerfile and re.search(
+        r"ln -s .*worker\.spark.*\n.*/opt/airflow/chasqui_spark_worker\.py", dockerfile
+    )
     assert dockerfile.rstrip().splitlines()[-1] != "USER root" and "\nUSER airflow\n" in dockerfile
 
 
@@ -291,8 +312,27 @@ def _free_port() -> int:
 
 
 def _psql(sql: str, database: str = "postgres") -> str:
-    proc = subprocess.run(["psql", "-h", "127.0.0.1", "-p", "5432", "-U", "postgres", "-d", database, "-At",
-                           "-v", "ON_ERROR_STOP=1", "-c", sql], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            "5432",
+            "-U",
+            "postgres",
+            "-d",
+            database,
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, f"PostgreSQL on 127.0.0.1:5432 (trust auth) is needed: {proc.stderr}"
     return proc.stdout
 
@@ -348,6 +388,7 @@ class LocalStack:
             shim.chmod(0o755)
         # docker/Dockerfile links the Spark worker's entry into /opt/airflow
         import airflow_provider_chasqui.worker.spark as spark_entry
+
         (self.home / "chasqui_spark_worker.py").symlink_to(spark_entry.__file__)
         self.database = f"chasqui_compose_{uuid.uuid4().hex[:8]}"
         self.ports: dict[tuple[str, int], int] = {("postgres", 5432): 5432}
@@ -366,7 +407,8 @@ class LocalStack:
         """The ports a container publishes or probes in its healthcheck."""
         probe = " ".join(svc.get("healthcheck", {}).get("test", []))
         return {target for _h, _p, target in _ports(svc)} | {
-            int(p) for p in re.findall(r"(?:127\.0\.0\.1:|localhost:|redis-cli -p )(\d+)", probe)}
+            int(p) for p in re.findall(r"(?:127\.0\.0\.1:|localhost:|redis-cli -p )(\d+)", probe)
+        }
 
     def _is_airflow_image(self, name: str) -> bool:
         return self.services[name].get("image") == IMAGE
@@ -375,7 +417,7 @@ class LocalStack:
         out = []
         for src, target in _mounts(svc):
             if target.startswith(IMAGE_HOME + "/"):
-                host = self.home / target[len(IMAGE_HOME) + 1:]
+                host = self.home / target[len(IMAGE_HOME) + 1 :]
             else:
                 host = self.tmp / "volumes" / Path(src).name
             known = self.volumes.setdefault(src, host)
@@ -433,18 +475,28 @@ class LocalStack:
 
     def env(self, name: str) -> dict[str, str]:
         svc = self.services[name]
-        env = {"PATH": f"{self.shims}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-               "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "SPARK_LOCAL_IP": "127.0.0.1",
-               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-               "HOSTNAME": self.hostname}
+        env = {
+            "PATH": f"{self.shims}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": "C.UTF-8",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+            "HOSTNAME": self.hostname,
+        }
         if self._is_airflow_image(name):
             env["AIRFLOW_HOME"] = str(self.home)
             # each container has its own network: the ports Airflow binds by default get their own here
-            env.update({"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-                        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
-                        "AIRFLOW__API__HOST": "127.0.0.1",
-                        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1"})
-        env.update({k: self.translate(name, str(v).replace("$$", "$")) for k, v in (svc.get("environment") or {}).items()})
+            env.update(
+                {
+                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+                    "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+                    "AIRFLOW__API__HOST": "127.0.0.1",
+                    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
+                }
+            )
+        env.update(
+            {k: self.translate(name, str(v).replace("$$", "$")) for k, v in (svc.get("environment") or {}).items()}
+        )
         return env
 
     def healthcheck(self, name: str) -> list[str] | None:
@@ -457,12 +509,19 @@ class LocalStack:
 
     # -- running ---------------------------------------------------------------------------------
     def prepare(self) -> None:
-        _psql("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'airflow') "
-              "THEN CREATE ROLE airflow LOGIN; END IF; END $$")
+        _psql(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'airflow') "
+            "THEN CREATE ROLE airflow LOGIN; END IF; END $$"
+        )
         _psql(f"CREATE DATABASE {self.database} OWNER airflow")
         # what Airflow records as a job's hostname; Docker sets HOSTNAME to the container's
-        proc = subprocess.run([sys.executable, "-c", "from airflow.utils.net import get_hostname; print(get_hostname())"],
-                              env=self.env("airflow-scheduler"), capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", "from airflow.utils.net import get_hostname; print(get_hostname())"],
+            env=self.env("airflow-scheduler"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         self.hostname = proc.stdout.strip().splitlines()[-1]
         for name in self.services:
@@ -470,8 +529,15 @@ class LocalStack:
                 continue
             hc = self.services[name].get("healthcheck", {})
             workdir = self.home if self._is_airflow_image(name) else self.volumes["redis-data"]  # redis's is /data
-            self.run[name] = Service(name, self.argv(name), self.env(name), workdir, self.healthcheck(name),
-                                     _seconds(hc.get("timeout", "30s")), self.tmp / f"{name}.log")
+            self.run[name] = Service(
+                name,
+                self.argv(name),
+                self.env(name),
+                workdir,
+                self.healthcheck(name),
+                _seconds(hc.get("timeout", "30s")),
+                self.tmp / f"{name}.log",
+            )
 
     def _ready(self, dep: str, cond: str) -> bool:
         if dep == "postgres":  # the machine's server stands in; its compose healthcheck must pass
@@ -487,11 +553,18 @@ class LocalStack:
         t0 = time.monotonic()
         while True:
             for svc in self.run.values():
-                if svc.proc is None and all(self._ready(d, c["condition"])
-                                            for d, c in self.services[svc.name].get("depends_on", {}).items()):
+                if svc.proc is None and all(
+                    self._ready(d, c["condition"]) for d, c in self.services[svc.name].get("depends_on", {}).items()
+                ):
                     with open(svc.log, "wb") as log:
-                        svc.proc = subprocess.Popen(svc.argv, env=svc.env, cwd=svc.cwd, stdout=log,
-                                                    stderr=subprocess.STDOUT, start_new_session=True)
+                        svc.proc = subprocess.Popen(
+                            svc.argv,
+                            env=svc.env,
+                            cwd=svc.cwd,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
                     svc.started = time.monotonic()
                     svc.notes.append(f"started at +{svc.started - t0:.1f}s")
             for svc in self.run.values():
@@ -509,7 +582,8 @@ class LocalStack:
                 return
             waiting = {s.name: s.last_check[-300:] for s in self.run.values() if not (s.done or s.healthy_after)}
             assert time.monotonic() < deadline, f"not healthy in time: {waiting}\n" + "\n".join(
-                self.tail(self.run[n]) for n in waiting)
+                self.tail(self.run[n]) for n in waiting
+            )
             time.sleep(0.2)
 
     def _probe(self, svc: Service) -> None:
@@ -517,8 +591,14 @@ class LocalStack:
         if svc.check_proc is None:
             if now - svc.check_started >= 1.0:
                 with open(svc.log.with_suffix(".health"), "wb") as out:
-                    svc.check_proc = subprocess.Popen(svc.health, env=svc.env, cwd=svc.cwd, stdout=out,
-                                                      stderr=subprocess.STDOUT, start_new_session=True)
+                    svc.check_proc = subprocess.Popen(
+                        svc.health,
+                        env=svc.env,
+                        cwd=svc.cwd,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 svc.check_started = now
             return
         if svc.check_proc.poll() is None:
@@ -537,7 +617,8 @@ class LocalStack:
 
     def tail(self, svc: Service) -> str:
         return f"--- {svc.name}: {' '.join(svc.argv)[:300]}\n" + (
-            svc.log.read_text(errors="replace")[-3000:] if svc.log.exists() else "(no log)")
+            svc.log.read_text(errors="replace")[-3000:] if svc.log.exists() else "(no log)"
+        )
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM each process group (what `docker compose down` sends), SIGKILL after 60 s."""
@@ -581,14 +662,18 @@ def stack(config: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
         for svc in local.run.values():
             state = "completed" if svc.done else "healthy"
             command = " ".join(" ".join(_argv(local.services[svc.name].get("command"))).split())
-            print(f"  {svc.name:22} {svc.notes[0]:18} {state} after {svc.healthy_after:5.1f}s "
-                  f"({svc.checks} checks): {command[:100]}")
+            print(
+                f"  {svc.name:22} {svc.notes[0]:18} {state} after {svc.healthy_after:5.1f}s "
+                f"({svc.checks} checks): {command[:100]}"
+            )
         yield local
     finally:
         stopping = time.monotonic()
         codes = local.stop()
-        print(f"\ncompose stack: stopped in {time.monotonic() - stopping:.1f}s, exit codes {codes}",
-              {s.name: s.notes[-1] for s in local.run.values()})
+        print(
+            f"\ncompose stack: stopped in {time.monotonic() - stopping:.1f}s, exit codes {codes}",
+            {s.name: s.notes[-1] for s in local.run.values()},
+        )
         _psql(f"DROP DATABASE IF EXISTS {local.database} WITH (FORCE)")
 
 
@@ -605,7 +690,9 @@ def test_every_service_command_line_runs_and_passes_its_healthcheck(stack: Local
 
 
 @RUN
-def test_airflow_init_migrated_created_the_admin_and_chowned_the_volumes(stack: LocalStack, secrets: dict[str, str]) -> None:
+def test_airflow_init_migrated_created_the_admin_and_chowned_the_volumes(
+    stack: LocalStack, secrets: dict[str, str]
+) -> None:
     assert "airflow-init: database migrated; user admin" in stack.run["airflow-init"].log.read_text()
     assert _psql("SELECT count(*) FROM alembic_version", stack.database).strip() == "1"
     assert _psql("SELECT count(*) FROM dag", stack.database).strip() != "0"  # the dag-processor wrote there
@@ -620,8 +707,9 @@ def test_airflow_init_migrated_created_the_admin_and_chowned_the_volumes(stack: 
 
 
 @RUN
-def test_the_admin_logs_in_with_a_token_signed_by_the_shared_jwt_secret(stack: LocalStack,
-                                                                       secrets: dict[str, str]) -> None:
+def test_the_admin_logs_in_with_a_token_signed_by_the_shared_jwt_secret(
+    stack: LocalStack, secrets: dict[str, str]
+) -> None:
     import jwt
 
     url = f"http://127.0.0.1:{stack.ports[('airflow-apiserver', 8080)]}/auth/token"
@@ -637,12 +725,12 @@ def test_the_admin_logs_in_with_a_token_signed_by_the_shared_jwt_secret(stack: L
 
     status, reply = login(secrets["AIRFLOW_ADMIN_PASSWORD"])
     assert status == 201, reply
-    claims = jwt.decode(reply["access_token"], secrets["AIRFLOW_JWT_SECRET"], algorithms=["HS512"],
-                        options={"verify_aud": False})
+    claims = jwt.decode(
+        reply["access_token"], secrets["AIRFLOW_JWT_SECRET"], algorithms=["HS512"], options={"verify_aud": False}
+    )
     assert claims["sub"] == "admin" and claims["role"].upper() == "ADMIN"
     with pytest.raises(jwt.InvalidSignatureError):
-        jwt.decode(reply["access_token"], uuid.uuid4().hex * 2, algorithms=["HS512"],
-                   options={"verify_aud": False})
+        jwt.decode(reply["access_token"], uuid.uuid4().hex * 2, algorithms=["HS512"], options={"verify_aud": False})
     assert login("not-the-password")[0] == 401
 
 
@@ -668,12 +756,19 @@ def test_redis_refuses_clients_without_the_password(stack: LocalStack, secrets: 
 def test_an_airflow_connection_job_reaches_the_compose_worker(stack: LocalStack) -> None:
     """``chasqui_default`` as the triggerer's environment defines it (password included) reaches
     the compose Redis, and the chasqui-worker service runs the example handlers on its queue."""
-    code = ("from airflow_provider_chasqui.hooks.chasqui import ChasquiHook\n"
-            "with ChasquiHook().get_queue('chasqui-examples') as q:\n"
-            "    job = q.add('square', {'x': 12})\n"
-            "    print('RESULT', q.wait_for_result(job.id, timeout=60))\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=stack.run["airflow-triggerer"].env, capture_output=True,
-                          text=True, timeout=180)
+    code = (
+        "from airflow_provider_chasqui.hooks.chasqui import ChasquiHook\n"
+        "with ChasquiHook().get_queue('chasqui-examples') as q:\n"
+        "    job = q.add('square', {'x': 12})\n"
+        "    print('RESULT', q.wait_for_result(job.id, timeout=60))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=stack.run["airflow-triggerer"].env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT {'x': 12, 'square': 144}" in proc.stdout
     for name in WORKERS:

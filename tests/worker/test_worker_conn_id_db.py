@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.airflow]  # the matrix venvs
 
 
 def _airflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, (args, proc.stdout[-3000:], proc.stderr[-3000:])
     return proc
 
@@ -37,24 +38,51 @@ def metadata_db_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]
 
 
 def test_worker_reads_a_connection_made_with_airflow_connections_add(
-        start_worker, metadata_db_home: dict[str, str], redis_url: str, queue_name: str) -> None:
+    start_worker, metadata_db_home: dict[str, str], redis_url: str, queue_name: str
+) -> None:
     parsed = redis.connection.parse_url(redis_url)
-    _airflow(metadata_db_home, "connections", "add", "chasqui_ui_made", "--conn-type", "chasqui",
-             "--conn-host", str(parsed.get("host", "127.0.0.1")), "--conn-port", str(parsed.get("port", 6379)),
-             "--conn-extra", f'{{"db": {parsed.get("db", 0)}, "default_queue": "{queue_name}"}}')
+    _airflow(
+        metadata_db_home,
+        "connections",
+        "add",
+        "chasqui_ui_made",
+        "--conn-type",
+        "chasqui",
+        "--conn-host",
+        str(parsed.get("host", "127.0.0.1")),
+        "--conn-port",
+        str(parsed.get("port", 6379)),
+        "--conn-extra",
+        f'{{"db": {parsed.get("db", 0)}, "default_queue": "{queue_name}"}}',
+    )
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("echo", "from the metadata database")
-        proc = start_worker(["--conn-id", "chasqui_ui_made", "-H", "worker_handlers", "--max-jobs", "1",
-                             "--no-scheduler"], env=metadata_db_home)
+        proc = start_worker(
+            ["--conn-id", "chasqui_ui_made", "-H", "worker_handlers", "--max-jobs", "1", "--no-scheduler"],
+            env=metadata_db_home,
+        )
         assert proc.wait_exit(180) == 0, proc.output()[-4000:]
         assert q.get_job_result(job.id) == {"echo": "from the metadata database"}
     assert f"consuming {queue_name}" in proc.output()
 
 
 def test_a_missing_connection_says_where_it_was_looked_for(metadata_db_home: dict[str, str], tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "--conn-id",
-                           "no_such_chasqui_conn", "-H", "worker_handlers"], env=metadata_db_home,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_chasqui.cli",
+            "worker",
+            "--conn-id",
+            "no_such_chasqui_conn",
+            "-H",
+            "worker_handlers",
+        ],
+        env=metadata_db_home,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr
     assert "no_such_chasqui_conn" in err
@@ -62,15 +90,41 @@ def test_a_missing_connection_says_where_it_was_looked_for(metadata_db_home: dic
 
 
 def test_operator_commands_read_it_too_and_keep_stdout_clean(
-        metadata_db_home: dict[str, str], redis_url: str, queue_name: str) -> None:
+    metadata_db_home: dict[str, str], redis_url: str, queue_name: str
+) -> None:
     """``chasqui dlq peek --json --conn-id`` on a metadata-database connection: airflow-core's
     own warnings go to stderr, so stdout stays the JSON a script parses."""
     parsed = redis.connection.parse_url(redis_url)
-    _airflow(metadata_db_home, "connections", "add", "chasqui_ops_db", "--conn-type", "chasqui",
-             "--conn-host", str(parsed.get("host", "127.0.0.1")), "--conn-port", str(parsed.get("port", 6379)),
-             "--conn-extra", f'{{"db": {parsed.get("db", 0)}}}')
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_chasqui.cli", "dlq", "peek", queue_name, "--json",
-                           "--conn-id", "chasqui_ops_db"], env=metadata_db_home, capture_output=True, text=True,
-                          timeout=120)
+    _airflow(
+        metadata_db_home,
+        "connections",
+        "add",
+        "chasqui_ops_db",
+        "--conn-type",
+        "chasqui",
+        "--conn-host",
+        str(parsed.get("host", "127.0.0.1")),
+        "--conn-port",
+        str(parsed.get("port", 6379)),
+        "--conn-extra",
+        f'{{"db": {parsed.get("db", 0)}}}',
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airflow_provider_chasqui.cli",
+            "dlq",
+            "peek",
+            queue_name,
+            "--json",
+            "--conn-id",
+            "chasqui_ops_db",
+        ],
+        env=metadata_db_home,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout) == []

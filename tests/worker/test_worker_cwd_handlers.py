@@ -24,8 +24,25 @@ def test_handlers_module_in_the_current_directory(redis_url: str, queue_name: st
     assert str(tmp_path) not in env.get("PYTHONPATH", "")
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("shout", "hello")
-        proc = subprocess.run([*chasqui_command(), "worker", "--redis-url", redis_url, "--queue", queue_name,
-                               "--handlers", "myapp.handlers", "--max-jobs", "1", "--no-scheduler"],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+        proc = subprocess.run(
+            [
+                *chasqui_command(),
+                "worker",
+                "--redis-url",
+                redis_url,
+                "--queue",
+                queue_name,
+                "--handlers",
+                "myapp.handlers",
+                "--max-jobs",
+                "1",
+                "--no-scheduler",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert q.get_job_result(job.id) == "HELLO"

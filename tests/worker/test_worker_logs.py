@@ -52,8 +52,10 @@ def test_json_log_lines_from_a_real_worker(start_worker, redis_url: str, queue_n
     assert any(r["logger"] == "airflow_provider_chasqui.engine.worker" and r["queue"] == queue_name for r in records)
     # once per failed attempt, at WARNING, with the job's fields and the traceback inside the message
     failed = [r for r in records if r.get("job_id") == job.id and r["level"] == "WARNING"]
-    assert [(r["job_name"], r["attempt"], r["queue"]) for r in failed] == [("fail", 1, queue_name),
-                                                                          ("fail", 2, queue_name)], failed
+    assert [(r["job_name"], r["attempt"], r["queue"]) for r in failed] == [
+        ("fail", 1, queue_name),
+        ("fail", 2, queue_name),
+    ], failed
     assert "retry in" in failed[0]["message"] and "dead-lettered (retries_exhausted)" in failed[1]["message"]
     for r in failed:
         assert "Traceback (most recent call last):" in r["message"]
@@ -78,6 +80,7 @@ def test_json_formatter_fields_and_trace_hook() -> None:
             raise ValueError("line one\nline two")
         except ValueError:
             import sys
+
             rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "boom", (), sys.exc_info())
         line = fmt.format(rec)
         assert "\n" not in line and "ValueError: line one\nline two" in json.loads(line)["exception"]
@@ -102,8 +105,15 @@ def test_a_failure_storm_is_logged_within_the_budget(redis_url: str, queue_name:
         raise KeyError(job.data)
 
     async def run() -> None:
-        w = Worker(queue_name, boom, redis_url=redis_url, max_jobs=30, run_scheduler=False, fail_log_burst=4,
-                   fail_log_window_secs=3600)
+        w = Worker(
+            queue_name,
+            boom,
+            redis_url=redis_url,
+            max_jobs=30,
+            run_scheduler=False,
+            fail_log_burst=4,
+            fail_log_window_secs=3600,
+        )
         await asyncio.wait_for(w.run(), 120)
 
     with caplog.at_level(logging.WARNING, logger="airflow_provider_chasqui.engine.worker"):
@@ -111,6 +121,7 @@ def test_a_failure_storm_is_logged_within_the_budget(redis_url: str, queue_name:
     per_job = [r for r in caplog.records if getattr(r, "job_id", None)]
     assert len(per_job) == 4 and all("KeyError" in r.getMessage() and "Traceback" in r.getMessage() for r in per_job)
     summary = [r.getMessage() for r in caplog.records if "not logged" in r.getMessage()]
-    assert summary and summary[-1].endswith("26 more failed jobs or refused entries not logged (at most 4 per 3600s)"), \
-        summary
+    assert summary and summary[-1].endswith(
+        "26 more failed jobs or refused entries not logged (at most 4 per 3600s)"
+    ), summary
     assert len(q.peek_dlq(100)) == 30

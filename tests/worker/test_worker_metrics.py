@@ -44,16 +44,27 @@ def test_metrics_after_known_traffic(start_worker, redis_url: str, queue_name: s
     port = free_port()
     q = SyncQueue(queue_name, redis_url=redis_url)
     q.add_bulk([{"name": "echo", "data": i} for i in range(6)])
-    q.add_bulk([{"name": "fail", "data": i, "attempts": 1} for i in range(2)])      # dead at once
-    q.add("fail", "twice", attempts=2, backoff=50)                                  # retried once, then dead
-    q.add("no_such_job", 1)                                                         # no handler
+    q.add_bulk([{"name": "fail", "data": i, "attempts": 1} for i in range(2)])  # dead at once
+    q.add("fail", "twice", attempts=2, backoff=50)  # retried once, then dead
+    q.add("no_such_job", 1)  # no handler
     q.add("echo", "much later", delay=3_600_000)
     q.add("echo", "later still", delay=7_200_000)
     with redis.Redis.from_url(redis_url) as r:
-        r.xadd(keys.stream, {"x": "not a chasqui entry"})                           # malformed
-    proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--no-scheduler",
-                         "--metrics-port", str(port), "--metrics-interval", "0.2"],
-                        env=subprocess_env(CHASQUI_REDIS_URL=redis_url))
+        r.xadd(keys.stream, {"x": "not a chasqui entry"})  # malformed
+    proc = start_worker(
+        [
+            "-q",
+            queue_name,
+            "-H",
+            "worker_handlers",
+            "--no-scheduler",
+            "--metrics-port",
+            str(port),
+            "--metrics-interval",
+            "0.2",
+        ],
+        env=subprocess_env(CHASQUI_REDIS_URL=redis_url),
+    )
     proc.wait_for_log(f"on http://127.0.0.1:{port}/metrics")  # loopback unless --metrics-host says otherwise
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.2", port), timeout=5).close()
@@ -62,8 +73,10 @@ def test_metrics_after_known_traffic(start_worker, redis_url: str, queue_name: s
     def settled() -> str | None:
         text = _scrape(port)
         done = metric_value(text, "chasqui_jobs_completed_total", **labels, name="echo") == 6
-        dead = metric_value(text, "chasqui_jobs_dead_lettered_total", **labels, name="fail",
-                            reason="retries_exhausted") == 3
+        dead = (
+            metric_value(text, "chasqui_jobs_dead_lettered_total", **labels, name="fail", reason="retries_exhausted")
+            == 3
+        )
         dlq = metric_value(text, "chasqui_dlq_length", **labels) == 5
         return text if done and dead and dlq else None
 
@@ -106,8 +119,20 @@ def test_scheduler_fires_are_counted(start_worker, redis_url: str, queue_name: s
     port = free_port()
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         q.upsert_repeatable_job("echo", {"tick": True}, repeat=RepeatPattern.every(200), limit=3)
-        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url,
-                             "--metrics-port", str(port), "--metrics-host", "127.0.0.1"])
+        proc = start_worker(
+            [
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers",
+                "--redis-url",
+                redis_url,
+                "--metrics-port",
+                str(port),
+                "--metrics-host",
+                "127.0.0.1",
+            ]
+        )
         proc.wait_for_log("/metrics")
         labels = {"queue": queue_name}
 
@@ -132,9 +157,21 @@ def test_redis_outage_fails_readyz_but_not_livez(start_worker, tmp_path: Path, q
     server = start_server("redis7", tmpdir=tmp_path)
     try:
         port = free_port()
-        proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--metrics-port", str(port),
-                             "--metrics-interval", "0.2", "--claim-min-idle-ms", "3000"],
-                            env=subprocess_env(CHASQUI_REDIS_URL=server.url))
+        proc = start_worker(
+            [
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers",
+                "--metrics-port",
+                str(port),
+                "--metrics-interval",
+                "0.2",
+                "--claim-min-idle-ms",
+                "3000",
+            ],
+            env=subprocess_env(CHASQUI_REDIS_URL=server.url),
+        )
         proc.wait_for_log("/metrics")
         wait_until_sync(lambda: _probe(port, "/readyz") == (200, READY), 120, what="ready")
         server.stop()
@@ -195,8 +232,10 @@ def test_a_blocked_event_loop_fails_livez(start_worker, tmp_path: Path, redis_ur
 
 def _serve_jobs_with_metrics(start_worker, url: str, queue: str, n: int = 20) -> None:
     port = free_port()
-    proc = start_worker(["-q", queue, "-H", "worker_handlers", "--metrics-port", str(port),
-                         "--metrics-interval", "0.2"], env=subprocess_env(CHASQUI_REDIS_URL=url))
+    proc = start_worker(
+        ["-q", queue, "-H", "worker_handlers", "--metrics-port", str(port), "--metrics-interval", "0.2"],
+        env=subprocess_env(CHASQUI_REDIS_URL=url),
+    )
     proc.wait_for_log("/metrics")
     with SyncQueue(queue, redis_url=url) as q:
         q.add_bulk([{"name": "echo", "data": i} for i in range(n)])
@@ -243,16 +282,25 @@ def test_probe_verdicts(redis_url: str, queue_name: str) -> None:
     sink = PrometheusMetrics(known_names=["a"])
     running = {"yes": False}
     report: dict = {"reader": True, "slots": {"alive": True, "busy": 3}, "flusher": True}
-    server = MetricsServer(sink, port=0, sampler=DepthSampler(redis_url, queue_name), interval=60,
-                           loop_deadline=0.5, is_running=lambda: running["yes"], health=lambda: report,
-                           queue=queue_name).start()
+    server = MetricsServer(
+        sink,
+        port=0,
+        sampler=DepthSampler(redis_url, queue_name),
+        interval=60,
+        loop_deadline=0.5,
+        is_running=lambda: running["yes"],
+        health=lambda: report,
+        queue=queue_name,
+    ).start()
     loop = asyncio.new_event_loop()
     spinning = threading.Thread(target=loop.run_forever, daemon=True)
     spinning.start()
     try:
         assert server.host == "127.0.0.1"  # the default
-        assert _probe(server.port, "/readyz") == (503, {"status": "fail", "checks": {"worker_running": False,
-                                                                                     "redis": True}})
+        assert _probe(server.port, "/readyz") == (
+            503,
+            {"status": "fail", "checks": {"worker_running": False, "redis": True}},
+        )
         assert _probe(server.port, "/livez") == (200, LIVE)  # no loop attached yet: starting up
         running["yes"] = True
         server.attach_loop(loop)
@@ -260,8 +308,10 @@ def test_probe_verdicts(redis_url: str, queue_name: str) -> None:
 
         release = threading.Event()
         loop.call_soon_threadsafe(release.wait)  # the loop is stuck in a callback
-        assert _probe(server.port, "/livez") == (503, {"status": "fail", "checks": {"event_loop": False,
-                                                                                    "tasks": True}})
+        assert _probe(server.port, "/livez") == (
+            503,
+            {"status": "fail", "checks": {"event_loop": False, "tasks": True}},
+        )
         assert _probe(server.port, "/readyz") == (200, READY)
         release.set()
         wait_until_sync(lambda: _probe(server.port, "/livez") == (200, LIVE), 60, what="the loop to answer")
@@ -288,12 +338,13 @@ def test_probe_verdicts(redis_url: str, queue_name: str) -> None:
 def test_unreachable_redis_fails_readyz_without_error_text(queue_name: str) -> None:
     sink = PrometheusMetrics()
     dead = f"redis://:hunter2-pw@127.0.0.1:{free_port()}/0"
-    server = MetricsServer(sink, port=0, sampler=DepthSampler(dead, queue_name), interval=60,
-                           queue=queue_name).start()
+    server = MetricsServer(sink, port=0, sampler=DepthSampler(dead, queue_name), interval=60, queue=queue_name).start()
     try:
         status, body = http_get(f"http://127.0.0.1:{server.port}/readyz")
-        assert (status, json.loads(body)) == (503, {"status": "fail", "checks": {"worker_running": True,
-                                                                                 "redis": False}})
+        assert (status, json.loads(body)) == (
+            503,
+            {"status": "fail", "checks": {"worker_running": True, "redis": False}},
+        )
         assert _probe(server.port, "/livez") == (200, LIVE)
         assert metric_value(_scrape(server.port), "chasqui_depth_sample_errors_total", queue=queue_name) == 1
     finally:
@@ -327,8 +378,12 @@ def test_idle_and_slow_clients_cannot_exhaust_the_server() -> None:
                 assert s.recv(1) == b""
             except ConnectionResetError:
                 pass
-        for request, status in ((b"POST /metrics HTTP/1.1\r\n\r\n", b"405"), (b"\x00\xff junk\r\n\r\n", b"400"),
-                                (b"GET /" + b"a" * 10_000, b"431"), (b"GET /livez?x=1 HTTP/1.0\r\n\r\n", b"200")):
+        for request, status in (
+            (b"POST /metrics HTTP/1.1\r\n\r\n", b"405"),
+            (b"\x00\xff junk\r\n\r\n", b"400"),
+            (b"GET /" + b"a" * 10_000, b"431"),
+            (b"GET /livez?x=1 HTTP/1.0\r\n\r\n", b"200"),
+        ):
             with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
                 s.sendall(request)
                 reply = b""
@@ -355,8 +410,12 @@ def test_unregistered_names_share_one_label() -> None:
         sink.job_dead("q", name, "unrecoverable")
     text = sink.exposition()[0].decode()
     assert metric_value(text, "chasqui_jobs_dead_lettered_total", queue="q", name="known", reason="unrecoverable") == 1
-    assert metric_value(text, "chasqui_jobs_dead_lettered_total", queue="q", name="__unregistered__",
-                        reason="unrecoverable") == 2
+    assert (
+        metric_value(
+            text, "chasqui_jobs_dead_lettered_total", queue="q", name="__unregistered__", reason="unrecoverable"
+        )
+        == 2
+    )
 
 
 def test_prometheus_client_is_optional(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -374,8 +433,24 @@ def test_metrics_port_without_prometheus_client_exits_2(redis_url: str, queue_na
     blocker.write_text("raise ImportError('prometheus_client is not installed (test)')\n")
     env = subprocess_env()
     env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
-    proc = subprocess.run([*chasqui_command(), "worker", "-q", queue_name, "-H", "worker_handlers", "--redis-url",
-                           redis_url, "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            *chasqui_command(),
+            "worker",
+            "-q",
+            queue_name,
+            "-H",
+            "worker_handlers",
+            "--redis-url",
+            redis_url,
+            "--metrics-port",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 2 and "airflow-provider-chasqui[metrics]" in proc.stderr, proc.stderr
 
 
@@ -389,9 +464,26 @@ def test_metrics_port_in_use_exits_2(redis_url: str, queue_name: str) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([*chasqui_command(), "worker", "-q", queue_name, "-H", "worker_handlers", "--redis-url",
-                               redis_url, "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
-                              env=subprocess_env(), capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(
+            [
+                *chasqui_command(),
+                "worker",
+                "-q",
+                queue_name,
+                "-H",
+                "worker_handlers",
+                "--redis-url",
+                redis_url,
+                "--metrics-port",
+                str(port),
+                "--metrics-host",
+                "127.0.0.1",
+            ],
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
     assert proc.returncode == 2 and f"cannot serve metrics on 127.0.0.1:{port}" in proc.stderr, proc.stderr
 
 
@@ -404,10 +496,27 @@ def test_alerting_metrics_after_a_scenario(start_worker, redis_url: str, queue_n
     q = SyncQueue(queue_name, redis_url=redis_url)
     q.add("echo", "overdue", delay_ms=1)  # no promoter runs: it stays in the delayed set, overdue
     held = [q.add("hold", {"dir": str(tmp_path), "max_hold": 60}) for _ in range(3)]
-    proc = start_worker(["-q", queue_name, "-H", "worker_handlers", "--no-scheduler", "--no-promoter",
-                         "--concurrency", "1", "--prefetch", "1", "--claim-min-idle-ms", "900",
-                         "--metrics-port", str(port), "--metrics-interval", "0.2"],
-                        env=subprocess_env(CHASQUI_REDIS_URL=redis_url))
+    proc = start_worker(
+        [
+            "-q",
+            queue_name,
+            "-H",
+            "worker_handlers",
+            "--no-scheduler",
+            "--no-promoter",
+            "--concurrency",
+            "1",
+            "--prefetch",
+            "1",
+            "--claim-min-idle-ms",
+            "900",
+            "--metrics-port",
+            str(port),
+            "--metrics-interval",
+            "0.2",
+        ],
+        env=subprocess_env(CHASQUI_REDIS_URL=redis_url),
+    )
     proc.wait_for_log(f"on http://127.0.0.1:{port}/metrics")
     labels = {"queue": queue_name}
     group = {"queue": queue_name, "group": "default"}
@@ -417,37 +526,49 @@ def test_alerting_metrics_after_a_scenario(start_worker, redis_url: str, queue_n
 
         def busy() -> str | None:
             text = _scrape(port)
-            ok = ((metric_value(text, "chasqui_oldest_waiting_job_age_seconds", **labels) or 0) > 0
-                  and metric_value(text, "chasqui_delayed_overdue_jobs", **labels) == 1
-                  and metric_value(text, "chasqui_consumers", **group) == 1
-                  and (metric_value(text, "chasqui_lease_renewals_total", **labels) or 0) >= 1
-                  and metric_value(text, "chasqui_scheduler_quarantined_specs", **labels) == 1)
+            ok = (
+                (metric_value(text, "chasqui_oldest_waiting_job_age_seconds", **labels) or 0) > 0
+                and metric_value(text, "chasqui_delayed_overdue_jobs", **labels) == 1
+                and metric_value(text, "chasqui_consumers", **group) == 1
+                and (metric_value(text, "chasqui_lease_renewals_total", **labels) or 0) >= 1
+                and metric_value(text, "chasqui_scheduler_quarantined_specs", **labels) == 1
+            )
             return text if ok else None
 
-        text = wait_until_sync(busy, 60, what="waiting, overdue, consumer, renewal and quarantine metrics",
-                               interval=0.05)
+        text = wait_until_sync(
+            busy, 60, what="waiting, overdue, consumer, renewal and quarantine metrics", interval=0.05
+        )
         # a worker that reads every read_block_ms is never idle much longer than that
         assert 0 <= metric_value(text, "chasqui_consumer_max_idle_seconds", **group) < 60
         for task in ("reader", "slots", "flusher", "lease"):  # present at 0 before any restart
             assert metric_value(text, "chasqui_task_restarts_total", queue=queue_name, task=task) == 0
-        assert metric_value(text, "chasqui_leases_lost_total", **labels) is None or \
-            metric_value(text, "chasqui_leases_lost_total", **labels) == 0
+        assert (
+            metric_value(text, "chasqui_leases_lost_total", **labels) is None
+            or metric_value(text, "chasqui_leases_lost_total", **labels) == 0
+        )
         # another consumer takes over the running job's entry: the next renewal finds the lease lost
         running = r.xpending_range(keys.stream, "default", "-", "+", 10)
         stolen = min(running, key=lambda p: p["message_id"])["message_id"]
         assert r.xclaim(keys.stream, "default", "thief", 0, [stolen], justid=True) == [stolen]
-        wait_until_sync(lambda: (metric_value(_scrape(port), "chasqui_leases_lost_total", **labels) or 0) >= 1, 60,
-                        what="the lost lease to be counted")
+        wait_until_sync(
+            lambda: (metric_value(_scrape(port), "chasqui_leases_lost_total", **labels) or 0) >= 1,
+            60,
+            what="the lost lease to be counted",
+        )
         (tmp_path / "release").write_text("go")
         q.add("fail", "dead", attempts=1)
         q.add("echo", "quick")
 
         def settled() -> str | None:
             text = _scrape(port)
-            ok = (metric_value(text, "chasqui_oldest_waiting_job_age_seconds", **labels) == 0
-                  and metric_value(text, "chasqui_jobs_dead_lettered_total", **labels, name="fail",
-                                   reason="retries_exhausted") == 1
-                  and (metric_value(text, "chasqui_jobs_completed_total", **labels, name="echo") or 0) >= 1)
+            ok = (
+                metric_value(text, "chasqui_oldest_waiting_job_age_seconds", **labels) == 0
+                and metric_value(
+                    text, "chasqui_jobs_dead_lettered_total", **labels, name="fail", reason="retries_exhausted"
+                )
+                == 1
+                and (metric_value(text, "chasqui_jobs_completed_total", **labels, name="echo") or 0) >= 1
+            )
             return text if ok else None
 
         text = wait_until_sync(settled, 120, what="the held jobs, the dead letter and the quick job", interval=0.05)
@@ -474,14 +595,21 @@ def test_task_restarts_and_bounded_dlq_reasons_are_counted(redis_url: str, queue
         r = redis.asyncio.Redis.from_url(redis_url)
         try:
             await r.set(keys.dlq, "not a stream")  # dead-lettering the malformed entry fails: the reader restarts
-            w = Worker(queue_name, lambda job: None, redis_url=redis_url, metrics=sink, claim_min_idle_ms=1000,
-                       run_scheduler=False)
+            w = Worker(
+                queue_name,
+                lambda job: None,
+                redis_url=redis_url,
+                metrics=sink,
+                claim_min_idle_ms=1000,
+                run_scheduler=False,
+            )
             task = asyncio.create_task(w.run())
             try:
                 await r.xadd(keys.stream, {"x": "no payload"})
                 deadline = time.monotonic() + 60
-                while metric_value(sink.exposition()[0].decode(), "chasqui_task_restarts_total",
-                                   queue=queue_name, task="reader") in (None, 0.0):
+                while metric_value(
+                    sink.exposition()[0].decode(), "chasqui_task_restarts_total", queue=queue_name, task="reader"
+                ) in (None, 0.0):
                     assert time.monotonic() < deadline, sink.exposition()[0].decode()
                     await asyncio.sleep(0.05)
             finally:

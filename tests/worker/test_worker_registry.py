@@ -106,7 +106,9 @@ def test_missing_module_is_named() -> None:
 
 def test_import_error_inside_the_module_is_not_reported_as_missing(make_module) -> None:
     mod = make_module("import dependency_that_is_not_installed_q\n")
-    with pytest.raises(HandlerLoadError, match=rf"importing handler module '{mod}'.*dependency_that_is_not_installed_q") as err:
+    with pytest.raises(
+        HandlerLoadError, match=rf"importing handler module '{mod}'.*dependency_that_is_not_installed_q"
+    ) as err:
         load_handlers([mod])
     assert "was not found" not in str(err.value)
 
@@ -179,11 +181,14 @@ def test_keyword_only_spark_and_wrap() -> None:
     assert table["rollup"]("j") == ("j", 1) and seen == ["rollup"]
 
 
-@pytest.mark.parametrize("fn, why", [
-    (lambda: None, "takes no job argument"),
-    (lambda job, other: None, "also requires other"),
-    (lambda job, *, token: None, "also requires token"),
-])
+@pytest.mark.parametrize(
+    "fn, why",
+    [
+        (lambda: None, "takes no job argument"),
+        (lambda job, other: None, "also requires other"),
+        (lambda job, *, token: None, "also requires token"),
+    ],
+)
 def test_handler_signatures_are_checked_at_start(fn, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         bind({"x": fn})
@@ -199,7 +204,8 @@ def test_the_job_comes_before_the_session() -> None:
 
 # ---- dispatch in a real Worker -------------------------------------------------------------
 async def test_unknown_job_name_is_dead_lettered_and_nothing_is_imported(
-        make_module, tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    make_module, tmp_path: Path, redis_url: str, queue_name: str
+) -> None:
     marker = tmp_path / "imported"
     trap = make_module(f"open({str(marker)!r}, 'w').write('x')\ndef run(job): return 'pwned'\n")
     good = make_module("""
@@ -210,10 +216,17 @@ async def test_unknown_job_name_is_dead_lettered_and_nothing_is_imported(
     table = bind(load_handlers([good]))
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         ok = q.add("ok", {"n": 1})
-        by_name = q.add(f"{trap}:run", {"n": 2})            # a dotted path as the job name
-        by_data = q.add("ok", {"handler": f"{trap}:run"})   # and one in the payload: just data
-        worker = Worker(queue_name, table, redis_url=redis_url, run_scheduler=False, store_results=True,
-                        max_jobs=3, read_block_ms=200)
+        by_name = q.add(f"{trap}:run", {"n": 2})  # a dotted path as the job name
+        by_data = q.add("ok", {"handler": f"{trap}:run"})  # and one in the payload: just data
+        worker = Worker(
+            queue_name,
+            table,
+            redis_url=redis_url,
+            run_scheduler=False,
+            store_results=True,
+            max_jobs=3,
+            read_block_ms=200,
+        )
         await worker.run()
         assert q.get_job_result(ok.id) == {"n": 1}
         assert q.get_job_result(by_data.id) == {"handler": f"{trap}:run"}

@@ -47,12 +47,26 @@ async def test_workers_sharing_a_queue_lose_nothing(matrix_url, queue_name: str)
         ghost = await r.xreadgroup("default", "ghost", {k.stream: ">"}, count=2)
         assert len(ghost[0][1]) == 2
         ids += [j.id for j in await q.add_bulk([{"name": "n", "data": {"i": i}} for i in range(40, 1200)])]
-        workers = [Worker(queue_name, handler, redis_url=matrix_url.url, fast_paths=not matrix_url.force_compat,
-                          concurrency=8, read_count=16, ack_batch=24, claim_min_idle_ms=1500, run_scheduler=False,
-                          delayed_enabled=False) for _ in range(3)]
+        workers = [
+            Worker(
+                queue_name,
+                handler,
+                redis_url=matrix_url.url,
+                fast_paths=not matrix_url.force_compat,
+                concurrency=8,
+                read_count=16,
+                ack_batch=24,
+                claim_min_idle_ms=1500,
+                run_scheduler=False,
+                delayed_enabled=False,
+            )
+            for _ in range(3)
+        ]
         async with running(workers[0]), running(workers[1]), running(workers[2]):
+
             async def all_done() -> bool:
                 return len(await _completed(r, k)) == len(ids) and await r.xlen(k.stream) == 0
+
             await wait_until(all_done, timeout=60, what="every job completed and deleted")
         completed = await _completed(r, k)
         assert set(completed) == {i.encode() for i in ids}

@@ -42,15 +42,26 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 class WorkerProc:
     """One ``chasqui worker`` process; ``args`` are appended after ``worker``."""
 
-    def __init__(self, args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
         self.log_path = log_path
         self.args = list(args)
         with open(log_path, "wb") as log:
             # A session of its own: kill() ends the whole tree (spark-submit's JVM and its Python child).
-            self.proc = subprocess.Popen([*(command or [*chasqui_command(), "worker"]), *self.args],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env or subprocess_env(),
-                                         cwd=str(ROOT), start_new_session=True)
+            self.proc = subprocess.Popen(
+                [*(command or [*chasqui_command(), "worker"]), *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env or subprocess_env(),
+                cwd=str(ROOT),
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:
@@ -63,8 +74,9 @@ class WorkerProc:
         deadline = time.monotonic() + timeout
         while text not in self.output():
             if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited ({self.proc.returncode}) before logging {text!r}:\n"
-                                     f"{self.output()[-4000:]}")
+                raise AssertionError(
+                    f"worker exited ({self.proc.returncode}) before logging {text!r}:\n{self.output()[-4000:]}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"worker did not log {text!r} within {timeout}s:\n{self.output()[-4000:]}")
             time.sleep(0.02)

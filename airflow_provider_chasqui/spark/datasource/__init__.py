@@ -61,9 +61,11 @@ class ChasquiDataSource(DataSource):
     def streamWriter(self, schema: Any, overwrite: bool) -> ChasquiStreamWriter:
         options = self._options()
         if not options.get("load_id"):
-            raise ConfigError('chasqui: a streaming write needs .option("load_id", "<a name stable across '
-                              'restarts>"): ids are derived from it and the micro-batch id, which makes the sink '
-                              "exactly-once")
+            raise ConfigError(
+                'chasqui: a streaming write needs .option("load_id", "<a name stable across '
+                'restarts>"): ids are derived from it and the micro-batch id, which makes the sink '
+                "exactly-once"
+            )
         return ChasquiStreamWriter(write_plan(options, schema))
 
 

@@ -55,9 +55,16 @@ def _simple(arrow_type: Any) -> bool:
     import pyarrow as pa
 
     t = pa.types
-    simple: bool = (t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_string(arrow_type)
-                    or t.is_large_string(arrow_type) or t.is_boolean(arrow_type) or t.is_binary(arrow_type)
-                    or t.is_large_binary(arrow_type) or t.is_null(arrow_type))
+    simple: bool = (
+        t.is_integer(arrow_type)
+        or t.is_floating(arrow_type)
+        or t.is_string(arrow_type)
+        or t.is_large_string(arrow_type)
+        or t.is_boolean(arrow_type)
+        or t.is_binary(arrow_type)
+        or t.is_large_binary(arrow_type)
+        or t.is_null(arrow_type)
+    )
     return simple
 
 
@@ -94,8 +101,15 @@ class PartitionReport:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"partition": self.partition, "rows": self.rows, "added": self.added, "skipped": self.skipped,
-                "chunks": self.chunks, "attempt": self.attempt, **({"error": self.error} if self.error else {})}
+        return {
+            "partition": self.partition,
+            "rows": self.rows,
+            "added": self.added,
+            "skipped": self.skipped,
+            "chunks": self.chunks,
+            "attempt": self.attempt,
+            **({"error": self.error} if self.error else {}),
+        }
 
 
 @dataclass
@@ -122,8 +136,10 @@ class ChunkEncoder:
             b = cache.get(v) if type(v) is str else None
             if b is None:
                 if not isinstance(v, str) or not v:
-                    raise ConfigError(f"row {base + i} of partition {self.partition}: column "
-                                      f"{self.plan.name_col!r} holds {v!r}; a job name must be a non-empty string")
+                    raise ConfigError(
+                        f"row {base + i} of partition {self.partition}: column "
+                        f"{self.plan.name_col!r} holds {v!r}; a job name must be a non-empty string"
+                    )
                 b = cache[v] = validate_job_name(v)
             out.append(b)
         return out
@@ -151,8 +167,10 @@ class ChunkEncoder:
         if limit:
             worst = max(run_at, default=0)
             if worst and (worst - now) // 1000 > limit:
-                raise ConfigError(f"partition {self.partition}: a row's delay of {(worst - now) // 1000} s exceeds "
-                                  f"max_delay_secs={limit}")
+                raise ConfigError(
+                    f"partition {self.partition}: a row's delay of {(worst - now) // 1000} s exceeds "
+                    f"max_delay_secs={limit}"
+                )
         return run_at
 
     def _ids(self, batch: Any, base: int) -> list[str]:
@@ -165,9 +183,11 @@ class ChunkEncoder:
         for i, v in enumerate(ids):
             s = v if type(v) is str else (None if v is None else str(v))
             if not s or len(s) > MAX_JOB_ID_CHARS or not s.strip():
-                raise ConfigError(f"row {base + i} of partition {self.partition}: column {plan.id_col!r} holds "
-                                  f"{str(v)[:50]!r}; a job id must be a non-empty string of at most "
-                                  f"{MAX_JOB_ID_CHARS} characters")
+                raise ConfigError(
+                    f"row {base + i} of partition {self.partition}: column {plan.id_col!r} holds "
+                    f"{str(v)[:50]!r}; a job id must be a non-empty string of at most "
+                    f"{MAX_JOB_ID_CHARS} characters"
+                )
             out.append(s)
         return out
 
@@ -176,8 +196,11 @@ class ChunkEncoder:
         plan = self.plan
         now = now_ms()
         n = batch.num_rows
-        names = [self._const_name] * n if self._const_name is not None else \
-            self._name_bytes(batch.column(plan.name_col).to_pylist(), base)
+        names = (
+            [self._const_name] * n
+            if self._const_name is not None
+            else self._name_bytes(batch.column(plan.name_col).to_pylist(), base)
+        )
         ids = self._ids(batch, base)
         datas = self._data(batch)
         run_at = self._run_at(batch, now)
@@ -193,8 +216,10 @@ class ChunkEncoder:
         big = max(map(len, envelopes), default=0)
         if big > limit:
             i = next(i for i, e in enumerate(envelopes) if len(e) > limit)
-            raise ConfigError(f"row {base + i} of partition {self.partition} encodes to {len(envelopes[i])} bytes; "
-                              f"max_payload_bytes is {limit}")
+            raise ConfigError(
+                f"row {base + i} of partition {self.partition} encodes to {len(envelopes[i])} bytes; "
+                f"max_payload_bytes is {limit}"
+            )
         if run_at is not None:
             envelopes = [env if r == 0 else encode_member(nb, env) for env, r, nb in zip(envelopes, run_at, names)]
         return ids, names, run_at, envelopes
@@ -249,4 +274,3 @@ def settle(report: PartitionReport, encoder: ChunkEncoder, replies: list[Any], i
     report.rows = encoder.rows
     report.chunks = len(encoder.sent_rows)
     return report
-

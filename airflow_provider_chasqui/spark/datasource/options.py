@@ -17,8 +17,7 @@ from typing import Any
 from ...core.codec import MAX_JOB_ID_CHARS, RetryOverride, validate_job_name
 from ...core.keys import validate_queue_name
 from ...core.settings import QueueSettings
-from ...core.urls import check_url, redact_url
-from ...engine.queue import DEFAULT_URL
+from ...core.urls import DEFAULT_URL, check_url, redact_url
 from ...errors import ConfigError
 from ...types import build_retry_override
 
@@ -31,8 +30,25 @@ DEFAULT_CHUNK = 500
 #: How long a written chunk's (or id's) marker suppresses a re-run: one day.
 DEFAULT_DEDUP_TTL_S = 24 * 3600
 
-_WRITE_KEYS = {"queue", "redis_url", "kind", "name", "name_col", "data_col", "data_cols", "id_col", "delay_ms_col",
-               "run_at_col", "attempts", "backoff", "load_id", "chunk_size", "dedup_ttl_s", "max_stream_len", "path"}
+_WRITE_KEYS = {
+    "queue",
+    "redis_url",
+    "kind",
+    "name",
+    "name_col",
+    "data_col",
+    "data_cols",
+    "id_col",
+    "delay_ms_col",
+    "run_at_col",
+    "attempts",
+    "backoff",
+    "load_id",
+    "chunk_size",
+    "dedup_ttl_s",
+    "max_stream_len",
+    "path",
+}
 _INTEGRAL = ("byte", "short", "integer", "long")
 _TIMESTAMPS = ("timestamp", "timestamp_ntz", "date")
 
@@ -68,8 +84,10 @@ def _backoff(raw: str | None) -> Any:
     try:
         value = json.loads(text)
     except ValueError:
-        raise ConfigError(f"chasqui: option backoff must be ms or a JSON object like "
-                          f'{{"kind": "exponential", "delay_ms": 1000}}, got {raw!r}') from None
+        raise ConfigError(
+            f"chasqui: option backoff must be ms or a JSON object like "
+            f'{{"kind": "exponential", "delay_ms": 1000}}, got {raw!r}'
+        ) from None
     return value
 
 
@@ -104,8 +122,9 @@ def _column(schema: Any, col: str | None, what: str, types: tuple[str, ...] | No
     if col not in fields:
         raise ConfigError(f"chasqui: option {what}={col!r} is not a column (columns: {list(fields)})")
     if types is not None and fields[col].dataType.typeName() not in types:
-        raise ConfigError(f"chasqui: column {col!r} ({what}) is {fields[col].dataType.simpleString()}; "
-                          f"expected {' or '.join(types)}")
+        raise ConfigError(
+            f"chasqui: column {col!r} ({what}) is {fields[col].dataType.simpleString()}; expected {' or '.join(types)}"
+        )
 
 
 def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None = None) -> WritePlan:
@@ -120,14 +139,17 @@ def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None =
     url = redis_url(options)
     name, name_col = options.get("name"), options.get("name_col")
     if (name is None) == (name_col is None):
-        raise ConfigError("chasqui: give exactly one of the options name (every row's job name) and name_col "
-                          "(a string column of names)")
+        raise ConfigError(
+            "chasqui: give exactly one of the options name (every row's job name) and name_col "
+            "(a string column of names)"
+        )
     if name is not None:
         validate_job_name(name)
     data_col, data_cols_raw = options.get("data_col"), options.get("data_cols")
     if data_col is not None and data_cols_raw is not None:
-        raise ConfigError("chasqui: give data_col (one column as the payload) or data_cols (columns -> a dict), "
-                          "not both")
+        raise ConfigError(
+            "chasqui: give data_col (one column as the payload) or data_cols (columns -> a dict), not both"
+        )
     id_col, delay_col, run_at_col = options.get("id_col"), options.get("delay_ms_col"), options.get("run_at_col")
     if delay_col is not None and run_at_col is not None:
         raise ConfigError("chasqui: give delay_ms_col or run_at_col, not both")
@@ -158,9 +180,22 @@ def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None =
         raise ConfigError(f"chasqui: chunk_size is at most 10000 rows per script call, got {chunk}")
     ttl = _int(options, "dedup_ttl_s", DEFAULT_DEDUP_TTL_S)
     assert ttl is not None
-    return WritePlan(queue=queue, url=url, name=name, name_col=name_col, data_col=data_col, data_cols=data_cols,
-                     id_col=id_col, delay_ms_col=delay_col, run_at_col=run_at_col, retry=retry, load_id=load,
-                     chunk_size=chunk, dedup_ttl_ms=ttl * 1000, settings=settings)
+    return WritePlan(
+        queue=queue,
+        url=url,
+        name=name,
+        name_col=name_col,
+        data_col=data_col,
+        data_cols=data_cols,
+        id_col=id_col,
+        delay_ms_col=delay_col,
+        run_at_col=run_at_col,
+        retry=retry,
+        load_id=load,
+        chunk_size=chunk,
+        dedup_ttl_ms=ttl * 1000,
+        settings=settings,
+    )
 
 
 assert MAX_JOB_ID_CHARS >= 256  # derived ids (load_id + partition + row) stay well within it

@@ -38,11 +38,15 @@ log = logging.getLogger(__name__)
 
 SCHEMAS: dict[str, str] = {
     "events": "event_id STRING, ts TIMESTAMP, event STRING, job_id STRING, name STRING, attempt INT, fields STRING",
-    "dlq": ("dlq_id STRING, ts TIMESTAMP, job_id STRING, name STRING, reason STRING, detail STRING, "
-            "source_id STRING, attempt INT, created_at TIMESTAMP, data STRING"),
+    "dlq": (
+        "dlq_id STRING, ts TIMESTAMP, job_id STRING, name STRING, reason STRING, detail STRING, "
+        "source_id STRING, attempt INT, created_at TIMESTAMP, data STRING"
+    ),
     "results": "job_id STRING, stored_at TIMESTAMP, result STRING",
-    "repeatable": ("key STRING, name STRING, kind STRING, cron STRING, tz STRING, every_ms BIGINT, "
-                   "next_fire TIMESTAMP, paused BOOLEAN, fired BIGINT, skipped BIGINT, `limit` BIGINT, data STRING"),
+    "repeatable": (
+        "key STRING, name STRING, kind STRING, cron STRING, tz STRING, every_ms BIGINT, "
+        "next_fire TIMESTAMP, paused BOOLEAN, fired BIGINT, skipped BIGINT, `limit` BIGINT, data STRING"
+    ),
 }
 _READ_KEYS = {"queue", "redis_url", "what", "partitions", "page", "path", "on_trim", "start"}
 _PAGE = 5000
@@ -57,8 +61,11 @@ def _ts(ms: Any) -> _dt.datetime | None:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, default=lambda o: o.decode("utf-8", "replace") if isinstance(o, (bytes, bytearray))
-                      else str(o), ensure_ascii=False)
+    return json.dumps(
+        value,
+        default=lambda o: o.decode("utf-8", "replace") if isinstance(o, (bytes, bytearray)) else str(o),
+        ensure_ascii=False,
+    )
 
 
 def _id_ms(entry_id: str) -> int:
@@ -107,8 +114,9 @@ def read_plan(options: Mapping[str, str]) -> ReadPlan:
     start = opts.get("start", "earliest")
     if start not in ("earliest", "latest"):
         raise ConfigError(f"chasqui: option start must be earliest or latest, got {start!r}")
-    return ReadPlan(queue=queue, url=redis_url(opts), what=what, partitions=n_parts, page=page, on_trim=on_trim,
-                    start=start)
+    return ReadPlan(
+        queue=queue, url=redis_url(opts), what=what, partitions=n_parts, page=page, on_trim=on_trim, start=start
+    )
 
 
 @dataclass
@@ -139,10 +147,22 @@ def _stream_key(plan: ReadPlan) -> str:
 def _event_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
     f = {k: str_reply(v) for k, v in parse_fields(flat or []).items()}
     eid = str_reply(entry_id)
-    kind, jid, ts, name, attempt = f.pop("e", None), f.pop("id", None), f.pop("ts", None), f.pop("n", None), \
-        f.pop("attempt", None)
-    return (eid, _ts(ts) if ts and ts.isdigit() else _ts(_id_ms(eid)), kind, jid or None, name or None,
-            int(attempt) if attempt and attempt.isdigit() else None, _json(f) if f else None)
+    kind, jid, ts, name, attempt = (
+        f.pop("e", None),
+        f.pop("id", None),
+        f.pop("ts", None),
+        f.pop("n", None),
+        f.pop("attempt", None),
+    )
+    return (
+        eid,
+        _ts(ts) if ts and ts.isdigit() else _ts(_id_ms(eid)),
+        kind,
+        jid or None,
+        name or None,
+        int(attempt) if attempt and attempt.isdigit() else None,
+        _json(f) if f else None,
+    )
 
 
 def _dlq_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
@@ -156,8 +176,18 @@ def _dlq_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
     except CodecError:
         pass
     text = {k: str_reply(v) for k, v in f.items() if k != "d"}
-    return (eid, _ts(_id_ms(eid)), jid, text.get("n"), text.get("reason"), text.get("detail"), text.get("source_id"),
-            attempt, created, data)
+    return (
+        eid,
+        _ts(_id_ms(eid)),
+        jid,
+        text.get("n"),
+        text.get("reason"),
+        text.get("detail"),
+        text.get("source_id"),
+        attempt,
+        created,
+        data,
+    )
 
 
 class ChasquiReader(DataSourceReader):
@@ -184,7 +214,9 @@ class ChasquiReader(DataSourceReader):
                 ms = lo_ms
                 while ms <= hi_ms:
                     top = min(hi_ms, ms + step - 1)
-                    out.append(StreamRange(lo if ms == lo_ms else f"{ms}-0", hi if top == hi_ms else f"{top}-{_MAX_SEQ}"))
+                    out.append(
+                        StreamRange(lo if ms == lo_ms else f"{ms}-0", hi if top == hi_ms else f"{top}-{_MAX_SEQ}")
+                    )
                     ms = top + 1
                 return out
             if plan.what == "results":
@@ -199,8 +231,10 @@ class ChasquiReader(DataSourceReader):
         with plan.queue_obj() as q:
             if isinstance(partition, StreamRange):
                 row = _event_row if plan.what == "events" else _dlq_row
-                yield from (row(eid, flat) for eid, flat in _xrange(q, _stream_key(plan), partition.start,
-                                                                     partition.end, plan.page))
+                yield from (
+                    row(eid, flat)
+                    for eid, flat in _xrange(q, _stream_key(plan), partition.start, partition.end, plan.page)
+                )
             elif isinstance(partition, RankRange):
                 yield from _results(q, partition, plan.page)
             else:
@@ -246,9 +280,20 @@ def _specs(q: Any, page: int) -> Iterator[tuple[Any, ...]]:
                 continue
             p = s.pattern
             cron = p.expression if p.kind == "cron" else None
-            yield (s.key, s.job_name, p.kind, cron, getattr(p, "tz", None) if cron else None,
-                   getattr(p, "interval_ms", None) if p.kind != "cron" else None, _ts(s.next_fire_ms), s.paused,
-                   s.fired, s.skipped, s.limit, _json(s.data))
+            yield (
+                s.key,
+                s.job_name,
+                p.kind,
+                cron,
+                getattr(p, "tz", None) if cron else None,
+                getattr(p, "interval_ms", None) if p.kind != "cron" else None,
+                _ts(s.next_fire_ms),
+                s.paused,
+                s.fired,
+                s.skipped,
+                s.limit,
+                _json(s.data),
+            )
         if cursor is None:
             return
 
@@ -285,8 +330,10 @@ class ChasquiStreamReader(DataSourceStreamReader):
         with plan.queue_obj() as q:
             gone = _max_deleted(q, key)
             if after != "0-0" and gone is not None and _newer(gone, after):
-                text = (f"chasqui: events of queue {plan.queue!r} after {after} (up to {gone}) were trimmed "
-                        "(events_max_len) before this query read them")
+                text = (
+                    f"chasqui: events of queue {plan.queue!r} after {after} (up to {gone}) were trimmed "
+                    "(events_max_len) before this query read them"
+                )
                 if plan.on_trim == "fail":
                     raise ChasquiError(text + '; restart from a new checkpoint or set option("on_trim", "skip")')
                 log.warning("%s; skipped (on_trim=skip)", text)

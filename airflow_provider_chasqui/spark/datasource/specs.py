@@ -30,9 +30,26 @@ from .writer import _task, finish
 
 __all__ = ["SpecPlan", "spec_plan", "ChasquiSpecWriter"]
 
-_SPEC_KEYS = {"queue", "redis_url", "kind", "name", "name_col", "key_col", "cron_col", "tz_col", "every_ms_col",
-              "data_col", "data_cols", "attempts", "backoff", "missed_fires", "on_error", "load_id", "path",
-              "dedup_ttl_s"}
+_SPEC_KEYS = {
+    "queue",
+    "redis_url",
+    "kind",
+    "name",
+    "name_col",
+    "key_col",
+    "cron_col",
+    "tz_col",
+    "every_ms_col",
+    "data_col",
+    "data_cols",
+    "attempts",
+    "backoff",
+    "missed_fires",
+    "on_error",
+    "load_id",
+    "path",
+    "dedup_ttl_s",
+}
 _CHUNK = 1000
 _KEEP_ERRORS = 20
 
@@ -99,14 +116,30 @@ def spec_plan(options: Mapping[str, str], schema: Any) -> SpecPlan:
     attempts = _int(options, "attempts", None, minimum=0)
     backoff = _backoff(options.get("backoff"))
     coerce_backoff(backoff)
-    constant = tuple((k, v) for k, v in (("attempts", attempts), ("backoff", backoff),
-                                         ("missed_fires", options.get("missed_fires"))) if v is not None)
+    constant = tuple(
+        (k, v)
+        for k, v in (("attempts", attempts), ("backoff", backoff), ("missed_fires", options.get("missed_fires")))
+        if v is not None
+    )
     ttl = _int(options, "dedup_ttl_s", 24 * 3600)
     assert ttl is not None
-    return SpecPlan(queue=queue, url=redis_url(options), name=name, name_col=name_col, key_col=key_col,
-                    cron_col=cron_col, tz_col=tz_col, every_ms_col=every_col, data_col=data_col, data_cols=data_cols,
-                    constant=constant, on_error=on_error, load_id=options.get("load_id") or uuid.uuid4().hex[:16],
-                    dedup_ttl_ms=ttl * 1000, settings=QueueSettings())
+    return SpecPlan(
+        queue=queue,
+        url=redis_url(options),
+        name=name,
+        name_col=name_col,
+        key_col=key_col,
+        cron_col=cron_col,
+        tz_col=tz_col,
+        every_ms_col=every_col,
+        data_col=data_col,
+        data_cols=data_cols,
+        constant=constant,
+        on_error=on_error,
+        load_id=options.get("load_id") or uuid.uuid4().hex[:16],
+        dedup_ttl_ms=ttl * 1000,
+        settings=QueueSettings(),
+    )
 
 
 @dataclass
@@ -132,8 +165,9 @@ def _items(plan: SpecPlan, batch: Any) -> list[dict[str, Any]]:
     names = [plan.name] * n if plan.name is not None else col(plan.name_col)
     out = []
     const = dict(plan.constant)
-    for name, data, key, cron, tz, every in zip(names, datas, col(plan.key_col), col(plan.cron_col), col(plan.tz_col),
-                                                col(plan.every_ms_col)):
+    for name, data, key, cron, tz, every in zip(
+        names, datas, col(plan.key_col), col(plan.cron_col), col(plan.tz_col), col(plan.every_ms_col)
+    ):
         item: dict[str, Any] = {"name": name, "data": data, **const, "_cron": cron, "_tz": tz, "_every": every}
         if key is not None:
             item["key"] = str(key)
@@ -144,8 +178,9 @@ def _items(plan: SpecPlan, batch: Any) -> list[dict[str, Any]]:
 def _pattern(item: dict[str, Any]) -> dict[str, Any]:
     cron, tz, every = item.pop("_cron"), item.pop("_tz"), item.pop("_every")
     if (cron is None) == (every is None):
-        raise ConfigError(f"give exactly one of a cron expression and an every_ms interval, got cron={cron!r} "
-                          f"every_ms={every!r}")
+        raise ConfigError(
+            f"give exactly one of a cron expression and an every_ms interval, got cron={cron!r} every_ms={every!r}"
+        )
     item["repeat"] = RepeatPattern.cron(cron, tz=tz) if cron is not None else RepeatPattern.every(int(every))
     return item
 
@@ -167,7 +202,7 @@ class ChasquiSpecWriter(DataSourceArrowWriter):
                 items = _items(plan, batch)
                 for lo in range(0, len(items), _CHUNK):
                     good = []
-                    for i, item in enumerate(items[lo:lo + _CHUNK], start=report.rows + lo):
+                    for i, item in enumerate(items[lo : lo + _CHUNK], start=report.rows + lo):
                         try:
                             checked = _pattern(item)
                             flows._bulk_argv([dict(checked)], now_ms(), ({}, {}))  # the upsert's own checks
@@ -177,7 +212,8 @@ class ChasquiSpecWriter(DataSourceArrowWriter):
                                 raise ConfigError(
                                     f"chasqui: {text} -- the {report.added} specs before it in this partition were "
                                     "written (upserts are idempotent: fix the rows and run again, or set "
-                                    'option("on_error", "skip"))') from None
+                                    'option("on_error", "skip"))'
+                                ) from None
                             report.bad += 1
                             if len(errors) < _KEEP_ERRORS:
                                 errors.append(text)
@@ -187,8 +223,9 @@ class ChasquiSpecWriter(DataSourceArrowWriter):
                         try:
                             q.upsert_repeatable_bulk(good)
                         except Exception as exc:
-                            raise ChasquiError(f"chasqui: partition {partition}: {exc} -- {report.added} specs "
-                                               "were written before it") from exc
+                            raise ChasquiError(
+                                f"chasqui: partition {partition}: {exc} -- {report.added} specs were written before it"
+                            ) from exc
                         report.added += len(good)
                         report.chunks += 1
                 report.rows += batch.num_rows

@@ -63,9 +63,11 @@ def write_partition(plan: WritePlan, load_id: str, batches: Iterator[Any]) -> Wr
             replies = queue.driver.stream(encoder.calls(batches))
         except Exception as exc:
             done = sum(encoder.sent_rows)
-            text = (f"chasqui: partition {partition} of load {load_id}: {redact_text(exc)} -- the {done} rows "
-                    f"before it ({len(encoder.sent_rows)} chunks) may have been written; run the same write "
-                    f"again with option load_id={load_id!r} to write the rest without duplicates")
+            text = (
+                f"chasqui: partition {partition} of load {load_id}: {redact_text(exc)} -- the {done} rows "
+                f"before it ({len(encoder.sent_rows)} chunks) may have been written; run the same write "
+                f"again with option load_id={load_id!r} to write the rest without duplicates"
+            )
             raise (ConfigError if isinstance(exc, ConfigError) else ChasquiError)(text) from exc
     return settle(report, encoder, replies, plan.id_col is not None)  # type: ignore[return-value]
 
@@ -73,29 +75,44 @@ def write_partition(plan: WritePlan, load_id: str, batches: Iterator[Any]) -> Wr
 def _summary(messages: list[WriterCommitMessage | None]) -> dict[str, Any]:
     reports = [cast(PartitionReport, m) for m in messages if isinstance(m, PartitionReport)]
     parts = [r.as_dict() for r in reports]
-    return {"rows": sum(p["rows"] for p in parts), "added": sum(p["added"] for p in parts),
-            "skipped": sum(p["skipped"] for p in parts), "failed_tasks": sum(1 for m in messages if m is None),
-            "partitions": sorted(parts, key=lambda p: p["partition"]),
-            **({"bad": sum(p["bad"] for p in parts)} if any("bad" in p for p in parts) else {})}
+    return {
+        "rows": sum(p["rows"] for p in parts),
+        "added": sum(p["added"] for p in parts),
+        "skipped": sum(p["skipped"] for p in parts),
+        "failed_tasks": sum(1 for m in messages if m is None),
+        "partitions": sorted(parts, key=lambda p: p["partition"]),
+        **({"bad": sum(p["bad"] for p in parts)} if any("bad" in p for p in parts) else {}),
+    }
 
 
 def finish(plan: WritePlan, load_id: str, messages: list[WriterCommitMessage | None], status: str) -> dict[str, Any]:
     """Log the totals and keep them in Redis (best effort: the write itself already happened)."""
     summary = {"load_id": load_id, "queue": plan.queue, "status": status, **_summary(messages)}
     if status == "committed":
-        log.info("chasqui: %s: %d rows -> %d jobs added, %d skipped as written before, in %d partitions",
-                 plan.describe(), summary["rows"], summary["added"], summary["skipped"], len(summary["partitions"]))
+        log.info(
+            "chasqui: %s: %d rows -> %d jobs added, %d skipped as written before, in %d partitions",
+            plan.describe(),
+            summary["rows"],
+            summary["added"],
+            summary["skipped"],
+            len(summary["partitions"]),
+        )
     else:
-        log.error("chasqui: %s aborted: %d tasks failed; the %d partitions that finished wrote %d jobs and the "
-                  "failed tasks may have written some of their chunks. Run the same write again with option "
-                  "load_id=%r to finish it without duplicates.", plan.describe(), summary["failed_tasks"],
-                  len(summary["partitions"]), summary["added"], load_id)
+        log.error(
+            "chasqui: %s aborted: %d tasks failed; the %d partitions that finished wrote %d jobs and the "
+            "failed tasks may have written some of their chunks. Run the same write again with option "
+            "load_id=%r to finish it without duplicates.",
+            plan.describe(),
+            summary["failed_tasks"],
+            len(summary["partitions"]),
+            summary["added"],
+            load_id,
+        )
     try:
         from ...sync.queue import SyncQueue
 
         with SyncQueue(plan.queue, redis_url=plan.url, settings=plan.settings) as queue:
-            queue.driver.client.set(report_key(plan.queue, load_id), json.dumps(summary),
-                                    px=plan.dedup_ttl_ms)
+            queue.driver.client.set(report_key(plan.queue, load_id), json.dumps(summary), px=plan.dedup_ttl_ms)
     except Exception as exc:  # noqa: BLE001 - the report is a convenience; the jobs are written
         log.warning("chasqui: could not store the report of load %s: %s", load_id, redact_text(exc))
     return summary
@@ -143,8 +160,10 @@ class ChasquiStreamWriter(DataSourceStreamArrowWriter):
         _p, _a, ctx = _task()
         batch_id = None if ctx is None else ctx.getLocalProperty(STREAM_BATCH_PROPERTY)
         if batch_id is None:
-            raise ChasquiError(f"chasqui: the task has no {STREAM_BATCH_PROPERTY} property: cannot derive "
-                               "exactly-once ids for this micro-batch")
+            raise ChasquiError(
+                f"chasqui: the task has no {STREAM_BATCH_PROPERTY} property: cannot derive "
+                "exactly-once ids for this micro-batch"
+            )
         return write_partition(self.plan, self._load(batch_id), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -11,12 +11,22 @@ from airflow_provider_chasqui.sensors.job import ChasquiJobSensor
 
 QUEUE = "{{ params.queue }}"
 
-with DAG(dag_id="chasqui_traced", schedule=None, catchup=False,
-         params={"queue": Param("chasqui-tests", type="string")}) as dag:
-    square = ChasquiEnqueueOperator(task_id="square", job_name="square", data={"x": 5}, queue_name=QUEUE,
-                                    wait_for_result=True, deferrable=True, wait_timeout=120)
-    enqueue = ChasquiEnqueueOperator(task_id="enqueue", job_name="square", data={"x": 6}, queue_name=QUEUE,
-                                     delay=1.0)  # delayed: the sensor finds it running and defers
-    sense = ChasquiJobSensor(task_id="sense", upstream_task_id="enqueue", xcom_key="job_id", queue_name=QUEUE,
-                             timeout=120, deferrable=True)
+with DAG(
+    dag_id="chasqui_traced", schedule=None, catchup=False, params={"queue": Param("chasqui-tests", type="string")}
+) as dag:
+    square = ChasquiEnqueueOperator(
+        task_id="square",
+        job_name="square",
+        data={"x": 5},
+        queue_name=QUEUE,
+        wait_for_result=True,
+        deferrable=True,
+        wait_timeout=120,
+    )
+    enqueue = ChasquiEnqueueOperator(
+        task_id="enqueue", job_name="square", data={"x": 6}, queue_name=QUEUE, delay=1.0
+    )  # delayed: the sensor finds it running and defers
+    sense = ChasquiJobSensor(
+        task_id="sense", upstream_task_id="enqueue", xcom_key="job_id", queue_name=QUEUE, timeout=120, deferrable=True
+    )
     square >> enqueue >> sense
