@@ -135,6 +135,8 @@ def test_rows_become_jobs_and_the_streamed_rollup_counts_every_outcome(
         f"rollup run {rollup['query_runs']}: {ROWS} of {ROWS} jobs have an outcome"
         in run["log"]
     )
+    # the events source supports availableNow: no fallback to one batch
+    assert "does not support Trigger.AvailableNow" not in run["log"]
 
     # ... and the queue agrees: deterministic ids <load_id>-<partition>-<row> (one partition, in
     # file order), the bad order (order 0, the first row) dead-lettered, the others' results stored
