@@ -89,11 +89,7 @@ def rollup_totals(path: str) -> dict[str, int]:
         return totals
     table = pq.read_table(path)
     for column in ("completed", "failed", "failed_attempts"):
-        totals[column] = (
-            int(sum(v or 0 for v in table.column(column).to_pylist()))
-            if table.num_rows
-            else 0
-        )
+        totals[column] = sum(v or 0 for v in table.column(column).to_pylist())
     totals["rollup_rows"] = table.num_rows
     return totals
 
@@ -140,10 +136,8 @@ with DAG(
         ctx = get_current_context()
         params = ctx["params"]
         base, token = _run_dir(ctx)
-        rows, bad = (
-            int(params["rows"]),
-            min(int(params["bad_rows"]), int(params["rows"])),
-        )
+        rows = int(params["rows"])
+        bad = min(int(params["bad_rows"]), rows)
         os.makedirs(base, exist_ok=True)
         path = os.path.join(base, "orders.csv")
         rng = random.Random(7)
@@ -220,9 +214,8 @@ with DAG(
         params = get_current_context()["params"]
         output = os.path.join(dataset["base"], "rollup")
         checkpoint = os.path.join(dataset["base"], "rollup-checkpoint")
-        prefix = (
-            load["load_id"] + "-"
-        )  # the ids this load's jobs have: <load_id>-<partition>-<row>
+        # the ids this load's jobs have: <load_id>-<partition>-<row>
+        prefix = load["load_id"] + "-"
 
         def write_batch(batch: Any, batch_id: int) -> None:
             counts = batch.groupBy(F.date_trunc("minute", "ts").alias("minute")).agg(
@@ -267,9 +260,8 @@ with DAG(
                 )
                 if done >= load["rows"] or time.monotonic() > deadline:
                     break
-                time.sleep(
-                    2
-                )  # give the workers time; the next run reads only the new events
+                # give the workers time; the next run reads only the new events
+                time.sleep(2)
         finally:
             spark.stop()
         return {"output": output, "query_runs": runs, **totals}
