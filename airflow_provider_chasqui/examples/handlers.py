@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import UnrecoverableError
 from ..types import Job
 
-__all__ = ["HANDLERS", "square", "greet", "explode", "daily_report"]
+__all__ = ["HANDLERS", "daily_report", "explode", "greet", "score_order", "square"]
 
 
 def square(job: Job) -> dict[str, int]:
@@ -40,4 +40,24 @@ def daily_report(job: Job) -> dict[str, Any]:
     return {"report": job.data.get("report", "daily"), "job_id": job.id}
 
 
-HANDLERS = {"square": square, "greet": greet, "explode": explode, "daily_report": daily_report}
+def score_order(job: Job) -> dict[str, Any]:
+    """One order row that Spark wrote as a job (``example_dags/spark_events_rollup.py``):
+    ``{"order_id", "region", "amount"}`` -> ``{"order_id", "score"}``.  An order with a negative
+    amount is refused for good (``UnrecoverableError``: dead-lettered at once, no retries)."""
+    data = job.data
+    try:
+        order_id, amount = int(data["order_id"]), float(data["amount"])
+    except (KeyError, TypeError, ValueError):
+        raise UnrecoverableError(f"score_order needs {{'order_id', 'amount'}}, got {data!r}") from None
+    if amount < 0:
+        raise UnrecoverableError(f"score_order refuses order {order_id}: negative amount {amount}")
+    return {"order_id": order_id, "score": round(amount / 10, 2)}
+
+
+HANDLERS = {
+    "square": square,
+    "greet": greet,
+    "explode": explode,
+    "daily_report": daily_report,
+    "score_order": score_order,
+}

@@ -10,7 +10,9 @@ workers it expects run as subprocesses:
   (their runs are triggered together and overlap);
 * a Spark worker under ``spark-submit --master local[1]`` serves ``spark_sales_pipeline``; it is
   stopped before ``spark_batch_worker``, whose ``SparkSubmitOperator`` starts its own batch
-  worker (through a ``spark_default`` connection made with the REST API).
+  worker (through a ``spark_default`` connection made with the REST API);
+* ``spark_events_rollup`` runs Spark (``local[2]``) inside its own tasks, after those: its jobs
+  go to the examples queue and its worker, its streaming rollup reads that queue's events.
 
 Each run must reach ``success`` (else the failure carries its task logs); the tests check what
 it did (results, the cron spec, the DLQ, the Parquet) and that the deferrable waits really went
@@ -53,7 +55,7 @@ ENQUEUE, FAN_OUT, DEAD, DAILY = (
     "chasqui_dead_letters",
     "chasqui_daily_cron_upsert",
 )
-SALES, BATCH = "chasqui_spark_sales_pipeline", "chasqui_spark_batch_worker"
+SALES, BATCH, ROLLUP = "chasqui_spark_sales_pipeline", "chasqui_spark_batch_worker", "chasqui_spark_events_rollup"
 COVERED = {
     ENQUEUE: "enqueue_and_wait.py",
     FAN_OUT: "fan_out_100.py",
@@ -61,6 +63,7 @@ COVERED = {
     DAILY: "daily_cron_upsert.py",
     SALES: "spark_sales_pipeline.py",
     BATCH: "spark_batch_worker.py",
+    ROLLUP: "spark_events_rollup.py",
 }
 ELSEWHERE = {"event_driven.py"}  # test_event_bursts.py runs its DAGs on the same services
 SPEC_KEY = "daily-sales-report"
@@ -401,6 +404,28 @@ def test_spark_batch_worker(airflow_services: AirflowServices, examples: dict, r
     assert "reached max_jobs=2" in task_logs(s, BATCH, run_id, chars=10**7)  # the batch worker's own log
 
 
+def test_spark_events_rollup(airflow_services: AirflowServices, examples: dict, redis_url: str) -> None:
+    """Spark in the tasks writes 200 jobs (one refused) to the examples queue; the examples worker
+    runs them; the streaming rollup of the queue's events (shared with the other examples: the
+    DAG keeps its own load's jobs) must count each outcome once."""
+    import pyarrow.parquet as pq
+
+    s = airflow_services
+    examples["workers"]["spark"].stop()  # one JVM at a time (stopped already after the sales pipeline)
+    rows = 200
+    run_id = trigger(s, ROLLUP, {"queue": s.examples_queue, "data_dir": str(s.data_dir), "rows": rows, "bad_rows": 1})
+    run_id = wait_success(s, ROLLUP, run_id, 900)
+    load, rollup = xcom(s, ROLLUP, run_id, "enqueue_rows"), xcom(s, ROLLUP, run_id, "rollup_events")
+    assert (load["rows"], load["added"]) == (rows, rows)
+    table = pq.read_table(rollup["output"])
+    assert (sum(table.column("completed").to_pylist()), sum(table.column("failed").to_pylist())) == (rows - 1, 1)
+    checked = xcom(s, ROLLUP, run_id, "check_rollup")
+    assert (checked["rows"], checked["completed"], checked["failed"]) == (rows, rows - 1, 1)
+    with SyncQueue(s.examples_queue, redis_url=redis_url) as q:
+        dead = [r["job_id"] for r in q.peek_dlq(1000) if r["job_id"].startswith(load["load_id"] + "-")]
+    assert dead == [f"{load['load_id']}-0-0"]  # order 0, the one refused
+
+
 def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp_path: Path) -> None:
     """What ``spark_batch_worker``'s SparkSubmitOperator runs: ``--conn-id`` in a child of an
     Airflow 3 task, whose supervisor hands down a blocked metadata DB URL (importing Airflow
@@ -434,6 +459,7 @@ def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp
                 "1",
                 "--no-scheduler",
             ],
+            check=False,
             env=env,
             capture_output=True,
             text=True,
@@ -453,6 +479,7 @@ def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp
                 "-H",
                 "airflow_provider_chasqui.examples.handlers",
             ],
+            check=False,
             env=env,
             capture_output=True,
             text=True,

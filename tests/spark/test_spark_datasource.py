@@ -145,14 +145,14 @@ def test_id_column_delays_payload_column_and_retry_options(ds, redis_url: str, q
         [(f"order-{i}", (i, f"c{i}"), None if i % 2 else 60_000) for i in range(10)],
         "oid STRING, payload STRUCT<n: INT, c: STRING>, wait BIGINT",
     )
-    opts = dict(
-        name="ship",
-        id_col="oid",
-        data_col="payload",
-        delay_ms_col="wait",
-        attempts="4",
-        backoff='{"kind": "exponential", "delay_ms": 500}',
-    )
+    opts = {
+        "name": "ship",
+        "id_col": "oid",
+        "data_col": "payload",
+        "delay_ms_col": "wait",
+        "attempts": "4",
+        "backoff": '{"kind": "exponential", "delay_ms": 500}',
+    }
     for _ in range(2):  # the second load finds every id's marker
         _write(df, queue_name, redis_url, **opts)
     keys = QueueKeys.for_queue(queue_name)
@@ -185,16 +185,16 @@ def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
     ("options", "message"),
     [
         ({}, "exactly one of the options name"),
-        (dict(name="x", name_col="k"), "exactly one of the options name"),
-        (dict(name="x", nope="1"), r"unknown write options \['nope'\]"),
-        (dict(name_col="n"), r"column 'n' \(name_col\) is int; expected string"),
-        (dict(name="x", id_col="missing"), "option id_col='missing' is not a column"),
-        (dict(name="x", delay_ms_col="n", run_at_col="n"), "delay_ms_col or run_at_col, not both"),
-        (dict(name="x", chunk_size="0"), "chunk_size must be >= 1"),
-        (dict(name="x", attempts="-1"), "attempts must be >= 0"),
-        (dict(name="x", backoff="soon"), "backoff must be ms or a JSON object"),
-        (dict(name="x", queue="a{b}"), "would break the"),
-        (dict(name="x", redis_url="redis://:s3cret@"), "not a valid Redis URL"),
+        ({"name": "x", "name_col": "k"}, "exactly one of the options name"),
+        ({"name": "x", "nope": "1"}, r"unknown write options \['nope'\]"),
+        ({"name_col": "n"}, r"column 'n' \(name_col\) is int; expected string"),
+        ({"name": "x", "id_col": "missing"}, "option id_col='missing' is not a column"),
+        ({"name": "x", "delay_ms_col": "n", "run_at_col": "n"}, "delay_ms_col or run_at_col, not both"),
+        ({"name": "x", "chunk_size": "0"}, "chunk_size must be >= 1"),
+        ({"name": "x", "attempts": "-1"}, "attempts must be >= 0"),
+        ({"name": "x", "backoff": "soon"}, "backoff must be ms or a JSON object"),
+        ({"name": "x", "queue": "a{b}"}, "would break the"),
+        ({"name": "x", "redis_url": "redis://:s3cret@"}, "not a valid Redis URL"),
     ],
 )
 def test_bad_options(options: dict[str, str], message: str) -> None:
@@ -452,6 +452,55 @@ def test_streaming_read_of_events(ds, redis_url: str, queue_name: str, tmp_path)
         r.close()
 
 
+def test_streaming_read_of_events_with_trigger_available_now(ds, redis_url: str, queue_name: str, tmp_path) -> None:
+    """``trigger(availableNow=True)`` is supported (no fallback to one batch): a run reads the
+    events there were when it started and stops; a later run from the checkpoint reads only the
+    new ones.  The reader alone: after prepareForTriggerAvailableNow it never goes past that id."""
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    from airflow_provider_chasqui.spark.datasource.reader import (
+        ChasquiStreamReader,
+        read_plan,
+    )
+
+    events = QueueKeys.for_queue(queue_name).events
+    r = redis.Redis.from_url(redis_url)
+    try:
+        ids = [
+            r.xadd(events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000 + i, "n": "x"}).decode()
+            for i in range(30)
+        ]
+        reader = ChasquiStreamReader(read_plan({"queue": queue_name, "redis_url": redis_url}))
+        assert isinstance(reader, SupportsTriggerAvailableNow)
+        reader.prepareForTriggerAvailableNow()
+        r.xadd(events, {"e": "completed", "id": "late", "ts": 1_700_000_000_100, "n": "x"})
+        assert reader.latestOffset({"id": "0-0"}) == {"id": ids[-1]}  # not the late one
+        assert reader.latestOffset({"id": ids[-1]}) == {"id": ids[-1]}  # reached: no more data
+
+        def run() -> list[str]:
+            seen: list[str] = []
+            query = (
+                ds.readStream.format("chasqui")
+                .option("queue", queue_name)
+                .option("redis_url", redis_url)
+                .option("what", "events")
+                .load()
+                .writeStream.foreachBatch(lambda df, _n: seen.extend(x.job_id for x in df.collect()))
+                .option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            assert query.awaitTermination(300), "the availableNow query did not stop"
+            return seen
+
+        assert sorted(run()) == sorted([f"j{i}" for i in range(30)] + ["late"])
+        for i in range(31, 40):
+            r.xadd(events, {"e": "dlq", "id": f"j{i}", "ts": 1_700_000_000_200 + i, "n": "x"})
+        assert run() == [f"j{i}" for i in range(31, 40)]  # from the checkpoint: the new events only
+    finally:
+        r.close()
+
+
 def test_chunk_and_id_marker_scripts(redis_url: str, queue_name: str) -> None:
     """The two scripts under the writer, alone: a chunk's marker makes its second call a no-op
     (-1), per-id markers suppress only the ids already added; delayed members go to the ZSET."""
@@ -510,16 +559,16 @@ def test_spec_upserts_report_bad_rows(ds, redis_url: str, queue_name: str) -> No
     rows[7] = ("tenant-7", "report", "61 * * * *", None, None, 7)  # invalid cron
     rows[9] = ("tenant-9", "report", "0 6 * * *", "Mars/Base", None, 9)  # unknown zone
     df = ds.createDataFrame(rows, "key STRING, job STRING, cron STRING, tz STRING, every BIGINT, tenant INT")
-    opts = dict(
-        kind="repeatable",
-        name_col="job",
-        key_col="key",
-        cron_col="cron",
-        tz_col="tz",
-        every_ms_col="every",
-        data_cols="tenant",
-        attempts="3",
-    )
+    opts = {
+        "kind": "repeatable",
+        "name_col": "job",
+        "key_col": "key",
+        "cron_col": "cron",
+        "tz_col": "tz",
+        "every_ms_col": "every",
+        "data_cols": "tenant",
+        "attempts": "3",
+    }
     with pytest.raises(Exception, match=r"row 7 \(key 'tenant-7'\)"):
         _write(df.coalesce(1), queue_name, redis_url, **opts)
     _write(df.repartition(2), queue_name, redis_url, on_error="skip", load_id="SP", **opts)

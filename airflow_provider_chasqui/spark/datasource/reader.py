@@ -25,6 +25,14 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
+try:  # newer pyspark: Trigger.AvailableNow for Python stream readers (else Spark runs it as one batch)
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - pyspark without it
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in on a pyspark that has no such mixin."""
+
+
 from ...core.calls import command, str_reply
 from ...core.codec import decode_data, decode_envelope
 from ...core.keys import QueueKeys, validate_queue_name
@@ -298,13 +306,17 @@ def _specs(q: Any, page: int) -> Iterator[tuple[Any, ...]]:
             return
 
 
-class ChasquiStreamReader(DataSourceStreamReader):
-    """``spark.readStream.format("chasqui")`` of ``events`` (offsets: ``{"id": "<stream id>"}``)."""
+class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("chasqui")`` of ``events`` (offsets: ``{"id": "<stream id>"}``).
+
+    Supports ``trigger(availableNow=True)``: the query reads up to the last event there was when
+    it started (in as many micro-batches as Spark plans), then stops."""
 
     def __init__(self, plan: ReadPlan) -> None:
         if plan.what != "events":
             raise ConfigError("chasqui: readStream follows what=events only")
         self.plan = plan
+        self._target: str | None = None  # availableNow: the last event id when the query started
 
     def _last(self) -> str:
         with self.plan.queue_obj() as q:
@@ -315,7 +327,12 @@ class ChasquiStreamReader(DataSourceStreamReader):
         return {"id": "0-0" if self.plan.start == "earliest" else self._last()}
 
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
+        if self._target is not None:  # never past the target; the start itself once it is reached
+            return {"id": self._target} if _newer(self._target, start["id"]) else start
         return {"id": self._last()}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._last()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if start["id"] == end["id"]:
