@@ -119,8 +119,8 @@ def test_a_half_failed_load_rerun_writes_each_row_once(ds, redis_url: str, queue
 def test_id_column_delays_payload_column_and_retry_options(ds, redis_url: str, queue_name: str) -> None:
     df = ds.createDataFrame([(f"order-{i}", (i, f"c{i}"), None if i % 2 else 60_000) for i in range(10)],
                             "oid STRING, payload STRUCT<n: INT, c: STRING>, wait BIGINT")
-    opts = dict(name="ship", id_col="oid", data_col="payload", delay_ms_col="wait", attempts="4",
-                backoff='{"kind": "exponential", "delay_ms": 500}')
+    opts = {"name": "ship", "id_col": "oid", "data_col": "payload", "delay_ms_col": "wait", "attempts": "4",
+                "backoff": '{"kind": "exponential", "delay_ms": 500}'}
     for _ in range(2):  # the second load finds every id's marker
         _write(df, queue_name, redis_url, **opts)
     keys = QueueKeys.for_queue(queue_name)
@@ -148,17 +148,17 @@ def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (dict(), "exactly one of the options name"),
-    (dict(name="x", name_col="k"), "exactly one of the options name"),
-    (dict(name="x", nope="1"), r"unknown write options \['nope'\]"),
-    (dict(name_col="n"), r"column 'n' \(name_col\) is int; expected string"),
-    (dict(name="x", id_col="missing"), "option id_col='missing' is not a column"),
-    (dict(name="x", delay_ms_col="n", run_at_col="n"), "delay_ms_col or run_at_col, not both"),
-    (dict(name="x", chunk_size="0"), "chunk_size must be >= 1"),
-    (dict(name="x", attempts="-1"), "attempts must be >= 0"),
-    (dict(name="x", backoff="soon"), "backoff must be ms or a JSON object"),
-    (dict(name="x", queue="a{b}"), "would break the"),
-    (dict(name="x", redis_url="redis://:s3cret@"), "not a valid Redis URL"),
+    ({}, "exactly one of the options name"),
+    ({"name": "x", "name_col": "k"}, "exactly one of the options name"),
+    ({"name": "x", "nope": "1"}, r"unknown write options \['nope'\]"),
+    ({"name_col": "n"}, r"column 'n' \(name_col\) is int; expected string"),
+    ({"name": "x", "id_col": "missing"}, "option id_col='missing' is not a column"),
+    ({"name": "x", "delay_ms_col": "n", "run_at_col": "n"}, "delay_ms_col or run_at_col, not both"),
+    ({"name": "x", "chunk_size": "0"}, "chunk_size must be >= 1"),
+    ({"name": "x", "attempts": "-1"}, "attempts must be >= 0"),
+    ({"name": "x", "backoff": "soon"}, "backoff must be ms or a JSON object"),
+    ({"name": "x", "queue": "a{b}"}, "would break the"),
+    ({"name": "x", "redis_url": "redis://:s3cret@"}, "not a valid Redis URL"),
 ])
 def test_bad_options(options: dict[str, str], message: str) -> None:
     """The checks ``writer()`` runs on the driver, without a Spark job per case."""
@@ -403,8 +403,8 @@ def test_spec_upserts_report_bad_rows(ds, redis_url: str, queue_name: str) -> No
     rows[7] = ("tenant-7", "report", "61 * * * *", None, None, 7)  # invalid cron
     rows[9] = ("tenant-9", "report", "0 6 * * *", "Mars/Base", None, 9)  # unknown zone
     df = ds.createDataFrame(rows, "key STRING, job STRING, cron STRING, tz STRING, every BIGINT, tenant INT")
-    opts = dict(kind="repeatable", name_col="job", key_col="key", cron_col="cron", tz_col="tz", every_ms_col="every",
-                data_cols="tenant", attempts="3")
+    opts = {"kind": "repeatable", "name_col": "job", "key_col": "key", "cron_col": "cron", "tz_col": "tz", "every_ms_col": "every",
+                "data_cols": "tenant", "attempts": "3"}
     with pytest.raises(Exception, match=r"row 7 \(key 'tenant-7'\)"):
         _write(df.coalesce(1), queue_name, redis_url, **opts)
     _write(df.repartition(2), queue_name, redis_url, on_error="skip", load_id="SP", **opts)
@@ -417,3 +417,126 @@ def test_spec_upserts_report_bad_rows(ds, redis_url: str, queue_name: str) -> No
         spec = q.get_repeatable_job("tenant-4")
         assert spec is not None and spec.data == {"tenant": 4} and spec.attempts == 3
         assert q.get_repeatable_job("tenant-7") is None
+
+
+def _pushdown_fixture(url: str, queue: str, base: int) -> None:
+    """100 dlq entries and 100 events one second apart from ``base`` (explicit stream ids), the
+    events' ``ts`` up to two minutes off their ids (worker clock vs Redis clock), and 100 stored
+    results scored one second apart."""
+    from airflow_provider_chasqui.core.codec import encode_data, encode_new_envelope
+
+    k = QueueKeys.for_queue(queue)
+    with redis.Redis.from_url(url) as r:
+        pipe = r.pipeline(transaction=False)
+        for i in range(100):
+            ms = base + i * 1000
+            env = encode_new_envelope(f"d{i}", encode_data({"i": i}), ms)
+            pipe.xadd(k.dlq, {"d": env, "n": "a" if i % 2 else "b", "reason": "retries-exhausted"}, id=f"{ms}-0")
+            pipe.xadd(k.events, {"e": "completed" if i % 3 else "failed", "id": f"e{i}", "n": "a" if i % 2 else "b",
+                                 "ts": ms + (i % 5 - 2) * 60_000}, id=f"{ms}-0")
+            pipe.zadd(k.results, {f"r{i}": ms})
+            pipe.set(k.result(f"r{i}"), encode_data({"i": i}))
+        pipe.execute()
+
+
+def test_batch_reads_push_time_and_name_filters_down(ds, redis_url: str, queue_name: str) -> None:
+    """Time-range and name filters give the same rows with Spark's pushdown on and off; with it
+    on, the planned XRANGE bounds / result ranks cover only the range asked for and Spark's own
+    Filter keeps only what the source could not do."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_chasqui.spark.datasource import PUSHDOWN_CONF
+
+    base = 1_750_000_000_000
+    _pushdown_fixture(redis_url, queue_name, base)
+
+    def at(i: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp((base + i * 1000) / 1000, dt.UTC)
+
+    def read(what: str) -> Any:
+        return (ds.read.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
+                .option("what", what).option("partitions", "3").load())
+
+    cases = [
+        ("dlq", (F.col("ts") >= at(10)) & (F.col("ts") < at(20)), 10),
+        ("dlq", (F.col("ts") > at(10)) & (F.col("ts") <= at(20)) & (F.col("name") == "a"), 5),
+        ("dlq", F.col("name").isin("a", "zz") & (F.col("ts") == at(41)), 1),
+        ("dlq", (F.col("name") == "a") | (F.col("ts") < at(3)), 52),  # an OR: not pushed, Spark filters
+        ("events", (F.col("ts") >= at(30)) & (F.col("ts") < at(60)), None),
+        ("events", F.col("event").isin("failed") & (F.col("name") == "b"), 17),
+        ("results", (F.col("stored_at") >= at(90)), 10),
+        ("results", (F.col("stored_at") > at(5)) & (F.col("stored_at") < at(8)), 2),
+    ]
+    plans: list[str] = []
+    for pushdown in ("true", "false"):
+        ds.conf.set(PUSHDOWN_CONF, pushdown)
+        try:
+            got = []
+            for what, cond, _n in cases:
+                frame = read(what).filter(cond)
+                got.append(sorted(tuple(r) for r in frame.collect()))
+                if pushdown == "true" and what == "dlq":
+                    plans.append(frame._jdf.queryExecution().executedPlan().toString())
+        finally:
+            ds.conf.set(PUSHDOWN_CONF, "true")
+        if pushdown == "true":
+            pushed_rows = got
+        else:
+            assert got == pushed_rows  # pushdown changes nothing in the result
+    # events: ts up to 2 minutes off the id, all found through the bounds widened by ts_slack_ms
+    in_range = sum(1 for i in range(100) if 30_000 <= i * 1000 + (i % 5 - 2) * 60_000 < 60_000)
+    for (what, _c, n), rows in zip(cases, pushed_rows):
+        assert len(rows) == (in_range if n is None else n), (what, n, len(rows))
+    # Spark's own Filter above the scan keeps only IS NOT NULL checks for the pushed cases; the OR stays.
+    for plan in plans[:3]:
+        above = plan.split("BatchScan")[0]
+        assert not any(op in above for op in (" >= ", " <= ", " > ", " < ", " = ", " IN (")), plan
+    assert " OR " in plans[3].split("BatchScan")[0]
+
+    # What the pushdown plans to fetch, on the driver (the same reader Spark gets).
+    from pyspark.sql.datasource import (
+        EqualTo,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        IsNotNull,
+        LessThan,
+    )
+
+    from airflow_provider_chasqui.spark.datasource.reader import (
+        ChasquiFilteringReader,
+        RankRange,
+        StreamRange,
+        read_plan,
+    )
+
+    def planned(what: str, filters: list[Any], **options: str) -> tuple[Any, list[Any], list[Any]]:
+        reader = ChasquiFilteringReader(read_plan({"queue": queue_name, "redis_url": redis_url, "what": what,
+                                                   "partitions": "3", **options}))
+        left = list(reader.pushFilters(filters))
+        return reader, left, reader.partitions()
+
+    k = QueueKeys.for_queue(queue_name)
+    keep = IsNotNull(("ts",))
+    reader, left, parts = planned("dlq", [GreaterThanOrEqual(("ts",), at(10)), LessThan(("ts",), at(20)),
+                                          EqualTo(("name",), "a"), keep])
+    assert left == [keep]  # by reference: the one filter Spark still applies
+    with redis.Redis.from_url(redis_url) as r:
+        fetched = [e for p in parts if isinstance(p, StreamRange) for e in r.xrange(k.dlq, p.start, p.end)]
+        assert len(fetched) == 10 and len(parts) <= 3  # 10 of the 100 entries are fetched at all
+        rows = [row for p in parts for row in reader.read(p)]
+        assert sorted(int(row[0].split("-")[0]) for row in rows) == [base + i * 1000 for i in range(11, 20, 2)]
+        # events: ts filters widen by ts_slack_ms and go back to Spark; names and kinds are read-side
+        ts_filter = GreaterThan(("ts",), at(50))
+        reader, left, parts = planned("events", [ts_filter, In(("event",), ("failed",))], ts_slack_ms="10000")
+        assert left == [ts_filter]
+        fetched = [e for p in parts for e in r.xrange(k.events, p.start, p.end)]
+        assert len(fetched) == 59  # ids from 50 s + 1 ms - 10 s on: entries 41..99
+        rows = [row for p in parts for row in reader.read(p)]
+        assert {row[2] for row in rows} == {"failed"} and len(rows) == sum(1 for i in range(41, 100) if i % 3 == 0)
+        reader, left, parts = planned("results", [GreaterThanOrEqual(("stored_at",), at(95))])
+        ranks = [n for p in parts if isinstance(p, RankRange) for n in range(p.lo, p.hi + 1)]
+        assert left == [] and ranks == [95, 96, 97, 98, 99]  # the 5 newest of 100 results
+        assert sorted(json.loads(row[2])["i"] for p in parts for row in reader.read(p)) == [95, 96, 97, 98, 99]
+        reader, left, parts = planned("dlq", [EqualTo(("ts",), at(5)), LessThan(("ts",), at(5))])
+        assert left == [] and [row for p in parts for row in reader.read(p)] == []  # an empty range: no XRANGE

@@ -5,7 +5,16 @@ The streams (``events``, ``dlq``) are read in parallel: the driver takes the fir
 entry ids once (a snapshot: entries added later are not part of this read) and cuts that range
 into ``partitions`` ranges of stream-id milliseconds; each task pages through its range with
 XRANGE.  ``results`` splits the stored-results index by rank; ``repeatable`` is one task
-paging through the specs.  Payloads and results become JSON strings (bytes as UTF-8, else
+paging through the specs.
+
+Filter pushdown (``pushFilters``): comparisons of the time column (``ts``; ``stored_at`` for
+results) with a timestamp narrow what is read: the XRANGE bounds (stream ids are Redis-clock
+milliseconds) or the results' score range.  For ``dlq`` (``ts`` is the entry id's time) and
+``results`` (``stored_at`` is the score) that is exact and Spark does not filter again; an
+event's ``ts`` is the worker's clock when the event happened, which may differ from the id's
+time by clock skew and event batching, so for ``events`` the bounds are widened by
+``ts_slack_ms`` (default 5 minutes) and Spark re-applies the filter.  ``name = / IN`` (and
+``event = / IN`` for events) are applied while reading, before a row is built.  Payloads and results become JSON strings (bytes as UTF-8, else
 replaced characters), timestamps Spark timestamps.  The streaming reader's offsets are stream
 ids; a range trimmed away before it was read fails the query (``on_trim=skip`` logs instead).
 """
@@ -22,7 +31,15 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
     InputPartition,
+    LessThan,
+    LessThanOrEqual,
 )
 
 from ...core.calls import command, str_reply
@@ -32,7 +49,7 @@ from ...core.producer import parse_fields
 from ...errors import ChasquiError, CodecError, ConfigError
 from .options import redis_url
 
-__all__ = ["SCHEMAS", "ChasquiReader", "ChasquiStreamReader", "ReadPlan", "read_plan"]
+__all__ = ["SCHEMAS", "ChasquiReader", "ChasquiStreamReader", "Pushed", "ReadPlan", "read_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +61,10 @@ SCHEMAS: dict[str, str] = {
     "repeatable": ("key STRING, name STRING, kind STRING, cron STRING, tz STRING, every_ms BIGINT, "
                    "next_fire TIMESTAMP, paused BOOLEAN, fired BIGINT, skipped BIGINT, `limit` BIGINT, data STRING"),
 }
-_READ_KEYS = {"queue", "redis_url", "what", "partitions", "page", "path", "on_trim", "start"}
+_READ_KEYS = {"queue", "redis_url", "what", "partitions", "page", "path", "on_trim", "start", "ts_slack_ms"}
 _PAGE = 5000
+#: How far an event's ``ts`` (the worker's clock) may be from its stream id's time (Redis's clock).
+DEFAULT_TS_SLACK_MS = 300_000
 _MAX_SEQ = 18446744073709551615
 
 
@@ -74,6 +93,7 @@ class ReadPlan:
     page: int
     on_trim: str
     start: str
+    ts_slack_ms: int = DEFAULT_TS_SLACK_MS
 
     def queue_obj(self) -> Any:
         from ...sync.queue import SyncQueue
@@ -97,10 +117,13 @@ def read_plan(options: Mapping[str, str]) -> ReadPlan:
     try:
         n_parts = None if parts in (None, "") else int(parts)
         page = int(opts.get("page", _PAGE))
+        slack = int(opts.get("ts_slack_ms", DEFAULT_TS_SLACK_MS))
     except ValueError:
-        raise ConfigError("chasqui: options partitions and page must be integers") from None
+        raise ConfigError("chasqui: options partitions, page and ts_slack_ms must be integers") from None
     if (n_parts is not None and n_parts < 1) or page < 1:
         raise ConfigError("chasqui: options partitions and page must be >= 1")
+    if slack < 0:
+        raise ConfigError(f"chasqui: option ts_slack_ms must be >= 0, got {slack}")
     on_trim = opts.get("on_trim", "fail")
     if on_trim not in ("fail", "skip"):
         raise ConfigError(f"chasqui: option on_trim must be fail or skip, got {on_trim!r}")
@@ -108,7 +131,90 @@ def read_plan(options: Mapping[str, str]) -> ReadPlan:
     if start not in ("earliest", "latest"):
         raise ConfigError(f"chasqui: option start must be earliest or latest, got {start!r}")
     return ReadPlan(queue=queue, url=redis_url(opts), what=what, partitions=n_parts, page=page, on_trim=on_trim,
-                    start=start)
+                    start=start, ts_slack_ms=slack)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What the pushed filters leave to read: an inclusive millisecond range of the time column,
+    and the names (and event kinds) a row must have; ``None`` = no constraint."""
+
+    lo_ms: int | None = None
+    hi_ms: int | None = None
+    names: frozenset[str] | None = None
+    kinds: frozenset[str] | None = None
+
+    def empty(self) -> bool:
+        return ((self.lo_ms is not None and self.hi_ms is not None and self.lo_ms > self.hi_ms)
+                or self.names == frozenset() or self.kinds == frozenset())
+
+    def keeps(self, name: Any, kind: Any = None) -> bool:
+        return (self.names is None or name in self.names) and (self.kinds is None or kind in self.kinds)
+
+
+_TIME_COL = {"events": "ts", "dlq": "ts", "results": "stored_at"}
+_NAME_COL = {"events": "name", "dlq": "name", "repeatable": "name"}
+
+
+def _us(value: Any) -> int | None:
+    """A filter's timestamp value as microseconds since the epoch (naive = UTC, as Spark sends
+    TIMESTAMP values), or None for anything else."""
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.UTC)
+        delta = value - _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return None
+
+
+def _strings(values: Any) -> frozenset[str] | None:
+    if not all(v is None or isinstance(v, str) for v in values):
+        return None
+    return frozenset(v for v in values if v is not None)  # NULL never equals: such rows are not kept
+
+
+def _and(a: frozenset[str] | None, b: frozenset[str]) -> frozenset[str]:
+    return b if a is None else a & b
+
+
+def push(what: str, filters: list[Filter], pushed: Pushed) -> tuple[Pushed, list[Filter]]:
+    """Fold the filters this source can use into ``pushed``; return it and the filters Spark
+    must still apply (by reference, as ``pushFilters`` requires)."""
+    lo, hi, names, kinds = pushed.lo_ms, pushed.hi_ms, pushed.names, pushed.kinds
+    left: list[Filter] = []
+    time_col, name_col = _TIME_COL.get(what), _NAME_COL.get(what)
+    for f in filters:
+        col = getattr(f, "attribute", None)
+        col = col[0] if isinstance(col, tuple) and len(col) == 1 else None
+        value = getattr(f, "value", None)
+        if col is not None and col == time_col and _us(value) is not None:
+            us = _us(value)
+            assert us is not None
+            # a row's time is a whole millisecond m: compare m * 1000 with the value in microseconds
+            if isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo, EqualNullSafe)):
+                low = us // 1000 + 1 if isinstance(f, GreaterThan) else -(-us // 1000)
+                lo = low if lo is None else max(lo, low)
+            if isinstance(f, (LessThan, LessThanOrEqual, EqualTo, EqualNullSafe)):
+                high = -(-us // 1000) - 1 if isinstance(f, LessThan) else us // 1000
+                hi = high if hi is None else min(hi, high)
+            if isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo, EqualNullSafe, LessThan, LessThanOrEqual)):
+                if what == "events":
+                    left.append(f)  # the bounds were widened: Spark checks each row's ts
+                continue
+        if col is not None and col in (name_col, "event" if what == "events" else None):
+            got = None
+            if isinstance(f, (EqualTo, EqualNullSafe)) and isinstance(value, str):
+                got = frozenset([value])
+            elif isinstance(f, In):
+                got = _strings(value)
+            if got is not None:
+                if col == "event":
+                    kinds = _and(kinds, got)
+                else:
+                    names = _and(names, got)
+                continue
+        left.append(f)
+    return Pushed(lo, hi, names, kinds), left
 
 
 @dataclass
@@ -161,13 +267,17 @@ def _dlq_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
 
 
 class ChasquiReader(DataSourceReader):
-    """Batch reads; see the module docstring."""
+    """Batch reads without filter pushdown (Spark's ``spark.sql.python.filterPushdown.enabled``
+    off); see the module docstring."""
 
     def __init__(self, plan: ReadPlan) -> None:
         self.plan = plan
+        self.pushed = Pushed()
 
     def partitions(self) -> list[InputPartition]:
-        plan = self.plan
+        plan, pushed = self.plan, self.pushed
+        if pushed.empty():
+            return [StreamRange("0-1", "0-0")] if plan.what in ("events", "dlq") else [RankRange(0, -1)]
         with plan.queue_obj() as q:
             call = q.driver.call
             if plan.what in ("events", "dlq"):
@@ -179,6 +289,15 @@ class ChasquiReader(DataSourceReader):
                 lo, hi = str_reply(first[0][0]), str_reply(last[0][0])
                 n = plan.partitions or max(1, min(16, int(call(command("XLEN", key))) // 100_000 + 1))
                 lo_ms, hi_ms = _id_ms(lo), _id_ms(hi)
+                slack = plan.ts_slack_ms if plan.what == "events" else 0
+                if pushed.lo_ms is not None and pushed.lo_ms - slack > lo_ms:
+                    lo_ms = pushed.lo_ms - slack
+                    lo = f"{lo_ms}-0"
+                if pushed.hi_ms is not None and pushed.hi_ms + slack < hi_ms:
+                    hi_ms = pushed.hi_ms + slack
+                    hi = f"{hi_ms}-{_MAX_SEQ}"
+                if lo_ms > hi_ms:
+                    return [StreamRange("0-1", "0-0")]
                 step = max(1, (hi_ms - lo_ms + 1 + n - 1) // n)
                 out: list[InputPartition] = []
                 ms = lo_ms
@@ -188,23 +307,55 @@ class ChasquiReader(DataSourceReader):
                     ms = top + 1
                 return out
             if plan.what == "results":
-                total = int(call(command("ZCARD", QueueKeys.for_queue(plan.queue).results)))
+                key = QueueKeys.for_queue(plan.queue).results
+                # ranks of the scores in [lo_ms, hi_ms]: the index is ordered by score
+                first_rank = 0 if pushed.lo_ms is None else int(call(command("ZCOUNT", key, "-inf",
+                                                                             f"({pushed.lo_ms}")))
+                end_rank = (int(call(command("ZCARD", key))) if pushed.hi_ms is None
+                            else int(call(command("ZCOUNT", key, "-inf", pushed.hi_ms))))
+                total = max(0, end_rank - first_rank)
                 n = plan.partitions or max(1, min(8, total // 50_000 + 1))
                 size = max(1, -(-total // n))
-                return [RankRange(i, min(total, i + size) - 1) for i in range(0, total, size)] or [RankRange(0, -1)]
+                return ([RankRange(first_rank + i, first_rank + min(total, i + size) - 1) for i in range(0, total, size)]
+                        or [RankRange(0, -1)])
         return [InputPartition(0)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        plan = self.plan
+        plan, pushed = self.plan, self.pushed
         with plan.queue_obj() as q:
             if isinstance(partition, StreamRange):
-                row = _event_row if plan.what == "events" else _dlq_row
-                yield from (row(eid, flat) for eid, flat in _xrange(q, _stream_key(plan), partition.start,
-                                                                     partition.end, plan.page))
+                entries = _xrange(q, _stream_key(plan), partition.start, partition.end, plan.page)
+                if plan.what == "events":
+                    rows: Iterator[tuple[Any, ...]] = (_event_row(eid, flat) for eid, flat in entries)
+                    if pushed.names is not None or pushed.kinds is not None:
+                        rows = (r for r in rows if pushed.keeps(r[4], r[2]))
+                    yield from rows
+                elif pushed.names is None:
+                    yield from (_dlq_row(eid, flat) for eid, flat in entries)
+                else:  # the name is a plain field: skip other names before decoding the payload
+                    names = {n.encode() for n in pushed.names}
+                    yield from (_dlq_row(eid, flat) for eid, flat in entries if _field(flat, b"n") in names)
             elif isinstance(partition, RankRange):
                 yield from _results(q, partition, plan.page)
             else:
-                yield from _specs(q, plan.page)
+                yield from (s for s in _specs(q, plan.page) if pushed.keeps(s[1]))
+
+
+class ChasquiFilteringReader(ChasquiReader):
+    """Batch reads with filter pushdown (``register()`` turns it on for the session)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.pushed, left = push(self.plan.what, list(filters), self.pushed)
+        yield from left
+
+
+def _field(flat: list[Any], name: bytes) -> Any:
+    for i in range(0, len(flat) - 1, 2):
+        key = flat[i]
+        if (key.encode() if isinstance(key, str) else bytes(key)) == name:
+            value = flat[i + 1]
+            return value.encode() if isinstance(value, str) else bytes(value)
+    return None
 
 
 def _xrange(q: Any, key: str, start: str, end: str, page: int) -> Iterator[tuple[Any, list[Any]]]:
