@@ -540,3 +540,80 @@ def test_batch_reads_push_time_and_name_filters_down(ds, redis_url: str, queue_n
         assert sorted(json.loads(row[2])["i"] for p in parts for row in reader.read(p)) == [95, 96, 97, 98, 99]
         reader, left, parts = planned("dlq", [EqualTo(("ts",), at(5)), LessThan(("ts",), at(5))])
         assert left == [] and [row for p in parts for row in reader.read(p)] == []  # an empty range: no XRANGE
+
+
+def test_spec_upserts_and_streaming_write_over_spark_connect(spark_connect, redis_url: str, queue_name: str,
+                                                            tmp_path) -> None:
+    """kind=repeatable and the streaming sink through a Spark Connect client: specs (a bad row
+    skipped and reported), and a streaming query run twice from one checkpoint (each row once)."""
+    from airflow_provider_chasqui import SyncQueue
+    from airflow_provider_chasqui.spark.datasource import load_report
+
+    rows = [(f"c-{i}", "0 6 * * *" if i % 2 else None, None if i % 2 else 30_000, i) for i in range(6)]
+    rows[3] = ("c-3", "0 25 * * *", None, 3)  # invalid cron
+    specs = spark_connect.createDataFrame(rows, "key STRING, cron STRING, every BIGINT, n INT")
+    _write(specs, queue_name, redis_url, kind="repeatable", name="tick", key_col="key", cron_col="cron",
+           every_ms_col="every", data_cols="n", on_error="skip", load_id="CS")
+    report = _report(queue_name, "CS", redis_url)
+    assert (report["rows"], report["added"], report["bad"]) == (6, 5, 1)
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        assert sorted(s.key for s in q.get_repeatable_jobs(limit=100)) == ["c-0", "c-1", "c-2", "c-4", "c-5"]
+        assert q.get_repeatable_job("c-2").data == {"n": 2}
+
+    src, checkpoint = str(tmp_path / "src"), str(tmp_path / "checkpoint")
+    spark_connect.range(0, 300, numPartitions=2).write.mode("append").parquet(src)
+
+    def run() -> None:
+        query = _stream_query(spark_connect, src, checkpoint, queue_name, redis_url).trigger(availableNow=True).start()
+        assert query.awaitTermination(300)
+        assert query.exception() is None
+
+    run()
+    spark_connect.range(300, 500, numPartitions=2).write.mode("append").parquet(src)
+    run()  # restarted from the checkpoint: only the new file
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(500))
+    assert len({j for _n, _d, j, _r in jobs}) == 500
+    batch0 = load_report(queue_name, "S1.0", redis_url=redis_url)  # one parquet file per micro-batch
+    assert batch0 is not None and (batch0["status"], batch0["rows"], batch0["added"]) == ("committed", 150, 150)
+
+
+def test_streaming_read_reports_a_trimmed_range(ds, redis_url: str, queue_name: str, tmp_path) -> None:
+    """Events trimmed (XTRIM MINID) between two micro-batches, past the last committed offset:
+    the next batch fails naming the queue and the lost id range; restarted from the same
+    checkpoint with on_trim=skip, the query goes on with what is left, each row once."""
+    events = QueueKeys.for_queue(queue_name).events
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "ck")
+    r = redis.Redis.from_url(redis_url)
+
+    def add(lo: int, hi: int) -> list[str]:
+        return [r.xadd(events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000 + i, "n": "x"}).decode()
+                for i in range(lo, hi)]
+
+    def start(on_trim: str) -> Any:
+        return (ds.readStream.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
+                .option("what", "events").option("on_trim", on_trim).load()
+                .writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint).start())
+
+    read = add(0, 40)
+    query = start("fail")
+    try:
+        query.processAllAvailable()
+        assert ds.read.parquet(out).count() == 40
+        later = add(40, 70)
+        r.xtrim(events, minid=later[10], approximate=False)  # j0..j49 gone: j40..j49 were never read
+        with pytest.raises(Exception, match=(rf"(?s)up to 10 event\(s\) of queue '{queue_name}' in the id range "
+                                             rf"\({read[-1]}, {later[10]}\) were trimmed.*on_trim.*skip")):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    assert ds.read.parquet(out).count() == 40  # nothing silently skipped
+    query = start("skip")
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None
+    ids = sorted(int(row.job_id[1:]) for row in ds.read.parquet(out).collect())
+    assert ids == list(range(40)) + list(range(50, 70))
+    r.close()
