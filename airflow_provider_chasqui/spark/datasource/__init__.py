@@ -65,7 +65,7 @@ class ChasquiDataSource(DataSource):
     def reader(self, schema: Any) -> ChasquiReader:
         plan = read_plan(self._options())
         # With pushdown off in the session, hand Spark the reader without pushFilters (it filters itself).
-        return ChasquiReader(plan) if _planned_without_pushdown() else ChasquiFilteringReader(plan)
+        return ChasquiReader(plan, schema) if _planned_without_pushdown() else ChasquiFilteringReader(plan, schema)
 
     def streamReader(self, schema: Any) -> ChasquiStreamReader:
         return ChasquiStreamReader(read_plan(self._options()))

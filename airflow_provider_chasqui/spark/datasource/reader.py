@@ -251,6 +251,48 @@ def _event_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
             int(attempt) if attempt and attempt.isdigit() else None, _json(f) if f else None)
 
 
+_EVENT_COLUMNS = ["event_id", "ts", "event", "job_id", "name", "attempt", "fields"]
+_MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: Spark's (and Arrow's) last timestamp
+
+
+def _event_batches(schema: Any, entries: Iterator[tuple[Any, list[Any]]], size: int,
+                   pushed: Pushed) -> Iterator[Any]:
+    """The rows :func:`_event_row` makes, as Arrow record batches of up to ``size`` rows."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow = to_arrow_schema(schema, timezone="UTC")  # exactly what Spark checks the batches against
+    filtering = pushed.names is not None or pushed.kinds is not None
+    cols: list[list[Any]] = [[] for _ in range(7)]
+    eids, tss, kinds, jids, names, attempts, rest = cols
+    for entry_id, flat in entries:
+        if flat and not isinstance(flat[0], bytes):  # a driver that decodes replies
+            flat = [x.encode() if isinstance(x, str) else bytes(x) for x in flat]
+        f = dict(zip(flat[0::2], flat[1::2]))
+        raw_kind, raw_jid, raw_name = f.pop(b"e", None), f.pop(b"id", None), f.pop(b"n", None)
+        ts, attempt = f.pop(b"ts", None), f.pop(b"attempt", None)
+        kind = None if raw_kind is None else raw_kind.decode("utf-8", "replace")
+        name = raw_name.decode("utf-8", "replace") if raw_name else None
+        if filtering and not pushed.keeps(name, kind):
+            continue
+        eid = str_reply(entry_id)
+        ms = int(ts) if ts and ts.isdigit() else _id_ms(eid)
+        eids.append(eid)
+        tss.append(ms * 1000 if ms <= _MAX_TS_MS else None)
+        kinds.append(kind)
+        jids.append(raw_jid.decode("utf-8", "replace") if raw_jid else None)
+        names.append(name)
+        attempts.append(int(attempt) if attempt and attempt.isdigit() else None)
+        rest.append(_json({k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in f.items()})
+                    if f else None)
+        if len(eids) >= size:
+            yield pa.RecordBatch.from_arrays([pa.array(c, type=field.type) for c, field in zip(cols, arrow)], schema=arrow)
+            for c in cols:
+                c.clear()
+    if eids:
+        yield pa.RecordBatch.from_arrays([pa.array(c, type=field.type) for c, field in zip(cols, arrow)], schema=arrow)
+
+
 def _dlq_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
     f = parse_fields(flat or [])
     eid = str_reply(entry_id)
@@ -270,9 +312,13 @@ class ChasquiReader(DataSourceReader):
     """Batch reads without filter pushdown (Spark's ``spark.sql.python.filterPushdown.enabled``
     off); see the module docstring."""
 
-    def __init__(self, plan: ReadPlan) -> None:
+    def __init__(self, plan: ReadPlan, schema: Any = None) -> None:
         self.plan = plan
         self.pushed = Pushed()
+        # Events go to Spark as Arrow record batches built column by column (no per-value
+        # conversion of a row tuple) when Spark asks for this source's own schema.
+        names = [f.name for f in getattr(schema, "fields", [])]
+        self.schema = schema if plan.what == "events" and names == _EVENT_COLUMNS else None
 
     def partitions(self) -> list[InputPartition]:
         plan, pushed = self.plan, self.pushed
@@ -325,7 +371,9 @@ class ChasquiReader(DataSourceReader):
         with plan.queue_obj() as q:
             if isinstance(partition, StreamRange):
                 entries = _xrange(q, _stream_key(plan), partition.start, partition.end, plan.page)
-                if plan.what == "events":
+                if plan.what == "events" and self.schema is not None:
+                    yield from _event_batches(self.schema, entries, plan.page, pushed)
+                elif plan.what == "events":
                     rows: Iterator[tuple[Any, ...]] = (_event_row(eid, flat) for eid, flat in entries)
                     if pushed.names is not None or pushed.kinds is not None:
                         rows = (r for r in rows if pushed.keeps(r[4], r[2]))
