@@ -628,3 +628,42 @@ def test_streaming_read_reports_a_trimmed_range(ds, redis_url: str, queue_name: 
     ids = sorted(int(row.job_id[1:]) for row in ds.read.parquet(out).collect())
     assert ids == list(range(40)) + list(range(50, 70))
     r.close()
+
+
+def test_filtered_reads_and_read_stream_over_spark_connect(spark_connect, redis_url: str, queue_name: str) -> None:
+    """Over Spark Connect: register() turned pushdown on for the session, a time- and name-filtered
+    dlq read gives the rows asked for, and readStream follows the events stream."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_chasqui.spark.datasource import PUSHDOWN_CONF
+
+    assert spark_connect.conf.get(PUSHDOWN_CONF) == "true"
+    base = 1_750_000_000_000
+    _pushdown_fixture(redis_url, queue_name, base)
+    at = dt.datetime.fromtimestamp((base + 10_000) / 1000, dt.UTC)
+    dead = (spark_connect.read.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
+            .option("what", "dlq").load().filter((F.col("ts") < at) & (F.col("name") == "a")))
+    assert sorted(int(d.dlq_id.split("-")[0]) for d in dead.collect()) == [base + i * 1000 for i in range(1, 10, 2)]
+    table = "cev_" + queue_name.replace("-", "_")
+    query = (spark_connect.readStream.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
+             .option("what", "events").load().writeStream.format("memory").queryName(table).start())
+    try:
+        query.processAllAvailable()
+        assert spark_connect.sql(f"select count(*) from {table}").collect()[0][0] == 100
+    finally:
+        query.stop()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"ts_slack_ms": "-1"}, "ts_slack_ms must be >= 0"),
+    ({"ts_slack_ms": "soon"}, "must be integers"),
+    ({"on_trim": "ignore"}, "on_trim must be fail or skip"),
+    ({"what": "jobs"}, "option what must be one of"),
+    ({"nope": "1"}, r"unknown read options \['nope'\]"),
+])
+def test_bad_read_options(options: dict[str, str], message: str) -> None:
+    from airflow_provider_chasqui.errors import ConfigError
+    from airflow_provider_chasqui.spark.datasource.reader import read_plan
+
+    with pytest.raises(ConfigError, match=message):
+        read_plan({"queue": "q", **options})
