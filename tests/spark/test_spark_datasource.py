@@ -260,6 +260,9 @@ async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, q
         ("cron", "0 6 * * *", "Europe/Madrid", {"a": 1})
     assert (specs["k2"].kind, specs["k2"].every_ms, specs["k2"].paused) == ("every", 60_000, False)
     assert specs["k1"].next_fire > dt.datetime.now() - dt.timedelta(days=1)
+    ticks = (ds.read.format("chasqui").option("queue", queue_name).option("redis_url", redis_url)
+             .option("what", "repeatable").load().filter("name = 'tick'").collect())  # pushed: read-side
+    assert [s.key for s in ticks] == ["k1"]
     with pytest.raises(Exception, match="option what must be one of"):
         read("nothing")
 

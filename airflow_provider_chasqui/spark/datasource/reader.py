@@ -384,7 +384,7 @@ class ChasquiReader(DataSourceReader):
                     names = {n.encode() for n in pushed.names}
                     yield from (_dlq_row(eid, flat) for eid, flat in entries if _field(flat, b"n") in names)
             elif isinstance(partition, RankRange):
-                yield from _results(q, partition, plan.page)
+                yield from _results(q, partition, plan.page, pushed)
             else:
                 yield from (s for s in _specs(q, plan.page) if pushed.keeps(s[1]))
 
@@ -416,7 +416,11 @@ def _xrange(q: Any, key: str, start: str, end: str, page: int) -> Iterator[tuple
         start = "(" + str_reply(rows[-1][0])
 
 
-def _results(q: Any, part: RankRange, page: int) -> Iterator[tuple[Any, ...]]:
+def _results(q: Any, part: RankRange, page: int, pushed: Pushed = Pushed()) -> Iterator[tuple[Any, ...]]:
+    """Stored results by rank; with a pushed time range, a result stored (or trimmed) since the
+    ranks were planned can shift them, so each score is checked against the range too."""
+    lo_ms = -1 if pushed.lo_ms is None else pushed.lo_ms
+    hi_ms = _MAX_TS_MS if pushed.hi_ms is None else pushed.hi_ms
     k = q.keys
     call = q.driver.call
     for lo in range(part.lo, part.hi + 1, page):
@@ -433,7 +437,9 @@ def _results(q: Any, part: RankRange, page: int) -> Iterator[tuple[Any, ...]]:
                 value = _json(decode_data(bytes(raw)))
             except CodecError:
                 value = None
-            yield jid, _ts(int(float(score))), value
+            ms = int(float(score))
+            if lo_ms <= ms <= hi_ms:
+                yield jid, _ts(ms), value
 
 
 def _specs(q: Any, page: int) -> Iterator[tuple[Any, ...]]:
