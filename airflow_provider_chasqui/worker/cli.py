@@ -49,17 +49,17 @@ from .logs import LOG_FORMATS, RedactingFormatter, formatter_spec, set_log_conte
 from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
 
 __all__ = [
+    "DEFAULT_REDIS_URL",
+    "RedactingFormatter",
+    "RunHooks",
     "build_parser",
     "configure_logging",
     "main",
+    "package_version",
     "resolve_target",
     "resolve_url",
     "run_worker",
     "worker_options",
-    "package_version",
-    "RedactingFormatter",
-    "RunHooks",
-    "DEFAULT_REDIS_URL",
 ]
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,13 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
             metavar="KEY=VALUE",
             help="extra Spark setting for the session this worker builds (repeatable)",
         )
+        p.add_argument(
+            "--remote",
+            default=None,
+            metavar="sc://HOST:PORT",
+            help="a Spark Connect server: the session is a Connect client (default: $SPARK_REMOTE, else a "
+            "classic session); put a URL with a token in $SPARK_REMOTE, not in argv",
+        )
     return p
 
 
@@ -320,13 +327,11 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
         settings = settings_outside_task(conn_id)
     except ConfigError:
         raise
-    except Exception as exc:  # AirflowNotFoundException and friends, shown plainly
+    except Exception as exc:
         hint = (
-            (
-                " (this process was started by an Airflow task, which may not read the metadata database: "
-                f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
-                "CHASQUI_REDIS_URL)"
-            )
+            " (this process was started by an Airflow task, which may not read the metadata database: "
+            f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
+            "CHASQUI_REDIS_URL)"
             if in_task
             else ""
         )
@@ -368,7 +373,9 @@ def load_registry(args: argparse.Namespace) -> HandlerRegistry:
 
 def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHooks | None = None) -> int:
     """Build the Worker (and the metrics server) and run it to completion; returns the exit status."""
-    from ..engine.worker import Worker  # the engine's import cost is paid once arguments are valid
+    from ..engine.worker import (
+        Worker,  # the engine's import cost is paid once arguments are valid
+    )
 
     hooks = hooks or RunHooks()
     url, queue = resolve_target(args)

@@ -23,6 +23,14 @@ and cancellable).  A Spark job may run for hours: the worker renews its lease ev
 ``--claim-min-idle-ms`` / 3 (default 30 s), so no other worker starts it again while this one
 lives.
 
+Spark Connect.  With ``--remote sc://host:15002`` (or ``$SPARK_REMOTE``) the session is a Spark
+Connect client (``SparkSession.builder.remote(url)``): no local JVM, no SparkContext.  Then the
+JVM-only parts do not apply and are skipped, each said once in the log: job groups (each
+handler's operations carry the Connect tag ``chasqui-<job id>`` instead, and stragglers are
+interrupted through it), FAIR pools and the default Spark log level (the server's settings),
+JVM signal forwarding (a SIGTERM reaches this process directly) and the JVM watchdog (a lost
+server fails the Spark calls of the handlers, which are retried as usual).
+
 Stopping.  Under spark-submit the JVM is the parent process and, in a container, PID 1: a
 SIGTERM reaches the JVM, whose default reaction (shutdown hooks: stop the SparkContext, kill
 the Python child) would kill running jobs.  So once the session exists, the JVM's SIGTERM
@@ -54,16 +62,23 @@ if __name__ == "__main__":  # run as a file by spark-submit / python: drop this 
 
 from airflow_provider_chasqui.errors import ConfigError
 from airflow_provider_chasqui.worker import cli
-from airflow_provider_chasqui.worker.registry import HandlerLoadError, HandlerRegistry, bind
+from airflow_provider_chasqui.worker.registry import (
+    HandlerLoadError,
+    HandlerRegistry,
+    bind,
+)
 
 __all__ = [
-    "main",
-    "run_with_spark",
-    "SparkRuntime",
     "DEFAULT_SPARK_CONCURRENCY",
     "DEFAULT_SPARK_LOG_LEVEL",
-    "POOL_FILE",
+    "ENV_REMOTE",
     "POOLS",
+    "POOL_FILE",
+    "SparkRuntime",
+    "build_session",
+    "main",
+    "remote_url",
+    "run_with_spark",
 ]
 
 log = logging.getLogger("airflow_provider_chasqui.worker.spark")
@@ -97,10 +112,49 @@ def _parse_conf(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def build_session(app_name: str | None, conf: dict[str, str], *, default_name: str = "chasqui-worker") -> Any:
-    """The process's SparkSession; spark-submit's ``--master``/``--conf`` win over our defaults."""
-    from pyspark import SparkConf, SparkContext
+#: Where the Spark Connect URL comes from when ``--remote`` is not given (pyspark's own variable).
+ENV_REMOTE = "SPARK_REMOTE"
+
+
+def remote_url(args: argparse.Namespace) -> str | None:
+    """``--remote``, else ``$SPARK_REMOTE``, else None (a classic session)."""
+    url = getattr(args, "remote", None) or os.environ.get(ENV_REMOTE) or None
+    if url is not None and not (url.startswith(("sc://", "local[")) or url == "local"):
+        raise ConfigError(
+            f"--remote / ${ENV_REMOTE} must be a Spark Connect URL (sc://host:port), got {describe_remote(url)!r}"
+        )
+    return url
+
+
+def describe_remote(url: str) -> str:
+    """The URL for logs: scheme, host and port only (a ``;token=...`` parameter never shows)."""
+    head = url.split(";", 1)[0]
+    scheme, sep, rest = head.partition("://")
+    host = rest.split("/", 1)[0].rsplit("@", 1)[-1]  # never user:password@
+    return f"{scheme}{sep}{host}" if sep else head.rsplit("@", 1)[-1]
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (no SparkContext, no JVM here)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def build_session(
+    app_name: str | None, conf: dict[str, str], *, default_name: str = "chasqui-worker", remote: str | None = None
+) -> Any:
+    """The process's SparkSession; spark-submit's ``--master``/``--conf`` win over our defaults.
+    With ``remote`` (a ``sc://`` URL): a Spark Connect session, with ``conf`` as its session
+    settings (static ones are ignored by the server)."""
     from pyspark.sql import SparkSession
+
+    if remote is not None:
+        builder = SparkSession.builder.remote(remote)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        if app_name:
+            log.info("--app-name does not apply to a Spark Connect session (the server names the application)")
+        return builder.getOrCreate()
+    from pyspark import SparkConf, SparkContext
 
     SparkContext._ensure_initialized()  # joins spark-submit's JVM (or starts one) so its settings are visible
     existing = SparkConf()  # spark-submit's --master/--conf, as JVM system properties
@@ -143,7 +197,8 @@ class SparkRuntime:
 
     def __init__(self, spark: Any, queue_hint: str = "") -> None:
         self.spark = spark
-        self.sc = spark.sparkContext
+        self.connect = is_connect(spark)
+        self.sc = None if self.connect else spark.sparkContext
         self.queue_hint = queue_hint
         self._lock = threading.Lock()
         self.active = 0
@@ -172,7 +227,10 @@ class SparkRuntime:
                 "Spark handler for %r is async: its Spark calls block the event loop; make it a plain def", name
             )
             return fn
+        if self.connect:
+            return self._wrap_connect(name, fn)
         sc = self.sc
+        assert sc is not None
 
         def run_in_job_group(job: Any) -> Any:
             with self._lock:
@@ -191,11 +249,32 @@ class SparkRuntime:
         run_in_job_group.__name__ = getattr(fn, "__name__", name)
         return run_in_job_group
 
+    def _wrap_connect(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Spark Connect: no job groups or pools; the operations a handler call starts carry the
+        tag ``chasqui-<job id>`` (tags are per thread), which ``finish`` can interrupt."""
+        spark = self.spark
+
+        def run_tagged(job: Any) -> Any:
+            tag = _tag(job.id)
+            with self._lock:
+                self.active += 1
+            spark.addTag(tag)
+            try:
+                return fn(job)
+            finally:
+                spark.removeTag(tag)
+                with self._lock:
+                    self.active -= 1
+
+        run_tagged.__name__ = getattr(fn, "__name__", name)
+        return run_tagged
+
     # ---- signals -------------------------------------------------------------------------
     def forward_jvm_signals(self, request_stop: Callable[[str, str], None]) -> None:
         """Make the JVM hand SIGTERM/SIGINT to the worker instead of shutting Spark down."""
         from pyspark.java_gateway import ensure_callback_server_started
 
+        assert self.sc is not None  # classic sessions only (skipped over Spark Connect)
         gateway = self.sc._gateway
         ensure_callback_server_started(gateway)
         jvm = self.sc._jvm
@@ -220,7 +299,15 @@ class SparkRuntime:
                 )
 
     def start(self, request_stop: Callable[[str, str], None]) -> None:
-        """``RunHooks.on_start``: forward the JVM's signals and watch that the JVM stays up."""
+        """``RunHooks.on_start``: forward the JVM's signals and watch that the JVM stays up
+        (neither applies to a Spark Connect session: there is no JVM in this process)."""
+        if self.connect:
+            log.info(
+                "Spark Connect session: JVM signal forwarding and the JVM watchdog are skipped (no JVM in this "
+                "process; SIGTERM reaches the worker directly); job groups and FAIR pools too (handlers' Spark "
+                "operations are tagged chasqui-<job id> instead)"
+            )
+            return
         self.forward_jvm_signals(request_stop)
         self.watch_jvm(request_stop)
 
@@ -229,6 +316,7 @@ class SparkRuntime:
         fail, and under spark-submit this process would live on as an orphan."""
         parent = os.getppid()
         under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit's JVM is our parent
+        assert self.sc is not None  # classic sessions only (skipped over Spark Connect)
         launched = getattr(self.sc._gateway, "proc", None)  # or pyspark started the JVM as our child
 
         def alive() -> bool:
@@ -258,11 +346,20 @@ class SparkRuntime:
                 "(their entries stay pending and are reclaimed)",
                 self.active,
             )
-            self.sc.cancelAllJobs()
+            if self.connect:
+                self.spark.interruptAll()  # this session's operations: the handlers' only
+            else:
+                assert self.sc is not None
+                self.sc.cancelAllJobs()
             deadline = time.monotonic() + grace
             while self.active and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.spark.stop()
+
+
+def _tag(job_id: str) -> str:
+    """A Spark Connect operation tag for a job: no commas, as Spark requires."""
+    return "chasqui-" + str(job_id).replace(",", "_")
 
 
 def _declared(fn: Any) -> set[str]:
@@ -280,17 +377,29 @@ def run_with_spark(args: argparse.Namespace, registry: HandlerRegistry) -> int:
     # Fail on bad arguments or handlers before paying for a JVM.
     cli.resolve_target(args)
     bind(registry, {"spark": None})
+    remote = remote_url(args)
     started = time.monotonic()
     spark = build_session(
-        getattr(args, "app_name", None), conf, default_name=f"chasqui-worker-{args.queue or args.conn_id or 'queue'}"
+        getattr(args, "app_name", None),
+        conf,
+        default_name=f"chasqui-worker-{args.queue or args.conn_id or 'queue'}",
+        remote=remote,
     )
-    log.info(
-        "SparkSession %s up in %.1fs (master %s, Spark %s)",
-        spark.sparkContext.appName,
-        time.monotonic() - started,
-        spark.sparkContext.master,
-        spark.version,
-    )
+    if remote is not None:
+        log.info(
+            "Spark Connect session to %s up in %.1fs (Spark %s)",
+            describe_remote(remote),
+            time.monotonic() - started,
+            spark.version,
+        )
+    else:
+        log.info(
+            "SparkSession %s up in %.1fs (master %s, Spark %s)",
+            spark.sparkContext.appName,
+            time.monotonic() - started,
+            spark.sparkContext.master,
+            spark.version,
+        )
     runtime = SparkRuntime(spark, args.queue or "")
     hooks = cli.RunHooks(
         resources={"spark": spark}, wrap=runtime.wrap, on_start=runtime.start, defaults=_spark_defaults()

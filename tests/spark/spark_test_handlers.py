@@ -29,3 +29,13 @@ def spark_hold(job, spark):
 @handler("spark_count")
 def spark_count(job, spark):
     return {"count": spark.range(int(job.data["n"])).count(), "master": spark.sparkContext.master}
+
+
+@handler("spark_connect_count")
+def spark_connect_count(job, spark):
+    """Works on any session (no SparkContext): what a handler run over Spark Connect sees."""
+    return {
+        "count": spark.range(int(job.data["n"])).count(),
+        "session": type(spark).__module__,
+        "tags": sorted(spark.getTags()) if hasattr(spark, "getTags") else None,
+    }

@@ -287,6 +287,19 @@ async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, q
     with redis.Redis.from_url(redis_url) as r:
         assert len(events) == r.xlen(QueueKeys.for_queue(queue_name).events) > 0
     assert len({e.event_id for e in events}) == len(events)
+    # The Arrow batches the reader builds hold what the row-by-row decoding gives, value for value.
+    from airflow_provider_chasqui.spark.datasource.reader import _event_row
+
+    def ms(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (row[0], round(row[1].timestamp() * 1000), *row[2:])
+
+    with redis.Redis.from_url(redis_url) as r:
+        expected = [
+            ms(_event_row(eid, [x for kv in fields.items() for x in kv]))
+            for eid, fields in r.xrange(QueueKeys.for_queue(queue_name).events)
+        ]
+    assert sorted(ms(tuple(e)) for e in events) == sorted(expected)
+    assert any(e.fields for e in events) and any(e.attempt for e in events)  # the extra fields and attempts
     assert {e.event for e in events} >= {"completed", "failed"} or {e.event for e in events} >= {"completed", "dlq"}
     assert all(isinstance(e.ts, dt.datetime) for e in events)
     dlq = read("dlq", partitions="2")
@@ -303,6 +316,16 @@ async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, q
     )
     assert (specs["k2"].kind, specs["k2"].every_ms, specs["k2"].paused) == ("every", 60_000, False)
     assert specs["k1"].next_fire > dt.datetime.now() - dt.timedelta(days=1)
+    ticks = (
+        ds.read.format("chasqui")
+        .option("queue", queue_name)
+        .option("redis_url", redis_url)
+        .option("what", "repeatable")
+        .load()
+        .filter("name = 'tick'")
+        .collect()
+    )  # pushed: read-side
+    assert [s.key for s in ticks] == ["k1"]
     with pytest.raises(Exception, match="option what must be one of"):
         read("nothing")
 
@@ -581,3 +604,303 @@ def test_spec_upserts_report_bad_rows(ds, redis_url: str, queue_name: str) -> No
         spec = q.get_repeatable_job("tenant-4")
         assert spec is not None and spec.data == {"tenant": 4} and spec.attempts == 3
         assert q.get_repeatable_job("tenant-7") is None
+
+
+def _pushdown_fixture(url: str, queue: str, base: int) -> None:
+    """100 dlq entries and 100 events one second apart from ``base`` (explicit stream ids), the
+    events' ``ts`` up to two minutes off their ids (worker clock vs Redis clock), and 100 stored
+    results scored one second apart."""
+    from airflow_provider_chasqui.core.codec import encode_data, encode_new_envelope
+
+    k = QueueKeys.for_queue(queue)
+    with redis.Redis.from_url(url) as r:
+        pipe = r.pipeline(transaction=False)
+        for i in range(100):
+            ms = base + i * 1000
+            env = encode_new_envelope(f"d{i}", encode_data({"i": i}), ms)
+            pipe.xadd(k.dlq, {"d": env, "n": "a" if i % 2 else "b", "reason": "retries-exhausted"}, id=f"{ms}-0")
+            pipe.xadd(
+                k.events,
+                {
+                    "e": "completed" if i % 3 else "failed",
+                    "id": f"e{i}",
+                    "n": "a" if i % 2 else "b",
+                    "ts": ms + (i % 5 - 2) * 60_000,
+                },
+                id=f"{ms}-0",
+            )
+            pipe.zadd(k.results, {f"r{i}": ms})
+            pipe.set(k.result(f"r{i}"), encode_data({"i": i}))
+        pipe.execute()
+
+
+def test_batch_reads_push_time_and_name_filters_down(ds, redis_url: str, queue_name: str) -> None:
+    """Time-range and name filters give the same rows with Spark's pushdown on and off; with it
+    on, the planned XRANGE bounds / result ranks cover only the range asked for and Spark's own
+    Filter keeps only what the source could not do."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_chasqui.spark.datasource import PUSHDOWN_CONF
+
+    base = 1_750_000_000_000
+    _pushdown_fixture(redis_url, queue_name, base)
+
+    def at(i: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp((base + i * 1000) / 1000, dt.UTC)
+
+    def read(what: str) -> Any:
+        return (
+            ds.read.format("chasqui")
+            .option("queue", queue_name)
+            .option("redis_url", redis_url)
+            .option("what", what)
+            .option("partitions", "3")
+            .load()
+        )
+
+    cases = [
+        ("dlq", (F.col("ts") >= at(10)) & (F.col("ts") < at(20)), 10),
+        ("dlq", (F.col("ts") > at(10)) & (F.col("ts") <= at(20)) & (F.col("name") == "a"), 5),
+        ("dlq", F.col("name").isin("a", "zz") & (F.col("ts") == at(41)), 1),
+        ("dlq", (F.col("name") == "a") | (F.col("ts") < at(3)), 52),  # an OR: not pushed, Spark filters
+        ("events", (F.col("ts") >= at(30)) & (F.col("ts") < at(60)), None),
+        ("events", F.col("event").isin("failed") & (F.col("name") == "b"), 17),
+        ("results", (F.col("stored_at") >= at(90)), 10),
+        ("results", (F.col("stored_at") > at(5)) & (F.col("stored_at") < at(8)), 2),
+    ]
+    plans: list[str] = []
+    for pushdown in ("true", "false"):
+        ds.conf.set(PUSHDOWN_CONF, pushdown)
+        try:
+            got = []
+            for what, cond, _n in cases:
+                frame = read(what).filter(cond)
+                got.append(sorted(tuple(r) for r in frame.collect()))
+                if pushdown == "true" and what == "dlq":
+                    plans.append(frame._jdf.queryExecution().executedPlan().toString())
+        finally:
+            ds.conf.set(PUSHDOWN_CONF, "true")
+        if pushdown == "true":
+            pushed_rows = got
+        else:
+            assert got == pushed_rows  # pushdown changes nothing in the result
+    # events: ts up to 2 minutes off the id, all found through the bounds widened by ts_slack_ms
+    in_range = sum(1 for i in range(100) if 30_000 <= i * 1000 + (i % 5 - 2) * 60_000 < 60_000)
+    for (what, _c, n), rows in zip(cases, pushed_rows):
+        assert len(rows) == (in_range if n is None else n), (what, n, len(rows))
+    # Spark's own Filter above the scan keeps only IS NOT NULL checks for the pushed cases; the OR stays.
+    for plan in plans[:3]:
+        above = plan.split("BatchScan")[0]
+        assert not any(op in above for op in (" >= ", " <= ", " > ", " < ", " = ", " IN (")), plan
+    assert " OR " in plans[3].split("BatchScan")[0]
+
+    # What the pushdown plans to fetch, on the driver (the same reader Spark gets).
+    from pyspark.sql.datasource import (
+        EqualTo,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        IsNotNull,
+        LessThan,
+    )
+
+    from airflow_provider_chasqui.spark.datasource.reader import (
+        ChasquiFilteringReader,
+        RankRange,
+        StreamRange,
+        read_plan,
+    )
+
+    def planned(what: str, filters: list[Any], **options: str) -> tuple[Any, list[Any], list[Any]]:
+        reader = ChasquiFilteringReader(
+            read_plan({"queue": queue_name, "redis_url": redis_url, "what": what, "partitions": "3", **options})
+        )
+        left = list(reader.pushFilters(filters))
+        return reader, left, reader.partitions()
+
+    k = QueueKeys.for_queue(queue_name)
+    keep = IsNotNull(("ts",))
+    reader, left, parts = planned(
+        "dlq", [GreaterThanOrEqual(("ts",), at(10)), LessThan(("ts",), at(20)), EqualTo(("name",), "a"), keep]
+    )
+    assert left == [keep]  # by reference: the one filter Spark still applies
+    with redis.Redis.from_url(redis_url) as r:
+        fetched = [e for p in parts if isinstance(p, StreamRange) for e in r.xrange(k.dlq, p.start, p.end)]
+        assert len(fetched) == 10 and len(parts) <= 3  # 10 of the 100 entries are fetched at all
+        rows = [row for p in parts for row in reader.read(p)]
+        assert sorted(int(row[0].split("-")[0]) for row in rows) == [base + i * 1000 for i in range(11, 20, 2)]
+        # events: ts filters widen by ts_slack_ms and go back to Spark; names and kinds are read-side
+        ts_filter = GreaterThan(("ts",), at(50))
+        reader, left, parts = planned("events", [ts_filter, In(("event",), ("failed",))], ts_slack_ms="10000")
+        assert left == [ts_filter]
+        fetched = [e for p in parts for e in r.xrange(k.events, p.start, p.end)]
+        assert len(fetched) == 59  # ids from 50 s + 1 ms - 10 s on: entries 41..99
+        rows = [row for p in parts for row in reader.read(p)]
+        assert {row[2] for row in rows} == {"failed"} and len(rows) == sum(1 for i in range(41, 100) if i % 3 == 0)
+        reader, left, parts = planned("results", [GreaterThanOrEqual(("stored_at",), at(95))])
+        ranks = [n for p in parts if isinstance(p, RankRange) for n in range(p.lo, p.hi + 1)]
+        assert left == [] and ranks == [95, 96, 97, 98, 99]  # the 5 newest of 100 results
+        assert sorted(json.loads(row[2])["i"] for p in parts for row in reader.read(p)) == [95, 96, 97, 98, 99]
+        reader, left, parts = planned("dlq", [EqualTo(("ts",), at(5)), LessThan(("ts",), at(5))])
+        assert left == [] and [row for p in parts for row in reader.read(p)] == []  # an empty range: no XRANGE
+
+
+def test_spec_upserts_and_streaming_write_over_spark_connect(
+    spark_connect, redis_url: str, queue_name: str, tmp_path
+) -> None:
+    """kind=repeatable and the streaming sink through a Spark Connect client: specs (a bad row
+    skipped and reported), and a streaming query run twice from one checkpoint (each row once)."""
+    from airflow_provider_chasqui import SyncQueue
+    from airflow_provider_chasqui.spark.datasource import load_report
+
+    rows = [(f"c-{i}", "0 6 * * *" if i % 2 else None, None if i % 2 else 30_000, i) for i in range(6)]
+    rows[3] = ("c-3", "0 25 * * *", None, 3)  # invalid cron
+    specs = spark_connect.createDataFrame(rows, "key STRING, cron STRING, every BIGINT, n INT")
+    _write(
+        specs,
+        queue_name,
+        redis_url,
+        kind="repeatable",
+        name="tick",
+        key_col="key",
+        cron_col="cron",
+        every_ms_col="every",
+        data_cols="n",
+        on_error="skip",
+        load_id="CS",
+    )
+    report = _report(queue_name, "CS", redis_url)
+    assert (report["rows"], report["added"], report["bad"]) == (6, 5, 1)
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        assert sorted(s.key for s in q.get_repeatable_jobs(limit=100)) == ["c-0", "c-1", "c-2", "c-4", "c-5"]
+        assert q.get_repeatable_job("c-2").data == {"n": 2}
+
+    src, checkpoint = str(tmp_path / "src"), str(tmp_path / "checkpoint")
+    spark_connect.range(0, 300, numPartitions=2).write.mode("append").parquet(src)
+
+    def run() -> None:
+        query = _stream_query(spark_connect, src, checkpoint, queue_name, redis_url).trigger(availableNow=True).start()
+        assert query.awaitTermination(300)
+        assert query.exception() is None
+
+    run()
+    spark_connect.range(300, 500, numPartitions=2).write.mode("append").parquet(src)
+    run()  # restarted from the checkpoint: only the new file
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(500))
+    assert len({j for _n, _d, j, _r in jobs}) == 500
+    batch0 = load_report(queue_name, "S1.0", redis_url=redis_url)  # one parquet file per micro-batch
+    assert batch0 is not None and (batch0["status"], batch0["rows"], batch0["added"]) == ("committed", 150, 150)
+
+
+def test_streaming_read_reports_a_trimmed_range(ds, redis_url: str, queue_name: str, tmp_path) -> None:
+    """Events trimmed (XTRIM MINID) between two micro-batches, past the last committed offset:
+    the next batch fails naming the queue and the lost id range; restarted from the same
+    checkpoint with on_trim=skip, the query goes on with what is left, each row once."""
+    events = QueueKeys.for_queue(queue_name).events
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "ck")
+    r = redis.Redis.from_url(redis_url)
+
+    def add(lo: int, hi: int) -> list[str]:
+        return [
+            r.xadd(events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000 + i, "n": "x"}).decode()
+            for i in range(lo, hi)
+        ]
+
+    def start(on_trim: str) -> Any:
+        return (
+            ds.readStream.format("chasqui")
+            .option("queue", queue_name)
+            .option("redis_url", redis_url)
+            .option("what", "events")
+            .option("on_trim", on_trim)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .start()
+        )
+
+    read = add(0, 40)
+    query = start("fail")
+    try:
+        query.processAllAvailable()
+        assert ds.read.parquet(out).count() == 40
+        later = add(40, 70)
+        r.xtrim(events, minid=later[10], approximate=False)  # j0..j49 gone: j40..j49 were never read
+        with pytest.raises(
+            Exception,
+            match=(
+                rf"(?s)up to 10 event\(s\) of queue '{queue_name}' in the id range "
+                rf"\({read[-1]}, {later[10]}\) were trimmed.*on_trim.*skip"
+            ),
+        ):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    assert ds.read.parquet(out).count() == 40  # nothing silently skipped
+    query = start("skip")
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None
+    ids = sorted(int(row.job_id[1:]) for row in ds.read.parquet(out).collect())
+    assert ids == list(range(40)) + list(range(50, 70))
+    r.close()
+
+
+def test_filtered_reads_and_read_stream_over_spark_connect(spark_connect, redis_url: str, queue_name: str) -> None:
+    """Over Spark Connect: register() turned pushdown on for the session, a time- and name-filtered
+    dlq read gives the rows asked for, and readStream follows the events stream."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_chasqui.spark.datasource import PUSHDOWN_CONF
+
+    assert spark_connect.conf.get(PUSHDOWN_CONF) == "true"
+    base = 1_750_000_000_000
+    _pushdown_fixture(redis_url, queue_name, base)
+    at = dt.datetime.fromtimestamp((base + 10_000) / 1000, dt.UTC)
+    dead = (
+        spark_connect.read.format("chasqui")
+        .option("queue", queue_name)
+        .option("redis_url", redis_url)
+        .option("what", "dlq")
+        .load()
+        .filter((F.col("ts") < at) & (F.col("name") == "a"))
+    )
+    assert sorted(int(d.dlq_id.split("-")[0]) for d in dead.collect()) == [base + i * 1000 for i in range(1, 10, 2)]
+    table = "cev_" + queue_name.replace("-", "_")
+    query = (
+        spark_connect.readStream.format("chasqui")
+        .option("queue", queue_name)
+        .option("redis_url", redis_url)
+        .option("what", "events")
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        assert spark_connect.sql(f"select count(*) from {table}").collect()[0][0] == 100
+    finally:
+        query.stop()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ts_slack_ms": "-1"}, "ts_slack_ms must be >= 0"),
+        ({"ts_slack_ms": "soon"}, "must be integers"),
+        ({"on_trim": "ignore"}, "on_trim must be fail or skip"),
+        ({"what": "jobs"}, "option what must be one of"),
+        ({"nope": "1"}, r"unknown read options \['nope'\]"),
+    ],
+)
+def test_bad_read_options(options: dict[str, str], message: str) -> None:
+    from airflow_provider_chasqui.errors import ConfigError
+    from airflow_provider_chasqui.spark.datasource.reader import read_plan
+
+    with pytest.raises(ConfigError, match=message):
+        read_plan({"queue": "q", **options})

@@ -11,18 +11,42 @@ package imports pyspark (``airflow_provider_chasqui.spark`` itself does not).
 
 from __future__ import annotations
 
+import sys
+from types import FrameType
 from typing import Any
 
 from pyspark.sql.datasource import DataSource
 
 from ...errors import ConfigError
 from .options import ENV_URL, write_plan
-from .reader import SCHEMAS, ChasquiReader, ChasquiStreamReader, read_plan
+from .reader import (
+    SCHEMAS,
+    ChasquiFilteringReader,
+    ChasquiReader,
+    ChasquiStreamReader,
+    read_plan,
+)
 from .writer import ChasquiArrowWriter, ChasquiStreamWriter, load_report
 
-__all__ = ["ENV_URL", "ChasquiDataSource", "load_report", "register"]
+__all__ = ["ENV_URL", "PUSHDOWN_CONF", "ChasquiDataSource", "load_report", "register"]
 
 _SPARK_KEYS = ("checkpointlocation", "path")
+#: Spark's switch for ``pushFilters``; off by default in Spark 4.1-4.3, turned on by ``register()``.
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+_PLAN_WITHOUT_PUSHDOWN = "pyspark.sql.worker.plan_data_source_read"
+
+
+def _planned_without_pushdown() -> bool:
+    """Whether Spark's Python planner called ``reader()`` on the path without filter pushdown:
+    it refuses a reader that implements ``pushFilters`` there (DATA_SOURCE_PUSHDOWN_DISABLED)."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__") == _PLAN_WITHOUT_PUSHDOWN:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class ChasquiDataSource(DataSource):
@@ -40,7 +64,9 @@ class ChasquiDataSource(DataSource):
         return SCHEMAS[read_plan(self._options()).what]
 
     def reader(self, schema: Any) -> ChasquiReader:
-        return ChasquiReader(read_plan(self._options()))
+        plan = read_plan(self._options())
+        # With pushdown off in the session, hand Spark the reader without pushFilters (it filters itself).
+        return ChasquiReader(plan, schema) if _planned_without_pushdown() else ChasquiFilteringReader(plan, schema)
 
     def streamReader(self, schema: Any) -> ChasquiStreamReader:
         return ChasquiStreamReader(read_plan(self._options()))
@@ -69,6 +95,10 @@ class ChasquiDataSource(DataSource):
         return ChasquiStreamWriter(write_plan(options, schema))
 
 
-def register(spark: Any) -> None:
-    """Make ``format("chasqui")`` known to this SparkSession (classic or Connect)."""
+def register(spark: Any, *, pushdown: bool = True) -> None:
+    """Make ``format("chasqui")`` known to this SparkSession (classic or Connect) and, unless
+    ``pushdown=False``, turn on Spark's filter pushdown into Python data sources
+    (``spark.sql.python.filterPushdown.enabled``) so time and name filters narrow batch reads."""
     spark.dataSource.register(ChasquiDataSource)
+    if pushdown:
+        spark.conf.set(PUSHDOWN_CONF, "true")

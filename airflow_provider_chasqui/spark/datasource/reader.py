@@ -5,8 +5,18 @@ The streams (``events``, ``dlq``) are read in parallel: the driver takes the fir
 entry ids once (a snapshot: entries added later are not part of this read) and cuts that range
 into ``partitions`` ranges of stream-id milliseconds; each task pages through its range with
 XRANGE.  ``results`` splits the stored-results index by rank; ``repeatable`` is one task
-paging through the specs.  Payloads and results become JSON strings (bytes as UTF-8, else
-replaced characters), timestamps Spark timestamps.  The streaming reader's offsets are stream
+paging through the specs.
+
+Filter pushdown (``pushFilters``): comparisons of the time column (``ts``; ``stored_at`` for
+results) with a timestamp narrow what is read: the XRANGE bounds (stream ids are Redis-clock
+milliseconds) or the results' score range.  For ``dlq`` (``ts`` is the entry id's time) and
+``results`` (``stored_at`` is the score) that is exact and Spark does not filter again; an
+event's ``ts`` is the worker's clock when the event happened, which may differ from the id's
+time by clock skew and event batching, so for ``events`` the bounds are widened by
+``ts_slack_ms`` (default 5 minutes) and Spark re-applies the filter.  ``name = / IN`` (and
+``event = / IN`` for events) are applied while reading, before a row is built.  Payloads and
+results become JSON strings (bytes as UTF-8, else replaced characters), timestamps Spark
+timestamps.  The streaming reader's offsets are stream
 ids; a range trimmed away before it was read fails the query (``on_trim=skip`` logs instead).
 """
 
@@ -22,7 +32,15 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
     InputPartition,
+    LessThan,
+    LessThanOrEqual,
 )
 
 try:  # newer pyspark: Trigger.AvailableNow for Python stream readers (else Spark runs it as one batch)
@@ -40,7 +58,7 @@ from ...core.producer import parse_fields
 from ...errors import ChasquiError, CodecError, ConfigError
 from .options import redis_url
 
-__all__ = ["SCHEMAS", "ChasquiReader", "ChasquiStreamReader", "ReadPlan", "read_plan"]
+__all__ = ["SCHEMAS", "ChasquiReader", "ChasquiStreamReader", "Pushed", "ReadPlan", "read_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +74,10 @@ SCHEMAS: dict[str, str] = {
         "next_fire TIMESTAMP, paused BOOLEAN, fired BIGINT, skipped BIGINT, `limit` BIGINT, data STRING"
     ),
 }
-_READ_KEYS = {"queue", "redis_url", "what", "partitions", "page", "path", "on_trim", "start"}
+_READ_KEYS = {"queue", "redis_url", "what", "partitions", "page", "path", "on_trim", "start", "ts_slack_ms"}
 _PAGE = 5000
+#: How far an event's ``ts`` (the worker's clock) may be from its stream id's time (Redis's clock).
+DEFAULT_TS_SLACK_MS = 300_000
 _MAX_SEQ = 18446744073709551615
 
 
@@ -89,6 +109,7 @@ class ReadPlan:
     page: int
     on_trim: str
     start: str
+    ts_slack_ms: int = DEFAULT_TS_SLACK_MS
 
     def queue_obj(self) -> Any:
         from ...sync.queue import SyncQueue
@@ -112,10 +133,13 @@ def read_plan(options: Mapping[str, str]) -> ReadPlan:
     try:
         n_parts = None if parts in (None, "") else int(parts)
         page = int(opts.get("page", _PAGE))
+        slack = int(opts.get("ts_slack_ms", DEFAULT_TS_SLACK_MS))
     except ValueError:
-        raise ConfigError("chasqui: options partitions and page must be integers") from None
+        raise ConfigError("chasqui: options partitions, page and ts_slack_ms must be integers") from None
     if (n_parts is not None and n_parts < 1) or page < 1:
         raise ConfigError("chasqui: options partitions and page must be >= 1")
+    if slack < 0:
+        raise ConfigError(f"chasqui: option ts_slack_ms must be >= 0, got {slack}")
     on_trim = opts.get("on_trim", "fail")
     if on_trim not in ("fail", "skip"):
         raise ConfigError(f"chasqui: option on_trim must be fail or skip, got {on_trim!r}")
@@ -123,8 +147,102 @@ def read_plan(options: Mapping[str, str]) -> ReadPlan:
     if start not in ("earliest", "latest"):
         raise ConfigError(f"chasqui: option start must be earliest or latest, got {start!r}")
     return ReadPlan(
-        queue=queue, url=redis_url(opts), what=what, partitions=n_parts, page=page, on_trim=on_trim, start=start
+        queue=queue,
+        url=redis_url(opts),
+        what=what,
+        partitions=n_parts,
+        page=page,
+        on_trim=on_trim,
+        start=start,
+        ts_slack_ms=slack,
     )
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What the pushed filters leave to read: an inclusive millisecond range of the time column,
+    and the names (and event kinds) a row must have; ``None`` = no constraint."""
+
+    lo_ms: int | None = None
+    hi_ms: int | None = None
+    names: frozenset[str] | None = None
+    kinds: frozenset[str] | None = None
+
+    def empty(self) -> bool:
+        return (
+            (self.lo_ms is not None and self.hi_ms is not None and self.lo_ms > self.hi_ms)
+            or self.names == frozenset()
+            or self.kinds == frozenset()
+        )
+
+    def keeps(self, name: Any, kind: Any = None) -> bool:
+        return (self.names is None or name in self.names) and (self.kinds is None or kind in self.kinds)
+
+
+_TIME_COL = {"events": "ts", "dlq": "ts", "results": "stored_at"}
+_NAME_COL = {"events": "name", "dlq": "name", "repeatable": "name"}
+
+
+def _us(value: Any) -> int | None:
+    """A filter's timestamp value as microseconds since the epoch (naive = UTC, as Spark sends
+    TIMESTAMP values), or None for anything else."""
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.UTC)
+        delta = value - _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+        us: int = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return us
+    return None
+
+
+def _strings(values: Any) -> frozenset[str] | None:
+    if not all(v is None or isinstance(v, str) for v in values):
+        return None
+    return frozenset(v for v in values if v is not None)  # NULL never equals: such rows are not kept
+
+
+def _and(a: frozenset[str] | None, b: frozenset[str]) -> frozenset[str]:
+    return b if a is None else a & b
+
+
+def push(what: str, filters: list[Filter], pushed: Pushed) -> tuple[Pushed, list[Filter]]:
+    """Fold the filters this source can use into ``pushed``; return it and the filters Spark
+    must still apply (by reference, as ``pushFilters`` requires)."""
+    lo, hi, names, kinds = pushed.lo_ms, pushed.hi_ms, pushed.names, pushed.kinds
+    left: list[Filter] = []
+    time_col, name_col = _TIME_COL.get(what), _NAME_COL.get(what)
+    for f in filters:
+        col = getattr(f, "attribute", None)
+        col = col[0] if isinstance(col, tuple) and len(col) == 1 else None
+        value = getattr(f, "value", None)
+        if col is not None and col == time_col and _us(value) is not None:
+            us = _us(value)
+            assert us is not None
+            # a row's time is a whole millisecond m: compare m * 1000 with the value in microseconds
+            if isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo, EqualNullSafe)):
+                low = us // 1000 + 1 if isinstance(f, GreaterThan) else -(-us // 1000)
+                lo = low if lo is None else max(lo, low)
+            if isinstance(f, (LessThan, LessThanOrEqual, EqualTo, EqualNullSafe)):
+                high = -(-us // 1000) - 1 if isinstance(f, LessThan) else us // 1000
+                hi = high if hi is None else min(hi, high)
+            if isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo, EqualNullSafe, LessThan, LessThanOrEqual)):
+                if what == "events":
+                    left.append(f)  # the bounds were widened: Spark checks each row's ts
+                continue
+        if col is not None and col in (name_col, "event" if what == "events" else None):
+            got = None
+            if isinstance(f, (EqualTo, EqualNullSafe)) and isinstance(value, str):
+                got = frozenset([value])
+            elif isinstance(f, In):
+                got = _strings(value)
+            if got is not None:
+                if col == "event":
+                    kinds = _and(kinds, got)
+                else:
+                    names = _and(names, got)
+                continue
+        left.append(f)
+    return Pushed(lo, hi, names, kinds), left
 
 
 @dataclass
@@ -173,6 +291,50 @@ def _event_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
     )
 
 
+_EVENT_COLUMNS = ["event_id", "ts", "event", "job_id", "name", "attempt", "fields"]
+_MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: Spark's (and Arrow's) last timestamp
+
+
+def _event_batches(schema: Any, entries: Iterator[tuple[Any, list[Any]]], size: int, pushed: Pushed) -> Iterator[Any]:
+    """The rows :func:`_event_row` makes, as Arrow record batches of up to ``size`` rows."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow = to_arrow_schema(schema, timezone="UTC")  # exactly what Spark checks the batches against
+    filtering = pushed.names is not None or pushed.kinds is not None
+    cols: list[list[Any]] = [[] for _ in range(7)]
+    eids, tss, kinds, jids, names, attempts, rest = cols
+    for entry_id, flat in entries:
+        if flat and not isinstance(flat[0], bytes):  # a driver that decodes replies
+            flat = [x.encode() if isinstance(x, str) else bytes(x) for x in flat]
+        f = dict(zip(flat[0::2], flat[1::2]))
+        raw_kind, raw_jid, raw_name = f.pop(b"e", None), f.pop(b"id", None), f.pop(b"n", None)
+        ts, attempt = f.pop(b"ts", None), f.pop(b"attempt", None)
+        kind = None if raw_kind is None else raw_kind.decode("utf-8", "replace")
+        name = raw_name.decode("utf-8", "replace") if raw_name else None
+        if filtering and not pushed.keeps(name, kind):
+            continue
+        eid = str_reply(entry_id)
+        ms = int(ts) if ts and ts.isdigit() else _id_ms(eid)
+        eids.append(eid)
+        tss.append(ms * 1000 if ms <= _MAX_TS_MS else None)
+        kinds.append(kind)
+        jids.append(raw_jid.decode("utf-8", "replace") if raw_jid else None)
+        names.append(name)
+        attempts.append(int(attempt) if attempt and attempt.isdigit() else None)
+        rest.append(
+            _json({k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in f.items()}) if f else None
+        )
+        if len(eids) >= size:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, type=field.type) for c, field in zip(cols, arrow)], schema=arrow
+            )
+            for c in cols:
+                c.clear()
+    if eids:
+        yield pa.RecordBatch.from_arrays([pa.array(c, type=field.type) for c, field in zip(cols, arrow)], schema=arrow)
+
+
 def _dlq_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
     f = parse_fields(flat or [])
     eid = str_reply(entry_id)
@@ -199,13 +361,21 @@ def _dlq_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
 
 
 class ChasquiReader(DataSourceReader):
-    """Batch reads; see the module docstring."""
+    """Batch reads without filter pushdown (Spark's ``spark.sql.python.filterPushdown.enabled``
+    off); see the module docstring."""
 
-    def __init__(self, plan: ReadPlan) -> None:
+    def __init__(self, plan: ReadPlan, schema: Any = None) -> None:
         self.plan = plan
+        self.pushed = Pushed()
+        # Events go to Spark as Arrow record batches built column by column (no per-value
+        # conversion of a row tuple) when Spark asks for this source's own schema.
+        names = [f.name for f in getattr(schema, "fields", [])]
+        self.schema = schema if plan.what == "events" and names == _EVENT_COLUMNS else None
 
     def partitions(self) -> list[InputPartition]:
-        plan = self.plan
+        plan, pushed = self.plan, self.pushed
+        if pushed.empty():
+            return [StreamRange("0-1", "0-0")] if plan.what in ("events", "dlq") else [RankRange(0, -1)]
         with plan.queue_obj() as q:
             call = q.driver.call
             if plan.what in ("events", "dlq"):
@@ -217,6 +387,15 @@ class ChasquiReader(DataSourceReader):
                 lo, hi = str_reply(first[0][0]), str_reply(last[0][0])
                 n = plan.partitions or max(1, min(16, int(call(command("XLEN", key))) // 100_000 + 1))
                 lo_ms, hi_ms = _id_ms(lo), _id_ms(hi)
+                slack = plan.ts_slack_ms if plan.what == "events" else 0
+                if pushed.lo_ms is not None and pushed.lo_ms - slack > lo_ms:
+                    lo_ms = pushed.lo_ms - slack
+                    lo = f"{lo_ms}-0"
+                if pushed.hi_ms is not None and pushed.hi_ms + slack < hi_ms:
+                    hi_ms = pushed.hi_ms + slack
+                    hi = f"{hi_ms}-{_MAX_SEQ}"
+                if lo_ms > hi_ms:
+                    return [StreamRange("0-1", "0-0")]
                 step = max(1, (hi_ms - lo_ms + 1 + n - 1) // n)
                 out: list[InputPartition] = []
                 ms = lo_ms
@@ -228,25 +407,62 @@ class ChasquiReader(DataSourceReader):
                     ms = top + 1
                 return out
             if plan.what == "results":
-                total = int(call(command("ZCARD", QueueKeys.for_queue(plan.queue).results)))
+                key = QueueKeys.for_queue(plan.queue).results
+                # ranks of the scores in [lo_ms, hi_ms]: the index is ordered by score
+                first_rank = (
+                    0 if pushed.lo_ms is None else int(call(command("ZCOUNT", key, "-inf", f"({pushed.lo_ms}")))
+                )
+                end_rank = (
+                    int(call(command("ZCARD", key)))
+                    if pushed.hi_ms is None
+                    else int(call(command("ZCOUNT", key, "-inf", pushed.hi_ms)))
+                )
+                total = max(0, end_rank - first_rank)
                 n = plan.partitions or max(1, min(8, total // 50_000 + 1))
                 size = max(1, -(-total // n))
-                return [RankRange(i, min(total, i + size) - 1) for i in range(0, total, size)] or [RankRange(0, -1)]
+                return [
+                    RankRange(first_rank + i, first_rank + min(total, i + size) - 1) for i in range(0, total, size)
+                ] or [RankRange(0, -1)]
         return [InputPartition(0)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        plan = self.plan
+        plan, pushed = self.plan, self.pushed
         with plan.queue_obj() as q:
             if isinstance(partition, StreamRange):
-                row = _event_row if plan.what == "events" else _dlq_row
-                yield from (
-                    row(eid, flat)
-                    for eid, flat in _xrange(q, _stream_key(plan), partition.start, partition.end, plan.page)
-                )
+                entries = _xrange(q, _stream_key(plan), partition.start, partition.end, plan.page)
+                if plan.what == "events" and self.schema is not None:
+                    yield from _event_batches(self.schema, entries, plan.page, pushed)
+                elif plan.what == "events":
+                    rows: Iterator[tuple[Any, ...]] = (_event_row(eid, flat) for eid, flat in entries)
+                    if pushed.names is not None or pushed.kinds is not None:
+                        rows = (r for r in rows if pushed.keeps(r[4], r[2]))
+                    yield from rows
+                elif pushed.names is None:
+                    yield from (_dlq_row(eid, flat) for eid, flat in entries)
+                else:  # the name is a plain field: skip other names before decoding the payload
+                    names = {n.encode() for n in pushed.names}
+                    yield from (_dlq_row(eid, flat) for eid, flat in entries if _field(flat, b"n") in names)
             elif isinstance(partition, RankRange):
-                yield from _results(q, partition, plan.page)
+                yield from _results(q, partition, plan.page, pushed)
             else:
-                yield from _specs(q, plan.page)
+                yield from (s for s in _specs(q, plan.page) if pushed.keeps(s[1]))
+
+
+class ChasquiFilteringReader(ChasquiReader):
+    """Batch reads with filter pushdown (``register()`` turns it on for the session)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.pushed, left = push(self.plan.what, list(filters), self.pushed)
+        yield from left
+
+
+def _field(flat: list[Any], name: bytes) -> Any:
+    for i in range(0, len(flat) - 1, 2):
+        key = flat[i]
+        if (key.encode() if isinstance(key, str) else bytes(key)) == name:
+            value = flat[i + 1]
+            return value.encode() if isinstance(value, str) else bytes(value)
+    return None
 
 
 def _xrange(q: Any, key: str, start: str, end: str, page: int) -> Iterator[tuple[Any, list[Any]]]:
@@ -259,7 +475,11 @@ def _xrange(q: Any, key: str, start: str, end: str, page: int) -> Iterator[tuple
         start = "(" + str_reply(rows[-1][0])
 
 
-def _results(q: Any, part: RankRange, page: int) -> Iterator[tuple[Any, ...]]:
+def _results(q: Any, part: RankRange, page: int, pushed: Pushed = Pushed()) -> Iterator[tuple[Any, ...]]:
+    """Stored results by rank; with a pushed time range, a result stored (or trimmed) since the
+    ranks were planned can shift them, so each score is checked against the range too."""
+    lo_ms = -1 if pushed.lo_ms is None else pushed.lo_ms
+    hi_ms = _MAX_TS_MS if pushed.hi_ms is None else pushed.hi_ms
     k = q.keys
     call = q.driver.call
     for lo in range(part.lo, part.hi + 1, page):
@@ -276,7 +496,9 @@ def _results(q: Any, part: RankRange, page: int) -> Iterator[tuple[Any, ...]]:
                 value = _json(decode_data(bytes(raw)))
             except CodecError:
                 value = None
-            yield jid, _ts(int(float(score))), value
+            ms = int(float(score))
+            if lo_ms <= ms <= hi_ms:
+                yield jid, _ts(ms), value
 
 
 def _specs(q: Any, page: int) -> Iterator[tuple[Any, ...]]:
@@ -307,7 +529,17 @@ def _specs(q: Any, page: int) -> Iterator[tuple[Any, ...]]:
 
 
 class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """``spark.readStream.format("chasqui")`` of ``events`` (offsets: ``{"id": "<stream id>"}``).
+    """``spark.readStream.format("chasqui")`` of ``events``.
+
+    Offsets are ``{"id": "<stream id>", "seq": <entries ever added up to it>}`` (``XINFO
+    STREAM``'s ``last-generated-id`` and ``entries-added``, Redis 7+).  The count is what finds
+    a trim: trimming (``XTRIM``, ``events_max_len``) removes the oldest entries and moves no
+    "deleted" marker, but ``entries-added - length`` entries are gone; if that is more than the
+    ``seq`` of the last offset read, and no entry at or before it is left, entries after it were
+    trimmed before this query read them.  Planning a micro-batch (on the driver) and reading it
+    (on an executor, in case the trim came in between) both check; with ``on_trim=fail`` (the
+    default) the query fails naming the queue and the lost id range, with ``on_trim=skip`` it
+    logs a warning and goes on with what is left.
 
     Supports ``trigger(availableNow=True)``: the query reads up to the last event there was when
     it started (in as many micro-batches as Spark plans), then stops."""
@@ -316,20 +548,21 @@ class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if plan.what != "events":
             raise ConfigError("chasqui: readStream follows what=events only")
         self.plan = plan
-        self._target: str | None = None  # availableNow: the last event id when the query started
+        self._target: dict[str, Any] | None = None  # availableNow: the last offset when the query started
 
-    def _last(self) -> str:
+    def _last(self) -> dict[str, Any]:
         with self.plan.queue_obj() as q:
-            last = q.driver.call(command("XREVRANGE", _stream_key(self.plan), "+", "-", "COUNT", 1))
-        return str_reply(last[0][0]) if last else "0-0"
+            info = _stream_info(q, _stream_key(self.plan))
+        # the last id ever added, even if deleted since: offsets never go back
+        return {"id": str_reply(info.get("last-generated-id") or b"0-0"), "seq": int(info.get("entries-added") or 0)}
 
     def initialOffset(self) -> dict[str, Any]:
-        return {"id": "0-0" if self.plan.start == "earliest" else self._last()}
+        return {"id": "0-0", "seq": 0} if self.plan.start == "earliest" else self._last()
 
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
-        if self._target is not None:  # never past the target; the start itself once it is reached
-            return {"id": self._target} if _newer(self._target, start["id"]) else start
-        return {"id": self._last()}
+        # availableNow: never past the target (the last event when the query started)
+        last = self._target if self._target is not None else self._last()
+        return last if _newer(last["id"], start["id"]) else start
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._last()
@@ -337,28 +570,71 @@ class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if start["id"] == end["id"]:
             return []
-        return [StreamRange("(" + start["id"], end["id"])]
+        with self.plan.queue_obj() as q:
+            _check_trim(self.plan, q, start, end)
+        return [StreamBatch("(" + start["id"], end["id"], start.get("seq"), end.get("seq"))]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         plan = self.plan
         assert isinstance(partition, StreamRange)
-        after = partition.start[1:]
         key = _stream_key(plan)
         with plan.queue_obj() as q:
-            gone = _max_deleted(q, key)
-            if after != "0-0" and gone is not None and _newer(gone, after):
-                text = (
-                    f"chasqui: events of queue {plan.queue!r} after {after} (up to {gone}) were trimmed "
-                    "(events_max_len) before this query read them"
+            if isinstance(partition, StreamBatch):
+                _check_trim(
+                    plan,
+                    q,
+                    {"id": partition.start[1:], "seq": partition.start_seq},
+                    {"id": partition.end, "seq": partition.end_seq},
                 )
-                if plan.on_trim == "fail":
-                    raise ChasquiError(text + '; restart from a new checkpoint or set option("on_trim", "skip")')
-                log.warning("%s; skipped (on_trim=skip)", text)
             for eid, flat in _xrange(q, key, partition.start, partition.end, plan.page):
                 yield _event_row(eid, flat)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
+
+
+@dataclass
+class StreamBatch(StreamRange):
+    """A micro-batch's range with the ``entries-added`` counts of its two offsets."""
+
+    start_seq: int | None
+    end_seq: int | None
+
+    def __init__(self, start: str, end: str, start_seq: int | None, end_seq: int | None) -> None:
+        self.start, self.end, self.start_seq, self.end_seq = start, end, start_seq, end_seq
+
+
+class TrimmedError(ChasquiError):
+    """Events the streaming query had not read yet were trimmed from the stream."""
+
+
+def _check_trim(plan: ReadPlan, q: Any, start: dict[str, Any], end: dict[str, Any]) -> None:
+    """Fail (or, ``on_trim=skip``, log) if entries after ``start`` were trimmed unread."""
+    after, seq = start["id"], start.get("seq")
+    if after == "0-0" or seq is None:  # start=earliest: whatever the stream holds is the beginning
+        return
+    info = _stream_info(q, _stream_key(plan))
+    if not info:
+        return
+    first = info.get("first-entry")
+    first_id = str_reply(first[0]) if first else None
+    gone = int(info.get("entries-added") or 0) - int(info.get("length") or 0)  # trimmed or deleted, ever
+    if gone <= int(seq) or (first_id is not None and not _newer(first_id, after)):
+        return  # nothing after `after` is missing (or what is missing was XDELed, not trimmed)
+    end_seq = end.get("seq")
+    lost = gone - int(seq) if end_seq is None else min(gone, int(end_seq)) - int(seq)
+    upto = f"{first_id})" if first_id is not None and (end_seq is None or gone < int(end_seq)) else f"{end['id']}]"
+    # `lost` is exact for trims; entries XDELed (not trimmed) since would be counted too: "up to"
+    text = (
+        f"chasqui: up to {lost} event(s) of queue {plan.queue!r} in the id range ({after}, {upto} were trimmed from "
+        f"the stream (XTRIM / events_max_len) before this streaming query read them"
+    )
+    if plan.on_trim == "fail":
+        raise TrimmedError(
+            text + '; to accept the loss and go on, restart the query with .option("on_trim", "skip")'
+            " (or from a new checkpoint)"
+        )
+    log.warning("%s; going on with the entries left (on_trim=skip)", text)
 
 
 def _split(entry_id: str) -> tuple[int, int]:
@@ -370,12 +646,10 @@ def _newer(a: str, b: str) -> bool:
     return _split(a) > _split(b)
 
 
-def _max_deleted(q: Any, key: str) -> str | None:
-    """The stream's ``max-deleted-entry-id`` (Redis 7+): the newest id trimmed or deleted."""
+def _stream_info(q: Any, key: str) -> dict[str, Any]:
+    """``XINFO STREAM`` as a dict (empty if there is no stream yet)."""
     try:
         info = q.driver.call(command("XINFO", "STREAM", key))
-    except Exception:  # noqa: BLE001 - no stream yet, or a server without the field
-        return None
-    value = parse_fields(list(info or [])).get("max-deleted-entry-id")
-    text = None if value is None else str_reply(value)
-    return None if not text or text == "0-0" else text
+    except Exception:  # noqa: BLE001 - no stream yet
+        return {}
+    return parse_fields(list(info or []))
