@@ -203,7 +203,15 @@ async def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue
                 assert r.client_kill_filter(_id=lane["id"]) == 1
             else:
                 assert r.client_kill_filter(addr=lane["addr"]) == 1
-        # no wait for the close to be noticed: the next call may still write on the dead socket
+        # Wait (without yielding to the event loop, so connection_lost is not processed) until the
+        # server's FIN reached the socket: the next call must notice the close unseen by the loop
+        # and reopen rather than write on it.  Redis may free a killed client after replying to
+        # CLIENT KILL, so on a loaded box the FIN can trail the reply.
+        deadline = time.monotonic() + 10
+        while not proto.peer_closed():
+            assert time.monotonic() < deadline, "the server never closed the killed lane's socket"
+            time.sleep(0.001)
+        assert not proto.closed  # the loop has not seen it yet
         jobs.append(await q.add("k", {"i": 1}))
         await wait_until(lambda: proto.closed, 10, what="the killed lane to be seen closed")
         jobs += [await q.add("k", {"i": i}) for i in range(2, 20)]
