@@ -497,8 +497,9 @@ def test_streaming_read_of_events_with_trigger_available_now(ds, redis_url: str,
         assert isinstance(reader, SupportsTriggerAvailableNow)
         reader.prepareForTriggerAvailableNow()
         r.xadd(events, {"e": "completed", "id": "late", "ts": 1_700_000_000_100, "n": "x"})
-        assert reader.latestOffset({"id": "0-0"}) == {"id": ids[-1]}  # not the late one
-        assert reader.latestOffset({"id": ids[-1]}) == {"id": ids[-1]}  # reached: no more data
+        assert reader.latestOffset({"id": "0-0", "seq": 0})["id"] == ids[-1]  # not the late one
+        reached = {"id": ids[-1], "seq": 30}
+        assert reader.latestOffset(reached) == reached  # reached: no more data
 
         def run() -> list[str]:
             seen: list[str] = []
@@ -826,8 +827,15 @@ def test_streaming_read_reports_a_trimmed_range(ds, redis_url: str, queue_name: 
     try:
         query.processAllAvailable()
         assert ds.read.parquet(out).count() == 40
-        later = add(40, 70)
-        r.xtrim(events, minid=later[10], approximate=False)  # j0..j49 gone: j40..j49 were never read
+        # j40..j69 added and j0..j49 trimmed in one transaction, so the running query cannot read
+        # any of j40..j49 first: they are lost unread
+        base = int(read[-1].split("-")[0]) + 1
+        later = [f"{base}-{i}" for i in range(30)]
+        pipe = r.pipeline(transaction=True)
+        for i, eid in enumerate(later):
+            pipe.xadd(events, {"e": "completed", "id": f"j{40 + i}", "ts": 1_700_000_000_040 + i, "n": "x"}, id=eid)
+        pipe.xtrim(events, minid=later[10], approximate=False)
+        pipe.execute()
         with pytest.raises(
             Exception,
             match=(
