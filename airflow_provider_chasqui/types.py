@@ -6,6 +6,7 @@ runs unchanged; they are frozen and safe to share between tasks and threads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 # BackoffSpec and its helpers live in the core (which never imports upward); the public home is here
 from .core.backoff import BACKOFF_KINDS, BackoffSpec, build_retry_override, coerce_backoff
 from .core.failure import JobFailure
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .engine.queue import Queue
@@ -49,11 +51,17 @@ class Job:
         """Block on Redis until the job completes; return the handler's result.
 
         Raises ``JobFailed`` if it went to the DLQ and ``TimeoutError`` on the deadline.
-        ``poll_interval`` (chasquimq 1.3) is accepted and unused: we never poll.
+        ``poll_interval`` (chasquimq 1.3 polls) is checked and has nothing to tune: the wait
+        blocks on the events stream and wakes on the outcome.
         """
         unknown = set(_compat) - {"poll_interval"}
         if unknown:
             raise TypeError(f"unexpected keyword arguments: {sorted(unknown)}")
+        poll = _compat.get("poll_interval")
+        if poll is not None and (
+            isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0
+        ):
+            raise ConfigError(f"poll_interval must be a finite number of seconds > 0, got {poll!r}")
         if self._queue is None:
             raise RuntimeError("wait_for_result needs a Job returned by Queue.add/add_bulk")
         return await self._queue.wait_for_result(self.id, timeout=timeout)

@@ -398,9 +398,18 @@ class SpecFlows:
         now: int | None = None,
         next_cache: dict[Any, int | None] | None = None,
     ) -> PreparedSpec:
-        """Validate and encode one spec.  ``job_id`` is accepted and ignored, as chasquimq 1.3
-        does: every fire gets its own id, and the spec is named by ``key``."""
-        del job_id
+        """Validate and encode one spec.  A spec is named by its key, which is also the id of the
+        ``Job`` an upsert returns: ``job_id`` (what chasquimq 1.3 accepts and drops) is taken as
+        the key, and giving both with different values is an error.  Every fire gets its own id."""
+        if job_id is not None:
+            if not isinstance(job_id, str) or not job_id:
+                raise ConfigError(f"job_id of a repeatable spec is its key: a non-empty str, got {job_id!r}")
+            if key is not None and key != job_id:
+                raise ConfigError(
+                    f"job_id {job_id!r} and key {key!r} both name the spec (a repeatable spec's id is its key): "
+                    "pass one of them"
+                )
+            key = job_id
         now = now_ms() if now is None else now
         name_bytes = validate_job_name(name)
         if not name_bytes:

@@ -124,6 +124,11 @@ class Queue:
             await self.driver.run_call(call)
             return self._job(jid, created, name, data)
         if repeat is not None:
+            if delay is not None or delay_ms is not None:
+                raise ConfigError(
+                    "delay/delay_ms do not apply to a repeatable spec (repeat=): it fires on its pattern; "
+                    "use upsert_repeatable_job(..., start_after=...) to hold its first fire back"
+                )
             return await self.upsert_repeatable_job(
                 name, data, repeat=repeat, attempts=attempts, backoff=backoff, job_id=job_id, missed_fires=missed_fires
             )

@@ -96,3 +96,52 @@ def test_concurrency_argument_and_settings_agree() -> None:
     for bad in (0, -1, True, 2.5, "4"):
         with pytest.raises(ConfigError, match="concurrency"):
             Worker(_name(), handler, concurrency=bad)  # type: ignore[arg-type]
+
+
+# ---- arguments chasquimq accepts and drops: honoured or refused here (issue #17) -------------
+
+
+@pytest.mark.parametrize("twin", ["async", "sync"])
+async def test_delay_with_repeat_is_refused_not_dropped(twin: str) -> None:
+    """chasquimq drops ``delay`` when ``repeat`` is given; a spec that silently fires at once
+    when the caller asked for a delay is a surprise, so it is a ConfigError naming the way."""
+    name = _name()
+    every = {"kind": "every", "interval_ms": 60_000}
+    for kwargs in ({"delay": 5.0}, {"delay_ms": 5000}):
+        with pytest.raises(ConfigError, match=r"delay/delay_ms do not apply.*start_after"):
+            if twin == "async":
+                async with Queue(name, redis_url=URL) as q:
+                    await q.add("tick", {}, repeat=every, **kwargs)
+            else:
+                with SyncQueue(name, redis_url=URL) as sq:
+                    sq.add("tick", {}, repeat=every, **kwargs)
+    with SyncQueue(name, redis_url=URL) as sq:
+        assert sq.get_repeatable_jobs() == []  # nothing was written
+
+
+async def test_job_id_of_a_repeatable_spec_is_its_key(queue: Queue) -> None:
+    """chasquimq drops ``job_id`` on upserts; here it names the spec (the returned Job's id is the
+    key), and a different ``key`` beside it is refused."""
+    every = {"kind": "every", "interval_ms": 60_000}
+    job = await queue.add("tick", {"n": 1}, repeat=every, job_id="nightly-report")
+    assert job.id == "nightly-report"
+    assert [m.key for m in await queue.get_repeatable_jobs()] == ["nightly-report"]
+    same = await queue.upsert_repeatable_job(
+        "tick", {"n": 2}, repeat=every, job_id="nightly-report", key="nightly-report"
+    )
+    assert same.id == "nightly-report" and len(await queue.get_repeatable_jobs()) == 1  # an upsert, not a second spec
+    with pytest.raises(ConfigError, match="both name the spec"):
+        await queue.upsert_repeatable_job("tick", {}, repeat=every, job_id="a", key="b")
+    for bad in ("", 7):
+        with pytest.raises(ConfigError, match="non-empty str"):
+            await queue.upsert_repeatable_job("tick", {}, repeat=every, job_id=bad)  # type: ignore[arg-type]
+    assert len(await queue.get_repeatable_jobs()) == 1
+
+
+async def test_poll_interval_is_checked(queue: Queue) -> None:
+    job = await queue.add("x", {"k": 1})
+    for bad in (0, -1, math.nan, math.inf, "1", True):
+        with pytest.raises(ConfigError, match="poll_interval"):
+            await job.wait_for_result(timeout=0.1, poll_interval=bad)
+    with pytest.raises(TimeoutError):  # a valid one is accepted (nothing runs the job)
+        await job.wait_for_result(timeout=0.2, poll_interval=0.05)
