@@ -245,15 +245,9 @@ def upsert_specs_dataframe(
 
     Each row needs a cron expression (``cron_col``, with an optional IANA zone in ``tz_col``) or
     an interval (``every_ms_col``); ``key_col`` names the spec (default: derived from the name
-    and pattern, as ``upsert_repeatable_job`` does).  Written with
-    ``SyncQueue.upsert_repeatable_bulk`` per batch.  Returns the number of specs written.
+    and pattern, as ``upsert_repeatable_job`` does).  Written through the data source's
+    ``kind=repeatable`` path (the scheduler's bulk upsert).  Returns the number of specs written.
     """
-    from ..sync.queue import SyncQueue
-
-    if not hasattr(SyncQueue, "upsert_repeatable_bulk") and not hasattr(SyncQueue, "upsert_repeatable_job"):
-        raise NotSupportedError("this build's SyncQueue has no upsert_repeatable_bulk/upsert_repeatable_job yet")
-    if not hasattr(SyncQueue, "upsert_repeatable_bulk"):
-        log.warning("SyncQueue.upsert_repeatable_bulk is missing: writing specs one call each (slow)")
     _positive(batch, "batch")
     if cron_col is None and every_ms_col is None:
         raise ConfigError("give cron_col= (cron expressions) and/or every_ms_col= (intervals in ms)")

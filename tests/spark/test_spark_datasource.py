@@ -249,6 +249,31 @@ def test_batch_write_over_spark_connect(spark_connect, redis_url: str, queue_nam
     assert sorted(int(e.job_id[1:]) for e in events.collect()) == list(range(25))
 
 
+def test_bulk_loaders_over_spark_connect(spark_connect, redis_url: str, queue_name: str) -> None:
+    """``enqueue_dataframe`` and ``upsert_specs_dataframe`` (the thin wrappers) through a Spark
+    Connect client: no SparkContext, accumulator or py4j on their path."""
+    from airflow_provider_chasqui import SyncQueue
+    from airflow_provider_chasqui.spark import enqueue_dataframe, upsert_specs_dataframe
+
+    df = spark_connect.range(600, numPartitions=2).selectExpr("id", "cast(id % 3 as string) as k")
+    assert enqueue_dataframe(df, queue_name, redis_url=redis_url, name="loaded") == 600
+    jobs = _jobs(redis_url, queue_name)
+    assert sorted(d["id"] for _n, d, _j, _r in jobs) == list(range(600))
+    assert {n for n, _d, _j, _r in jobs} == {"loaded"} and len({j for _n, _d, j, _r in jobs}) == 600
+    specs = spark_connect.createDataFrame(
+        [(f"tenant-{i}", "0 6 * * *" if i % 2 else None, None if i % 2 else 60_000 + i, i) for i in range(40)],
+        "key STRING, cron STRING, every BIGINT, n INT",
+    )
+    written = upsert_specs_dataframe(
+        specs, queue_name, redis_url=redis_url, name="report", key_col="key", cron_col="cron", every_ms_col="every"
+    )
+    assert written == 40
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        metas = {m.key: m for m in q.get_repeatable_jobs(100)}
+    assert sorted(metas) == sorted(f"tenant-{i}" for i in range(40))
+    assert metas["tenant-1"].pattern.expression == "0 6 * * *" and metas["tenant-2"].pattern.interval_ms == 60_002
+
+
 async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, queue_name: str) -> None:
     """A real Worker runs jobs (some fail into the DLQ); Spark reads what it left, in parallel ranges."""
     import json
