@@ -152,6 +152,14 @@ def _safe_repr(exc: BaseException) -> str:
     return text if isinstance(text, str) else "<unprintable exception>"
 
 
+#: One finished job of a ``complete_batch.lua`` call, in its order ("6 per job"): entry_id,
+#: job_id, name, attempt, duration_us, result (b"" = nothing stored).
+CompleteRow = tuple[bytes, str, str, int, int, bytes]
+#: One failed entry of a ``fail_batch.lua`` call ("12 per entry": kind 'r' retry or 'd' DLQ,
+#: entry_id, job_id, name, attempt, failed_reason, duration_us, then the kind's own fields).
+FailRow = tuple[Any, ...]
+
+
 class ConsumerCore:
     """Decisions for one queue and group; holds no connection.  Not shared across loops."""
 
@@ -360,7 +368,7 @@ class ConsumerCore:
             "emit_events", (self.keys.events,), (self.events_max, 3, "e", "drained", "id", "", "ts", now)
         )
 
-    def complete(self, done: list[tuple[bytes, str, str, int, int, bytes]], features: Features, now: int) -> Call:
+    def complete(self, done: list[CompleteRow], features: Features, now: int) -> Call:
         """``done`` rows: (entry_id, job_id, name, attempt_1_indexed, duration_us, result)."""
         argv: list[Any] = [
             self.group,
@@ -431,7 +439,7 @@ class ConsumerCore:
 
     def failure_row(
         self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int, now: int, tb: str | None = None
-    ) -> tuple[tuple[Any, ...], str, int]:
+    ) -> tuple[FailRow, str, int]:
         """The retry-or-DLQ decision after a handler error, as one ``fail_batch`` row (the worker
         buffers failures like successes).  Returns (row, outcome, backoff_ms); the run-at time
         is fixed here.  The DLQ entry keeps the entry's original ``d`` and ``n`` bytes, and a
@@ -469,7 +477,7 @@ class ConsumerCore:
             delay,
         )
 
-    def reject_row(self, r: Rejected) -> tuple[Any, ...]:
+    def reject_row(self, r: Rejected) -> FailRow:
         """A refused arrival as one ``fail_batch`` row (no handler ran: no ``failed`` event).
         The DLQ entry keeps the original ``d`` and ``n`` bytes (``dlq_name`` when ``name``
         does not carry them)."""
@@ -478,7 +486,7 @@ class ConsumerCore:
         detail = r.detail if r.reason in (MALFORMED, DECODE_FAILED) else ""
         return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, r.dlq_name, "")
 
-    def fail(self, rows: list[tuple[Any, ...]], features: Features, now: int) -> Call:
+    def fail(self, rows: list[FailRow], features: Features, now: int) -> Call:
         """One ``fail_batch`` call for rows of :meth:`failure_row` / :meth:`reject_row` (12 values each)."""
         k = self.keys
         argv: list[Any] = [
@@ -548,7 +556,7 @@ class ConsumerCore:
 
     def routing_failed_row(
         self, dl: Delivery, exc: BaseException, err: BaseException, duration_us: int
-    ) -> tuple[Any, ...]:
+    ) -> FailRow:
         """A DLQ row (reason ``routing_failed``) for a failure whose routing itself raised
         (``err``: a hostile retry override, an exception whose ``repr`` raises...).  Built only
         from values that cannot raise, so the entry is always settled."""

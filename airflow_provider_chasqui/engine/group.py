@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..core.calls import Call, int_reply, str_reply
-from ..core.consumer import ConsumerCore
+from ..core.consumer import CompleteRow, ConsumerCore, FailRow
 from ..core.features import Features
 from ..errors import BusyGroupError
 from ._driver import AsyncDriver
@@ -81,17 +81,15 @@ class GroupConsumer:
         """Remove consumers (or only ``name``) with nothing pending, idle ``min_idle_ms``."""
         return list(await self.driver.call(self.core.reap_consumers(min_idle_ms, name)) or [])
 
-    async def complete(self, rows: list[tuple[bytes, str, str, int, int, bytes]], features: Features, now: int) -> None:
+    async def complete(self, rows: list[CompleteRow], features: Features, now: int) -> None:
         """Acknowledge and delete finished entries (``complete_batch``, ``completed`` events)."""
         await self.driver.call(self.core.complete(rows, features, now))
 
-    async def fail(self, rows: list[tuple[Any, ...]], features: Features, now: int) -> None:
+    async def fail(self, rows: list[FailRow], features: Features, now: int) -> None:
         """Retry or dead-letter failed entries (``fail_batch``)."""
         await self.driver.call(self.core.fail(rows, features, now))
 
-    async def settle(
-        self, done: list[tuple[bytes, str, str, int, int, bytes]], dead: list[Call], features: Features, now: int
-    ) -> None:
+    async def settle(self, done: list[CompleteRow], dead: list[Call], features: Features, now: int) -> None:
         """Settle a batch in one round trip: the finished entries (one ``complete_batch``),
         then the dead letters.  Every call is idempotent (an entry no longer pending is neither
         acknowledged nor dead-lettered twice), so the caller may retry after a lost reply."""

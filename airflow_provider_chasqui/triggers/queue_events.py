@@ -93,7 +93,7 @@ except ImportError as exc:  # pragma: no cover - Airflow < 3.3
 
 from ..core.calls import Call, command, str_reply
 from ..core.codec import now_ms
-from ..core.consumer import UNRECOVERABLE, ConsumerCore
+from ..core.consumer import UNRECOVERABLE, CompleteRow, ConsumerCore
 from ..core.event_hub import read_call
 from ..core.features import Features
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
@@ -526,7 +526,7 @@ class QueueModeProducer(SharedStreamProducer):
         if self._queue is None or self._features is None:
             raise RuntimeError(f"queue {self.queue_name}: advance() before open_stream() opened Redis")
         now, now_ns = now_ms(), time.monotonic_ns()
-        done: list[tuple[bytes, str, str, int, int, bytes]] = []
+        done: list[CompleteRow] = []
         dead: list[Call] = []
         held_at = time.monotonic() + self.redeliver_after_ms / 1000
         for item in batch:
@@ -581,9 +581,7 @@ class QueueModeProducer(SharedStreamProducer):
         self.dead_lettered_total += len(dead)
         self.flow.release(len(batch))
 
-    async def _settle(
-        self, done: list[tuple[bytes, str, str, int, int, bytes]], dead: list[Call], features: Features, now: int
-    ) -> None:
+    async def _settle(self, done: list[CompleteRow], dead: list[Call], features: Features, now: int) -> None:
         """One round trip; a lost connection is retried (see :meth:`GroupConsumer.settle`)."""
         assert self._group is not None
         for attempt in range(1, _ADVANCE_TRIES + 1):
