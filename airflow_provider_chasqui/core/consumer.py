@@ -554,9 +554,7 @@ class ConsumerCore:
             entry_id, reason, payload, name, detail, job_id, attempt, features, now, dlq_name=dlq_name
         )
 
-    def routing_failed_row(
-        self, dl: Delivery, exc: BaseException, err: BaseException, duration_us: int
-    ) -> FailRow:
+    def routing_failed_row(self, dl: Delivery, exc: BaseException, err: BaseException, duration_us: int) -> FailRow:
         """A DLQ row (reason ``routing_failed``) for a failure whose routing itself raised
         (``err``: a hostile retry override, an exception whose ``repr`` raises...).  Built only
         from values that cannot raise, so the entry is always settled."""
