@@ -12,7 +12,10 @@ rate is one process calling ``add_bulk`` on prebuilt dicts of the same shape (``
 of them, ``--batch`` per call), measured right before each DataFrame run; the ratio is the
 median of the per-run ratios.  On a 2-core machine Spark's two Python workers, the JVM and
 Redis share the cores, so read the ratio rather than the absolutes.  Uses a queue of its own
-on ``--redis-url`` and deletes its keys at the end.
+on ``--redis-url`` and deletes its keys at the end.  Called as ``main(argv)`` in a process that
+already has an active SparkSession (a notebook, a test), it runs in that session (``--master``
+then does not apply), unpersists its DataFrame and leaves the session running; a session it
+started itself it stops.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         from pyspark.sql import SparkSession
         from pyspark.sql import functions as F
 
+        found = SparkSession.getActiveSession()  # left running at the end; one started here is stopped
         spark = (
             SparkSession.builder.master(args.master)
             .appName("bench-spark-bulk")
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             .getOrCreate()
         )
     spark.sparkContext.setLogLevel("ERROR")
+    master = spark.sparkContext.master  # the session's own: a found one keeps its master
     parts = args.partitions or spark.sparkContext.defaultParallelism
     df = (
         spark.range(args.rows, numPartitions=parts)
@@ -132,12 +137,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         _clear(r, queue)
-        spark.stop()
+        df.unpersist()
+        if found is None:
+            spark.stop()
     med, raw_med = statistics.median(rates), statistics.median(raw)
     ratio = statistics.median(a / b for a, b in zip(rates, raw))
     print(
         f"enqueue_dataframe: median {med:,.0f} rows/s over {args.runs} runs of {args.rows:,} rows "
-        f"({parts} partitions, {args.master}, batch {args.batch})"
+        f"({parts} partitions, {master}, batch {args.batch})"
     )
     print(f"raw SyncQueue.add_bulk (1 process, {raw_rows:,} rows, batch {args.batch}): median {raw_med:,.0f} rows/s")
     print(f"ratio enqueue_dataframe / raw add_bulk: {ratio:.2f} (median of the per-run ratios)")
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio": round(ratio, 3),
                     "partitions": parts,
                     "batch": args.batch,
-                    "master": args.master,
+                    "master": master,
                 }
             )
         )
