@@ -26,8 +26,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from redis import exceptions as rexc
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from ..core.calls import Flow
+from ..core.calls import Flow, command, int_reply
 from ..core.event_hub import (
     Outcome,
     Waiter,
@@ -42,7 +44,7 @@ from ..core.event_hub import (
     settle_hits,
 )
 from ..core.keys import QueueKeys
-from ..core.urls import WAIT_BLOCK_MS, read_timeout
+from ..core.urls import WAIT_BLOCK_MS, read_timeout, split_cluster_flag
 from ..drivers_common import translate_error
 from ..errors import ChasquiConnectionError, ChasquiError
 from ._driver import CLUSTER, AsyncDriver, raw_client
@@ -51,6 +53,11 @@ from .leader import TRANSIENT
 __all__ = ["EventHub", "active_hubs", "event_hub", "wait_for_jobs"]
 
 log = logging.getLogger(__name__)
+# The reader must see a lost connection: redis-py's own retry would reconnect and re-send the
+# blocked XREAD silently, and the waiters whose events fell in the gap (trimmed, or never written)
+# would wait out the read block instead of the stored-outcome re-check a reconnect runs.  Cluster
+# clients keep their retries (they re-route on MOVED/ASK through them).
+_NO_SILENT_RETRY: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
 
 READ_COUNT = 1000
 _MAX_BACKOFF_SECS = 5.0
@@ -111,6 +118,7 @@ class EventHub:
         self._index = WaiterIndex()
         self._task: asyncio.Task[None] | None = None
         self._client: Any = None
+        self._reader_id: int | None = None  # the reader connection's CLIENT ID, to unblock it at close
         self._lookup: AsyncDriver | None = None
         self._ready: asyncio.Future[None] | None = None
         self._ever_ready = False
@@ -175,9 +183,13 @@ class EventHub:
                 client = self._client
                 if client is None:
                     client = self._client = raw_client(
-                        self.url, single_connection_client=True, socket_timeout=read_timeout(self.block_ms)
+                        self.url,
+                        single_connection_client=True,
+                        socket_timeout=read_timeout(self.block_ms),
+                        **({} if split_cluster_flag(self.url, None)[1] else _NO_SILENT_RETRY),
                     )
                 await self._set_name(client)
+                self._reader_id = await self._client_id(client)
                 cursor = pinned(await client.execute_command(*pin_call(self.keys).args))
                 if self._ever_ready and len(self._index):  # events of the outage may be gone: read the records
                     await self._recheck()
@@ -234,6 +246,18 @@ class EventHub:
         except rexc.ResponseError as exc:
             log.debug("events of %s: CLIENT SETNAME refused (%s)", self.name, exc)
 
+    async def _client_id(self, client: Any) -> int | None:
+        """The reader's ``CLIENT ID`` (standalone and Sentinel servers), so :meth:`close` can end
+        its blocked read at once: redis-py does not interrupt a blocked ``XREAD`` on cancel, and
+        the last waiter to leave would otherwise wait out the read's block (10 s)."""
+        if isinstance(client, CLUSTER):
+            return None
+        try:
+            return int_reply(await client.execute_command("CLIENT", "ID"))
+        except rexc.ResponseError as exc:  # not granted: close() then waits for the block to end
+            log.debug("events of %s: CLIENT ID refused (%s)", self.name, exc)
+            return None
+
     async def _deliver(self, hits: dict[str, tuple[str, str]]) -> None:
         ids = list(hits)
         try:
@@ -285,6 +309,12 @@ class EventHub:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
+            reader_id, self._reader_id = self._reader_id, None
+            if reader_id is not None and not task.done():
+                try:  # end the blocked XREAD (it returns nil): the cancel alone waits for its block
+                    await self.lookup.call(command("CLIENT", "UNBLOCK", reader_id))
+                except Exception as exc:  # noqa: BLE001 - best effort: the read ends at its block anyway
+                    log.debug("events of %s: CLIENT UNBLOCK failed: %s", self.name, exc)
             await asyncio.wait([task])
         self._fail_ready(ChasquiConnectionError("the event hub closed"))
         await self._drop_client()

@@ -8,6 +8,7 @@ server (a cluster reader is not named: it moves between nodes).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,6 +16,7 @@ from engine_support import running, wait_until
 
 from airflow_provider_chasqui import JobFailed
 from airflow_provider_chasqui.core.event_hub import reader_name
+from airflow_provider_chasqui.core.urls import WAIT_BLOCK_MS
 from airflow_provider_chasqui.engine.event_hub import active_hubs, event_hub
 
 pytestmark = pytest.mark.timeout(180)
@@ -157,9 +159,13 @@ async def test_a_killed_reader_still_wakes_everyone(redis_url: str, queue_name: 
         assert not any(t.done() for t in tasks)  # no event: nobody woke yet
         (reader,) = await wait_until(lambda: _readers(admin, queue_name), what="the reader")
         assert await admin.client_kill_filter(_id=reader["id"]) == 1
+        killed = time.monotonic()
         results = await _settle(tasks)
         assert results == [-i for i in range(50)]
         assert hub.reconnects >= 1
+        # woken by the reconnect's re-check, and the last waiter's close ends the new blocking read
+        # (CLIENT UNBLOCK): before, the close waited out that read's 10 s block
+        assert time.monotonic() - killed < WAIT_BLOCK_MS / 1000 * 0.8
         await wait_until(lambda: _no_readers(admin, queue_name), what="the reader connection to close")
     finally:
         await admin.aclose()
