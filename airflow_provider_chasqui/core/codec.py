@@ -81,6 +81,16 @@ def _time_digits(ms: int) -> str:
     return cached[1]
 
 
+def ulid_ms(job_id: str) -> int | None:
+    """The creation time (ms) a ULID job id carries (every id this package makes); None otherwise."""
+    if len(job_id) != 26 or not all(c in _CROCKFORD for c in job_id):
+        return None
+    ms = 0
+    for c in job_id[:10]:
+        ms = ms * 32 + _CROCKFORD.index(c)
+    return ms
+
+
 def new_job_id(ms: int | None = None) -> str:
     """A canonical 26-character ULID: 48-bit ms timestamp + 80 random bits."""
     cached = _id_prefix

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .calls import Call, command, str_reply
-from .codec import decode_data
+from .codec import decode_data, ulid_ms
 from .failure import failure_record
 from .keys import QueueKeys
 
@@ -157,6 +157,31 @@ def parse_outcomes(
             kind, reason = hints[j]
             out[j] = ("completed", None) if kind == "completed" else ("failed", reason, "", "")
     return out
+
+
+#: A joining waiter looks this many events back (newest first) for its jobs' ending events.
+BACKFILL_COUNT = 200
+#: ... from this long before its earliest job's creation (client and server clocks differ).
+BACKFILL_SLACK_MS = 1_000
+
+
+def backfill_call(keys: QueueKeys, job_ids: list[str]) -> Call | None:
+    """The events that may have ended ``job_ids`` before their waiter joined (the reader only
+    sees what comes after it pinned its position, and a job whose worker stores no outcome
+    leaves only its event): ``XREVRANGE`` back to the earliest job's creation, at most
+    ``BACKFILL_COUNT`` entries.  None when no id carries a creation time (not ULIDs)."""
+    times = [t for j in job_ids if (t := ulid_ms(j)) is not None]
+    if not times:
+        return None
+    floor = max(0, min(times) - BACKFILL_SLACK_MS)
+    return command("XREVRANGE", keys.events, "+", f"{floor}-0", "COUNT", BACKFILL_COUNT)
+
+
+def backfill_hits(reply: Any, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """``{job id: (event, reason)}`` of the ending events a ``backfill_call`` found."""
+    if not isinstance(reply, list):  # an error reply (e.g. a wrong-typed events key): nothing found
+        return {}
+    return event_hits([(b"", reply)], dict.fromkeys(j.encode() for j in job_ids))[1]
 
 
 def settle_hits(index: WaiterIndex, outcomes: dict[str, Outcome]) -> list[Waiter]:

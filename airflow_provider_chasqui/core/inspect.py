@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import CodecError, ConfigError
 from .calls import Flow, command, int_reply, str_reply
-from .codec import Envelope, decode_data, decode_envelope, split_member
+from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
 from .keys import QueueKeys
 from .maintenance import glob_escape
 from .schedules import show_key
@@ -304,16 +304,6 @@ class JobDetails:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def ulid_ms(job_id: str) -> int | None:
-    """The creation time a ULID job id carries (every id this package makes); None otherwise."""
-    if not _ULID.fullmatch(job_id):
-        return None
-    ms = 0
-    for c in job_id[:10]:
-        ms = ms * 32 + _CROCKFORD.index(c)
-    return ms
 
 
 def _failure_record(raw: Any) -> dict[str, Any] | None:

@@ -34,7 +34,17 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
-from .event_hub import Outcome, event_hits, outcome_calls, parse_outcomes, pin_call, pinned, read_call
+from .event_hub import (
+    Outcome,
+    backfill_call,
+    backfill_hits,
+    event_hits,
+    outcome_calls,
+    parse_outcomes,
+    pin_call,
+    pinned,
+    read_call,
+)
 from .failure import JobFailure
 from .failure import failure_record as _failure_record
 from .keys import QueueKeys
@@ -474,14 +484,11 @@ class ProducerCore:
         outcomes = yield from self._stored_outcomes(sorted(pending))
         pending -= set(outcomes)
         by_job = {j.encode(): j for j in pending}
-        while pending and not (stop_on_failure and any(o[0] == "failed" for o in outcomes.values())):
-            remaining = deadline - clock()
-            if remaining <= 0:
-                break
-            block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
-            last, hits = event_hits((yield read_call(k, cursor, 1000, block)), by_job)
-            cursor = last or cursor
+
+        def ended(hits: dict[str, tuple[str, str]]) -> None:
             for jid, (kind, reason) in hits.items():
+                if jid not in pending:
+                    continue
                 pending.discard(jid)
                 del by_job[jid.encode()]
                 if kind == "dlq":
@@ -489,6 +496,18 @@ class ProducerCore:
                     outcomes[jid] = ("failed", reason, "", "")
                 else:
                     outcomes[jid] = ("completed", None)
+
+        back = backfill_call(k, sorted(pending)) if pending else None
+        if back is not None:  # ended before the pin, with no stored outcome: only the event tells
+            ended(backfill_hits((yield back), sorted(pending)))
+        while pending and not (stop_on_failure and any(o[0] == "failed" for o in outcomes.values())):
+            remaining = deadline - clock()
+            if remaining <= 0:
+                break
+            block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
+            last, hits = event_hits((yield read_call(k, cursor, 1000, block)), by_job)
+            cursor = last or cursor
+            ended(hits)
         if failed_ids:  # the failure records carry the handler's error as detail
             outcomes.update((yield from self._stored_outcomes(failed_ids)))
         done = [j for j, o in outcomes.items() if o[0] == "completed" and o[1] is None]

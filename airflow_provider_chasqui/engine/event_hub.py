@@ -34,6 +34,8 @@ from ..core.event_hub import (
     Outcome,
     Waiter,
     WaiterIndex,
+    backfill_call,
+    backfill_hits,
     event_hits,
     outcome_calls,
     parse_outcomes,
@@ -96,6 +98,17 @@ async def wait_for_jobs(
     return await event_hub(url, queue).wait(ids, timeout, stop_on_failure=stop_on_failure)
 
 
+def _joined(keys: QueueKeys, job_ids: list[str]) -> Flow[dict[str, Outcome]]:
+    """What a joining waiter learns in one round trip: the stored outcomes of ``job_ids``, and
+    for a job without one, an ending event written before the reader's position (see
+    ``backfill_call``)."""
+    back = backfill_call(keys, job_ids)
+    calls = outcome_calls(keys, job_ids)
+    raws = yield calls + ([back] if back is not None else [])
+    hints = backfill_hits(raws[-1], job_ids) if back is not None else None
+    return parse_outcomes(job_ids, raws[: len(calls)], hints)
+
+
 def _outcomes(
     keys: QueueKeys, job_ids: list[str], hints: dict[str, tuple[str, str]] | None = None
 ) -> Flow[dict[str, Outcome]]:
@@ -144,9 +157,9 @@ class EventHub:
         self._index.add(waiter)  # first: an event from now on reaches this waiter
         try:
             await self._until_ready()
-            if not waiter.done:  # then what ended before: stored outcomes
+            if not waiter.done:  # then what ended before: stored outcomes, else recent ending events
                 ids = sorted(waiter.pending)
-                for jid, outcome in (await self.lookup.run(_outcomes(self.keys, ids))).items():
+                for jid, outcome in (await self.lookup.run(_joined(self.keys, ids))).items():
                     waiter.settle(jid, outcome)
             if not waiter.done and not woken.done():
                 remaining = deadline - loop.time()

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from engine_support import running, wait_until
 
-from airflow_provider_chasqui import JobFailed
+from airflow_provider_chasqui import JobFailed, SyncQueue, UnrecoverableError
 from airflow_provider_chasqui.core.event_hub import reader_name
 from airflow_provider_chasqui.core.urls import WAIT_BLOCK_MS
 from airflow_provider_chasqui.engine.event_hub import active_hubs, event_hub
@@ -180,3 +180,39 @@ async def test_hubs_are_per_queue_and_per_url(redis_url: str, queue_name: str) -
         if hub.name.startswith(queue_name):
             await hub.close()
     assert not [h for h in active_hubs() if h.name.startswith(queue_name)]
+
+
+async def test_a_job_that_ended_before_the_wait_is_found_by_its_event(
+    redis_url: str, queue_name: str, clients, queues, worker_factory
+) -> None:
+    """A worker that stores no outcomes leaves only the ending event.  A wait that starts after
+    the event (the reader pins its position after it) finds it by looking back from the job's
+    creation (before: the wait timed out; a dead-lettered job raced a cluster test into that)."""
+    q = queues(queue_name, redis_url)
+
+    async def handler(job) -> str:
+        if job.data == "bad":
+            raise UnrecoverableError("nope")
+        return "fine"
+
+    async with running(worker_factory(queue_name, handler, redis_url)):  # events only, no stored outcomes
+        bad, good = await q.add("j", "bad"), await q.add("j", "good")
+        admin = clients(redis_url)
+
+        async def both_ended() -> bool:
+            events = await admin.xrange(q.keys.events)
+            return {(f.get(b"e"), f.get(b"id")) for _i, f in events} >= {
+                (b"dlq", bad.id.encode()),
+                (b"completed", good.id.encode()),
+            }
+
+        await wait_until(both_ended, 30, what="both ending events")
+    assert await q.get_job_result(good.id) is None  # nothing stored: the event is the only trace
+    with pytest.raises(JobFailed) as info:
+        await bad.wait_for_result(timeout=5)
+    assert info.value.reason == "unrecoverable"
+    assert await good.wait_for_result(timeout=5) is None  # completed, its result not stored
+    with SyncQueue(queue_name, redis_url=redis_url) as sq:  # the blocking twin's own wait flow
+        with pytest.raises(JobFailed):
+            sq.wait_for_result(bad.id, timeout=5)
+        assert sq.wait_for_result(good.id, timeout=5) is None

@@ -215,7 +215,13 @@ async def test_results_and_failure_records_are_capped_by_count(redis_url: str, q
         failures = await _scan(r, _glob(keys.prefix) + ":failure:*")
         result_index = int(await r.execute_command("ZCARD", keys.results))
         failure_index = int(await r.execute_command("ZCARD", keys.failures))
-        assert await q.get_job_result(jobs[-1].id) == "r" * 200  # the newest are kept
+        # the newest are kept: every kept result is of a job among the last ones to run (the cap
+        # plus an ack batch and the slots in flight; completion order within them varies)
+        ok_order = [i for i in done if i % 5]
+        recent = {jobs[i].id for i in ok_order[-(40 + 256 + 100) :]}
+        kept = [k.decode().rsplit(":", 1)[1] for k in results]
+        assert kept and set(kept) <= recent, sorted(set(kept) - recent)[:5]
+        assert all([await q.get_job_result(j) == "r" * 200 for j in kept])
         records = [await r.execute_command("GET", k) for k in failures]
         events = await r.execute_command("XRANGE", keys.events, "-", "+")
     assert len(done) == 2100
