@@ -163,10 +163,14 @@ def test_bulk_validates_each_chunk_before_sending_it(q: SyncQueue, r: redis.Redi
     assert r.zcard(q.keys.repeat) == 2500
 
 
-def test_job_id_is_ignored_and_add_with_repeat_upserts(q: SyncQueue) -> None:
-    job = q.add("tick", {"n": 1}, repeat=RepeatPattern.every(5000), job_id="ignored", attempts=2)
-    assert job.id == "tick::every:5000"  # as chasquimq 1.3: the key is derived, job_id unused
+def test_add_with_repeat_upserts_and_job_id_names_the_spec(q: SyncQueue) -> None:
+    job = q.add("tick", {"n": 1}, repeat=RepeatPattern.every(5000), attempts=2)
+    assert job.id == "tick::every:5000"  # as chasquimq 1.3: the key is derived from name and pattern
     assert q.get_repeatable_job(job.id).attempts == 2
+    # chasquimq 1.3 drops job_id here; it names the spec instead (the returned Job's id is its key)
+    named = q.add("tick", {"n": 2}, repeat=RepeatPattern.every(5000), job_id="tick-named", attempts=3)
+    assert named.id == "tick-named" and q.get_repeatable_job("tick-named").attempts == 3
+    assert {m.key for m in q.get_repeatable_jobs()} == {"tick::every:5000", "tick-named"}
 
 
 # ---- read, pause, resume, trigger, remove ----------------------------------------------------
