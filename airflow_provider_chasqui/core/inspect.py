@@ -16,7 +16,6 @@ search bounded; what a bound cut short is said in ``notes``.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -275,8 +274,6 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
 EVENTS_WINDOW = 1000
 PAGE = 500
 SEARCH_PAGES = 20
-_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
 @dataclass(slots=True)
