@@ -74,6 +74,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 _SUBMODULES = frozenset(
     {
         "cli",
+        "compat",
         "core",
         "dashboard",
         "demo",

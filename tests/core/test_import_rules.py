@@ -37,6 +37,7 @@ UPPER = {
     "dashboard",
     "spark",
     "examples",
+    "compat",
     "demo",
     "get_provider_info",
 }

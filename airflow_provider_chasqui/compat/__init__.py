@@ -1,0 +1,1 @@
+"""Aliases for code written against another queue's Python package (``compat.chasquimq``)."""
