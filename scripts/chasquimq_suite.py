@@ -11,9 +11,9 @@ It installs ``airflow_provider_chasqui.compat.chasquimq`` as ``chasquimq``, adds
 module the tests read (``chasquimq._encoding``: msgpack helpers, served by our codec), and runs
 pytest on the files (default ``test_high_level.py``) against Redis on 127.0.0.1:6379
 (``CHASQUIMQ_TEST_REDIS_URL`` overrides), each test under a timeout.  The tests listed in
-``scripts/chasquimq_suite_deselect.txt`` (those needing chasquimq internals, with the reason
-each) are deselected; a listed test the files no longer hold is reported.  The exit code is
-pytest's.
+``scripts/chasquimq_suite_deselect.txt`` (or ``--deselect-file``: those needing chasquimq
+internals, with the reason each) are deselected; a listed test the files no longer hold is
+reported.  The exit code is pytest's.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Deselect:
                 tr.write_line(f"{node}: {self.listed[node]}")
         stale = sorted(n for n in self.listed if n.split("::")[0] in self.files and n not in self.seen)
         if stale:
-            tr.section("listed in chasquimq_suite_deselect.txt but not collected")
+            tr.section("listed for deselection but not collected")
             for node in stale:
                 tr.write_line(node)
 
@@ -99,15 +99,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("tests_dir", type=Path, help="directory with chasquimq's tests and conftest.py")
     parser.add_argument("--files", nargs="+", default=list(DEFAULT_FILES), help="test files to run")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per test (default 60)")
-    parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
-    args = parser.parse_args(argv)
+    parser.add_argument("--deselect-file", type=Path, default=DESELECT_FILE, help="default: %(default)s")
+    parser.epilog = "Arguments after -- go to pytest."
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, pytest_args = parser.parse_args(argv[:cut]), argv[cut + 1 :]
     tests_dir = args.tests_dir.resolve()
     missing = [f for f in ("conftest.py", *args.files) if not (tests_dir / f).is_file()]
     if missing:
         parser.error(f"{tests_dir} lacks {', '.join(missing)}")
     os.environ.setdefault("CHASQUIMQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
     install_alias()
-    plugin = Deselect(read_deselected())
+    plugin = Deselect(read_deselected(args.deselect_file))
     plugin.files = tuple(args.files)
     os.chdir(tests_dir)  # node ids relative to it (``test_high_level.py::...``)
     return int(
@@ -125,7 +127,7 @@ def main(argv: list[str]) -> int:
                 f"--timeout={args.timeout}",
                 "-rfE",
                 *args.files,
-                *args.pytest_args,
+                *pytest_args,
             ],
             plugins=[plugin],
         )
