@@ -41,6 +41,7 @@ from ..errors import ConfigError
 from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
 from .cron import next_fire_after
+from .fast import fast_constructor
 from .keys import QueueKeys
 from .repeat import (
     FIRE_ALL_LIST_CAP,
@@ -207,7 +208,6 @@ _PATTERNS: dict[Any, RepeatPattern] = {}
 _PLAIN = (int, str, type(None))
 _SKIP_POLICY = MissedFiresPolicy.skip()
 _POLICIES: dict[Any, MissedFiresPolicy] = {"": _SKIP_POLICY}
-_new_tuple = tuple.__new__
 
 
 class DueSpec(NamedTuple):
@@ -222,6 +222,10 @@ class DueSpec(NamedTuple):
     end_before_ms: int | None
     missed_fires: MissedFiresPolicy
     ident: Any  # hashable stand-in for (pattern, start_after_ms, missed_fires): the plan cache's key
+
+
+# ``DueSpec`` from one tuple of its values, for the hot loop (see ``core.fast``)
+_new_due_spec = fast_constructor(DueSpec)
 
 
 def _slow(raw: bytes) -> DueSpec:
@@ -282,9 +286,8 @@ def _decode_spec(raw: bytes) -> DueSpec:
                 )
             pattern = _PATTERNS.get(pkey) if pkey is not None else None
             if pattern is not None:
-                return _new_tuple(
-                    DueSpec, (key, name, pattern, payload[2:], None, None, None, _SKIP_POLICY, (pkey, None, ""))
-                )
+                ident = (pkey, None, "")
+                return _new_due_spec((key, name, pattern, payload[2:], None, None, None, _SKIP_POLICY, ident))
     if type(arr) is not list or not 8 <= len(arr) <= 9:
         return _slow(raw)
     key, name, pat, payload, limit, start, end, fired = arr[:8]
