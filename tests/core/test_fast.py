@@ -127,8 +127,9 @@ def test_hot_paths_build_what_the_constructors_build() -> None:
     assert call.packed is not None
     stored = StoredSpec(key="k", job_name="job", pattern=EVERY, payload_inner=b"\x01")
     raw = stored.encode()
-    scheduler._decode_spec(raw)  # the first decode fills the pattern cache
-    spec = scheduler._decode_spec(raw)  # the second takes the fast path
+    decoder = scheduler.SpecDecoder()
+    decoder.decode(raw)  # the first decode fills the pattern cache
+    spec = decoder.decode(raw)  # the second takes the fast path
     slow = scheduler._slow(raw)
     assert spec[:8] == slow[:8] and type(spec) is DueSpec
 
