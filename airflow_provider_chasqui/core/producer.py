@@ -276,12 +276,12 @@ class ProducerCore:
         for i in range(0, len(now_batch), BULK_CHUNK):
             argv: list[Any] = [self.settings.max_stream_len]
             for j in now_batch[i : i + BULK_CHUNK]:
-                argv += (j.envelope, j.name_bytes)
+                argv += (j.envelope, j.name_bytes)  # a rows.EnqueueRow
             calls.append(script_call("enqueue_batch", (k.stream,), argv))
         for i in range(0, len(later), BULK_CHUNK):
             argv = []
             for j in later[i : i + BULK_CHUNK]:
-                argv += (j.run_at_ms, encode_member(j.name_bytes, j.envelope))
+                argv += (j.run_at_ms, encode_member(j.name_bytes, j.envelope))  # a rows.DelayRow
             calls.append(script_call("delay_batch", (k.delayed,), argv))
         if calls:
             yield calls
@@ -363,7 +363,7 @@ class ProducerCore:
                 except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
                     skipped += 1
                     continue
-                argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))
+                argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))  # a rows.ReplayRow
                 taken += 1
             if taken:  # fewer than taken when a concurrent replay moved some first
                 replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
@@ -670,7 +670,7 @@ class QueueFlows(ProducerCore):
                 for jid, inner, name_bytes in zip(
                     chunk_ids, inners[i : i + STREAM_CHUNK], name_list[i : i + STREAM_CHUNK]
                 ):
-                    add((encode_new_envelope(jid, inner, now), name_bytes))
+                    add((encode_new_envelope(jid, inner, now), name_bytes))  # a rows.EnqueueRow
                 yield script_call("enqueue_batch", key, head + tuple(argv))
             jobs.extend(map(make, ids, repeat(now), [i["name"] for i in items], [i["data"] for i in items]))
 

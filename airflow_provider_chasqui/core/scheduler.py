@@ -498,6 +498,7 @@ class SchedulerCore:
                 and (deadline is None or now - fire_at <= deadline)
             ):
                 # the common case (one fire at the score read): a short entry
+                # a rows.FireRow
                 body += ("f", raw_score, nxt, spec.job_name, _fire_envelope(key, fire_at, inner, now, retry))
                 plans.append(("F", key, fire_at, nxt, ""))
                 continue

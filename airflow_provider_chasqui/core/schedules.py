@@ -446,7 +446,7 @@ class SpecFlows:
     def _upsert_call(self, specs: list[PreparedSpec]) -> Call:
         argv: list[Any] = [self._spec_base, 3]
         for key, nxt, spec, _ext in specs:
-            argv += (nxt, key, spec)
+            argv += (nxt, key, spec)  # a rows.UpsertRow
         return self._upsert_argv(argv, [(j, p[3]) for j, p in enumerate(specs) if p[3]])
 
     def _upsert_argv(self, argv: list[Any], exts: list[tuple[int, bytes]]) -> Call:
@@ -456,7 +456,7 @@ class SpecFlows:
             wide: list[Any] = [argv[0], 4]
             ext_of = dict(exts)
             for j, i in enumerate(range(2, len(argv), 3)):
-                wide += (argv[i], argv[i + 1], argv[i + 2], ext_of.get(j, b""))
+                wide += (argv[i], argv[i + 1], argv[i + 2], ext_of.get(j, b""))  # a rows.UpsertExtRow
             argv = wide
         return script_call("upsert_repeatable", (self.keys.repeat, self.keys.repeat_paused), argv)
 
