@@ -1,6 +1,6 @@
 -- delay_batch: ZADD many delayed members in one round trip (bulk delayed adds).
 -- KEYS[1] = {chasqui:<q>}:delayed
--- ARGV    = [run_at_ms_1, member_1, run_at_ms_2, member_2, ...]
+-- ARGV    = [2 per job: run_at_ms, member]
 -- Reply   = number of members added
 local n = 0
 for i = 1, #ARGV, 2 do

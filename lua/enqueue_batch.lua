@@ -1,6 +1,6 @@
 -- enqueue_batch: XADD many jobs in one round trip (the bulk producer path).
 -- KEYS[1] = {chasqui:<q>}:stream
--- ARGV    = [max_stream_len, envelope_1, name_1, envelope_2, name_2, ...]  (name "" = no `n` field)
+-- ARGV    = [max_stream_len, then 2 per job: envelope, name]  (name "" = no `n` field)
 -- Reply   = number of entries added
 local maxlen = ARGV[1]
 local n = 0

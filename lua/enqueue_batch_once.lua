@@ -1,7 +1,7 @@
 -- enqueue_batch_once: add one chunk of jobs unless the chunk's marker is alive (the Spark
 -- data source's idempotent write: a re-run task sends the same chunk under the same marker).
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = chunk marker {chasqui:<q>}:unique:<chunk id>
--- ARGV    = [marker_ttl_ms, max_stream_len, run_at_1, payload_1, name_1, ...]
+-- ARGV    = [marker_ttl_ms, max_stream_len, then 3 per job: run_at, payload, name]
 --           run_at "0": payload = envelope, XADD (name "" = no `n` field);
 --           else payload = delayed member (u32le name length + name + envelope), ZADD at run_at
 -- Reply   = number of jobs added, or -1 when the marker was there (nothing written)

@@ -1,7 +1,7 @@
 -- enqueue_batch_unique: add_unique for a chunk of jobs with caller ids, one call: each job is
 -- added unless its marker (the same {chasqui:<q>}:unique:<id> key add_unique uses) is alive.
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[2 + i] = marker of job i
--- ARGV    = [marker_ttl_ms, max_stream_len, job_id_1, run_at_1, payload_1, name_1, ...]
+-- ARGV    = [marker_ttl_ms, max_stream_len, then 4 per job: job_id, run_at, payload, name]
 --           run_at "0": payload = envelope, XADD; else payload = delayed member, ZADD at run_at
 -- Reply   = number of jobs added (the others were suppressed by a live marker)
 local maxlen = ARGV[2]

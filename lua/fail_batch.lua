@@ -4,12 +4,13 @@
 -- client retry after a lost reply, a job another consumer already handled) writes nothing.
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = dlq   KEYS[4] = events
 -- ARGV    = [group, use_xackdel (0|1), events_max_len (0 = off), dlq_max_len,
---            failure_ttl_ms (0 = no records), key_prefix, now_ms, failures_max_len, then 12 per entry:
---            kind, entry_id, job_id, name, attempt, failed_reason ("" = no handler ran),
---            duration_us, and for kind 'r' (retry): run_at_ms, member, next_attempt, backoff_ms;
---            for kind 'd' (DLQ): payload, dlq_reason, detail, dlq_name (the DLQ's `n` when it is
---            not `name`: an entry's original bytes; "" = name); then traceback (the handler's
---            formatted traceback, "" = none; used by kind 'd' only)]
+--            failure_ttl_ms (0 = no records), key_prefix, now_ms, failures_max_len, then 12 per
+--            entry of kind 'r' (retry) or 'd' (DLQ):
+--   12 per entry 'r': kind, entry_id, job_id, name, attempt, failed_reason, duration_us, run_at_ms, member, next_attempt, backoff_ms, traceback
+--   12 per entry 'd': kind, entry_id, job_id, name, attempt, failed_reason, duration_us, payload, dlq_reason, detail, dlq_name, traceback
+--            ]  failed_reason "" = no handler ran; dlq_name = the DLQ's `n` when it is not `name`
+--            (an entry's original bytes; "" = name); traceback = the handler's formatted
+--            traceback ("" = none; used by kind 'd' only)
 -- A traceback goes to the DLQ's optional `detail` field when there is no other detail (the
 -- field ChasquiMQ's readers already accept) and to the failure record as a 4th element.
 -- Reply   = per entry, 1 rescheduled or dead-lettered, 0 no longer pending (nothing written)

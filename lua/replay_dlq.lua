@@ -1,7 +1,7 @@
 -- replay_dlq: move DLQ entries back to the stream (wire spec 11.3); concurrent replays
 -- cannot duplicate because the XDEL gates the XADD.
 -- KEYS[1] = dlq   KEYS[2] = stream
--- ARGV    = [max_stream_len, dlq_id_1, envelope_1, name_1, ...]
+-- ARGV    = [max_stream_len, then 3 per entry: dlq_id, envelope, name]
 -- Reply   = number replayed
 local n = 0
 for i = 2, #ARGV, 3 do

@@ -7,8 +7,8 @@
 -- ARGV[3] = spec hash prefix (<prefix>:repeat:spec:, same hash slot as KEYS[3])
 -- ARGV[4] = m, the number of specs; ARGV[5 .. 4 + m] = their keys; then per spec, in the
 --           same order, an entry:
---   'f' expected next_fire_ms name envelope      the common case: one fire, due now, at the
---                                                score read; no limit, no end_before, a next fire
+--   5 per spec 'f': op, expected, next_fire_ms, name, envelope   (op = 'f') the common case:
+--       one fire, due now, at the score read; no limit, no end_before, a next fire
 --   'F' expected next_fire_ms (0 = none) limit (0 = none) end_before_ms (0 = none) name n
 --       then n pairs (fire_at_ms, envelope) in chronological order; envelope "" = a fire past
 --       the spec's execution deadline: skipped and counted (HINCRBY skipped)

@@ -2,8 +2,9 @@
 -- optional `ext` field of this project (per-spec retry override and execution deadline).
 -- KEYS[1] = repeat   KEYS[2] = repeat:paused
 -- ARGV[1] = spec hash prefix (<prefix>:repeat:spec:, same hash slot as KEYS[1])
--- ARGV[2] = width: 3 = per spec (next_fire_ms, spec_key, stored_spec_bytes);
---           4 = the same plus ext ("" = none)
+-- ARGV[2] = width, then per spec:
+--   3 per spec '3': next_fire_ms, spec_key, stored_spec
+--   4 per spec '4': next_fire_ms, spec_key, stored_spec, ext   (ext "" = none)
 -- Reply   = number of specs written
 -- Per spec: one HSET (spec, and ext when given); a spec without ext whose hash already
 -- existed loses a stale ext (HDEL); ZADD repeat next key (one ZADD per 1,000 specs); a paused

@@ -8,11 +8,12 @@ asyncio and blocking drivers both run the same generators, in the manner of http
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import scripts as _scripts
+from .fast import fast_constructor
 from .scripts import Script
 
 __all__ = [
@@ -76,26 +77,9 @@ def command(*args: Any) -> Call:
     return Call(args=args)
 
 
-def _packed_builder() -> Callable[[tuple[Any, ...], bytes], Call]:
-    """``Call(args=args, packed=packed)`` filled through the slot descriptors: a frozen
-    dataclass' ``__init__`` costs more than packing the command."""
-    new = object.__new__
-    sets = [Call.__dict__[n].__set__ for n in ("args", "script", "keys", "argv", "packed")]
-    s_args, s_script, s_keys, s_argv, s_packed = sets
-
-    def build(args: tuple[Any, ...], packed: bytes) -> Call:
-        c = new(Call)
-        s_args(c, args)
-        s_script(c, None)
-        s_keys(c, ())
-        s_argv(c, ())
-        s_packed(c, packed)
-        return c
-
-    return build
-
-
-packed_command = _packed_builder()
+# ``Call(args=args, packed=packed)``: the hot paths' pre-packed commands, where a frozen
+# dataclass' ``__init__`` would cost more than packing the command (see ``core.fast``)
+packed_command = fast_constructor(Call, "args", "packed")
 
 
 def resp_bulk(value: Any) -> bytes:

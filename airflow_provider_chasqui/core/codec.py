@@ -15,12 +15,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import msgpack
 
 from ..errors import CodecError, ConfigError, LimitError
+from .fast import fast_constructor
 
 __all__ = [
     "Envelope",
@@ -174,29 +174,8 @@ class Envelope:
         return Envelope(self.id, self.inner, self.created_at_ms, attempt, self.retry)
 
 
-def _envelope_builder() -> Callable[[str, bytes, int, int, Any], Envelope]:
-    """``Envelope(id, inner, created_at_ms, attempt, retry)`` for the worker's hot path, filled
-    through the slot descriptors: a frozen dataclass' ``__init__`` costs about twice as much.
-    Falls back to the class itself should its fields ever change."""
-    names = ("id", "inner", "created_at_ms", "attempt", "retry")
-    if tuple(f.name for f in dataclass_fields(Envelope)) != names or hasattr(Envelope, "__post_init__"):
-        return Envelope
-    new = object.__new__
-    set_id, set_inner, set_created, set_attempt, set_retry = (Envelope.__dict__[n].__set__ for n in names)
-
-    def build(job_id: str, inner: bytes, created_at_ms: int, attempt: int, retry: Any) -> Envelope:
-        env = new(Envelope)
-        set_id(env, job_id)
-        set_inner(env, inner)
-        set_created(env, created_at_ms)
-        set_attempt(env, attempt)
-        set_retry(env, retry)
-        return env
-
-    return build
-
-
-_new_envelope = _envelope_builder()
+# ``Envelope(id, inner, created_at_ms, attempt, retry)`` for the worker's hot path (``core.fast``)
+_new_envelope = fast_constructor(Envelope)
 
 
 def encode_envelope(env: Envelope) -> bytes:

@@ -27,6 +27,8 @@ from .codec import (
 from .features import Features
 from .keys import QueueKeys
 from .retry import RetryPolicy, backoff_ms
+from .rows import CompleteRow as CompleteRow  # re-exported: the drivers import the row types from here
+from .rows import FailRow as FailRow
 from .settings import QueueSettings
 
 __all__ = [
@@ -150,14 +152,6 @@ def _safe_repr(exc: BaseException) -> str:
     except Exception:  # noqa: BLE001 - a broken __repr__ must not break the failure path
         return f"<{type(exc).__name__}: repr() failed>"
     return text if isinstance(text, str) else "<unprintable exception>"
-
-
-#: One finished job of a ``complete_batch.lua`` call, in its order ("6 per job"): entry_id,
-#: job_id, name, attempt, duration_us, result (b"" = nothing stored).
-CompleteRow = tuple[bytes, str, str, int, int, bytes]
-#: One failed entry of a ``fail_batch.lua`` call ("12 per entry": kind 'r' retry or 'd' DLQ,
-#: entry_id, job_id, name, attempt, failed_reason, duration_us, then the kind's own fields).
-FailRow = tuple[Any, ...]
 
 
 class ConsumerCore:

@@ -67,6 +67,8 @@ class PatternLike(Protocol):
 # --------------------------------------------------------------------------- time zones
 
 
+# Module-level memo, kept deliberately: a pure function of one string, bounded, and ZoneInfo
+# keeps a process-wide cache of its own anyway; no object owns "the time zones".
 @lru_cache(maxsize=1024)
 def _resolve_timezone(tz: str | None) -> tzinfo:
     if tz is None or tz == "" or tz == "Z" or tz.upper() == "UTC":
@@ -277,6 +279,9 @@ class _CronFields:
         return (hours[i], minutes[0], seconds[0]) if i < len(hours) else None
 
 
+# Module-level memo, kept deliberately: a pure function of the expression (an expression used in
+# several zones is parsed once), bounded; the parsed fields are immutable apart from their own
+# derived per-month day cache, so sharing them can change no result.
 @lru_cache(maxsize=16384)
 def _parse(expression: str) -> _CronFields:
     return _CronFields(expression)
@@ -346,6 +351,10 @@ class CompiledCron:
         return hi
 
 
+# Module-level memo, kept deliberately: a pure function of (expression, zone), bounded.  Its
+# natural owner would be the ``RepeatPattern``, but patterns are value objects made afresh per
+# item (a bulk upsert of a million specs may use a handful of expressions, each in a new
+# object), so owning it there would compile each again; results are immutable (see ``_parse``).
 @lru_cache(maxsize=16384)
 def _compile(expression: str, tz: str | None) -> CompiledCron:
     return CompiledCron(expression, tz)

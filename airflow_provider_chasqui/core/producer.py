@@ -10,9 +10,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
 from typing import Any
@@ -47,6 +46,7 @@ from .event_hub import (
 )
 from .failure import JobFailure
 from .failure import failure_record as _failure_record
+from .fast import fast_constructor
 from .keys import QueueKeys
 from .settings import QueueSettings
 from .urls import WAIT_BLOCK_MS
@@ -112,31 +112,8 @@ class PreparedJob:
     run_at_ms: int | None
 
 
-def _prepared_builder() -> Callable[[str, str, bytes, bytes, int, int | None], PreparedJob]:
-    """``PreparedJob(...)`` (positional) filled through its slot descriptors, about twice as
-    fast as a frozen dataclass' ``__init__``; the class itself should its fields change."""
-    names = ("id", "name", "name_bytes", "envelope", "created_at_ms", "run_at_ms")
-    if tuple(f.name for f in dataclass_fields(PreparedJob)) != names or hasattr(PreparedJob, "__post_init__"):
-        return PreparedJob
-    new = object.__new__
-    s_id, s_name, s_name_bytes, s_envelope, s_created, s_run_at = (PreparedJob.__dict__[n].__set__ for n in names)
-
-    def build(
-        job_id: str, name: str, name_bytes: bytes, envelope: bytes, created_at_ms: int, run_at_ms: int | None
-    ) -> PreparedJob:
-        job = new(PreparedJob)
-        s_id(job, job_id)
-        s_name(job, name)
-        s_name_bytes(job, name_bytes)
-        s_envelope(job, envelope)
-        s_created(job, created_at_ms)
-        s_run_at(job, run_at_ms)
-        return job
-
-    return build
-
-
-_new_prepared = _prepared_builder()
+# ``PreparedJob(...)``, positional, for ``prepare`` (one per job; see ``core.fast``)
+_new_prepared = fast_constructor(PreparedJob)
 
 
 def parse_fields(flat: list[Any]) -> dict[str, Any]:
@@ -299,12 +276,12 @@ class ProducerCore:
         for i in range(0, len(now_batch), BULK_CHUNK):
             argv: list[Any] = [self.settings.max_stream_len]
             for j in now_batch[i : i + BULK_CHUNK]:
-                argv += (j.envelope, j.name_bytes)
+                argv += (j.envelope, j.name_bytes)  # a rows.EnqueueRow
             calls.append(script_call("enqueue_batch", (k.stream,), argv))
         for i in range(0, len(later), BULK_CHUNK):
             argv = []
             for j in later[i : i + BULK_CHUNK]:
-                argv += (j.run_at_ms, encode_member(j.name_bytes, j.envelope))
+                argv += (j.run_at_ms, encode_member(j.name_bytes, j.envelope))  # a rows.DelayRow
             calls.append(script_call("delay_batch", (k.delayed,), argv))
         if calls:
             yield calls
@@ -386,7 +363,7 @@ class ProducerCore:
                 except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
                     skipped += 1
                     continue
-                argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))
+                argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))  # a rows.ReplayRow
                 taken += 1
             if taken:  # fewer than taken when a concurrent replay moved some first
                 replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
@@ -693,7 +670,7 @@ class QueueFlows(ProducerCore):
                 for jid, inner, name_bytes in zip(
                     chunk_ids, inners[i : i + STREAM_CHUNK], name_list[i : i + STREAM_CHUNK]
                 ):
-                    add((encode_new_envelope(jid, inner, now), name_bytes))
+                    add((encode_new_envelope(jid, inner, now), name_bytes))  # a rows.EnqueueRow
                 yield script_call("enqueue_batch", key, head + tuple(argv))
             jobs.extend(map(make, ids, repeat(now), [i["name"] for i in items], [i["data"] for i in items]))
 

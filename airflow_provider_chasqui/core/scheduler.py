@@ -41,6 +41,7 @@ from ..errors import ConfigError
 from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
 from .cron import next_fire_after
+from .fast import fast_constructor
 from .keys import QueueKeys
 from .repeat import (
     FIRE_ALL_LIST_CAP,
@@ -63,6 +64,9 @@ _Plans = list[tuple[str, str, int, int, str]]  # (op, key, first fire, next, rea
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
+# fire_at_ms -> its 10 ULID time characters: a module-level memo of a pure function (many
+# specs share a scheduled time), bounded (cleared past 4096); kept here, not on a scheduler,
+# since ``fire_job_id`` is a plain function that tools and tests call too
 _TIME_PART: dict[int, str] = {}
 _blake2b = hashlib.blake2b
 
@@ -203,11 +207,8 @@ def _score(raw: Any) -> int:
 
 _unpackb = msgpack.unpackb
 _U64 = 2**64 - 1
-_PATTERNS: dict[Any, RepeatPattern] = {}
 _PLAIN = (int, str, type(None))
 _SKIP_POLICY = MissedFiresPolicy.skip()
-_POLICIES: dict[Any, MissedFiresPolicy] = {"": _SKIP_POLICY}
-_new_tuple = tuple.__new__
 
 
 class DueSpec(NamedTuple):
@@ -222,6 +223,10 @@ class DueSpec(NamedTuple):
     end_before_ms: int | None
     missed_fires: MissedFiresPolicy
     ident: Any  # hashable stand-in for (pattern, start_after_ms, missed_fires): the plan cache's key
+
+
+# ``DueSpec`` from one tuple of its values, for the hot loop (see ``core.fast``)
+_new_due_spec = fast_constructor(DueSpec)
 
 
 def _slow(raw: bytes) -> DueSpec:
@@ -239,97 +244,108 @@ def _slow(raw: bytes) -> DueSpec:
     )
 
 
-def _decode_spec(raw: bytes) -> DueSpec:
-    """``StoredSpec.decode`` for the hot loop: the common shape is unpacked once and its
-    pattern and policy come from caches keyed by their exact wire values; anything unusual
-    takes ``StoredSpec.decode`` itself (same fields, or its CodecError)."""
-    pkey: tuple[Any, ...] | None  # (a bare annotation: no runtime work)
-    try:
-        arr = _unpackb(raw)
-    except Exception:  # noqa: BLE001 - the slow path names the problem
-        return _slow(raw)
-    # the shape upserts write by default (8 elements, no limit, no window, skip policy, a
-    # bin8 payload), checked with exact types and no loops; the rest takes the general path
-    if type(arr) is list and len(arr) == 8:
-        key, name, pat, payload, limit, start, end, fired = arr
-        if (
-            limit is None
-            and start is None
-            and end is None
-            and type(fired) is int
-            and fired >= 0
-            and type(key) is str
-            and type(name) is str
-            and type(pat) is dict
-            and len(pat) == 1
-            and type(payload) is bytes
-            and len(payload) >= 2
-            and payload[0] == 0xC4
-            and len(payload) == payload[1] + 2
-        ):
-            body = pat.get("Every")
-            if body is not None:
-                pkey = ("Every", body[0]) if type(body) is list and len(body) == 1 and type(body[0]) is int else None
-            else:
-                body = pat.get("Cron")
-                pkey = (
-                    ("Cron", body[0], body[1])
-                    if type(body) is list
-                    and len(body) == 2
-                    and type(body[0]) is str
-                    and (body[1] is None or type(body[1]) is str)
-                    else None
-                )
-            pattern = _PATTERNS.get(pkey) if pkey is not None else None
-            if pattern is not None:
-                return _new_tuple(
-                    DueSpec, (key, name, pattern, payload[2:], None, None, None, _SKIP_POLICY, (pkey, None, ""))
-                )
-    if type(arr) is not list or not 8 <= len(arr) <= 9:
-        return _slow(raw)
-    key, name, pat, payload, limit, start, end, fired = arr[:8]
-    if (
-        type(key) is not str
-        or type(name) is not str
-        or type(pat) is not dict
-        or len(pat) != 1
-        or type(payload) is not bytes
-        or len(payload) < 2
-    ):
-        return _slow(raw)
-    for v in (limit, start, end):
-        if v is not None and (type(v) is not int or not 0 <= v <= _U64):
+class SpecDecoder:
+    """``StoredSpec.decode`` for the hot loop, with its caches: the common shape is unpacked
+    once and its pattern and policy come from caches keyed by their exact wire values; anything
+    unusual takes ``StoredSpec.decode`` itself (same fields, or its CodecError).  Each
+    ``SchedulerCore`` owns one, so schedulers (and tests) share no cached state."""
+
+    __slots__ = ("patterns", "policies")
+
+    def __init__(self) -> None:
+        # wire value -> decoded object, at most ~4096 entries each (cleared when full)
+        self.patterns: dict[Any, RepeatPattern] = {}
+        self.policies: dict[Any, MissedFiresPolicy] = {"": _SKIP_POLICY}
+
+    def decode(self, raw: bytes) -> DueSpec:
+        pkey: tuple[Any, ...] | None  # (a bare annotation: no runtime work)
+        try:
+            arr = _unpackb(raw)
+        except Exception:  # noqa: BLE001 - the slow path names the problem
             return _slow(raw)
-    if type(fired) is not int or fired < 0:
-        return _slow(raw)
-    ((variant, body),) = pat.items()
-    if type(body) is not list or not all(type(x) in _PLAIN for x in body):
-        return _slow(raw)  # exact types only: True or 1.0 must not hit the cache entry of 1
-    pkey = (variant, *body)
-    pattern = _PATTERNS.get(pkey)
-    policy_wire = arr[8] if len(arr) == 9 else ""
-    if type(policy_wire) is str:
-        qkey: Any = policy_wire
-    elif (
-        type(policy_wire) is dict
-        and len(policy_wire) == 1
-        and all(type(v) is list and all(type(x) in _PLAIN for x in v) for v in policy_wire.values())
-    ):
-        qkey = tuple((k, *v) for k, v in policy_wire.items())
-    else:
-        return _slow(raw)
-    policy = _POLICIES.get(qkey)
-    if pattern is None or policy is None:
-        spec = _slow(raw)  # validates; then remember the pieces
-        if len(_PATTERNS) > 4096:
-            _PATTERNS.clear()
-        _PATTERNS[pkey] = spec.pattern
-        _POLICIES[qkey] = spec.missed_fires
-        return spec
-    inner = _bin_body(payload)
-    if inner is None:
-        return _slow(raw)
-    return DueSpec(key, name, pattern, inner, limit, start, end, policy, (pkey, start, qkey))
+        # the shape upserts write by default (8 elements, no limit, no window, skip policy, a
+        # bin8 payload), checked with exact types and no loops; the rest takes the general path
+        if type(arr) is list and len(arr) == 8:
+            key, name, pat, payload, limit, start, end, fired = arr
+            if (
+                limit is None
+                and start is None
+                and end is None
+                and type(fired) is int
+                and fired >= 0
+                and type(key) is str
+                and type(name) is str
+                and type(pat) is dict
+                and len(pat) == 1
+                and type(payload) is bytes
+                and len(payload) >= 2
+                and payload[0] == 0xC4
+                and len(payload) == payload[1] + 2
+            ):
+                body = pat.get("Every")
+                if body is not None:
+                    pkey = (
+                        ("Every", body[0]) if type(body) is list and len(body) == 1 and type(body[0]) is int else None
+                    )
+                else:
+                    body = pat.get("Cron")
+                    pkey = (
+                        ("Cron", body[0], body[1])
+                        if type(body) is list
+                        and len(body) == 2
+                        and type(body[0]) is str
+                        and (body[1] is None or type(body[1]) is str)
+                        else None
+                    )
+                pattern = self.patterns.get(pkey) if pkey is not None else None
+                if pattern is not None:
+                    ident = (pkey, None, "")
+                    return _new_due_spec((key, name, pattern, payload[2:], None, None, None, _SKIP_POLICY, ident))
+        if type(arr) is not list or not 8 <= len(arr) <= 9:
+            return _slow(raw)
+        key, name, pat, payload, limit, start, end, fired = arr[:8]
+        if (
+            type(key) is not str
+            or type(name) is not str
+            or type(pat) is not dict
+            or len(pat) != 1
+            or type(payload) is not bytes
+            or len(payload) < 2
+        ):
+            return _slow(raw)
+        for v in (limit, start, end):
+            if v is not None and (type(v) is not int or not 0 <= v <= _U64):
+                return _slow(raw)
+        if type(fired) is not int or fired < 0:
+            return _slow(raw)
+        ((variant, body),) = pat.items()
+        if type(body) is not list or not all(type(x) in _PLAIN for x in body):
+            return _slow(raw)  # exact types only: True or 1.0 must not hit the cache entry of 1
+        pkey = (variant, *body)
+        pattern = self.patterns.get(pkey)
+        policy_wire = arr[8] if len(arr) == 9 else ""
+        if type(policy_wire) is str:
+            qkey: Any = policy_wire
+        elif (
+            type(policy_wire) is dict
+            and len(policy_wire) == 1
+            and all(type(v) is list and all(type(x) in _PLAIN for x in v) for v in policy_wire.values())
+        ):
+            qkey = tuple((k, *v) for k, v in policy_wire.items())
+        else:
+            return _slow(raw)
+        policy = self.policies.get(qkey)
+        if pattern is None or policy is None:
+            spec = _slow(raw)  # validates; then remember the pieces
+            if len(self.patterns) > 4096:
+                self.patterns.clear()
+            self.patterns[pkey] = spec.pattern
+            self.policies[qkey] = spec.missed_fires
+            return spec
+        inner = _bin_body(payload)
+        if inner is None:
+            return _slow(raw)
+        return DueSpec(key, name, pattern, inner, limit, start, end, policy, (pkey, start, qkey))
 
 
 def _bin_body(payload: bytes) -> bytes | None:
@@ -365,6 +381,7 @@ class SchedulerCore:
         self.settings = settings or QueueSettings()
         self.batch = batch
         self._spec_base = self.keys.repeat_spec("")
+        self._decoder = SpecDecoder()  # its caches are this scheduler's own
         self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
 
     def tick(self, now: int | None = None) -> Flow[TickResult]:
@@ -428,6 +445,7 @@ class SchedulerCore:
             if more:
                 return self._chunk(argv, body, plans), plans, start, carry
         end_row = min(len(rows), start + self.chunk)
+        decode = self._decoder.decode
         i = start
         while i < end_row and budget > 0:
             raw_key, raw_score, raw_spec, raw_ext = rows[i]
@@ -441,7 +459,7 @@ class SchedulerCore:
                 key = raw_key.decode() if type(raw_key) is bytes else str(raw_key)  # not UTF-8: quarantined
                 if type(raw_spec) is list:  # fetch_due found the entry corrupt and says why
                     raise _Corrupt(str_reply(raw_spec[0]))
-                spec = _decode_spec(raw_spec)
+                spec = decode(raw_spec)
                 ext = SpecExt.decode(raw_ext) if raw_ext else _NO_EXT
                 fire_at = _fire_at(raw_score)  # a -inf or negative score re-anchors the spec
                 ck = (spec.ident, fire_at)
@@ -480,6 +498,7 @@ class SchedulerCore:
                 and (deadline is None or now - fire_at <= deadline)
             ):
                 # the common case (one fire at the score read): a short entry
+                # a rows.FireRow
                 body += ("f", raw_score, nxt, spec.job_name, _fire_envelope(key, fire_at, inner, now, retry))
                 plans.append(("F", key, fire_at, nxt, ""))
                 continue

@@ -20,7 +20,6 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from typing import Any, ClassVar, NamedTuple
 
 import msgpack
@@ -297,11 +296,6 @@ def _limit(value: Any) -> int | None:
     return value
 
 
-@lru_cache(maxsize=4096)
-def _pattern_wire(pattern: RepeatPattern) -> Any:
-    return pattern_to_wire(pattern)
-
-
 def _encode_spec(
     key: str,
     name: str,
@@ -314,7 +308,7 @@ def _encode_spec(
 ) -> bytes:
     """``StoredSpec(...).encode()`` for already validated fields (the bulk path's hot loop);
     a test checks both give the same bytes."""
-    items = [key, name, _pattern_wire(pattern), _packb(inner), limit, start, end, 0]
+    items = [key, name, pattern_to_wire(pattern), _packb(inner), limit, start, end, 0]
     if policy.kind != "skip":
         items.append(policy_to_wire(policy))
     return _packb(items)
@@ -331,7 +325,7 @@ def _fast_pattern(pattern: RepeatPattern, now: int) -> tuple[int, Any, str]:
     nxt = next_fire_after(pattern, now, None)
     if nxt is None:
         raise ConfigError(f"repeat pattern {_describe(pattern)} has no future fire")
-    return nxt, _pattern_wire(pattern), derive_spec_key("", pattern)
+    return nxt, pattern_to_wire(pattern), derive_spec_key("", pattern)
 
 
 def bulk_spec_key(item: Mapping[str, Any]) -> str:
@@ -452,7 +446,7 @@ class SpecFlows:
     def _upsert_call(self, specs: list[PreparedSpec]) -> Call:
         argv: list[Any] = [self._spec_base, 3]
         for key, nxt, spec, _ext in specs:
-            argv += (nxt, key, spec)
+            argv += (nxt, key, spec)  # a rows.UpsertRow
         return self._upsert_argv(argv, [(j, p[3]) for j, p in enumerate(specs) if p[3]])
 
     def _upsert_argv(self, argv: list[Any], exts: list[tuple[int, bytes]]) -> Call:
@@ -462,7 +456,7 @@ class SpecFlows:
             wide: list[Any] = [argv[0], 4]
             ext_of = dict(exts)
             for j, i in enumerate(range(2, len(argv), 3)):
-                wide += (argv[i], argv[i + 1], argv[i + 2], ext_of.get(j, b""))
+                wide += (argv[i], argv[i + 1], argv[i + 2], ext_of.get(j, b""))  # a rows.UpsertExtRow
             argv = wide
         return script_call("upsert_repeatable", (self.keys.repeat, self.keys.repeat_paused), argv)
 

@@ -68,6 +68,8 @@ try:  # a dependency (redis[hiredis]); without it redis-py's own packer is used
 except ImportError:  # pragma: no cover
     _hiredis_pack = None  # type: ignore[assignment]
 
+# connection class -> its hiredis-packing subclass: one per class for the process (a memo of
+# class creation, as many entries as connection classes), so clients share the same subclass
 _HIREDIS_CLASSES: dict[type, type] = {}
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_chasqui.core.codec import BackoffWire, RetryOverride, new_job_id
 from airflow_provider_chasqui.core.repeat import MissedFiresPolicy, RepeatPattern, StoredSpec
-from airflow_provider_chasqui.core.scheduler import _decode_spec, fire_job_id, fire_time_of
+from airflow_provider_chasqui.core.scheduler import SchedulerCore, SpecDecoder, fire_job_id, fire_time_of
 from airflow_provider_chasqui.core.schedules import SpecExt, SpecFlows, _encode_spec, coerce_pattern, coerce_policy
 from airflow_provider_chasqui.core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names
 from airflow_provider_chasqui.core.urls import split_cluster_flag
@@ -87,8 +87,9 @@ def test_fast_decode_equals_the_reference_decoder(spec: StoredSpec) -> None:
         spec.end_before_ms,
         spec.missed_fires,
     )
-    assert tuple(_decode_spec(raw))[:8] == want
-    assert tuple(_decode_spec(raw))[:8] == want  # the cached pattern/policy path too
+    decode = SpecDecoder().decode
+    assert tuple(decode(raw))[:8] == want
+    assert tuple(decode(raw))[:8] == want  # the cached pattern/policy path too
 
 
 @pytest.mark.parametrize(
@@ -106,18 +107,31 @@ def test_fast_decode_rejects_what_the_reference_rejects(raw: bytes) -> None:
     with pytest.raises(CodecError):
         StoredSpec.decode(raw)
     with pytest.raises(CodecError):
-        _decode_spec(raw)
+        SpecDecoder().decode(raw)
 
 
 def test_fast_decode_cache_never_confuses_true_or_floats_with_ints() -> None:
     good = msgpack.packb(["k", "n", {"Every": [1]}, b"\xc4\x00", None, None, None, 0, {"FireAll": [1]}])
-    assert _decode_spec(good).pattern == RepeatPattern.every(1)  # now cached
+    decode = SpecDecoder().decode
+    assert decode(good).pattern == RepeatPattern.every(1)  # now cached
     for body, policy in (([True], [1]), ([1.0], [1]), ([1], [True]), ([1], [1.0])):
         raw = msgpack.packb(["k", "n", {"Every": body}, b"\xc4\x00", None, None, None, 0, {"FireAll": policy}])
         with pytest.raises(CodecError):
             StoredSpec.decode(raw)
         with pytest.raises(CodecError):
-            _decode_spec(raw)
+            decode(raw)
+
+
+def test_each_scheduler_owns_its_decode_caches() -> None:
+    """The pattern/policy caches live on the scheduler: decoding with one leaves another's empty."""
+    raw = StoredSpec("k", "n", RepeatPattern.every(7), b"\x01").encode()
+    a, b = SchedulerCore("sched-core-a"), SchedulerCore("sched-core-b")
+    da, db = a._decoder, b._decoder
+    assert da is not db
+    assert da.decode(raw).pattern == RepeatPattern.every(7)
+    assert list(da.patterns.values()) == [RepeatPattern.every(7)]
+    assert db.patterns == {}
+    assert da.decode(raw)[:8] == db.decode(raw)[:8]  # (the cached path and the first decode)
 
 
 @settings(max_examples=200, deadline=None)

@@ -229,10 +229,10 @@ class ChunkEncoder:
         plan, k = self.plan, self.keys
         head = (plan.dedup_ttl_ms, plan.settings.max_stream_len)
         if plan.id_col is None:
-            argv = head + tuple(chain.from_iterable(zip(run_at, payloads, names)))
+            argv = head + tuple(chain.from_iterable(zip(run_at, payloads, names)))  # rows.EnqueueOnceRow per job
             marker = chunk_marker(k, self.load_id, self.partition, chunk)
             return script_call("enqueue_batch_once", (k.stream, k.delayed, marker), argv)
-        argv = head + tuple(chain.from_iterable(zip(ids, run_at, payloads, names)))
+        argv = head + tuple(chain.from_iterable(zip(ids, run_at, payloads, names)))  # rows.EnqueueUniqueRow per job
         return script_call("enqueue_batch_unique", (k.stream, k.delayed, *map(k.unique, ids)), argv)
 
     def calls(self, batches: Iterable[Any]) -> Iterator[Call]:
