@@ -166,18 +166,31 @@ class EventCursor:
 
     # ---- trimming ----------------------------------------------------------------------------
     def trim_call(self) -> Call:
-        """XINFO STREAM: its ``max-deleted-entry-id`` tells whether entries were removed."""
+        """XINFO STREAM: what ``trimmed`` reads."""
         return command("XINFO", "STREAM", self.keys.events)
 
     def trimmed(self, reply: Any) -> str | None:
-        """The last removed entry's id when entries after the position were removed (trimmed by
-        MAXLEN, or deleted) before they were read; None when none were, or ``reply`` is not an
-        XINFO STREAM reply (an error: no stream yet)."""
+        """The id range after the position whose entries were removed before they were read:
+        ``"(<position>, <id>]"`` up to ``max-deleted-entry-id`` (XDEL), or ``"(<position>, <id>)"``
+        before the oldest entry left when entries were removed and it is past the position
+        (trimming, MAXLEN, moves no deleted marker; the range is empty only if the position's own
+        entry was the last one trimmed).  None when nothing after the position is gone, or
+        ``reply`` is not an XINFO STREAM reply (an error: no stream yet)."""
         if not isinstance(reply, list) or not self.pinned:
             return None
-        fields = {str_reply(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
-        deleted = fields.get("max-deleted-entry-id")
-        if not is_stream_id(deleted):
-            return None
-        deleted = str_reply(deleted)
-        return deleted if stream_id(deleted) > stream_id(self.position) else None
+        f = {str_reply(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
+        at = stream_id(self.position)
+        deleted = f.get("max-deleted-entry-id")
+        if is_stream_id(deleted) and stream_id(str_reply(deleted)) > at:
+            return f"({self.position}, {str_reply(deleted)}]"
+        added, length = f.get("entries-added"), f.get("length")
+        if not isinstance(added, int) or not isinstance(length, int) or added <= length:
+            return None  # nothing was ever removed (or a reply without the counts: Redis < 7)
+        first = f.get("first-entry")
+        if isinstance(first, list) and first and is_stream_id(first[0]):
+            oldest = str_reply(first[0])
+            return f"({self.position}, {oldest})" if stream_id(oldest) > at else None
+        last = f.get("last-generated-id")  # every entry removed: lost up to the last one added
+        if length == 0 and is_stream_id(last) and stream_id(str_reply(last)) > at:
+            return f"({self.position}, {str_reply(last)}]"
+        return None

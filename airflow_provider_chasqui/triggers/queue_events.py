@@ -729,17 +729,17 @@ class CompletionModeProducer(SharedStreamProducer):
         events.seek(value)
         self.committed = value
         try:
-            deleted = events.trimmed(await driver.call(events.trim_call()))
+            lost = events.trimmed(await driver.call(events.trim_call()))
         except ScriptError:  # no events stream yet
-            deleted = None
-        if deleted is not None:
+            lost = None
+        if lost is not None:
             log.warning(
-                "chasqui watcher of %s events: events after cursor %s were trimmed from %s before they "
-                "were read (up to %s); raise the events stream's MAXLEN or keep the watcher running",
+                "chasqui watcher of %s events: events after cursor %s, ids %s, were trimmed from %s "
+                "before they were read; raise the events stream's MAXLEN or keep the watcher running",
                 self.queue_name,
                 value,
+                lost,
                 self.keys.events,
-                deleted,
             )
         log.info("chasqui watcher of %s events starts after %s (cursor %s)", self.queue_name, value, self.cursor_key)
 

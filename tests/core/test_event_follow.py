@@ -131,18 +131,29 @@ def test_stream_ids() -> None:
     assert not c.pinned
 
 
-def _info(deleted: Any, *extra: Any) -> list[Any]:
-    return [b"length", 3, b"max-deleted-entry-id", deleted, b"entries-added", 9, *extra]
+def _info(*, deleted: Any = b"0-0", added: Any = 9, length: Any = 9, first: Any = None, last: Any = b"99-0") -> list:
+    """An XINFO STREAM reply (Redis 7 fields, flat as RESP2 sends it)."""
+    return [
+        b"length", length, b"radix-tree-keys", 1, b"last-generated-id", last,
+        b"max-deleted-entry-id", deleted, b"entries-added", added, b"first-entry", first,
+    ]  # fmt: skip
 
 
 def test_trimmed_tells_whether_entries_after_the_position_are_gone() -> None:
     c = _cursor("10-0")
     assert c.trim_call().args == ("XINFO", "STREAM", KEYS.events)
-    assert c.trimmed(_info(b"12-3")) == "12-3"
-    assert c.trimmed(_info(b"10-0")) is None  # removed up to the position: nothing unread lost
-    assert c.trimmed(_info(b"9-5")) is None
-    assert c.trimmed(_info(b"0-0")) is None
-    assert _cursor("10").trimmed(_info(b"10-1")) == "10-1"
-    for hostile in (None, ValueError("ERR no such key"), b"OK", [], _info(None), _info(b"junk"), [b"odd"]):
-        assert c.trimmed(hostile) is None, hostile
-    assert _cursor("$").trimmed(_info(b"12-3")) is None  # not pinned: nothing read could be lost
+    # deleted (XDEL): the marker says up to where
+    assert c.trimmed(_info(deleted=b"12-3", added=9, length=8)) == "(10-0, 12-3]"
+    assert c.trimmed(_info(deleted=b"10-0", added=9, length=8, first=[b"3-0", []])) is None
+    # trimmed (MAXLEN/XTRIM leaves the marker at 0-0): the oldest entry left is past the position
+    assert c.trimmed(_info(added=9, length=2, first=[b"15-0", [b"e", b"x"]])) == "(10-0, 15-0)"
+    assert c.trimmed(_info(added=9, length=2, first=[b"9-0", []])) is None  # the position is still there
+    assert c.trimmed(_info(added=9, length=9, first=[b"15-0", []])) is None  # nothing ever removed
+    assert c.trimmed(_info(added=9, length=0, last=b"20-0")) == "(10-0, 20-0]"  # every entry removed
+    assert c.trimmed(_info(added=9, length=0, last=b"10-0")) is None  # ... after it had read them all
+    assert _cursor("10").trimmed(_info(deleted=b"10-1")) == "(10, 10-1]"
+    hostile = [None, ValueError("ERR no such key"), b"OK", [], [b"odd"], _info(deleted=None, added=b"9")]
+    hostile += [_info(deleted=b"junk", length=2, first=[b"junk", []]), _info(length=None, first=[b"15-0"])]
+    for reply in hostile:
+        assert c.trimmed(reply) is None, reply
+    assert _cursor("$").trimmed(_info(deleted=b"12-3")) is None  # not pinned: nothing read could be lost
