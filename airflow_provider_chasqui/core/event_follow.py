@@ -25,7 +25,8 @@ __all__ = ["START", "EventCursor", "is_stream_id", "stream_id"]
 #: The position meaning "only entries added from now on"; ``pin`` turns it into an id.
 START = "$"
 # what XREAD takes as a position: ``<ms>-<seq>``, or ``<ms>`` (seq 0)
-_STREAM_ID = re.compile(r"\d+(?:-\d+)?")
+_STREAM_ID = re.compile(r"[0-9]+(?:-[0-9]+)?")
+_STREAM_ID_BYTES = re.compile(rb"[0-9]+(?:-[0-9]+)?")
 
 
 class _Default:
@@ -139,17 +140,25 @@ class EventCursor:
         the rest again).  Anything malformed is skipped: a reply that is not a list, a row or
         an entry that is not a pair, an id that is not a stream id; a field list that is not a
         list is empty."""
-        if not isinstance(reply, list):
+        if type(reply) is not list:
             return
+        match = _STREAM_ID_BYTES.fullmatch
         for row in reply:
-            if not isinstance(row, (list, tuple)) or len(row) != 2 or not isinstance(row[1], list):
+            if type(row) not in (list, tuple) or len(row) != 2 or type(row[1]) is not list:
                 continue
             for entry in row[1]:
-                if not isinstance(entry, (list, tuple)) or len(entry) != 2 or not is_stream_id(entry[0]):
+                try:
+                    entry_id, flat = entry
+                except (TypeError, ValueError):
                     continue
-                entry_id, flat = str_reply(entry[0]), entry[1]
+                if type(entry_id) is bytes and match(entry_id):  # as Redis sends it
+                    entry_id = entry_id.decode()
+                elif type(entry_id) is str and _STREAM_ID.fullmatch(entry_id):
+                    pass
+                else:
+                    continue
                 self.position = entry_id
-                yield entry_id, flat if isinstance(flat, list) else []
+                yield entry_id, flat if type(flat) is list else []
 
     def hits(self, reply: Any, by_job: dict[bytes, Any]) -> dict[str, tuple[str, str]]:
         """The first ending event of each job in ``by_job`` (``event_hits``: one dict lookup per

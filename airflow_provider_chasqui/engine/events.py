@@ -17,7 +17,6 @@ from typing import Any
 from ..core.calls import str_reply
 from ..core.event_follow import EventCursor
 from ..core.keys import QueueKeys
-from ..core.producer import parse_fields
 from ..core.urls import read_timeout
 from ..types import QueueEvent
 from ._driver import AsyncDriver
@@ -29,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_event(entry_id: Any, flat: list[Any]) -> QueueEvent:
-    f = {k: str_reply(v) for k, v in parse_fields(flat or []).items()}
+    f = {str_reply(flat[i]): str_reply(flat[i + 1]) for i in range(0, len(flat) - 1, 2)} if flat else {}
     name = f.pop("e", "")
     job_id = f.pop("id", "")
     ts = f.pop("ts", "0")

@@ -123,7 +123,7 @@ def test_a_position_that_is_not_a_stream_id_is_refused(position: str) -> None:
 def test_stream_ids() -> None:
     for ok in ("0", "0-0", "1700000000000-12", b"5-1"):
         assert is_stream_id(ok), ok
-    for bad in (None, 5, [], "$", "a-b", "5--1"):
+    for bad in (None, 5, [], "$", "a-b", "5--1", "\u0663-0", b"1-0\n"):
         assert not is_stream_id(bad), bad
     assert stream_id("7") == (7, 0) and stream_id("7-2") > stream_id("7-1") > stream_id("6-99")
     c = _cursor("0")  # an incomplete id (as XREAD takes it) is a position
