@@ -26,9 +26,6 @@ __all__ = [
     "event_hits",
     "outcome_calls",
     "parse_outcomes",
-    "pin_call",
-    "pinned",
-    "read_call",
     "reader_name",
     "settle_hits",
 ]
@@ -192,24 +189,6 @@ def settle_hits(index: WaiterIndex, outcomes: dict[str, Outcome]) -> list[Waiter
             if w.settle(jid, outcome):
                 finished.append(w)
     return finished
-
-
-def pin_call(keys: QueueKeys) -> Call:
-    """The stream's last entry: the reader starts after it (``$`` pinned to an id, so no
-    entry slips between two reads)."""
-    return command("XREVRANGE", keys.events, "+", "-", "COUNT", 1)
-
-
-def pinned(reply: Any) -> str:
-    return str_reply(reply[0][0]) if reply else "0-0"
-
-
-def read_call(keys: QueueKeys, cursor: str, count: int, block_ms: int | None) -> Call:
-    """The events after ``cursor``, every follower's read (the hub, ``QueueEvents``, the
-    completion-mode trigger); ``block_ms`` None returns at once."""
-    if block_ms is None:
-        return command("XREAD", "COUNT", count, "STREAMS", keys.events, cursor)
-    return command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", keys.events, cursor)
 
 
 def reader_name(queue: str) -> str:

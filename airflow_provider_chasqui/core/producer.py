@@ -33,17 +33,8 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
-from .event_hub import (
-    Outcome,
-    backfill_call,
-    backfill_hits,
-    event_hits,
-    outcome_calls,
-    parse_outcomes,
-    pin_call,
-    pinned,
-    read_call,
-)
+from .event_follow import EventCursor
+from .event_hub import Outcome, backfill_call, backfill_hits, outcome_calls, parse_outcomes
 from .failure import JobFailure
 from .failure import failure_record as _failure_record
 from .fast import fast_constructor
@@ -457,7 +448,8 @@ class ProducerCore:
         k = self.keys
         deadline = clock() + timeout_ms
         failed_ids: list[str] = []
-        cursor = pinned((yield pin_call(k)))  # the event hub's reads and decisions (core/event_hub.py)
+        cursor = EventCursor(k, count=1000)  # the event hub's position, reads and decisions
+        cursor.pin((yield cursor.pin_call()))
         outcomes = yield from self._stored_outcomes(sorted(pending))
         pending -= set(outcomes)
         by_job = {j.encode(): j for j in pending}
@@ -482,9 +474,7 @@ class ProducerCore:
             if remaining <= 0:
                 break
             block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
-            last, hits = event_hits((yield read_call(k, cursor, 1000, block)), by_job)
-            cursor = last or cursor
-            ended(hits)
+            ended(cursor.hits((yield cursor.read_call(block_ms=block)), by_job))
         if failed_ids:  # the failure records carry the handler's error as detail
             outcomes.update((yield from self._stored_outcomes(failed_ids)))
         done = [j for j, o in outcomes.items() if o[0] == "completed" and o[1] is None]

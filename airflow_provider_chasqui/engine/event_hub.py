@@ -30,18 +30,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..core.calls import Flow, command, int_reply
+from ..core.event_follow import EventCursor
 from ..core.event_hub import (
     Outcome,
     Waiter,
     WaiterIndex,
     backfill_call,
     backfill_hits,
-    event_hits,
     outcome_calls,
     parse_outcomes,
-    pin_call,
-    pinned,
-    read_call,
     reader_name,
     settle_hits,
 )
@@ -123,8 +120,7 @@ class EventHub:
         self.url = url
         self.keys = QueueKeys.for_queue(queue)
         self.client_name = reader_name(self.keys.queue)
-        self.block_ms = block_ms
-        self.count = count
+        self.cursor = EventCursor(self.keys, count=count, block_ms=block_ms)  # pinned again on each connect
         self.closing = False
         self.reconnects = 0  # connections lost and re-opened while following
         self.reads = 0  # XREAD replies that carried entries
@@ -198,12 +194,13 @@ class EventHub:
                     client = self._client = raw_client(
                         self.url,
                         single_connection_client=True,
-                        socket_timeout=read_timeout(self.block_ms),
+                        socket_timeout=read_timeout(self.cursor.block_ms or 0),
                         **({} if split_cluster_flag(self.url, None)[1] else _NO_SILENT_RETRY),
                     )
                 await self._set_name(client)
                 self._reader_id = await self._client_id(client)
-                cursor = pinned(await client.execute_command(*pin_call(self.keys).args))
+                cursor = self.cursor
+                cursor.pin(await client.execute_command(*cursor.pin_call().args))
                 if self._ever_ready and len(self._index):  # events of the outage may be gone: read the records
                     await self._recheck()
                 self._ever_ready = True
@@ -211,18 +208,14 @@ class EventHub:
                     self._ready = asyncio.get_running_loop().create_future()
                 self._ready.set_result(None)
                 failures = 0
-                read = read_call(self.keys, cursor, self.count, self.block_ms).args
                 while True:
-                    rows = await client.execute_command(*read)
+                    rows = await client.execute_command(*cursor.read_call().args)
                     if self.closing:  # redis-py may swallow a cancel that lands as a reply arrives
                         return
                     if not rows:
                         continue
                     self.reads += 1
-                    last, hits = event_hits(rows, self._index.by_job)
-                    if last is not None and last != cursor:
-                        cursor = last
-                        read = read_call(self.keys, cursor, self.count, self.block_ms).args
+                    hits = cursor.hits(rows, self._index.by_job)
                     if hits:
                         await self._deliver(hits)
             except asyncio.CancelledError:

@@ -1,7 +1,7 @@
 """``QueueEvents``: follow ``{chasqui:<q>}:events`` with plain XREAD (no consumer group).
 
-Its reads are the event hub's (``core/event_hub.py``: the pinned start and the XREAD), so
-the two followers of the stream cannot drift apart.
+Its position, pinned start and reads are every follower's (``core/event_follow.py``
+``EventCursor``), so the followers of the stream cannot drift apart.
 
 Compatible with chasquimq's ``QueueEvents`` (``async for ev in QueueEvents(q)``); the cursor
 is kept in the object, starting at ``$`` (only new events) unless told otherwise.
@@ -15,9 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..core.calls import str_reply
-from ..core.event_hub import pin_call, pinned, read_call
+from ..core.event_follow import EventCursor
 from ..core.keys import QueueKeys
-from ..core.producer import parse_fields
 from ..core.urls import read_timeout
 from ..types import QueueEvent
 from ._driver import AsyncDriver
@@ -29,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_event(entry_id: Any, flat: list[Any]) -> QueueEvent:
-    f = {k: str_reply(v) for k, v in parse_fields(flat or []).items()}
+    f = {str_reply(flat[i]): str_reply(flat[i + 1]) for i in range(0, len(flat) - 1, 2)} if flat else {}
     name = f.pop("e", "")
     job_id = f.pop("id", "")
     ts = f.pop("ts", "0")
@@ -58,9 +57,7 @@ class QueueEvents:
         driver: AsyncDriver | None = None,
     ) -> None:
         self.keys = QueueKeys.for_queue(queue_name)
-        self.last_event_id = last_event_id
-        self.block_ms = block_ms
-        self.count = count
+        self.cursor = EventCursor(self.keys, last_event_id, count=count, block_ms=block_ms)
         self._driver = driver or AsyncDriver(redis_url, socket_timeout=read_timeout(block_ms))
         self._closed = False
 
@@ -68,9 +65,34 @@ class QueueEvents:
     def name(self) -> str:
         return self.keys.queue
 
+    @property
+    def last_event_id(self) -> str:
+        """The id of the last event handed out (``"$"`` until the start is pinned)."""
+        return self.cursor.position
+
+    @last_event_id.setter
+    def last_event_id(self, value: str) -> None:
+        self.cursor.seek(value)
+
+    @property
+    def block_ms(self) -> int | None:
+        return self.cursor.block_ms
+
+    @block_ms.setter
+    def block_ms(self, value: int | None) -> None:
+        self.cursor.block_ms = value
+
+    @property
+    def count(self) -> int:
+        return self.cursor.count
+
+    @count.setter
+    def count(self, value: int) -> None:
+        self.cursor.count = value
+
     async def _resolve_start(self) -> None:
-        if self.last_event_id == "$":  # pin "$" to a concrete id so no event slips between reads
-            self.last_event_id = pinned(await self._driver.call(pin_call(self.keys)))
+        if not self.cursor.pinned:  # pin "$" to a concrete id so no event slips between reads
+            self.cursor.pin(await self._driver.call(self.cursor.pin_call()))
 
     def __aiter__(self) -> AsyncIterator[QueueEvent]:
         return self._iterate()
@@ -79,15 +101,13 @@ class QueueEvents:
         await self._resolve_start()
         while not self._closed:
             try:
-                rows = await self._driver.call(read_call(self.keys, self.last_event_id, self.count, self.block_ms))
+                rows = await self._driver.call(self.cursor.read_call())
             except TRANSIENT as exc:
                 log.warning("events of %s: Redis unavailable (%s); retrying", self.name, exc)
                 await asyncio.sleep(0.5)
                 continue
-            for _stream, entries in rows or []:
-                for entry_id, flat in entries:
-                    self.last_event_id = str_reply(entry_id)
-                    yield parse_event(entry_id, flat)
+            for entry_id, flat in self.cursor.consume(rows):
+                yield parse_event(entry_id, flat)
 
     async def close(self) -> None:
         self._closed = True

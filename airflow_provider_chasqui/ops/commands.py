@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from ..core.calls import command, str_reply
 from ..core.codec import now_ms
+from ..core.event_follow import EventCursor
 from ..core.inspect import snapshot
 from ..core.keys import QueueKeys
 from ..core.producer import parse_fields
@@ -444,28 +445,24 @@ def format_event(entry_id: Any, flat: list[Any]) -> str:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
+    block = min(args.block_ms, WAIT_BLOCK_MS) if args.follow else None  # within the socket timeout
+    cursor = EventCursor(QueueKeys.for_queue(args.queue), args.from_id, count=100, block_ms=block)
     q = _queue(args)
-    key = QueueKeys.for_queue(args.queue).events
-    cursor = args.from_id
-    if cursor == "$":
-        last = q.driver.call(command("XREVRANGE", key, "+", "-", "COUNT", 1))
-        cursor = str_reply(last[0][0]) if last else "0-0"
+    if not cursor.pinned:
+        cursor.pin(q.driver.call(cursor.pin_call()))
     shown = 0
     try:
         while True:
-            block = ("BLOCK", min(args.block_ms, WAIT_BLOCK_MS)) if args.follow else ()  # the socket timeout's
-            rows = q.driver.call(command("XREAD", "COUNT", 100, *block, "STREAMS", key, cursor))
-            for _s, entries in rows or []:
-                for entry_id, flat in entries:
-                    cursor = str_reply(entry_id)
-                    if args.json:
-                        f = {k: str_reply(v) for k, v in parse_fields(flat).items()}
-                        print(json.dumps({"event_id": cursor, **f}), flush=True)
-                    else:
-                        print(format_event(entry_id, flat), flush=True)
-                    shown += 1
-                    if args.max_events and shown >= args.max_events:
-                        return EXIT_OK
+            rows = q.driver.call(cursor.read_call())
+            for entry_id, flat in cursor.consume(rows):
+                if args.json:
+                    f = {k: str_reply(v) for k, v in parse_fields(flat).items()}
+                    print(json.dumps({"event_id": entry_id, **f}), flush=True)
+                else:
+                    print(format_event(entry_id, flat), flush=True)
+                shown += 1
+                if args.max_events and shown >= args.max_events:
+                    return EXIT_OK
             if not args.follow and not rows:
                 return EXIT_OK
     except KeyboardInterrupt:

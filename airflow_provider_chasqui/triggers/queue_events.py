@@ -70,7 +70,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -94,7 +93,7 @@ except ImportError as exc:  # pragma: no cover - Airflow < 3.3
 from ..core.calls import Call, command, str_reply
 from ..core.codec import now_ms
 from ..core.consumer import UNRECOVERABLE, CompleteRow, ConsumerCore
-from ..core.event_hub import read_call
+from ..core.event_follow import EventCursor, is_stream_id, stream_id
 from ..core.features import Features
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.retry import RetryPolicy
@@ -127,18 +126,12 @@ MODES = ("queue", "completion")
 WATCHER_CONSUMER = "airflow-asset-watcher"
 MAX_ATTEMPTS = 25  # as a worker's default: a job's own ``attempts`` override wins
 _TRANSIENT = (*TRANSIENT, ChasquiConnectionError)
-_STREAM_ID = re.compile(r"^\d+-\d+$")
 _MAX_BACKOFF_SECS = 5.0
 _ADVANCE_TRIES = 3
 DEFAULT_MAX_BATCH = 100
 MAX_BATCH_LIMIT = 1000  # an asset event's ``extra`` is one JSON value in the metadata database
 DEFAULT_LINGER_MS = 100
 _MAX_COLLECT_SECS = 1.0  # a batch stops growing after this long, even if jobs keep arriving
-
-
-def _stream_id(value: str) -> tuple[int, int]:
-    ms, _, seq = value.partition("-")
-    return int(ms), int(seq)
 
 
 def default_cursor(job_names: Sequence[str] | None) -> str:
@@ -381,7 +374,7 @@ class QueueModeProducer(SharedStreamProducer):
                 continue
             if not jobs:
                 continue
-            jobs.sort(key=lambda job: _stream_id(str_reply(job.entry_id)))  # oldest first
+            jobs.sort(key=lambda job: stream_id(str_reply(job.entry_id)))  # oldest first
             for job in jobs:
                 self._in_flight[job.entry_id] = job
             self.flow.outstanding += 1
@@ -641,7 +634,7 @@ class CompletionModeProducer(SharedStreamProducer):
         self.flow = _Flow(gap_ms=event_gap_ms)
         self._queue: Queue | None = None
         self.committed = ""  # the cursor's value: every event up to it was saved by Airflow
-        self._read_from = ""
+        self.events = EventCursor(self.keys, count=max_batch, block_ms=self.block_ms)  # what was read
         self._seek_at: float | None = None
         self.batches_total = 0
 
@@ -663,7 +656,7 @@ class CompletionModeProducer(SharedStreamProducer):
                     log.info(
                         "chasqui watcher of %s events: re-reading after cursor %s", self.queue_name, self.committed
                     )
-                    self._read_from = self.committed
+                    self.events.seek(self.committed)
                 if not await self.flow.wait_for_room(self.block_ms / 1000):
                     continue
                 completions = await self._collect()
@@ -683,24 +676,23 @@ class CompletionModeProducer(SharedStreamProducer):
                 continue
             self.flow.outstanding += 1
             self.batches_total += 1
-            yield CompletionBatch(self.queue_name, completions, self._read_from), self._read_from
+            through = self.events.position
+            yield CompletionBatch(self.queue_name, completions, through), through
 
     async def _collect(self) -> list[CompletedJob]:
-        """The ``completed`` entries after ``_read_from``, at most ``max_batch``; after the first
-        one, reads on while more arrive within ``linger_ms``.  ``_read_from`` ends at the last
-        entry read."""
+        """The ``completed`` entries after the position of ``events``, at most ``max_batch``;
+        after the first one, reads on while more arrive within ``linger_ms``.  The position ends
+        at the last entry read."""
         assert self._queue is not None
         out: list[CompletedJob] = []
         block: int | None = self.block_ms
         stop: float | None = None
         while len(out) < self.max_batch:
-            rows = await self._queue.driver.call(
-                read_call(self.keys, self._read_from, self.max_batch - len(out), block)
-            )
-            entries = [entry for _stream, stream_entries in rows or [] for entry in stream_entries]
-            for entry_id, flat in entries:
+            rows = await self._queue.driver.call(self.events.read_call(self.max_batch - len(out), block))
+            read = 0
+            for entry_id, flat in self.events.consume(rows):
+                read += 1
                 ev = parse_event(entry_id, flat)
-                self._read_from = ev.event_id
                 if ev.name == "completed":
                     out.append(
                         CompletedJob(
@@ -716,7 +708,7 @@ class CompletionModeProducer(SharedStreamProducer):
             if not out:
                 break  # only other kinds of events so far: the caller reads again
             stop = stop or time.monotonic() + _MAX_COLLECT_SECS
-            if not entries or time.monotonic() >= stop:
+            if not read or time.monotonic() >= stop:
                 break
             block = self.linger_ms or None
         return out
@@ -725,31 +717,29 @@ class CompletionModeProducer(SharedStreamProducer):
         """Create the cursor at the stream's end if absent (so a restart before the first event
         cannot skip what arrived meanwhile), then start after it."""
         assert self._queue is not None
-        driver = self._queue.driver
-        last = await driver.call(command("XREVRANGE", self.keys.events, "+", "-", "COUNT", 1))
-        start = str_reply(last[0][0]) if last else "0-0"
+        driver, events = self._queue.driver, self.events
+        start = events.pin(await driver.call(events.pin_call()))
         await driver.call(command("SET", self.cursor_key, start, "NX"))
         value = str_reply(await driver.call(command("GET", self.cursor_key)) or b"")
-        if not _STREAM_ID.match(value):
+        if not is_stream_id(value):
             raise ConfigError(
                 f"cursor {self.cursor_key} holds {value!r}, not a stream id; delete it to restart "
                 "from the end of the events stream"
             )
-        self.committed = self._read_from = value
+        events.seek(value)
+        self.committed = value
         try:
-            info = await driver.call(command("XINFO", "STREAM", self.keys.events))
+            lost = events.trimmed(await driver.call(events.trim_call()))
         except ScriptError:  # no events stream yet
-            info = None
-        fields = {str_reply(info[i]): info[i + 1] for i in range(0, len(info) - 1, 2)} if info else {}
-        deleted = str_reply(fields.get("max-deleted-entry-id", b"0-0") or b"0-0")
-        if _STREAM_ID.match(deleted) and _stream_id(deleted) > _stream_id(value):
+            lost = None
+        if lost is not None:
             log.warning(
-                "chasqui watcher of %s events: events after cursor %s were trimmed from %s before they "
-                "were read (up to %s); raise the events stream's MAXLEN or keep the watcher running",
+                "chasqui watcher of %s events: events after cursor %s, ids %s, were trimmed from %s "
+                "before they were read; raise the events stream's MAXLEN or keep the watcher running",
                 self.queue_name,
                 value,
+                lost,
                 self.keys.events,
-                deleted,
             )
         log.info("chasqui watcher of %s events starts after %s (cursor %s)", self.queue_name, value, self.cursor_key)
 
@@ -773,7 +763,7 @@ class CompletionModeProducer(SharedStreamProducer):
                 self._seek_at = time.monotonic() + self.reread_after_ms / 1000
                 break
             through = item.broker_payload
-        if through is not None and _stream_id(through) > _stream_id(self.committed):
+        if through is not None and stream_id(through) > stream_id(self.committed):
             await self._commit(through)
         self.flow.release(len(batch))
 

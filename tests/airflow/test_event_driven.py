@@ -36,7 +36,7 @@ from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedSt
 from airflow_support import conn_json
 from engine_support import running, wait_until
 
-from airflow_provider_chasqui import Queue, Worker
+from airflow_provider_chasqui import ConfigError, Queue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.examples.handlers import HANDLERS
 from airflow_provider_chasqui.queues.chasqui import ChasquiMessageQueueProvider
@@ -643,6 +643,41 @@ async def test_completion_cursor_resumes_without_replay_or_skip(redis_url: str, 
             await rd.producer.advance([AdvanceItem(again.through, CLEAN)])
             assert _r(redis_url).get(cursor_key) == again.through.encode()
             assert before not in {c.job_id for c in first.completions + again.completions}
+
+
+@pytest.mark.timeout(60)
+async def test_completion_reports_trimmed_events_and_refuses_a_bad_cursor(
+    redis_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Events trimmed after the saved cursor are reported (XINFO STREAM, real Redis) and what
+    is left is read; a cursor that is not a stream id stops the watcher with ConfigError."""
+    r, keys = _r(redis_url), QueueKeys.for_queue(queue_name)
+    ids = [r.xadd(keys.events, {"e": "completed", "id": f"j{i}", "n": "square", "ts": "1"}).decode() for i in range(5)]
+    r.set(keys.cursor("airflow:square"), ids[0])
+    r.xtrim(keys.events, maxlen=2, approximate=False)  # ids[1] and ids[2] go unread
+    caplog.set_level("WARNING", logger="airflow_provider_chasqui.triggers.queue_events")
+    async with reading(completion_producer(queue_name)) as rd:
+        batch = await completion_batch(rd)
+        assert [c.job_id for c in batch.completions] == ["j3", "j4"] and batch.through == ids[4]
+    trimmed = [m for m in caplog.messages if "were trimmed" in m]
+    assert len(trimmed) == 1 and f"cursor {ids[0]}, ids ({ids[0]}, {ids[3]})," in trimmed[0]
+
+    caplog.clear()
+    r.set(keys.cursor("airflow:square"), ids[4])  # nothing after it was trimmed: no report
+    async with reading(completion_producer(queue_name)) as rd:
+        await rd.nothing_within(0.3)
+        assert rd.producer.committed == ids[4]
+    assert not [m for m in caplog.messages if "were trimmed" in m]
+
+    r.set(keys.cursor("airflow:square"), "latest")
+    producer = completion_producer(queue_name)
+    stream = producer.open_stream()
+    try:
+        with pytest.raises(ConfigError, match="not a stream id"):
+            await anext(stream)
+    finally:
+        await stream.aclose()
+        await producer.aclose()
 
 
 async def test_completion_held_batch_keeps_the_cursor_and_is_reread(redis_url: str, queue_name: str) -> None:
