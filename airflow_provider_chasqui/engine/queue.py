@@ -349,7 +349,8 @@ class Queue:
         """What is known of one job: its state (completed, failed, active, waiting, delayed or
         unknown), name, data, attempts, result or failure record, DLQ entry and events (the
         newest ``events_window`` of the queue's, filtered).  Every search is bounded; ``notes``
-        says where a bound may have hidden something."""
+        says where a bound may have hidden something.  ``JobNotFound`` when nothing at all is
+        known of the id (``unknown``: only events are left, and they do not say)."""
         return await self.driver.run(job_details(self.name, job_id, group=group, events_window=events_window))
 
     # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------

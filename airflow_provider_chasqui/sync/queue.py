@@ -332,7 +332,8 @@ class SyncQueue:
         """What is known of one job: its state (completed, failed, active, waiting, delayed or
         unknown), name, data, attempts, result or failure record, DLQ entry and events (the
         newest ``events_window`` of the queue's, filtered).  Every search is bounded; ``notes``
-        says where a bound may have hidden something."""
+        says where a bound may have hidden something.  ``JobNotFound`` when nothing at all is
+        known of the id (``unknown``: only events are left, and they do not say)."""
         return self.driver.run(job_details(self.name, job_id, group=group, events_window=events_window))
 
     # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------
