@@ -216,7 +216,7 @@ class SyncQueue:
         epoch ms (``*_ms``: chasquimq's names).  ``missed_fires``: skip (default), fire-once or
         fire-all(n).  ``attempts``/``backoff``: retry override of every fire; ``deadline``
         (timedelta or ms): a fire later than that past its scheduled time is skipped and
-        counted.  ``job_id`` is accepted and ignored, as in chasquimq.  Re-upserting a key
+        counted.  ``job_id`` names the spec like ``key`` (chasquimq drops it).  Re-upserting a key
         replaces the spec and its timeline (the old next fire never fires) and resumes it if
         paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
         raise ConfigError.
