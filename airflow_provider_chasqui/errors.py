@@ -119,5 +119,10 @@ class UnrecoverableError(ChasquiError, RuntimeError):
     """Raise from a handler to send the job straight to the DLQ (subclasses count too)."""
 
 
-class HandlerNotFound(ChasquiError, LookupError):
-    """A job arrived whose name has no registered handler."""
+class HandlerNotFound(UnrecoverableError, LookupError):
+    """A job arrived whose name has no registered handler.
+
+    Raised by a worker's lookup of a job's handler (and ``HandlerRegistry.lookup``).  An
+    ``UnrecoverableError``, so the worker dead-letters such a job at once (reason
+    ``unrecoverable``, this error in its ``failed`` event and failure record).
+    """

@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redis
 from _common import RESULTS, log, machine, private_redis, redis_version, write_json
 
+from airflow_provider_chasqui.core.codec import ulid_ms
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.repeat import RepeatPattern
-from airflow_provider_chasqui.core.scheduler import fire_time_of
 from airflow_provider_chasqui.core.schedules import SpecFlows
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.scheduler import Scheduler
@@ -168,7 +168,9 @@ def read_fires(r: redis.Redis, stream: str) -> list[tuple[int, int]]:
         for eid, fields in rows:
             env = fields[b"d"]
             # envelope = msgpack [id(str 26), ...]: the id sits at bytes 2..28
-            out.append((int(eid.split(b"-")[0]), fire_time_of(env[2:28].decode())))
+            scheduled = ulid_ms(env[2:28].decode())  # a fire's id is a ULID of its scheduled time
+            assert scheduled is not None, env[:28]
+            out.append((int(eid.split(b"-")[0]), scheduled))
         start = "(" + rows[-1][0].decode()
 
 

@@ -2,11 +2,10 @@
 -- KEYS[1] = {chasqui:<q>}:events
 -- ARGV    = [max_len, count_1, f, v, f, v, ..., count_2, f, v, ...]  (count = number of fields)
 -- Reply   = number of events written
--- Compact form for one kind of job event, 3 arguments per job instead of 11 (the worker's
--- per-batch `active` events): ARGV = [max_len, 0, kind, ts, id_1, name_1, attempt_1, id_2, ...]
+-- Compact form for one kind of job event, 3 arguments per job (the worker's per-batch
+-- `active` events): ARGV = [max_len, 0, kind, ts, id_1, name_1, attempt_1, id_2, ...]
 -- writes `e kind id <id> ts <ts> [n <name>] attempt <attempt>` per job (no `n` when name is "").
--- The 4- and 5-field events are written without building an argument table: that halves this
--- script's cost per event.  The compact form trims (MAXLEN ~) once after the batch instead of
+-- Its XADDs need no argument table, and it trims (MAXLEN ~) once after the batch instead of
 -- on every XADD: the same whole nodes go, and each XADD is cheaper.
 local m = ARGV[1]
 local i, n, last = 2, 0, #ARGV
@@ -27,19 +26,11 @@ if ARGV[2] == '0' then
 end
 while i <= last do
   local c = tonumber(ARGV[i])
-  if c == 5 then
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10])
-  elseif c == 4 then
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', m, '*', ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
-  else
-    local args = {'XADD', KEYS[1], 'MAXLEN', '~', m, '*'}
-    for j = 1, c * 2 do
-      args[#args + 1] = ARGV[i + j]
-    end
-    redis.call(unpack(args))
+  local args = {'XADD', KEYS[1], 'MAXLEN', '~', m, '*'}
+  for j = 1, c * 2 do
+    args[#args + 1] = ARGV[i + j]
   end
+  redis.call(unpack(args))
   i = i + c * 2 + 1
   n = n + 1
 end

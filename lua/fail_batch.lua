@@ -1,6 +1,7 @@
--- fail_batch: the worker's failed jobs, up to a batch per round trip.  Each entry does exactly
--- what retry.lua or dead_letter.lua does for it (same keys, members, DLQ fields, reasons,
--- events, failure records), and, as there, only if this call acked its entry: a repeat (a
+-- fail_batch: the worker's failed jobs, up to a batch per round trip.  A 'r' entry is wire spec
+-- 11.2's retry (ack, then ZADD of the next attempt's member, with the `failed` and
+-- `retry-scheduled` events); a 'd' entry does what dead_letter.lua does (same DLQ fields,
+-- reasons, events, failure records).  Each only if this call acked its entry: a repeat (a
 -- client retry after a lost reply, a job another consumer already handled) writes nothing.
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = dlq   KEYS[4] = events
 -- ARGV    = [group, use_xackdel (0|1), events_max_len (0 = off), dlq_max_len,
@@ -50,7 +51,7 @@ for i = 9, #ARGV, 12 do
   if ok then
     local kind, id, name, attempt = ARGV[i], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     local failed, dur = ARGV[i + 5], ARGV[i + 6]
-    if kind == 'r' then  -- retry.lua
+    if kind == 'r' then  -- retry (wire spec 11.2)
       redis.call('ZADD', delayed, ARGV[i + 7], ARGV[i + 8])
       if events_max > 0 then
         if name == '' then

@@ -321,32 +321,9 @@ class ConsumerCore:
         return self.max_attempts
 
     # ---- outcomes ----------------------------------------------------------------------
-    def active_events(self, deliveries: list[Delivery], now: int) -> Call | None:
-        if not self.events_max or not deliveries:
-            return None
-        argv: list[Any] = [self.events_max]
-        for dl in deliveries:
-            if dl.name:
-                argv += (
-                    5,
-                    "e",
-                    "active",
-                    "id",
-                    dl.envelope.id,
-                    "ts",
-                    now,
-                    "n",
-                    dl.name,
-                    "attempt",
-                    dl.envelope.attempt + 1,
-                )
-            else:
-                argv += (4, "e", "active", "id", dl.envelope.id, "ts", now, "attempt", dl.envelope.attempt + 1)
-        return script_call("emit_events", (self.keys.events,), argv)
-
     def active_events_compact(self, deliveries: list[Delivery], now: int) -> Call | None:
-        """The same events as :meth:`active_events`, in ``emit_events``' compact form (3
-        arguments per job instead of 11: the worker's hot path packs and sends less)."""
+        """One ``active`` event per delivery (``e id ts [n] attempt``, ``n`` only for a named
+        job), in ``emit_events``' compact form: 3 arguments per job."""
         if not self.events_max or not deliveries:
             return None
         argv: list[Any] = [self.events_max, 0, "active", now]
@@ -376,60 +353,6 @@ class ConsumerCore:
         for row in done:
             argv.extend(row)
         return script_call("complete_batch", (self.keys.stream, self.keys.events), argv)
-
-    def on_failure(
-        self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int, features: Features, now: int
-    ) -> tuple[Call, str, int]:
-        """Retry or dead-letter after a handler error, as one per-entry script call
-        (``retry.lua`` / ``dead_letter.lua``).  The worker batches :meth:`failure_row` instead;
-        this single-entry form is the reference the wire-vector and ``fail_batch`` equivalence
-        tests check against.  Returns (call, outcome, backoff_ms)."""
-        row, outcome, delay = self.failure_row(dl, exc, unrecoverable, duration_us, now)
-        kind, entry_id, job_id, name, run, reason, duration_us = row[:7]
-        if kind == "d":
-            payload, why = row[7], row[8]
-            return (
-                self.dead_letter(
-                    entry_id,
-                    why,
-                    payload,
-                    name,
-                    "",
-                    job_id,
-                    run,
-                    features,
-                    now,
-                    failed_reason=reason,
-                    duration_us=duration_us,
-                    dlq_name=row[10],
-                    traceback_text=row[11],
-                ),
-                outcome,
-                delay,
-            )
-        run_at, member, next_run = row[7], row[8], row[9]
-        k = self.keys
-        call = script_call(
-            "retry",
-            (k.stream, k.delayed, k.events),
-            (
-                self.group,
-                entry_id,
-                run_at,
-                member,
-                features.xackdel_flag,
-                self.events_max,
-                now,
-                job_id,
-                name,
-                run,
-                reason,
-                duration_us,
-                next_run,
-                delay,
-            ),
-        )
-        return call, outcome, delay
 
     def failure_row(
         self, dl: Delivery, exc: BaseException, unrecoverable: bool, duration_us: int, now: int, tb: str | None = None

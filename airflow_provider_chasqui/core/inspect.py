@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import CodecError, ConfigError
+from ..errors import CodecError, ConfigError, JobNotFound
 from .calls import Flow, command, int_reply, str_reply
 from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
 from .keys import QueueKeys
@@ -353,7 +353,8 @@ def job_details(
     """Everything known about one job: a :class:`JobDetails`.  The events are the newest
     ``events_window`` of the queue's stream filtered by id; the stream, the delayed set and the
     DLQ are searched ``search_pages`` pages of 500 at most, from the job's creation time
-    (ULID ids) or its last ``waiting`` / ``dlq`` event on."""
+    (ULID ids) or its last ``waiting`` / ``dlq`` event on.  ``JobNotFound`` when none of them
+    holds a trace of the id (its message names the bounds that may have hidden one)."""
     if not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
         raise ConfigError("job id must be a non-empty str of at most 1024 characters")
     k = QueueKeys.for_queue(queue)
@@ -443,8 +444,11 @@ def job_details(
     elif last in ("active", "waiting"):
         d.state = last
         d.notes.append(f"not found where a {last} job would be within the search bounds; the state is its last event")
+    if d.state == "unknown" and not d.events:
+        bounds = f" ({'; '.join(d.notes)})" if d.notes else ""
+        raise JobNotFound(f"no job {job_id!r} on queue {queue!r}: a wrong id or queue, or its records expired{bounds}")
     if d.state == "unknown":
-        d.notes.append("no trace of this job: a wrong id or queue, or its records expired")
+        d.notes.append("its events say neither where it is nor how it ended: its records may have expired")
     return d
 
 

@@ -55,7 +55,7 @@ from .repeat import (
 from .schedules import _NO_EXT, SpecExt, show_key
 from .settings import QueueSettings
 
-__all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "fire_time_of", "DEFAULT_BATCH"]
+__all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "DEFAULT_BATCH"]
 
 DEFAULT_BATCH = 1000
 DEFAULT_CHUNK = 250
@@ -102,14 +102,6 @@ def fire_job_id(spec_key: str, fire_at_ms: int) -> str:
         + p[(v >> 10) & 1023]
         + p[v & 1023]
     )
-
-
-def fire_time_of(job_id: str) -> int:
-    """The scheduled time (ms) in a fire's job id (the ULID time part)."""
-    value = 0
-    for ch in job_id[:10]:
-        value = value * 32 + _CROCKFORD.index(ch)
-    return value
 
 
 @dataclass(slots=True)

@@ -61,6 +61,7 @@ __all__ = [
     "show_key",
     "coerce_policy",
     "bulk_spec_key",
+    "spec_key_arg",
     "UPSERT_CHUNK",
     "REPEAT_BULK_KEYS",
 ]
@@ -328,10 +329,26 @@ def _fast_pattern(pattern: RepeatPattern, now: int) -> tuple[int, Any, str]:
     return nxt, pattern_to_wire(pattern), derive_spec_key("", pattern)
 
 
+def spec_key_arg(key: Any, job_id: Any) -> Any:
+    """The caller's name for a spec: ``key``, or ``job_id`` (a repeatable spec's id is its key;
+    what chasquimq 1.3 accepts and drops); both, with different values, is a ConfigError."""
+    if job_id is None:
+        return key
+    if not isinstance(job_id, str) or not job_id:
+        raise ConfigError(f"job_id of a repeatable spec is its key: a non-empty str, got {job_id!r}")
+    if key is not None and key != job_id:
+        raise ConfigError(
+            f"job_id {job_id!r} and key {key!r} both name the spec (a repeatable spec's id is its key): "
+            "pass one of them"
+        )
+    return job_id
+
+
 def bulk_spec_key(item: Mapping[str, Any]) -> str:
     """The key an ``upsert_repeatable_bulk`` item resolves to (for routing to a shard)."""
     _check_item(item)
-    return derive_spec_key(item["name"], coerce_pattern(item.get("repeat")), item.get("key"))
+    key = spec_key_arg(item.get("key"), item.get("job_id"))
+    return derive_spec_key(item["name"], coerce_pattern(item.get("repeat")), key)
 
 
 def _check_item(item: Any) -> None:
@@ -395,15 +412,7 @@ class SpecFlows:
         """Validate and encode one spec.  A spec is named by its key, which is also the id of the
         ``Job`` an upsert returns: ``job_id`` (what chasquimq 1.3 accepts and drops) is taken as
         the key, and giving both with different values is an error.  Every fire gets its own id."""
-        if job_id is not None:
-            if not isinstance(job_id, str) or not job_id:
-                raise ConfigError(f"job_id of a repeatable spec is its key: a non-empty str, got {job_id!r}")
-            if key is not None and key != job_id:
-                raise ConfigError(
-                    f"job_id {job_id!r} and key {key!r} both name the spec (a repeatable spec's id is its key): "
-                    "pass one of them"
-                )
-            key = job_id
+        key = spec_key_arg(key, job_id)
         now = now_ms() if now is None else now
         name_bytes = validate_job_name(name)
         if not name_bytes:

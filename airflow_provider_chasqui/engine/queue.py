@@ -224,7 +224,7 @@ class Queue:
         epoch ms (``*_ms``: chasquimq's names).  ``missed_fires``: skip (default), fire-once or
         fire-all(n).  ``attempts``/``backoff``: retry override of every fire; ``deadline``
         (timedelta or ms): a fire later than that past its scheduled time is skipped and
-        counted.  ``job_id`` is accepted and ignored, as in chasquimq.  Re-upserting a key
+        counted.  ``job_id`` names the spec like ``key`` (chasquimq drops it).  Re-upserting a key
         replaces the spec and its timeline (the old next fire never fires) and resumes it if
         paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
         raise ConfigError.
@@ -349,7 +349,8 @@ class Queue:
         """What is known of one job: its state (completed, failed, active, waiting, delayed or
         unknown), name, data, attempts, result or failure record, DLQ entry and events (the
         newest ``events_window`` of the queue's, filtered).  Every search is bounded; ``notes``
-        says where a bound may have hidden something."""
+        says where a bound may have hidden something.  ``JobNotFound`` when nothing at all is
+        known of the id (``unknown``: only events are left, and they do not say)."""
         return await self.driver.run(job_details(self.name, job_id, group=group, events_window=events_window))
 
     # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------

@@ -62,7 +62,7 @@ from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import with_tls
 from ..drivers_common import translate_error
-from ..errors import ClusterBusyError, ConfigError, NoGroupError, UnrecoverableError
+from ..errors import ClusterBusyError, ConfigError, HandlerNotFound, NoGroupError, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .group import GroupConsumer
@@ -179,7 +179,8 @@ class WorkerSettings:
 
 
 def _resolve_handler(handler: Any) -> Callable[[Job], Any] | _Dispatch:
-    """A callable, or a mapping of job name -> callable (unknown names are dead-lettered)."""
+    """A callable, or a mapping of job name -> callable (unknown names raise HandlerNotFound:
+    dead-lettered)."""
     if isinstance(handler, Mapping):
         table = dict(handler)
         for key, fn in table.items():
@@ -200,10 +201,11 @@ class _Dispatch:
         self.table = table
 
     def lookup(self, name: str) -> Callable[[Job], Any]:
+        """The handler of job ``name``; ``HandlerNotFound`` (dead-lettered as unrecoverable) if none."""
         try:
             return self.table[name]
         except KeyError:
-            raise UnrecoverableError(f"no handler registered for job name {name!r}") from None
+            raise HandlerNotFound(f"no handler registered for job name {name!r}") from None
 
 
 def _is_async(fn: Any) -> bool:

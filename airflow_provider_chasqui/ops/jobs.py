@@ -3,7 +3,8 @@
 The lookup is ``SyncQueue.get_job_details`` (``core/inspect.py``): bounded reads only, and
 what a bound may have hidden is printed as a note.  The data is shown as indented JSON cut at
 ``--max-data-bytes``; a failure shows every field its record and DLQ entry carry (reason,
-detail, a traceback when the worker kept one).  Exit 4 when nothing at all is known of the id.
+detail, a traceback when the worker kept one).  Exit 4 when nothing at all is known of the id
+(the lookup's ``JobNotFound``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from ..errors import JobNotFound
 from .commands import EXIT_OK, NotFound, _queue, add_target, emit, iso_ms, table
 
 __all__ = ["register", "pretty"]
@@ -33,9 +35,10 @@ def _block(out: TextIO, title: str, text: str) -> None:
 
 
 def cmd_job_show(args: argparse.Namespace) -> int:
-    d = _queue(args).get_job_details(args.job_id, group=args.group, events_window=args.events)
-    if d.state == "unknown" and not d.events and d.failure is None and not d.has_result:
-        raise NotFound(f"no job {args.job_id!r} on queue {args.queue!r}: a wrong id or queue, or its records expired")
+    try:
+        d = _queue(args).get_job_details(args.job_id, group=args.group, events_window=args.events)
+    except JobNotFound as exc:
+        raise NotFound(str(exc)) from None
     data = d.to_dict()
     cap = args.max_data_bytes
     if args.json:

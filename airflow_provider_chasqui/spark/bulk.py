@@ -21,7 +21,6 @@ import datetime as _dt
 import decimal
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.urls import DEFAULT_URL
@@ -64,34 +63,6 @@ def _positive(value: Any, what: str) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Which projected column holds what (positions into each Row); picklable, built on the driver."""
-
-    columns: tuple[str, ...]
-    name: str | None
-    name_idx: int | None
-    data_idx: tuple[tuple[str, int], ...]
-    data_whole_idx: int | None
-    extra_idx: tuple[tuple[str, int], ...]  # (add_bulk/spec key, column position)
-
-    def row_name(self, row: Any) -> str:
-        if self.name_idx is None:
-            assert self.name is not None
-            return self.name
-        value = row[self.name_idx]
-        if not isinstance(value, str) or not value:
-            raise ConfigError(
-                f"column {self.columns[self.name_idx]!r} holds {value!r}: a job name must be a non-empty string"
-            )
-        return value
-
-    def row_data(self, row: Any) -> Any:
-        if self.data_whole_idx is not None:
-            return to_plain(row[self.data_whole_idx])
-        return {col: to_plain(row[i]) for col, i in self.data_idx}
-
-
 def _layout(
     df: Any,
     *,
@@ -100,7 +71,9 @@ def _layout(
     data_cols: Sequence[str] | None,
     data_col: str | None,
     extra: Mapping[str, str | None],
-) -> tuple[_Layout, list[str]]:
+) -> tuple[list[str], list[str]]:
+    """``(data columns, projected columns)``: the columns a dict payload is made of (empty with
+    ``data_col``) and every column the write reads, after checking they exist."""
     if (name is None) == (name_col is None):
         raise ConfigError("give exactly one of name= (every row's job name) and name_col= (a column of names)")
     if data_cols is not None and data_col is not None:
@@ -115,16 +88,7 @@ def _layout(
     if data_col is None and data_cols is None:
         data_cols = [c for c in columns if c not in used]
     projected = list(dict.fromkeys([*(c for c in used), *(data_cols or [])]))
-    pos = {c: i for i, c in enumerate(projected)}
-    layout = _Layout(
-        columns=tuple(projected),
-        name=name,
-        name_idx=None if name_col is None else pos[name_col],
-        data_idx=tuple((c, pos[c]) for c in (data_cols or [])),
-        data_whole_idx=None if data_col is None else pos[data_col],
-        extra_idx=tuple((key, pos[col]) for key, col in extra.items() if col is not None),
-    )
-    return layout, projected
+    return list(data_cols or []), projected
 
 
 def _option(value: Any) -> str:
@@ -193,7 +157,7 @@ def enqueue_dataframe(
     _positive(batch, "batch")
     if max_stream_len is not None:
         _positive(max_stream_len, "max_stream_len")
-    layout, projected = _layout(
+    dict_cols, projected = _layout(
         df,
         name=name,
         name_col=name_col,
@@ -217,7 +181,7 @@ def enqueue_dataframe(
         **constant,
     }
     if data_col is None:
-        options["data_cols"] = ",".join(c for c, _i in layout.data_idx)
+        options["data_cols"] = ",".join(dict_cols)
     rows = int(_save(df.select(*projected), queue, redis_url, options)["rows"])
     log.info("queue %s: enqueued %d rows from a DataFrame", queue, rows)
     return rows
@@ -253,7 +217,7 @@ def upsert_specs_dataframe(
         raise ConfigError("give cron_col= (cron expressions) and/or every_ms_col= (intervals in ms)")
     if tz_col is not None and cron_col is None:
         raise ConfigError("tz_col= only applies with cron_col=")
-    layout, projected = _layout(
+    dict_cols, projected = _layout(
         df,
         name=name,
         name_col=name_col,
@@ -278,7 +242,7 @@ def upsert_specs_dataframe(
         **constant,
     }
     if data_col is None:
-        options["data_cols"] = ",".join(c for c, _i in layout.data_idx)
+        options["data_cols"] = ",".join(dict_cols)
     rows = int(_save(df.select(*projected), queue, redis_url, options)["added"])
     log.info("queue %s: upserted %d repeatable specs from a DataFrame", queue, rows)
     return rows

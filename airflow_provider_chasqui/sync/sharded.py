@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.repeat import RepeatableMeta, derive_spec_key
-from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern
+from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern, spec_key_arg
 from ..core.settings import QueueSettings
 from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
@@ -73,9 +73,9 @@ class SyncShardedQueue:
     def add(self, name: str, data: Any, *, job_id: str | None = None, repeat: Any = None, **options: Any) -> Job:
         """A job on the shard of its ``job_id`` (random without one); with ``repeat``, a spec
         on the shard of its key."""
-        if repeat is not None:
-            opts = {k: v for k, v in options.items() if k in ("attempts", "backoff", "missed_fires")}
-            return self.upsert_repeatable_job(name, data, repeat=repeat, job_id=job_id, **opts)
+        if repeat is not None:  # the shard's Queue.add checks the options as it does unsharded
+            spec_key = derive_spec_key(name, coerce_pattern(repeat), spec_key_arg(None, job_id))
+            return self.shard_for(spec_key).add(name, data, job_id=job_id, repeat=repeat, **options)
         queue = self.shard_for(job_id) if job_id is not None else random.choice(self.queues)
         return queue.add(name, data, job_id=job_id, **options)
 
@@ -83,7 +83,7 @@ class SyncShardedQueue:
     def upsert_repeatable_job(
         self, name: str, data: Any, *, repeat: Any, key: str | None = None, **options: Any
     ) -> Job:
-        spec_key = derive_spec_key(name, coerce_pattern(repeat), key)
+        spec_key = derive_spec_key(name, coerce_pattern(repeat), spec_key_arg(key, options.get("job_id")))
         return self.shard_for(spec_key).upsert_repeatable_job(name, data, repeat=repeat, key=key, **options)
 
     def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[str]:

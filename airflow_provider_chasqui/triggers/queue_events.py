@@ -165,9 +165,6 @@ class _Flow:
         self._room = asyncio.Event()
         self._ready_at = 0.0
 
-    def room(self) -> int:
-        return self.limit - self.outstanding
-
     async def wait_for_room(self, timeout: float) -> bool:
         if self.outstanding >= self.limit:
             self._room.clear()

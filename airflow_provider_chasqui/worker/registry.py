@@ -2,8 +2,9 @@
 
 A worker runs the handlers that *its command line* names (``--handlers pkg.module[:attr]``);
 dispatch is a dictionary lookup by the job's name, so nothing a producer writes into a job
-(name or payload) is ever imported or evaluated.  A job whose name has no handler is
-dead-lettered by the engine (reason ``unrecoverable``).
+(name or payload) is ever imported or evaluated.  A job whose name has no handler raises
+:class:`~airflow_provider_chasqui.errors.HandlerNotFound` in the engine's lookup and is
+dead-lettered (reason ``unrecoverable``).
 
 A handler module declares its handlers in one of three ways::
 
@@ -37,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..core.codec import validate_job_name
-from ..errors import ConfigError
+from ..errors import ConfigError, HandlerNotFound
 
 __all__ = [
     "HandlerLoadError",
@@ -119,6 +120,14 @@ class HandlerRegistry(Mapping[str, Callable[..., Any]]):
     def update(self, other: Mapping[str, Callable[..., Any]], *, origin: str = "") -> None:
         for name, fn in other.items():
             self.register(name, fn, origin=origin)
+
+    def lookup(self, name: str) -> Callable[..., Any]:
+        """The handler of job ``name``; ``HandlerNotFound`` (a ``LookupError``) when none is
+        registered.  ``registry[name]`` raises ``KeyError`` instead, as a ``Mapping`` must."""
+        try:
+            return self._table[name]
+        except KeyError:
+            raise HandlerNotFound(f"no handler registered for job name {name!r}") from None
 
     def origin(self, name: str) -> str:
         """Where the handler of ``name`` came from (for logs and errors)."""

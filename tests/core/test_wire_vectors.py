@@ -169,30 +169,42 @@ def _consumer(max_attempts: int = 3) -> ConsumerCore:
     )
 
 
+_FAIL_HEAD = ("default", "0", 100_000, 100_000, 0, "{chasqui:emails}", NOW, 10_000)
+
+
 def test_v8_retry_member_after_the_first_failure() -> None:
+    """The worker's retry: one ``fail_batch`` row (kind ``r``) whose member is V8, scheduled at
+    now + backoff, with the ``failed`` / ``retry-scheduled`` event fields of spec V14."""
     core = _consumer()
     dl = core.gate(b"1700000000000-0", [b"d", V2, b"n", NAME.encode()], 1)
     assert isinstance(dl, Delivery) and dl.name == NAME and dl.data == DATA
-    call, outcome, delay = core.on_failure(dl, ValueError("boom"), False, 511, COMPAT, NOW)
+    row, outcome, delay = core.failure_row(dl, ValueError("boom"), False, 511, NOW)
     assert outcome == "retry"
     assert 100 <= delay < 200  # backoff(1) with the defaults: 100 ms + [0, 100) jitter
-    assert call.script is not None and call.script.name == "retry"
-    assert call.keys == ("{chasqui:emails}:stream", "{chasqui:emails}:delayed", "{chasqui:emails}:events")
-    group, entry_id, run_at, member = call.argv[:4]
-    assert (group, entry_id, run_at) == ("default", b"1700000000000-0", NOW + delay)
-    assert member == V8
-    # the events part: failed run 1, next run 2, the ChasquiMQ reason string
-    assert call.argv[4:] == (
-        "0",
-        100_000,
-        NOW,
+    call = core.fail([row], COMPAT, NOW)
+    assert call.script is not None and call.script.name == "fail_batch"
+    assert call.keys == (
+        "{chasqui:emails}:stream",
+        "{chasqui:emails}:delayed",
+        "{chasqui:emails}:dlq",
+        "{chasqui:emails}:events",
+    )
+    assert call.argv[:8] == _FAIL_HEAD
+    # kind, entry, job id, name, failed run 1 and the ChasquiMQ reason string, duration; then
+    # run-at, the V8 member, next run 2, backoff, and no traceback (a retry's is logged only)
+    assert call.argv[8:] == (
+        "r",
+        b"1700000000000-0",
         JOB_ID,
         NAME,
         1,
         "handler: Python handler raised: ValueError('boom')",
         511,
+        NOW + delay,
+        V8,
         2,
         delay,
+        "",
     )
 
 
@@ -201,46 +213,22 @@ def test_v3_is_the_dlq_payload_of_the_last_allowed_run() -> None:
     core = _consumer(3)
     dl = core.gate(b"1700000005000-0", [b"d", V3, b"n", NAME.encode()], 1)
     assert isinstance(dl, Delivery)
-    call, outcome, _ = core.on_failure(dl, ValueError("boom"), False, 7, Features(xackdel=True), NOW)
-    assert outcome == "retries_exhausted"
-    assert call.script.name == "dead_letter"
-    assert call.keys == ("{chasqui:emails}:stream", "{chasqui:emails}:dlq", "{chasqui:emails}:events")
-    (
-        group,
-        entry_id,
-        xackdel,
-        dlq_max,
-        events_max,
-        now,
-        payload,
-        name,
-        reason,
-        detail,
-        job_id,
-        attempt,
-        failed_reason,
-        duration_us,
-        failure_ttl,
-        prefix,
-        failures_max,
-        dlq_name,
-        traceback_text,
-    ) = call.argv
-    assert (group, entry_id, xackdel, dlq_max, events_max, now) == (
-        "default",
-        b"1700000005000-0",
-        "1",
-        100_000,
-        100_000,
-        NOW,
+    row, outcome, delay = core.failure_row(dl, ValueError("boom"), False, 7, NOW)
+    assert (outcome, delay) == ("retries_exhausted", 0)
+    call = core.fail([row], Features(xackdel=True), NOW)
+    assert call.script.name == "fail_batch"
+    assert call.argv[:8] == ("default", "1", *_FAIL_HEAD[2:])
+    kind, entry_id, job_id, name, attempt, failed_reason, duration_us, payload, reason, detail, dlq_name, tb = (
+        call.argv[8:]
     )
+    assert (kind, entry_id, job_id, name, attempt) == ("d", b"1700000005000-0", JOB_ID, NAME, 3)
     assert payload == V3
-    assert (name, reason, detail, job_id, attempt) == (NAME, "retries_exhausted", "", JOB_ID, 3)
+    assert (reason, detail, dlq_name) == ("retries_exhausted", "", "")
     assert failed_reason == "handler: Python handler raised: ValueError('boom')"
-    assert (duration_us, failure_ttl, prefix, failures_max, dlq_name) == (7, 0, "{chasqui:emails}", 10_000, "")
+    assert duration_us == 7
     # an exception that was never raised has no traceback: the DLQ entry keeps ChasquiMQ's
     # exact shape (no `detail`); a raised one's traceback is the subject of test_engine_worker
-    assert traceback_text == ""
+    assert tb == ""
 
 
 # ---- V13: a native typed payload is not shim-compatible ----------------------------------------
@@ -329,34 +317,15 @@ def test_v14_consumer_read_and_group_commands() -> None:
 
 
 def test_v14_active_event_fields() -> None:
+    """The worker's ``active`` events, in ``emit_events``' compact form: id, name ("" = no
+    ``n`` field) and 1-indexed attempt per job (the Lua side is test_lua_scripts')."""
     core = _consumer()
     dl = core.gate(b"1-0", [b"d", V2, b"n", NAME.encode()], 1)
     unnamed = core.gate(b"1-1", [b"d", V2], 1)
-    call = core.active_events([dl, unnamed], 1_700_000_000_105)
+    call = core.active_events_compact([dl, unnamed], 1_700_000_000_105)
     assert call.script.name == "emit_events"
-    assert call.argv == (
-        100_000,
-        5,
-        "e",
-        "active",
-        "id",
-        JOB_ID,
-        "ts",
-        1_700_000_000_105,
-        "n",
-        NAME,
-        "attempt",
-        1,
-        4,
-        "e",
-        "active",
-        "id",
-        JOB_ID,
-        "ts",
-        1_700_000_000_105,
-        "attempt",
-        1,
-    )
+    assert call.keys == ("{chasqui:emails}:events",)
+    assert call.argv == (100_000, 0, "active", 1_700_000_000_105, JOB_ID, NAME, 1, JOB_ID, "", 1)
 
 
 def test_drained_event_has_an_empty_id_and_no_name() -> None:
@@ -377,6 +346,6 @@ def test_events_disabled_writes_nothing_and_passes_zero() -> None:
         failure_ttl_ms=0,
     )
     dl = core.gate(b"1-0", [b"d", V2], 1)
-    assert core.active_events([dl], 1) is None
+    assert core.active_events_compact([dl], 1) is None
     assert core.drained_event(1) is None
     assert core.complete([(b"1-0", JOB_ID, "", 1, 5, b"")], COMPAT, 1).argv[2] == 0

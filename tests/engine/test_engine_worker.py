@@ -149,14 +149,26 @@ async def test_unknown_job_name_with_a_handler_table_is_unrecoverable(
     async def known(job: Job) -> None:
         done.append(job.name)
 
-    await q.add("unknown", {})
+    lost = await q.add("unknown", {}, attempts=3)  # not retried: the lookup's error is unrecoverable
     await q.add("known", {})
-    w = worker_factory(queue_name, {"known": known}, redis_url)
+    w = worker_factory(queue_name, {"known": known}, redis_url, store_results=True)
     async with running(w):
         await wait_until(lambda: _xlen_is(r, k.dlq, 1), what="dead letter")
         await wait_until(lambda: done == ["known"], what="the known job")
     ((_id, fields),) = await r.xrange(k.dlq)
-    assert dict(kv(fields))["reason"] == b"unrecoverable"
+    dead = dict(kv(fields))
+    assert dead["reason"] == b"unrecoverable"
+    # the error recorded is the lookup's HandlerNotFound (an UnrecoverableError and a LookupError)
+    error = """handler: Python handler raised: HandlerNotFound("no handler registered for job name 'unknown'")"""
+    evs = [e for e in await events_of(r, queue_name) if e["id"] == lost.id]
+    assert [(e["e"], e.get("reason")) for e in evs[-2:]] == [("failed", error), ("dlq", "unrecoverable")]
+    assert evs[-1]["attempt"] == "1"
+    failure = await q.get_failure(lost.id)
+    assert failure is not None and (failure.reason, failure.error) == ("unrecoverable", error)
+    assert (
+        failure.traceback.rstrip().endswith("HandlerNotFound: no handler registered for job name 'unknown'")
+        and failure.traceback.rstrip() == dead["detail"].decode().rstrip()
+    )
 
 
 async def test_worker_wide_max_attempts_zero_dead_letters_without_running(

@@ -187,34 +187,23 @@ def test_two_promoters_cannot_promote_a_member_twice(lua: Lua) -> None:
     assert lua.r.xlen(lua.k.stream) == 1
 
 
-# ---- 11.2 RETRY ------------------------------------------------------------------------------
+# ---- 11.2 RETRY (the worker's: a `fail_batch` row of kind 'r') --------------------------------
 
 
-def retry_args(lua: Lua, eid: bytes, run_at: int, member: bytes, name: str, events_max: int = 100_000) -> list[Any]:
-    return [
-        "default",
-        eid,
-        run_at,
-        member,
-        lua.flag,
-        events_max,
-        1_700_000_000_200,
-        JOB_ID,
-        name,
-        1,
-        REASON,
-        511,
-        2,
-        137,
-    ]
+def retry(lua: Lua, eid: bytes, run_at: int, member: bytes, name: str, events_max: int = 100_000) -> int:
+    """One retry as the worker writes it: a one-row ``fail_batch`` call; its reply for the row."""
+    k = lua.k
+    argv = ["default", lua.flag, events_max, 100_000, 0, k.prefix, 1_700_000_000_200, 10_000]
+    argv += ["r", eid, JOB_ID, name, 1, REASON, 511, run_at, member, 2, 137, ""]
+    (reply,) = lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], argv)
+    return int(reply)
 
 
 def test_retry_gate_returns_1_then_0(lua: Lua) -> None:
     k = lua.k
     eid = lua.pending_entry({"d": V2, "n": NAME})
-    keys = [k.stream, k.delayed, k.events]
     run_at = 1_700_000_000_337
-    assert lua("retry", keys, retry_args(lua, eid, run_at, V8, NAME)) == 1
+    assert retry(lua, eid, run_at, V8, NAME) == 1
     assert lua.r.zscore(k.delayed, V8) == run_at
     assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0  # acked and deleted
     expected_events = [
@@ -237,24 +226,25 @@ def test_retry_gate_returns_1_then_0(lua: Lua) -> None:
         ],
     ]
     assert lua.events() == expected_events
+    assert lua.r.xlen(k.dlq) == 0 and lua.r.exists(k.failure(JOB_ID)) == 0  # a retry keeps no record
     # a repeated call (e.g. a client retry after a lost reply) schedules nothing twice
-    assert lua("retry", keys, retry_args(lua, eid, run_at + 5, V8, NAME)) == 0
+    assert retry(lua, eid, run_at + 5, V8, NAME) == 0
     assert lua.r.zrange(k.delayed, 0, -1, withscores=True) == [(V8, run_at)]
     assert lua.events() == expected_events
 
 
 def test_retry_unnamed_job_has_no_n_in_events(lua: Lua) -> None:
-    k = lua.k
     eid = lua.pending_entry({"d": V2})
     member = encode_member(b"", encode_envelope(Envelope(JOB_ID, V1, 1_700_000_000_000, 1)))
-    assert lua("retry", [k.stream, k.delayed, k.events], retry_args(lua, eid, 5, member, "")) == 1
+    assert retry(lua, eid, 5, member, "") == 1
     assert [dict(e).get("n") for e in lua.events()] == [None, None]
+    assert lua.r.zrange(lua.k.delayed, 0, -1) == [member]
 
 
 def test_retry_of_an_entry_nobody_holds_does_nothing(lua: Lua) -> None:
     k = lua.k
     lua.pending_entry({"d": V2})
-    assert lua("retry", [k.stream, k.delayed, k.events], retry_args(lua, b"1-1", 5, V8, NAME)) == 0
+    assert retry(lua, b"1-1", 5, V8, NAME) == 0
     assert lua.r.zcard(k.delayed) == 0 and lua.events() == [] and lua.r.xlen(k.stream) == 1
 
 
@@ -594,6 +584,18 @@ def test_emit_events_writes_each_event_in_order(lua: Lua) -> None:
     assert lua.events() == [[("e", b"drained"), ("id", b"")], [("e", b"active"), ("id", b"J"), ("attempt", b"1")]]
 
 
+def test_emit_events_compact_form_writes_the_spec_s_active_events(lua: Lua) -> None:
+    """The worker's ``active`` events (spec V14): ``e id ts [n] attempt``, ``n`` only when named."""
+    k = lua.k
+    argv = [100_000, 0, "active", 1_700_000_000_105, JOB_ID, NAME, 1, "J2", "", 3]
+    assert lua("emit_events", [k.events], argv) == 2
+    ts = ("ts", b"1700000000105")
+    assert lua.events() == [
+        [("e", b"active"), ("id", JOB_ID.encode()), ts, ("n", NAME.encode()), ("attempt", b"1")],
+        [("e", b"active"), ("id", b"J2"), ts, ("attempt", b"3")],
+    ]
+
+
 def test_add_unique_marker(lua: Lua) -> None:
     k = lua.k
     keys = [k.unique("u1"), k.stream, k.delayed]
@@ -610,7 +612,6 @@ def test_every_engine_script_has_a_test() -> None:
     """The engine's scripts (the scheduler's are tested with the scheduler)."""
     tested = {
         "promote",
-        "retry",
         "dead_letter",
         "replay_dlq",
         "acquire_lock",
@@ -762,32 +763,23 @@ def _load_cases(lua: Lua, cases: list[dict[str, Any]]) -> list[bytes]:
     return eids
 
 
-def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str) -> None:
+def test_fail_batch_does_what_per_entry_calls_do(lua: Lua, queue_name: str) -> None:
+    """One batch of every kind of row against one call per entry: ``dead_letter`` (the queue
+    trigger's script) for the DLQ rows, a one-row batch for the retries (whose effects
+    ``test_retry_*`` pin to the spec)."""
     ref = Lua(lua.r, queue_name + "-ref", lua.flag == "1")
     cases = _fail_cases(lua)
     jobs = [c["job"] for c in cases]
-    # reference: one retry / dead_letter call per case
+    # reference: one call per case
     ref_eids = _load_cases(ref, cases)
     ref_replies = []
     for c, eid in zip(cases, ref_eids):
         if c["kind"] == "r":
-            argv = [
-                "default",
-                eid,
-                c["run_at"],
-                c["member"],
-                ref.flag,
-                100_000,
-                NOW,
-                c["job"],
-                c["name"],
-                c["attempt"],
-                c["failed"],
-                c["dur"],
-                c["next"],
-                c["backoff"],
-            ]
-            ref_replies.append(ref("retry", [ref.k.stream, ref.k.delayed, ref.k.events], argv))
+            argv = ["default", ref.flag, 100_000, 100_000, 60_000, ref.k.prefix, NOW, 10_000]
+            argv += ["r", eid, c["job"], c["name"], c["attempt"], c["failed"], c["dur"]]
+            argv += [c["run_at"], c["member"], c["next"], c["backoff"], ""]
+            keys = [ref.k.stream, ref.k.delayed, ref.k.dlq, ref.k.events]
+            ref_replies += ref("fail_batch", keys, argv)
         else:
             argv = [
                 "default",
@@ -830,6 +822,15 @@ def test_fail_batch_does_what_retry_and_dead_letter_do(lua: Lua, queue_name: str
     # spot checks against the spec, so the reference itself is pinned
     assert state["stream"] == [2, 6] and state["pending"] == 0  # only the entries handled elsewhere remain
     assert [m for m, _s in state["delayed"]] == sorted([V8, cases[1]["member"]])
+    assert sorted(s for _m, s in state["delayed"]) == [NOW + 50, NOW + 137]
+    assert state["events"][1] == [
+        ("e", b"retry-scheduled"),
+        ("id", JOB_ID.encode()),
+        ("ts", str(NOW).encode()),
+        ("n", NAME.encode()),
+        ("attempt", b"2"),
+        ("backoff_ms", b"137"),
+    ]
     assert [dict(f)["reason"] for f in state["dlq"]] == [b"retries_exhausted", b"unrecoverable", b"malformed"]
     assert [e[0][1] for e in state["events"]] == [
         b"failed",

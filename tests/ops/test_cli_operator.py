@@ -18,7 +18,7 @@ import pytest
 import redis
 from engine_support import wait_until_sync
 
-from airflow_provider_chasqui import RepeatPattern, SyncQueue
+from airflow_provider_chasqui import JobNotFound, Queue, RepeatPattern, SyncQueue
 from airflow_provider_chasqui.cli import build_parser
 from airflow_provider_chasqui.core.inspect import list_queues as list_queues_flow
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -217,6 +217,28 @@ def test_job_show_follows_a_job_through_a_real_worker(redis_url: str, queue_name
 
     missing = chasqui("job", "show", "no-such-job", "-q", queue_name, "--redis-url", redis_url, check=False)
     assert missing.returncode == 4 and "no job 'no-such-job'" in missing.stderr
+
+
+def test_get_job_details_raises_job_not_found_for_an_id_with_no_trace(
+    redis_url: str, queue_name: str, r: redis.Redis
+) -> None:
+    """Both twins: no trace of the id is ``JobNotFound`` (a ``LookupError``), naming the search
+    bounds that may have hidden the job; an id known only by an event is no such miss."""
+    k = QueueKeys.for_queue(queue_name)
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        q.add("send", {})  # the queue exists; the id below is not one of its jobs
+        with pytest.raises(JobNotFound, match=f"no job 'no-such-job' on queue '{queue_name}'"):
+            q.get_job_details("no-such-job")
+        r.xadd(k.events, {"e": "retry-scheduled", "id": "only-events", "ts": "1", "attempt": "2"})
+        shown = q.get_job_details("only-events")
+        assert shown.state == "unknown" and [e["e"] for e in shown.events] == ["retry-scheduled"]
+
+    async def twin() -> None:
+        async with Queue(queue_name, redis_url=redis_url) as aq:
+            with pytest.raises(LookupError, match="a wrong id or queue"):
+                await aq.get_job_details("no-such-job")
+
+    asyncio.run(twin())
 
 
 def test_job_show_names_a_running_job_s_worker(redis_url: str, queue_name: str, r: redis.Redis) -> None:

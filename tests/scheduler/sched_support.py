@@ -10,9 +10,8 @@ from typing import Any
 
 import redis
 
-from airflow_provider_chasqui.core.codec import Envelope, decode_envelope
+from airflow_provider_chasqui.core.codec import Envelope, decode_envelope, ulid_ms
 from airflow_provider_chasqui.core.keys import QueueKeys
-from airflow_provider_chasqui.core.scheduler import fire_time_of
 
 HERE = Path(__file__).resolve().parent
 SCHEDULER_PROC = HERE / "sched_proc.py"
@@ -44,7 +43,9 @@ class Fire:
 
     @property
     def scheduled_ms(self) -> int:
-        return fire_time_of(self.envelope.id)
+        ms = ulid_ms(self.envelope.id)  # a fire's id is a ULID of its scheduled time
+        assert ms is not None, self.envelope.id
+        return ms
 
 
 def fires(r: redis.Redis, queue: str, page: int = 10_000) -> list[Fire]:

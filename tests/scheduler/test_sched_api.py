@@ -3,6 +3,7 @@ with a cursor, pause, resume, trigger, remove, bulk; stored bytes stay ChasquiMQ
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.repeat import RepeatableMeta, StoredSpec
 from airflow_provider_chasqui.core.schedules import RepeatableInfo, SpecExt
+from airflow_provider_chasqui.core.sharding import shard_of
 from airflow_provider_chasqui.engine.sharded import ShardedQueue
 from airflow_provider_chasqui.errors import CodecError, ConfigError
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
@@ -171,6 +173,40 @@ def test_add_with_repeat_upserts_and_job_id_names_the_spec(q: SyncQueue) -> None
     named = q.add("tick", {"n": 2}, repeat=RepeatPattern.every(5000), job_id="tick-named", attempts=3)
     assert named.id == "tick-named" and q.get_repeatable_job("tick-named").attempts == 3
     assert {m.key for m in q.get_repeatable_jobs()} == {"tick::every:5000", "tick-named"}
+
+
+def _key_on_another_shard(derived: str, shards: int) -> str:
+    """A spec key that lands on another shard than ``derived`` (so routing by the wrong one misses)."""
+    return next(k for k in (f"named-{i}" for i in range(100)) if shard_of(k, shards) != shard_of(derived, shards))
+
+
+def test_sharded_queues_route_a_spec_named_by_job_id_to_its_key_s_shard(redis_url: str, queue_name: str) -> None:
+    """``job_id`` names a repeatable spec on a sharded queue too: the spec, its bulk form and the
+    lookups all use the shard of that key (they used the derived key's shard: the spec was
+    written where ``get_repeatable_job`` does not look).  Options ``add`` does not take with
+    ``repeat`` are refused as ``Queue.add`` refuses them, not dropped."""
+    pattern = RepeatPattern.every(5000)
+    named = _key_on_another_shard("tick::every:5000", 4)
+    with SyncShardedQueue(queue_name, 4, redis_url=redis_url) as sq:
+        assert sq.add("tick", {}, repeat=pattern, job_id=named, attempts=2).id == named
+        assert sq.get_repeatable_job(named).attempts == 2
+        assert sq.upsert_repeatable_bulk([{"name": "tock", "repeat": pattern, "job_id": named + "-b"}]) == [
+            named + "-b"
+        ]
+        assert sq.get_repeatable_job(named + "-b") is not None
+        with pytest.raises(ConfigError, match="do not apply to a repeatable spec"):
+            sq.add("tick", {}, repeat=pattern, delay=5)
+        assert sq.remove_repeatable_by_key(named) and sq.remove_repeatable_by_key(named + "-b")
+
+    async def twin() -> None:
+        async with ShardedQueue(queue_name + "-a", 4, redis_url=redis_url) as aq:
+            job = await aq.upsert_repeatable_job("tick", {}, repeat=pattern, job_id=named)
+            assert job.id == named and (await aq.get_repeatable_job(named)) is not None
+            with pytest.raises(ConfigError, match="do not apply to a repeatable spec"):
+                await aq.add("tick", {}, repeat=pattern, delay_ms=5)
+            assert await aq.remove_repeatable_by_key(named)
+
+    asyncio.run(twin())
 
 
 # ---- read, pause, resume, trigger, remove ----------------------------------------------------

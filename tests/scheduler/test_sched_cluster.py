@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 from servers import Cluster
 
 from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern
-from airflow_provider_chasqui.core.scheduler import fire_time_of
+from airflow_provider_chasqui.core.codec import ulid_ms
 from airflow_provider_chasqui.core.sharding import shard_of
 from airflow_provider_chasqui.engine.sharded import ShardedQueue, ShardedWorker
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
@@ -38,7 +38,7 @@ async def test_sharded_schedules_on_a_cluster(cluster: Cluster, caplog: pytest.L
     seen: dict[str, list[int]] = collections.defaultdict(list)
 
     async def handler(job: Any) -> None:
-        seen[job.data["k"]].append(fire_time_of(job.id))
+        seen[job.data["k"]].append(ulid_ms(job.id))
 
     async with ShardedQueue(name, SHARDS, redis_url=cluster.url) as sq:
         keys = await sq.upsert_repeatable_bulk(

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_chasqui.core.codec import BackoffWire, RetryOverride, new_job_id
+from airflow_provider_chasqui.core.codec import BackoffWire, RetryOverride, new_job_id, ulid_ms
 from airflow_provider_chasqui.core.repeat import MissedFiresPolicy, RepeatPattern, StoredSpec
-from airflow_provider_chasqui.core.scheduler import SchedulerCore, SpecDecoder, fire_job_id, fire_time_of
+from airflow_provider_chasqui.core.scheduler import SchedulerCore, SpecDecoder, fire_job_id
 from airflow_provider_chasqui.core.schedules import SpecExt, SpecFlows, _encode_spec, coerce_pattern, coerce_policy
 from airflow_provider_chasqui.core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names
 from airflow_provider_chasqui.core.urls import split_cluster_flag
@@ -67,8 +67,8 @@ def test_fire_ids_are_canonical_deterministic_ulids() -> None:
     assert a == fire_job_id("report::every:60000", 1_795_330_800_746)
     assert a != fire_job_id("report::every:60000", 1_795_330_860_746)
     assert a != fire_job_id("report::every:6000", 1_795_330_800_746)
-    assert fire_time_of(a) == 1_795_330_800_746
-    assert fire_time_of(new_job_id(1_700_000_000_123)) == 1_700_000_000_123  # same layout as random ids
+    assert ulid_ms(a) == 1_795_330_800_746
+    assert ulid_ms(new_job_id(1_700_000_000_123)) == 1_700_000_000_123  # same layout as random ids
     assert fire_job_id("k", 2**48 - 1)[:10] == "7ZZZZZZZZZ"
 
 

@@ -19,9 +19,9 @@ from sched_support import FakeClock, fire_times, fires
 
 from airflow_provider_chasqui import BackoffSpec, MissedFiresPolicy, Queue, RepeatPattern, SyncQueue, Worker
 from airflow_provider_chasqui.core.calls import Stream
-from airflow_provider_chasqui.core.codec import BackoffWire, RetryOverride
+from airflow_provider_chasqui.core.codec import BackoffWire, RetryOverride, ulid_ms
 from airflow_provider_chasqui.core.repeat import StoredSpec
-from airflow_provider_chasqui.core.scheduler import SchedulerCore, fire_job_id, fire_time_of
+from airflow_provider_chasqui.core.scheduler import SchedulerCore, fire_job_id
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.scheduler import Scheduler
 from airflow_provider_chasqui.sync._driver import SyncDriver
@@ -265,7 +265,7 @@ async def test_worker_applies_the_specs_attempts(redis_url: str, queue_name: str
             dlq = await wait_until(lambda: aq.peek_dlq(), timeout=20, what="the fire to be dead-lettered")
         assert dlq[0]["name"] == "fails" and dlq[0]["reason"] == "retries_exhausted"
         assert len(runs) == 2 and len(set(runs)) == 1
-        assert fire_time_of(runs[0]) >= 0 and await aq.get_repeatable_job(key) is None
+        assert ulid_ms(runs[0]) is not None and await aq.get_repeatable_job(key) is None
 
 
 # ---- bad stored data --------------------------------------------------------------------------

@@ -77,7 +77,6 @@ def test_library_is_generated_from_the_scripts_with_a_stable_name() -> None:
         "complete_batch",
         "fail_batch",
         "dead_letter",
-        "retry",
     }  # the scripts that XACK
     changed = dict(bodies, promote=bodies["promote"] + b"-- one more byte\n")
     assert build_library(changed)[0].name != LIBRARY.name  # another version: another library
@@ -97,7 +96,7 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
     with server_matrix.client() as r:
         funcs = _libraries(r)[LIBRARY.name]
         assert set(funcs) == {s.function for s in SCRIPTS.values()} | {LIBRARY.probe}
-        acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "retry")}
+        acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter")}
         for name, flags in funcs.items():
             expected = (
                 ["no-writes"] if name.endswith(("_fetch_due", "_probe")) else ["allow-oom"] if name in acks else []

@@ -188,18 +188,19 @@ def test_events_trimmed_per_batch_as_per_xadd(q: Q) -> None:
     assert q.ids() == []
 
 
-# ---- fail_batch rows: the same decisions as the one-script-per-failure builders ------------------
+# ---- fail_batch rows: the same decisions as the per-entry dead_letter call -------------------------
 
 
 @pytest.mark.parametrize("xackdel", [False, True])
 @pytest.mark.parametrize("case", ["retry", "retries_exhausted", "unrecoverable", "rejected"])
-def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str, xackdel: bool) -> None:
-    """``failure_row``/``reject_row`` + ``fail`` against ``on_failure``/``reject`` (sans I/O):
-    same keys, member, run-at, DLQ payload, reasons and event fields; seeded jitter alike."""
-    from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
+def test_fail_batch_rows_carry_the_routing_decision(case: str, xackdel: bool) -> None:
+    """``failure_row``/``reject_row`` + ``fail`` (sans I/O): a DLQ row carries what the
+    per-entry ``dead_letter`` call (the queue trigger's path) carries for the same entry; a
+    retry row carries the next attempt's member, run-at and backoff (seeded jitter)."""
+    from airflow_provider_chasqui.core.codec import Envelope, encode_envelope, encode_member
     from airflow_provider_chasqui.core.consumer import ConsumerCore, Rejected
     from airflow_provider_chasqui.core.features import Features
-    from airflow_provider_chasqui.core.retry import RetryPolicy
+    from airflow_provider_chasqui.core.retry import RetryPolicy, backoff_ms
     from airflow_provider_chasqui.core.settings import QueueSettings
     from airflow_provider_chasqui.errors import UnrecoverableError
 
@@ -220,20 +221,20 @@ def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str,
 
     features, now = Features(xackdel=xackdel), 1_700_000_000_000
     attempt = 1 if case == "retries_exhausted" else 0
-    payload = encode_envelope(Envelope("J1", b"\x01", now - 5, attempt))
+    env = Envelope("J1", b"\x01", now - 5, attempt)
+    payload = encode_envelope(env)
     a, b = core(), core()
     if case == "rejected":
         r = Rejected(b"9-1", "malformed", b"", "", "fields not an array")
         one, row = a.reject(r, features, now), b.reject_row(r)
     else:
-        dl = a.gate(b"9-1", [b"d", payload, b"n", b"mail"], 1)
+        dl = b.gate(b"9-1", [b"d", payload, b"n", b"mail"], 1)
         try:  # raised, so it has a traceback for the DLQ rows to carry
             raise UnrecoverableError("x") if case == "unrecoverable" else ValueError("boom")
         except Exception as raised:  # noqa: BLE001
             exc = raised
-        one, outcome, delay = a.on_failure(dl, exc, case == "unrecoverable", 42, features, now)
-        row, outcome2, delay2 = b.failure_row(dl, exc, case == "unrecoverable", 42, now)
-        assert (outcome, delay) == (outcome2, delay2)
+        row, outcome, delay = b.failure_row(dl, exc, case == "unrecoverable", 42, now)
+        assert outcome == ("retry" if case == "retry" else case)
     batch = b.fail([row], features, now)
     assert batch.script.name == "fail_batch"
     k = a.keys
@@ -250,45 +251,42 @@ def test_fail_batch_rows_carry_what_retry_and_dead_letter_calls_carry(case: str,
         a.settings.failures_max_len,
     )
     if case == "retry":
-        assert one.script.name == "retry" and kind == "r"
-        assert one.argv == (
-            "g",
-            eid,
-            tail[0],
-            tail[1],
-            features.xackdel_flag,
-            a.events_max,
-            now,
-            job,
-            name,
-            att,
-            failed,
-            dur,
-            tail[2],
-            tail[3],
-        )
+        assert (kind, eid, job, name, att, dur) == ("r", b"9-1", "J1", "mail", 1, 42)
+        assert failed == "handler: Python handler raised: ValueError('boom')"
+        a.rng.seed(7)  # the same draw the row's backoff took
+        assert delay == backoff_ms(1, None, RetryPolicy(), a.rng) > 0
+        # run-at, the next attempt's member (name prefix kept), next run (1-indexed), backoff
+        assert tail[:4] == [now + delay, encode_member(b"mail", encode_envelope(env.with_attempt(1))), 2, delay]
         assert tail[4] == ""  # a retried attempt's traceback is logged, not stored
-    else:
-        assert one.script.name == "dead_letter" and kind == "d" and not tail[3]  # the DLQ's `n` is `name`
-        assert one.argv == (
-            "g",
-            eid,
-            features.xackdel_flag,
-            a.settings.dlq_max_len,
-            a.events_max,
-            now,
-            tail[0],
-            name,
-            tail[1],
-            tail[2],
-            job,
-            att,
-            failed,
-            dur,
-            5_000,
-            k.prefix,
-            a.settings.failures_max_len,
-            tail[3],
-            tail[4],
-        )
-        assert (tail[4].startswith("Traceback") and "in test_fail_batch_rows" in tail[4]) == (case != "rejected")
+        return
+    if case != "rejected":
+        one = a.dead_letter(
+            eid, tail[1], payload, "mail", "", "J1", att, features, now,
+            failed_reason=failed, duration_us=dur, dlq_name=tail[3], traceback_text=tail[4],
+        )  # fmt: skip
+    assert kind == "d" and not tail[3]  # the DLQ's `n` is `name`
+    assert one.script.name == "dead_letter"
+    assert one.argv == (
+        "g",
+        eid,
+        features.xackdel_flag,
+        a.settings.dlq_max_len,
+        a.events_max,
+        now,
+        tail[0],
+        name,
+        tail[1],
+        tail[2],
+        job,
+        att,
+        failed,
+        dur,
+        5_000,
+        k.prefix,
+        a.settings.failures_max_len,
+        tail[3],
+        tail[4],
+    )
+    if case != "rejected":
+        assert (tail[0], tail[1], att) == (payload, case, attempt + 1)
+    assert (tail[4].startswith("Traceback") and "in test_fail_batch_rows" in tail[4]) == (case != "rejected")

@@ -13,7 +13,7 @@ import redis
 
 from airflow_provider_chasqui import SyncQueue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
-from airflow_provider_chasqui.errors import ConfigError
+from airflow_provider_chasqui.errors import ConfigError, HandlerNotFound, UnrecoverableError
 from airflow_provider_chasqui.worker.registry import (
     HandlerLoadError,
     HandlerRegistry,
@@ -200,6 +200,18 @@ def test_the_job_comes_before_the_session() -> None:
 
     with pytest.raises(ConfigError, match="the job must be the first parameter, not 'spark'"):
         bind({"x": backwards}, {"spark": object()})
+
+
+def test_lookup_raises_handler_not_found() -> None:
+    registry = HandlerRegistry({"ok": len})
+    assert registry.lookup("ok") is len
+    with pytest.raises(HandlerNotFound, match="no handler registered for job name 'missing'") as raised:
+        registry.lookup("missing")
+    # what code catching the lookup's miss or a dead-lettering error expects of it
+    assert isinstance(raised.value, LookupError) and isinstance(raised.value, UnrecoverableError)
+    with pytest.raises(KeyError):  # the Mapping protocol keeps KeyError (`in`, `get`)
+        registry["missing"]
+    assert "missing" not in registry and registry.get("missing") is None
 
 
 # ---- dispatch in a real Worker -------------------------------------------------------------
