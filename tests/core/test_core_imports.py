@@ -85,4 +85,26 @@ print(json.dumps({{"bare": bare, "names": names, "alias": AsyncQueue is Queue, "
 """)
     assert got["bare"] == []  # the package alone: no redis, asyncio or sockets either
     assert got["alias"] and got["same"] and got["engine"] == f"{PKG}.engine" and got["dir"] == []
-    assert len(got["names"]) == 31 and got["names"]["Queue"] == "type" and got["names"]["version"] == "function"
+    assert len(got["names"]) == 32 and got["names"]["Queue"] == "type" and got["names"]["version"] == "function"
+
+
+def test_the_errors_users_catch_are_exported_from_the_package() -> None:
+    """Code catches what it can import from the package: the errors raised to callers and
+    handlers (the driver-level ``ScriptError`` subclasses stay in ``errors``)."""
+    import airflow_provider_chasqui as pkg
+    from airflow_provider_chasqui import errors
+
+    caught = [
+        "ChasquiError",
+        "ConfigError",
+        "ChasquiConnectionError",
+        "ScriptError",
+        "CodecError",
+        "JobFailed",
+        "JobNotFound",
+        "HandlerNotFound",
+        "NotSupportedError",
+        "UnrecoverableError",
+    ]
+    missing = [n for n in caught if n not in pkg.__all__ or getattr(pkg, n) is not getattr(errors, n)]
+    assert not missing, f"not exported by the package: {missing}"
