@@ -17,7 +17,10 @@ import redis
 import redis.asyncio as aioredis
 
 from airflow_provider_chasqui.core.codec import decode_envelope
+from airflow_provider_chasqui.core.consumer import ConsumerCore
 from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.retry import RetryPolicy
+from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.core.urls import split_cluster_flag
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "raw_sync",
     "pending_count",
     "client_lists",
+    "consumer_core",
 ]
 
 
@@ -149,3 +153,20 @@ def pool_connections(driver: Any) -> int:
     """Connections the driver's redis-py pool has made (0: every call took the lane)."""
     pool = driver.client.connection_pool
     return len(pool._available_connections) + len(pool._in_use_connections)
+
+
+def consumer_core(
+    queue: str, *, group: str = "default", consumer_id: str = "c-test", max_attempts: int = 3, failure_ttl_ms: int = 0
+) -> ConsumerCore:
+    """A sans-I/O consumer core with default settings and retry policy, events on, no results."""
+    return ConsumerCore(
+        queue,
+        group=group,
+        consumer_id=consumer_id,
+        max_attempts=max_attempts,
+        settings=QueueSettings(),
+        retry=RetryPolicy(),
+        events=True,
+        result_ttl_ms=0,
+        failure_ttl_ms=failure_ttl_ms,
+    )

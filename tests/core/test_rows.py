@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+from engine_support import consumer_core
 from wire_vectors import NAME, V2
 
 from airflow_provider_chasqui.core.consumer import ConsumerCore, Delivery, Rejected
 from airflow_provider_chasqui.core.features import Features
 from airflow_provider_chasqui.core.producer import QueueFlows
-from airflow_provider_chasqui.core.retry import RetryPolicy
 from airflow_provider_chasqui.core.rows import (
     COMPLETE_ROW,
     DELAY_ROW,
@@ -23,7 +23,6 @@ from airflow_provider_chasqui.core.rows import (
     FAIL_RETRY_ROW,
     LUA_ROWS,
 )
-from airflow_provider_chasqui.core.settings import QueueSettings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -76,17 +75,7 @@ def test_the_header_parser_sees_a_changed_list() -> None:
 
 
 def _consumer(max_attempts: int = 3) -> ConsumerCore:
-    return ConsumerCore(
-        "rows-test",
-        group="default",
-        consumer_id="c-test",
-        max_attempts=max_attempts,
-        settings=QueueSettings(),
-        retry=RetryPolicy(),
-        events=True,
-        result_ttl_ms=0,
-        failure_ttl_ms=0,
-    )
+    return consumer_core("rows-test", max_attempts=max_attempts)
 
 
 def named(names: tuple[str, ...], row: Any) -> dict[str, Any]:

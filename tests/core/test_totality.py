@@ -9,6 +9,7 @@ import random
 
 import msgpack
 import pytest
+from engine_support import consumer_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +34,6 @@ from airflow_provider_chasqui.core.consumer import (
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.core.retry import MAX_BACKOFF_MS, RetryPolicy, backoff_ms
 from airflow_provider_chasqui.core.schedules import SpecExt
-from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.errors import CodecError, ConfigError
 
 NOW = 1_700_000_000_000
@@ -41,17 +41,7 @@ BAD_MULTIPLIERS = [math.nan, math.inf, -math.inf, -1.0, -1e-300]
 
 
 def _core(max_attempts: int = 25) -> ConsumerCore:
-    return ConsumerCore(
-        "totality",
-        group="g",
-        consumer_id="c",
-        max_attempts=max_attempts,
-        settings=QueueSettings(),
-        retry=RetryPolicy(),
-        events=True,
-        result_ttl_ms=0,
-        failure_ttl_ms=1000,
-    )
+    return consumer_core("totality", max_attempts=max_attempts, group="g", consumer_id="c", failure_ttl_ms=1000)
 
 
 def _envelope(retry: object, job_id: str = "J1") -> bytes:

@@ -11,6 +11,7 @@ import struct
 import msgpack
 import pytest
 import wire_vectors
+from engine_support import consumer_core
 from wire_vectors import (
     CREATED_AT_MS,
     DATA,
@@ -156,17 +157,7 @@ def test_split_member_rejects_short_or_truncated_members() -> None:
 
 
 def _consumer(max_attempts: int = 3) -> ConsumerCore:
-    return ConsumerCore(
-        "emails",
-        group="default",
-        consumer_id="c-test",
-        max_attempts=max_attempts,
-        settings=QueueSettings(),
-        retry=RetryPolicy(),
-        events=True,
-        result_ttl_ms=0,
-        failure_ttl_ms=0,
-    )
+    return consumer_core("emails", max_attempts=max_attempts)
 
 
 _FAIL_HEAD = ("default", "0", 100_000, 100_000, 0, "{chasqui:emails}", NOW, 10_000)
