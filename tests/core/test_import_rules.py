@@ -184,3 +184,68 @@ def test_the_resolver_reads_relative_imports() -> None:
     engine_queue = PKG_DIR / "engine" / "queue.py"
     assert f"{PKG}.tracing" in {t for t, _f, _l in imports(f"{PKG}.engine.queue", engine_queue)}
     assert part_of(f"{PKG}.engine._driver") == "engine" and part_of(PKG) == "__init__"
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports at module level): each
+    strongly connected component of more than one module, or a module importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm (the graph has ~150 nodes: recursion is fine)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1 or v in graph.get(v, ()):
+                found.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module-level imports between the package's modules (``TYPE_CHECKING`` blocks and imports
+    inside functions run later, so they cannot make an import cycle).  The package ``__init__``
+    is left out: it is lazy (PEP 562) and every module sits below it."""
+    modules = dict(_modules())
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        if module == PKG:
+            continue
+        graph[module] = {
+            t for t, in_function, _l in imports(module, path) if not in_function and t in modules and t != PKG
+        }
+    return graph
+
+
+def test_no_module_level_import_cycles() -> None:
+    """No module needs another that needs it back while either is still half imported (issue
+    #17: ``core/producer.py`` and ``types.py`` used to import each other)."""
+    graph = import_graph()
+    assert len(graph) > 100 and f"{PKG}.core.producer" in graph
+    assert module_cycles(graph) == []
+
+
+def test_the_cycle_finder_sees_cycles() -> None:
+    assert module_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert module_cycles({"a": {"a"}}) == [["a"]]
+    assert module_cycles({"a": {"b"}, "b": set()}) == []
