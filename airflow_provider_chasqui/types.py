@@ -56,14 +56,20 @@ class Job:
         unknown = set(_compat) - {"poll_interval"}
         if unknown:
             raise TypeError(f"unexpected keyword arguments: {sorted(unknown)}")
+        if not _positive_seconds(timeout):
+            raise ConfigError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
         poll = _compat.get("poll_interval")
-        if poll is not None and (
-            isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0
-        ):
-            raise ConfigError(f"poll_interval must be a finite number of seconds > 0, got {poll!r}")
+        if poll is not None and not _positive_seconds(poll):
+            raise ConfigError(f"poll_interval must be a positive finite number of seconds, got {poll!r}")
         if self._queue is None:
-            raise RuntimeError("wait_for_result needs a Job returned by Queue.add/add_bulk")
+            raise RuntimeError(
+                "wait_for_result requires a Queue reference: use the Job that Queue.add/add_bulk returned"
+            )
         return await self._queue.wait_for_result(self.id, timeout=timeout)
+
+
+def _positive_seconds(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 # ``Job(id, name, data, attempt, created_at_ms, _queue=None)`` for the per-job hot paths

@@ -25,7 +25,7 @@ from types import ModuleType
 import pytest
 
 import airflow_provider_chasqui as pkg
-from airflow_provider_chasqui import ConfigError, Queue, SyncQueue, Worker, WorkerSettings
+from airflow_provider_chasqui import ConfigError, Job, Queue, SyncQueue, Worker, WorkerSettings
 from airflow_provider_chasqui.compat import chasquimq as compat_chasquimq
 
 pytestmark = pytest.mark.timeout(60)
@@ -156,6 +156,20 @@ async def test_poll_interval_is_checked(queue: Queue) -> None:
             await job.wait_for_result(timeout=0.1, poll_interval=bad)
     with pytest.raises(TimeoutError):  # a valid one is accepted (nothing runs the job)
         await job.wait_for_result(timeout=0.2, poll_interval=0.05)
+
+
+async def test_wait_for_result_checks_its_timeout_and_needs_a_queue(queue: Queue) -> None:
+    """chasquimq's words: a timeout that is not positive is a ValueError saying so, and a Job
+    made by hand (no queue) cannot wait: RuntimeError naming the missing Queue reference."""
+    job = await queue.add("x", {"k": 1})
+    for bad in (0, -1, math.nan, math.inf, "1", True, None):
+        with pytest.raises(ValueError, match="timeout must be a positive"):
+            await job.wait_for_result(timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="poll_interval must be a positive"):
+        await job.wait_for_result(timeout=1, poll_interval=0)
+    orphan = Job(id=job.id, name="x", data={"k": 1}, attempt=0, created_at_ms=0)
+    with pytest.raises(RuntimeError, match="requires a Queue reference"):
+        await orphan.wait_for_result(timeout=1)
 
 
 # ---- the ``chasquimq`` alias (airflow_provider_chasqui.compat.chasquimq) ------------------------
