@@ -22,6 +22,7 @@ builder is made, so it cannot drift from the class: a new field is a new paramet
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from collections.abc import Callable
 from types import MemberDescriptorType, MethodType
 from typing import Any, TypeVar
@@ -66,6 +67,9 @@ def _dataclass_builder(cls: type[_T], params: tuple[str, ...]) -> Callable[..., 
         raise TypeError(f"params {params!r} must be distinct fields of {cls.__name__}")
     if any(n.startswith("_fc_") for n in names):
         raise TypeError("field names starting with _fc_ are reserved by fast_constructor")
+    # the generated source holds nothing but these names and fixed text: never data
+    if not all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+        raise TypeError(f"{cls.__name__}: every field name must be a Python identifier, got {names!r}")
     defaults: dict[str, Any] = {}
     for f in fields:
         if not f.init or f.default_factory is not dataclasses.MISSING:
@@ -96,7 +100,9 @@ def _dataclass_builder(cls: type[_T], params: tuple[str, ...]) -> Callable[..., 
     source = "\n".join(
         [f"def _fc_build({', '.join(signature)}):", "    _fc_obj = _fc_new(_fc_cls)", *body, "    return _fc_obj"]
     )
-    exec(source, scope)  # the technique ``dataclasses`` itself uses for ``__init__``
+    # the technique ``dataclasses`` itself uses for ``__init__``; run at import, on a source made
+    # of the class's own field names (checked above), never on anything read from Redis
+    exec(source, scope)
     build: Callable[..., _T] = scope["_fc_build"]
     build.__qualname__ = build.__name__ = f"fast_{cls.__name__}"
     build.__doc__ = f"``{cls.__name__}({', '.join(params)})``, built by ``fast_constructor``."

@@ -203,3 +203,23 @@ def test_refuses_classes_whose_construction_runs_code() -> None:
     with pytest.raises(TypeError):
         fast_constructor(OwnNew, "a")  # a NamedTuple builder takes every field
     assert fast_constructor(OwnNew)((5,)) == OwnNew(5)
+
+
+def test_field_names_that_are_not_identifiers_never_reach_exec() -> None:
+    """The builder's source is made of field names: a tampered name (code, not an identifier)
+    is refused before any source is written or run."""
+    import builtins
+
+    @dataclass
+    class Tampered:
+        a: int
+
+    payload = "a=setattr(__import__('builtins'), 'chasqui_pwned', 1)"
+    Tampered.__dataclass_fields__["a"].name = payload
+    with pytest.raises(TypeError, match="identifier"):
+        fast_constructor(Tampered)
+    assert not hasattr(builtins, "chasqui_pwned")
+    for bad in ("class", "x y", "1a"):
+        Tampered.__dataclass_fields__["a"].name = bad
+        with pytest.raises(TypeError, match="identifier"):
+            fast_constructor(Tampered)

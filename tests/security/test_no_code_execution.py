@@ -31,6 +31,10 @@ IMPORT_MODULE_ALLOWED = {
     "cli.py",  # the fixed table of subcommand modules (cli.COMMANDS), constants in the source
 }
 MSGPACK_HOOKS = {"ext_hook", "object_hook", "object_pairs_hook", "list_hook"}
+# (module, call): the one exception, with its reason.  ``core/fast.py`` builds per-class
+# constructors as ``dataclasses`` builds ``__init__``: ``exec`` of a source made of the class's
+# field names (identifiers, checked) at import, never of data (tests/core/test_fast.py).
+EXEC_ALLOWED = {("core/fast.py", "exec")}
 
 
 def _modules() -> list[tuple[str, ast.AST]]:
@@ -60,7 +64,7 @@ def test_no_eval_exec_or_dynamic_import_outside_the_registry() -> None:
             if not isinstance(node, ast.Call):
                 continue
             fn = node.func
-            if isinstance(fn, ast.Name) and fn.id in FORBIDDEN_CALLS:
+            if isinstance(fn, ast.Name) and fn.id in FORBIDDEN_CALLS and (rel, fn.id) not in EXEC_ALLOWED:
                 bad.append(f"{rel}:{node.lineno} {fn.id}()")
             if isinstance(fn, ast.Attribute) and fn.attr == "import_module" and rel not in IMPORT_MODULE_ALLOWED:
                 bad.append(f"{rel}:{node.lineno} import_module()")
@@ -151,3 +155,14 @@ async def test_pickles_and_code_like_names_stay_inert(redis_url: str, queue_name
 async def _dlq(q: Queue, n: int):
     rows = await q.peek_dlq(100)
     return rows if len(rows) >= n else None
+
+
+def test_the_one_exec_is_still_there_and_alone() -> None:
+    """The allow-list names a real call, and that module calls exec exactly once."""
+    calls = [
+        (rel, node.func.id)
+        for rel, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS
+    ]
+    assert sorted(calls) == sorted(EXEC_ALLOWED), calls
