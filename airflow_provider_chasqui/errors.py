@@ -126,3 +126,8 @@ class HandlerNotFound(UnrecoverableError, LookupError):
     ``UnrecoverableError``, so the worker dead-letters such a job at once (reason
     ``unrecoverable``, this error in its ``failed`` event and failure record).
     """
+
+    @classmethod
+    def for_name(cls, name: str) -> HandlerNotFound:
+        """The error for job name ``name`` (one message for every lookup)."""
+        return cls(f"no handler registered for job name {name!r}")

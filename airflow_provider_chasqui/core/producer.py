@@ -33,7 +33,7 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
-from .event_follow import EventCursor
+from .event_follow import EventCursor, stream_id
 from .event_hub import Outcome, backfill_call, backfill_hits, outcome_calls, parse_outcomes
 from .failure import JobFailure
 from .failure import failure_record as _failure_record
@@ -387,8 +387,8 @@ class ProducerCore:
             return 0
         last_id = str_reply(last[0][0])
         if reason is None and name is None:
-            ms, _, seq = last_id.partition("-")
-            return int_reply((yield command("XTRIM", k.dlq, "MINID", f"{ms}-{int(seq or 0) + 1}")))
+            ms, seq = stream_id(last_id)
+            return int_reply((yield command("XTRIM", k.dlq, "MINID", f"{ms}-{seq + 1}")))
         removed, start = 0, "-"
         while True:
             rows = (yield command("XRANGE", k.dlq, start, last_id, "COUNT", DLQ_PAGE)) or []

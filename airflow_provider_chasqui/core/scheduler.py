@@ -329,8 +329,9 @@ class SpecDecoder:
         policy = self.policies.get(qkey)
         if pattern is None or policy is None:
             spec = _slow(raw)  # validates; then remember the pieces
-            if len(self.patterns) > 4096:
+            if len(self.patterns) > 4096 or len(self.policies) > 4096:
                 self.patterns.clear()
+                self.policies = {"": _SKIP_POLICY}
             self.patterns[pkey] = spec.pattern
             self.policies[qkey] = spec.missed_fires
             return spec

@@ -205,7 +205,7 @@ class _Dispatch:
         try:
             return self.table[name]
         except KeyError:
-            raise HandlerNotFound(f"no handler registered for job name {name!r}") from None
+            raise HandlerNotFound.for_name(name) from None
 
 
 def _is_async(fn: Any) -> bool:

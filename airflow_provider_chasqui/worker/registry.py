@@ -127,7 +127,7 @@ class HandlerRegistry(Mapping[str, Callable[..., Any]]):
         try:
             return self._table[name]
         except KeyError:
-            raise HandlerNotFound(f"no handler registered for job name {name!r}") from None
+            raise HandlerNotFound.for_name(name) from None
 
     def origin(self, name: str) -> str:
         """Where the handler of ``name`` came from (for logs and errors)."""

@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - pyspark without it
 
 from ...core.calls import command, str_reply
 from ...core.codec import decode_data, decode_envelope
+from ...core.event_follow import stream_id
 from ...core.keys import QueueKeys, validate_queue_name
 from ...core.producer import parse_fields
 from ...errors import ChasquiError, CodecError, ConfigError
@@ -637,13 +638,8 @@ def _check_trim(plan: ReadPlan, q: Any, start: dict[str, Any], end: dict[str, An
     log.warning("%s; going on with the entries left (on_trim=skip)", text)
 
 
-def _split(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 def _newer(a: str, b: str) -> bool:
-    return _split(a) > _split(b)
+    return stream_id(a) > stream_id(b)
 
 
 def _stream_info(q: Any, key: str) -> dict[str, Any]:
