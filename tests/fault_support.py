@@ -155,14 +155,27 @@ async def _worker_main(ns: argparse.Namespace) -> None:
     tag = ns.consumer.encode()
     pause = ns.handler_sleep_ms / 1000
 
+    starts = os.open(ns.starts, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if ns.starts else None
+
+    def started(job: Any) -> None:
+        if starts is not None:
+            os.write(starts, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
+
     async def record(job: Any) -> None:
+        started(job)
         if pause:
             await asyncio.sleep(pause)
         os.write(fd, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
 
+    def record_in_thread(job: Any) -> None:
+        started(job)
+        if pause:
+            time.sleep(pause)
+        os.write(fd, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
+
     worker = Worker(
         ns.queue,
-        record,
+        record_in_thread if ns.thread_handler else record,
         redis_url=ns.url,
         consumer_id=ns.consumer,
         concurrency=ns.concurrency,
@@ -528,6 +541,8 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--claim-min-idle-ms", type=int, default=1000)
     w.add_argument("--read-block-ms", type=int, default=1000)
     w.add_argument("--handler-sleep-ms", type=float, default=0.0)
+    w.add_argument("--starts", default="", help="also record each handler start in this file")
+    w.add_argument("--thread-handler", type=int, default=0, help="1: a plain function (run in a thread)")
     ns = p.parse_args(argv)
     asyncio.run(_worker_main(ns))
 

@@ -129,9 +129,47 @@ def encode_data(data: Any) -> bytes:
         raise ConfigError(f"job data cannot be encoded as msgpack: {exc}") from exc
 
 
+# Decoding is bounded by the input.  Each msgpack object takes at least one byte, but a
+# one-byte empty map becomes a 64-byte dict (plus its 8-byte slot): ``[{}] * 1_000_000`` is
+# 1 MB on the wire and 73 MB decoded.  Data up to SMALL_DATA_BYTES decodes directly (at most
+# ~72 x 64 KiB = 4.6 MB); larger data may hold at most one list or map per BYTES_PER_CONTAINER
+# encoded bytes, counted while it decodes and refused (CodecError, so ``decode_failed``) the
+# moment it has more: what is left then costs about 20 x its size at most (short strings).
+SMALL_DATA_BYTES = 64 * 1024
+BYTES_PER_CONTAINER = 8
+
+
+class _ContainerBudget:
+    """The ``list_hook``/``object_hook`` of a bounded decode: counts containers, stops at the cap."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def take(self, value: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise _Overgrown
+        return value
+
+
+class _Overgrown(Exception):
+    pass
+
+
 def decode_data(inner: bytes) -> Any:
+    """Job data (or a result, a failure record) from msgpack, bounded: see SMALL_DATA_BYTES."""
     try:
-        return msgpack.unpackb(inner, raw=False, strict_map_key=False)
+        if len(inner) <= SMALL_DATA_BYTES:
+            return msgpack.unpackb(inner, raw=False, strict_map_key=False)
+        budget = _ContainerBudget(len(inner) // BYTES_PER_CONTAINER)
+        return msgpack.unpackb(inner, raw=False, strict_map_key=False, list_hook=budget.take, object_hook=budget.take)
+    except _Overgrown:
+        raise CodecError(
+            f"job data of {len(inner)} bytes holds more than one list or map per {BYTES_PER_CONTAINER} bytes "
+            f"({len(inner) // BYTES_PER_CONTAINER} allowed): it would take far more memory than its size"
+        ) from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise CodecError(f"job data is not valid msgpack: {exc}") from exc
 

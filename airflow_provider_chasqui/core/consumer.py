@@ -62,9 +62,15 @@ TRACEBACK_FRAMES = 40
 """Innermost frames formatted per exception of a chain: a deep recursion is not walked in full."""
 
 
+UNDECODED: Any = object()
+"""``Delivery.data`` until :meth:`Delivery.payload` decodes it."""
+
+
 @dataclass(slots=True)
 class Delivery:
-    """A decoded job ready for a handler."""
+    """A job ready for a handler.  Its envelope is decoded at arrival, its data only when it
+    starts (:meth:`payload`): a worker's read-ahead window holds bytes, never decoded data, so
+    its memory is bounded by the window whatever producers send (issue 26)."""
 
     entry_id: bytes
     envelope: Envelope
@@ -72,9 +78,17 @@ class Delivery:
     raw: bytes
     delivery_count: int = 1
     started_ns: int = 0
-    data: Any = field(default=None)
+    data: Any = field(default=UNDECODED)
     raw_name: bytes = b""  # the entry's original ``n`` bytes when ``name`` does not carry them (not UTF-8)
     trace: bytes = b""  # the producer's W3C traceparent (extra field ``tp``), when it sent one
+
+    def payload(self) -> Any:
+        """The job's data, decoded on first use (``codec.decode_data``: bounded; CodecError when
+        it is not msgpack or expands too far: see :meth:`ConsumerCore.undecodable`)."""
+        data = self.data
+        if data is UNDECODED:
+            data = self.data = decode_data(self.envelope.inner)
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +257,6 @@ class ConsumerCore:
             if long_name:
                 raise ValueError(f"job name is {len(raw_name)} bytes; the limit is {MAX_JOB_NAME_BYTES}")
             env = decode_envelope(d)
-            data = decode_data(env.inner)
         except Exception as exc:  # noqa: BLE001 - any decode problem is decode_failed
             return Rejected(entry_id, DECODE_FAILED, d, "", clip_text(str(exc), 200), dlq_name=raw_name)
         limit = self._max_attempts(env)
@@ -251,7 +264,7 @@ class ConsumerCore:
         if prior + 1 > limit:
             return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior, keep)
         trace = tp if isinstance(tp, bytes) and len(tp) <= 512 else b""
-        return Delivery(entry_id, env, name, d, delivery_count, 0, data, keep, trace)
+        return Delivery(entry_id, env, name, d, delivery_count, 0, UNDECODED, keep, trace)
 
     def gate_fresh(self, entries: list[Any]) -> tuple[list[Delivery], list[Rejected]]:
         """``gate(entry_id, fields, 1)`` for each ``(entry_id, fields)`` of one XREADGROUP reply,
@@ -280,7 +293,6 @@ class ConsumerCore:
                                 and attempt <= _U32_MAX
                                 and len(job_id) <= MAX_JOB_ID_CHARS
                             ):
-                                data = unpackb(inner, raw=False, strict_map_key=False)
                                 name = n.decode()  # not UTF-8: gate() below keeps the bytes too
                                 ready.append(
                                     Delivery(
@@ -290,7 +302,7 @@ class ConsumerCore:
                                         d,
                                         1,
                                         0,
-                                        data,
+                                        UNDECODED,
                                     )
                                 )
                                 continue
@@ -392,6 +404,21 @@ class ConsumerCore:
             ("r", dl.entry_id, env.id, dl.name, run, reason, duration_us, now + delay, member, nxt + 1, delay, ""),
             "retry",
             delay,
+        )
+
+    @staticmethod
+    def undecodable(dl: Delivery, exc: Exception) -> Rejected:
+        """``dl`` dead-lettered as ``decode_failed`` because its data did not decode when it was
+        about to start (:meth:`Delivery.payload`); the DLQ keeps its bytes, as the gate's would."""
+        return Rejected(
+            dl.entry_id,
+            DECODE_FAILED,
+            dl.raw,
+            dl.name,
+            clip_text(str(exc), 200),
+            dl.envelope.id,
+            dl.envelope.attempt,
+            dl.raw_name,
         )
 
     def reject_row(self, r: Rejected) -> FailRow:

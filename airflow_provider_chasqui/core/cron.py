@@ -67,6 +67,13 @@ class PatternLike(Protocol):
 # --------------------------------------------------------------------------- time zones
 
 
+# Names a zone file may have on one host and not another, or with another meaning: the host's
+# own zone (localtime, posixrules: a copy of some default zone) and the system database's
+# posix/ and right/ (leap-second) copies.  Schedules fire on any scheduler host, so refused.
+_HOST_ZONES = frozenset({"localtime", "posixrules"})
+_HOST_ZONE_DIRS = ("posix/", "right/")
+
+
 # Module-level memo, kept deliberately: a pure function of one string, bounded, and ZoneInfo
 # keeps a process-wide cache of its own anyway; no object owns "the time zones".
 @lru_cache(maxsize=1024)
@@ -75,6 +82,12 @@ def _resolve_timezone(tz: str | None) -> tzinfo:
         return UTC
     if tz[0] in "+-":
         return _fixed_offset(tz)
+    low = tz.lower()
+    if low in _HOST_ZONES or low.startswith(_HOST_ZONE_DIRS):
+        raise ConfigError(
+            f"timezone {tz!r} means whatever the scheduler's host is set to (or a host-only copy of "
+            "the database): name the IANA zone itself, e.g. 'Europe/Paris'"
+        )
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:

@@ -114,6 +114,19 @@ class QueueKeys:
         """A consumer cursor kept in Redis (event-driven DAG triggers)."""
         return self.prefix + ":cursor:" + name
 
+    def trace(self, job_id: str) -> str:
+        """A retried job's trace context, from its failed attempt to the next (``tracing``)."""
+        return self.prefix + ":trace:" + job_id
+
+    def spark_load(self, load_id: str) -> str:
+        """The summary of one Spark load (``format("chasqui")`` writes with a ``loadId``)."""
+        return self.prefix + ":spark:load:" + load_id
+
+    def aside(self, what: str, token: str) -> str:
+        """Where a drain (``draining``) or an obliterate (``obliterating:<index>``) moves a key
+        before it empties it in chunks; gone when the operation ends."""
+        return self.prefix + ":" + what + ":" + token
+
     # Repeatable specs add no per-spec key: their overrides and deadline live in the spec
     # hash's ``ext`` field, and a fire's identity (spec key + scheduled time) is claimed by a
     # compare-and-set on the spec's score in ``repeat`` (see lua/schedule_batch.lua).

@@ -61,16 +61,12 @@ def _chunk(chunk: int) -> int:
     return chunk
 
 
-def _aside(k: QueueKeys, what: str, token: str) -> str:
-    return f"{k.prefix}:{what}:{token}"
-
-
 def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[DrainReport]:
     """Delete the waiting jobs (stream entries no group has read) and, with ``delayed``, the
     delayed ones; keep the running (pending) ones.  Returns a :class:`DrainReport`."""
     k = QueueKeys.for_queue(queue)
     chunk = _chunk(chunk)
-    aside = _aside(k, "draining", uuid.uuid4().hex)
+    aside = k.aside("draining", uuid.uuid4().hex)
     top, _moved = yield script_call("drain_begin", (k.stream, k.delayed, aside), (1 if delayed else 0,))
     top = str_reply(top)
     waiting = removed = 0
@@ -106,7 +102,7 @@ def obliterate(
     chunk = _chunk(chunk)
     token = uuid.uuid4().hex
     moved = [getattr(k, name) for name, _ in _INDEXES]
-    aside = [_aside(k, f"obliterating:{name}", token) for name, _ in _INDEXES]
+    aside = [k.aside(f"obliterating:{name}", token) for name, _ in _INDEXES]
     fixed = (k.stream, k.dlq, k.events, k.promoter_lock, k.scheduler_lock, k.repeat_quarantine)
     ok, detail = yield script_call("obliterate_begin", (*fixed, *moved, *aside), (1 if force else 0, active_window_ms))
     if not int_reply(ok):

@@ -16,7 +16,7 @@ import inspect
 import json
 import logging
 import string
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -27,8 +27,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import ChasquiError, ConfigError
-from .auth import TOKEN_COOKIE, check_csrf, csrf_token, open_access
+from .auth import TOKEN_COOKIE, CsrfKey, open_access
 from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, Source, SourceSet, StaticSources, audit
+from .origin import OriginGuard
 
 __all__ = ["create_app"]
 
@@ -108,8 +109,11 @@ def table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
 class Ctx:
     """One request's view: where links point, which source, who is looking."""
 
-    def __init__(self, request: Request, sources: SourceSet, user: str, title: str, can_write: bool) -> None:
+    def __init__(
+        self, request: Request, sources: SourceSet, user: str, title: str, can_write: bool, csrf: CsrfKey
+    ) -> None:
         self.request = request
+        self.csrf = csrf
         self.base = request.scope.get("root_path", "").rstrip("/")
         self.sources = sources
         self.label = request.query_params.get("src") or ""
@@ -133,7 +137,7 @@ class Ctx:
         )
         return (
             f'<form method="post" action="{self.url(path)}" class="inline {cls}">{hidden}'
-            f'<input type="hidden" name="csrf" value="{csrf_token(self.user)}">'
+            f'<input type="hidden" name="csrf" value="{self.csrf.token(self.user)}">'
             f'<button type="submit">{h(button)}</button></form>'
         )
 
@@ -198,6 +202,9 @@ def create_app(
     can_write: Callable[[Request], Any] | None = None,
     title: str = "Chasqui",
     login_token: bool = False,
+    csrf_secret: bytes | str | None = None,
+    allowed_hosts: Collection[str] | None = None,
+    frame_ancestors: str = "none",
 ) -> FastAPI:
     """The dashboard over ``sources`` (a Redis URL, ``{label: url}``, or a ``SourceSet``).
 
@@ -205,7 +212,13 @@ def create_app(
     raises HTTPException: it guards every page (``write=False``) and every change
     (``write=True``).  ``can_write(request)`` only decides whether buttons are shown (default:
     whether ``access`` lets the request write).  ``login_token`` adds ``/login`` (a form that stores
-    the token in a cookie)."""
+    the token in a cookie).
+
+    ``csrf_secret`` keys the forms' check value (see ``CsrfKey``; shared by every process that
+    serves the app), ``allowed_hosts`` the ``Host`` names served (None: any; the loopback server
+    passes its loopback names, against DNS rebinding), ``frame_ancestors`` who may frame the pages
+    (``"none"``, or ``"self"`` inside Airflow's UI); cross-site changes are refused
+    (``origin.OriginGuard``)."""
     if isinstance(sources, str):
         sources = StaticSources({"default": sources})
     elif not isinstance(sources, SourceSet):
@@ -226,6 +239,8 @@ def create_app(
 
     app = FastAPI(title=f"{title} dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.sources = srcs
+    csrf = CsrfKey(csrf_secret)
+    app.add_middleware(OriginGuard, allowed_hosts=allowed_hosts, frame_ancestors=frame_ancestors)
 
     @app.exception_handler(ChasquiError)
     async def _chasqui_error(request: Request, exc: ChasquiError) -> Response:
@@ -235,7 +250,7 @@ def create_app(
     async def ctx(request: Request, write: bool = False) -> Ctx:
         user = await _maybe(access(request, write))
         can = await _maybe(can_write(request)) if can_write is not None else await _writer(request)
-        return Ctx(request, srcs, user, title, bool(can))
+        return Ctx(request, srcs, user, title, bool(can), csrf)
 
     async def view(
         request: Request, fn: Callable[[Ctx], Response], path: str = "/", active: str = "queues"
@@ -341,7 +356,7 @@ def create_app(
     async def _action(request: Request, do: Callable[[Ctx, dict[str, list[str]]], tuple[str, str, str]]) -> Response:
         c = await ctx(request, write=True)
         form = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
-        check_csrf(c.user, _first(form, "csrf"))
+        c.csrf.check(c.user, _first(form, "csrf"))
         if (form.get("confirmed") or [""])[0] != "1":
             return await run_in_threadpool(_confirm_page, c, form, do)
         message, back_path, queue = await run_in_threadpool(do, c, form)
@@ -518,6 +533,8 @@ def _job_page(c: Ctx) -> Response:
         f = j["failure"]
         rows.append(["failure", f'{h(f["reason"])}: <pre class="inline">{h(f["detail"])}</pre>'])
     body = f"<h2>Job {h(job_id)}</h2>" + table(["what", "value"], rows, "kv")
+    for note in j.get("search_notes") or ():  # a bound stopped the search (see dashboard/data.py)
+        body += f'<p class="note">{h(note)}: a bound on the bytes read stopped it</p>'
     if payload.get("data") is not None:
         cut = ' <span class="note">(cut at 64 KiB)</span>' if payload.get("truncated") else ""
         body += (
@@ -574,7 +591,7 @@ def _dlq_page(c: Ctx) -> Response:
         sel = {"queue": queue, "action": "replay"}
         bulk = (
             f'<form method="post" action="{c.url("/dlq/action")}" id="dlq-selected" class="inline">'
-            f'<input type="hidden" name="csrf" value="{csrf_token(c.user)}">'
+            f'<input type="hidden" name="csrf" value="{c.csrf.token(c.user)}">'
             f'<input type="hidden" name="queue" value="{h(queue)}">'
             '<button name="action" value="replay">replay selected</button>'
             '<button name="action" value="remove">remove selected</button></form>'

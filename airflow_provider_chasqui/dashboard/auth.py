@@ -16,7 +16,7 @@ from typing import Protocol
 
 from fastapi import HTTPException, Request
 
-__all__ = ["Access", "open_access", "standalone_access", "TOKEN_COOKIE", "csrf_token", "check_csrf"]
+__all__ = ["Access", "open_access", "standalone_access", "TOKEN_COOKIE", "CsrfKey"]
 
 TOKEN_COOKIE = "chasqui_dashboard_token"
 
@@ -64,14 +64,27 @@ def standalone_access(token: str | None, basic_auth: str | None) -> Callable[[Re
     return check
 
 
-_SECRET = secrets.token_bytes(32)
+class CsrfKey:
+    """The key of the check value every form carries back (a cross-site post lacks it).
 
+    It must be the same in every process that serves the dashboard: Airflow's API server runs
+    several workers (``--workers 2``) and replicas, and a form rendered by one is posted to
+    another.  The plugin derives it from Airflow's ``[api] secret_key`` (which Airflow requires
+    to be shared for the same reason); the standalone server is one process, a random key does."""
 
-def csrf_token(user: str) -> str:
-    """A per-process, per-user value every form carries back (cross-site posts lack it)."""
-    return hmac.new(_SECRET, user.encode(), hashlib.sha256).hexdigest()[:32]
+    def __init__(self, secret: bytes | str | None = None) -> None:
+        if secret is None:
+            self._key = secrets.token_bytes(32)
+        else:
+            raw = secret.encode() if isinstance(secret, str) else secret
+            if not raw:
+                raise ValueError("the dashboard's CSRF secret is empty")
+            self._key = hashlib.sha256(b"chasqui-dashboard-csrf\0" + raw).digest()
 
+    def token(self, user: str) -> str:
+        """A per-user value, the same in every process that shares the secret."""
+        return hmac.new(self._key, user.encode(), hashlib.sha256).hexdigest()[:32]
 
-def check_csrf(user: str, given: str | None) -> None:
-    if not given or not _same(given, csrf_token(user)):
-        raise HTTPException(403, "the form's check value is missing or stale: reload the page and try again")
+    def check(self, user: str, given: str | None) -> None:
+        if not given or not _same(given, self.token(user)):
+            raise HTTPException(403, "the form's check value is missing or stale: reload the page and try again")

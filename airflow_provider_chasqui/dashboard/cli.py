@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["register", "cmd_dashboard", "check_bind"]
+__all__ = ["register", "cmd_dashboard", "check_bind", "served_hosts"]
 
 DEFAULT_PORT = 8377
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -49,6 +49,16 @@ def check_bind(host: str, token: str | None, basic_auth: str | None) -> None:
         )
 
 
+def served_hosts(bind: str, extra: list[str] | None) -> list[str] | None:
+    """The ``Host`` names the server answers: on a loopback bind its loopback names plus
+    ``--allowed-host`` (any other name is a DNS-rebinding page); elsewhere, the names given, or
+    any (the token or basic auth guards it)."""
+    names = [h for h in (extra or ()) if h]
+    if is_loopback(bind):
+        return [*LOOPBACK_NAMES, "127.0.0.1", "::1", bind, *names]
+    return names or None
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from ..ops.commands import DEFAULT_URL
     from ..worker.cli import resolve_url
@@ -69,7 +79,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.resolved_url, _ = resolve_url(args.redis_url, args.conn_id, DEFAULT_URL)
     sources = StaticSources({args.conn_id or "default": args.resolved_url}, queues=args.queue or (), group=args.group)
-    app = create_app(sources, access=standalone_access(token, basic), login_token=token is not None)
+    app = create_app(
+        sources,
+        access=standalone_access(token, basic),
+        login_token=token is not None,
+        allowed_hosts=served_hosts(args.host, args.allowed_host),
+    )
     print(
         f"chasqui dashboard on http://{args.host}:{args.port}/ "
         f"({'token' if token else 'basic auth' if basic else 'no auth: loopback only'})",
@@ -91,6 +106,13 @@ def register(sub: Any) -> None:
         help="address to bind (default 127.0.0.1; any other needs --token or --basic-auth)",
     )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="also answer requests for this Host name (e.g. a proxy's); a loopback bind answers only "
+        "its loopback names otherwise (DNS rebinding)",
+    )
     p.add_argument("--token", help="require this bearer token (better: $CHASQUI_DASHBOARD_TOKEN, not in argv)")
     p.add_argument(
         "--basic-auth",

@@ -8,6 +8,7 @@ with a COUNT, spec listings are ZSCAN pages.  Nothing here imports FastAPI or Ai
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import threading
@@ -23,6 +24,7 @@ from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms, 
 from ..core.inspect import QueueSnapshot, snapshot
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.producer import parse_fields
+from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 from ..core.schedules import SpecFlows
 from ..core.schedules import _row as spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
@@ -42,9 +44,14 @@ OVERVIEW_EVENT_WINDOW = 1000  # and per queue on the Queues page (up to 50 queue
 RATE_MINUTES = 10
 PAGE_WINDOW = 200  # DLQ entries read per XRANGE while filling a filtered page
 MAX_WINDOWS = 10  # XRANGE windows one DLQ page may read before it hands back a cursor
+REPLAY_BATCH = 16  # DLQ entries read whole per round trip when replaying
 JOB_WINDOW = 1000  # stream / DLQ entries searched around a job's creation time
+# a job search reads at most 64 MiB inside Redis per range and sends back only entries whose
+# payload holds the id (at most 4, each field but the payload cut to 4 KiB): core/scan.py
+_JOB_SEARCH: dict[str, Any] = {"clip": 4096, "whole_d": True, "max_bytes": 64 * 1024 * 1024, "max_matches": 4}
 DATA_CAP = 64 * 1024  # characters of a payload shown
 SCAN_COUNT = 5000
+QUEUE_CACHE = 256  # queue objects a Source keeps (see Source.queue)
 SCAN_REFRESH_S = 30.0
 _CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
 
@@ -202,7 +209,9 @@ class Source:
         self.group = group
         self.driver = SyncDriver(url, socket_timeout=read_timeout(WAIT_BLOCK_MS))
         self._fixed = sorted({validate_queue_name(q) for q in queues})
-        self._queues: dict[str, SyncQueue] = {}
+        # queue objects by name, newest use last: any name typed into a URL makes one, so at most
+        # QUEUE_CACHE are kept (they share the driver; an evicted one is only made again)
+        self._queues: collections.OrderedDict[str, SyncQueue] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._found: set[str] = set()
         self._scanned_at: float | None = None
@@ -220,6 +229,10 @@ class Source:
             q = self._queues.get(name)
             if q is None:
                 q = self._queues[name] = SyncQueue(name, redis_url=self.url, driver=self.driver)
+                while len(self._queues) > QUEUE_CACHE:
+                    self._queues.popitem(last=False)
+            else:
+                self._queues.move_to_end(name)
             return q
 
     def run(self, flow: Flow[_R]) -> _R:
@@ -378,6 +391,7 @@ def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
         "where": None,
         "result": None,
         "failure": None,
+        "search_notes": [],
     }
     if result is not None:
         try:
@@ -400,36 +414,34 @@ def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
         # the entry is XADDed when the job is created (Redis' clock), or later: the window at the
         # creation time first, then one from a second before it (a producer clock ahead of Redis')
         for since in (created, created - 1000):
-            rows = yield command("XRANGE", k.stream, f"{max(0, since)}-0", "+", "COUNT", JOB_WINDOW)
-            for entry_id, flat in rows or []:
-                ef = _fields(flat)
-                raw = bytes(ef.get("d", b""))
-                if needle not in raw:  # the envelope holds the id as a msgpack str: skip the decode
-                    continue
-                p = _decode_payload(raw)
+            found = parse_scan(
+                (yield scan_call(k.stream, f"{max(0, since)}-0", count=JOB_WINDOW, **_JOB_SEARCH, needle=needle))
+            )
+            if not found.done:
+                out["search_notes"].append(f"the stream was searched up to entry {found.last or '-'}")
+            for entry_id, ef, _size in found.matches:
+                p = _decode_payload(ef.get("d", b""))
                 if p["job_id"] == job_id:
-                    out.update(
-                        name=str_reply(ef.get("n", b"")), payload=p, where="stream", stream_id=str_reply(entry_id)
-                    )
+                    out.update(name=str_reply(ef.get("n", b"")), payload=p, where="stream", stream_id=entry_id)
                     break
             if out["where"] is not None:
                 break
     if out["where"] is None:
         at = dlq_at or (out["failure"] or {}).get("finished_ms") or created
         if at:
-            rows = yield command("XRANGE", k.dlq, f"{max(0, int(at) - 5000)}-0", "+", "COUNT", JOB_WINDOW)
-            for entry_id, flat in rows or []:
-                ef = _fields(flat)
-                raw = bytes(ef.get("d", b""))
-                if needle not in raw:
-                    continue
-                p = _decode_payload(raw)
+            found = parse_scan(
+                (yield scan_call(k.dlq, f"{max(0, int(at) - 5000)}-0", count=JOB_WINDOW, **_JOB_SEARCH, needle=needle))
+            )
+            if not found.done:
+                out["search_notes"].append(f"the DLQ was searched up to entry {found.last or '-'}")
+            for entry_id, ef, _size in found.matches:
+                p = _decode_payload(ef.get("d", b""))
                 if p["job_id"] == job_id:
                     out.update(
                         name=str_reply(ef.get("n", b"")),
                         payload=p,
                         where="dlq",
-                        dlq_id=str_reply(entry_id),
+                        dlq_id=entry_id,
                         dlq_reason=str_reply(ef.get("reason", b"")),
                         dlq_detail=str_reply(ef["detail"]) if "detail" in ef else None,
                     )
@@ -462,20 +474,16 @@ def _job_state(job: dict[str, Any], timeline: list[dict[str, Any]]) -> str:
     return last or "unknown (not found in the bounded windows; results may have expired)"
 
 
-def _dlq_row(entry_id: Any, flat: list[Any]) -> dict[str, Any]:
-    f = _fields(flat)
-    raw = bytes(f.get("d", b""))
-    try:
-        job_id: str | None = decode_envelope(raw).id
-    except CodecError:
-        job_id = None
+def _dlq_row(entry_id: str, f: dict[str, bytes], size: int) -> dict[str, Any]:
+    """One DLQ page row from a ``scan_entries`` match: fields cut to ``ENVELOPE_ID_PREFIX``
+    bytes (the job id is read from the envelope's first bytes), ``size`` the whole payload's."""
     return {
-        "dlq_id": str_reply(entry_id),
-        "job_id": job_id,
+        "dlq_id": entry_id,
+        "job_id": envelope_id(f.get("d", b"")),
         "name": str_reply(f.get("n", b"")),
         "reason": str_reply(f.get("reason", b"")),
         "detail": str_reply(f["detail"]) if "detail" in f else None,
-        "bytes": len(raw),
+        "bytes": max(size, 0),
         "source_id": str_reply(f.get("source_id", b"")),
     }
 
@@ -495,15 +503,21 @@ def dlq_page_flow(
     nxt: str | None = None
     total = yield command("XLEN", k.dlq)
     for _ in range(MAX_WINDOWS):
-        window = (yield command("XRANGE", k.dlq, start, "+", "COUNT", PAGE_WINDOW)) or []
-        for entry_id, flat in window:
-            row = _dlq_row(entry_id, flat)
+        window = parse_scan(
+            (
+                yield scan_call(
+                    k.dlq, start, count=PAGE_WINDOW, clip=ENVELOPE_ID_PREFIX, max_matches=PAGE_WINDOW, step=PAGE_WINDOW
+                )
+            )
+        )
+        for entry_id, fields, size in window.matches:
+            row = _dlq_row(entry_id, fields, size)
             nxt = row["dlq_id"]
             if _matches(row, reason, name):
                 rows.append(row)
                 if len(rows) == count:
                     break
-        if len(rows) == count or len(window) < PAGE_WINDOW:
+        if len(rows) == count or window.done:
             break
         start = f"({nxt}"
     more = False
@@ -528,8 +542,9 @@ def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
     if not rows:
         return None
     entry_id, flat = rows[0]
-    row = _dlq_row(entry_id, flat)
-    row["payload"] = _decode_payload(bytes(_fields(flat).get("d", b"")))
+    f = {key: bytes(v) for key, v in _fields(flat).items()}
+    row = _dlq_row(str_reply(entry_id), f, len(f.get("d", b"")))
+    row["payload"] = _decode_payload(f.get("d", b""))
     return row
 
 
@@ -550,15 +565,21 @@ def _replay_argv(rows: list[Any], max_len: int) -> tuple[list[Any], int]:
 def replay_ids_flow(queue: str, ids: list[str], max_len: int) -> Flow[int]:
     """Replay these DLQ entries (attempt reset to 0) with the engine's replay script; the
     number moved (an entry another replay moved first is not counted twice)."""
-    k = QueueKeys.for_queue(queue)
-    if not ids:
-        return 0
-    replies = yield [command("XRANGE", k.dlq, i, i) for i in ids]
-    rows = [r[0] for r in replies if r]
-    argv, _skipped = _replay_argv(rows, max_len)
-    if len(argv) == 1:
-        return 0
-    return int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
+    replayed, _skipped = yield from _replay_entries(QueueKeys.for_queue(queue), ids, max_len)
+    return replayed
+
+
+def _replay_entries(k: QueueKeys, ids: list[str], max_len: int) -> Flow[tuple[int, int]]:
+    """Read these DLQ entries whole, ``REPLAY_BATCH`` at a time (a round trip carries at most
+    that many payloads), and replay them; ``(replayed, undecodable skipped)``."""
+    replayed = skipped = 0
+    for at in range(0, len(ids), REPLAY_BATCH):
+        replies = yield [command("XRANGE", k.dlq, i, i) for i in ids[at : at + REPLAY_BATCH]]
+        argv, bad = _replay_argv([r[0] for r in replies if r], max_len)
+        skipped += bad
+        if len(argv) > 1:
+            replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
+    return replayed, skipped
 
 
 def replay_matching_flow(queue: str, reason: str | None, name: str | None, max_len: int) -> Flow[dict[str, int]]:
@@ -570,16 +591,26 @@ def replay_matching_flow(queue: str, reason: str | None, name: str | None, max_l
     last_id = str_reply(last[0][0])
     replayed = skipped = 0
     start = "-"
-    while True:
-        window = (yield command("XRANGE", k.dlq, start, last_id, "COUNT", PAGE_WINDOW)) or []
-        chosen = [(e, fl) for e, fl in window if _matches(_dlq_row(e, fl), reason, name)]
-        argv, bad = _replay_argv(chosen, max_len)
-        skipped += bad
-        if len(argv) > 1:
-            replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
-        if len(window) < PAGE_WINDOW:
+    while True:  # matching is decided on summaries (core/scan.py); only chosen entries are read whole
+        window = parse_scan(
+            (
+                yield scan_call(
+                    k.dlq,
+                    start,
+                    last_id,
+                    count=PAGE_WINDOW,
+                    clip=ENVELOPE_ID_PREFIX,
+                    max_matches=PAGE_WINDOW,
+                    step=PAGE_WINDOW,
+                )
+            )
+        )
+        chosen = [e for e, fields, size in window.matches if _matches(_dlq_row(e, fields, size), reason, name)]
+        done, bad = yield from _replay_entries(k, chosen, max_len)
+        replayed, skipped = replayed + done, skipped + bad
+        if window.done or not window.last:
             return {"replayed": replayed, "skipped": skipped}
-        start = "(" + str_reply(window[-1][0])
+        start = "(" + window.last
 
 
 def _glob_escape(text: str) -> str:

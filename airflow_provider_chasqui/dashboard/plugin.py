@@ -17,6 +17,7 @@ is only read when that is off); this module is only imported by Airflow's plugin
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -26,6 +27,8 @@ from fastapi import HTTPException, Request
 
 from ..errors import ChasquiError, ConfigError
 from .data import Source, SourceSet
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ChasquiDashboardPlugin", "AirflowSources", "airflow_access", "URL_PREFIX", "RESOURCE"]
 
@@ -131,7 +134,26 @@ async def airflow_access(request: Request, write: bool) -> str:
 def _app() -> Any:
     from .app import create_app
 
-    return create_app(AirflowSources(), access=airflow_access, title="Chasqui")
+    return create_app(
+        AirflowSources(), access=airflow_access, title="Chasqui", csrf_secret=shared_secret(), frame_ancestors="self"
+    )
+
+
+def shared_secret() -> str | None:
+    """What every API server process and replica shares: Airflow's ``[api] secret_key`` (Airflow
+    requires it to be the same for its own CSRF check), else ``[api_auth] jwt_secret``; None (a
+    per-process key: forms then work only with one API server worker) when neither is set."""
+    from airflow.configuration import conf
+
+    for section, key in (("api", "secret_key"), ("api_auth", "jwt_secret")):
+        value = conf.get(section, key, fallback=None)
+        if value:
+            return str(value)
+    log.warning(
+        "neither [api] secret_key nor [api_auth] jwt_secret is set: the Chasqui dashboard's forms "
+        "work only with a single API server worker"
+    )
+    return None
 
 
 class ChasquiDashboardPlugin(AirflowPlugin):

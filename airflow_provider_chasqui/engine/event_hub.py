@@ -61,6 +61,10 @@ _NO_SILENT_RETRY: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
 READ_COUNT = 1000
 _MAX_BACKOFF_SECS = 5.0
 _RECONNECTABLE = (*TRANSIENT, ChasquiConnectionError)
+# How long a joining waiter tries again when Redis cannot be reached, before it is told so
+# (``ChasquiConnectionError``); never longer than the wait's own timeout.
+JOIN_GRACE_SECS = 5.0
+_JOIN_RETRY_SECS = 0.1
 
 _HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], EventHub]] = (
     weakref.WeakKeyDictionary()
@@ -87,8 +91,9 @@ async def wait_for_jobs(
 ) -> dict[str, tuple[Any, ...]]:
     """``{id: ("completed", result) | ("failed", reason, detail, traceback)}`` once every id ended (or one
     failed, with ``stop_on_failure``); ids still running after ``timeout`` seconds are absent.
-    Redis unreachable when the wait starts is ``ChasquiConnectionError``; an outage later
-    only delays wake-ups (the hub reconnects and reads the stored outcomes again)."""
+    Redis unreachable when the wait starts (for ``JOIN_GRACE_SECS``, or the whole timeout if
+    shorter) is ``ChasquiConnectionError``; an outage later only delays wake-ups (the hub
+    reconnects and reads the stored outcomes again)."""
     ids = list(dict.fromkeys(job_ids))
     if not ids:
         return {}
@@ -152,11 +157,7 @@ class EventHub:
         waiter.wake = woken
         self._index.add(waiter)  # first: an event from now on reaches this waiter
         try:
-            await self._until_ready()
-            if not waiter.done:  # then what ended before: stored outcomes, else recent ending events
-                ids = sorted(waiter.pending)
-                for jid, outcome in (await self.lookup.run(_joined(self.keys, ids))).items():
-                    waiter.settle(jid, outcome)
+            await self._join(waiter, loop.time() + min(JOIN_GRACE_SECS, max(timeout, 0.0)))
             if not waiter.done and not woken.done():
                 remaining = deadline - loop.time()
                 if remaining > 0:
@@ -168,6 +169,25 @@ class EventHub:
             self._index.remove(waiter)
             if not self._index and not self.closing:
                 await self.close()
+
+    async def _join(self, waiter: Waiter, give_up: float) -> None:
+        """Wait for the reader's position, then read what ended before it: stored outcomes, else
+        recent ending events.  A lost connection is tried again until ``give_up``: one failed
+        connect (a reset, a timeout on a loaded host) used to fail every waiter of the hub at once
+        though the next attempt, a moment later, succeeded (issue 29)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._until_ready()
+                if not waiter.done:
+                    ids = sorted(waiter.pending)
+                    for jid, outcome in (await self.lookup.run(_joined(self.keys, ids))).items():
+                        waiter.settle(jid, outcome)
+                return
+            except ChasquiConnectionError:
+                if self.closing or loop.time() >= give_up:
+                    raise
+                await asyncio.sleep(min(_JOIN_RETRY_SECS, max(0.0, give_up - loop.time())))
 
     async def _until_ready(self) -> None:
         """Start the reader if needed; wait until its position is pinned (or its connect failed)."""

@@ -22,10 +22,11 @@ are leader-locked loops of their own.
 
 Nothing is acknowledged before its handler finished, so a crash or a lost connection only
 ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease: a
-*lease* task renews it on every in-flight entry every third of it, in one ``renew_lease`` call
+*lease* task renews it on every in-flight entry every tenth of it, in one ``renew_lease`` call
 (XCLAIM JUSTID of the entries this consumer still owns), so the recovery of other workers
 never takes a job whose worker lives, however long the job runs.  Entries found taken over
-(this process was paused or cut off) are dropped if queued and never acked if running.
+(this process was paused or cut off) are dropped if queued and never acked if running, and a
+slot never starts a job while the renewal is overdue (``_lease_held``): it renews first.
 
 Every task is supervised: an unexpected exception is logged with its traceback and the task
 restarted after a backoff; :meth:`Worker.health` reports them.  A failure whose routing raises
@@ -56,13 +57,21 @@ from redis import exceptions as rexc
 from .. import tracing as _tracing
 from ..core.calls import command, int_reply
 from ..core.codec import now_ms
-from ..core.consumer import ROUTING_FAILED, ConsumerCore, Delivery, Rejected, handler_traceback
+from ..core.consumer import (
+    DECODE_FAILED,
+    ROUTING_FAILED,
+    UNDECODED,
+    ConsumerCore,
+    Delivery,
+    Rejected,
+    handler_traceback,
+)
 from ..core.features import Features
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import with_tls
 from ..drivers_common import translate_error
-from ..errors import ClusterBusyError, ConfigError, HandlerNotFound, NoGroupError, UnrecoverableError
+from ..errors import ClusterBusyError, CodecError, ConfigError, HandlerNotFound, NoGroupError, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .group import GroupConsumer
@@ -92,6 +101,20 @@ class _TaskHealth:
 
 
 DEFAULT_CONCURRENCY = 100  # chasquimq's Worker default
+
+
+def _retrieved(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
+
+
+# The lease (claim_min_idle_ms) is renewed this many times per term, so a healthy worker's last
+# renewal began at most a tenth of a lease ago, and a pause shorter than the remaining nine
+# tenths never loses a running job (tests/faults/test_lease_pause.py).
+RENEWALS_PER_LEASE = 10
+# A slot renews before it starts a job when the last renewal began longer ago than this share
+# of the lease (two renewals missed: a paused process, a blocked loop; see Worker._lease_held).
+START_CHECK_FRACTION = 0.2
 
 
 class LogBudget:
@@ -379,6 +402,7 @@ class Worker:
         self._inflight: set[bytes] = set()
         self._lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
         self._renewed_at = time.monotonic()  # when the last renewal that covered every in-flight entry began
+        self._start_renewal: asyncio.Future[None] | None = None  # one renewal shared by the slots that wait
         self._health: dict[str, _TaskHealth] = {}
         self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
         self._done_rows: list[tuple[Any, ...]] = []
@@ -540,9 +564,9 @@ class Worker:
 
     # ---- leases -----------------------------------------------------------------------
     async def _leaser(self) -> None:
-        """Renew the lease on every in-flight entry three times per ``claim_min_idle_ms``.
+        """Renew the lease on every in-flight entry ``RENEWALS_PER_LEASE`` times per ``claim_min_idle_ms``.
         Runs until cancelled after the final ack flush (the drain keeps its leases)."""
-        interval = self.settings.claim_min_idle_ms / 3000
+        interval = self.settings.claim_min_idle_ms / 1000 / RENEWALS_PER_LEASE
         while True:
             await asyncio.sleep(max(0.0, self._renewed_at + interval - time.monotonic()))
             try:
@@ -612,6 +636,40 @@ class Worker:
     def _forget_lost(self, rows: list[tuple[Any, ...]], at: int) -> None:
         for row in rows:
             self._lost.pop(row[at], None)
+
+    async def _lease_held(self, dl: Delivery) -> bool:
+        """Whether ``dl`` may start.  Asked only when the last renewal began more than
+        ``START_CHECK_FRACTION`` of a lease ago (the renewer is late: the process was paused, or
+        its event loop blocked, maybe past the whole lease while another worker ran the job):
+        renew now and start the job only if this worker still owns its entry.  If the renewal
+        cannot reach Redis the job does not start either; its entry stays pending and is
+        reclaimed (by this worker or another) after the lease."""
+        try:
+            renewal = self._start_renewal
+            if renewal is None or renewal.done():  # after a pause every slot asks at once: one call
+                renewal = self._start_renewal = asyncio.ensure_future(self._renew())
+                renewal.add_done_callback(_retrieved)  # its error is logged below, even if every asker left
+            await asyncio.shield(renewal)
+        except Exception as exc:  # noqa: BLE001 - unknown ownership: do not start, the entry stays pending
+            log.warning(
+                "worker %s: lease of job %s unknown (%s): not started, it is reclaimed after the lease",
+                self.consumer_id,
+                dl.envelope.id,
+                exc,
+            )
+            self._release(dl.entry_id)
+            return False
+        if dl.entry_id in self._lost:  # _lease_lost() dropped the queued ones; this one was already taken
+            owner = self._lost.pop(dl.entry_id)
+            log.warning(
+                "worker %s: job %s not started: its lease was lost to %r",
+                self.consumer_id,
+                dl.envelope.id,
+                owner or "nobody (done)",
+            )
+            self._release(dl.entry_id)
+            return False
+        return True
 
     async def _check_lease(self) -> None:
         """Before acks are written: if no renewal began within half a lease (the process was
@@ -836,10 +894,21 @@ class Worker:
         me = asyncio.current_task()
         tracer = self._tracer
         span = token = None
+        lease_check = s.claim_min_idle_ms / 1000 * START_CHECK_FRACTION
+        monotonic = time.monotonic
         while True:
             debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
             while queue:
                 dl = queue.popleft()
+                if monotonic() - self._renewed_at > lease_check and not await self._lease_held(dl):
+                    continue
+                data = dl.data
+                if data is UNDECODED:  # decoded only now: the read-ahead window holds bytes (issue 26)
+                    try:
+                        data = dl.payload()
+                    except CodecError as exc:
+                        self._undecodable(dl, exc)
+                        continue
                 env = dl.envelope
                 if debug:
                     log.debug(
@@ -853,7 +922,7 @@ class Worker:
                     span, token = await self._start_span(tracer, dl)
                 start = clock()
                 try:  # everything that can raise before the outcome is buffered is in here
-                    job = new_job(env.id, dl.name, dl.data, env.attempt, env.created_at_ms)
+                    job = new_job(env.id, dl.name, data, env.attempt, env.created_at_ms)
                     fn = handler if dispatch is None else dispatch.lookup(dl.name)
                     try:
                         is_async = async_fns[fn]
@@ -914,7 +983,7 @@ class Worker:
         env, parent, previous = dl.envelope, dl.trace, None
         if not parent and env.attempt > 0:
             try:
-                saved = await self.driver.call(command("GET", _trace_key(self.core, env.id)))
+                saved = await self.driver.call(command("GET", self.core.keys.trace(env.id)))
             except Exception:  # noqa: BLE001 - tracing never decides a job's fate
                 saved = None
             if isinstance(saved, bytes):
@@ -939,7 +1008,7 @@ class Worker:
                     await self.driver.call(
                         command(
                             "SET",
-                            _trace_key(self.core, dl.envelope.id),
+                            self.core.keys.trace(dl.envelope.id),
                             parent + b" " + this.encode(),
                             "PX",
                             _tracing.TRACE_KEY_TTL_MS,
@@ -999,6 +1068,22 @@ class Worker:
                 log.exception("worker %s: metrics failed", self.consumer_id)
         self._count_processed()
         return outcome
+
+    def _undecodable(self, dl: Delivery, exc: CodecError) -> None:
+        """Dead-letter ``dl`` as ``decode_failed`` (its data is not msgpack, or would expand far
+        past its size): buffered for the flusher like a failure; no handler ran."""
+        row = self.core.reject_row(self.core.undecodable(dl, exc))
+        self._fail_rows.append(row)
+        self._fail_info.append((dl.envelope.id, dl.name, dl.envelope.attempt + 1, DECODE_FAILED, 0, str(exc)))
+        self._acking += 1
+        if len(self._fail_rows) == 1 or len(self._fail_rows) >= self.settings.ack_batch:
+            self._flush_wanted.set()
+        if self.metrics is not None:
+            try:
+                self.metrics.job_dead(self.name, dl.name, DECODE_FAILED)
+            except Exception:  # metrics never decide a job's fate
+                log.exception("worker %s: metrics failed", self.consumer_id)
+        self._count_processed()
 
     def _release(self, entry_id: bytes) -> None:
         self._inflight.discard(entry_id)
@@ -1169,11 +1254,6 @@ _QUEUE_FIELDS = {
     "results_max_len": "results_max_len",
     "failures_max_len": "failures_max_len",
 }
-
-
-def _trace_key(core: ConsumerCore, job_id: str) -> str:
-    """The side key that carries a retried job's trace context (see ``tracing``)."""
-    return core.keys.prefix + ":trace:" + job_id
 
 
 def _options_to_fields(options: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ..core.event_follow import EventCursor
 from ..core.inspect import snapshot
 from ..core.keys import QueueKeys
 from ..core.producer import parse_fields
+from ..core.text import printable
 from ..core.urls import WAIT_BLOCK_MS, redact_text, redact_url
 from ..errors import ChasquiConnectionError, ChasquiError, ConfigError
 from ..sync._driver import translate_errors
@@ -56,7 +57,8 @@ class NotFound(ChasquiError):
 
 # ---- output helpers ------------------------------------------------------------------------
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    """Columns for people; every cell's control characters escaped (``core.text.printable``)."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else printable(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for n, r in enumerate(cells):
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
@@ -351,6 +353,8 @@ def _row_to_spec(row: dict[str, Any], line: int) -> dict[str, Any]:
             data = json.loads(data)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"row {line}: 'data' is not JSON: {exc}") from exc
+        except RecursionError as exc:  # a row is data: it gets a row error, never a traceback
+            raise ConfigError(f"row {line}: 'data' is nested too deeply to import") from exc
     spec = {"name": str(name), "data": data, "repeat": pattern}
     if row.get("key"):
         spec["key"] = str(row["key"])
@@ -441,7 +445,8 @@ def format_event(entry_id: Any, flat: list[Any]) -> str:
     ts = int(f.pop("ts", "0") or 0)
     kind, jid, name = f.pop("e", "?"), f.pop("id", "") or "-", f.pop("n", "") or "-"
     extra = " ".join(f"{k}={v[:80]}" for k, v in sorted(f.items()))
-    return f"{iso_ms(ts)} {str_reply(entry_id)} {kind} id={jid} name={name}" + (f" {extra}" if extra else "")
+    line = f"{iso_ms(ts)} {str_reply(entry_id)} {kind} id={jid} name={name}" + (f" {extra}" if extra else "")
+    return printable(line)  # one event, one line, nothing a terminal would obey
 
 
 def cmd_events(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from ..core.text import printable
 from ..errors import JobNotFound
 from .commands import EXIT_OK, NotFound, _queue, add_target, emit, iso_ms, table
 
@@ -31,7 +32,7 @@ def pretty(value: Any, limit: int) -> str:
 def _block(out: TextIO, title: str, text: str) -> None:
     out.write(f"\n{title}:\n")
     for line in str(text).splitlines() or [""]:
-        out.write(f"  {line}\n")
+        out.write(f"  {printable(line)}\n")
 
 
 def cmd_job_show(args: argparse.Namespace) -> int:
@@ -80,14 +81,14 @@ def cmd_job_show(args: argparse.Namespace) -> int:
                 if "\n" in text:
                     _block(out, f"  {key}", text)
                 else:
-                    out.write(f"  {key}: {text}\n")
+                    out.write(f"  {key}: {printable(text)}\n")
         out.write(f"\nevents ({len(d.events)}{', older ones may exist' if d.events_truncated else ''}):\n")
         for e in d.events:
             extra = " ".join(f"{k}={v[:200]}" for k, v in e.items() if k not in ("event_id", "e", "id", "ts", "n"))
             ts = int(e["ts"]) if e.get("ts", "").isdigit() else None
-            out.write(f"  {iso_ms(ts)} {e.get('e', '?')} {extra}".rstrip() + "\n")
+            out.write(printable(f"  {iso_ms(ts)} {e.get('e', '?')} {extra}".rstrip()) + "\n")
         for note in d.notes:
-            out.write(f"note: {note}\n")
+            out.write(f"note: {printable(note)}\n")
 
     emit(args, data, human)
     return EXIT_OK

@@ -104,7 +104,7 @@ from ..engine.group import GroupConsumer, Row
 from ..engine.leader import TRANSIENT
 from ..engine.promoter import Promoter
 from ..engine.queue import Queue
-from ..errors import ChasquiConnectionError, ConfigError, ScriptError
+from ..errors import ChasquiConnectionError, CodecError, ConfigError, ScriptError
 from ..hooks.chasqui import ChasquiHook
 from .job import json_safe_problem
 
@@ -464,7 +464,15 @@ class QueueModeProducer(SharedStreamProducer):
             return []
         assert self._queue is not None and self._features is not None
         now = now_ms()
-        ready, rejected = self.core.gate_rows(batch)
+        gated, rejected = self.core.gate_rows(batch)
+        ready = []
+        for dl in gated:  # the asset event carries the data: decoded here, bounded (codec.decode_data)
+            try:
+                dl.payload()
+            except CodecError as exc:
+                rejected.append(self.core.undecodable(dl, exc))
+            else:
+                ready.append(dl)
         for r in rejected:
             log.warning(
                 "chasqui watcher of queue %s dead-letters entry %s: %s %s",

@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any
 
+from ..core.text import printable
 from ..core.urls import redact_text
 
 __all__ = ["LOG_FORMATS", "HUMAN_FORMAT", "JsonFormatter", "RedactingFormatter", "set_log_context", "formatter_spec"]
@@ -45,10 +46,23 @@ def set_log_context(**fields: Any) -> None:
 
 
 class RedactingFormatter(logging.Formatter):
-    """A formatter whose output (message, traceback, stack) never holds a password or token."""
+    """The human format: its output (message, traceback, stack) never holds a password or token,
+    and a message is one line: control characters in job names or handler errors are escaped
+    (``core.text.printable``), so they can neither forge a log line nor drive a terminal; a
+    traceback keeps its own newlines."""
 
     def format(self, record: logging.LogRecord) -> str:
         return redact_text(super().format(record))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return printable(super().formatException(ei), keep_newlines=True)
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info), keep_newlines=True)
 
 
 class JsonFormatter(logging.Formatter):

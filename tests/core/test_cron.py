@@ -161,6 +161,17 @@ def test_unknown_zone_is_a_config_error_naming_it(tz):
     assert tz in str(info.value)
 
 
+@pytest.mark.parametrize("tz", ["localtime", "LocalTime", "posixrules", "posix/Europe/Paris", "right/UTC"])
+def test_zones_that_depend_on_the_host_are_refused(tz):
+    """Issue 26: ``localtime`` and ``posixrules`` loaded (on Debian both exist as files) and meant
+    whatever each scheduler host was set to; ``posix/`` and ``right/`` exist only in some hosts'
+    databases (``right/`` counts leap seconds).  Refused before any file is opened."""
+    with pytest.raises(ConfigError, match="host") as info:
+        cron("0 0 * * *", tz)
+    assert repr(tz) in str(info.value) and "IANA" in str(info.value)
+    assert cron("0 0 * * *", "Europe/Paris").tz == "Europe/Paris"  # the zone itself is fine
+
+
 # (zone, expression, start UTC, expected UTC fires), all worked out by hand.
 DST_CASES = [
     # New York 2024-03-10: 02:00 EST -> 03:00 EDT (07:00Z). 02:30 does not exist -> 03:00 EDT once.

@@ -168,7 +168,7 @@ def test_v8_retry_member_after_the_first_failure() -> None:
     now + backoff, with the ``failed`` / ``retry-scheduled`` event fields of spec V14."""
     core = _consumer()
     dl = core.gate(b"1700000000000-0", [b"d", V2, b"n", NAME.encode()], 1)
-    assert isinstance(dl, Delivery) and dl.name == NAME and dl.data == DATA
+    assert isinstance(dl, Delivery) and dl.name == NAME and dl.payload() == DATA
     row, outcome, delay = core.failure_row(dl, ValueError("boom"), False, 511, NOW)
     assert outcome == "retry"
     assert 100 <= delay < 200  # backoff(1) with the defaults: 100 ms + [0, 100) jitter

@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from airflow_provider_chasqui import UnrecoverableError
 from airflow_provider_chasqui.sync.queue import SyncQueue
+from airflow_provider_chasqui.tracing import TRACE_KEY_TTL_MS
 
 pytestmark = pytest.mark.single_node("tracing is per entry: the cluster adds nothing but minutes")
 
@@ -86,7 +87,7 @@ async def test_consumer_span_is_a_child_of_the_producer_span(redis_url, queue_na
 
 @pytest.mark.timeout(60)
 async def test_retries_are_linked_spans_and_failures_are_recorded(
-    redis_url, queue_name, queues, worker_factory
+    redis_url, queue_name, queues, worker_factory, clients
 ) -> None:
     q = queues(queue_name, redis_url, tracing=True)
     job = await q.add("flaky", 1, attempts=3, backoff=0)
@@ -102,6 +103,9 @@ async def test_retries_are_linked_spans_and_failures_are_recorded(
 
     async with running(worker_factory(queue_name, handler, redis_url, tracing=True, promoter_poll_ms=20)):
         await wait_until(lambda: len(_spans(queue_name, "chasqui process")) == 4, what="four consumer spans")
+    # the side key that carried the trace across retries is bounded by its TTL (SECURITY.md's key table)
+    ttl = await clients(redis_url).pttl(q.keys.trace(job.id))
+    assert 0 < ttl <= TRACE_KEY_TTL_MS
     (producer,) = [s for s in _spans(queue_name, "chasqui enqueue") if s.attributes["messaging.message.id"] == job.id]
     attempts = sorted(
         (s for s in _spans(queue_name, "chasqui process") if s.attributes["chasqui.job.id"] == job.id),

@@ -13,11 +13,13 @@ import time
 import pytest
 import redis.asyncio as aioredis
 from engine_support import running, wait_until
+from fault_support import FaultProxy
 
 from airflow_provider_chasqui import JobFailed, SyncQueue, UnrecoverableError
 from airflow_provider_chasqui.core.event_hub import reader_name
 from airflow_provider_chasqui.core.urls import WAIT_BLOCK_MS
-from airflow_provider_chasqui.engine.event_hub import active_hubs, event_hub
+from airflow_provider_chasqui.engine.event_hub import JOIN_GRACE_SECS, active_hubs, event_hub
+from airflow_provider_chasqui.errors import ChasquiConnectionError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -135,6 +137,50 @@ async def test_cancelled_waiters_leave_and_the_hub_closes(redis_url: str, queue_
     tasks[9].cancel()
     await asyncio.gather(tasks[9], return_exceptions=True)
     assert hub.closing and _hub(queue_name) is None
+
+
+@pytest.mark.single_node("a proxy in front of the single server")
+async def test_a_failed_first_connect_loses_no_waiter(shared_redis_url: str, queue_name: str, queues) -> None:
+    """Issue 29: ten waiters joined, nine were cancelled, and the tenth was gone too.  The
+    interleaving that leaves exactly that state: the hub's reader fails its first connect (a
+    reset, or a timeout on a loaded CI host) and every waiter still joining got the error at
+    once.  Forced here: the proxy resets the first connections; a waiter now tries again within
+    ``JOIN_GRACE_SECS`` and stays."""
+    async with FaultProxy(int(shared_redis_url.rsplit(":", 1)[1].split("/")[0])) as proxy:
+        proxy.refuse()
+        q = queues(queue_name, proxy.url)
+        tasks = [asyncio.create_task(q.wait_for_result(f"job-{i}", timeout=120)) for i in range(10)]
+        await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 10, what="ten waiters")
+        hub = _hub(queue_name)
+        await wait_until(lambda: hub.reconnects >= 1, what="the reader's first connect to fail")
+        proxy.refuse(False)
+        await wait_until(lambda: proxy.accepted >= 2, what="the reader and the lookup to connect")
+        for t in tasks[:9]:
+            t.cancel()
+        await asyncio.gather(*tasks[:9], return_exceptions=True)
+        assert not tasks[9].done(), tasks[9]
+        assert hub.waiters == 1 and _hub(queue_name) is hub
+        tasks[9].cancel()
+        await asyncio.gather(tasks[9], return_exceptions=True)
+        assert hub.closing and _hub(queue_name) is None
+
+
+@pytest.mark.single_node("a proxy in front of the single server")
+async def test_redis_unreachable_for_the_join_grace_is_an_error(shared_redis_url: str, queue_name: str, queues) -> None:
+    async with FaultProxy(int(shared_redis_url.rsplit(":", 1)[1].split("/")[0])) as proxy:
+        proxy.refuse()
+        q = queues(queue_name, proxy.url)
+        started = time.monotonic()
+        with pytest.raises(ChasquiConnectionError):
+            await asyncio.wait_for(q.wait_for_result("job-0", timeout=120), 60)
+        took = time.monotonic() - started
+        assert JOIN_GRACE_SECS * 0.9 <= took < JOIN_GRACE_SECS + 10
+        assert _hub(queue_name) is None
+        # a wait shorter than the grace fails at its own timeout
+        started = time.monotonic()
+        with pytest.raises(ChasquiConnectionError):
+            await asyncio.wait_for(q.wait_for_result("job-0", timeout=0.5), 60)
+        assert time.monotonic() - started < JOIN_GRACE_SECS
 
 
 @pytest.mark.single_node("kills the reader connection found by its client name")

@@ -217,3 +217,26 @@ def test_import_validates_every_row_before_writing(redis_url: str, queue_name: s
         assert proc.returncode == 2 and "cannot read" in proc.stderr and "Traceback" not in proc.stderr
     finally:
         r.close()
+
+
+def test_import_of_hostile_rows_reports_each_row(redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    """Issue 26: deeply nested JSON data ended the import in a RecursionError traceback; a zone
+    that means the host's own is refused like any bad zone.  Each is a row error, nothing written."""
+    rows = [
+        {"name": "deep", "every_ms": "1000", "data": "[" * 60_000 + "]" * 60_000},
+        {"name": "host", "cron": "0 0 * * *", "tz": "localtime"},
+        {"name": "ok", "every_ms": "1000", "data": '{"a": [1, 2]}'},
+    ]
+    path = tmp_path / "hostile.csv"
+    write_csv(path, rows)
+    k = QueueKeys.for_queue(queue_name)
+    proc = chasqui("repeatable", "import", queue_name, str(path), "--redis-url", redis_url, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "2 invalid row(s)" in proc.stderr, proc.stderr
+    for line, word in ((2, "nested too deeply"), (3, "localtime")):
+        assert any(ln.strip().startswith(f"row {line}:") and word in ln for ln in proc.stderr.splitlines()), (
+            line,
+            proc.stderr,
+        )
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.zcard(k.repeat) == 0

@@ -310,3 +310,39 @@ async def test_key_census_after_a_mixed_workload(redis_url: str, queue_name: str
         f"\n[memory census] {len(left)} keys left: {len(persistent)} persistent "
         f"({sorted(k.removeprefix(keys.prefix) for k in persistent)}), {len(left) - len(persistent)} with a TTL"
     )
+
+
+def test_the_key_table_names_every_key_the_code_writes() -> None:
+    """SECURITY.md's table of keys and ``QueueKeys`` (where every key is built) agree both ways;
+    ``<...>`` stands for any id, name or token."""
+    import inspect as pyinspect
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "SECURITY.md").read_text()
+    table = text[text.index("| Key of queue `q`") :].split("\n\n", 1)[0]
+    documented = set()
+    for line in table.splitlines()[2:]:
+        first = line.split("|")[1]
+        documented |= {re.sub(r"<[^>]+>", "<>", k) for k in re.findall(r"`([^`]+)`", first)}
+    k = QueueKeys.for_queue("q")
+    built = set()
+    for name, member in pyinspect.getmembers(QueueKeys):
+        if name.startswith("_") or name in ("for_queue", "prefix", "queue"):
+            continue
+        if isinstance(member, property):
+            built.add(getattr(k, name)[len(k.prefix) :])
+        elif callable(member):
+            n = len(pyinspect.signature(member).parameters) - 1
+            built.add(member(k, *["<>"] * n)[len(k.prefix) :])
+    patterns = {b: re.compile(re.escape(b).replace("<>", ".+") + "$") for b in built}
+    assert [d for d in documented if not any(p.match(d) for p in patterns.values())] == []
+    assert [b for b, p in patterns.items() if not any(p.match(d) for d in documented)] == []
+    # and no module builds a queue's key by hand
+    pkg = Path(__file__).resolve().parents[2] / "airflow_provider_chasqui"
+    hand = [
+        str(f.relative_to(pkg))
+        for f in pkg.rglob("*.py")
+        if f.name != "keys.py" and re.search(r"prefix \+ [\"']:|\.prefix}:", f.read_text())
+    ]
+    assert hand == []

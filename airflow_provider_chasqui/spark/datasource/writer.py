@@ -39,7 +39,7 @@ class WriteReport(PartitionReport, WriterCommitMessage):
 
 
 def report_key(queue: str, load_id: str) -> str:
-    return QueueKeys.for_queue(queue).prefix + ":spark:load:" + load_id
+    return QueueKeys.for_queue(queue).spark_load(load_id)
 
 
 def _task() -> tuple[int, int, Any]:

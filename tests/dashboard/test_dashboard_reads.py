@@ -1,0 +1,144 @@
+"""The dashboard's reads are bounded in bytes, not only in entries (issue 26, item 3), tested
+without a browser on a private Redis 7 whose ``total_net_output_bytes`` counts every byte a
+request pulled.  The queue holds 1 MiB payloads: ``/job?id=<any ULID>`` used to read up to
+2,000 stream and 1,000 DLQ entries whole (900 MB sent for one request), ``/dlq?reason=<no
+match>`` ten windows of 200.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+from servers import RunningServer, start_server
+
+from airflow_provider_chasqui import SyncQueue
+from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
+from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.scan import envelope_id, parse_scan, scan_call
+from airflow_provider_chasqui.sync._driver import SyncDriver
+
+pytest.importorskip("fastapi", reason="the dashboard extra (fastapi, uvicorn) is not installed")
+from airflow_provider_chasqui.dashboard.data import Source
+
+pytestmark = pytest.mark.timeout(180)
+
+MB = 1024 * 1024
+BIG = 60  # 1 MiB jobs in the stream, and as many in the DLQ: ~120 MB in Redis
+FEW_MB = 6 * MB  # what one request may pull
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    s = start_server("redis7", tmpdir=tmp_path_factory.mktemp("reads"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def big_queue(server: RunningServer) -> tuple[str, list[str], list[str]]:
+    """``(queue, stream job ids, DLQ job ids)``: 1 MiB payloads everywhere."""
+    name = "big"
+    k = QueueKeys.for_queue(name)
+    with SyncQueue(name, redis_url=server.url) as q:
+        stream_ids = [q.add("big", {"blob": "x" * (MB - 100), "i": i}).id for i in range(BIG)]
+        dlq_ids = []
+        with server.client() as r:
+            for i in range(BIG):
+                jid = f"01JDLQ{i:020d}"
+                env = encode_envelope(Envelope(jid, msgpack.packb({"blob": "y" * (MB - 100)}), 1700000000000, 3, None))
+                r.xadd(k.dlq, {"d": env, "n": "big", "source_id": "1-0", "reason": "retries_exhausted"})
+                dlq_ids.append(jid)
+    return name, stream_ids, dlq_ids
+
+
+def _sent(server: RunningServer) -> int:
+    with server.client() as r:
+        return int(r.info("stats")["total_net_output_bytes"])
+
+
+def _pulled(server: RunningServer, fn) -> tuple[object, int]:
+    before = _sent(server)
+    out = fn()
+    return out, _sent(server) - before
+
+
+def test_a_job_lookup_pulls_a_few_mb(server: RunningServer, big_queue) -> None:
+    name, stream_ids, dlq_ids = big_queue
+    src = Source("t", server.url)
+    try:
+        unknown, pulled = _pulled(server, lambda: src.job(name, "01JAAAAAAAAAAAAAAAAAAAAAAA"))
+        assert unknown["where"] is None and pulled < FEW_MB, pulled
+        middle = stream_ids[BIG // 2]
+        found, pulled = _pulled(server, lambda: src.job(name, middle))
+        assert found["where"] == "stream" and found["payload"]["job_id"] == middle
+        assert pulled < FEW_MB, pulled  # the match itself (1 MiB) and nothing else of size
+        dead, pulled = _pulled(server, lambda: src.job(name, dlq_ids[-1]))
+        assert pulled < FEW_MB, pulled
+    finally:
+        src.close()
+
+
+def test_a_dlq_page_with_no_match_pulls_a_few_mb(server: RunningServer, big_queue) -> None:
+    name, _stream_ids, dlq_ids = big_queue
+    src = Source("t", server.url)
+    try:
+        page, pulled = _pulled(server, lambda: src.dlq_page(name, None, 50, "no-such-reason", None))
+        assert page["rows"] == [] and page["total"] == BIG and pulled < FEW_MB, pulled
+        page, pulled = _pulled(server, lambda: src.dlq_page(name, None, 50, "retries_exhausted", None))
+        assert [r["job_id"] for r in page["rows"]] == dlq_ids[:50]  # the id, read from a cut envelope
+        assert all(r["bytes"] > MB - 200 for r in page["rows"])  # the payload's real size
+        assert pulled < FEW_MB, pulled
+    finally:
+        src.close()
+
+
+def test_replaying_matches_reads_only_the_chosen_entries(server: RunningServer, big_queue, tmp_path: Path) -> None:
+    name = "replay-bounds"
+    k = QueueKeys.for_queue(name)
+    with server.client() as r:
+        for i in range(40):
+            env = encode_envelope(Envelope(f"J{i:03d}", msgpack.packb("z" * (MB - 100)), 1700000000000, 3, None))
+            r.xadd(k.dlq, {"d": env, "n": "big", "reason": "timeout" if i % 20 == 0 else "retries_exhausted"})
+    src = Source("t", server.url)
+    try:
+        report, pulled = _pulled(server, lambda: src.replay_matching(name, "timeout", None))
+        assert report == {"replayed": 2, "skipped": 0}
+        assert pulled < 4 * MB, pulled  # the two chosen entries, not the 40
+        with server.client() as r:
+            assert r.xlen(k.dlq) == 38 and r.xlen(k.stream) == 2
+    finally:
+        src.close()
+
+
+def test_the_scan_script_filters_cuts_and_stops(server: RunningServer) -> None:
+    k = QueueKeys.for_queue("scan")
+    with server.client() as r:
+        for i in range(30):
+            r.xadd(k.stream, {"d": b"x" * 1000 + (b"NEEDLE" if i in (7, 21) else b""), "n": "n" * 500})
+    d = SyncDriver(server.url)
+    try:
+        hit = parse_scan(d.call(scan_call(k.stream, "-", count=100, needle=b"NEEDLE", clip=10, max_matches=5)))
+        assert hit.done and hit.scanned == 30 and [len(m[1]["n"]) for m in hit.matches] == [10, 10]
+        assert all(size == 1006 and len(f["d"]) == 10 for _e, f, size in hit.matches)
+        whole = parse_scan(d.call(scan_call(k.stream, "-", count=100, needle=b"NEEDLE", clip=10, whole_d=True)))
+        assert len(whole.matches) == 1 and len(whole.matches[0][1]["d"]) == 1006 and not whole.done
+        cut = parse_scan(d.call(scan_call(k.stream, "-", count=100, max_bytes=5000, max_matches=100, step=4)))
+        assert not cut.done and cut.scanned < 10  # stopped by the byte budget, and says where
+        again = parse_scan(d.call(scan_call(k.stream, "(" + cut.last, count=100, max_matches=100)))
+        assert again.done and cut.scanned + again.scanned == 30
+        empty = parse_scan(d.call(scan_call(QueueKeys.for_queue("none").stream, "-", count=10)))
+        assert empty.done and empty.scanned == 0 and empty.matches == []
+    finally:
+        d.close()
+
+
+def test_an_envelope_id_is_read_from_its_first_bytes() -> None:
+    env = encode_envelope(Envelope("01JID", msgpack.packb("x" * 100_000), 1, 0, None))
+    assert envelope_id(env[:1100]) == "01JID" and envelope_id(env) == "01JID"
+    for bad in (b"", b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1, 2, 3, 4]), env[:3]):
+        assert envelope_id(bad) is None
