@@ -3,12 +3,20 @@
 -- the `failed` (when a handler ran) and `dlq` events; optionally a failure record.
 -- KEYS[1] = stream   KEYS[2] = dlq   KEYS[3] = events
 -- ARGV    = [group, entry_id, use_xackdel (0|1), dlq_max_len, events_max_len (0 = off), now_ms,
---            payload, name, reason, detail, job_id, attempt, failed_reason ("" = no handler run),
+--            payload ("" with reason oversize_payload: the entry's own `d`, copied here), name, reason, detail, job_id, attempt, failed_reason ("" = no handler run),
 --            duration_us, failure_ttl_ms (0 = no record), key_prefix, failures_max_len,
 --            dlq_name (the DLQ's `n` when it is not `name`: an entry's original bytes; "" = name),
 --            traceback (the handler's formatted traceback; "" = none: the DLQ's `detail` when there
 --            is no other detail, and the failure record's 4th element)]
 -- Reply   = 1 dead-lettered, 0 the entry was no longer pending
+-- an oversize entry's call carries no payload: its `d` is copied from the entry, before the ack
+local payload = ARGV[7]
+if payload == '' and ARGV[9] == 'oversize_payload' then
+  local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])[1]
+  if e then
+    for j = 1, #e[2], 2 do if e[2][j] == 'd' then payload = e[2][j + 1] end end
+  end
+end
 local ok
 if ARGV[3] == '1' then
   local r = redis.call('XACKDEL', KEYS[1], ARGV[1], 'IDS', 1, ARGV[2])
@@ -20,7 +28,7 @@ end
 if not ok then
   return 0
 end
-local d = {'XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'd', ARGV[7]}
+local d = {'XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'd', payload}
 local dlq_name = ARGV[18] ~= '' and ARGV[18] or ARGV[8]
 if dlq_name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = dlq_name end
 for _, v in ipairs({'source_id', ARGV[2], 'reason', ARGV[9]}) do d[#d + 1] = v end

@@ -9,6 +9,7 @@
 --            entry of kind 'r' (retry) or 'd' (DLQ):
 --   12 per entry 'r': kind, entry_id, job_id, name, attempt, failed_reason, duration_us, run_at_ms, member, next_attempt, backoff_ms, traceback
 --   12 per entry 'd': kind, entry_id, job_id, name, attempt, failed_reason, duration_us, payload, dlq_reason, detail, dlq_name, traceback
+--            (payload "" with dlq_reason oversize_payload: the entry's own `d`, copied here)
 --            ]  failed_reason "" = no handler ran; dlq_name = the DLQ's `n` when it is not `name`
 --            (an entry's original bytes; "" = name); traceback = the handler's formatted
 --            traceback ("" = none; used by kind 'd' only)
@@ -40,6 +41,15 @@ local stored = {}  -- score, id pairs for the failures index
 for i = 9, #ARGV, 12 do
   local eid = ARGV[i + 1]
   local ok
+  -- an oversize entry's row carries no payload (it never crosses the network twice): its `d`
+  -- is copied from the entry itself, read here before the ack deletes it
+  local payload = ARGV[i + 7]
+  if ARGV[i] == 'd' and payload == '' and ARGV[i + 8] == 'oversize_payload' then
+    local e = redis.call('XRANGE', stream, eid, eid)[1]
+    if e then
+      for j = 1, #e[2], 2 do if e[2][j] == 'd' then payload = e[2][j + 1] end end
+    end
+  end
   if xackdel then
     local r = redis.call('XACKDEL', stream, group, 'IDS', 1, eid)
     ok = tonumber(r[1]) == 1 or tonumber(r[1]) == 2
@@ -68,7 +78,7 @@ for i = 9, #ARGV, 12 do
       end
     else  -- dead_letter.lua
       local reason, detail = ARGV[i + 8], ARGV[i + 9]
-      local d = {'XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'd', ARGV[i + 7]}
+      local d = {'XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'd', payload}
       local dlq_name = ARGV[i + 10] ~= '' and ARGV[i + 10] or name
       if dlq_name ~= '' then d[#d + 1] = 'n'; d[#d + 1] = dlq_name end
       d[#d + 1] = 'source_id'; d[#d + 1] = eid; d[#d + 1] = 'reason'; d[#d + 1] = reason

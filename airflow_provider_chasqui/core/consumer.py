@@ -251,8 +251,8 @@ class ConsumerCore:
         keep = raw_name if long_name or name.encode("utf-8") != raw_name else b""
         if not isinstance(d, bytes):
             return Rejected(entry_id, MALFORMED, b"", "", "missing or non-bytes payload field", dlq_name=raw_name)
-        if len(d) > self.settings.max_payload_bytes:
-            return Rejected(entry_id, OVERSIZE, d, name, dlq_name=keep)
+        if len(d) > self.settings.max_payload_bytes:  # the scripts copy its `d` inside Redis: no payload sent back
+            return Rejected(entry_id, OVERSIZE, b"", name, dlq_name=keep)
         try:
             if long_name:
                 raise ValueError(f"job name is {len(raw_name)} bytes; the limit is {MAX_JOB_NAME_BYTES}")

@@ -83,3 +83,40 @@ def test_a_default_worker_survives_ten_expanding_jobs(shared_redis_url: str, que
         with redis.Redis.from_url(shared_redis_url) as r:
             r.delete(q.keys.dlq)
     assert os.path.exists(tmp_path / "worker.log")
+
+
+async def test_an_oversize_foreign_entry_is_dead_lettered_inside_redis(tmp_path: Path) -> None:
+    """A 64 MB entry written by someone else: the worker reads it once (XREADGROUP) but sends
+    none of it back; the DLQ entry, as the wire protocol wants, holds the original bytes, copied
+    inside Redis by the dead-letter script.  Measured as the bytes Redis received."""
+    from engine_support import running, wait_until
+    from servers import start_server
+
+    from airflow_provider_chasqui import Queue, Worker
+    from airflow_provider_chasqui.core.keys import QueueKeys
+
+    server = start_server("redis7", tmpdir=tmp_path)
+    k = QueueKeys.for_queue("big")
+    big = b"\x00" * (64 * 1024 * 1024)
+    try:
+        with server.client() as r:
+            r.xadd(k.stream, {"d": big, "n": "foreign"})
+            before = int(r.info("stats")["total_net_input_bytes"])
+        seen: list[object] = []
+        async with Queue("big", redis_url=server.url) as q:
+            w = Worker("big", seen.append, redis_url=server.url, run_scheduler=False, read_block_ms=200)
+            async with running(w):
+                await wait_until(lambda: _dlq_has(q), 60, what="the entry in the DLQ")
+                await q.add("small", 1)
+                await wait_until(lambda: len(seen) == 1, 30, what="a good job after it")
+        with server.client() as r:
+            received = int(r.info("stats")["total_net_input_bytes"]) - before
+            ((_eid, fields),) = r.xrange(k.dlq)
+        assert received < 1024 * 1024, received  # the payload was not sent back
+        assert fields[b"reason"] == b"oversize_payload" and fields[b"d"] == big and fields[b"n"] == b"foreign"
+    finally:
+        server.stop()
+
+
+async def _dlq_has(q) -> bool:
+    return len(await q.peek_dlq(1)) == 1
