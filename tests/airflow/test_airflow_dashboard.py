@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -137,7 +138,8 @@ def af(
     log = home / "api-server.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "airflow", "api-server", "--port", str(port)],
+            # two workers, as production runs it: a form rendered by one is posted to the other
+            [sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "2"],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -223,6 +225,23 @@ def test_viewer_gets_403_on_replay_and_editor_may_change(af: dict[str, Any], que
     )
     assert status == 200 and "replayed 0 entries" in body  # followed the redirect to the DLQ page
     assert 'user="olga"' in af["log"].read_text()  # the audit line names the Airflow user
+
+
+def test_changes_succeed_whichever_api_server_worker_answers(af: dict[str, Any], queue: str) -> None:
+    """Issue 26, item 5: the form's check value was keyed by a per-process random secret, so with
+    ``--workers 2`` a change failed whenever the page and the post reached different workers (11
+    of 20 refused).  It now derives from Airflow's shared ``[api] secret_key``."""
+    outcomes = []
+    for _ in range(20):
+        status, page = _request(af["base"] + f"/chasqui/dlq?src=chasqui_a&queue={queue}", af["tokens"]["olga"])
+        assert status == 200, page
+        form = f"queue={queue}&action=replay_matching&confirmed=1&csrf={_csrf(page)}".encode()
+        status, body = _request(af["base"] + "/chasqui/dlq/action?src=chasqui_a", af["tokens"]["olga"], data=form)
+        outcomes.append(status)
+        assert status == 200 and "replayed 0 entries" in body, (outcomes, body[:500])
+    assert outcomes == [200] * 20
+    started = set(re.findall(r"Started server process \[(\d+)\]", af["log"].read_text()))
+    assert len(started) >= 2, "the api-server did not run two workers"
 
 
 def test_browser_with_the_airflow_session(af: dict[str, Any], queue: str, tmp_path: Path) -> None:
