@@ -142,3 +142,19 @@ def test_an_envelope_id_is_read_from_its_first_bytes() -> None:
     assert envelope_id(env[:1100]) == "01JID" and envelope_id(env) == "01JID"
     for bad in (b"", b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1, 2, 3, 4]), env[:3]):
         assert envelope_id(bad) is None
+
+
+def test_queue_names_typed_into_urls_do_not_grow_the_cache(server: RunningServer) -> None:
+    """Issue 26: ``/schedules?queue=<any name>`` made a queue object per name, kept for ever."""
+    from airflow_provider_chasqui.dashboard.data import QUEUE_CACHE
+
+    src = Source("t", server.url)
+    try:
+        first = src.queue("typed-0")
+        for i in range(QUEUE_CACHE * 3):
+            src.queue(f"typed-{i}")
+        assert len(src._queues) == QUEUE_CACHE
+        assert src.queue("typed-0") is not first  # evicted long ago: made again, sharing the driver
+        assert src.queue(f"typed-{QUEUE_CACHE * 3 - 1}").driver is src.driver
+    finally:
+        src.close()

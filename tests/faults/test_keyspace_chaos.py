@@ -184,12 +184,28 @@ _counters = st.sampled_from([b"abc", b"", b"1.5", b"nan", b"inf", b"-9" * 12, b"
 _spec_fields = st.sampled_from([b"spec", b"fired", b"skipped", b"ext", b"paused", b"x", b""])
 
 
+def _envelope_around(inner: bytes) -> bytes:
+    from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
+
+    return encode_envelope(Envelope("chaos-payload", inner, int(time.time() * 1000), 0, None))
+
+
+# Shapes that cost far more decoded than encoded, or more than any job may be (issue 26): 100,000
+# nested one-element arrays, 300,000 empty maps (300 KB on the wire, 21 MB decoded), a 2 MiB entry.
+HOSTILE_PAYLOADS = (
+    _envelope_around(b"\x91" * 100_000 + b"\xc0"),
+    _envelope_around(b"\xdd" + (300_000).to_bytes(4, "big") + b"\x80" * 300_000),
+    b"\xff" * (2 * 1024 * 1024),
+)
+
+
 @st.composite
 def hostile_write(draw: Any) -> tuple[Any, ...]:
     kind = draw(
         st.sampled_from(
             [
                 "stream",
+                "payload",
                 "delayed",
                 "repeat_member",
                 "spec_counter",
@@ -247,6 +263,8 @@ class Chaos:
         now_ms = int(time.time() * 1000)
         if kind == "stream":
             r.execute_command("XADD", k.stream, "*", b"d", a, b"n", b or GOOD.encode())
+        elif kind == "payload":  # well-formed envelopes around hostile data shapes, and a huge foreign entry
+            r.execute_command("XADD", k.stream, "*", b"d", HOSTILE_PAYLOADS[len(a) % len(HOSTILE_PAYLOADS)], b"n", GOOD)
         elif kind == "delayed":
             r.execute_command(
                 "ZADD", k.delayed, score if not math.isfinite(score) else now_ms + score % 500, self._member(a)
