@@ -64,6 +64,10 @@ TRACEBACK_FRAMES = 40
 
 UNDECODED: Any = object()
 """``Delivery.data`` until :meth:`Delivery.payload` decodes it."""
+# Data up to this size is decoded on arrival, in the read loop (most jobs: the hot path stays one
+# unpackb per job); a whole read-ahead window of it decodes to at most ~72 x 1 KiB x the window
+# (26 MB for the default 356).  Larger data is decoded when its job starts.
+EAGER_DATA_BYTES = 1024
 
 
 @dataclass(slots=True)
@@ -273,6 +277,7 @@ class ConsumerCore:
         ready: list[Delivery] = []
         rejected: list[Rejected] = []
         unpackb = msgpack.unpackb
+        eager = EAGER_DATA_BYTES
         max_bytes = self.settings.max_payload_bytes
         limit = self.max_attempts
         for entry_id, fields in entries:
@@ -293,6 +298,13 @@ class ConsumerCore:
                                 and attempt <= _U32_MAX
                                 and len(job_id) <= MAX_JOB_ID_CHARS
                             ):
+                                # small data decodes here, in this loop (the hot path); larger data
+                                # when its job starts (Delivery.payload): see EAGER_DATA_BYTES
+                                data = (
+                                    unpackb(inner, raw=False, strict_map_key=False)
+                                    if len(inner) <= eager
+                                    else UNDECODED
+                                )
                                 name = n.decode()  # not UTF-8: gate() below keeps the bytes too
                                 ready.append(
                                     Delivery(
@@ -302,7 +314,7 @@ class ConsumerCore:
                                         d,
                                         1,
                                         0,
-                                        UNDECODED,
+                                        data,
                                     )
                                 )
                                 continue
