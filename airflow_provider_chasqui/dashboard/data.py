@@ -414,38 +414,25 @@ def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
         # the entry is XADDed when the job is created (Redis' clock), or later: the window at the
         # creation time first, then one from a second before it (a producer clock ahead of Redis')
         for since in (created, created - 1000):
-            found = parse_scan(
-                (yield scan_call(k.stream, f"{max(0, since)}-0", count=JOB_WINDOW, **_JOB_SEARCH, needle=needle))
-            )
-            if not found.done:
-                out["search_notes"].append(f"the stream was searched up to entry {found.last or '-'}")
-            for entry_id, ef, _size in found.matches:
-                p = _decode_payload(ef.get("d", b""))
-                if p["job_id"] == job_id:
-                    out.update(name=str_reply(ef.get("n", b"")), payload=p, where="stream", stream_id=entry_id)
-                    break
-            if out["where"] is not None:
+            hit = yield from _find_job(k.stream, f"{max(0, since)}-0", job_id, "stream", out["search_notes"])
+            if hit is not None:
+                entry_id, ef, p = hit
+                out.update(name=str_reply(ef.get("n", b"")), payload=p, where="stream", stream_id=entry_id)
                 break
     if out["where"] is None:
         at = dlq_at or (out["failure"] or {}).get("finished_ms") or created
         if at:
-            found = parse_scan(
-                (yield scan_call(k.dlq, f"{max(0, int(at) - 5000)}-0", count=JOB_WINDOW, **_JOB_SEARCH, needle=needle))
-            )
-            if not found.done:
-                out["search_notes"].append(f"the DLQ was searched up to entry {found.last or '-'}")
-            for entry_id, ef, _size in found.matches:
-                p = _decode_payload(ef.get("d", b""))
-                if p["job_id"] == job_id:
-                    out.update(
-                        name=str_reply(ef.get("n", b"")),
-                        payload=p,
-                        where="dlq",
-                        dlq_id=entry_id,
-                        dlq_reason=str_reply(ef.get("reason", b"")),
-                        dlq_detail=str_reply(ef["detail"]) if "detail" in ef else None,
-                    )
-                    break
+            hit = yield from _find_job(k.dlq, f"{max(0, int(at) - 5000)}-0", job_id, "DLQ", out["search_notes"])
+            if hit is not None:
+                entry_id, ef, p = hit
+                out.update(
+                    name=str_reply(ef.get("n", b"")),
+                    payload=p,
+                    where="dlq",
+                    dlq_id=entry_id,
+                    dlq_reason=str_reply(ef.get("reason", b"")),
+                    dlq_detail=str_reply(ef["detail"]) if "detail" in ef else None,
+                )
     for ev in timeline:
         if out["name"] is None and ev["fields"].get("n"):
             out["name"] = ev["fields"]["n"]
@@ -455,6 +442,22 @@ def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
     )
     out["state"] = _job_state(out, timeline)
     return out
+
+
+def _find_job(
+    stream: str, start: str, job_id: str, what: str, notes: list[str]
+) -> Flow[tuple[str, dict[str, bytes], dict[str, Any]] | None]:
+    """``(entry id, fields, decoded payload)`` of ``job_id``'s entry in ``stream`` from ``start``,
+    searched inside Redis (``core/scan.py``: only entries holding the id come back); a note in
+    ``notes`` when a bound stopped the search before the range ended."""
+    found = parse_scan((yield scan_call(stream, start, count=JOB_WINDOW, **_JOB_SEARCH, needle=job_id.encode())))
+    if not found.done:
+        notes.append(f"the {what} was searched up to entry {found.last or '-'}")
+    for entry_id, fields, _size in found.matches:
+        p = _decode_payload(fields.get("d", b""))
+        if p["job_id"] == job_id:
+            return entry_id, fields, p
+    return None
 
 
 def _job_state(job: dict[str, Any], timeline: list[dict[str, Any]]) -> str:

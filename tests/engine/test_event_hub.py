@@ -129,10 +129,15 @@ async def test_cancelled_waiters_leave_and_the_hub_closes(redis_url: str, queue_
     q = queues(queue_name, redis_url)
     tasks = [asyncio.create_task(q.wait_for_result(f"job-{i}", timeout=120)) for i in range(10)]
     await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 10, what="ten waiters")
-    hub = _hub(queue_name)
+    await _cancel_nine_then_the_tenth(tasks, _hub(queue_name), queue_name)
+
+
+async def _cancel_nine_then_the_tenth(tasks: list[asyncio.Task], hub, queue_name: str) -> None:
+    """The tenth waiter stays while nine leave; the hub closes when it leaves too."""
     for t in tasks[:9]:
         t.cancel()
     await asyncio.gather(*tasks[:9], return_exceptions=True)
+    assert not tasks[9].done(), tasks[9]
     assert hub.waiters == 1 and _hub(queue_name) is hub
     tasks[9].cancel()
     await asyncio.gather(tasks[9], return_exceptions=True)
@@ -155,14 +160,7 @@ async def test_a_failed_first_connect_loses_no_waiter(shared_redis_url: str, que
         await wait_until(lambda: hub.reconnects >= 1, what="the reader's first connect to fail")
         proxy.refuse(False)
         await wait_until(lambda: proxy.accepted >= 2, what="the reader and the lookup to connect")
-        for t in tasks[:9]:
-            t.cancel()
-        await asyncio.gather(*tasks[:9], return_exceptions=True)
-        assert not tasks[9].done(), tasks[9]
-        assert hub.waiters == 1 and _hub(queue_name) is hub
-        tasks[9].cancel()
-        await asyncio.gather(tasks[9], return_exceptions=True)
-        assert hub.closing and _hub(queue_name) is None
+        await _cancel_nine_then_the_tenth(tasks, hub, queue_name)
 
 
 @pytest.mark.single_node("a proxy in front of the single server")
