@@ -72,9 +72,10 @@ EAGER_DATA_BYTES = 1024
 
 @dataclass(slots=True)
 class Delivery:
-    """A job ready for a handler.  Its envelope is decoded at arrival, its data only when it
-    starts (:meth:`payload`): a worker's read-ahead window holds bytes, never decoded data, so
-    its memory is bounded by the window whatever producers send (issue 26)."""
+    """A job ready for a handler.  Its envelope is decoded at arrival, its data then only when
+    at most ``EAGER_DATA_BYTES``, else when it starts (:meth:`payload`): a worker's read-ahead
+    window holds bytes and small decoded data, so its memory is bounded by the window whatever
+    producers send (issue 26)."""
 
     entry_id: bytes
     envelope: Envelope

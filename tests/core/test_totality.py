@@ -10,7 +10,7 @@ import random
 import msgpack
 import pytest
 from engine_support import consumer_core
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_chasqui.core.codec import (
@@ -210,13 +210,13 @@ _envelopes = st.one_of(
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arr=_envelopes, delivery_count=st.integers(1, 2**33), seed=st.integers(0, 2**32))
+@example(arr=["", b"", 0], delivery_count=1, seed=0)  # empty data: the gate admits it, its start refuses it
 def test_arbitrary_envelopes_decode_or_are_decode_failed_and_never_break_the_failure_path(
     arr, delivery_count, seed
 ) -> None:
     raw = msgpack.packb(arr, use_bin_type=True)
     try:
-        env = decode_envelope(raw)
-        decode_data(env.inner)  # the gate decodes the job's data too
+        env = decode_envelope(raw)  # the gate reads the envelope only; data waits for the job's start
     except CodecError:
         env = None
     core = _core()
@@ -235,6 +235,14 @@ def test_arbitrary_envelopes_decode_or_are_decode_failed_and_never_break_the_fai
         assert verdict.reason == "retries_exhausted"
         return
     assert isinstance(verdict, Delivery)
+    try:
+        verdict.payload()
+    except CodecError as exc:  # at its start the worker dead-letters it, naming what failed
+        row = core.reject_row(core.undecodable(verdict, exc))
+        assert row[8] == "decode_failed" and row[9] and row[2] == env.id and row[7] == raw
+        with pytest.raises(CodecError):
+            decode_data(env.inner)  # the codec's own verdict
+        return
     for unrecoverable in (False, True):
         row, outcome, delay = core.failure_row(verdict, ValueError("x" * 10_000), unrecoverable, 5, NOW)
         assert outcome in ("retry", "retries_exhausted", "unrecoverable")
