@@ -27,8 +27,12 @@ RECIPE=1
 # test_redis_py_contract.py: the redis-py internals the lanes touch, checked at each pinned version)
 SUITES=("$ROOT/tests/engine" "$ROOT/tests/sync" "$ROOT/tests/ops" "$ROOT/tests/worker")
 EXTRAS=test,metrics,parquet
-# the newest venv's tests run in a random order with this seed (printed; set it to replay an order)
-SEED="${CHASQUI_TEST_SEED:-$(( (RANDOM << 15) | RANDOM ))}"
+# The newest venv's tests run shuffled (global random order), with this seed (printed).  CI keeps
+# one proven order, so a red run always means a change broke it (a test that depends on another's
+# leftovers, a fixture whose setup is not idempotent), never a new draw; scripts/order_check.sh
+# draws fresh seeds, and CHASQUI_TEST_SEED=random (or a number) picks another here.
+SEED="${CHASQUI_TEST_SEED:-197530602}"
+[ "$SEED" != random ] || SEED=$(( (RANDOM << 15) | RANDOM ))
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 fmt() { printf '%d.%03ds' $(($1 / 1000)) $(($1 % 1000)); }

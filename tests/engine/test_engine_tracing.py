@@ -30,9 +30,12 @@ pytestmark = pytest.mark.single_node("tracing is per entry: the cluster adds not
 EXPORTER = InMemorySpanExporter()
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def _provider() -> None:
-    """The SDK as the process' global provider (settable once per process: kept if present)."""
+    """The SDK as the process' global provider (settable once per process: kept if present).
+    Once per session, not per module: in a shuffled run the module's tests are spread out, a
+    module fixture is set up again each time, and every setup added one more span processor,
+    so each span was exported twice, three times... (issue 29, seed 197530602)."""
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         provider = TracerProvider()
