@@ -222,7 +222,12 @@ def evalsha_denied(error: BaseException) -> bool:
 REDIS_ERRORS = (rexc.RedisError, RedisClusterException)
 
 # Error-reply codes redis-py has no class for (it keeps the code in the message).
-_REPLY_CODES: dict[str, type[ScriptError]] = {"BUSYGROUP": BusyGroupError, "NOGROUP": NoGroupError}
+# UNBLOCKED: a blocked XREADGROUP whose stream (and so its group) was deleted meanwhile
+_REPLY_CODES: dict[str, type[ScriptError]] = {
+    "BUSYGROUP": BusyGroupError,
+    "NOGROUP": NoGroupError,
+    "UNBLOCKED": NoGroupError,
+}
 _REPLY_CLASSES: tuple[tuple[type[BaseException], type[ScriptError]], ...] = (
     (rexc.NoScriptError, NoScriptError),
     (rexc.ReadOnlyError, ReadOnlyReplicaError),

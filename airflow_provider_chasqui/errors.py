@@ -25,6 +25,7 @@ __all__ = [
     "NotSupportedError",
     "UnrecoverableError",
     "HandlerNotFound",
+    "TRANSIENT_ERRORS",
 ]
 
 
@@ -131,3 +132,9 @@ class HandlerNotFound(UnrecoverableError, LookupError):
     def for_name(cls, name: str) -> HandlerNotFound:
         """The error for job name ``name`` (one message for every lookup)."""
         return cls(f"no handler registered for job name {name!r}")
+
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ChasquiConnectionError, ReadOnlyReplicaError, ClusterBusyError)
+"""What a consumer waits out and retries: Redis unreachable, a failover under way (a write
+reached a replica, a cluster moving slots).  Package errors only: code holding a raw redis-py
+client passes its errors through ``drivers_common.translate_error`` first."""

@@ -443,6 +443,15 @@ class ConsumerCore:
         detail = r.detail if r.reason in (MALFORMED, DECODE_FAILED) else ""
         return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, r.dlq_name, "")
 
+    @staticmethod
+    def refusal_row(
+        entry_id: bytes, job_id: str, name: str, attempt: int, payload: bytes, detail: str, dlq_name: bytes = b""
+    ) -> FailRow:
+        """A job its consumer took but will not run (every Airflow asset watcher refused it: their
+        reasons in ``detail``) as one ``fail_batch`` DLQ row, reason ``unrecoverable``; no
+        handler ran, so no ``failed`` event."""
+        return ("d", entry_id, job_id, name, attempt, "", 0, payload, UNRECOVERABLE, clip_text(detail), dlq_name, "")
+
     def fail(self, rows: list[FailRow], features: Features, now: int) -> Call:
         """One ``fail_batch`` call for rows of :meth:`failure_row` / :meth:`reject_row` (12 values each)."""
         k = self.keys

@@ -24,6 +24,7 @@ from .calls import Flow, command, int_reply, str_reply
 from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
 from .keys import QueueKeys
 from .maintenance import glob_escape
+from .scan import parse_scan, scan_call
 from .schedules import show_key
 
 __all__ = [
@@ -48,6 +49,10 @@ class ConsumerInfo:
 
 @dataclass(frozen=True, slots=True)
 class QueueSnapshot:
+    """One queue as every viewer sees it: ``chasqui inspect``/``watch``, the dashboard's queue
+    rows and pages, and a worker's Prometheus depth gauges all read this (one flow, so they
+    agree by construction)."""
+
     queue: str
     stream: int
     pending: int
@@ -61,6 +66,15 @@ class QueueSnapshot:
     scheduler_leader: str | None
     group_exists: bool
     consumers: list[ConsumerInfo] = field(default_factory=list)
+    waiting: int | None = None  # entries not yet delivered to the group (its lag; None: Redis cannot tell)
+    oldest_waiting_ms: int | None = None  # age of the oldest of them (by its stream id), None when none
+    overdue: int = 0  # delayed jobs already due (the promoter is behind)
+    quarantined: int = 0  # repeatable specs set aside as unreadable
+    groups: list[dict[str, Any]] = field(default_factory=list)  # every group of the stream (XINFO GROUPS)
+
+    @property
+    def consumer_max_idle_ms(self) -> int:
+        return max((c.idle_ms for c in self.consumers), default=0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,9 +90,23 @@ def score_ms(raw: Any) -> int | str:
     return int(value) if math.isfinite(value) else str_reply(raw)
 
 
+def _group_row(flat: list[Any]) -> dict[str, Any]:
+    info = _parse_info(flat or [])
+    return {
+        "name": str_reply(info.get("name", b"")),
+        "pending": int_reply(info.get("pending", 0)),
+        "consumers": int_reply(info.get("consumers", 0)),
+        "last_delivered": str_reply(info.get("last-delivered-id", b"0-0")),
+        "lag": None if info.get("lag") is None else int_reply(info["lag"]),
+    }
+
+
 def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int = 5) -> Flow[QueueSnapshot]:
+    """A :class:`QueueSnapshot`: the counters in one pipeline, then the groups, the group's
+    consumers and the oldest waiting entry only where they exist (XINFO on a missing stream or
+    group is an error, not an empty list)."""
     k = QueueKeys.for_queue(queue)
-    (stream, delayed, oldest, dlq, specs, paused, fires, promoter, scheduler, groups_exist) = yield [
+    (stream, delayed, oldest, dlq, specs, paused, fires, promoter, scheduler, exists, overdue, quarantined) = yield [
         command("XLEN", k.stream),
         command("ZCARD", k.delayed),
         command("ZRANGE", k.delayed, 0, 0, "WITHSCORES"),
@@ -89,43 +117,48 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         command("GET", k.promoter_lock),
         command("GET", k.scheduler_lock),
         command("EXISTS", k.stream),
+        command("ZCOUNT", k.delayed, "-inf", now_ms),
+        command("HLEN", k.repeat_quarantine),
     ]
     consumers: list[ConsumerInfo] = []
-    pending = 0
-    group_exists = False
-    if int_reply(groups_exist):
-        groups = yield command("XINFO", "GROUPS", k.stream)
-        for g in groups or []:
-            info = _parse_info(g)
-            if str_reply(info.get("name", b"")) == group:
-                group_exists = True
-                pending = int_reply(info.get("pending", 0))
-        if group_exists:
-            rows = yield command("XINFO", "CONSUMERS", k.stream, group)
-            for row in rows or []:
-                info = _parse_info(row)
-                consumers.append(
-                    ConsumerInfo(
-                        str_reply(info["name"]), int_reply(info.get("pending", 0)), int_reply(info.get("idle", 0))
-                    )
-                )
-    first = score_ms(oldest[1]) if oldest else None
-    lag = max(0, now_ms - first) if isinstance(first, int) else None
+    groups = [_group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if int_reply(exists) else []) or []]
+    mine = next((g for g in groups if g["name"] == group), None)
+    if mine is not None:
+        for row in (yield command("XINFO", "CONSUMERS", k.stream, group)) or []:
+            info = _parse_info(row)
+            consumers.append(
+                ConsumerInfo(str_reply(info["name"]), int_reply(info.get("pending", 0)), int_reply(info.get("idle", 0)))
+            )
+    waiting = mine["lag"] if mine is not None else int_reply(stream)
+    oldest_waiting = None
+    if int_reply(stream):
+        after = mine["last_delivered"] if mine is not None else "0-0"
+        first = yield command("XRANGE", k.stream, f"({after}" if after != "0-0" else "-", "+", "COUNT", 1)
+        if first:
+            oldest_waiting = max(0, now_ms - int(str_reply(first[0][0]).partition("-")[0] or 0))
+        elif waiting is None:
+            waiting = 0
+    first_due = score_ms(oldest[1]) if oldest else None
     pairs = [(show_key(fires[i]), score_ms(fires[i + 1])) for i in range(0, len(fires or []), 2)]
     return QueueSnapshot(
         queue=queue,
         stream=int_reply(stream),
-        pending=pending,
+        pending=mine["pending"] if mine is not None else 0,
         delayed=int_reply(delayed),
-        oldest_delayed_lag_ms=lag,
+        oldest_delayed_lag_ms=max(0, now_ms - first_due) if isinstance(first_due, int) else None,
         dlq=int_reply(dlq),
         specs=int_reply(specs),
         paused_specs=int_reply(paused),
         next_fires=pairs,
         promoter_leader=str_reply(promoter) if promoter else None,
         scheduler_leader=str_reply(scheduler) if scheduler else None,
-        group_exists=group_exists,
+        group_exists=mine is not None,
         consumers=consumers,
+        waiting=waiting,
+        oldest_waiting_ms=oldest_waiting,
+        overdue=int_reply(overdue),
+        quarantined=int_reply(quarantined),
+        groups=groups,
     )
 
 
@@ -455,24 +488,27 @@ def job_details(
 SKEW_MS = 60_000  # a stream entry's id is the server's clock; the job id's time is the producer's
 
 
+# A job's entry is looked for inside Redis (``core/scan.py``): only entries holding its id cross
+# the network, other fields cut to 4 KiB, at most 64 MiB read per look (issue 26).
+JOB_SEARCH: dict[str, Any] = {"clip": 4096, "whole_d": True, "max_bytes": 64 * 1024 * 1024, "max_matches": 4}
+
+
 def _search_stream(
     key: str, job_id: str, start_ms: int | None, pages: int, d: JobDetails, what: str
 ) -> Flow[tuple[str, str, Envelope, dict[str, Any]] | None]:
-    """The first entry of ``key`` whose envelope has ``job_id``, reading pages from ``start_ms``
-    (less a clock skew) on: ``(entry_id, name, envelope, fields)`` or None."""
+    """The first entry of ``key`` whose envelope has ``job_id``, looking at most ``pages`` x
+    ``PAGE`` entries from ``start_ms`` (less a clock skew) on: ``(entry_id, name, envelope,
+    fields)`` or None; a note says where a bound stopped the look."""
     start = "-" if start_ms is None else f"{max(0, start_ms - SKEW_MS)}-0"
-    first = start
-    for _ in range(pages):
-        rows = (yield command("XRANGE", key, start, "+", "COUNT", PAGE)) or []
-        for entry_id, flat in rows:
-            f = _parse_info(flat or [])
-            env = _envelope_of(f.get("d", b""))
-            if env is not None and env.id == job_id:
-                return str_reply(entry_id), str_reply(f.get("n", b"")), env, f
-        if len(rows) < PAGE:
-            return None
-        start = "(" + str_reply(rows[-1][0])
-    d.notes.append(f"the {what} was searched {pages * PAGE} entries from {first}: the job may be further on")
+    found = parse_scan((yield scan_call(key, start, count=pages * PAGE, needle=job_id.encode(), **JOB_SEARCH)))
+    for entry_id, fields, _size in found.matches:
+        env = _envelope_of(fields.get("d", b""))
+        if env is not None and env.id == job_id:
+            return entry_id, str_reply(fields.get("n", b"")), env, fields
+    if not found.done:
+        d.notes.append(
+            f"the {what} was searched from {start} up to entry {found.last or '-'}: the job may be further on"
+        )
     return None
 
 

@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import ChasquiError, ConfigError
 from .auth import TOKEN_COOKIE, CsrfKey, open_access
-from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, Source, SourceSet, StaticSources, audit
+from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, Source, SourceSet, StaticSources, audit, pretty
 from .origin import OriginGuard
 
 __all__ = ["create_app"]
@@ -511,45 +511,61 @@ def _job_page(c: Ctx) -> Response:
     if not queue or not job_id:
         return c.page("Job", "<h2>Job</h2>" + _job_form(c, names, queue, job_id), "job")
     j = c.source.job(queue, job_id)
-    payload = j["payload"] or {}
+    if j is None:
+        body = (
+            f'<h2>Job {h(job_id)}</h2><p class="note">No trace of this job on {h(queue)}: a wrong id or '
+            "queue, or its records expired.</p>"
+        )
+        return c.page(f"Job {job_id}", body + _job_form(c, names, queue, job_id), "job")
     rows = [
         ["queue", f'<a href="{c.url("/queue", queue=queue)}">{h(queue)}</a>'],
         ["id", f"<code>{h(job_id)}</code>"],
-        ["state", f'<b class="state">{h(j["state"])}</b>'],
-        ["name", h(j["name"])],
-        ["created", when(j["created_ms"])],
-        ["attempts", h(j["attempts"])],
-        ["found in", h(j["where"])],
+        ["state", f'<b class="state">{h(j.state)}</b>'],
+        ["name", h(j.name)],
+        ["created", when(j.created_at_ms)],
+        ["attempts", h(j.attempt)],
     ]
-    if j.get("dlq_id"):
+    if j.entry_id:
+        rows.append(["stream entry", h(j.entry_id) + (f" held by {h(j.consumer)}" if j.consumer else "")])
+    if j.run_at_ms is not None:
+        rows.append(["due", when(j.run_at_ms)])
+    if j.dlq:
+        dlq_id = j.dlq.get("dlq_id")
         rows.append(
             [
                 "DLQ entry",
-                f'<a href="{c.url("/dlq/entry", queue=queue, id=j["dlq_id"])}">{h(j["dlq_id"])}</a>'
-                f" reason {h(j.get('dlq_reason'))}",
+                f'<a href="{c.url("/dlq/entry", queue=queue, id=dlq_id)}">{h(dlq_id)}</a>'
+                f" reason {h(j.dlq.get('reason'))}",
             ]
         )
-    if j["failure"]:
-        f = j["failure"]
-        rows.append(["failure", f'{h(f["reason"])}: <pre class="inline">{h(f["detail"])}</pre>'])
+    if j.failure:
+        f = j.failure
+        rows.append(["failure", f'{h(f.get("reason"))}: <pre class="inline">{h(f.get("detail"))}</pre>'])
     body = f"<h2>Job {h(job_id)}</h2>" + table(["what", "value"], rows, "kv")
-    for note in j.get("search_notes") or ():  # a bound stopped the search (see dashboard/data.py)
-        body += f'<p class="note">{h(note)}: a bound on the bytes read stopped it</p>'
-    if payload.get("data") is not None:
-        cut = ' <span class="note">(cut at 64 KiB)</span>' if payload.get("truncated") else ""
-        body += (
-            f"<h3>Data <small>{h(payload.get('size'))} bytes</small>{cut}</h3>"
-            f'<pre class="data">{h(payload["data"])}</pre>'
-        )
-    if j["result"] is not None:
-        body += f'<h3>Result</h3><pre class="data result">{h(j["result"])}</pre>'
+    for note in j.notes:  # a bound stopped a search, a record did not decode (core/inspect.py)
+        body += f'<p class="note">{h(note)}</p>'
+    if j.data_bytes is not None:
+        text, cut = pretty(j.data)
+        more = ' <span class="note">(cut at 64 KiB)</span>' if cut else ""
+        body += f'<h3>Data <small>{h(j.data_bytes)} bytes</small>{more}</h3><pre class="data">{h(text)}</pre>'
+    if j.has_result:
+        body += f'<h3>Result</h3><pre class="data result">{h(pretty(j.result)[0])}</pre>'
     events = [
-        [when(e["ts_ms"]), h(e["event"]), h(", ".join(f"{k}={v}" for k, v in e["fields"].items() if k != "ts"))]
-        for e in j["timeline"]
+        [
+            when(_event_ms(e)),
+            h(e.get("e")),
+            h(", ".join(f"{k}={v}" for k, v in e.items() if k not in ("e", "id", "ts"))),
+        ]
+        for e in j.events
     ]
     body += "<h3>Events</h3>" + table(["at", "event", "fields"], events, "timeline")
     body += _job_form(c, names, queue, job_id)
     return c.page(f"Job {job_id}", body, "job")
+
+
+def _event_ms(event: dict[str, Any]) -> int | None:
+    ts = event.get("ts", "")
+    return int(ts) if isinstance(ts, str) and ts.isdigit() else None
 
 
 def _dlq_page(c: Ctx) -> Response:

@@ -14,27 +14,27 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 
 from ..core.calls import Flow, command, int_reply, script_call, str_reply
-from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms, split_member
-from ..core.inspect import QueueSnapshot, snapshot
+from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms
+from ..core.inspect import JobDetails, QueueSnapshot, job_details, snapshot
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.producer import parse_fields
 from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 from ..core.schedules import SpecFlows
 from ..core.schedules import _row as spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
-from ..errors import CodecError, ConfigError
+from ..errors import CodecError, ConfigError, JobNotFound
 from ..sync._driver import SyncDriver
 from ..sync.queue import SyncQueue
 
 _R = TypeVar("_R")
 
-__all__ = ["Source", "SourceSet", "StaticSources", "ulid_ms", "pretty", "audit"]
+__all__ = ["Source", "SourceSet", "StaticSources", "pretty", "audit"]
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("airflow_provider_chasqui.dashboard.audit")
@@ -53,7 +53,6 @@ DATA_CAP = 64 * 1024  # characters of a payload shown
 SCAN_COUNT = 5000
 QUEUE_CACHE = 256  # queue objects a Source keeps (see Source.queue)
 SCAN_REFRESH_S = 30.0
-_CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
 
 
 def audit(user: str, source: str, queue: str, action: str, **details: Any) -> None:
@@ -67,19 +66,6 @@ def audit(user: str, source: str, queue: str, action: str, **details: Any) -> No
         action,
         extra,
     )
-
-
-def ulid_ms(job_id: str) -> int | None:
-    """The creation time a ULID job id carries (None for ids that are no ULID)."""
-    if len(job_id) != 26:
-        return None
-    try:
-        value = 0
-        for ch in job_id[:10].upper():
-            value = value * 32 + _CROCKFORD[ch]
-    except KeyError:
-        return None
-    return value if 0 < value < 2**48 else None
 
 
 def pretty(value: Any, cap: int = DATA_CAP) -> tuple[str, bool]:
@@ -125,22 +111,27 @@ def _decode_payload(raw: bytes) -> dict[str, Any]:
 
 @dataclass
 class QueueRow:
-    """One row of the Queues page."""
+    """One row of the Queues page: the queue's snapshot (``core.inspect``, what ``chasqui
+    inspect`` and the metrics read too) and the page's own addition, the per-minute rates."""
 
     queue: str
     snap: QueueSnapshot
-    waiting: int | None
-    oldest_waiting_age_ms: int | None
     completed: list[int]  # per minute, oldest first (RATE_MINUTES buckets)
     failed: list[int]
     events_window_full: bool
-    groups: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def waiting(self) -> int | None:
+        return self.snap.waiting
+
+    @property
+    def oldest_waiting_age_ms(self) -> int | None:
+        return self.snap.oldest_waiting_ms
 
     def to_dict(self) -> dict[str, Any]:
         d = self.snap.to_dict()
         d.update(
-            waiting=self.waiting,
-            oldest_waiting_age_ms=self.oldest_waiting_age_ms,
+            oldest_waiting_age_ms=self.snap.oldest_waiting_ms,
             completed_per_min=self.completed,
             failed_per_min=self.failed,
             events_window_full=self.events_window_full,
@@ -149,41 +140,12 @@ class QueueRow:
 
 
 def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDOW) -> Flow[QueueRow]:
-    """The snapshot plus what the dashboard adds: the oldest waiting job's age and the
-    completed/failed counts per minute over the newest ``EVENT_WINDOW`` events of the last
-    ``RATE_MINUTES`` minutes (both bounded reads)."""
+    """The snapshot plus the completed/failed counts per minute over the newest
+    ``event_window`` events of the last ``RATE_MINUTES`` minutes (a bounded read)."""
     k = QueueKeys.for_queue(queue)
     snap: QueueSnapshot = yield from snapshot(queue, group=group, now_ms=now)
     since = now - RATE_MINUTES * 60_000
-    groups_raw, events = yield [
-        command("XINFO", "GROUPS", k.stream) if snap.group_exists else command("ECHO", b""),
-        command("XREVRANGE", k.events, "+", f"{since}-0", "COUNT", event_window),
-    ]
-    waiting = oldest_age = None
-    groups: list[dict[str, Any]] = []
-    last_delivered = "0-0"
-    for g in groups_raw if isinstance(groups_raw, list) else []:
-        info = _info(g)
-        row: dict[str, Any] = {
-            "name": str_reply(info.get("name", b"")),
-            "pending": int_reply(info.get("pending", 0)),
-            "consumers": int_reply(info.get("consumers", 0)),
-            "last_delivered": str_reply(info.get("last-delivered-id", b"0-0")),
-            "lag": None if info.get("lag") is None else int_reply(info["lag"]),
-        }
-        groups.append(row)
-        if row["name"] == group:
-            last_delivered, waiting = row["last_delivered"], row["lag"]
-    if snap.stream:
-        first = yield command(
-            "XRANGE", k.stream, f"({last_delivered}" if last_delivered != "0-0" else "-", "+", "COUNT", 1
-        )
-        if first:
-            oldest_age = max(0, now - _id_ms(str_reply(first[0][0])))
-        elif waiting is None:
-            waiting = 0
-    if waiting is None and not snap.group_exists:
-        waiting = snap.stream
+    events = yield command("XREVRANGE", k.events, "+", f"{since}-0", "COUNT", event_window)
     completed = [0] * RATE_MINUTES
     failed = [0] * RATE_MINUTES
     for entry_id, flat in events or []:
@@ -196,7 +158,7 @@ def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDO
             completed[bucket] += 1
         elif kind in (b"failed", b"dlq"):
             failed[bucket] += 1
-    return QueueRow(queue, snap, waiting, oldest_age, completed, failed, len(events or []) >= event_window, groups)
+    return QueueRow(queue, snap, completed, failed, len(events or []) >= event_window)
 
 
 class Source:
@@ -306,8 +268,12 @@ class Source:
     def queue_row(self, queue: str, group: str | None = None, event_window: int = EVENT_WINDOW) -> QueueRow:
         return self.run(queue_flow(queue, group or self.group, now_ms(), event_window))
 
-    def job(self, queue: str, job_id: str) -> dict[str, Any]:
-        return self.run(job_flow(queue, job_id, now_ms()))
+    def job(self, queue: str, job_id: str) -> JobDetails | None:
+        """The job as ``chasqui job show`` sees it (``core.inspect.job_details``), None if no trace."""
+        try:
+            return self.run(job_details(queue, job_id, group=self.group))
+        except JobNotFound:
+            return None
 
     def dlq_page(
         self, queue: str, cursor: str | None, count: int, reason: str | None, name: str | None
@@ -346,135 +312,6 @@ class Source:
 def _one(call: Any) -> Flow[Any]:
     reply = yield call
     return reply
-
-
-def job_flow(queue: str, job_id: str, now: int) -> Flow[dict[str, Any]]:
-    """Everything known about one job, found with bounded reads around its creation time
-    (the ULID's timestamp): its stream entry, DLQ entry, delayed member, stored result or
-    failure, and its events."""
-    k = QueueKeys.for_queue(queue)
-    created = ulid_ms(job_id)
-    start = f"{max(0, created - 1000)}-0" if created else "-"
-    result, failure, didx, early, late, groups = yield [
-        command("GET", k.result(job_id)),
-        command("GET", k.failure(job_id)),
-        command("GET", k.didx(job_id)),
-        command("XRANGE", k.events, start, "+", "COUNT", EVENT_WINDOW) if created else command("ECHO", b""),
-        command("XREVRANGE", k.events, "+", "-", "COUNT", EVENT_WINDOW),  # the newest: a job run late
-        command("EXISTS", k.stream),
-    ]
-    timeline: list[dict[str, Any]] = []
-    dlq_at = None
-    seen: set[str] = set()
-    needle = job_id.encode()
-    for entry_id, flat in (early if isinstance(early, list) else []) + (late or []):
-        if needle not in (flat or []) or str_reply(entry_id) in seen:  # the id is one of the field values
-            continue
-        seen.add(str_reply(entry_id))
-        f = {key: str_reply(v) for key, v in _fields(flat).items()}
-        if f.get("id") != job_id:
-            continue
-        eid = str_reply(entry_id)
-        kind = f.pop("e", "")
-        f.pop("id", None)
-        timeline.append({"event_id": eid, "event": kind, "ts_ms": _id_ms(eid), "fields": f})
-        if kind == "dlq":
-            dlq_at = _id_ms(eid)
-    timeline.sort(key=lambda e: e["event_id"])
-    out: dict[str, Any] = {
-        "queue": queue,
-        "job_id": job_id,
-        "created_ms": created,
-        "timeline": timeline,
-        "name": None,
-        "payload": None,
-        "where": None,
-        "result": None,
-        "failure": None,
-        "search_notes": [],
-    }
-    if result is not None:
-        try:
-            out["result"], out["result_truncated"] = pretty(decode_data(bytes(result)))
-        except Exception as exc:  # noqa: BLE001
-            out["result"], out["result_truncated"] = f"(undecodable result: {exc})", False
-    if failure is not None:
-        try:
-            rec = decode_data(bytes(failure))
-            out["failure"] = {"reason": str(rec[0]), "detail": str(rec[1]), "finished_ms": rec[2]}
-        except Exception as exc:  # noqa: BLE001
-            out["failure"] = {"reason": "?", "detail": f"(undecodable failure record: {exc})", "finished_ms": None}
-    if didx is not None:
-        try:
-            name, env = split_member(bytes(didx))
-            out.update(name=name, payload=_decode_payload(env), where="delayed")
-        except CodecError:
-            pass
-    if out["where"] is None and created and int_reply(groups):
-        # the entry is XADDed when the job is created (Redis' clock), or later: the window at the
-        # creation time first, then one from a second before it (a producer clock ahead of Redis')
-        for since in (created, created - 1000):
-            hit = yield from _find_job(k.stream, f"{max(0, since)}-0", job_id, "stream", out["search_notes"])
-            if hit is not None:
-                entry_id, ef, p = hit
-                out.update(name=str_reply(ef.get("n", b"")), payload=p, where="stream", stream_id=entry_id)
-                break
-    if out["where"] is None:
-        at = dlq_at or (out["failure"] or {}).get("finished_ms") or created
-        if at:
-            hit = yield from _find_job(k.dlq, f"{max(0, int(at) - 5000)}-0", job_id, "DLQ", out["search_notes"])
-            if hit is not None:
-                entry_id, ef, p = hit
-                out.update(
-                    name=str_reply(ef.get("n", b"")),
-                    payload=p,
-                    where="dlq",
-                    dlq_id=entry_id,
-                    dlq_reason=str_reply(ef.get("reason", b"")),
-                    dlq_detail=str_reply(ef["detail"]) if "detail" in ef else None,
-                )
-    for ev in timeline:
-        if out["name"] is None and ev["fields"].get("n"):
-            out["name"] = ev["fields"]["n"]
-    out["attempts"] = max(
-        [int(e["fields"].get("attempt", 0) or 0) for e in timeline if str(e["fields"].get("attempt", "")).isdigit()]
-        + [(out["payload"] or {}).get("attempt") or 0]
-    )
-    out["state"] = _job_state(out, timeline)
-    return out
-
-
-def _find_job(
-    stream: str, start: str, job_id: str, what: str, notes: list[str]
-) -> Flow[tuple[str, dict[str, bytes], dict[str, Any]] | None]:
-    """``(entry id, fields, decoded payload)`` of ``job_id``'s entry in ``stream`` from ``start``,
-    searched inside Redis (``core/scan.py``: only entries holding the id come back); a note in
-    ``notes`` when a bound stopped the search before the range ended."""
-    found = parse_scan((yield scan_call(stream, start, count=JOB_WINDOW, **_JOB_SEARCH, needle=job_id.encode())))
-    if not found.done:
-        notes.append(f"the {what} was searched up to entry {found.last or '-'}")
-    for entry_id, fields, _size in found.matches:
-        p = _decode_payload(fields.get("d", b""))
-        if p["job_id"] == job_id:
-            return entry_id, fields, p
-    return None
-
-
-def _job_state(job: dict[str, Any], timeline: list[dict[str, Any]]) -> str:
-    if job["where"] == "dlq":
-        return "failed (in the DLQ)"
-    if job["result"] is not None:
-        return "completed"
-    last = timeline[-1]["event"] if timeline else None
-    if last == "completed":
-        return "completed"
-    if job["failure"] is not None or last == "dlq":
-        return "failed"
-    if job["where"] == "delayed" or last == "retry-scheduled":
-        return "delayed"
-    if job["where"] == "stream":
-        return "waiting or active"
-    return last or "unknown (not found in the bounded windows; results may have expired)"
 
 
 def _dlq_row(entry_id: str, f: dict[str, bytes], size: int) -> dict[str, Any]:

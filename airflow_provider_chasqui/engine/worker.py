@@ -26,7 +26,7 @@ ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the
 (XCLAIM JUSTID of the entries this consumer still owns), so the recovery of other workers
 never takes a job whose worker lives, however long the job runs.  Entries found taken over
 (this process was paused or cut off) are dropped if queued and never acked if running, and a
-slot never starts a job while the renewal is overdue (``_lease_held``): it renews first.
+slot never starts a job while the renewal is overdue (``Intake.lease_held``): it renews first.
 
 Every task is supervised: an unexpected exception is logged with its traceback and the task
 restarted after a backoff; :meth:`Worker.health` reports them.  A failure whose routing raises
@@ -52,10 +52,9 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import msgpack
-from redis import exceptions as rexc
 
 from .. import tracing as _tracing
-from ..core.calls import command, int_reply
+from ..core.calls import command
 from ..core.codec import now_ms
 from ..core.consumer import (
     DECODE_FAILED,
@@ -63,30 +62,24 @@ from ..core.consumer import (
     UNDECODED,
     ConsumerCore,
     Delivery,
-    Rejected,
     handler_traceback,
 )
-from ..core.features import Features
+from ..core.pacing import Backoff, LogBudget
 from ..core.retry import RetryPolicy
 from ..core.settings import QueueSettings
 from ..core.urls import with_tls
-from ..drivers_common import translate_error
-from ..errors import ClusterBusyError, CodecError, ConfigError, HandlerNotFound, NoGroupError, UnrecoverableError
+from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
-from .group import GroupConsumer
-from .leader import TRANSIENT
+from .intake import START_CHECK_FRACTION, Intake
 from .promoter import Promoter
 
-__all__ = ["Worker", "WorkerSettings", "Handler"]
+__all__ = ["Worker", "WorkerSettings", "Handler", "LogBudget"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _IO_MARGIN_SECS = 10.0  # socket timeout beyond the longest expected call (see Worker._run)
-# A cluster failing over answers CLUSTERDOWN / TRYAGAIN / MASTERDOWN for a while: wait it out
-# like a lost connection (an ack batch that gave up would strand its entries in _inflight).
-_RETRYABLE = TRANSIENT + (rexc.ClusterDownError, rexc.TryAgainError, rexc.MasterDownError, ClusterBusyError)
 
 
 @dataclass(slots=True)
@@ -101,49 +94,6 @@ class _TaskHealth:
 
 
 DEFAULT_CONCURRENCY = 100  # chasquimq's Worker default
-
-
-def _retrieved(f: asyncio.Future[Any]) -> None:
-    if not f.cancelled():
-        f.exception()
-
-
-# The lease (claim_min_idle_ms) is renewed this many times per term, so a healthy worker's last
-# renewal began at most a tenth of a lease ago, and a pause shorter than the remaining nine
-# tenths never loses a running job (tests/faults/test_lease_pause.py).
-RENEWALS_PER_LEASE = 10
-# A slot renews before it starts a job when the last renewal began longer ago than this share
-# of the lease (two renewals missed: a paused process, a blocked loop; see Worker._lease_held).
-START_CHECK_FRACTION = 0.2
-
-
-class LogBudget:
-    """At most ``burst`` records per ``window`` seconds (fixed windows); the rest are counted,
-    and the count of a window is handed back once, when the next window starts (or to
-    :meth:`take_suppressed` at shutdown), for one "K not logged" line."""
-
-    def __init__(self, burst: int, window: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst, self.window, self._clock = burst, window, clock
-        self._start = clock()
-        self._used = 0
-        self._suppressed = 0
-
-    def take(self) -> tuple[bool, int]:
-        """``(may log this record, records suppressed in the window that just ended)``."""
-        now = self._clock()
-        ended = 0
-        if now - self._start >= self.window:
-            ended = self.take_suppressed()
-            self._start, self._used = now, 0
-        if self._used < self.burst:
-            self._used += 1
-            return True, ended
-        self._suppressed += 1
-        return False, ended
-
-    def take_suppressed(self) -> int:
-        count, self._suppressed = self._suppressed, 0
-        return count
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -353,8 +303,8 @@ class Worker:
             and stalled > self.settings.read_block_ms / 1000 + 2 * _IO_MARGIN_SECS
         ):
             out["reader"], out["ok"] = f"stalled for {stalled:.0f}s", False
-        late = now - self._renewed_at - self.settings.claim_min_idle_ms / 1000
-        if self._inflight and late > 0:
+        late = now - self._intake.renewed_at - self.settings.claim_min_idle_ms / 1000
+        if self._intake.in_flight and late > 0:
             out["lease"], out["ok"] = f"renewal late by {late:.1f}s", False
         return out
 
@@ -383,33 +333,36 @@ class Worker:
             "socket_connect_timeout": _IO_MARGIN_SECS,
         }
         self.driver = AsyncDriver(self._url, fast_paths=self._fast_paths, **timeouts)
-        self._group = GroupConsumer(self.driver, self.core)
-        self._reader_client = raw_client(self._url, single_connection_client=True, **timeouts)
-        self._reader_client_id: int | None = None
+        self._fail_log = LogBudget(s.fail_log_burst, s.fail_log_window_secs)
+        self._intake = Intake(
+            self.driver,
+            self.core,
+            lease_ms=s.claim_min_idle_ms,
+            reader=raw_client(self._url, single_connection_client=True, **timeouts),
+            stopping=self._stopping,
+            log_budget=self._fail_log,
+            metric=self._metric,
+            on_lost=self._lease_lost,
+            label=f"worker {self.consumer_id}",
+        )
         try:
-            self._features: Features = await self._with_retry(self.driver.features)
-            await self._with_retry(self._group.ensure_group)
-        except _RETRYABLE:
+            await self._with_retry(self._intake.open)
+        except TRANSIENT_ERRORS:
             if not self._stopping.is_set():
                 raise
             # close() before Redis was ever reachable: a clean stop, not a crash
-            await self._reader_client.aclose()
+            await self._intake.close()
             await self.driver.close()
             log.info("worker %s closed before Redis became reachable", self.consumer_id)
             return
         self._deque: collections.deque[Delivery] = collections.deque()
         self._idle: list[asyncio.Future[None]] = []
-        self._inflight: set[bytes] = set()
-        self._lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
-        self._renewed_at = time.monotonic()  # when the last renewal that covered every in-flight entry began
-        self._start_renewal: asyncio.Future[None] | None = None  # one renewal shared by the slots that wait
         self._health: dict[str, _TaskHealth] = {}
         self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
         self._done_rows: list[tuple[Any, ...]] = []
         self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
         self._fail_info: list[tuple[Any, ...]] = []  # (job_id, name, attempt, outcome, delay, traceback or exc)
-        self._fail_log = LogBudget(s.fail_log_burst, s.fail_log_window_secs)
-        self._acking = 0  # entries of _inflight whose handler finished and whose ack is not yet done
+        self._acking = 0  # entries in flight whose handler finished and whose ack is not yet done
         self._async_fns: dict[Any, bool] = {}
         self._flush_wanted = asyncio.Event()
         self._final_flush = False
@@ -424,13 +377,13 @@ class Worker:
         reader = self._supervised("reader", self._reader)
         slots = [self._supervised("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency)]
         flusher = self._supervised("flusher", self._flusher)
-        leaser = self._supervised("lease", self._leaser)
+        leaser = self._supervised("lease", self._intake.run_leases)
         log.info(
             "worker %s consuming %s (concurrency %d, xackdel %s)",
             self.consumer_id,
             self.name,
             s.concurrency,
-            self._features.xackdel,
+            self._intake.features.xackdel,
         )
         try:
             await self._stopping.wait()
@@ -469,7 +422,7 @@ class Worker:
         leaser: asyncio.Task[None],
     ) -> None:
         s = self.settings
-        await self._unblock_reader()
+        await self._intake.unblock()
         await asyncio.gather(reader, return_exceptions=True)
         for lp, _task in background:
             lp.stop()
@@ -485,12 +438,12 @@ class Worker:
         await asyncio.gather(flusher, return_exceptions=True)
         leaser.cancel()  # the leases were renewed until the last ack was written
         await asyncio.gather(leaser, *(t for _lp, t in background), return_exceptions=True)
-        await self._leave_group()
+        await self._intake.leave()
         suppressed = self._fail_log.take_suppressed()
         if suppressed:
-            self._log_suppressed(suppressed)
+            self._intake.log_suppressed(suppressed)
         self._executor.shutdown(wait=False, cancel_futures=True)
-        await self._reader_client.aclose()
+        await self._intake.close()
         await self.driver.close()
         log.info("worker %s stopped after %d jobs", self.consumer_id, self.processed)
 
@@ -502,15 +455,14 @@ class Worker:
 
     async def _with_retry(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         """Retry a call through Redis outages until it works or the worker is closing."""
-        failures = 0
+        backoff = Backoff()
         while True:
             try:
                 return await fn()
-            except _RETRYABLE as exc:
-                failures += 1
-                if self._stopping is not None and self._stopping.is_set() and failures > 3:
+            except TRANSIENT_ERRORS as exc:
+                delay = backoff.next()
+                if self._stopping is not None and self._stopping.is_set() and backoff.failures > 3:
                     raise
-                delay = min(0.05 * 2 ** min(failures, 7), 5.0)
                 log.warning("worker %s: Redis unavailable (%s); retry in %.2fs", self.consumer_id, exc, delay)
                 await asyncio.sleep(delay)
 
@@ -537,7 +489,7 @@ class Worker:
         and ``fn`` restarted after a backoff (0.1 s doubling to 5 s; reset after a minute
         without a crash).  Every loop re-reads its state on start, so a restart is safe."""
         h = self._health[role]
-        streak = 0
+        backoff = Backoff()
         while True:
             try:
                 await fn()
@@ -547,12 +499,13 @@ class Worker:
                 raise
             except Exception as exc:  # logged in full, then the task restarts
                 now = time.monotonic()
-                streak = streak + 1 if now - h.failed_at < 60 else 1
+                if now - h.failed_at >= 60:
+                    backoff.reset()
+                delay = backoff.next()
                 h.restarts += 1
                 h.failed_at = now
                 self._metric("task_restarted", role, 1)
                 h.last_error = f"{type(exc).__name__}: {exc}"[:300]
-                delay = min(0.05 * 2 ** min(streak, 7), 5.0)
                 log.error(
                     "worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay, exc_info=True
                 )
@@ -562,48 +515,17 @@ class Worker:
                 finally:
                     h.backing_off -= 1
 
-    # ---- leases -----------------------------------------------------------------------
-    async def _leaser(self) -> None:
-        """Renew the lease on every in-flight entry ``RENEWALS_PER_LEASE`` times per ``claim_min_idle_ms``.
-        Runs until cancelled after the final ack flush (the drain keeps its leases)."""
-        interval = self.settings.claim_min_idle_ms / 1000 / RENEWALS_PER_LEASE
-        while True:
-            await asyncio.sleep(max(0.0, self._renewed_at + interval - time.monotonic()))
-            try:
-                await self._renew()
-            except _RETRYABLE as exc:
-                log.warning("worker %s: lease renewal failed (%s); retrying", self.consumer_id, exc)
-                await asyncio.sleep(min(interval, 1.0))
-
-    async def _renew(self) -> None:
-        """One ``renew_lease`` call (per 1,000 entries) for all in-flight entries; entries
-        another consumer took over are marked lost (see :meth:`_lease_lost`)."""
-        started = time.monotonic()
-        ids = [eid for eid in self._inflight if eid not in self._lost] if self._lost else list(self._inflight)
-        lost = await self._group.renew(ids)
-        self._renewed_at = started
-        if ids:
-            self._metric("lease_renewed", len(ids) - len(lost))
-        if lost:
-            self._lease_lost(lost)
-
+    # ---- leases (renewed by the intake) -------------------------------------------------------
     def _lease_lost(self, lost: dict[bytes, bytes]) -> None:
-        """Entries this worker held but no longer owns (it was paused or cut off for longer
-        than the lease, and another worker reclaimed them, maybe ran and acked them already).
-        Queued ones are dropped; running ones finish, and the flusher discards their outcome
-        instead of acking an entry another worker is running (XACK does not check ownership)."""
-        lost = {eid: owner for eid, owner in lost.items() if eid in self._inflight and eid not in self._lost}
-        if not lost:
-            return
-        self._metric("lease_lost", len(lost))
-        self._lost.update(lost)
+        """The intake's word that another worker took these in-flight entries over (this one was
+        paused or cut off for longer than the lease).  Queued ones are dropped; running ones
+        finish, and the intake drops their outcome instead of acking an entry another worker runs."""
         queued = [dl for dl in self._deque if dl.entry_id in lost]
         if queued:
             keep = [dl for dl in self._deque if dl.entry_id not in lost]
             self._deque.clear()  # in place: the slots hold this deque
             self._deque.extend(keep)
             for dl in queued:
-                self._lost.pop(dl.entry_id, None)
                 self._release(dl.entry_id)
         log.warning(
             "worker %s: lease lost on %d entries (first: %s, now held by %r); %d were still queued and are "
@@ -615,180 +537,56 @@ class Worker:
             len(queued),
         )
 
-    def _drop_lost(self, rows: list[tuple[Any, ...]], at: int) -> list[tuple[Any, ...]]:
-        """The rows whose entry this worker still owns; the others are released unwritten."""
-        keep = []
-        for row in rows:
-            owner = self._lost.pop(row[at], None)
-            if owner is None:
-                keep.append(row)
-            else:
-                log.warning(
-                    "worker %s: entry %s finished after its lease was lost to %r: outcome not recorded",
-                    self.consumer_id,
-                    row[at],
-                    owner or "nobody (done)",
-                )
-                self._acking -= 1
-                self._release(row[at])
-        return keep
-
-    def _forget_lost(self, rows: list[tuple[Any, ...]], at: int) -> None:
-        for row in rows:
-            self._lost.pop(row[at], None)
-
-    async def _lease_held(self, dl: Delivery) -> bool:
-        """Whether ``dl`` may start.  Asked only when the last renewal began more than
-        ``START_CHECK_FRACTION`` of a lease ago (the renewer is late: the process was paused, or
-        its event loop blocked, maybe past the whole lease while another worker ran the job):
-        renew now and start the job only if this worker still owns its entry.  If the renewal
-        cannot reach Redis the job does not start either; its entry stays pending and is
-        reclaimed (by this worker or another) after the lease."""
-        try:
-            renewal = self._start_renewal
-            if renewal is None or renewal.done():  # after a pause every slot asks at once: one call
-                renewal = self._start_renewal = asyncio.ensure_future(self._renew())
-                renewal.add_done_callback(_retrieved)  # its error is logged below, even if every asker left
-            await asyncio.shield(renewal)
-        except Exception as exc:  # noqa: BLE001 - unknown ownership: do not start, the entry stays pending
-            log.warning(
-                "worker %s: lease of job %s unknown (%s): not started, it is reclaimed after the lease",
-                self.consumer_id,
-                dl.envelope.id,
-                exc,
-            )
-            self._release(dl.entry_id)
-            return False
-        if dl.entry_id in self._lost:  # _lease_lost() dropped the queued ones; this one was already taken
-            owner = self._lost.pop(dl.entry_id)
-            log.warning(
-                "worker %s: job %s not started: its lease was lost to %r",
-                self.consumer_id,
-                dl.envelope.id,
-                owner or "nobody (done)",
-            )
-            self._release(dl.entry_id)
-            return False
-        return True
-
-    async def _check_lease(self) -> None:
-        """Before acks are written: if no renewal began within half a lease (the process was
-        paused, or Redis unreachable), renew first, so an entry taken over meanwhile is known lost."""
-        if self._inflight and time.monotonic() - self._renewed_at > self.settings.claim_min_idle_ms / 2000:
-            try:
-                await self._renew()
-            except Exception as exc:  # noqa: BLE001 - the acks' own retries handle an outage
-                log.warning("worker %s: lease check before acking failed: %s", self.consumer_id, exc)
-
-    async def _reap(self) -> None:
-        """The janitor: remove consumers of the group with nothing pending and idle for 10
-        leases (or 10 read blocks, if longer): workers that died or left without cleaning up."""
-        s = self.settings
-        try:
-            gone = await self._group.reap(10 * max(s.claim_min_idle_ms, s.read_block_ms))
-        except Exception as exc:  # noqa: BLE001 - housekeeping: tried again next time
-            log.warning("worker %s: removing idle consumers failed: %s", self.consumer_id, exc)
-            return
-        if gone:
-            log.info("worker %s removed %d idle consumers of %s: %s", self.consumer_id, len(gone), self.name, gone)
-
-    async def _leave_group(self) -> None:
-        """At a clean stop, remove this worker's consumer if it holds nothing pending."""
-        if self._inflight:
-            return
-        try:
-            await self._group.reap(0, self.consumer_id)
-        except Exception as exc:  # noqa: BLE001 - the janitor of another worker removes it later
-            log.info("worker %s: could not remove its consumer: %s", self.consumer_id, exc)
-
     # ---- reading ----------------------------------------------------------------------
     async def _unblock_reader(self) -> None:
-        if getattr(self, "_reader_client_id", None) is None:
-            return
-        try:
-            await self.driver.client.execute_command("CLIENT", "UNBLOCK", self._reader_client_id)
-        except Exception as exc:  # noqa: BLE001 - best effort; the read ends at its BLOCK timeout anyway
-            log.debug("CLIENT UNBLOCK failed: %s", exc)
+        intake = getattr(self, "_intake", None)
+        if intake is not None:
+            await intake.unblock()
 
     def _capacity(self) -> int:
         """At most ``concurrency + read_count`` entries waiting or running, plus up to as many
         again that finished and wait for their batched ack, so reading overlaps acking."""
         s = self.settings
+        held = len(self._intake.in_flight)
         window = s.concurrency + s.read_count
-        room = min(window - (len(self._inflight) - self._acking), 2 * window - len(self._inflight))
+        room = min(window - (held - self._acking), 2 * window - held)
         if s.max_jobs is not None:  # never take more than the jobs left to run
-            room = min(room, s.max_jobs - self.processed - (len(self._inflight) - self._acking))
+            room = min(room, s.max_jobs - self.processed - (held - self._acking))
         return room
 
     async def _reader(self) -> None:
+        """Hand the intake's batches to the slots while there is room; everything about reading
+        (recovery, the gate, dead-lettering, outages) happens in :meth:`Intake.next_batch`."""
         assert self._stopping is not None
-        s = self.settings
-        next_recovery = 0.0
-        next_reap = time.monotonic() + 5 * s.claim_min_idle_ms / 1000
+        s, intake = self.settings, self._intake
         busy = False
         idle_since = time.monotonic()
-        failures = 0
+        block = (
+            s.read_block_ms if s.idle_exit_secs is None else max(1, min(s.read_block_ms, int(s.idle_exit_secs * 1000)))
+        )
         while not self._stopping.is_set():
             self._beat = time.monotonic()
-            try:
-                if self._reader_client_id is None:
-                    self._reader_client_id = int_reply(await self._reader_client.execute_command("CLIENT", "ID"))
-                if time.monotonic() >= next_recovery:
-                    next_recovery = time.monotonic() + max(0.05, s.claim_min_idle_ms / 2000)
-                    if await self._recover():
-                        busy, idle_since = True, time.monotonic()
-                    if time.monotonic() >= next_reap:
-                        next_reap = time.monotonic() + 5 * s.claim_min_idle_ms / 1000
-                        await self._reap()
-                room = self._capacity()
-                if room <= 0:
-                    await self._wait_for_room()
-                    continue
-                if self._stopping.is_set():  # close() landed during recovery or the wait for room
-                    break
-                block = min(s.read_block_ms, self._block_budget_ms(next_recovery))
-                reply = await self._reader_client.execute_command(*self.core.read(min(room, s.read_count), block).args)
-                failures = 0
-            except TRANSIENT as exc:
-                if self._stopping.is_set():
-                    break
-                failures += 1
-                self._reader_client_id = None
-                delay = min(0.05 * 2 ** min(failures, 7), 5.0)
-                log.warning("worker %s: read failed (%s); reconnecting in %.2fs", self.consumer_id, exc, delay)
-                await asyncio.sleep(delay)
+            room = self._capacity()
+            if room <= 0:
+                await self._wait_for_room()
                 continue
-            except Exception as exc:  # noqa: BLE001 - NOGROUP after the stream was deleted, etc.
-                if isinstance(translate_error(exc), NoGroupError):  # the reader is a raw client
-                    await self._with_retry(self._group.ensure_group)
-                    continue
-                log.error("worker %s: read error %s", self.consumer_id, exc)
-                await asyncio.sleep(0.2)
-                continue
-            entries = reply[0][1] if reply else []
-            if entries:
+            ready = await intake.next_batch(min(room, s.read_count), block)
+            if ready:
                 busy, idle_since = True, time.monotonic()
-                ready, rejected = self.core.gate_fresh(entries)
-                await self._admit(ready, rejected)
+                await self._admit(ready)
                 await asyncio.sleep(0)  # let the woken slots start before the next read is sized
-            else:
-                if busy:
-                    busy = False
-                    await self._emit(self.core.drained_event(now_ms()))
-                if (
-                    s.idle_exit_secs is not None
-                    and not self._deque
-                    and not self._inflight
-                    and time.monotonic() - idle_since >= s.idle_exit_secs
-                ):
-                    log.info("worker %s idle for %.1fs; exiting", self.consumer_id, s.idle_exit_secs)
-                    self._stopping.set()
-
-    def _block_budget_ms(self, next_recovery: float) -> int:
-        budget = int((next_recovery - time.monotonic()) * 1000)
-        if self.settings.idle_exit_secs is not None:
-            budget = min(budget, int(self.settings.idle_exit_secs * 1000))
-        return max(1, budget)
+                continue
+            if busy:
+                busy = False
+                await self._emit(self.core.drained_event(now_ms()))
+            if (
+                s.idle_exit_secs is not None
+                and not self._deque
+                and not intake.in_flight
+                and time.monotonic() - idle_since >= s.idle_exit_secs
+            ):
+                log.info("worker %s idle for %.1fs; exiting", self.consumer_id, s.idle_exit_secs)
+                self._stopping.set()
 
     async def _wait_for_room(self) -> None:
         fut = asyncio.get_running_loop().create_future()
@@ -800,34 +598,15 @@ class Worker:
         finally:
             self._room_waiter = None
 
-    async def _recover(self) -> bool:
-        """Claim entries idle longer than ``claim_min_idle_ms`` (crashed or stuck consumers)."""
-        s = self.settings
-        room = self._capacity()
-        if room <= 0:
-            return False
-        batch = await self._group.claim_idle(s.claim_min_idle_ms, min(room, s.read_count), self._inflight)
-        if batch:
-            log.info("worker %s reclaimed %d idle entries", self.consumer_id, len(batch))
-            await self._admit(*self.core.gate_rows(batch))
-        return bool(batch)
-
-    async def _admit(self, ready: list[Delivery], rejected: list[Rejected]) -> None:
-        """Write the ``active`` events of the ready jobs in one script call and hand them to
-        the slots, then dead-letter what the arrival gate refused.  The jobs come first: if the
-        dead-lettering fails for good (and ends the reader, which is restarted), they run
-        anyway, and the refused entries stay pending, to be reclaimed and tried again."""
-        if ready:
-            if self.metrics is not None:
-                self.metrics.batch(self.name, len(ready))
-            await self._emit(self.core.active_events_compact(ready, now_ms()))
-            self._inflight.update([dl.entry_id for dl in ready])
-            self._deque.extend(ready)
-            self._wake(1)
-            if len(ready) > 1:
-                asyncio.get_running_loop().call_soon(self._top_up)
-        if rejected:
-            await self._reject(rejected)
+    async def _admit(self, ready: list[Delivery]) -> None:
+        """Write the ``active`` events of the ready jobs in one script call and hand them to the slots."""
+        if self.metrics is not None:
+            self.metrics.batch(self.name, len(ready))
+        await self._emit(self.core.active_events_compact(ready, now_ms()))
+        self._deque.extend(ready)
+        self._wake(1)
+        if len(ready) > 1:
+            asyncio.get_running_loop().call_soon(self._top_up)
 
     def _top_up(self) -> None:
         """Runs once the slot woken for a batch first yields: wakes a slot per job still queued.
@@ -843,28 +622,6 @@ class Worker:
             await self.driver.call(call)
         except Exception as exc:  # noqa: BLE001
             log.warning("worker %s: events write failed: %s", self.consumer_id, exc)
-
-    async def _reject(self, rejected: list[Rejected]) -> None:
-        """Dead-letter what the arrival gate refused, in one script call (entries never admitted)."""
-        for r in rejected:  # within the failure log's budget: a flood of foreign entries is counted, not logged
-            ok, suppressed = self._fail_log.take()
-            if suppressed:
-                self._log_suppressed(suppressed)
-            if ok:
-                log.error(
-                    "worker %s: entry %s of %s dead-lettered: %s %s",
-                    self.consumer_id,
-                    r.entry_id,
-                    self.name,
-                    r.reason,
-                    r.detail,
-                    extra={"queue": self.name, "job_id": r.job_id or None},
-                )
-        rows = [self.core.reject_row(r) for r in rejected]
-        await self._with_retry(lambda: self._group.fail(rows, self._features, now_ms()))
-        if self.metrics is not None:
-            for r in rejected:
-                self.metrics.job_dead(self.name, r.name, r.reason)
 
     # ---- handler slots ----------------------------------------------------------------
     def _wake(self, n: int) -> None:
@@ -896,11 +653,15 @@ class Worker:
         span = token = None
         lease_check = s.claim_min_idle_ms / 1000 * START_CHECK_FRACTION
         monotonic = time.monotonic
+        intake = self._intake
         while True:
             debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
             while queue:
                 dl = queue.popleft()
-                if monotonic() - self._renewed_at > lease_check and not await self._lease_held(dl):
+                if monotonic() - intake.renewed_at > lease_check and not await intake.lease_held(
+                    dl.entry_id, dl.envelope.id
+                ):
+                    self._room()
                     continue
                 data = dl.data
                 if data is UNDECODED:  # decoded only now: the read-ahead window holds bytes (issue 26)
@@ -1050,44 +811,40 @@ class Worker:
                 ROUTING_FAILED,
             )
             row, outcome, delay = self.core.routing_failed_row(dl, exc, err, duration_us), ROUTING_FAILED, 0
-        self._fail_rows.append(row)
         # a dead-lettered row carries its formatted traceback; a retried one is formatted (~0.1-1 ms)
         # only if the log budget lets it be logged, so a retry storm costs no formatting
-        self._fail_info.append((env.id, dl.name, env.attempt + 1, outcome, delay, row[11] if row[0] == "d" else exc))
-        self._acking += 1
-        if len(self._fail_rows) == 1 or len(self._fail_rows) >= self.settings.ack_batch:
-            self._flush_wanted.set()
-        if self.metrics is not None:
-            try:
-                self.metrics.job_failed(self.name, dl.name)
-                if outcome == "retry":
-                    self.metrics.job_retried(self.name, dl.name)
-                else:
-                    self.metrics.job_dead(self.name, dl.name, outcome)
-            except Exception:  # metrics never decide a job's fate
-                log.exception("worker %s: metrics failed", self.consumer_id)
-        self._count_processed()
+        self._buffer_failure(row, (env.id, dl.name, env.attempt + 1, outcome, delay, row[11] if row[0] == "d" else exc))
+        self._metric("job_failed", dl.name)
+        if outcome == "retry":
+            self._metric("job_retried", dl.name)
+        else:
+            self._metric("job_dead", dl.name, outcome)
         return outcome
 
     def _undecodable(self, dl: Delivery, exc: CodecError) -> None:
         """Dead-letter ``dl`` as ``decode_failed`` (its data is not msgpack, or would expand far
         past its size): buffered for the flusher like a failure; no handler ran."""
         row = self.core.reject_row(self.core.undecodable(dl, exc))
+        self._buffer_failure(row, (dl.envelope.id, dl.name, dl.envelope.attempt + 1, DECODE_FAILED, 0, str(exc)))
+        self._metric("job_dead", dl.name, DECODE_FAILED)
+
+    def _buffer_failure(self, row: tuple[Any, ...], info: tuple[Any, ...]) -> None:
+        """A ``fail_batch`` row for the flusher, and what its log line needs; the entry stays
+        in flight, pending in Redis, until the batch is written."""
         self._fail_rows.append(row)
-        self._fail_info.append((dl.envelope.id, dl.name, dl.envelope.attempt + 1, DECODE_FAILED, 0, str(exc)))
+        self._fail_info.append(info)
         self._acking += 1
         if len(self._fail_rows) == 1 or len(self._fail_rows) >= self.settings.ack_batch:
             self._flush_wanted.set()
-        if self.metrics is not None:
-            try:
-                self.metrics.job_dead(self.name, dl.name, DECODE_FAILED)
-            except Exception:  # metrics never decide a job's fate
-                log.exception("worker %s: metrics failed", self.consumer_id)
         self._count_processed()
 
     def _release(self, entry_id: bytes) -> None:
-        self._inflight.discard(entry_id)
-        waiter = getattr(self, "_room_waiter", None)
+        self._intake.release(entry_id)
+        self._room()
+
+    def _room(self) -> None:
+        """Wake a reader waiting for room (an entry left flight)."""
+        waiter = self._room_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
@@ -1103,8 +860,8 @@ class Worker:
     async def _flusher(self) -> None:
         """Batch acks: up to ``ack_batch`` rows or ``ack_idle_ms`` after the first one."""
         assert self._stopping is not None
-        s = self.settings
-        lease_check = s.claim_min_idle_ms / 2000  # see _check_lease
+        s, intake = self.settings, self._intake
+        lease_check = s.claim_min_idle_ms / 2000  # see Intake.check_lease
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
@@ -1114,34 +871,24 @@ class Worker:
                 len(self._done_rows) < s.ack_batch
                 and len(self._fail_rows) < s.ack_batch
                 and not self._final_flush
-                and (self._deque or len(self._inflight) > self._acking)
+                and (self._deque or len(intake.in_flight) > self._acking)
             ):
                 await asyncio.sleep(s.ack_idle_ms / 1000)
-            if self._inflight and time.monotonic() - self._renewed_at > lease_check:  # inline: once per flush
-                await self._check_lease()
+            if intake.in_flight and time.monotonic() - intake.renewed_at > lease_check:  # inline: once per flush
+                await intake.check_lease()
             while self._fail_rows:
                 await self._flush_failures()
             while self._done_rows:
-                rows = self._done_rows[: s.ack_batch]
+                batch = self._done_rows[: s.ack_batch]
                 del self._done_rows[: s.ack_batch]  # in place: the slots append to this list
-                if self._lost:
-                    rows = self._drop_lost(rows, 0)
-                    if not rows:
-                        continue
-
-                def ack(rows: list[tuple[Any, ...]] = rows) -> Awaitable[None]:
-                    return self._group.complete(rows, self._features, now_ms())
-
+                rows = intake.owned(batch, 0)
                 try:
-                    await self._with_retry(ack)
+                    await intake.settle(done=rows)
                 except Exception as exc:  # noqa: BLE001 - see _unacked
                     self._unacked(len(rows), exc)
                 finally:
-                    self._acking -= len(rows)
-                self._inflight.difference_update([row[0] for row in rows])  # _release() of each row, batched
-                self._release(rows[0][0])  # already discarded: this only wakes a reader waiting for room
-                if self._lost:  # marked lost by a renewal that ran while this batch was acked
-                    self._forget_lost(rows, 0)
+                    self._acking -= len(batch)
+                self._room()
             if self._final_flush:
                 if self._fail_rows or self._done_rows:  # written while the others were
                     self._flush_wanted.set()
@@ -1149,9 +896,9 @@ class Worker:
                 return
 
     def _unacked(self, n: int, exc: BaseException) -> None:
-        """A batch that could not be written stays pending in Redis; releasing its entries
-        (the caller does) lets recovery reclaim them after ``claim_min_idle_ms`` and re-run
-        them (at-least-once), and the flusher lives on for the next batches."""
+        """A batch that could not be written stays pending in Redis; the intake released its
+        entries, so recovery reclaims them after ``claim_min_idle_ms`` and re-runs them
+        (at-least-once), and the flusher lives on for the next batches."""
         log.error(
             "worker %s: %d acks not written (%s); the entries stay pending and will be reclaimed",
             self.consumer_id,
@@ -1161,37 +908,28 @@ class Worker:
 
     async def _flush_failures(self) -> None:
         """Write up to ``ack_batch`` buffered failures in one ``fail_batch`` call."""
-        n = self.settings.ack_batch
-        rows, info = self._fail_rows[:n], self._fail_info[:n]
+        n, intake = self.settings.ack_batch, self._intake
+        batch, info = self._fail_rows[:n], self._fail_info[:n]
         del self._fail_rows[:n], self._fail_info[:n]
-        if self._lost:
-            kept = set(map(id, self._drop_lost(rows, 1)))
-            info = [i for row, i in zip(rows, info) if id(row) in kept]
-            rows = [row for row in rows if id(row) in kept]
-            if not rows:
-                return
+        rows = intake.owned(batch, 1)
+        if len(rows) < len(batch):
+            kept = set(map(id, rows))
+            info = [i for row, i in zip(batch, info) if id(row) in kept]
         try:
-            await self._with_retry(lambda: self._group.fail(rows, self._features, now_ms()))
+            await intake.settle(failed=rows)
         except Exception as exc:  # noqa: BLE001 - see _unacked
             self._unacked(len(rows), exc)
         finally:
-            self._acking -= len(rows)
-        self._inflight.difference_update([row[1] for row in rows])
-        self._release(rows[0][1])  # already discarded: this only wakes a reader waiting for room
-        if self._lost:
-            self._forget_lost(rows, 1)
+            self._acking -= len(batch)
+        self._room()
         self._log_failures(rows, info)
 
     def _log_failures(self, rows: list[tuple[Any, ...]], info: list[tuple[Any, ...]]) -> None:
         """One WARNING per failed job, with its traceback, within the log budget (see the
         module docstring); the records carry ``queue``, ``job_id``, ``job_name`` and
         ``attempt`` for structured log formats."""
-        budget = self._fail_log
         for row, (job_id, name, attempt, outcome, delay, tb) in zip(rows, info):
-            ok, suppressed = budget.take()
-            if suppressed:
-                self._log_suppressed(suppressed)
-            if not ok:
+            if not self._intake.take_log():
                 continue
             if not isinstance(tb, str):  # a retried attempt's exception, formatted now that it is logged
                 tb = handler_traceback(tb)
@@ -1207,17 +945,6 @@ class Worker:
                 "\n" + tb.rstrip("\n") if tb else "",
                 extra={"queue": self.name, "job_id": job_id, "job_name": name, "attempt": attempt},
             )
-
-    def _log_suppressed(self, count: int) -> None:
-        s = self.settings
-        log.warning(
-            "worker %s: %d more failed jobs or refused entries not logged (at most %d per %gs)",
-            self.consumer_id,
-            count,
-            s.fail_log_burst,
-            s.fail_log_window_secs,
-            extra={"queue": self.name},
-        )
 
 
 _OPTION_FIELDS = {

@@ -40,7 +40,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..core.calls import Flow, command, int_reply, str_reply
+from ..core.calls import Flow
+from ..core.inspect import QueueSnapshot, snapshot
 from ..core.keys import QueueKeys
 from ..errors import ConfigError
 
@@ -346,41 +347,19 @@ class DepthSampler:
         self._driver: SyncDriver | None = None  # made on first use: a cluster client connects when it is built
 
     def _flow(self, now_ms: int) -> Flow[dict[str, int]]:
-        k = self.keys
-        stream, delayed, dlq, exists, overdue, quarantined = yield [
-            command("XLEN", k.stream),
-            command("ZCARD", k.delayed),
-            command("XLEN", k.dlq),
-            command("EXISTS", k.stream),
-            command("ZCOUNT", k.delayed, "-inf", now_ms),
-            command("HLEN", k.repeat_quarantine),
-        ]
-        pending = consumers = idle_ms = 0
-        after = "-"  # the oldest waiting entry: the first one past the group's last delivered id
-        if int_reply(exists):
-            for flat in (yield command("XINFO", "GROUPS", k.stream)) or []:
-                info = _pairs(flat)
-                if str_reply(info.get("name", b"")) == self.group:
-                    pending = int_reply(info.get("pending", 0))
-                    after = "(" + str_reply(info.get("last-delivered-id", b"0-0"))
-                    rows = (yield command("XINFO", "CONSUMERS", k.stream, self.group)) or []
-                    consumers = len(rows)
-                    idle_ms = max((int_reply(_pairs(c).get("idle", 0)) for c in rows), default=0)
-        oldest_ms = 0
-        if int_reply(stream):
-            first = (yield command("XRANGE", k.stream, after, "+", "COUNT", 1)) or []
-            if first:
-                oldest_ms = max(0, now_ms - int(str_reply(first[0][0]).split("-", 1)[0]))
+        """The gauges' values, read through ``core.inspect.snapshot`` (what ``chasqui inspect``
+        and the dashboard show, so the three agree)."""
+        s: QueueSnapshot = yield from snapshot(self.keys.queue, group=self.group, now_ms=now_ms, next_fires=1)
         return {
-            "stream": int_reply(stream),
-            "pending": pending,
-            "delayed": int_reply(delayed),
-            "dlq": int_reply(dlq),
-            "oldest_waiting_ms": oldest_ms,
-            "overdue": int_reply(overdue),
-            "consumers": consumers,
-            "consumer_max_idle_ms": idle_ms,
-            "quarantined": int_reply(quarantined),
+            "stream": s.stream,
+            "pending": s.pending,
+            "delayed": s.delayed,
+            "dlq": s.dlq,
+            "oldest_waiting_ms": s.oldest_waiting_ms or 0,
+            "overdue": s.overdue,
+            "consumers": len(s.consumers),
+            "consumer_max_idle_ms": s.consumer_max_idle_ms,
+            "quarantined": s.quarantined,
         }
 
     def sample(self) -> dict[str, int]:
@@ -393,12 +372,6 @@ class DepthSampler:
     def close(self) -> None:
         if self._driver is not None:
             self._driver.close()
-
-
-def _pairs(flat: Any) -> dict[str, Any]:
-    """An XINFO reply's flat ``[key, value, ...]`` list as a dict with str keys."""
-    flat = flat or []
-    return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
 
 
 _SUMMARY_KEYS = frozenset({"ok", "running"})

@@ -72,12 +72,14 @@ def test_a_job_lookup_pulls_a_few_mb(server: RunningServer, big_queue) -> None:
     src = Source("t", server.url)
     try:
         unknown, pulled = _pulled(server, lambda: src.job(name, "01JAAAAAAAAAAAAAAAAAAAAAAA"))
-        assert unknown["where"] is None and pulled < FEW_MB, pulled
+        assert unknown is None and pulled < FEW_MB, pulled
         middle = stream_ids[BIG // 2]
         found, pulled = _pulled(server, lambda: src.job(name, middle))
-        assert found["where"] == "stream" and found["payload"]["job_id"] == middle
+        assert found is not None and found.state == "waiting" and found.id == middle and found.entry_id
+        assert found.data["i"] == BIG // 2
         assert pulled < FEW_MB, pulled  # the match itself (1 MiB) and nothing else of size
         dead, pulled = _pulled(server, lambda: src.job(name, dlq_ids[-1]))
+        assert dead is not None and dead.state == "failed" and dead.dlq["reason"] == "retries_exhausted"
         assert pulled < FEW_MB, pulled
     finally:
         src.close()

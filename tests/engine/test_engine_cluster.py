@@ -152,7 +152,7 @@ async def test_worker_survives_a_restart_of_its_queues_node(tmp_path, worker_fac
             await q.add("r", 1)
             await wait_until(lambda: seen == [1], what="first job")
             await q.add("r", "hold")
-            await wait_until(lambda: w._inflight, what="the held job running")
+            await wait_until(lambda: w._intake.in_flight, what="the held job running")
             await asyncio.to_thread(node.kill)
             await asyncio.to_thread(node.start)
             await asyncio.to_thread(cluster.wait_ok)

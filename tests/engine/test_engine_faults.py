@@ -138,4 +138,5 @@ async def test_worker_survives_a_redis_restart_on_the_same_port(tmp_path: Path, 
 
 
 def _in_flight(w) -> bool:
-    return bool(getattr(w, "_inflight", None))
+    intake = getattr(w, "_intake", None)
+    return bool(intake is not None and intake.in_flight)

@@ -52,7 +52,7 @@ async def test_success_path_events_and_acks(matrix_url, queue_name, clients, que
             ),
             what="two completed events then drained",
         )
-        assert w._features.xackdel is (matrix_url.kind == "redis82" and fast(matrix_url))
+        assert w._intake.features.xackdel is (matrix_url.kind == "redis82" and fast(matrix_url))
     # the handler saw exactly what was added
     by_id = {j.id: j for j in seen}
     assert set(by_id) == {named.id, unnamed.id}

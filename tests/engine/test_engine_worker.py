@@ -398,7 +398,7 @@ async def test_run_twice_waits_for_the_same_drain(redis_url, queue_name, worker_
 async def test_close_unblocks_a_long_blocking_read(redis_url, queue_name, worker_factory) -> None:
     w = worker_factory(queue_name, lambda job: None, redis_url, read_block_ms=60_000)
     task = asyncio.create_task(w.run())
-    await wait_until(lambda: getattr(w, "_reader_client_id", None), what="reader connected")
+    await wait_until(lambda: getattr(getattr(w, "_intake", None), "_reader_id", None), what="reader connected")
     start = time.monotonic()
     await w.close()
     await asyncio.wait_for(task, 20)

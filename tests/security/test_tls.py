@@ -147,10 +147,10 @@ async def test_verification_is_explicit_on_every_client_and_a_wrong_hostname_is_
         assert sq.get_job_state(job.id) == "unknown"
         async with running(worker):
             await wait_until(
-                lambda: getattr(worker, "_reader_client", None) is not None, 20, what="the worker's clients"
+                lambda: getattr(worker, "_intake", None) is not None, 20, what="the worker's clients"
             )
             assert _verify_options(worker.driver.client) == want
-            assert _verify_options(worker._reader_client) == want
+            assert _verify_options(worker._intake.reader) == want
     finally:
         await q.close()
         sq.close()

@@ -1,0 +1,483 @@
+"""``Intake``: one consumer of a queue's group, everything between Redis and whoever runs a job.
+
+The :class:`~airflow_provider_chasqui.engine.worker.Worker` (a handler per job) and the Airflow
+queue-events watcher (``triggers/queue_watcher.py``: an asset event per batch) are both
+consumers of a queue's group.  What they do with a job differs; how entries reach them and
+leave them does not, and lives here once:
+
+* **reading** (:meth:`Intake.next_batch`): what is owed first -- this consumer's own pending
+  entries left by an earlier run, entries :meth:`hold`-ed for redelivery that are due, idle
+  entries of dead consumers (every half lease) -- then new entries, optionally lingering while
+  more arrive.  The blocking read runs on ``reader`` (a single-connection client that
+  :meth:`unblock` can interrupt) or on the driver.  A NOGROUP (the stream was deleted) recreates
+  the group; a transient error is logged and waited out with one :class:`Backoff`.
+* **the arrival gate** (``core.consumer``) and **one dead-letter path**: refused entries go to
+  ``fail_batch`` (``reject_row``), within a failure-log budget.  With ``decode=True`` the data
+  of every admitted job is decoded here (bounded; undecodable: ``decode_failed``).
+* **leases**: every entry handed out is in :attr:`in_flight` until settled or released, and
+  :meth:`run_leases` renews them ``RENEWALS_PER_LEASE`` times per lease (``renew_lease``).  An
+  entry another consumer took over meanwhile is *lost*: ``on_lost`` hears of it, and its
+  outcome is never written (XACK does not check ownership).  :meth:`lease_held` renews first
+  when the last renewal is late (a paused process must not start a job someone else runs).
+* **settling** (:meth:`settle`): finished entries (``complete_batch``) and failed or refused
+  ones (``fail_batch``) in one round trip, retried through outages, the lost ones dropped.
+* **housekeeping**: removing consumers idle for 10 leases, every 5 (:meth:`next_batch`), and
+  this consumer at a clean stop (:meth:`leave`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from ..core.calls import Call, int_reply, str_reply
+from ..core.codec import now_ms
+from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
+from ..core.features import Features
+from ..core.pacing import Backoff, LogBudget
+from ..drivers_common import translate_error
+from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
+from ._driver import AsyncDriver
+
+__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION"]
+
+log = logging.getLogger(__name__)
+Row = tuple[bytes, Any, int]  # entry id, stream fields, deliveries so far (this one included)
+RENEW_CHUNK = 1000  # entries per renew_lease call
+# The lease is renewed this many times per term, so a healthy consumer's last renewal began at
+# most a tenth of a lease ago, and a pause shorter than the remaining nine tenths never loses a
+# held entry (tests/faults/test_lease_pause.py).
+RENEWALS_PER_LEASE = 10
+# lease_held() renews before a job starts when the last renewal began longer ago than this share
+# of the lease (two renewals missed: a paused process, a blocked loop).
+START_CHECK_FRACTION = 0.2
+REAP_EVERY_LEASES = 5  # how often idle consumers are removed...
+REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing pending
+MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
+
+
+def _retrieved(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
+
+
+class Intake:
+    """The consumer ``core.consumer_id`` of group ``core.group``.  Build it anywhere; every
+    method but the constructor runs on the event loop.  Not thread-safe."""
+
+    def __init__(
+        self,
+        driver: AsyncDriver,
+        core: ConsumerCore,
+        *,
+        lease_ms: int,
+        reader: Any = None,
+        stopping: asyncio.Event | None = None,
+        decode: bool = False,
+        write_tries: int | None = None,
+        log_budget: LogBudget | None = None,
+        metric: Callable[..., None] | None = None,
+        on_lost: Callable[[dict[bytes, bytes]], None] | None = None,
+        label: str = "",
+    ) -> None:
+        self.driver, self.core = driver, core
+        self.lease_ms = lease_ms
+        self.reader = reader  # a raw single-connection client for blocking reads, or None: the driver
+        self.stopping = stopping or asyncio.Event()
+        self.decode = decode
+        self.write_tries = write_tries  # None: writes retry through outages until stopping
+        self.log_budget = log_budget or LogBudget(10, 60.0)
+        self.metric = metric or (lambda *_args: None)
+        self.on_lost = on_lost
+        self.label = label or f"consumer {core.consumer_id} of {core.keys.queue}"
+        self.features = Features()  # replaced by open()
+        self.in_flight: set[bytes] = set()  # handed out, neither settled nor released
+        self.lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
+        self.redeliver: dict[bytes, tuple[float, int]] = {}  # held: entry id -> (due at, deliveries so far)
+        self.renewed_at = time.monotonic()  # when the last renewal that covered every in-flight entry began
+        self.dead_lettered = 0
+        self._own_after: str | None = "-"  # cursor in our own pending list; None once it was re-read
+        self._next_recovery = 0.0
+        self._next_reap = time.monotonic() + REAP_EVERY_LEASES * lease_ms / 1000
+        self._reader_id: int | None = None
+        self._longest_block_ms = 0  # a consumer blocked in a read looks idle that long: never reaped for it
+        self._renewal: asyncio.Future[None] | None = None  # one renewal shared by every lease_held()
+        self._backoff = Backoff()
+        self._deferred: BaseException | None = None  # a dead-lettering failure, raised on the next read
+
+    # ---- the group ----------------------------------------------------------------------
+    async def open(self) -> None:
+        """Learn the server's features and create the group (and the stream) unless it exists."""
+        self.features = await self.driver.features()
+        await self.ensure_group()
+
+    async def ensure_group(self) -> None:
+        try:
+            await self.driver.call(self.core.create_group())
+        except BusyGroupError:  # it exists
+            pass
+
+    # ---- reading ------------------------------------------------------------------------
+    async def next_batch(self, room: int, block_ms: int, linger_ms: int | None = None) -> list[Delivery]:
+        """Up to ``room`` jobs: what is owed first, then new entries (waiting up to ``block_ms``
+        when nothing is owed; ``linger_ms``: once one arrived, read on while more arrive within
+        that, up to ``MAX_LINGER_SECS``).  Refused entries are dead-lettered here.  Returns []
+        when nothing came, after a transient error (logged, backed off) or a NOGROUP (the group
+        is recreated); a failure to dead-letter is raised by the next call, after the jobs of
+        this one were handed over (they never wait on the DLQ)."""
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
+        ready: list[Delivery] = []
+        self._longest_block_ms = max(self._longest_block_ms, block_ms)
+        try:
+            owed = await self._owed(room)
+            if owed:
+                ready += await self._gate(*self.core.gate_rows(owed))
+            if len(owed) < room and not self.stopping.is_set():
+                # the wait ends in time for the next recovery pass, even on an idle queue
+                block = max(1, min(block_ms, int((self._next_recovery - time.monotonic()) * 1000)))
+                entries = await self._read(room - len(owed), None if owed else block)
+                stop = time.monotonic() + MAX_LINGER_SECS
+                while linger_ms is not None and entries and len(owed) + len(entries) < room:
+                    more = await self._read(room - len(owed) - len(entries), linger_ms or None)
+                    entries += more
+                    if not more or time.monotonic() >= stop:
+                        break
+                if entries:
+                    ready += await self._gate(*self.core.gate_fresh(entries))
+            self._backoff.reset()
+            await self._housekeeping()
+        except NoGroupError:  # the stream (and its group) was deleted under us
+            try:
+                await self.ensure_group()
+            except TRANSIENT_ERRORS as exc:
+                await self._wait_out(exc)
+        except TRANSIENT_ERRORS as exc:
+            await self._wait_out(exc)
+        return ready
+
+    async def _wait_out(self, exc: BaseException) -> None:
+        self._reader_id = None  # a new connection has a new id
+        if not self.stopping.is_set():
+            delay = self._backoff.next()
+            log.warning("%s: Redis unavailable (%s); reading again in %.2fs", self.label, exc, delay)
+            await self.pause(delay)
+
+    async def _owed(self, room: int) -> list[Row]:
+        rows: list[Row] = []
+        if self._own_after is not None:
+            rows += await self._claim_own(room)
+        if len(rows) < room and self.redeliver:
+            now = time.monotonic()
+            due = [eid for eid, (at, _) in self.redeliver.items() if at <= now][: room - len(rows)]
+            rows += await self._claim(0, {eid: self.redeliver.pop(eid)[1] for eid in due})
+        if len(rows) < room and time.monotonic() >= self._next_recovery:
+            self._next_recovery = time.monotonic() + max(0.05, self.lease_ms / 2000)
+            idle = await self.claim_idle(self.lease_ms, room - len(rows), self.holding())
+            if idle:
+                log.info("%s reclaimed %d idle entries", self.label, len(idle))
+            rows += idle
+        return rows
+
+    def holding(self) -> Collection[bytes]:
+        """Entries in flight or held for redelivery: a claim must not deliver them again."""
+        return self.in_flight | self.redeliver.keys() if self.redeliver else self.in_flight
+
+    async def _read(self, want: int, block_ms: int | None) -> list[Any]:
+        """New entries (``block_ms`` None: without waiting), as ``(entry_id, fields)`` pairs."""
+        call = self.core.read(want, block_ms)
+        if self.reader is None:
+            reply = await self.driver.call(call)
+        else:
+            try:
+                if self._reader_id is None:
+                    self._reader_id = int_reply(await self.reader.execute_command("CLIENT", "ID"))
+                reply = await self.reader.execute_command(*call.args)
+            except Exception as exc:  # the reader is a raw client: its errors cross the boundary here
+                raise translate_error(exc) from exc
+        return [entry for _stream, entries in reply or [] for entry in entries]
+
+    async def _claim_own(self, want: int) -> list[Row]:
+        """Our consumer's pending entries left by an earlier run (a crash, a restart), oldest
+        first, each a new delivery; the backlog is done once a page comes back short."""
+        assert self._own_after is not None
+        rows = await self.driver.call(self.core.own_pending(self._own_after, want)) or []
+        self._own_after = "(" + str_reply(rows[-1][0]) if len(rows) == want else None
+        held = self.holding()
+        counts = {row[0]: int_reply(row[3]) for row in rows if row[0] not in held}
+        batch = await self._claim(0, counts)
+        if batch:
+            log.info("%s re-reads %d entries left pending by an earlier run", self.label, len(batch))
+        return batch
+
+    async def claim_idle(self, min_idle_ms: int, want: int, skip: Collection[bytes] = ()) -> list[Row]:
+        """Entries pending for any consumer (a dead or stuck one) for ``min_idle_ms`` or longer."""
+        rows = await self.driver.call(self.core.idle_pending(min_idle_ms, want))
+        counts = {row[0]: int_reply(row[3]) for row in rows or [] if row[0] not in skip}
+        return await self._claim(min_idle_ms, counts)
+
+    async def _claim(self, min_idle_ms: int, counts: Mapping[bytes, int]) -> list[Row]:
+        if not counts:
+            return []
+        claimed = await self.driver.call(self.core.claim(min_idle_ms, list(counts)))
+        return [(eid, fields, counts.get(eid, 0) + 1) for eid, fields in claimed or [] if eid is not None]
+
+    async def _gate(self, ready: list[Delivery], rejected: list[Rejected]) -> list[Delivery]:
+        """Take ``ready`` in flight (decoding their data first with ``decode``) and dead-letter
+        what the gate refused."""
+        if self.decode:
+            kept = []
+            for dl in ready:
+                try:
+                    dl.payload()
+                except CodecError as exc:
+                    rejected.append(self.core.undecodable(dl, exc))
+                else:
+                    kept.append(dl)
+            ready = kept
+        self.in_flight.update([dl.entry_id for dl in ready])
+        if rejected:
+            try:
+                await self.dead_letter(rejected)
+            except Exception as exc:  # noqa: BLE001 - raised by the next read, after these jobs were handed over
+                self._deferred = exc
+        return ready
+
+    async def dead_letter(self, rejected: list[Rejected]) -> None:
+        """Entries that will never run, to the DLQ in one ``fail_batch`` call (the only
+        dead-letter path of a consumer), each logged within the failure-log budget."""
+        for r in rejected:
+            if self.take_log():
+                log.error(
+                    "%s: entry %s dead-lettered: %s %s",
+                    self.label,
+                    str_reply(r.entry_id),
+                    r.reason,
+                    r.detail,
+                    extra={"queue": self.core.keys.queue, "job_id": r.job_id or None},
+                )
+        await self._write([self.core.fail([self.core.reject_row(r) for r in rejected], self.features, now_ms())])
+        self.dead_lettered += len(rejected)
+        for r in rejected:
+            self.metric("job_dead", r.name, r.reason)
+
+    def take_log(self) -> bool:
+        """Whether one more failure record fits the log budget (reporting what did not)."""
+        ok, suppressed = self.log_budget.take()
+        if suppressed:
+            self.log_suppressed(suppressed)
+        return ok
+
+    def log_suppressed(self, count: int) -> None:
+        b = self.log_budget
+        log.warning(
+            "%s: %d more failed jobs or refused entries not logged (at most %d per %gs)",
+            self.label,
+            count,
+            b.burst,
+            b.window,
+            extra={"queue": self.core.keys.queue},
+        )
+
+    async def _housekeeping(self) -> None:
+        """Every ``REAP_EVERY_LEASES`` leases: remove consumers with nothing pending that were
+        idle for ``REAP_IDLE_LEASES`` leases (or read blocks): consumers that died or left
+        without cleaning up."""
+        if time.monotonic() < self._next_reap:
+            return
+        self._next_reap = time.monotonic() + REAP_EVERY_LEASES * self.lease_ms / 1000
+        try:
+            gone = await self.reap(REAP_IDLE_LEASES * max(self.lease_ms, self._longest_block_ms))
+        except ChasquiError as exc:  # tried again next time
+            log.warning("%s: removing idle consumers failed: %s", self.label, exc)
+            return
+        if gone:
+            log.info("%s removed %d idle consumers: %s", self.label, len(gone), gone)
+
+    async def reap(self, min_idle_ms: int, name: str = "") -> list[Any]:
+        """Remove consumers (or only ``name``) with nothing pending, idle ``min_idle_ms``."""
+        return list(await self.driver.call(self.core.reap_consumers(min_idle_ms, name)) or [])
+
+    async def unblock(self) -> None:
+        """End a blocking read now (CLIENT UNBLOCK); best effort, it ends at its BLOCK anyway."""
+        if self._reader_id is None:
+            return
+        try:
+            await self.driver.client.execute_command("CLIENT", "UNBLOCK", self._reader_id)
+        except Exception as exc:  # noqa: BLE001 - best effort
+            log.debug("CLIENT UNBLOCK failed: %s", exc)
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep, cut short by ``stopping``."""
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    # ---- leases -------------------------------------------------------------------------
+    async def run_leases(self) -> None:
+        """Renew every in-flight entry ``RENEWALS_PER_LEASE`` times per lease, until cancelled."""
+        interval = self.lease_ms / 1000 / RENEWALS_PER_LEASE
+        while True:
+            await asyncio.sleep(max(0.0, self.renewed_at + interval - time.monotonic()))
+            try:
+                await self.renew()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("%s: lease renewal failed (%s); retrying", self.label, exc)
+                await asyncio.sleep(min(interval, 1.0))
+
+    async def renew(self) -> None:
+        """One ``renew_lease`` call (per 1,000 entries) for all in-flight entries; entries
+        another consumer took over are marked lost."""
+        started = time.monotonic()
+        ids = [eid for eid in self.in_flight if eid not in self.lost] if self.lost else list(self.in_flight)
+        lost = await self.renew_ids(ids)
+        self.renewed_at = started
+        if ids:
+            self.metric("lease_renewed", len(ids) - len(lost))
+        lost = {eid: owner for eid, owner in lost.items() if eid in self.in_flight and eid not in self.lost}
+        if lost:
+            self.metric("lease_lost", len(lost))
+            self.lost.update(lost)
+            if self.on_lost is not None:
+                self.on_lost(lost)
+
+    async def renew_ids(self, entry_ids: list[bytes]) -> dict[bytes, bytes]:
+        """Renew the lease on ``entry_ids``; returns those this consumer no longer owns, each
+        with its new owner (``b""``: settled, no longer pending)."""
+        lost: list[Any] = []
+        for i in range(0, len(entry_ids), RENEW_CHUNK):
+            lost += await self.driver.call(self.core.renew_lease(entry_ids[i : i + RENEW_CHUNK])) or []
+        return {lost[i]: lost[i + 1] for i in range(0, len(lost) - 1, 2)}
+
+    async def lease_held(self, entry_id: bytes, job_id: str) -> bool:
+        """Whether ``entry_id`` may start, asked when the last renewal is late (the process was
+        paused or its loop blocked, maybe past the whole lease while another consumer ran the
+        job): renew now (one renewal shared by every asker) and say yes only if this consumer
+        still owns the entry.  If Redis cannot be reached the answer is no: the entry stays
+        pending and is reclaimed after the lease.  A "no" releases the entry."""
+        try:
+            renewal = self._renewal
+            if renewal is None or renewal.done():  # after a pause every slot asks at once: one call
+                renewal = self._renewal = asyncio.ensure_future(self.renew())
+                renewal.add_done_callback(_retrieved)  # its error is logged below, even if every asker left
+            await asyncio.shield(renewal)
+        except Exception as exc:  # noqa: BLE001 - unknown ownership: do not start, the entry stays pending
+            log.warning(
+                "%s: lease of job %s unknown (%s): not started, it is reclaimed after the lease",
+                self.label,
+                job_id,
+                exc,
+            )
+            self.release(entry_id)
+            return False
+        if entry_id in self.lost:  # on_lost dropped the queued ones; this one was already taken
+            owner = self.lost.pop(entry_id)
+            log.warning(
+                "%s: job %s not started: its lease was lost to %r", self.label, job_id, owner or "nobody (done)"
+            )
+            self.release(entry_id)
+            return False
+        return True
+
+    async def check_lease(self) -> None:
+        """Before settling: if no renewal began within half a lease (a pause, an outage), renew
+        first, so an entry taken over meanwhile is known lost."""
+        if self.in_flight and time.monotonic() - self.renewed_at > self.lease_ms / 2000:
+            try:
+                await self.renew()
+            except Exception as exc:  # noqa: BLE001 - the writes' own retries handle an outage
+                log.warning("%s: lease check before settling failed: %s", self.label, exc)
+
+    # ---- settling -----------------------------------------------------------------------
+    def owned(self, rows: list[Any], at: int) -> list[Any]:
+        """The rows (entry id at index ``at``) whose entry this consumer still owns; the lost
+        ones are released unwritten, each logged."""
+        if not self.lost:
+            return rows
+        keep = []
+        for row in rows:
+            owner = self.lost.pop(row[at], None)
+            if owner is None:
+                keep.append(row)
+                continue
+            log.warning(
+                "%s: entry %s finished after its lease was lost to %r: outcome not recorded",
+                self.label,
+                str_reply(row[at]),
+                owner or "nobody (done)",
+            )
+            self.in_flight.discard(row[at])
+        return keep
+
+    async def settle(self, done: Sequence[CompleteRow] = (), failed: Sequence[FailRow] = ()) -> None:
+        """Write finished entries (one ``complete_batch``) and failed or refused ones (one
+        ``fail_batch``) in one round trip, retried through outages; the rows must come from
+        :meth:`owned`.  Every call is idempotent (an entry no longer pending is neither acked
+        nor dead-lettered twice).  The entries leave :attr:`in_flight` whether or not the write
+        succeeded: one that failed for good stays pending and is reclaimed after the lease."""
+        now = now_ms()
+        calls = ([self.core.complete(list(done), self.features, now)] if done else []) + (
+            [self.core.fail(list(failed), self.features, now)] if failed else []
+        )
+        try:
+            await self._write(calls)
+        finally:
+            self.in_flight.difference_update([row[0] for row in done])
+            self.in_flight.difference_update([row[1] for row in failed])
+            if self.lost:
+                for eid in [row[0] for row in done] + [row[1] for row in failed]:
+                    self.lost.pop(eid, None)
+
+    async def _write(self, calls: list[Call]) -> None:
+        """Run ``calls`` (one pipeline), retrying transient errors: ``write_tries`` times, or
+        until ``stopping`` and three more failures."""
+        if not calls:
+            return
+        backoff = Backoff()
+        while True:
+            try:
+                await (self.driver.call(calls[0]) if len(calls) == 1 else self.driver.pipeline(calls))
+                return
+            except TRANSIENT_ERRORS as exc:
+                failures = backoff.failures + 1
+                if (self.write_tries is not None and failures >= self.write_tries) or (
+                    self.stopping.is_set() and failures > 3
+                ):
+                    raise
+                delay = backoff.next()
+                log.warning("%s: writing failed (%s); retry in %.2fs", self.label, exc, delay)
+                await asyncio.sleep(delay)
+
+    def hold(self, counts: Mapping[bytes, int], until: float) -> None:
+        """Deliver these in-flight entries again at ``until`` (``time.monotonic()``), each a new
+        delivery after the given deliveries so far.  Their lease is not renewed meanwhile: hold
+        for well under a lease (the watcher holds for a second)."""
+        for eid, count in counts.items():
+            self.in_flight.discard(eid)
+            self.redeliver[eid] = (until, count)
+
+    def release(self, entry_id: bytes) -> None:
+        """Stop holding ``entry_id`` without settling it: it stays pending, unrenewed, and is
+        reclaimed after the lease (by this consumer or another)."""
+        self.in_flight.discard(entry_id)
+        self.lost.pop(entry_id, None)
+
+    async def leave(self) -> None:
+        """At a clean stop, remove this consumer from the group if it holds nothing pending."""
+        if self.in_flight:
+            return
+        try:
+            await self.reap(0, self.core.consumer_id)
+        except Exception as exc:  # noqa: BLE001 - another consumer's janitor removes it later
+            log.info("%s: could not remove its consumer: %s", self.label, exc)
+
+    async def close(self) -> None:
+        """Close the reader connection (the driver belongs to the caller)."""
+        self.stopping.set()
+        if self.reader is not None:
+            await self.reader.aclose()

@@ -1,0 +1,159 @@
+"""The consumer intake both consumers share (``engine/intake.py``): reading, claiming, the gate,
+dead-lettering, leases and settling, on a real server (single node and the cluster, through
+hash-tagged keys).  The contract both of its users pass is ``tests/airflow/test_intake_contract.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from engine_support import pending_count
+
+from airflow_provider_chasqui.core.calls import str_reply
+from airflow_provider_chasqui.core.consumer import ConsumerCore
+from airflow_provider_chasqui.core.retry import RetryPolicy
+from airflow_provider_chasqui.core.settings import QueueSettings
+from airflow_provider_chasqui.engine._driver import AsyncDriver
+from airflow_provider_chasqui.engine.intake import Intake
+
+
+def _core(queue: str, consumer: str, max_attempts: int = 5) -> ConsumerCore:
+    return ConsumerCore(
+        queue,
+        group="default",
+        consumer_id=consumer,
+        max_attempts=max_attempts,
+        settings=QueueSettings(),
+        retry=RetryPolicy(),
+        events=True,
+        result_ttl_ms=0,
+        failure_ttl_ms=0,
+    )
+
+
+@pytest.fixture
+async def driver(redis_url: str) -> AsyncIterator[AsyncDriver]:
+    d = AsyncDriver(redis_url)
+    yield d
+    await d.close()
+
+
+@pytest.mark.timeout(60)
+async def test_claim_renew_settle_and_reap(redis_url, queue_name, queues, clients, driver) -> None:
+    q = queues(queue_name, redis_url)
+    ids = [(await q.add("job", {"i": i})) for i in range(7)]
+    a = Intake(driver, _core(queue_name, "a"), lease_ms=60_000)
+    b = Intake(driver, _core(queue_name, "b"), lease_ms=60_000)
+    await a.open()
+    await a.ensure_group()  # exists already: not an error
+    got = await a.next_batch(5, 10)
+    assert [dl.delivery_count for dl in got] == [1] * 5 and a.in_flight == {dl.entry_id for dl in got}
+    assert len(await a.next_batch(5, 10)) == 2  # the two left
+    assert await a.next_batch(5, 10) == []  # nothing new: back after the block
+
+    # b may claim only what was idle long enough, and never what it says it holds
+    assert await b.claim_idle(60_000, 10) == []
+    taken = await b.claim_idle(0, 2, skip=set())
+    assert [row[0] for row in taken] == [dl.entry_id for dl in got[:2]]  # the oldest pending entries
+    # a's next renewal finds those two lost to b; a still owns the rest
+    await a.renew()
+    assert a.lost == {got[0].entry_id: b"b", got[1].entry_id: b"b"}
+    assert a.owned([(dl.entry_id,) for dl in got], 0) == [(dl.entry_id,) for dl in got[2:]]
+    assert not a.lost and got[0].entry_id not in a.in_flight  # released unwritten
+
+    # b settles what it took: acked and deleted in one round trip; the rest stays pending
+    b.features = await driver.features()
+    b.in_flight.update(row[0] for row in taken)
+    await b.settle(done=[(eid, "", "job", 1, 0, b"") for eid, _f, _c in taken])
+    assert not b.in_flight
+    r = clients(redis_url)
+    assert await pending_count(r, queue_name) == len(ids) - 2
+    assert await b.renew_ids([row[0] for row in taken]) == {eid: b"" for eid, _f, _c in taken}  # nobody owns them
+    # a consumer with nothing pending can be reaped; one with entries cannot
+    assert await a.reap(0, "a") == []
+    assert [str_reply(name) for name in await b.reap(0, "b")] == ["b"]
+    assert {c["name"] for c in await r.xinfo_consumers(q.keys.stream, "default")} == {b"a"}
+
+
+@pytest.mark.timeout(60)
+async def test_an_earlier_runs_pending_entries_come_first(redis_url, queue_name, queues, driver) -> None:
+    """A consumer restarted under the same name re-reads what it left pending, each a new delivery,
+    before anything new; what it holds or has held for redelivery is never delivered twice."""
+    q = queues(queue_name, redis_url)
+    first = Intake(driver, _core(queue_name, "same"), lease_ms=60_000)
+    await first.open()
+    old = [await q.add("job", {"i": i}) for i in range(3)]
+    assert len(await first.next_batch(10, 10)) == 3  # then "crashes": nothing settled
+    new = await q.add("job", {"i": 3})
+    again = Intake(driver, _core(queue_name, "same"), lease_ms=60_000)
+    await again.open()
+    got = await again.next_batch(2, 10)  # a page of the backlog first
+    assert [dl.envelope.id for dl in got] == [j.id for j in old[:2]] and {dl.delivery_count for dl in got} == {2}
+    again.hold({got[0].entry_id: 2}, time.monotonic() + 60)  # held: not redelivered before it is due
+    rest = await again.next_batch(10, 10)
+    assert [dl.envelope.id for dl in rest] == [old[2].id, new.id]
+    assert got[0].entry_id not in again.in_flight and got[0].entry_id in again.holding()
+    again.hold({got[0].entry_id: 2}, time.monotonic())  # now due
+    assert [dl.delivery_count for dl in await again.next_batch(10, 10)] == [3]
+
+
+@pytest.mark.timeout(60)
+async def test_refused_entries_go_to_the_dlq_through_fail_batch(redis_url, queue_name, clients, driver) -> None:
+    """The gate's refusals (here exhausted attempts and a malformed entry) are dead-lettered by the
+    intake itself, in one call, and are never handed out; a DLQ that cannot be written is raised
+    by the *next* read, after the good jobs of this one were handed over."""
+    r = clients(redis_url)
+    it = Intake(driver, _core(queue_name, "a", max_attempts=1), lease_ms=60_000)
+    await it.open()
+    k = it.core.keys
+    bad = await r.xadd(k.stream, {"x": "no payload"})
+    got = await it.next_batch(10, 10)
+    assert got == [] and it.dead_lettered == 1 and await r.xlen(k.dlq) == 1
+    assert await r.xrange(k.stream) == [] and not it.in_flight, bad
+    await r.set(k.dlq, "not a stream")  # dead-lettering now fails for good
+    await r.xadd(k.stream, {"x": "again"})
+    async with _queue(redis_url, queue_name) as q:
+        good = await q.add("job", {})
+    got = await it.next_batch(10, 10)
+    assert [dl.envelope.id for dl in got] == [good.id]  # handed over although the DLQ write failed
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        await it.next_batch(10, 10)
+
+
+@pytest.mark.timeout(60)
+async def test_a_deleted_stream_is_recreated_and_reading_goes_on(redis_url, queue_name, clients, driver) -> None:
+    r = clients(redis_url)
+    it = Intake(driver, _core(queue_name, "a"), lease_ms=60_000)
+    await it.open()
+    await r.delete(it.core.keys.stream)  # NOGROUP on the next read
+    assert await it.next_batch(10, 10) == []
+    async with _queue(redis_url, queue_name) as q:
+        job = await q.add("job", {})
+    assert [dl.envelope.id for dl in await it.next_batch(10, 1000)] == [job.id]
+
+
+@pytest.mark.timeout(60)
+async def test_leases_are_renewed_while_held(redis_url, queue_name, queues, driver) -> None:
+    """An entry held three leases long is never idle long enough for another consumer to take it."""
+    await queues(queue_name, redis_url).add("job", {})
+    holder = Intake(driver, _core(queue_name, "holder"), lease_ms=500)
+    rival = Intake(driver, _core(queue_name, "rival"), lease_ms=500)
+    await holder.open()
+    [dl] = await holder.next_batch(1, 10)
+    leases = asyncio.create_task(holder.run_leases())
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert await rival.claim_idle(500, 10) == []
+            await asyncio.sleep(0.05)
+    finally:
+        leases.cancel()
+    assert not holder.lost and dl.entry_id in holder.in_flight
+
+
+def _queue(url: str, name: str):  # type: ignore[no-untyped-def]
+    from airflow_provider_chasqui.engine.queue import Queue
+
+    return Queue(name, redis_url=url)
