@@ -375,7 +375,7 @@ def _take(d: JobDetails, env: Envelope, name: str) -> None:
         d.notes.append(f"the job's data does not decode: {exc}")
 
 
-def job_details(
+def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (delayed, stream, DLQ), each step reading the last
     queue: str,
     job_id: str,
     *,

@@ -195,7 +195,7 @@ def _int(value: Any, default: int, lo: int, hi: int) -> int:
         return default
 
 
-def create_app(
+def create_app(  # noqa: C901, PLR0915 - the route table: one small closure per route
     sources: SourceSet | Mapping[str, str] | str,
     *,
     access: Callable[[Request, bool], Any] = open_access,

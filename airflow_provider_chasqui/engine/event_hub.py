@@ -205,7 +205,7 @@ class EventHub:
         return self._lookup
 
     # ---- the reader ----------------------------------------------------------------------
-    async def _follow(self) -> None:
+    async def _follow(self) -> None:  # noqa: PLR0915 - the reader's reconnect loop, its states in one place
         failures = 0
         while True:
             try:

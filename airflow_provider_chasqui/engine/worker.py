@@ -48,7 +48,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, cast
 
 import msgpack
@@ -65,14 +65,14 @@ from ..core.consumer import (
     handler_traceback,
 )
 from ..core.pacing import Backoff, LogBudget
-from ..core.retry import RetryPolicy
-from ..core.settings import QueueSettings
 from ..core.urls import with_tls
 from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .intake import START_CHECK_FRACTION, Intake
 from .promoter import Promoter
+from .supervision import Supervisor
+from .worker_settings import DEFAULT_CONCURRENCY, WorkerSettings, options_to_fields
 
 __all__ = ["Worker", "WorkerSettings", "Handler", "LogBudget"]
 
@@ -80,75 +80,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _IO_MARGIN_SECS = 10.0  # socket timeout beyond the longest expected call (see Worker._run)
-
-
-@dataclass(slots=True)
-class _TaskHealth:
-    """One supervised role's record (a role can be many tasks: the slots)."""
-
-    restarts: int = 0
-    last_error: str = ""
-    failed_at: float = 0.0
-    backing_off: int = 0  # tasks of this role waiting to restart
-    done: int = 0  # tasks of this role that returned
-
-
-DEFAULT_CONCURRENCY = 100  # chasquimq's Worker default
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerSettings:
-    """Every worker knob, validated once.  Defaults follow chasquimq's Python ``Worker``."""
-
-    concurrency: int = DEFAULT_CONCURRENCY
-    max_attempts: int = 25
-    group: str = "default"
-    consumer_id: str | None = None
-    read_block_ms: int = 5000
-    read_count: int = 256
-    claim_min_idle_ms: int = 30_000
-    events_enabled: bool = True
-    delayed_enabled: bool = True
-    run_scheduler: bool = True
-    scheduler_tick_ms: int = 1000
-    promoter_poll_ms: int = 100
-    store_results: bool = False
-    result_ttl_ms: int = 24 * 3600 * 1000
-    failure_ttl_ms: int = 24 * 3600 * 1000
-    ack_batch: int = 256
-    ack_idle_ms: int = 5
-    shutdown_deadline_secs: float = 30.0
-    sync_threads: int | None = None
-    max_jobs: int | None = None
-    idle_exit_secs: float | None = None
-    fail_log_burst: int = 20
-    fail_log_window_secs: float = 60.0
-    retry: RetryPolicy = RetryPolicy()
-    queue: QueueSettings = QueueSettings()
-
-    def __post_init__(self) -> None:
-        for name in (
-            "concurrency",
-            "read_block_ms",
-            "read_count",
-            "claim_min_idle_ms",
-            "ack_batch",
-            "scheduler_tick_ms",
-            "promoter_poll_ms",
-            "result_ttl_ms",
-            "failure_ttl_ms",
-            "fail_log_burst",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 0:
-            raise ConfigError(f"max_attempts must be a non-negative int, got {self.max_attempts!r}")
-        if self.max_jobs is not None and self.max_jobs <= 0:
-            raise ConfigError("max_jobs must be positive")
-        w = self.fail_log_window_secs
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
-            raise ConfigError(f"fail_log_window_secs must be a positive number of seconds, got {w!r}")
 
 
 def _resolve_handler(handler: Any) -> Callable[[Job], Any] | _Dispatch:
@@ -209,7 +140,7 @@ class Worker:
             # its own concurrency unless this argument is passed with another value
             options["concurrency"] = concurrency
         settings = settings or WorkerSettings()
-        self.settings = replace(settings, **_options_to_fields(options))
+        self.settings = replace(settings, **options_to_fields(options))
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
         self._fast_paths = fast_paths
@@ -284,22 +215,14 @@ class Worker:
         (before ``run()``, while it first reaches Redis, after it returns): ``{"ok": False,
         "running": self.is_running}``.
         """
-        if not self._running or not hasattr(self, "_health"):
+        if not self._running or not hasattr(self, "_tasks"):
             return {"ok": False, "running": self._running}
         now = time.monotonic()
-        out: dict[str, bool | str] = {"ok": True}
-        for role, h in self._health.items():
-            if h.backing_off:
-                out[role] = f"restarting: {h.last_error}"
-                out["ok"] = False
-            elif h.restarts:
-                out[role] = f"restarted {h.restarts} times; last error: {h.last_error}"
-            else:
-                out[role] = True
+        out: dict[str, bool | str] = self._tasks.report()
         stalled = now - self._beat
         if (
             "reader" in out
-            and self._health["reader"].done == 0
+            and self._tasks.roles["reader"].done == 0
             and stalled > self.settings.read_block_ms / 1000 + 2 * _IO_MARGIN_SECS
         ):
             out["reader"], out["ok"] = f"stalled for {stalled:.0f}s", False
@@ -357,7 +280,7 @@ class Worker:
             return
         self._deque: collections.deque[Delivery] = collections.deque()
         self._idle: list[asyncio.Future[None]] = []
-        self._health: dict[str, _TaskHealth] = {}
+        self._tasks = Supervisor(f"worker {self.consumer_id}", self._metric)
         self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
         self._done_rows: list[tuple[Any, ...]] = []
         self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
@@ -374,10 +297,10 @@ class Worker:
         if self._signals:
             self._install_signals(loop)
         background = self._start_background()
-        reader = self._supervised("reader", self._reader)
-        slots = [self._supervised("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency)]
-        flusher = self._supervised("flusher", self._flusher)
-        leaser = self._supervised("lease", self._intake.run_leases)
+        reader = self._tasks.start("reader", self._reader)
+        slots = [self._tasks.start("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency)]
+        flusher = self._tasks.start("flusher", self._flusher)
+        leaser = self._tasks.start("lease", self._intake.run_leases)
         log.info(
             "worker %s consuming %s (concurrency %d, xackdel %s)",
             self.consumer_id,
@@ -411,7 +334,7 @@ class Worker:
             loops.append(
                 Scheduler(self.driver, self.name, tick_ms=s.scheduler_tick_ms, settings=s.queue, metrics=self.metrics)
             )
-        return [(lp, self._supervised(lp.role, lp.run)) for lp in loops]
+        return [(lp, self._tasks.start(lp.role, lp.run)) for lp in loops]
 
     async def _shutdown(
         self,
@@ -477,43 +400,6 @@ class Worker:
             fn(self.name, *args)
         except Exception:
             log.exception("worker %s: metrics failed", self.consumer_id)
-
-    def _supervised(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
-        if role not in self._health:
-            self._metric("task_restarted", role, 0)  # the series exists, at 0, before a first restart
-        self._health.setdefault(role, _TaskHealth())
-        return asyncio.create_task(self._supervise(role, fn), name=name or f"chasqui-{role}")
-
-    async def _supervise(self, role: str, fn: Callable[[], Awaitable[None]]) -> None:
-        """Run ``fn`` until it returns; an unexpected exception is logged with its traceback
-        and ``fn`` restarted after a backoff (0.1 s doubling to 5 s; reset after a minute
-        without a crash).  Every loop re-reads its state on start, so a restart is safe."""
-        h = self._health[role]
-        backoff = Backoff()
-        while True:
-            try:
-                await fn()
-                h.done += 1
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # logged in full, then the task restarts
-                now = time.monotonic()
-                if now - h.failed_at >= 60:
-                    backoff.reset()
-                delay = backoff.next()
-                h.restarts += 1
-                h.failed_at = now
-                self._metric("task_restarted", role, 1)
-                h.last_error = f"{type(exc).__name__}: {exc}"[:300]
-                log.error(
-                    "worker %s: %s task failed; restarting in %.2fs", self.consumer_id, role, delay, exc_info=True
-                )
-                h.backing_off += 1
-                try:
-                    await asyncio.sleep(delay)
-                finally:
-                    h.backing_off -= 1
 
     # ---- leases (renewed by the intake) -------------------------------------------------------
     def _lease_lost(self, lost: dict[bytes, bytes]) -> None:
@@ -634,7 +520,7 @@ class Worker:
     def _wake_all(self) -> None:
         self._wake(len(self._idle))
 
-    async def _slot(self) -> None:
+    async def _slot(self) -> None:  # noqa: C901, PLR0915 - the per-job hot path inline: a call per step cost ~10% of the worker's CPU
         """Run queued jobs one after another until the deque is empty, then park.  The success
         path is inline (a coroutine per job for it cost about a tenth of the worker's CPU)."""
         assert self._stopping is not None
@@ -945,61 +831,3 @@ class Worker:
                 "\n" + tb.rstrip("\n") if tb else "",
                 extra={"queue": self.name, "job_id": job_id, "job_name": name, "attempt": attempt},
             )
-
-
-_OPTION_FIELDS = {
-    "concurrency",
-    "max_attempts",
-    "group",
-    "consumer_id",
-    "read_block_ms",
-    "read_count",
-    "claim_min_idle_ms",
-    "events_enabled",
-    "delayed_enabled",
-    "run_scheduler",
-    "scheduler_tick_ms",
-    "promoter_poll_ms",
-    "store_results",
-    "result_ttl_ms",
-    "failure_ttl_ms",
-    "ack_batch",
-    "ack_idle_ms",
-    "shutdown_deadline_secs",
-    "sync_threads",
-    "max_jobs",
-    "idle_exit_secs",
-    "fail_log_burst",
-    "fail_log_window_secs",
-    "retry",
-}
-_QUEUE_FIELDS = {
-    "max_payload_bytes": "max_payload_bytes",
-    "dlq_max_stream_len": "dlq_max_len",
-    "max_stream_len": "max_stream_len",
-    "events_max_stream_len": "events_max_len",
-    "results_max_len": "results_max_len",
-    "failures_max_len": "failures_max_len",
-}
-
-
-def _options_to_fields(options: dict[str, Any]) -> dict[str, Any]:
-    """chasquimq's keyword arguments (``None`` = default) onto ``WorkerSettings`` fields."""
-    out: dict[str, Any] = {}
-    queue: dict[str, Any] = {}
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key == "result_ttl":
-            out["result_ttl_ms"] = (
-                int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value * 1000)
-            )
-        elif key in _QUEUE_FIELDS:
-            queue[_QUEUE_FIELDS[key]] = value
-        elif key in _OPTION_FIELDS:
-            out[key] = value
-        else:
-            raise ConfigError(f"unknown Worker option {key!r}")
-    if queue:
-        out["queue"] = QueueSettings(**queue)
-    return out

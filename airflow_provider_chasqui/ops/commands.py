@@ -492,7 +492,7 @@ def add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def register(sub: Any) -> None:
+def register(sub: Any) -> None:  # noqa: PLR0915 - argparse declarations, one statement per option
     """Add the operator subcommands to the ``chasqui`` parser's subparsers."""
     p = sub.add_parser("inspect", help="stream, pending, delayed, DLQ, specs, leaders of a queue")
     _common(p)

@@ -35,7 +35,7 @@ def _block(out: TextIO, title: str, text: str) -> None:
         out.write(f"  {printable(line)}\n")
 
 
-def cmd_job_show(args: argparse.Namespace) -> int:
+def cmd_job_show(args: argparse.Namespace) -> int:  # noqa: C901 - one printed line per optional field of a job
     try:
         d = _queue(args).get_job_details(args.job_id, group=args.group, events_window=args.events)
     except JobNotFound as exc:

@@ -273,7 +273,7 @@ class SyncDriver:
         except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
             raise translate_error(exc) from exc
 
-    def stream(self, calls: Iterable[Call]) -> list[Any]:
+    def stream(self, calls: Iterable[Call]) -> list[Any]:  # noqa: PLR0915 - the blocking lane's send/read loop, inline as in the asyncio twin
         """Send each call as the iterable produces it, on one connection, then read every reply
         (see ``core.calls.Stream``); a cluster client runs the calls as one pipeline."""
         try:

@@ -127,7 +127,7 @@ def _column(schema: Any, col: str | None, what: str, types: tuple[str, ...] | No
         )
 
 
-def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None = None) -> WritePlan:
+def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None = None) -> WritePlan:  # noqa: PLR0915 - one check per write option, in the order the docs list them
     """Check the options against the DataFrame's schema (a ``StructType``)."""
     unknown = sorted(k for k in (k.lower() for k in options) if k not in _WRITE_KEYS)
     if unknown:

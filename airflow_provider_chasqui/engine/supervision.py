@@ -1,0 +1,90 @@
+"""Supervised tasks: a loop that crashes is logged with its traceback and started again after
+a backoff, and its record (restarts, last error, backing off) is what a health check reports.
+
+The worker runs every loop of its own (reader, slots, flusher, lease, promoter, scheduler)
+under one :class:`Supervisor`; every loop re-reads its state when it starts, so a restart is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.pacing import Backoff
+
+__all__ = ["Supervisor", "TaskHealth"]
+
+log = logging.getLogger(__name__)
+CALM_SECS = 60.0  # a crash this long after the previous one starts the backoff over
+
+
+@dataclass(slots=True)
+class TaskHealth:
+    """One supervised role's record (a role can be many tasks: the slots)."""
+
+    restarts: int = 0
+    last_error: str = ""
+    failed_at: float = 0.0
+    backing_off: int = 0  # tasks of this role waiting to restart
+    done: int = 0  # tasks of this role that returned
+
+
+class Supervisor:
+    """Starts tasks by role; ``metric`` hears ``("task_restarted", role, n)`` (0 when a role first
+    starts, so the series exists before a first crash)."""
+
+    def __init__(self, label: str, metric: Callable[..., None]) -> None:
+        self.label = label
+        self.metric = metric
+        self.roles: dict[str, TaskHealth] = {}
+
+    def start(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
+        if role not in self.roles:
+            self.metric("task_restarted", role, 0)
+        self.roles.setdefault(role, TaskHealth())
+        return asyncio.create_task(self._run(role, fn), name=name or f"chasqui-{role}")
+
+    async def _run(self, role: str, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn`` until it returns; an unexpected exception is logged in full and ``fn``
+        restarted after a backoff (0.1 s doubling to 5 s; reset after ``CALM_SECS`` without a crash)."""
+        h = self.roles[role]
+        backoff = Backoff()
+        while True:
+            try:
+                await fn()
+                h.done += 1
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if now - h.failed_at >= CALM_SECS:
+                    backoff.reset()
+                delay = backoff.next()
+                h.restarts += 1
+                h.failed_at = now
+                self.metric("task_restarted", role, 1)
+                h.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                log.error("%s: %s task failed; restarting in %.2fs", self.label, role, delay, exc_info=True)
+                h.backing_off += 1
+                try:
+                    await asyncio.sleep(delay)
+                finally:
+                    h.backing_off -= 1
+
+    def report(self) -> dict[str, Any]:
+        """``{"ok": no role waiting to restart, role: True | "restarting: ..." | "restarted N times; ..."}``."""
+        out: dict[str, Any] = {"ok": True}
+        for role, h in self.roles.items():
+            if h.backing_off:
+                out[role] = f"restarting: {h.last_error}"
+                out["ok"] = False
+            elif h.restarts:
+                out[role] = f"restarted {h.restarts} times; last error: {h.last_error}"
+            else:
+                out[role] = True
+        return out

@@ -1,0 +1,128 @@
+"""``WorkerSettings``: every knob of a :class:`~airflow_provider_chasqui.engine.worker.Worker`,
+validated once, and how chasquimq's keyword arguments map onto it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.retry import RetryPolicy
+from ..core.settings import QueueSettings
+from ..errors import ConfigError
+
+__all__ = ["WorkerSettings", "DEFAULT_CONCURRENCY", "options_to_fields"]
+
+DEFAULT_CONCURRENCY = 100  # chasquimq's Worker default
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSettings:
+    """Every worker knob, validated once.  Defaults follow chasquimq's Python ``Worker``."""
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    max_attempts: int = 25
+    group: str = "default"
+    consumer_id: str | None = None
+    read_block_ms: int = 5000
+    read_count: int = 256
+    claim_min_idle_ms: int = 30_000
+    events_enabled: bool = True
+    delayed_enabled: bool = True
+    run_scheduler: bool = True
+    scheduler_tick_ms: int = 1000
+    promoter_poll_ms: int = 100
+    store_results: bool = False
+    result_ttl_ms: int = 24 * 3600 * 1000
+    failure_ttl_ms: int = 24 * 3600 * 1000
+    ack_batch: int = 256
+    ack_idle_ms: int = 5
+    shutdown_deadline_secs: float = 30.0
+    sync_threads: int | None = None
+    max_jobs: int | None = None
+    idle_exit_secs: float | None = None
+    fail_log_burst: int = 20
+    fail_log_window_secs: float = 60.0
+    retry: RetryPolicy = RetryPolicy()
+    queue: QueueSettings = QueueSettings()
+
+    def __post_init__(self) -> None:
+        for name in (
+            "concurrency",
+            "read_block_ms",
+            "read_count",
+            "claim_min_idle_ms",
+            "ack_batch",
+            "scheduler_tick_ms",
+            "promoter_poll_ms",
+            "result_ttl_ms",
+            "failure_ttl_ms",
+            "fail_log_burst",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 0:
+            raise ConfigError(f"max_attempts must be a non-negative int, got {self.max_attempts!r}")
+        if self.max_jobs is not None and self.max_jobs <= 0:
+            raise ConfigError("max_jobs must be positive")
+        w = self.fail_log_window_secs
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
+            raise ConfigError(f"fail_log_window_secs must be a positive number of seconds, got {w!r}")
+
+
+_OPTION_FIELDS = {
+    "concurrency",
+    "max_attempts",
+    "group",
+    "consumer_id",
+    "read_block_ms",
+    "read_count",
+    "claim_min_idle_ms",
+    "events_enabled",
+    "delayed_enabled",
+    "run_scheduler",
+    "scheduler_tick_ms",
+    "promoter_poll_ms",
+    "store_results",
+    "result_ttl_ms",
+    "failure_ttl_ms",
+    "ack_batch",
+    "ack_idle_ms",
+    "shutdown_deadline_secs",
+    "sync_threads",
+    "max_jobs",
+    "idle_exit_secs",
+    "fail_log_burst",
+    "fail_log_window_secs",
+    "retry",
+}
+_QUEUE_FIELDS = {
+    "max_payload_bytes": "max_payload_bytes",
+    "dlq_max_stream_len": "dlq_max_len",
+    "max_stream_len": "max_stream_len",
+    "events_max_stream_len": "events_max_len",
+    "results_max_len": "results_max_len",
+    "failures_max_len": "failures_max_len",
+}
+
+
+def options_to_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """chasquimq's keyword arguments (``None`` = default) onto ``WorkerSettings`` fields."""
+    out: dict[str, Any] = {}
+    queue: dict[str, Any] = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key == "result_ttl":
+            out["result_ttl_ms"] = (
+                int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value * 1000)
+            )
+        elif key in _QUEUE_FIELDS:
+            queue[_QUEUE_FIELDS[key]] = value
+        elif key in _OPTION_FIELDS:
+            out[key] = value
+        else:
+            raise ConfigError(f"unknown Worker option {key!r}")
+    if queue:
+        out["queue"] = QueueSettings(**queue)
+    return out
