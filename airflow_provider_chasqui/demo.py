@@ -28,7 +28,7 @@ import redis
 
 from . import Queue, QueueEvents, RepeatPattern, UnrecoverableError, Worker
 from .core.urls import redact_url
-from .sync._sentinel import make_client
+from .sync import make_client
 
 if TYPE_CHECKING:
     from .types import Job

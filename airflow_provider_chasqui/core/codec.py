@@ -23,6 +23,7 @@ from ..errors import CodecError, ConfigError, LimitError
 from .fast import fast_constructor
 
 __all__ = [
+    "packb",
     "Envelope",
     "RetryOverride",
     "BackoffWire",
@@ -43,6 +44,7 @@ MAX_JOB_NAME_BYTES = 256
 MAX_JOB_ID_CHARS = 1024  # producers refuse longer ids; a foreign envelope with one is decode_failed
 _MAX_FLOAT = sys.float_info.max
 _packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+packb = _packb  # public: the same packer for callers outside the core (the Spark encoder)
 _U32 = struct.Struct("<I")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _CROCKFORD_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]

@@ -52,6 +52,7 @@ from .repeat import (
 from .settings import QueueSettings
 
 __all__ = [
+    "spec_row",
     "SpecExt",
     "RepeatableInfo",
     "CorruptSpec",
@@ -719,7 +720,7 @@ class SpecFlows:
             if pairs:
                 rows = yield from self._read_hashes([rk for rk, _s in pairs])
                 for (raw_key, score), fields in zip(pairs, rows):
-                    items.extend(_row(raw_key, score, phase == "p", fields, self._info))
+                    items.extend(spec_row(raw_key, score, phase == "p", fields, self._info))
             pos = int_reply(nxt)
             if pos == 0:
                 phase, pos = ("p", 0) if phase == "r" else (None, 0)
@@ -764,7 +765,7 @@ def show_key(raw: Any) -> str:
     return raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw)
 
 
-def _row(raw_key: bytes, score: Any, paused: bool, fields: Any, info: Any) -> list[Any]:
+def spec_row(raw_key: bytes, score: Any, paused: bool, fields: Any, info: Any) -> list[Any]:
     """The listing row(s) of one ZSET entry: its RepeatableInfo, a CorruptSpec, or none (no hash)."""
     try:
         if isinstance(fields, str):

@@ -60,8 +60,7 @@ def served_hosts(bind: str, extra: list[str] | None) -> list[str] | None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from ..ops.commands import DEFAULT_URL
-    from ..worker.cli import resolve_url
+    from ..cli_common import DEFAULT_URL, resolve_url
 
     token = args.token or os.environ.get("CHASQUI_DASHBOARD_TOKEN") or None
     basic = args.basic_auth or os.environ.get("CHASQUI_DASHBOARD_BASIC_AUTH") or None

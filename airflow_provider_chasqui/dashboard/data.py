@@ -25,11 +25,10 @@ from ..core.inspect import JobDetails, QueueSnapshot, job_details, snapshot
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.producer import parse_fields
 from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
-from ..core.schedules import SpecFlows
-from ..core.schedules import _row as spec_row
+from ..core.schedules import SpecFlows, spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
 from ..errors import CodecError, ConfigError, JobNotFound
-from ..sync._driver import SyncDriver
+from ..sync import SyncDriver
 from ..sync.queue import SyncQueue
 
 _R = TypeVar("_R")

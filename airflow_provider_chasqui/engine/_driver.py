@@ -40,7 +40,7 @@ from ..core.features import (
     probe_found,
     scripts_denied,
 )
-from ..core.urls import connection_options, split_cluster_flag
+from ..core.urls import DEFAULT_URL, connection_options, split_cluster_flag
 from ..drivers_common import (
     FCALLS,
     REDIS_ERRORS,
@@ -272,7 +272,7 @@ class AsyncDriver:
 
     def __init__(
         self,
-        url: str = "redis://127.0.0.1:6379",
+        url: str = DEFAULT_URL,
         *,
         client: aioredis.Redis | None = None,
         fast_paths: bool | None = None,

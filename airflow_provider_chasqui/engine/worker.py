@@ -65,7 +65,7 @@ from ..core.consumer import (
     handler_traceback,
 )
 from ..core.pacing import Backoff, LogBudget
-from ..core.urls import with_tls
+from ..core.urls import DEFAULT_URL, with_tls
 from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
@@ -124,7 +124,7 @@ class Worker:
         queue_name: str,
         handler: Any,
         *,
-        redis_url: str = "redis://127.0.0.1:6379",
+        redis_url: str = DEFAULT_URL,
         tls: bool = False,
         settings: WorkerSettings | None = None,
         fast_paths: bool | None = None,

@@ -19,7 +19,7 @@ from airflow.sdk import BaseHook
 
 from ..engine.queue import Queue
 from ..errors import ConfigError
-from ..sync._driver import translate_errors
+from ..sync import translate_errors
 from ..sync.queue import SyncQueue
 from ._connection import ChasquiConnectionSettings
 

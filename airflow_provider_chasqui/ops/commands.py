@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from ..cli_common import DEFAULT_URL, resolve_url
 from ..core.calls import command, str_reply
 from ..core.codec import now_ms
 from ..core.event_follow import EventCursor
@@ -29,9 +30,8 @@ from ..core.producer import parse_fields
 from ..core.text import printable
 from ..core.urls import WAIT_BLOCK_MS, redact_text, redact_url
 from ..errors import ChasquiConnectionError, ChasquiError, ConfigError
-from ..sync._driver import translate_errors
+from ..sync import translate_errors
 from ..sync.queue import SyncQueue
-from ..worker.cli import resolve_url
 
 __all__ = [
     "register",
@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
-DEFAULT_URL = "redis://127.0.0.1:6379"
 
 
 class NotFound(ChasquiError):

@@ -15,14 +15,14 @@ from typing import Any, TextIO
 
 from redis.cluster import RedisCluster
 
+from ..cli_common import DEFAULT_URL, resolve_url
 from ..core.calls import str_reply
 from ..core.features import load_call
 from ..core.scripts import LIBRARY, LIBRARY_PREFIX
 from ..drivers_common import already_loaded
 from ..errors import ChasquiError
-from ..sync._driver import raw_client
-from ..worker.cli import resolve_url
-from .commands import DEFAULT_URL, EXIT_NOT_FOUND, EXIT_OK, emit
+from ..sync import raw_client
+from .commands import EXIT_NOT_FOUND, EXIT_OK, emit
 
 __all__ = ["install", "register", "status"]
 

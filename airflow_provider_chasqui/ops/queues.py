@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
+from ..cli_common import DEFAULT_URL, resolve_url
+from ..cli_common import positive_int as _positive
 from ..sync.queue import list_queues
-from ..worker.cli import resolve_url
-from .args import positive_int as _positive
-from .commands import DEFAULT_URL, EXIT_FAILED, EXIT_OK, _queue, add_target, confirm, emit, table
+from .commands import EXIT_FAILED, EXIT_OK, _queue, add_target, confirm, emit, table
 
 __all__ = ["register"]
 

@@ -19,11 +19,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..cli_common import DEFAULT_URL, LOG_LEVELS, configure_logging, resolve_url
+from ..cli_common import positive_int as _positive
 from ..core.sharding import shard_queue_names
 from ..errors import ConfigError
-from ..worker.cli import LOG_LEVELS, configure_logging, resolve_url
-from .args import positive_int as _positive
-from .commands import DEFAULT_URL, add_target
+from .commands import add_target
 
 __all__ = ["register", "run", "add_options"]
 

@@ -42,10 +42,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.urls import check_url, redact_text
+from ..cli_common import DEFAULT_URL, LOG_LEVELS, configure_logging, resolve_url
+from ..cli_common import positive_int as _positive_int
+from ..cli_common.logs import LOG_FORMATS, RedactingFormatter, set_log_context
+from ..core.urls import redact_text
 from ..errors import ConfigError
-from ..ops.args import positive_int as _positive_int
-from .logs import LOG_FORMATS, RedactingFormatter, formatter_spec, set_log_context
 from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
 
 __all__ = [
@@ -64,8 +65,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_REDIS_URL = DEFAULT_URL  # the name this module has always exported
 
 
 # ---- arguments ------------------------------------------------------------------------------
@@ -284,16 +284,6 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
     return {k: v for k, v in opts.items() if v is not None}
 
 
-def resolve_url(redis_url: str | None, conn_id: str | None, default: str = DEFAULT_REDIS_URL) -> tuple[str, str | None]:
-    """``(url, the connection's default queue)``: ``redis_url``, else the Airflow connection
-    ``conn_id``, else ``$CHASQUI_REDIS_URL``, else ``default``."""
-    if redis_url:
-        return check_url(redis_url), None
-    if conn_id:
-        return _from_airflow_connection(conn_id)
-    return check_url(os.environ.get("CHASQUI_REDIS_URL") or default), None
-
-
 def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
     """``(redis_url, queue)`` from --redis-url / --conn-id / the environment."""
     url, default_queue = resolve_url(args.redis_url, args.conn_id)
@@ -305,65 +295,7 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
     return url, queue
 
 
-# the metadata database URL an Airflow 3 task's supervisor gives the task's processes
-_TASK_BLOCKED_DB = "airflow-db-not-allowed:"
-
-
-def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
-    """The only place this command touches Airflow (imported here, on demand)."""
-    in_task = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "").startswith(_TASK_BLOCKED_DB)
-    if in_task:
-        # Started by an Airflow 3 task (SparkSubmitOperator, BashOperator...): its supervisor blocks
-        # the metadata database for the task's processes with a URL that makes importing Airflow
-        # fail; import it as Airflow's virtualenv operators do, without an ORM.
-        os.environ.setdefault("PYTHON_OPERATORS_VIRTUAL_ENV_MODE", "1")
-    try:
-        from ..hooks.chasqui import settings_outside_task
-    except ImportError as exc:
-        raise ConfigError(
-            f"--conn-id needs Airflow ({exc}); install 'airflow-provider-chasqui[airflow]' or pass --redis-url"
-        ) from exc
-    try:
-        settings = settings_outside_task(conn_id)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        hint = (
-            " (this process was started by an Airflow task, which may not read the metadata database: "
-            f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
-            "CHASQUI_REDIS_URL)"
-            if in_task
-            else ""
-        )
-        raise ConfigError(
-            f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {redact_text(exc)}{hint}"
-        ) from exc
-    return settings.redis_url(), settings.default_queue
-
-
 # ---- logging --------------------------------------------------------------------------------
-def configure_logging(level: str, fmt: str = "human") -> None:
-    """The worker process's logging: one line per record on stderr (``fmt``: ``human`` text or
-    ``json``, see :mod:`.logs`; Python warnings are logged too).  Only CLIs call this."""
-    logging.captureWarnings(True)
-    logging.config.dictConfig(
-        {
-            "version": 1,
-            "disable_existing_loggers": False,
-            "formatters": {"line": formatter_spec(fmt)},
-            "handlers": {
-                "stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}
-            },
-            "loggers": {
-                "airflow_provider_chasqui": {"level": level},
-                "py4j": {"level": "WARNING"},
-                "asyncio": {"level": "WARNING"},
-            },
-            "root": {"level": level, "handlers": ["stderr"]},
-        }
-    )
-
-
 # ---- running --------------------------------------------------------------------------------
 def load_registry(args: argparse.Namespace) -> HandlerRegistry:
     registry = load_handlers(args.handlers)

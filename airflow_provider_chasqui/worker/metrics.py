@@ -46,7 +46,7 @@ from ..core.keys import QueueKeys
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..sync._driver import SyncDriver
+    from ..sync import SyncDriver
 
 __all__ = [
     "PrometheusMetrics",
@@ -364,7 +364,7 @@ class DepthSampler:
 
     def sample(self) -> dict[str, int]:
         if self._driver is None:
-            from ..sync._driver import SyncDriver
+            from ..sync import SyncDriver
 
             self._driver = SyncDriver(self._url, lane=False, socket_connect_timeout=2, socket_timeout=5)
         return self._driver.run(self._flow(int(time.time() * 1000)))

@@ -4,15 +4,14 @@ Each import is resolved to the part of the package it reaches (``core``, ``engin
 ``worker``...).  Imports under ``if TYPE_CHECKING:`` are skipped (they never run); imports inside
 a function count, since they run when it is called.  The rules:
 
-1. ``core`` imports nothing of the package but ``core`` and ``errors``, and no I/O library
-   (redis, hiredis, asyncio, socket) nor Airflow or PySpark.
-2. ``drivers_common`` (what the two driver twins share) imports only ``core`` and ``errors``.
-3. ``engine`` and ``sync`` never import each other; they share through ``drivers_common`` and
-   ``core``; neither imports a part above them (worker, ops, cli, Airflow glue, spark,
-   dashboard), except the allow-listed entry points below.
-4. Only the Airflow glue (hooks, operators, sensors, triggers, queues), the dashboard's plugin and
-   the examples import ``airflow``; only ``spark``, the examples and the worker's Spark mode
-   import ``pyspark`` (the worker only inside functions).
+1. Every part may import only the parts ``ALLOWED`` names for it (the arrows of
+   docs/architecture.md); the few deliberate exceptions are listed with their reasons.
+2. ``core`` imports no I/O library (redis, hiredis, asyncio, socket) nor Airflow or PySpark.
+3. Only the Airflow glue (hooks, operators, sensors, triggers, queues), the dashboard's plugin and
+   the examples import ``airflow`` (``cli_common`` only inside the function that reads an Airflow
+   connection); only ``spark``, the examples and the worker's Spark mode import ``pyspark`` (the
+   worker only inside functions).
+4. No private name crosses parts: nothing imports ``_name`` (or a ``_module``) of another part.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ UPPER = {
     "worker",
     "ops",
     "cli",
+    "cli_common",
     "hooks",
     "operators",
     "sensors",
@@ -41,12 +41,30 @@ UPPER = {
     "demo",
     "get_provider_info",
 }
-ALLOWED = {  # part -> the parts of the package it may import (itself always)
+# parts that are one layer of docs/architecture.md: the Airflow glue, and the ``chasqui`` command
+LAYER = {
+    **dict.fromkeys(("hooks", "operators", "sensors", "triggers", "queues", "get_provider_info"), "airflow"),
+    "cli": "ops",
+}
+_BASE = {"core", "errors", "types", "tracing"}
+ALLOWED = {  # layer -> the layers it may import (itself always): the arrows of docs/architecture.md
     "core": {"errors"},
     "errors": {"core"},  # core.urls.redact_text, imported inside ChasquiConnectionError.__init__
+    "types": {"core", "errors"},
+    "tracing": set(),
+    "__init__": {"errors", "engine", "sync", "types", "core"},
     "drivers_common": {"core", "errors"},
-    "engine": {"core", "drivers_common", "errors", "types", "tracing", "__init__"},
-    "sync": {"core", "drivers_common", "errors", "types", "tracing", "__init__"},
+    "engine": _BASE | {"drivers_common", "__init__"},
+    "sync": _BASE | {"drivers_common", "__init__"},
+    "cli_common": {"core", "errors", "airflow"},  # airflow: reading a connection, inside a function
+    "worker": _BASE | {"engine", "sync", "cli_common"},
+    "ops": _BASE | {"drivers_common", "engine", "sync", "worker", "cli_common"},
+    "airflow": _BASE | {"engine", "sync"},
+    "dashboard": _BASE | {"sync", "cli_common", "airflow"},  # airflow: plugin.py only
+    "spark": _BASE | {"sync", "engine"},
+    "compat": _BASE | {"engine"},
+    "examples": _BASE | {"worker"},
+    "demo": _BASE | {"sync", "engine", "worker", "cli_common"},
 }
 # (importing module, imported module): deliberate exceptions, each with its reason
 EXCEPTIONS = {
@@ -71,6 +89,11 @@ def _modules() -> Iterator[tuple[str, Path]]:
 def part_of(module: str) -> str:
     pieces = module.split(".")
     return pieces[1] if len(pieces) > 1 else "__init__"
+
+
+def layer_of(module: str) -> str:
+    part = part_of(module)
+    return LAYER.get(part, part)
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -120,29 +143,52 @@ def violations() -> list[str]:
 
 def module_violations(module: str, path: Path) -> list[str]:
     bad = []
-    me = part_of(module)
+    me, layer = part_of(module), layer_of(module)
     for target, in_function, line in imports(module, path):
         where = f"{module}:{line} imports {target}"
         top = target.split(".")[0]
         if top == PKG:
             if target == PKG:  # the package itself (``from .. import tracing`` is resolved above)
                 continue
-            them = part_of(target)
-            if them != me and (module, target) not in EXCEPTIONS and me in ALLOWED and them not in ALLOWED[me]:
-                bad.append(f"{where}: {me} may import only {sorted(ALLOWED[me])}")
+            them = layer_of(target)
+            if them != layer and (module, target) not in EXCEPTIONS and them not in ALLOWED.get(layer, set()):
+                bad.append(f"{where}: {layer} may import only {sorted(ALLOWED.get(layer, set()))}")
             continue
-        if top == "airflow" and me not in AIRFLOW_PARTS:
+        if top == "airflow" and me not in AIRFLOW_PARTS and not (me == "cli_common" and in_function):
             bad.append(f"{where}: only {sorted(AIRFLOW_PARTS)} import Airflow")
         if top in ("pyspark", "py4j") and me not in PYSPARK_PARTS and not (me in PYSPARK_LAZY_PARTS and in_function):
             bad.append(f"{where}: only {sorted(PYSPARK_PARTS)} import PySpark (the worker inside functions)")
         if me == "core" and top in IO_LIBS:
             bad.append(f"{where}: the core is sans-I/O")
+    return bad + private_violations(module, path)
+
+
+def private_violations(module: str, path: Path) -> list[str]:
+    """``from <another part> import _name`` or ``from <another part>._module import ...``."""
+    bad = []
+    layer = layer_of(module)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if not target.startswith(PKG + ".") or layer_of(target) == layer:
+            continue
+        private = [p for p in target.split(".")[1:] if p.startswith("_") and p != "__init__"]
+        private += [a.name for a in node.names if a.name.startswith("_")]
+        if private:
+            bad.append(f"{module}:{node.lineno} imports private {', '.join(private)} of {target}")
     return bad
 
 
 def test_every_part_and_layer_is_named() -> None:
     parts = {part_of(m) for m, _ in _modules()}
     assert parts <= LOWER | UPPER | {"__init__"}, sorted(parts - LOWER - UPPER)
+    assert {layer_of(f"{PKG}.{p}.x") for p in parts if p != "__init__"} <= ALLOWED.keys()
 
 
 def test_the_import_rules_hold() -> None:
@@ -166,9 +212,17 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
         "    import pyspark\n"  # PySpark outside spark
     )
     bad = module_violations(f"{PKG}.sync.fake", fake)
-    assert len(bad) == 3, bad
+    assert len(bad) == 4, bad
     assert any("engine._driver" in b for b in bad) and any("Airflow" in b for b in bad)
+    assert any("private _driver" in b for b in bad)  # a private module of another part
     assert any("PySpark" in b for b in bad)
+    fake.write_text("from ..core.codec import _packb\nfrom ..worker import cli\n")
+    bad = module_violations(f"{PKG}.spark.fake", fake)
+    assert sorted(b.split(" imports ")[1] for b in bad) == [
+        f"{PKG}.worker.cli: spark may import only ['core', 'engine', 'errors', 'sync', 'tracing', 'types']",
+        f"{PKG}.worker: spark may import only ['core', 'engine', 'errors', 'sync', 'tracing', 'types']",
+        f"private _packb of {PKG}.core.codec",
+    ], bad
     fake.write_text("import redis\nfrom ..engine import queue\n")
     assert len(module_violations(f"{PKG}.core.fake", fake)) == 3  # redis, engine, engine.queue
 

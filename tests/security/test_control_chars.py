@@ -20,9 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_provider_chasqui import Queue, UnrecoverableError, Worker
+from airflow_provider_chasqui.cli_common.logs import formatter_spec
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.text import printable
-from airflow_provider_chasqui.worker.logs import formatter_spec
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,8 +13,8 @@ import pytest
 from worker_support import subprocess_env
 
 from airflow_provider_chasqui import SyncQueue, Worker
+from airflow_provider_chasqui.cli_common.logs import JsonFormatter, set_log_context
 from airflow_provider_chasqui.engine.worker import LogBudget
-from airflow_provider_chasqui.worker.logs import JsonFormatter, set_log_context
 
 pytestmark = pytest.mark.timeout(300)
 

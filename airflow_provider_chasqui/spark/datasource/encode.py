@@ -32,11 +32,11 @@ from typing import Any, cast
 from ...core.calls import Call, script_call
 from ...core.codec import (
     MAX_JOB_ID_CHARS,
-    _packb,
     encode_data,
     encode_member,
     encode_new_envelope,
     now_ms,
+    packb,
     validate_job_name,
 )
 from ...core.keys import QueueKeys
@@ -206,7 +206,7 @@ class ChunkEncoder:
         run_at = self._run_at(batch, now)
         retry, limit = plan.retry, plan.settings.max_payload_bytes
         if retry is None:  # encode_new_envelope's bytes, inlined: the hot loop of the write
-            pack = _packb
+            pack = packb
             try:
                 envelopes = [pack([jid, pack(d), now, 0]) for jid, d in zip(ids, datas)]
             except (TypeError, ValueError, OverflowError):

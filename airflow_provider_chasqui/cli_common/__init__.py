@@ -1,0 +1,98 @@
+"""What every ``chasqui`` command line shares (the worker's, the operator commands', the
+dashboard's): the default Redis URL, where a command finds its Redis (``--redis-url``, an Airflow
+connection, ``$CHASQUI_REDIS_URL``), argument types and the process's logging setup.  Log formats:
+:mod:`.logs`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.config
+import os
+
+from ..core.urls import DEFAULT_URL, check_url, redact_text
+from ..errors import ConfigError
+from .logs import formatter_spec
+
+__all__ = ["DEFAULT_URL", "LOG_LEVELS", "positive_int", "resolve_url", "configure_logging"]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def positive_int(text: str) -> int:
+    """A strictly positive integer, or argparse's usage error naming the bad text."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def resolve_url(redis_url: str | None, conn_id: str | None, default: str = DEFAULT_URL) -> tuple[str, str | None]:
+    """``(url, the connection's default queue)``: ``redis_url``, else the Airflow connection
+    ``conn_id``, else ``$CHASQUI_REDIS_URL``, else ``default``."""
+    if redis_url:
+        return check_url(redis_url), None
+    if conn_id:
+        return _from_airflow_connection(conn_id)
+    return check_url(os.environ.get("CHASQUI_REDIS_URL") or default), None
+
+
+# the metadata database URL an Airflow 3 task's supervisor gives the task's processes
+_TASK_BLOCKED_DB = "airflow-db-not-allowed:"
+
+
+def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
+    """The only place this command touches Airflow (imported here, on demand)."""
+    in_task = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "").startswith(_TASK_BLOCKED_DB)
+    if in_task:
+        # Started by an Airflow 3 task (SparkSubmitOperator, BashOperator...): its supervisor blocks
+        # the metadata database for the task's processes with a URL that makes importing Airflow
+        # fail; import it as Airflow's virtualenv operators do, without an ORM.
+        os.environ.setdefault("PYTHON_OPERATORS_VIRTUAL_ENV_MODE", "1")
+    try:
+        from ..hooks.chasqui import settings_outside_task
+    except ImportError as exc:
+        raise ConfigError(
+            f"--conn-id needs Airflow ({exc}); install 'airflow-provider-chasqui[airflow]' or pass --redis-url"
+        ) from exc
+    try:
+        settings = settings_outside_task(conn_id)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        hint = (
+            " (this process was started by an Airflow task, which may not read the metadata database: "
+            f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
+            "CHASQUI_REDIS_URL)"
+            if in_task
+            else ""
+        )
+        raise ConfigError(
+            f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {redact_text(exc)}{hint}"
+        ) from exc
+    return settings.redis_url(), settings.default_queue
+
+
+def configure_logging(level: str, fmt: str = "human") -> None:
+    """The worker process's logging: one line per record on stderr (``fmt``: ``human`` text or
+    ``json``, see :mod:`.logs`; Python warnings are logged too).  Only CLIs call this."""
+    logging.captureWarnings(True)
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "formatters": {"line": formatter_spec(fmt)},
+            "handlers": {
+                "stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}
+            },
+            "loggers": {
+                "airflow_provider_chasqui": {"level": level},
+                "py4j": {"level": "WARNING"},
+                "asyncio": {"level": "WARNING"},
+            },
+            "root": {"level": level, "handlers": ["stderr"]},
+        }
+    )
