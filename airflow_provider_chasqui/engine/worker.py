@@ -1,9 +1,9 @@
 """``Worker``: the asyncio consumer, a superset of chasquimq's ``Worker``.
 
-Theory of operation.  One *reader* task reads batches with XREADGROUP (and, every
-``claim_min_idle_ms / 2``, recovers idle pending entries with XPENDING + XCLAIM, the Redis
-7.0 stand-in for XREADGROUP CLAIM), runs the arrival gate, writes the batch's ``active``
-events in one script call and appends the jobs to an in-process deque.  ``concurrency``
+Theory of operation.  One *reader* task takes batches from the consumer intake
+(``engine/intake.py``: XREADGROUP, recovery of idle pending entries, the arrival gate and its
+dead-lettering, leases), writes the batch's ``active`` events in one script call and appends the
+jobs to an in-process deque.  ``concurrency``
 *slot* coroutines pop jobs and run the handler (async handlers on the loop, sync ones in a
 thread pool).  A batch wakes one slot, and more only once that one yields (a handler
 suspended): jobs that finish without suspending all run in the first slot, without waking
@@ -21,12 +21,11 @@ not logged, so a failure storm cannot flood the log.  The embedded promoter and 
 are leader-locked loops of their own.
 
 Nothing is acknowledged before its handler finished, so a crash or a lost connection only
-ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease: a
-*lease* task renews it on every in-flight entry every tenth of it, in one ``renew_lease`` call
-(XCLAIM JUSTID of the entries this consumer still owns), so the recovery of other workers
-never takes a job whose worker lives, however long the job runs.  Entries found taken over
-(this process was paused or cut off) are dropped if queued and never acked if running, and a
-slot never starts a job while the renewal is overdue (``Intake.lease_held``): it renews first.
+ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease, which the
+intake renews on every in-flight entry ten times per term, so the recovery of other workers never
+takes a job whose worker lives, however long the job runs.  Entries found taken over (this
+process was paused or cut off) are dropped if queued and never acked if running, and a slot never
+starts a job while the renewal is overdue (``Intake.lease_held``): it renews first.
 
 Every task is supervised: an unexpected exception is logged with its traceback and the task
 restarted after a backoff; :meth:`Worker.health` reports them.  A failure whose routing raises

@@ -38,7 +38,9 @@ each.
     A batch starts with what is owed (the watcher's own pending entries from an earlier run,
     redeliveries, idle entries of dead consumers), then new jobs.  An entry is acknowledged
     (``complete_batch``: XACK + XDEL, or XACKDEL on Redis 8.2+, and a ``completed`` event)
-    only in ``advance``, after the asset events were saved.  Entries
+    only in ``advance``, after the asset events were saved; until then the watcher renews the
+    batch's leases (ten times per ``claim_min_idle_ms``), so a metadata database slower than
+    the lease does not let another consumer reclaim them.  Entries
     still pending when the triggerer dies are re-read from the consumer's pending list when
     the watcher starts again; entries pending for other, dead consumers are claimed after
     ``claim_min_idle_ms``.  Every redelivery counts as an attempt, and the arrival gate
