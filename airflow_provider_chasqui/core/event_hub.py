@@ -12,7 +12,7 @@ Outcomes use ``wait_for_jobs``' shapes: ``("completed", result)`` or
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .calls import Call, command, str_reply
 from .codec import decode_data, ulid_ms
@@ -30,7 +30,38 @@ __all__ = [
     "settle_hits",
 ]
 
-Outcome = tuple[Any, ...]
+
+class Completed(NamedTuple):
+    """A job that completed: ``("completed", result)``."""
+
+    state: str
+    value: Any = None
+
+
+class Failed(NamedTuple):
+    """A job that failed for good: ``("failed", reason, detail, traceback)`` (detail and
+    traceback empty when the events say only that it failed)."""
+
+    state: str
+    value: Any
+    detail: str = ""
+    traceback: str = ""
+
+
+# How a job ended, as every wait reports it: named tuples of the shapes the waits always
+# returned (``state, value = outcome`` and tuple equality keep working), read by name inside.
+JobOutcome = Completed | Failed
+Outcome = JobOutcome
+
+
+def completed(value: Any = None) -> Completed:
+    return Completed("completed", value)
+
+
+def failed(reason: Any, detail: str = "", traceback: str = "") -> Failed:
+    return Failed("failed", reason, detail, traceback)
+
+
 ENDING_EVENTS = (b"completed", b"dlq")  # the events after which a job has a stored outcome (or never will)
 _MAX_NAME = 120
 
@@ -57,7 +88,7 @@ class Waiter:
             return False
         self.pending.discard(job_id)
         self.outcomes[job_id] = outcome
-        if not self.pending or (self.stop_on_failure and outcome[0] == "failed"):
+        if not self.pending or (self.stop_on_failure and outcome.state == "failed"):
             self.done = True
             return True
         return False
@@ -145,14 +176,14 @@ def parse_outcomes(
     for i, j in enumerate(job_ids):
         result, failure = raws[2 * i], raws[2 * i + 1]
         if result is not None:
-            out[j] = ("completed", decode_data(result))
+            out[j] = completed(decode_data(result))
         elif failure is not None:
             record = failure_record(j, failure)
             if record is not None:
-                out[j] = ("failed", record.reason, record.error, record.traceback)
+                out[j] = failed(record.reason, record.error, record.traceback)
         elif hints and j in hints:
             kind, reason = hints[j]
-            out[j] = ("completed", None) if kind == "completed" else ("failed", reason, "", "")
+            out[j] = completed() if kind == "completed" else failed(reason)
     return out
 
 

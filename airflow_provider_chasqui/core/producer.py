@@ -34,7 +34,17 @@ from .codec import (
     validate_job_name,
 )
 from .event_follow import EventCursor, stream_id
-from .event_hub import Outcome, backfill_call, backfill_hits, outcome_calls, parse_outcomes
+from .event_hub import (
+    Failed,
+    JobOutcome,
+    Outcome,
+    backfill_call,
+    backfill_hits,
+    completed,
+    failed,
+    outcome_calls,
+    parse_outcomes,
+)
 from .failure import JobFailure
 from .failure import failure_record as _failure_record
 from .fast import fast_constructor
@@ -462,9 +472,9 @@ class ProducerCore:
                 del by_job[jid.encode()]
                 if kind == "dlq":
                     failed_ids.append(jid)
-                    outcomes[jid] = ("failed", reason, "", "")
+                    outcomes[jid] = failed(reason)
                 else:
-                    outcomes[jid] = ("completed", None)
+                    outcomes[jid] = completed()
 
         back = backfill_call(k, sorted(pending)) if pending else None
         if back is not None:  # ended before the pin, with no stored outcome: only the event tells
@@ -481,7 +491,7 @@ class ProducerCore:
         if done:
             values = yield from self.get_results(done)
             for jid, value in zip(done, values):
-                outcomes[jid] = ("completed", value)
+                outcomes[jid] = completed(value)
         return outcomes
 
     def _stored_outcomes(self, job_ids: list[str]) -> Flow[dict[str, Outcome]]:
@@ -494,16 +504,14 @@ class ProducerCore:
 _HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
 
 
-def single_outcome(job_id: str, outcomes: Mapping[str, tuple[Any, ...]], timeout: float) -> Any:
+def single_outcome(job_id: str, outcomes: Mapping[str, JobOutcome], timeout: float) -> Any:
     """Turn a ``wait_for_jobs`` answer for one id into a value or an exception."""
     if job_id not in outcomes:
         raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
     outcome = outcomes[job_id]
-    if outcome[0] == "failed":
-        raise JobFailed(
-            job_id, outcome[1], outcome[2] if len(outcome) > 2 else "", traceback=outcome[3] if len(outcome) > 3 else ""
-        )
-    return outcome[1]
+    if isinstance(outcome, Failed):
+        raise JobFailed(job_id, outcome.value, outcome.detail, traceback=outcome.traceback)
+    return outcome.value
 
 
 def bulk_item(item: Mapping[str, Any]) -> dict[str, Any]:

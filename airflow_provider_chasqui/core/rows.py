@@ -9,7 +9,7 @@ checks the two against each other, so neither can drift.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
     "CompleteRow",
@@ -23,6 +23,11 @@ __all__ = [
     "UpsertExtRow",
     "FireRow",
     "LUA_ROWS",
+    "COMPLETE_ENTRY_ID",
+    "FAIL_KIND",
+    "FAIL_ENTRY_ID",
+    "FAIL_REASON",
+    "FAIL_TRACEBACK",
 ]
 
 #: ``complete_batch.lua``, 6 per job (result b"" = nothing to store)
@@ -35,6 +40,16 @@ FailRow = tuple[str, bytes, str, str, int, str, int, Any, Any, Any, Any, str]
 _FAIL_HEAD = ("kind", "entry_id", "job_id", "name", "attempt", "failed_reason", "duration_us")
 FAIL_RETRY_ROW = (*_FAIL_HEAD, "run_at_ms", "member", "next_attempt", "backoff_ms", "traceback")
 FAIL_DEAD_ROW = (*_FAIL_HEAD, "payload", "dlq_reason", "detail", "dlq_name", "traceback")
+
+#: positions read back by name (the consumer keeps these rows until they are written)
+COMPLETE_ENTRY_ID: Final = 0
+FAIL_KIND: Final = 0
+FAIL_ENTRY_ID: Final = 1
+FAIL_REASON: Final = 5
+FAIL_TRACEBACK: Final = 11
+assert COMPLETE_ROW[COMPLETE_ENTRY_ID] == "entry_id" and FAIL_RETRY_ROW[FAIL_REASON] == "failed_reason"
+assert FAIL_DEAD_ROW[FAIL_KIND] == "kind" and FAIL_DEAD_ROW[FAIL_ENTRY_ID] == "entry_id"
+assert FAIL_DEAD_ROW[FAIL_TRACEBACK] == FAIL_RETRY_ROW[FAIL_TRACEBACK] == "traceback"
 
 #: ``enqueue_batch.lua``, 2 per job (name b"" = no ``n`` field)
 EnqueueRow = tuple[bytes, bytes]

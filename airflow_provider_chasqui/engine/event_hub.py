@@ -32,6 +32,7 @@ from redis.retry import Retry
 from ..core.calls import Flow, command, int_reply
 from ..core.event_follow import EventCursor
 from ..core.event_hub import (
+    JobOutcome,
     Outcome,
     Waiter,
     WaiterIndex,
@@ -88,7 +89,7 @@ def active_hubs() -> list[EventHub]:
 
 async def wait_for_jobs(
     url: str, queue: str, job_ids: Iterable[str], timeout: float, *, stop_on_failure: bool = False
-) -> dict[str, tuple[Any, ...]]:
+) -> dict[str, JobOutcome]:
     """``{id: ("completed", result) | ("failed", reason, detail, traceback)}`` once every id ended (or one
     failed, with ``stop_on_failure``); ids still running after ``timeout`` seconds are absent.
     Redis unreachable when the wait starts (for ``JOIN_GRACE_SECS``, or the whole timeout if
@@ -146,9 +147,7 @@ class EventHub:
         return len(self._index)
 
     # ---- waiting -------------------------------------------------------------------------
-    async def wait(
-        self, job_ids: list[str], timeout: float, *, stop_on_failure: bool = False
-    ) -> dict[str, tuple[Any, ...]]:
+    async def wait(self, job_ids: list[str], timeout: float, *, stop_on_failure: bool = False) -> dict[str, JobOutcome]:
         """See :func:`wait_for_jobs` (which finds the hub)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)

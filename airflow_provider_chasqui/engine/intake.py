@@ -38,9 +38,11 @@ from ..core.codec import now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
 from ..core.features import Features
 from ..core.pacing import Backoff, LogBudget
+from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
 from ..drivers_common import translate_error
 from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
 from ._driver import AsyncDriver
+from .metrics import NO_METRICS, WorkerMetrics
 
 __all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION"]
 
@@ -56,6 +58,7 @@ RENEWALS_PER_LEASE = 10
 START_CHECK_FRACTION = 0.2
 REAP_EVERY_LEASES = 5  # how often idle consumers are removed...
 REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing pending
+PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
 
 
@@ -79,7 +82,7 @@ class Intake:
         decode: bool = False,
         write_tries: int | None = None,
         log_budget: LogBudget | None = None,
-        metric: Callable[..., None] | None = None,
+        metrics: WorkerMetrics = NO_METRICS,
         on_lost: Callable[[dict[bytes, bytes]], None] | None = None,
         label: str = "",
     ) -> None:
@@ -90,7 +93,7 @@ class Intake:
         self.decode = decode
         self.write_tries = write_tries  # None: writes retry through outages until stopping
         self.log_budget = log_budget or LogBudget(10, 60.0)
-        self.metric = metric or (lambda *_args: None)
+        self.metrics = metrics
         self.on_lost = on_lost
         self.label = label or f"consumer {core.consumer_id} of {core.keys.queue}"
         self.features = Features()  # replaced by open()
@@ -208,7 +211,7 @@ class Intake:
         rows = await self.driver.call(self.core.own_pending(self._own_after, want)) or []
         self._own_after = "(" + str_reply(rows[-1][0]) if len(rows) == want else None
         held = self.holding()
-        counts = {row[0]: int_reply(row[3]) for row in rows if row[0] not in held}
+        counts = {row[PENDING_ID]: int_reply(row[PENDING_COUNT]) for row in rows if row[PENDING_ID] not in held}
         batch = await self._claim(0, counts)
         if batch:
             log.info("%s re-reads %d entries left pending by an earlier run", self.label, len(batch))
@@ -217,7 +220,7 @@ class Intake:
     async def claim_idle(self, min_idle_ms: int, want: int, skip: Collection[bytes] = ()) -> list[Row]:
         """Entries pending for any consumer (a dead or stuck one) for ``min_idle_ms`` or longer."""
         rows = await self.driver.call(self.core.idle_pending(min_idle_ms, want))
-        counts = {row[0]: int_reply(row[3]) for row in rows or [] if row[0] not in skip}
+        counts = {row[PENDING_ID]: int_reply(row[PENDING_COUNT]) for row in rows or [] if row[PENDING_ID] not in skip}
         return await self._claim(min_idle_ms, counts)
 
     async def _claim(self, min_idle_ms: int, counts: Mapping[bytes, int]) -> list[Row]:
@@ -263,7 +266,7 @@ class Intake:
         await self._write([self.core.fail([self.core.reject_row(r) for r in rejected], self.features, now_ms())])
         self.dead_lettered += len(rejected)
         for r in rejected:
-            self.metric("job_dead", r.name, r.reason)
+            self.metrics.job_dead(self.core.keys.queue, r.name, r.reason)
 
     def take_log(self) -> bool:
         """Whether one more failure record fits the log budget (reporting what did not)."""
@@ -338,10 +341,10 @@ class Intake:
         lost = await self.renew_ids(ids)
         self.renewed_at = started
         if ids:
-            self.metric("lease_renewed", len(ids) - len(lost))
+            self.metrics.lease_renewed(self.core.keys.queue, len(ids) - len(lost))
         lost = {eid: owner for eid, owner in lost.items() if eid in self.in_flight and eid not in self.lost}
         if lost:
-            self.metric("lease_lost", len(lost))
+            self.metrics.lease_lost(self.core.keys.queue, len(lost))
             self.lost.update(lost)
             if self.on_lost is not None:
                 self.on_lost(lost)
@@ -395,7 +398,8 @@ class Intake:
 
     # ---- settling -----------------------------------------------------------------------
     def owned(self, rows: list[Any], at: int) -> list[Any]:
-        """The rows (entry id at index ``at``) whose entry this consumer still owns; the lost
+        """The rows (entry id at index ``at``: ``COMPLETE_ENTRY_ID`` or ``FAIL_ENTRY_ID``) whose
+        entry this consumer still owns; the lost
         ones are released unwritten, each logged."""
         if not self.lost:
             return rows
@@ -427,11 +431,13 @@ class Intake:
         try:
             await self._write(calls)
         finally:
-            self.in_flight.difference_update([row[0] for row in done])
-            self.in_flight.difference_update([row[1] for row in failed])
+            self.in_flight.difference_update([row[COMPLETE_ENTRY_ID] for row in done])
+            self.in_flight.difference_update([row[FAIL_ENTRY_ID] for row in failed])
             if self.lost:
-                for eid in [row[0] for row in done] + [row[1] for row in failed]:
-                    self.lost.pop(eid, None)
+                for row in done:
+                    self.lost.pop(row[COMPLETE_ENTRY_ID], None)
+                for fail in failed:
+                    self.lost.pop(fail[FAIL_ENTRY_ID], None)
 
     async def _write(self, calls: list[Call]) -> None:
         """Run ``calls`` (one pipeline), retrying transient errors: ``write_tries`` times, or

@@ -14,6 +14,7 @@ from ..core.keys import QueueKeys
 from ..core.settings import QueueSettings
 from ._driver import AsyncDriver
 from .leader import LeaderLoop
+from .metrics import metrics_sink
 
 __all__ = ["Promoter"]
 
@@ -41,7 +42,7 @@ class Promoter(LeaderLoop):
         self.settings = settings or QueueSettings()
         self.batch = batch
         self.events_max = self.settings.events_max_len if events else 0
-        self.metrics = metrics
+        self.metrics = metrics_sink(metrics)
         self.promoted_total = 0
 
     async def tick(self) -> bool:
@@ -55,6 +56,5 @@ class Promoter(LeaderLoop):
         )
         promoted, depth, lag = (int_reply(x) for x in reply[:3])
         self.promoted_total += promoted
-        if self.metrics is not None:
-            self.metrics.promoter_tick(self.keys.queue, promoted, depth, lag)
+        self.metrics.promoter_tick(self.keys.queue, promoted, depth, lag)
         return promoted >= self.batch

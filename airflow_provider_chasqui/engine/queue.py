@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import tracing as _tracing
 from ..core.codec import now_ms
+from ..core.event_hub import JobOutcome
 from ..core.inspect import JobDetails, QueueListing, job_details
 from ..core.inspect import list_queues as list_queues_flow
 from ..core.keys import QueueKeys
@@ -329,7 +330,7 @@ class Queue:
 
     async def wait_for_results(
         self, job_ids: Sequence[str], timeout: float = 30.0, *, stop_on_failure: bool = False
-    ) -> dict[str, tuple[Any, ...]]:
+    ) -> dict[str, JobOutcome]:
         """Block until the jobs end (or one failed, with ``stop_on_failure``).
 
         Waits through the process's shared reader of this queue's events (``event_hub.py``:

@@ -36,6 +36,7 @@ from ..core.urls import redact_url
 from ..errors import ChasquiError
 from ._driver import AsyncDriver
 from .leader import TRANSIENT, LeaderLoop
+from .metrics import metrics_sink
 
 _R = TypeVar("_R")
 
@@ -68,7 +69,7 @@ class Scheduler(LeaderLoop):
         super().__init__(driver, keys.scheduler_lock, holder=holder, interval_ms=tick_ms, lock_ttl_secs=lock_ttl_secs)
         self.keys = keys
         self.core = SchedulerCore(queue, settings, batch=batch)
-        self.metrics = metrics
+        self.metrics = metrics_sink(metrics)
         self.now_fn = now_fn
         self.min_sleep = min_sleep_ms / 1000
         self.fired_total = 0
@@ -143,7 +144,7 @@ class Scheduler(LeaderLoop):
                 result.skipped,
                 self.keys.queue,
             )
-        if self.metrics is not None and (result.fired or result.due):
+        if result.fired or result.due:
             self.metrics.scheduler_fire(self.keys.queue, result.fired, result.lag_ms or 0)
         if result.full:
             return True

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.pacing import Backoff
+from .metrics import NO_METRICS, WorkerMetrics
 
 __all__ = ["Supervisor", "TaskHealth"]
 
@@ -34,17 +35,18 @@ class TaskHealth:
 
 
 class Supervisor:
-    """Starts tasks by role; ``metric`` hears ``("task_restarted", role, n)`` (0 when a role first
-    starts, so the series exists before a first crash)."""
+    """Starts tasks by role; ``metrics`` hears ``task_restarted(queue, role, n)`` (n 0 when a
+    role first starts, so the series exists before a first crash)."""
 
-    def __init__(self, label: str, metric: Callable[..., None]) -> None:
+    def __init__(self, label: str, queue: str, metrics: WorkerMetrics = NO_METRICS) -> None:
         self.label = label
-        self.metric = metric
+        self.queue = queue
+        self.metrics = metrics
         self.roles: dict[str, TaskHealth] = {}
 
     def start(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
         if role not in self.roles:
-            self.metric("task_restarted", role, 0)
+            self.metrics.task_restarted(self.queue, role, 0)
         self.roles.setdefault(role, TaskHealth())
         return asyncio.create_task(self._run(role, fn), name=name or f"chasqui-{role}")
 
@@ -67,7 +69,7 @@ class Supervisor:
                 delay = backoff.next()
                 h.restarts += 1
                 h.failed_at = now
-                self.metric("task_restarted", role, 1)
+                self.metrics.task_restarted(self.queue, role, 1)
                 h.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 log.error("%s: %s task failed; restarting in %.2fs", self.label, role, delay, exc_info=True)
                 h.backing_off += 1

@@ -64,11 +64,13 @@ from ..core.consumer import (
     handler_traceback,
 )
 from ..core.pacing import Backoff, LogBudget
+from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, FAIL_REASON, FAIL_TRACEBACK
 from ..core.urls import DEFAULT_URL, with_tls
 from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .intake import START_CHECK_FRACTION, Intake
+from .metrics import NO_METRICS, metrics_sink
 from .promoter import Promoter
 from .supervision import Supervisor
 from .worker_settings import DEFAULT_CONCURRENCY, WorkerSettings, options_to_fields
@@ -143,7 +145,8 @@ class Worker:
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
         self._fast_paths = fast_paths
-        self.metrics = metrics
+        self.metrics = metrics  # the sink as given; the engine reports through self._sink
+        self._sink = metrics_sink(metrics)
         self._signals = install_signal_handlers
         s = self.settings
         self.consumer_id = s.consumer_id or f"c-{uuid.uuid4()}"
@@ -263,7 +266,7 @@ class Worker:
             reader=raw_client(self._url, single_connection_client=True, **timeouts),
             stopping=self._stopping,
             log_budget=self._fail_log,
-            metric=self._metric,
+            metrics=self._sink,
             on_lost=self._lease_lost,
             label=f"worker {self.consumer_id}",
         )
@@ -279,7 +282,7 @@ class Worker:
             return
         self._deque: collections.deque[Delivery] = collections.deque()
         self._idle: list[asyncio.Future[None]] = []
-        self._tasks = Supervisor(f"worker {self.consumer_id}", self._metric)
+        self._tasks = Supervisor(f"worker {self.consumer_id}", self.name, self._sink)
         self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
         self._done_rows: list[tuple[Any, ...]] = []
         self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
@@ -324,14 +327,14 @@ class Worker:
                     poll_interval_ms=s.promoter_poll_ms,
                     settings=s.queue,
                     events=s.events_enabled,
-                    metrics=self.metrics,
+                    metrics=self._sink,
                 )
             )
         if s.run_scheduler:
             from .scheduler import Scheduler  # the scheduler pulls in cron maths only when used
 
             loops.append(
-                Scheduler(self.driver, self.name, tick_ms=s.scheduler_tick_ms, settings=s.queue, metrics=self.metrics)
+                Scheduler(self.driver, self.name, tick_ms=s.scheduler_tick_ms, settings=s.queue, metrics=self._sink)
             )
         return [(lp, self._tasks.start(lp.role, lp.run)) for lp in loops]
 
@@ -389,18 +392,6 @@ class Worker:
                 await asyncio.sleep(delay)
 
     # ---- supervision ------------------------------------------------------------------
-    def _metric(self, method: str, *args: Any) -> None:
-        """Call an optional method of the metrics sink (a sink written for an older worker may
-        lack it); metrics never decide anything, so a failing sink is only logged."""
-        fn = getattr(self.metrics, method, None) if self.metrics is not None else None
-        if fn is None:
-            return
-        try:
-            fn(self.name, *args)
-        except Exception:
-            log.exception("worker %s: metrics failed", self.consumer_id)
-
-    # ---- leases (renewed by the intake) -------------------------------------------------------
     def _lease_lost(self, lost: dict[bytes, bytes]) -> None:
         """The intake's word that another worker took these in-flight entries over (this one was
         paused or cut off for longer than the lease).  Queued ones are dropped; running ones
@@ -485,8 +476,7 @@ class Worker:
 
     async def _admit(self, ready: list[Delivery]) -> None:
         """Write the ``active`` events of the ready jobs in one script call and hand them to the slots."""
-        if self.metrics is not None:
-            self.metrics.batch(self.name, len(ready))
+        self._sink.batch(self.name, len(ready))
         await self._emit(self.core.active_events_compact(ready, now_ms()))
         self._deque.extend(ready)
         self._wake(1)
@@ -526,7 +516,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         queue, stopping, idle, rows = self._deque, self._stopping, self._idle, self._done_rows
         s = self.settings
-        store, ack_batch, metrics, name = s.store_results, s.ack_batch, self.metrics, self.name
+        store, ack_batch, name = s.store_results, s.ack_batch, self.name
+        metrics = None if self._sink is NO_METRICS else self._sink  # the per-job path skips the null sink
         # a _Dispatch is only ever called through ``dispatch.lookup`` below
         handler = cast("Callable[[Job], Any]", self._handler)
         dispatch = handler if isinstance(handler, _Dispatch) else None
@@ -698,12 +689,15 @@ class Worker:
             row, outcome, delay = self.core.routing_failed_row(dl, exc, err, duration_us), ROUTING_FAILED, 0
         # a dead-lettered row carries its formatted traceback; a retried one is formatted (~0.1-1 ms)
         # only if the log budget lets it be logged, so a retry storm costs no formatting
-        self._buffer_failure(row, (env.id, dl.name, env.attempt + 1, outcome, delay, row[11] if row[0] == "d" else exc))
-        self._metric("job_failed", dl.name)
+        self._buffer_failure(
+            row,
+            (env.id, dl.name, env.attempt + 1, outcome, delay, row[FAIL_TRACEBACK] if row[FAIL_KIND] == "d" else exc),
+        )
+        self._sink.job_failed(self.name, dl.name)
         if outcome == "retry":
-            self._metric("job_retried", dl.name)
+            self._sink.job_retried(self.name, dl.name)
         else:
-            self._metric("job_dead", dl.name, outcome)
+            self._sink.job_dead(self.name, dl.name, outcome)
         return outcome
 
     def _undecodable(self, dl: Delivery, exc: CodecError) -> None:
@@ -711,7 +705,7 @@ class Worker:
         past its size): buffered for the flusher like a failure; no handler ran."""
         row = self.core.reject_row(self.core.undecodable(dl, exc))
         self._buffer_failure(row, (dl.envelope.id, dl.name, dl.envelope.attempt + 1, DECODE_FAILED, 0, str(exc)))
-        self._metric("job_dead", dl.name, DECODE_FAILED)
+        self._sink.job_dead(self.name, dl.name, DECODE_FAILED)
 
     def _buffer_failure(self, row: tuple[Any, ...], info: tuple[Any, ...]) -> None:
         """A ``fail_batch`` row for the flusher, and what its log line needs; the entry stays
@@ -766,7 +760,7 @@ class Worker:
             while self._done_rows:
                 batch = self._done_rows[: s.ack_batch]
                 del self._done_rows[: s.ack_batch]  # in place: the slots append to this list
-                rows = intake.owned(batch, 0)
+                rows = intake.owned(batch, COMPLETE_ENTRY_ID)
                 try:
                     await intake.settle(done=rows)
                 except Exception as exc:  # noqa: BLE001 - see _unacked
@@ -796,7 +790,7 @@ class Worker:
         n, intake = self.settings.ack_batch, self._intake
         batch, info = self._fail_rows[:n], self._fail_info[:n]
         del self._fail_rows[:n], self._fail_info[:n]
-        rows = intake.owned(batch, 1)
+        rows = intake.owned(batch, FAIL_ENTRY_ID)
         if len(rows) < len(batch):
             kept = set(map(id, rows))
             info = [i for row, i in zip(batch, info) if id(row) in kept]
@@ -825,7 +819,7 @@ class Worker:
                 job_id,
                 name,
                 attempt,
-                row[5],
+                row[FAIL_REASON],
                 then,
                 "\n" + tb.rstrip("\n") if tb else "",
                 extra={"queue": self.name, "job_id": job_id, "job_name": name, "attempt": attempt},

@@ -204,7 +204,7 @@ class ChasquiEnqueueOperator(BaseOperator):
                 if job_id in outcomes:
                     event = first_error([job_id], outcomes, queue_name) or {
                         "status": "success",
-                        "results": {job_id: outcomes[job_id][1]},
+                        "results": {job_id: outcomes[job_id].value},
                         "queue": queue_name,
                     }
                     log_outcome(self.log, queue, event, [job_id], waited_seconds(None, started))

@@ -118,7 +118,7 @@ class ChasquiJobSensor(BaseSensorOperator):
             done = error is None and len(outcomes) == len(ids)
             event: dict[str, Any] | None = error
             if done:
-                event = {"status": "success", "results": {j: outcomes[j][1] for j in ids}, "queue": queue}
+                event = {"status": "success", "results": {j: outcomes[j].value for j in ids}, "queue": queue}
             if event is not None:  # the wait ended: failed, or every job completed
                 log_outcome(self.log, sync_queue, event, ids, waited_seconds(None, self._started))
         finally:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import tracing as _tracing
 from ..core.codec import now_ms
+from ..core.event_hub import JobOutcome
 from ..core.inspect import JobDetails, QueueListing, job_details
 from ..core.inspect import list_queues as list_queues_flow
 from ..core.keys import QueueKeys
@@ -319,7 +320,7 @@ class SyncQueue:
 
     def wait_for_results(
         self, job_ids: Sequence[str], timeout: float = 30.0, *, stop_on_failure: bool = False
-    ) -> dict[str, tuple[Any, ...]]:
+    ) -> dict[str, JobOutcome]:
         """Block on the events stream until the jobs end (or one failed, with ``stop_on_failure``)."""
         flow = self._flows.wait_for_jobs(job_ids, int(timeout * 1000), _monotonic_ms, stop_on_failure=stop_on_failure)
         return self.driver.run(flow)

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from .. import tracing
+from ..core.event_hub import Failed, JobOutcome
 from ..core.outcomes import outcome_line
 from ..engine.queue import Queue
 from ..errors import ChasquiConnectionError
@@ -59,25 +60,23 @@ def json_safe_problem(value: Any, path: str = "result") -> str | None:
     return f"{path} is a {type(value).__name__}"
 
 
-def first_error(job_ids: list[str], outcomes: dict[str, tuple[Any, ...]], queue: str) -> dict[str, Any] | None:
+def first_error(job_ids: list[str], outcomes: Mapping[str, JobOutcome], queue: str) -> dict[str, Any] | None:
     """The error event for the first job (in ``job_ids`` order) that was dead-lettered or
     returned something Airflow cannot carry; None when every finished job is fine."""
     for jid in job_ids:
         outcome = outcomes.get(jid)
         if outcome is None:
             continue
-        if outcome[0] == "failed":
-            detail = outcome[2] if len(outcome) > 2 else ""
-            tb = outcome[3] if len(outcome) > 3 else ""
+        if isinstance(outcome, Failed):
             return {
                 "status": "error",
                 "job_id": jid,
-                "reason": outcome[1],
-                "detail": detail,
-                "traceback": tb,
+                "reason": outcome.value,
+                "detail": outcome.detail,
+                "traceback": outcome.traceback,
                 "queue": queue,
             }
-        problem = json_safe_problem(outcome[1])
+        problem = json_safe_problem(outcome.value)
         if problem:
             return {
                 "status": "error",
@@ -219,7 +218,7 @@ class ChasquiJobTrigger(BaseTrigger):
                 return error
             for jid in pending:
                 if jid in outcomes:
-                    results[jid] = outcomes[jid][1]
+                    results[jid] = outcomes[jid].value
             pending = [j for j in pending if j not in results]
         return {"status": "success", "results": {j: results[j] for j in self.job_ids}, "queue": self.queue_name}
 

@@ -24,7 +24,7 @@ from ..core.consumer import ConsumerCore, Delivery
 from ..core.event_follow import stream_id
 from ..core.keys import DEFAULT_GROUP, validate_queue_name
 from ..core.retry import RetryPolicy
-from ..core.rows import CompleteRow, FailRow
+from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, CompleteRow, FailRow
 from ..core.settings import QueueSettings
 from ..core.urls import WAIT_BLOCK_MS
 from ..engine.intake import Intake
@@ -279,7 +279,7 @@ class QueueModeProducer(SharedStreamProducer):
                         )
                     )
         intake.hold(held, time.monotonic() + self.redeliver_after_ms / 1000)
-        await intake.settle(intake.owned(done, 0), intake.owned(dead, 1))
+        await intake.settle(intake.owned(done, COMPLETE_ENTRY_ID), intake.owned(dead, FAIL_ENTRY_ID))
         self.acked_total += len(done)
         self.refused_total += len(dead)
         self.flow.release(len(batch))

@@ -8,7 +8,9 @@ from airflow_provider_chasqui.core.codec import encode_data
 from airflow_provider_chasqui.core.event_hub import (
     Waiter,
     WaiterIndex,
+    completed,
     event_hits,
+    failed,
     parse_outcomes,
     reader_name,
     settle_hits,
@@ -43,11 +45,11 @@ def test_waiters_settle_once_and_stop_on_failure() -> None:
     stopper = Waiter(["b", "c"], stop_on_failure=True)
     index.add(all_of)
     index.add(stopper)
-    assert settle_hits(index, {"a": ("completed", 1)}) == []
-    assert settle_hits(index, {"b": ("failed", "r", "d")}) == [all_of, stopper]
-    assert stopper.outcomes == {"b": ("failed", "r", "d")} and stopper.pending == {"c"}
-    assert not all_of.settle("a", ("completed", 2))  # the first outcome wins
-    assert all_of.outcomes == {"a": ("completed", 1), "b": ("failed", "r", "d")}
+    assert settle_hits(index, {"a": completed(1)}) == []
+    assert settle_hits(index, {"b": failed("r", "d")}) == [all_of, stopper]
+    assert stopper.outcomes == {"b": failed("r", "d")} and stopper.pending == {"c"}
+    assert not all_of.settle("a", completed(2))  # the first outcome wins
+    assert all_of.outcomes == {"a": ("completed", 1), "b": ("failed", "r", "d", "")}  # plain tuples still compare
     assert index.pending_ids() == []  # done waiters are not re-checked
     index.remove(all_of)
     index.remove(stopper)

@@ -426,3 +426,35 @@ async def test_a_second_group_does_not_steal_but_a_second_worker_shares(
         await q.add_bulk([{"name": "s", "data": i} for i in range(40)])
         await wait_until(lambda: len(a_seen) + len(b_seen) == 40, what="all jobs once")
     assert sorted(a_seen + b_seen) == list(range(40))  # each exactly once across the two consumers
+
+
+@pytest.mark.timeout(60)
+async def test_a_failing_metrics_sink_never_costs_a_job(redis_url, queue_name, queues, worker_factory, caplog) -> None:
+    """Every report goes through the guarded sink (``engine/metrics.py``): a sink that raises on
+    every call, or lacks most methods, is logged, and every job still runs, is acked and counted."""
+
+    class Broken:
+        def job_completed(self, *args: object) -> None:
+            raise RuntimeError("sink down")
+
+        def batch(self, *args: object) -> None:
+            raise RuntimeError("sink down")
+
+        def job_failed(self, *args: object) -> None:
+            raise RuntimeError("sink down")
+
+    runs: list[int] = []
+
+    async def handler(job: Job) -> None:
+        runs.append(job.data["i"])
+        if job.data["i"] == 0:
+            raise UnrecoverableError("to the DLQ")
+
+    q = queues(queue_name, redis_url)
+    w = worker_factory(queue_name, handler, redis_url, metrics=Broken(), concurrency=4)
+    async with running(w):
+        await q.add_bulk([{"name": "n", "data": {"i": i}} for i in range(20)])
+        await wait_until(lambda: w.processed == 20, 20, what="every job counted")
+    assert sorted(runs) == list(range(20))
+    assert len(await q.peek_dlq(50)) == 1
+    assert any("metrics sink Broken.job_completed failed" in r.getMessage() for r in caplog.records)
