@@ -44,7 +44,7 @@ from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError,
 from ._driver import AsyncDriver
 from .metrics import NO_METRICS, WorkerMetrics
 
-__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION"]
+__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION", "raise_if_cancelling"]
 
 log = logging.getLogger(__name__)
 Row = tuple[bytes, Any, int]  # entry id, stream fields, deliveries so far (this one included)
@@ -60,6 +60,16 @@ REAP_EVERY_LEASES = 5  # how often idle consumers are removed...
 REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing pending
 PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
+
+
+def raise_if_cancelling() -> None:
+    """Raise CancelledError if this task was asked to stop.  A cancel that lands in a Redis call
+    can come back as a connection error (the call's connection is dropped), and on Python 3.11
+    ``asyncio.wait_for`` can turn one into a timeout: a loop that retries those would run on,
+    uncancellable (a triggerer could not stop its watcher)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _retrieved(f: asyncio.Future[Any]) -> None:
@@ -165,6 +175,7 @@ class Intake:
 
     async def _wait_out(self, exc: BaseException) -> None:
         self._reader_id = None  # a new connection has a new id
+        raise_if_cancelling()  # a cancelled read can surface as a lost connection: never wait that out
         if not self.stopping.is_set():
             delay = self._backoff.next()
             log.warning("%s: Redis unavailable (%s); reading again in %.2fs", self.label, exc, delay)
@@ -202,6 +213,7 @@ class Intake:
                 reply = await self.reader.execute_command(*call.args)
             except Exception as exc:  # the reader is a raw client: its errors cross the boundary here
                 raise translate_error(exc) from exc
+        raise_if_cancelling()  # redis-py can swallow a cancel that lands in a blocking read (redis-py#2028)
         return [entry for _stream, entries in reply or [] for entry in entries]
 
     async def _claim_own(self, want: int) -> list[Row]:
@@ -318,8 +330,8 @@ class Intake:
         """Sleep, cut short by ``stopping``."""
         try:
             await asyncio.wait_for(self.stopping.wait(), seconds)
-        except TimeoutError:
-            pass
+        except TimeoutError:  # on 3.11 a cancel racing the timeout can end up here: not swallowed
+            raise_if_cancelling()
 
     # ---- leases -------------------------------------------------------------------------
     async def run_leases(self) -> None:
@@ -330,6 +342,7 @@ class Intake:
             try:
                 await self.renew()
             except TRANSIENT_ERRORS as exc:
+                raise_if_cancelling()
                 log.warning("%s: lease renewal failed (%s); retrying", self.label, exc)
                 await asyncio.sleep(min(interval, 1.0))
 
@@ -450,6 +463,7 @@ class Intake:
                 await (self.driver.call(calls[0]) if len(calls) == 1 else self.driver.pipeline(calls))
                 return
             except TRANSIENT_ERRORS as exc:
+                raise_if_cancelling()
                 failures = backoff.failures + 1
                 if (self.write_tries is not None and failures >= self.write_tries) or (
                     self.stopping.is_set() and failures > 3

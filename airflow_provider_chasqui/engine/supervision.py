@@ -63,6 +63,9 @@ class Supervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # a cancel that surfaced as another error
+                    raise asyncio.CancelledError from exc
                 now = time.monotonic()
                 if now - h.failed_at >= CALM_SECS:
                     backoff.reset()

@@ -69,7 +69,7 @@ from ..core.urls import DEFAULT_URL, with_tls
 from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
-from .intake import START_CHECK_FRACTION, Intake
+from .intake import START_CHECK_FRACTION, Intake, raise_if_cancelling
 from .metrics import NO_METRICS, metrics_sink
 from .promoter import Promoter
 from .supervision import Supervisor
@@ -385,6 +385,7 @@ class Worker:
             try:
                 return await fn()
             except TRANSIENT_ERRORS as exc:
+                raise_if_cancelling()
                 delay = backoff.next()
                 if self._stopping is not None and self._stopping.is_set() and backoff.failures > 3:
                     raise

@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - Airflow < 3.3
     ) from exc
 
 from ..core.pacing import Backoff
+from ..engine.intake import raise_if_cancelling
 from ..engine.queue import Queue
 from ..errors import TRANSIENT_ERRORS
 from ..hooks.chasqui import ChasquiHook
@@ -86,6 +87,7 @@ class Flow:
             self._room.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._room.wait(), timeout)
+            raise_if_cancelling()  # Python 3.11's wait_for may drop a cancel that races its end
             if self.outstanding >= self.limit:
                 return False
         wait = self._ready_at - time.monotonic()

@@ -18,6 +18,7 @@ from ..core.event_follow import EventCursor, is_stream_id, stream_id
 from ..core.keys import QueueKeys, validate_queue_name
 from ..core.urls import WAIT_BLOCK_MS
 from ..engine.events import parse_event
+from ..engine.intake import raise_if_cancelling
 from ..engine.queue import Queue
 from ..errors import ConfigError, ScriptError
 from ._batching import (
@@ -141,6 +142,7 @@ class CompletionModeProducer(SharedStreamProducer):
                 completions = await self._collect()
                 backoff.reset()
             except TRANSIENT as exc:
+                raise_if_cancelling()
                 delay = backoff.next()
                 log.warning(
                     "chasqui watcher of %s events: Redis unavailable (%s); retrying in %.1f s",
@@ -167,6 +169,7 @@ class CompletionModeProducer(SharedStreamProducer):
         stop: float | None = None
         while len(out) < self.max_batch:
             rows = await self._queue.driver.call(self.events.read_call(self.max_batch - len(out), block))
+            raise_if_cancelling()  # redis-py can swallow a cancel that lands in a blocking read (redis-py#2028)
             read = 0
             for entry_id, flat in self.events.consume(rows):
                 read += 1
@@ -253,6 +256,7 @@ class CompletionModeProducer(SharedStreamProducer):
                 await self._queue.driver.call(command("SET", self.cursor_key, event_id))
                 break
             except TRANSIENT as exc:
+                raise_if_cancelling()
                 if backoff.failures + 1 >= ADVANCE_TRIES:
                     raise
                 log.warning("cursor %s: write failed (%s); retrying", self.cursor_key, exc)

@@ -27,7 +27,7 @@ from ..core.retry import RetryPolicy
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, CompleteRow, FailRow
 from ..core.settings import QueueSettings
 from ..core.urls import WAIT_BLOCK_MS
-from ..engine.intake import Intake
+from ..engine.intake import Intake, raise_if_cancelling
 from ..engine.promoter import Promoter
 from ..engine.queue import Queue
 from ._batching import (
@@ -187,6 +187,7 @@ class QueueModeProducer(SharedStreamProducer):
             try:
                 await self._prepare(intake)
             except TRANSIENT as exc:
+                raise_if_cancelling()
                 delay = backoff.next()
                 log.warning("%s: Redis unavailable (%s); retrying in %.1f s", label, exc, delay)
                 await asyncio.sleep(delay)

@@ -89,7 +89,12 @@ class User:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             assert self._producer is not None
-            await self._producer.aclose()
+            try:
+                await asyncio.wait_for(self._producer.aclose(), 20)
+            except TimeoutError:
+                for task in asyncio.all_tasks():
+                    task.print_stack()
+                raise
 
 
 def _core(queue: str, consumer: str) -> ConsumerCore:
@@ -204,3 +209,16 @@ async def test_slow_settle_longer_than_the_lease(kind: str, redis_url: str, queu
         await wait_until(lambda: user.settled == [job], 20, what="the slow job settled")
         await wait_until(lambda: _r(redis_url).xlen(QueueKeys.for_queue(queue_name).stream) == 0, 10)
     assert user.seen == [job]
+
+
+@pytest.fixture(autouse=True)
+async def _stacks_of_a_stuck_test() -> AsyncIterator[None]:
+    """Print every task's stack if a scenario is still running after 60 s (before the timeout)."""
+
+    def dump() -> None:
+        for task in asyncio.all_tasks():
+            task.print_stack()
+
+    handle = asyncio.get_running_loop().call_later(60, dump)
+    yield
+    handle.cancel()
