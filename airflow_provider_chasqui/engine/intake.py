@@ -214,7 +214,7 @@ class Intake:
             except Exception as exc:  # the reader is a raw client: its errors cross the boundary here
                 raise translate_error(exc) from exc
         raise_if_cancelling()  # redis-py can swallow a cancel that lands in a blocking read (redis-py#2028)
-        return [entry for _stream, entries in reply or [] for entry in entries]
+        return reply[0][1] if reply else []  # one stream read: its entries, as they came
 
     async def _claim_own(self, want: int) -> list[Row]:
         """Our consumer's pending entries left by an earlier run (a crash, a restart), oldest
@@ -438,9 +438,11 @@ class Intake:
         nor dead-lettered twice).  The entries leave :attr:`in_flight` whether or not the write
         succeeded: one that failed for good stays pending and is reclaimed after the lease."""
         now = now_ms()
-        calls = ([self.core.complete(list(done), self.features, now)] if done else []) + (
-            [self.core.fail(list(failed), self.features, now)] if failed else []
-        )
+        calls = []
+        if done:
+            calls.append(self.core.complete(done if isinstance(done, list) else list(done), self.features, now))
+        if failed:
+            calls.append(self.core.fail(failed if isinstance(failed, list) else list(failed), self.features, now))
         try:
             await self._write(calls)
         finally:
