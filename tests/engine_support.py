@@ -156,7 +156,13 @@ def pool_connections(driver: Any) -> int:
 
 
 def consumer_core(
-    queue: str, *, group: str = "default", consumer_id: str = "c-test", max_attempts: int = 3, failure_ttl_ms: int = 0
+    queue: str,
+    *,
+    group: str = "default",
+    consumer_id: str = "c-test",
+    max_attempts: int = 3,
+    failure_ttl_ms: int = 0,
+    result_ttl_ms: int = 0,
 ) -> ConsumerCore:
     """A sans-I/O consumer core with default settings and retry policy, events on, no results."""
     return ConsumerCore(
@@ -167,6 +173,6 @@ def consumer_core(
         settings=QueueSettings(),
         retry=RetryPolicy(),
         events=True,
-        result_ttl_ms=0,
+        result_ttl_ms=result_ttl_ms,
         failure_ttl_ms=failure_ttl_ms,
     )

@@ -5,7 +5,7 @@ any object with some of its methods will do).  The engine never calls a user's s
 :func:`metrics_sink` wraps it in a :class:`GuardedMetrics`, whose every method calls the sink's
 method of that name if it has one (a sink written for an older worker may lack some) and logs
 what it raises, since metrics never decide a job's fate; no sink at all is :data:`NO_METRICS`,
-whose methods do nothing.  Every caller writes ``sink.job_completed(queue, name, seconds)``.
+a guard around nothing.  Every caller writes ``sink.job_completed(queue, name, seconds)``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-__all__ = ["WorkerMetrics", "GuardedMetrics", "NullMetrics", "NO_METRICS", "metrics_sink"]
+__all__ = ["WorkerMetrics", "GuardedMetrics", "NO_METRICS", "metrics_sink"]
 
 log = logging.getLogger(__name__)
 
@@ -29,24 +29,6 @@ class WorkerMetrics(Protocol):
     def task_restarted(self, queue: str, task: str, n: int = 1) -> None: ...
     def promoter_tick(self, queue: str, promoted: int, depth: int, lag_ms: int) -> None: ...
     def scheduler_fire(self, queue: str, fires: int, lag_ms: int) -> None: ...
-
-
-class NullMetrics:
-    """No sink: every report is dropped."""
-
-    def batch(self, queue: str, n: int) -> None: ...
-    def job_completed(self, queue: str, name: str, seconds: float) -> None: ...
-    def job_failed(self, queue: str, name: str) -> None: ...
-    def job_retried(self, queue: str, name: str) -> None: ...
-    def job_dead(self, queue: str, name: str, reason: str) -> None: ...
-    def lease_renewed(self, queue: str, entries: int) -> None: ...
-    def lease_lost(self, queue: str, entries: int) -> None: ...
-    def task_restarted(self, queue: str, task: str, n: int = 1) -> None: ...
-    def promoter_tick(self, queue: str, promoted: int, depth: int, lag_ms: int) -> None: ...
-    def scheduler_fire(self, queue: str, fires: int, lag_ms: int) -> None: ...
-
-
-NO_METRICS = NullMetrics()
 
 
 class GuardedMetrics:
@@ -95,10 +77,14 @@ class GuardedMetrics:
         self._call("scheduler_fire", queue, fires, lag_ms)
 
 
+NO_METRICS: WorkerMetrics = GuardedMetrics(None)
+"""No sink: every report is dropped (the worker's per-job path skips it altogether)."""
+
+
 def metrics_sink(sink: Any) -> WorkerMetrics:
     """``sink`` behind the protocol (already guarded or null: as it is)."""
     if sink is None:
         return NO_METRICS
-    if isinstance(sink, (GuardedMetrics, NullMetrics)):
+    if isinstance(sink, GuardedMetrics):
         return sink
     return GuardedMetrics(sink)

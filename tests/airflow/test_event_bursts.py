@@ -64,17 +64,26 @@ def _events(s: AirflowServices, asset: str) -> list[tuple[int, list[str], int | 
     return [(eid, [job["job_id"] for job in json.loads(extra)["payload"]["jobs"]], run) for eid, extra, run in rows]
 
 
-def _runs_of(s: AirflowServices, asset: str) -> dict[int, list[str]]:
-    """dag_run id -> the job ids of its consumed events, in event order."""
+def _baseline(s: AirflowServices, asset: str, dag_id: str) -> tuple[int, int]:
+    """The newest asset event and dag run before a test starts: the services are shared by the
+    session, and another test (the example DAGs' fan-out, in a shuffled order) may have fed this
+    asset already; a test judges only what came after."""
+    event = s.query("select max(ae.id) from asset_event ae join asset a on a.id = ae.asset_id where a.name = ?", asset)
+    run = s.query("select max(id) from dag_run where dag_id = ?", dag_id)
+    return event[0][0] or 0, run[0][0] or 0
+
+
+def _runs_of(s: AirflowServices, asset: str, after: int = 0) -> dict[int, list[str]]:
+    """dag_run id -> the job ids of its consumed events (newer than event ``after``), in event order."""
     out: dict[int, list[str]] = defaultdict(list)
-    for _, jobs, run in _events(s, asset):
-        if run is not None:
+    for eid, jobs, run in _events(s, asset):
+        if run is not None and eid > after:
             out[run] += jobs
     return dict(out)
 
 
-def _stranded(s: AirflowServices, asset: str) -> int:
-    return sum(run is None for _, _, run in _events(s, asset))
+def _stranded(s: AirflowServices, asset: str, after: int = 0) -> int:
+    return sum(run is None for eid, _, run in _events(s, asset) if eid > after)
 
 
 def _timeline(s: AirflowServices, asset: str) -> tuple:
@@ -121,16 +130,19 @@ def _check_runs(
     task_id: str,
     sent: list[str],
     job_ids_of: Callable[[object], list[str]],
+    baseline: tuple[int, int] = (0, 0),
 ) -> dict[str, object]:
     """Every job in exactly one run, in order, none stranded; each run succeeded and its task
-    returned its events' jobs (through ``job_ids_of``); the REST API agrees.  The counts."""
-    runs = _runs_of(s, asset)
+    returned its events' jobs (through ``job_ids_of``); the REST API agrees.  The counts.  Only
+    events and runs newer than ``baseline`` (see :func:`_baseline`) count."""
+    after_event, after_run = baseline
+    runs = _runs_of(s, asset, after_event)
     consumed = [job for run in sorted(runs) for job in runs[run]]
     assert consumed == sent, (len(consumed), len(sent), _timeline(s, asset))
-    assert _stranded(s, asset) == 0
+    assert _stranded(s, asset, after_event) == 0
 
     def finished() -> list[tuple]:
-        rows = s.query("select id, run_id, state from dag_run where dag_id = ?", dag_id)
+        rows = s.query("select id, run_id, state from dag_run where dag_id = ? and id > ?", dag_id, after_run)
         return rows if len(rows) == len(runs) and all(st in ("success", "failed") for _, _, st in rows) else []
 
     rows = s.wait_for(f"every {dag_id} run to finish", finished, 180)
@@ -154,8 +166,8 @@ def _check_runs(
         "jobs_sent": len(sent),
         "runs": len(runs),
         "jobs_per_run": [len(runs[k]) for k in sorted(runs)],
-        "asset_events": len(_events(s, asset)),
-        "stranded": _stranded(s, asset),
+        "asset_events": len([e for e in _events(s, asset) if e[0] > after_event]),
+        "stranded": _stranded(s, asset, after_event),
     }
 
 
@@ -171,6 +183,7 @@ def test_queue_bursts_reach_exactly_one_run_each_in_order(airflow_services: Airf
         120,
     )
     ready = time.monotonic()
+    baseline = _baseline(s, QUEUE_ASSET, QUEUE_DAG)
     sent: list[str] = []
     report: list[dict] = []
 
@@ -200,7 +213,7 @@ def test_queue_bursts_reach_exactly_one_run_each_in_order(airflow_services: Airf
     burst(20, "restart", during_restart=True)
 
     totals = _check_runs(
-        s, QUEUE_DAG, QUEUE_ASSET, "handle_files", sent, lambda value: [job["job_id"] for job in value]
+        s, QUEUE_DAG, QUEUE_ASSET, "handle_files", sent, lambda value: [job["job_id"] for job in value], baseline
     )  # type: ignore[union-attr]
     assert r.xlen(stream) == 0  # every job acknowledged after Airflow saved its event
     totals["seconds"] = {"watcher_ready": round(ready - started, 1), "total": round(time.monotonic() - started, 1)}
@@ -244,6 +257,15 @@ def test_completion_bursts_reach_exactly_one_run_each_in_order(
     try:
         _unpause_event_dags(s)
         s.wait_for("the completion watcher's cursor", lambda: r.exists(cursor_key), 120)
+        earlier = next((eid for eid, f in r.xrevrange(keys.events) if f.get(b"e") == b"completed"), None)
+        if earlier is not None:  # completions of an earlier test on this queue: passed first, then ignored
+            s.wait_for(
+                "the cursor to pass the earlier completions",
+                lambda: tuple(map(int, r.get(cursor_key).split(b"-"))) >= tuple(map(int, earlier.split(b"-"))),
+                60,
+            )
+            s.wait_for("their runs", lambda: _stranded(s, DONE_ASSET) == 0, 60)
+        baseline = _baseline(s, DONE_ASSET, DONE_DAG)
         ready = time.monotonic()
         burst(1, "one")
         burst(50, "fifty")
@@ -255,7 +277,7 @@ def test_completion_bursts_reach_exactly_one_run_each_in_order(
         )
         s.kill("triggerer")
         burst(20, "restart", during_restart=True)
-        totals = _check_runs(s, DONE_DAG, DONE_ASSET, "collect_results", completed, lambda value: list(value))  # type: ignore[call-overload]
+        totals = _check_runs(s, DONE_DAG, DONE_ASSET, "collect_results", completed, list, baseline)
         for _, value in s.query("select run_id, value from xcom where dag_id = ? and key = 'return_value'", DONE_DAG):
             assert all(v["square"] == v["x"] ** 2 for v in json.loads(value).values())  # the stored results
     finally:

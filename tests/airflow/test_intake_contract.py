@@ -21,12 +21,10 @@ from typing import Any
 
 import pytest
 import redis
-from engine_support import wait_until
+from engine_support import consumer_core, wait_until
 
 from airflow_provider_chasqui.core.consumer import ConsumerCore
 from airflow_provider_chasqui.core.keys import QueueKeys
-from airflow_provider_chasqui.core.retry import RetryPolicy
-from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.intake import Intake
 from airflow_provider_chasqui.engine.queue import Queue
@@ -98,17 +96,7 @@ class User:
 
 
 def _core(queue: str, consumer: str) -> ConsumerCore:
-    return ConsumerCore(
-        queue,
-        group="default",
-        consumer_id=consumer,
-        max_attempts=25,
-        settings=QueueSettings(),
-        retry=RetryPolicy(),
-        events=True,
-        result_ttl_ms=0,
-        failure_ttl_ms=0,
-    )
+    return consumer_core(queue, consumer_id=consumer, max_attempts=25)
 
 
 @contextlib.asynccontextmanager

@@ -16,11 +16,9 @@ from typing import Any
 
 import pytest
 import redis
+from engine_support import consumer_core
 
-from airflow_provider_chasqui.core.consumer import ConsumerCore
 from airflow_provider_chasqui.core.keys import QueueKeys
-from airflow_provider_chasqui.core.retry import RetryPolicy
-from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.dashboard.data import Source
 from airflow_provider_chasqui.sync.queue import SyncQueue
 from airflow_provider_chasqui.worker.metrics import DepthSampler
@@ -51,17 +49,7 @@ def seeded(redis_url: str, queue_name: str) -> dict[str, str]:
     (delivered to a consumer that holds it), waiting."""
     r = redis.Redis.from_url(redis_url)
     k = QueueKeys.for_queue(queue_name)
-    core = ConsumerCore(
-        queue_name,
-        group="default",
-        consumer_id="c-test",
-        max_attempts=1,
-        settings=QueueSettings(),
-        retry=RetryPolicy(),
-        events=True,
-        result_ttl_ms=60_000,
-        failure_ttl_ms=60_000,
-    )
+    core = consumer_core(queue_name, max_attempts=1, result_ttl_ms=60_000, failure_ttl_ms=60_000)
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         done = q.add("square", {"x": 3})
         dead = q.add("explode", {"why": "test"})

@@ -9,28 +9,16 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from engine_support import pending_count
+from engine_support import consumer_core, pending_count
 
 from airflow_provider_chasqui.core.calls import str_reply
 from airflow_provider_chasqui.core.consumer import ConsumerCore
-from airflow_provider_chasqui.core.retry import RetryPolicy
-from airflow_provider_chasqui.core.settings import QueueSettings
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.intake import Intake
 
 
 def _core(queue: str, consumer: str, max_attempts: int = 5) -> ConsumerCore:
-    return ConsumerCore(
-        queue,
-        group="default",
-        consumer_id=consumer,
-        max_attempts=max_attempts,
-        settings=QueueSettings(),
-        retry=RetryPolicy(),
-        events=True,
-        result_ttl_ms=0,
-        failure_ttl_ms=0,
-    )
+    return consumer_core(queue, consumer_id=consumer, max_attempts=max_attempts)
 
 
 @pytest.fixture
