@@ -27,6 +27,7 @@ __all__ = [
     "resp_bulk",
     "int_reply",
     "str_reply",
+    "reply_pairs",
 ]
 
 
@@ -103,3 +104,11 @@ def int_reply(value: Any) -> int:
 
 def str_reply(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def reply_pairs(flat: Any) -> dict[str, Any]:
+    """A flat RESP ``[key, value, key, value...]`` list (a stream entry's fields, an XINFO reply)
+    as a dict with str keys, values as they came; ``{}`` for anything that is not a list."""
+    if not isinstance(flat, list):
+        return {}
+    return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}

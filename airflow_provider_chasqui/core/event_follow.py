@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError
-from .calls import Call, command, str_reply
+from .calls import Call, command, reply_pairs, str_reply
 from .event_hub import event_hits
 from .keys import QueueKeys
 
@@ -187,7 +187,7 @@ class EventCursor:
         ``reply`` is not an XINFO STREAM reply (an error: no stream yet)."""
         if not isinstance(reply, list) or not self.pinned:
             return None
-        f = {str_reply(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
+        f = reply_pairs(reply)
         at = stream_id(self.position)
         deleted = f.get("max-deleted-entry-id")
         if is_stream_id(deleted) and stream_id(str_reply(deleted)) > at:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import CodecError, ConfigError, JobNotFound
-from .calls import Flow, command, int_reply, str_reply
+from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
 from .keys import QueueKeys
 from .maintenance import glob_escape
@@ -80,8 +80,7 @@ class QueueSnapshot:
         return asdict(self)
 
 
-def _parse_info(flat: list[Any]) -> dict[str, Any]:
-    return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+_parse_info = reply_pairs
 
 
 def score_ms(raw: Any) -> int | str:

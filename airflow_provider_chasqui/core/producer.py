@@ -18,7 +18,18 @@ from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError, JobFailed
 from .backoff import build_retry_override
-from .calls import Call, Flow, Stream, command, int_reply, packed_command, resp_bulk, script_call, str_reply
+from .calls import (
+    Call,
+    Flow,
+    Stream,
+    command,
+    int_reply,
+    packed_command,
+    reply_pairs,
+    resp_bulk,
+    script_call,
+    str_reply,
+)
 from .codec import (
     MAX_JOB_ID_CHARS,
     RetryOverride,
@@ -117,9 +128,7 @@ class PreparedJob:
 _new_prepared = fast_constructor(PreparedJob)
 
 
-def parse_fields(flat: list[Any]) -> dict[str, Any]:
-    """A raw RESP field list ``[k, v, k, v]`` as a dict with str keys (values kept raw)."""
-    return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+parse_fields = reply_pairs  # the name the producer's readers have always used
 
 
 class ProducerCore:

@@ -19,11 +19,10 @@ from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 
-from ..core.calls import Flow, command, int_reply, script_call, str_reply
+from ..core.calls import Flow, command, int_reply, reply_pairs, script_call, str_reply
 from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms
 from ..core.inspect import JobDetails, QueueSnapshot, job_details, snapshot
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
-from ..core.producer import parse_fields
 from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 from ..core.schedules import SpecFlows, spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
@@ -76,12 +75,10 @@ def pretty(value: Any, cap: int = DATA_CAP) -> tuple[str, bool]:
     return (text[:cap], True) if len(text) > cap else (text, False)
 
 
-def _fields(flat: list[Any]) -> dict[str, Any]:
-    return parse_fields(flat or [])
+_fields = reply_pairs
 
 
-def _info(flat: list[Any]) -> dict[str, Any]:
-    return {str_reply(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+_info = reply_pairs
 
 
 def _id_ms(entry_id: str) -> int:

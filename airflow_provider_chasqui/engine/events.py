@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..core.calls import str_reply
+from ..core.calls import reply_pairs, str_reply
 from ..core.event_follow import EventCursor
 from ..core.keys import QueueKeys
 from ..core.urls import read_timeout
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_event(entry_id: Any, flat: list[Any]) -> QueueEvent:
-    f = {str_reply(flat[i]): str_reply(flat[i + 1]) for i in range(0, len(flat) - 1, 2)} if flat else {}
+    f = {key: str_reply(value) for key, value in reply_pairs(flat).items()}
     name = f.pop("e", "")
     job_id = f.pop("id", "")
     ts = f.pop("ts", "0")
