@@ -61,7 +61,16 @@ _NO_SILENT_RETRY: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
 
 READ_COUNT = 1000
 _MAX_BACKOFF_SECS = 5.0
-_RECONNECTABLE = (*TRANSIENT, ChasquiConnectionError)
+# the reader is a raw redis-py client (a blocking XREAD it can CLIENT UNBLOCK): its errors are
+# redis-py's own, so this boundary names them; everything else here goes through the driver
+_RECONNECTABLE: tuple[type[BaseException], ...] = (
+    *TRANSIENT,
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.BusyLoadingError,
+    rexc.ReadOnlyError,
+)
+_READER_ERRORS: tuple[type[BaseException], ...] = (*_RECONNECTABLE, rexc.ResponseError)
 # How long a joining waiter tries again when Redis cannot be reached, before it is told so
 # (``ChasquiConnectionError``); never longer than the wait's own timeout.
 JOIN_GRACE_SECS = 5.0
@@ -239,7 +248,7 @@ class EventHub:
                         await self._deliver(hits)
             except asyncio.CancelledError:
                 raise
-            except (*_RECONNECTABLE, rexc.ResponseError) as exc:
+            except _READER_ERRORS as exc:
                 if self.closing:
                     return
                 failures += 1

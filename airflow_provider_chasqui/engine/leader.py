@@ -16,25 +16,16 @@ import asyncio
 import logging
 import uuid
 
-from redis import exceptions as rexc
-
 from ..core.calls import int_reply, script_call
-from ..errors import ChasquiError, ReadOnlyReplicaError
+from ..errors import TRANSIENT_ERRORS, ChasquiError
 from ._driver import AsyncDriver
 
 __all__ = ["LeaderLoop", "TRANSIENT"]
 
 log = logging.getLogger(__name__)
-# Raw redis-py errors (from clients outside a driver) and the drivers' typed ones (a lost
-# connection is ChasquiConnectionError, an OSError; a write on a replica ReadOnlyReplicaError).
-TRANSIENT = (
-    rexc.ConnectionError,
-    rexc.TimeoutError,
-    OSError,
-    rexc.BusyLoadingError,
-    rexc.ReadOnlyError,
-    ReadOnlyReplicaError,
-)
+# What a leader-locked loop waits out: the drivers' typed transient errors (a lost connection,
+# a write on a replica, a cluster failing over) and a raw socket error (an OSError).
+TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, OSError)
 
 
 class LeaderLoop:
@@ -104,7 +95,7 @@ class LeaderLoop:
                         continue
                     await self._sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
                     continue
-                except (rexc.ResponseError, ChasquiError) as exc:
+                except ChasquiError as exc:
                     log.error("%s %s tick failed: %s", self.role, self.holder, exc)
                 if isinstance(again, (int, float)) and not isinstance(again, bool):
                     await self._sleep(max(0.0, min(float(again), self.interval)))
@@ -132,7 +123,7 @@ class LeaderLoop:
         )
         try:
             await self._release()
-        except (rexc.ResponseError, ChasquiError) as err:  # it lapses within its TTL anyway
+        except ChasquiError as err:  # it lapses within its TTL anyway
             log.warning("%s %s could not release %s: %s", self.role, self.holder, self.lock_key, err)
         self.is_leader = False
         await self._sleep(self.lock_ttl_secs)

@@ -26,8 +26,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from redis import exceptions as rexc
-
 from ..core.calls import Flow, Stream
 from ..core.keys import QueueKeys
 from ..core.scheduler import DEFAULT_BATCH, SchedulerCore, TickResult
@@ -43,7 +41,7 @@ _R = TypeVar("_R")
 __all__ = ["Scheduler", "run_standalone", "main"]
 
 log = logging.getLogger(__name__)
-LOOP_ERRORS = (*TRANSIENT, ChasquiError, rexc.ResponseError)
+LOOP_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, ChasquiError)
 
 
 class Scheduler(LeaderLoop):
