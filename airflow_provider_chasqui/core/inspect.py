@@ -80,9 +80,6 @@ class QueueSnapshot:
         return asdict(self)
 
 
-_parse_info = reply_pairs
-
-
 def score_ms(raw: Any) -> int | str:
     """A ZSET score as epoch ms, or its text ("inf", "-inf") when it is no finite instant."""
     value = float(raw)
@@ -90,7 +87,7 @@ def score_ms(raw: Any) -> int | str:
 
 
 def _group_row(flat: list[Any]) -> dict[str, Any]:
-    info = _parse_info(flat or [])
+    info = reply_pairs(flat or [])
     return {
         "name": str_reply(info.get("name", b"")),
         "pending": int_reply(info.get("pending", 0)),
@@ -124,7 +121,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
     mine = next((g for g in groups if g["name"] == group), None)
     if mine is not None:
         for row in (yield command("XINFO", "CONSUMERS", k.stream, group)) or []:
-            info = _parse_info(row)
+            info = reply_pairs(row)
             consumers.append(
                 ConsumerInfo(str_reply(info["name"]), int_reply(info.get("pending", 0)), int_reply(info.get("idle", 0)))
             )
@@ -283,7 +280,7 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
         length, groups = counts.get(i, (0, []))
         pending = consumers = 0
         for g in groups:
-            info = _parse_info(g)
+            info = reply_pairs(g)
             pending += int_reply(info.get("pending", 0))
             consumers += int_reply(info.get("consumers", 0))
         out.append(
@@ -400,7 +397,7 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
     d.events_truncated = len(rows or []) >= events_window
     hints: dict[str, int] = {}
     for entry_id, flat in reversed(rows or []):
-        f = {key: str_reply(v) for key, v in _parse_info(flat or []).items()}
+        f = {key: str_reply(v) for key, v in reply_pairs(flat or []).items()}
         if f.get("id") != job_id:
             continue
         ts = int(f["ts"]) if f.get("ts", "").isdigit() else 0
@@ -447,7 +444,7 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
             _take(d, env, name)
             d.entry_id, where = entry_id, "waiting"
             groups = yield command("XINFO", "GROUPS", k.stream)  # XPENDING on a missing group is an error
-            if any(str_reply(_parse_info(g).get("name", b"")) == group for g in groups or []):
+            if any(str_reply(reply_pairs(g).get("name", b"")) == group for g in groups or []):
                 pend = yield command("XPENDING", k.stream, group, entry_id, entry_id, 1)
                 if pend:
                     _, consumer, idle, count = pend[0]

@@ -75,12 +75,6 @@ def pretty(value: Any, cap: int = DATA_CAP) -> tuple[str, bool]:
     return (text[:cap], True) if len(text) > cap else (text, False)
 
 
-_fields = reply_pairs
-
-
-_info = reply_pairs
-
-
 def _id_ms(entry_id: str) -> int:
     return int(entry_id.partition("-")[0] or 0)
 
@@ -148,7 +142,7 @@ def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDO
         age_min = (now - _id_ms(str_reply(entry_id))) // 60_000
         if not 0 <= age_min < RATE_MINUTES:
             continue
-        kind = flat[1] if flat and flat[0] == b"e" else _fields(flat).get("e", b"")  # e is written first
+        kind = flat[1] if flat and flat[0] == b"e" else reply_pairs(flat).get("e", b"")  # e is written first
         bucket = RATE_MINUTES - 1 - age_min
         if kind == b"completed":
             completed[bucket] += 1
@@ -378,7 +372,7 @@ def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
     if not rows:
         return None
     entry_id, flat = rows[0]
-    f = {key: bytes(v) for key, v in _fields(flat).items()}
+    f = {key: bytes(v) for key, v in reply_pairs(flat).items()}
     row = _dlq_row(str_reply(entry_id), f, len(f.get("d", b"")))
     row["payload"] = _decode_payload(f.get("d", b""))
     return row
@@ -388,7 +382,7 @@ def _replay_argv(rows: list[Any], max_len: int) -> tuple[list[Any], int]:
     argv: list[Any] = [max_len]
     skipped = 0
     for entry_id, flat in rows:
-        f = _fields(flat)
+        f = reply_pairs(flat)
         try:
             env = decode_envelope(bytes(f.get("d", b"")))
         except CodecError:  # undecodable entries stay, as replay_dlq leaves them
@@ -501,7 +495,7 @@ def workers_flow(queue: str, now: int) -> Flow[dict[str, Any]]:
     groups: list[dict[str, Any]] = []
     if int_reply(exists):
         for g in (yield command("XINFO", "GROUPS", k.stream)) or []:
-            info = _info(g)
+            info = reply_pairs(g)
             groups.append(
                 {
                     "name": str_reply(info.get("name", b"")),
@@ -512,7 +506,7 @@ def workers_flow(queue: str, now: int) -> Flow[dict[str, Any]]:
             )
         for g in groups[:20]:
             for row in (yield command("XINFO", "CONSUMERS", k.stream, g["name"])) or []:
-                info = _info(row)
+                info = reply_pairs(row)
                 g["consumers"].append(
                     {
                         "name": str_reply(info.get("name", b"")),
