@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import CodecError, ConfigError, JobNotFound
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
+from .controls import NO_CONTROLS, controls_call, parse_controls
 from .keys import QueueKeys
 from .maintenance import glob_escape
 from .scan import parse_scan, scan_call
@@ -71,6 +72,7 @@ class QueueSnapshot:
     overdue: int = 0  # delayed jobs already due (the promoter is behind)
     quarantined: int = 0  # repeatable specs set aside as unreadable
     groups: list[dict[str, Any]] = field(default_factory=list)  # every group of the stream (XINFO GROUPS)
+    paused: bool = False  # Queue.pause(): no worker starts its jobs (core/controls.py)
 
     @property
     def consumer_max_idle_ms(self) -> int:
@@ -102,7 +104,21 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
     consumers and the oldest waiting entry only where they exist (XINFO on a missing stream or
     group is an error, not an empty list)."""
     k = QueueKeys.for_queue(queue)
-    (stream, delayed, oldest, dlq, specs, paused, fires, promoter, scheduler, exists, overdue, quarantined) = yield [
+    (
+        stream,
+        delayed,
+        oldest,
+        dlq,
+        specs,
+        paused,
+        fires,
+        promoter,
+        scheduler,
+        exists,
+        overdue,
+        quarantined,
+        ctl,
+    ) = yield [
         command("XLEN", k.stream),
         command("ZCARD", k.delayed),
         command("ZRANGE", k.delayed, 0, 0, "WITHSCORES"),
@@ -115,7 +131,9 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         command("EXISTS", k.stream),
         command("ZCOUNT", k.delayed, "-inf", now_ms),
         command("HLEN", k.repeat_quarantine),
+        command("TYPE", k.controls),
     ]
+    controls = parse_controls((yield controls_call(k))) if str_reply(ctl) == "hash" else NO_CONTROLS
     consumers: list[ConsumerInfo] = []
     groups = [_group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if int_reply(exists) else []) or []]
     mine = next((g for g in groups if g["name"] == group), None)
@@ -155,6 +173,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         overdue=int_reply(overdue),
         quarantined=int_reply(quarantined),
         groups=groups,
+        paused=controls.paused,
     )
 
 
@@ -174,6 +193,7 @@ class QueueSummary:
     paused_specs: int
     consumers: int
     groups: int
+    paused: bool = False  # Queue.pause(): no worker starts its jobs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,6 +268,9 @@ def list_queues(
     return QueueListing(queues=summaries, truncated=truncated, cursor=cursor, scan_calls=calls)
 
 
+_PER_QUEUE = 6  # calls per queue in queue_summaries' first pipeline
+
+
 def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
     """The counts of each queue, in two pipelines whatever their number."""
     if not queues:
@@ -261,20 +284,24 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
             command("EXISTS", k.dlq),
             command("ZCARD", k.repeat),
             command("ZCARD", k.repeat_paused),
+            command("TYPE", k.controls),
         ]
     first = yield calls
-    streams = [i for i, _ in enumerate(keys) if str_reply(first[5 * i]) == "stream"]
-    dlqs = [i for i, _ in enumerate(keys) if int_reply(first[5 * i + 2])]
+    streams = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i]) == "stream"]
+    dlqs = [i for i, _ in enumerate(keys) if int_reply(first[_PER_QUEUE * i + 2])]
+    ctls = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i + 5]) == "hash"]
     second: list[Any] = []
-    if streams or dlqs:
+    if streams or dlqs or ctls:
         second = yield (
             [c for i in streams for c in (command("XLEN", keys[i].stream), command("XINFO", "GROUPS", keys[i].stream))]
             + [command("XLEN", keys[i].dlq) for i in dlqs]
+            + [controls_call(keys[i]) for i in ctls]
         )
     counts: dict[int, tuple[int, list[Any]]] = {
         i: (int_reply(second[2 * n]), second[2 * n + 1] or []) for n, i in enumerate(streams)
     }
     dlq_len = {i: int_reply(second[2 * len(streams) + n]) for n, i in enumerate(dlqs)}
+    paused = {i for n, i in enumerate(ctls) if parse_controls(second[2 * len(streams) + len(dlqs) + n]).paused}
     out = []
     for i, q in enumerate(queues):
         length, groups = counts.get(i, (0, []))
@@ -288,12 +315,13 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
                 queue=q,
                 waiting=max(0, length - pending),
                 pending=pending,
-                delayed=int_reply(first[5 * i + 1]),
+                delayed=int_reply(first[_PER_QUEUE * i + 1]),
                 dlq=dlq_len.get(i, 0),
-                specs=int_reply(first[5 * i + 3]),
-                paused_specs=int_reply(first[5 * i + 4]),
+                specs=int_reply(first[_PER_QUEUE * i + 3]),
+                paused_specs=int_reply(first[_PER_QUEUE * i + 4]),
                 consumers=consumers,
                 groups=len(groups),
+                paused=i in paused,
             )
         )
     return out

@@ -127,6 +127,11 @@ class QueueKeys:
         before it empties it in chunks; gone when the operation ends."""
         return self.prefix + ":" + what + ":" + token
 
+    @property
+    def controls(self) -> str:
+        """HASH of the queue's flow controls (``paused``), obeyed by every worker (``controls.py``)."""
+        return self.prefix + ":controls"
+
     # Repeatable specs add no per-spec key: their overrides and deadline live in the spec
     # hash's ``ext`` field, and a fire's identity (spec key + scheduled time) is claimed by a
     # compare-and-set on the spec's score in ``repeat`` (see lua/schedule_batch.lua).

@@ -474,6 +474,7 @@ def _queue_page(c: Ctx) -> Response:
     r = c.source.queue_row(queue)
     s = r.snap
     stats = [
+        ["state", "paused: no worker starts its jobs" if s.paused else "running"],
         ["stream entries", h(s.stream)],
         ["waiting (not yet delivered)", h(r.waiting)],
         ["pending (delivered, not acked)", h(s.pending)],

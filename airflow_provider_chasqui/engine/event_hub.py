@@ -48,6 +48,7 @@ from ..core.urls import WAIT_BLOCK_MS, read_timeout, split_cluster_flag
 from ..drivers_common import translate_error
 from ..errors import ChasquiConnectionError, ChasquiError
 from ._driver import CLUSTER, AsyncDriver, raw_client
+from .cancellation import raise_if_cancelling
 from .leader import TRANSIENT
 
 __all__ = ["EventHub", "active_hubs", "event_hub", "wait_for_jobs"]
@@ -182,17 +183,22 @@ class EventHub:
         """Wait for the reader's position, then read what ended before it: stored outcomes, else
         recent ending events.  A lost connection is tried again until ``give_up``: one failed
         connect (a reset, a timeout on a loaded host) used to fail every waiter of the hub at once
-        though the next attempt, a moment later, succeeded (issue 29)."""
+        though the next attempt, a moment later, succeeded (issue 29).  A cancel the lookup
+        swallowed still ends the wait (``cancellation.py``): a cancelled waiter used to stay
+        for its whole timeout (issue 29's vanished waiter)."""
         loop = asyncio.get_running_loop()
         while True:
             try:
                 await self._until_ready()
                 if not waiter.done:
                     ids = sorted(waiter.pending)
-                    for jid, outcome in (await self.lookup.run(_joined(self.keys, ids))).items():
+                    found = await self.lookup.run(_joined(self.keys, ids))
+                    raise_if_cancelling()  # the lookup may have swallowed a cancel: never wait on
+                    for jid, outcome in found.items():
                         waiter.settle(jid, outcome)
                 return
             except ChasquiConnectionError:
+                raise_if_cancelling()  # ...or turned it into a lost connection: never try again
                 if self.closing or loop.time() >= give_up:
                     raise
                 await asyncio.sleep(min(_JOIN_RETRY_SECS, max(0.0, give_up - loop.time())))

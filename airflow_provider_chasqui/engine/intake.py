@@ -14,6 +14,9 @@ leave them does not, and lives here once:
 * **the arrival gate** (``core.consumer``) and **one dead-letter path**: refused entries go to
   ``fail_batch`` (``reject_row``), within a failure-log budget.  With ``decode=True`` the data
   of every admitted job is decoded here (bounded; undecodable: ``decode_failed``).
+* **flow controls** (``core/controls.py``): a batch about to be handed out first asks the
+  queue's controls (one round trip); of a paused queue it is :attr:`held` (in flight, leases
+  renewed) and handed out after the resume.
 * **leases**: every entry handed out is in :attr:`in_flight` until settled or released, and
   :meth:`run_leases` renews them ``RENEWALS_PER_LEASE`` times per lease (``renew_lease``).  An
   entry another consumer took over meanwhile is *lost*: ``on_lost`` hears of it, and its
@@ -36,15 +39,17 @@ from typing import Any
 from ..core.calls import Call, int_reply, str_reply
 from ..core.codec import now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
+from ..core.controls import NO_CONTROLS, Controls, controls_call, parse_controls
 from ..core.features import Features
 from ..core.pacing import Backoff, LogBudget
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
 from ..drivers_common import translate_error
 from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
 from ._driver import AsyncDriver
+from .cancellation import raise_if_cancelling
 from .metrics import NO_METRICS, WorkerMetrics
 
-__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION", "raise_if_cancelling"]
+__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION"]
 
 log = logging.getLogger(__name__)
 Row = tuple[bytes, Any, int]  # entry id, stream fields, deliveries so far (this one included)
@@ -59,17 +64,8 @@ START_CHECK_FRACTION = 0.2
 REAP_EVERY_LEASES = 5  # how often idle consumers are removed...
 REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing pending
 PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
+PAUSE_POLL_SECS = 0.25  # how often a worker holding jobs of a paused queue asks whether it resumed
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
-
-
-def raise_if_cancelling() -> None:
-    """Raise CancelledError if this task was asked to stop.  A cancel that lands in a Redis call
-    can come back as a connection error (the call's connection is dropped), and on Python 3.11
-    ``asyncio.wait_for`` can turn one into a timeout: a loop that retries those would run on,
-    uncancellable (a triggerer could not stop its watcher)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 def _retrieved(f: asyncio.Future[Any]) -> None:
@@ -120,6 +116,7 @@ class Intake:
         self._renewal: asyncio.Future[None] | None = None  # one renewal shared by every lease_held()
         self._backoff = Backoff()
         self._deferred: BaseException | None = None  # a dead-lettering failure, raised on the next read
+        self.held: list[Delivery] = []  # read while the queue was paused: in flight, handed out at the resume
 
     # ---- the group ----------------------------------------------------------------------
     async def open(self) -> None:
@@ -144,6 +141,8 @@ class Intake:
         if self._deferred is not None:
             exc, self._deferred = self._deferred, None
             raise exc
+        if self.held:
+            return await self._unhold(room)
         ready: list[Delivery] = []
         self._longest_block_ms = max(self._longest_block_ms, block_ms)
         try:
@@ -162,6 +161,9 @@ class Intake:
                         break
                 if entries:
                     ready += await self._gate(*self.core.gate_fresh(entries))
+            if ready and (await self._controls()).paused:
+                self.held, ready = ready, []
+                log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
             self._backoff.reset()
             await self._housekeeping()
         except NoGroupError:  # the stream (and its group) was deleted under us
@@ -172,6 +174,33 @@ class Intake:
         except TRANSIENT_ERRORS as exc:
             await self._wait_out(exc)
         return ready
+
+    async def _controls(self) -> Controls:
+        """The queue's flow controls (``core/controls.py``), read once per batch.  A controls
+        key no worker can read (another type, a refused command) is no control: logged, never
+        a crash or a stall."""
+        try:
+            return parse_controls(await self.driver.call(controls_call(self.core.keys)))
+        except TRANSIENT_ERRORS:
+            raise
+        except ChasquiError as exc:
+            if self.take_log():
+                log.warning("%s: the queue's controls cannot be read (%s); obeying none", self.label, exc)
+            return NO_CONTROLS
+
+    async def _unhold(self, room: int) -> list[Delivery]:
+        """What was read while the queue was paused, once it is not (``PAUSE_POLL_SECS``
+        apart meanwhile); the leases of held jobs are renewed like any in-flight job's."""
+        try:
+            paused = (await self._controls()).paused
+        except TRANSIENT_ERRORS as exc:
+            await self._wait_out(exc)
+            return []
+        if paused:
+            await self.pause(PAUSE_POLL_SECS)
+            return []
+        out, self.held = self.held[:room], self.held[room:]
+        return out
 
     async def _wait_out(self, exc: BaseException) -> None:
         self._reader_id = None  # a new connection has a new id

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import tracing as _tracing
+from ..core import controls
 from ..core.codec import now_ms
 from ..core.event_hub import JobOutcome
 from ..core.inspect import JobDetails, QueueListing, job_details
@@ -353,6 +354,19 @@ class Queue:
         says where a bound may have hidden something.  ``JobNotFound`` when nothing at all is
         known of the id (``unknown``: only events are left, and they do not say)."""
         return await self.driver.run(job_details(self.name, job_id, group=group, events_window=events_window))
+
+    # ---- flow control (core/controls.py) ---------------------------------------------------
+    async def pause(self) -> None:
+        """No worker starts a new job of this queue until :meth:`resume` (running jobs finish;
+        producers, the promoter and the scheduler go on)."""
+        await self.driver.run(controls.pause(self.keys))
+
+    async def resume(self) -> None:
+        """Workers start jobs of this queue again."""
+        await self.driver.run(controls.resume(self.keys))
+
+    async def is_paused(self) -> bool:
+        return (await self.driver.run(controls.read_controls(self.keys))).paused
 
     # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------
     async def drain(self, *, delayed: bool = True) -> DrainReport:

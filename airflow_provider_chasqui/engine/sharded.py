@@ -147,6 +147,17 @@ class ShardedQueue:
             out.update(page)
         return out
 
+    # ---- flow control: every shard together ---------------------------------------------
+    async def pause(self) -> None:
+        await asyncio.gather(*(q.pause() for q in self.queues))
+
+    async def resume(self) -> None:
+        await asyncio.gather(*(q.resume() for q in self.queues))
+
+    async def is_paused(self) -> bool:
+        """True when every shard is paused."""
+        return all(await asyncio.gather(*(q.is_paused() for q in self.queues)))
+
     # ---- lifecycle ---------------------------------------------------------------------
     async def close(self) -> None:
         if self._driver is not None:

@@ -69,7 +69,8 @@ from ..core.urls import DEFAULT_URL, with_tls
 from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
-from .intake import START_CHECK_FRACTION, Intake, raise_if_cancelling
+from .cancellation import raise_if_cancelling
+from .intake import START_CHECK_FRACTION, Intake
 from .metrics import NO_METRICS, metrics_sink
 from .promoter import Promoter
 from .supervision import Supervisor

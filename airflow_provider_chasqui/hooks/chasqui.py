@@ -131,6 +131,20 @@ class ChasquiHook(BaseHook):
         """``BaseHook`` protocol: the connection's default queue."""
         return self.get_queue()
 
+    # ---- flow control (Queue.pause / resume) ---------------------------------------------
+    def pause_queue(self, queue_name: str | None = None) -> None:
+        """No worker starts a new job of the queue until :meth:`resume_queue` (an incident's stop)."""
+        with self.get_queue(queue_name) as queue:
+            queue.pause()
+
+    def resume_queue(self, queue_name: str | None = None) -> None:
+        with self.get_queue(queue_name) as queue:
+            queue.resume()
+
+    def is_queue_paused(self, queue_name: str | None = None) -> bool:
+        with self.get_queue(queue_name) as queue:
+            return queue.is_paused()
+
     def test_connection(self) -> tuple[bool, str]:
         """Used by the UI's Test button: PING the server the connection points at."""
         try:

@@ -112,6 +112,7 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
 
     lag = "-" if s.oldest_delayed_lag_ms is None else f"{s.oldest_delayed_lag_ms} ms"
     rows = [
+        ("state", "paused (no worker starts its jobs)" if s.paused else "running"),
         ("stream", f"{s.stream}{delta('stream')}"),
         ("pending", s.pending if s.group_exists else "0 (group not created)"),
         ("delayed", f"{s.delayed} (oldest lag {lag})"),

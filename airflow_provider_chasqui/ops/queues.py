@@ -1,4 +1,4 @@
-"""``chasqui queues`` (every queue with its counts) and ``chasqui queue drain | obliterate``.
+"""``chasqui queues`` (every queue with its counts) and ``chasqui queue drain | obliterate | pause | resume``.
 
 The listing is :func:`..sync.queue.list_queues` (a capped cursor SCAN, never KEYS), which a
 dashboard reuses; drain and obliterate are ``SyncQueue.drain`` / ``obliterate`` behind a
@@ -36,10 +36,11 @@ def cmd_queues(args: argparse.Namespace) -> int:
                     q.dlq,
                     q.specs if not q.paused_specs else f"{q.specs} (+{q.paused_specs} paused)",
                     q.consumers,
+                    "paused" if q.paused else "",
                 )
                 for q in listing.queues
             ],
-            ("queue", "waiting", "pending", "delayed", "dlq", "specs", "consumers"),
+            ("queue", "waiting", "pending", "delayed", "dlq", "specs", "consumers", "state"),
             out,
         )
         if not listing.queues:
@@ -86,6 +87,25 @@ def cmd_obliterate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    """``Queue.pause()``/``resume()``: every worker obeys it at its next batch."""
+    q = _queue(args)
+    if args.queue_cmd == "pause":
+        q.pause()
+    else:
+        q.resume()
+    paused = q.is_paused()
+
+    def human(out: TextIO) -> None:
+        if paused:
+            out.write(f"{args.queue} is paused: no worker starts its jobs (running jobs finish)\n")
+        else:
+            out.write(f"{args.queue} is running: workers start its jobs\n")
+
+    emit(args, {"queue": args.queue, "paused": paused}, human)
+    return EXIT_OK
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("queues", help="every queue on the server with its counts (a capped cursor SCAN)")
     p.add_argument("--match", default="*", help="only queues whose name matches this glob (default: all)")
@@ -100,7 +120,7 @@ def register(sub: Any) -> None:
     add_target(p)
     p.set_defaults(func=cmd_queues)
 
-    queue = sub.add_parser("queue", help="act on one queue: drain, obliterate").add_subparsers(
+    queue = sub.add_parser("queue", help="act on one queue: drain, obliterate, pause, resume").add_subparsers(
         dest="queue_cmd", required=True
     )
     p = queue.add_parser(
@@ -121,3 +141,11 @@ def register(sub: Any) -> None:
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     add_target(p)
     p.set_defaults(func=cmd_obliterate)
+    for verb, helptext in (
+        ("pause", "no worker starts a new job of the queue (running jobs finish; producers go on)"),
+        ("resume", "workers start the queue's jobs again"),
+    ):
+        p = queue.add_parser(verb, help=helptext)
+        p.add_argument("queue", help="queue name")
+        add_target(p)
+        p.set_defaults(func=cmd_pause)

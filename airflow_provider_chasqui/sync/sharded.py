@@ -132,6 +132,19 @@ class SyncShardedQueue:
             out.update(page)
         return out
 
+    # ---- flow control: every shard together ---------------------------------------------
+    def pause(self) -> None:
+        for q in self.queues:
+            q.pause()
+
+    def resume(self) -> None:
+        for q in self.queues:
+            q.resume()
+
+    def is_paused(self) -> bool:
+        """True when every shard is paused."""
+        return all(q.is_paused() for q in self.queues)
+
     # ---- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         if self._driver is not None:

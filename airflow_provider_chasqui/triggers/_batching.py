@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - Airflow < 3.3
     ) from exc
 
 from ..core.pacing import Backoff
-from ..engine.intake import raise_if_cancelling
+from ..engine.cancellation import raise_if_cancelling
 from ..engine.queue import Queue
 from ..errors import TRANSIENT_ERRORS
 from ..hooks.chasqui import ChasquiHook

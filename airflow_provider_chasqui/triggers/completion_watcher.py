@@ -17,8 +17,8 @@ from ..core.calls import command, str_reply
 from ..core.event_follow import EventCursor, is_stream_id, stream_id
 from ..core.keys import QueueKeys, validate_queue_name
 from ..core.urls import WAIT_BLOCK_MS
+from ..engine.cancellation import raise_if_cancelling
 from ..engine.events import parse_event
-from ..engine.intake import raise_if_cancelling
 from ..engine.queue import Queue
 from ..errors import ConfigError, ScriptError
 from ._batching import (

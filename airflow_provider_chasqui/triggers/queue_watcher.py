@@ -27,7 +27,8 @@ from ..core.retry import RetryPolicy
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, CompleteRow, FailRow
 from ..core.settings import QueueSettings
 from ..core.urls import WAIT_BLOCK_MS
-from ..engine.intake import Intake, raise_if_cancelling
+from ..engine.cancellation import raise_if_cancelling
+from ..engine.intake import Intake
 from ..engine.promoter import Promoter
 from ..engine.queue import Queue
 from ._batching import (

@@ -160,6 +160,23 @@ def test_test_connection_reports_success_and_failure(monkeypatch: pytest.MonkeyP
     assert not ok and "ChasquiConnectionError" in message
 
 
+def test_the_hook_pauses_and_resumes_a_queue(monkeypatch: pytest.MonkeyPatch, redis_url: str, queue_name: str) -> None:
+    """An incident's stop from a DAG task: pause the connection's default queue, then resume it."""
+    parts = urllib.parse.urlsplit(redis_url)
+    hook = use(
+        monkeypatch,
+        "pausing",
+        {"conn_type": "chasqui", "host": parts.hostname, "port": parts.port, "extra": {"default_queue": queue_name}},
+    )
+    assert hook.is_queue_paused() is False
+    hook.pause_queue()
+    assert hook.is_queue_paused() is True
+    with hook.get_queue() as q:
+        assert q.is_paused()
+    hook.resume_queue(queue_name)
+    assert hook.is_queue_paused(queue_name) is False
+
+
 def test_acl_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     user, password = ALICE
     with acl_server(tmp_path) as server:

@@ -25,7 +25,15 @@ def test_chasquimq_key_layout() -> None:
 
 def test_extension_keys_share_the_hash_tag() -> None:
     k = QueueKeys.for_queue("emails")
-    ours = [k.result("J"), k.failure("J"), k.unique("u"), k.cursor("c"), k.repeat_paused, k.repeat_quarantine]
+    ours = [
+        k.result("J"),
+        k.failure("J"),
+        k.unique("u"),
+        k.cursor("c"),
+        k.repeat_paused,
+        k.repeat_quarantine,
+        k.controls,
+    ]
     assert ours == [
         "{chasqui:emails}:result:J",
         "{chasqui:emails}:failure:J",
@@ -33,6 +41,7 @@ def test_extension_keys_share_the_hash_tag() -> None:
         "{chasqui:emails}:cursor:c",
         "{chasqui:emails}:repeat:paused",
         "{chasqui:emails}:repeat:quarantine",
+        "{chasqui:emails}:controls",
     ]
     for key in ours:
         assert key.startswith("{chasqui:emails}:")

@@ -163,6 +163,41 @@ async def test_a_failed_first_connect_loses_no_waiter(shared_redis_url: str, que
         await _cancel_nine_then_the_tenth(tasks, hub, queue_name)
 
 
+async def test_a_cancel_the_lookup_swallowed_still_ends_the_wait(redis_url: str, queue_name: str, queues) -> None:
+    """Issue 29's vanished waiter, found: with redis 5.0.8 under load a cancel that lands in the
+    join's lookup can be lost (the call ends normally), and the cancelled waiter then waited out
+    its whole timeout (the test above saw its nine cancelled waiters end only at 120 s, with the
+    tenth).  Forced here: the lookup loses the cancel as redis-py did; the waiter must still end
+    at once, and the waiter that stays must stay."""
+    q = queues(queue_name, redis_url)
+    stay = asyncio.create_task(q.wait_for_result("job-stay", timeout=120))
+    await wait_until(lambda: (h := _hub(queue_name)) is not None and h.waiters == 1, what="the first waiter")
+    hub = _hub(queue_name)
+    real_run, entered, never = hub.lookup.run, asyncio.Event(), asyncio.Event()
+
+    async def losing_the_cancel(flow):
+        entered.set()
+        try:
+            await never.wait()  # the cancel lands here, inside the call...
+        except asyncio.CancelledError:
+            pass  # ...and is lost: the call goes on and ends normally
+        return await real_run(flow)
+
+    hub.lookup.run = losing_the_cancel
+    try:
+        leaving = asyncio.create_task(q.wait_for_result("job-leave", timeout=120))
+        await asyncio.wait_for(entered.wait(), 30)
+        leaving.cancel()
+        done, _ = await asyncio.wait([leaving], timeout=30)
+        assert leaving in done and leaving.cancelled(), "the cancelled waiter went on waiting"
+        assert hub.waiters == 1 and not stay.done() and _hub(queue_name) is hub
+    finally:
+        hub.lookup.run = real_run
+        stay.cancel()
+        await asyncio.gather(stay, return_exceptions=True)
+    assert _hub(queue_name) is None
+
+
 @pytest.mark.single_node("a proxy in front of the single server")
 async def test_redis_unreachable_for_the_join_grace_is_an_error(shared_redis_url: str, queue_name: str, queues) -> None:
     async with FaultProxy(int(shared_redis_url.rsplit(":", 1)[1].split("/")[0])) as proxy:

@@ -6,7 +6,8 @@ every key of the queue's keyspace, as a buggy producer, a foreign tool or an att
 write access could make them: stream entries with arbitrary fields and bytes, delayed members
 with any bytes and any score (+-inf included), repeat members with any bytes and score, spec
 hashes that decode but carry non-integer counters or wrong-typed keys, arbitrary DLQ and events
-entries, foreign lock holders, and wrong-typed result, failure and unique keys.  Between the
+entries, foreign lock holders, wrong-typed result, failure and unique keys, and a flow-controls
+hash of any type or with foreign values (never exactly ``paused=1``: that pauses the queue).  Between the
 hostile writes, well-formed jobs (immediate, delayed, and one that runs longer than the claim
 lease) and two well-formed every-second specs keep flowing.
 
@@ -217,6 +218,7 @@ def hostile_write(draw: Any) -> tuple[Any, ...]:
                 "result",
                 "failure",
                 "unique",
+                "controls",
             ]
         )
     )
@@ -295,6 +297,12 @@ class Chaos:
             _wrong_type(r, k.result("chaos-" + a.hex()).encode(), ktype)
         elif kind == "failure":
             _wrong_type(r, k.failure("chaos-" + a.hex()).encode(), ktype)
+        elif kind == "controls":  # a foreign value is no control; only pause()'s exact "1" pauses
+            if ktype == "hash":
+                r.delete(k.controls)
+                r.execute_command("HSET", k.controls, b"paused", a if a != b"1" else b"1\x00", b"x-" + b, a)
+            else:
+                _wrong_type(r, k.controls.encode(), ktype)
         else:
             _wrong_type(r, k.unique("chaos-" + a.hex()).encode(), ktype)
 

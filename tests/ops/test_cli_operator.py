@@ -136,9 +136,41 @@ def test_queues_lists_every_queue_with_its_counts_from_a_scan(two_queues: tuple[
         stats = raw.info("commandstats")
     assert "cmdstat_scan" in stats and "cmdstat_keys" not in stats  # a cursor scan, never KEYS
     text = chasqui("queues", "--match", a[:-2] + "*", "--redis-url", url).stdout
-    assert text.splitlines()[0].split() == ["queue", "waiting", "pending", "delayed", "dlq", "specs", "consumers"]
+    assert text.splitlines()[0].split() == [
+        "queue",
+        "waiting",
+        "pending",
+        "delayed",
+        "dlq",
+        "specs",
+        "consumers",
+        "state",
+    ]
     assert any(line.split()[:4] == [b, "3", "2", "0"] for line in text.splitlines())
     assert "1 (+1 paused)" in text
+
+
+def test_queue_pause_and_resume_show_everywhere(two_queues: tuple[str, str, str]) -> None:
+    """``chasqui queue pause|resume`` (issue 24): the queues table, ``inspect`` and ``--json`` agree."""
+    url, a, b = two_queues
+    paused = json.loads(chasqui("queue", "pause", a, "--json", "--redis-url", url).stdout)
+    assert paused == {"queue": a, "paused": True}
+    rows = {
+        q["queue"]: q
+        for q in json.loads(chasqui("queues", "--match", a[:-2] + "*", "--json", "--redis-url", url).stdout)["queues"]
+    }
+    assert (rows[a]["paused"], rows[b]["paused"]) == (True, False)
+    table = chasqui("queues", "--match", a[:-2] + "*", "--redis-url", url).stdout
+    assert [line.split()[-1] for line in table.splitlines() if line.startswith(a)] == ["paused"]
+    assert "paused (no worker starts its jobs)" in chasqui("inspect", a, "--redis-url", url).stdout
+    with SyncQueue(a, redis_url=url) as q:
+        assert q.is_paused()
+    assert "is running" in chasqui("queue", "resume", a, "--redis-url", url).stdout
+    with SyncQueue(a, redis_url=url) as q:
+        assert not q.is_paused()
+    assert "running" in chasqui("inspect", a, "--redis-url", url).stdout
+    bad = chasqui("queue", "pause", "bad{name}", "--redis-url", url, check=False)
+    assert bad.returncode != 0 and "hash tag" in bad.stderr
 
 
 def test_queues_says_when_a_cap_cut_the_listing(two_queues: tuple[str, str, str]) -> None:
