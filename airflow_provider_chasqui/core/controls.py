@@ -5,10 +5,11 @@ queue's hash tag; a queue that never used a control has no such key.  Today it h
 field, ``paused`` = ``1``: no worker starts a new job of the queue until it is gone
 (``Queue.pause()``/``resume()``).  Producers, the promoter and the scheduler go on.
 
-The intake asks once per batch it is about to hand out, after the batch was read, so a pause
-that returned before that question is obeyed by every later batch; what a worker read while
-the queue is paused it keeps (its lease renewed) and hands out after the resume, and a worker
-killed meanwhile leaves it to the others' lease recovery.  Anything but the exact values this
+The intake obeys the controls as it read them at most 100 ms before handing out a batch
+(``CONTROLS_MAX_AGE_SECS``; a read per batch cost a fifth of the throughput), so a job starts
+at most that long after ``pause()`` returned.  What a worker read while the queue is paused
+it keeps (its lease renewed) and hands out after the resume; a worker killed meanwhile leaves
+it to the others' lease recovery, and they hold it too.  Anything but the exact values this
 module writes (a hostile or foreign value, a key of another type) reads as "no control".
 """
 
