@@ -28,6 +28,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:  # what ``__getattr__`` below imports on first use
+    from .core.controls import RateLimit
     from .core.repeat import MissedFiresPolicy, RepeatableMeta, RepeatPattern
     from .core.schedules import RepeatableInfo
     from .engine.events import QueueEvents
@@ -68,6 +69,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SyncQueue": (".sync.queue", "SyncQueue"),
     "SyncShardedQueue": (".sync.sharded", "SyncShardedQueue"),
     "BackoffSpec": (".types", "BackoffSpec"),
+    "RateLimit": (".core.controls", "RateLimit"),
     "Job": (".types", "Job"),
     "JobFailure": (".types", "JobFailure"),
     "QueueEvent": (".types", "QueueEvent"),
@@ -133,6 +135,7 @@ __all__ = [
     "Queue",
     "QueueEvent",
     "QueueEvents",
+    "RateLimit",
     "RepeatPattern",
     "RepeatableInfo",
     "RepeatableMeta",

@@ -159,7 +159,7 @@ async def _worker_main(ns: argparse.Namespace) -> None:
 
     def started(job: Any) -> None:
         if starts is not None:
-            os.write(starts, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
+            os.write(starts, b"%d %s %s %.6f\n" % (int(job.data["i"]), job.id.encode(), tag, time.time()))
 
     async def record(job: Any) -> None:
         started(job)

@@ -1,9 +1,14 @@
 """A queue's flow controls, stored in Redis so every worker obeys them together (issue 24).
 
 They live in one hash, ``{chasqui:<queue>}:controls`` (``QueueKeys.controls``), under the
-queue's hash tag; a queue that never used a control has no such key.  Today it holds one
-field, ``paused`` = ``1``: no worker starts a new job of the queue until it is gone
-(``Queue.pause()``/``resume()``).  Producers, the promoter and the scheduler go on.
+queue's hash tag; a queue that never used a control has no such key.  Its fields:
+
+* ``paused`` = ``1``: no worker starts a new job of the queue until it is gone
+  (``Queue.pause()``/``resume()``).  Producers, the promoter and the scheduler go on.
+* ``rate_max`` and ``rate_per_ms`` (``Queue.set_rate_limit()``): all workers together start
+  at most ``rate_max`` jobs per fixed window of ``rate_per_ms`` (``lua/take_rate.lua`` grants
+  them, on the server's clock); the jobs that must wait stay held by their worker, which
+  sleeps until the next window.
 
 The intake obeys the controls as it read them at most 100 ms before handing out a batch
 (``CONTROLS_MAX_AGE_SECS``; a read per batch cost a fifth of the throughput), so a job starts
@@ -15,15 +20,44 @@ module writes (a hostile or foreign value, a key of another type) reads as "no c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from .calls import Call, Flow, command
+from ..errors import ConfigError
+from .calls import Call, Flow, command, int_reply, script_call
 from .keys import QueueKeys
 
-__all__ = ["Controls", "NO_CONTROLS", "controls_call", "parse_controls", "pause", "resume", "read_controls"]
+__all__ = [
+    "Controls",
+    "NO_CONTROLS",
+    "RateLimit",
+    "controls_call",
+    "parse_controls",
+    "pause",
+    "resume",
+    "read_controls",
+    "set_rate_limit",
+    "clear_rate_limit",
+    "take_rate_call",
+    "parse_take",
+    "MAX_RATE_JOBS",
+    "MAX_RATE_PER_MS",
+]
 
 PAUSED_FIELD = "paused"
+RATE_MAX_FIELD, RATE_PER_FIELD = "rate_max", "rate_per_ms"
 _ON = b"1"
+_POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_rate.lua accepts: 1 .. 999,999,999,999
+MAX_RATE_JOBS = 10**9
+MAX_RATE_PER_MS = 366 * 86_400_000  # a year
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``max_jobs`` starts per fixed window of ``per_ms`` milliseconds, all workers together."""
+
+    max_jobs: int
+    per_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +65,7 @@ class Controls:
     """What the controls hash says, as the intake obeys it."""
 
     paused: bool = False
+    rate: RateLimit | None = None
 
 
 NO_CONTROLS = Controls()
@@ -52,8 +87,18 @@ def parse_controls(reply: object) -> Controls:
         return NO_CONTROLS
     if not fields:
         return NO_CONTROLS
-    paused = fields.get(PAUSED_FIELD.encode())
-    return Controls(paused=(paused.encode() if isinstance(paused, str) else paused) == _ON)
+    paused = _raw(fields.get(PAUSED_FIELD.encode())) == _ON
+    rmax, rper = _raw(fields.get(RATE_MAX_FIELD.encode())), _raw(fields.get(RATE_PER_FIELD.encode()))
+    rate = None
+    if rmax is not None and rper is not None and _POSITIVE.fullmatch(rmax) and _POSITIVE.fullmatch(rper):
+        rate = RateLimit(int(rmax), int(rper))
+    return Controls(paused=paused, rate=rate) if paused or rate else NO_CONTROLS
+
+
+def _raw(value: object) -> bytes | None:
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    return value if isinstance(value, bytes) else None
 
 
 def pause(keys: QueueKeys) -> Flow[None]:
@@ -73,3 +118,34 @@ def read_controls(keys: QueueKeys) -> Flow[Controls]:
     if kind not in (b"hash", "hash"):
         return NO_CONTROLS
     return parse_controls((yield controls_call(keys)))
+
+
+def _count(what: str, value: object, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+    if not 1 <= value <= most:
+        raise ConfigError(f"{what} must be between 1 and {most:,}, got {value!r}")
+    return value
+
+
+def set_rate_limit(keys: QueueKeys, max_jobs: int, per_ms: int) -> Flow[None]:
+    """All workers together start at most ``max_jobs`` jobs per ``per_ms`` milliseconds."""
+    limit = RateLimit(_count("max_jobs", max_jobs, MAX_RATE_JOBS), _count("per_ms", per_ms, MAX_RATE_PER_MS))
+    yield command("HSET", keys.controls, RATE_MAX_FIELD, limit.max_jobs, RATE_PER_FIELD, limit.per_ms)
+
+
+def clear_rate_limit(keys: QueueKeys) -> Flow[None]:
+    yield command("HDEL", keys.controls, RATE_MAX_FIELD, RATE_PER_FIELD)
+
+
+def take_rate_call(keys: QueueKeys, want: int) -> Call:
+    """``take_rate.lua``: how many of ``want`` jobs may start now, and else how long to wait."""
+    return script_call("take_rate", (keys.controls, keys.rate), (want,))
+
+
+def parse_take(reply: object, want: int) -> tuple[int, int]:
+    """``(granted, wait_ms)`` of ``take_rate``'s reply, bounded to ``0..want`` and ``0..MAX_RATE_PER_MS``."""
+    if not isinstance(reply, list) or len(reply) != 2:
+        return want, 0
+    granted, wait = int_reply(reply[0]), int_reply(reply[1])
+    return max(0, min(granted, want)), max(0, min(wait, MAX_RATE_PER_MS))

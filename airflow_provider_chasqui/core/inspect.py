@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import CodecError, ConfigError, JobNotFound
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
-from .controls import NO_CONTROLS, controls_call, parse_controls
+from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
 from .keys import QueueKeys
 from .maintenance import glob_escape
 from .scan import parse_scan, scan_call
@@ -73,6 +73,7 @@ class QueueSnapshot:
     quarantined: int = 0  # repeatable specs set aside as unreadable
     groups: list[dict[str, Any]] = field(default_factory=list)  # every group of the stream (XINFO GROUPS)
     paused: bool = False  # Queue.pause(): no worker starts its jobs (core/controls.py)
+    rate_limit: RateLimit | None = None  # Queue.set_rate_limit(), as the workers read it
 
     @property
     def consumer_max_idle_ms(self) -> int:
@@ -174,6 +175,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         quarantined=int_reply(quarantined),
         groups=groups,
         paused=controls.paused,
+        rate_limit=controls.rate,
     )
 
 
@@ -194,6 +196,7 @@ class QueueSummary:
     consumers: int
     groups: int
     paused: bool = False  # Queue.pause(): no worker starts its jobs
+    rate_limit: RateLimit | None = None  # Queue.set_rate_limit()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -301,7 +304,7 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
         i: (int_reply(second[2 * n]), second[2 * n + 1] or []) for n, i in enumerate(streams)
     }
     dlq_len = {i: int_reply(second[2 * len(streams) + n]) for n, i in enumerate(dlqs)}
-    paused = {i for n, i in enumerate(ctls) if parse_controls(second[2 * len(streams) + len(dlqs) + n]).paused}
+    ctl = {i: parse_controls(second[2 * len(streams) + len(dlqs) + n]) for n, i in enumerate(ctls)}
     out = []
     for i, q in enumerate(queues):
         length, groups = counts.get(i, (0, []))
@@ -321,7 +324,8 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
                 paused_specs=int_reply(first[_PER_QUEUE * i + 4]),
                 consumers=consumers,
                 groups=len(groups),
-                paused=i in paused,
+                paused=ctl[i].paused if i in ctl else False,
+                rate_limit=ctl[i].rate if i in ctl else None,
             )
         )
     return out

@@ -132,6 +132,11 @@ class QueueKeys:
         """HASH of the queue's flow controls (``paused``), obeyed by every worker (``controls.py``)."""
         return self.prefix + ":controls"
 
+    @property
+    def rate(self) -> str:
+        """HASH of the rate limit's current window (``w``) and what it granted (``n``): ``take_rate.lua``."""
+        return self.prefix + ":rate"
+
     # Repeatable specs add no per-spec key: their overrides and deadline live in the spec
     # hash's ``ext`` field, and a fire's identity (spec key + scheduled time) is claimed by a
     # compare-and-set on the spec's score in ``repeat`` (see lua/schedule_batch.lua).

@@ -40,7 +40,7 @@ from typing import Any
 from ..core.calls import Call, int_reply, str_reply
 from ..core.codec import now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
-from ..core.controls import NO_CONTROLS, Controls, controls_call, parse_controls
+from ..core.controls import NO_CONTROLS, Controls, controls_call, parse_controls, parse_take, take_rate_call
 from ..core.features import Features
 from ..core.pacing import Backoff, LogBudget
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
@@ -122,6 +122,7 @@ class Intake:
         self._deferred: BaseException | None = None  # a dead-lettering failure, raised on the next read
         self.held: list[Delivery] = []  # read while the queue was paused: in flight, handed out at the resume
         self._known_controls, self._controls_at = NO_CONTROLS, float("-inf")
+        self._held_until = 0.0  # time.monotonic() before which held jobs wait for the next rate window
 
     # ---- the group ----------------------------------------------------------------------
     async def open(self) -> None:
@@ -166,9 +167,14 @@ class Intake:
                         break
                 if entries:
                     ready += await self._gate(*self.core.gate_fresh(entries))
-            if ready and (await self._cached_controls()).paused:
+            if ready:  # held first: a failing controls read must not orphan them
                 self.held, ready = ready, []
-                log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
+                controls = await self._cached_controls()
+                if controls.paused:
+                    log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
+                else:
+                    n = await self._grant(len(self.held)) if controls.rate is not None else len(self.held)
+                    ready, self.held = self.held[:n], self.held[n:]
             self._backoff.reset()
             await self._housekeeping()
         except NoGroupError:  # the stream (and its group) was deleted under us
@@ -201,18 +207,41 @@ class Intake:
                 log.warning("%s: the queue's controls cannot be read (%s); obeying none", self.label, exc)
             return NO_CONTROLS
 
-    async def _unhold(self, room: int) -> list[Delivery]:
-        """What was read while the queue was paused, once it is not (``PAUSE_POLL_SECS``
-        apart meanwhile); the leases of held jobs are renewed like any in-flight job's."""
+    async def _grant(self, want: int) -> int:
+        """How many of ``want`` jobs the rate limit lets start now (``take_rate.lua``); when not
+        all, the held ones wait for the window the script named."""
         try:
-            paused = (await self._controls()).paused
+            granted, wait_ms = parse_take(await self.driver.call(take_rate_call(self.core.keys, want)), want)
+        except TRANSIENT_ERRORS:
+            raise
+        except ChasquiError as exc:  # a refused script: obey no limit rather than stall
+            if self.take_log():
+                log.warning("%s: the rate limit cannot be taken (%s); obeying none", self.label, exc)
+            return want
+        if granted < want:
+            self._held_until = time.monotonic() + wait_ms / 1000
+        return granted
+
+    async def _unhold(self, room: int) -> list[Delivery]:
+        """What was held (read while the queue was paused, or over its rate limit), once the
+        controls allow it; ``PAUSE_POLL_SECS`` apart while paused, at the next rate window
+        otherwise.  The leases of held jobs are renewed like any in-flight job's."""
+        wait = self._held_until - time.monotonic()
+        if wait > 0:
+            await self.pause(min(wait, PAUSE_POLL_SECS))
+            return []
+        try:
+            controls = await self._controls()
+            if controls.paused:
+                await self.pause(PAUSE_POLL_SECS)
+                return []
+            n = min(room, len(self.held))
+            if controls.rate is not None:
+                n = await self._grant(n)
         except TRANSIENT_ERRORS as exc:
             await self._wait_out(exc)
             return []
-        if paused:
-            await self.pause(PAUSE_POLL_SECS)
-            return []
-        out, self.held = self.held[:room], self.held[room:]
+        out, self.held = self.held[:n], self.held[n:]
         return out
 
     async def _wait_out(self, exc: BaseException) -> None:

@@ -113,6 +113,10 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
     lag = "-" if s.oldest_delayed_lag_ms is None else f"{s.oldest_delayed_lag_ms} ms"
     rows = [
         ("state", "paused (no worker starts its jobs)" if s.paused else "running"),
+        (
+            "rate limit",
+            "none" if s.rate_limit is None else f"{s.rate_limit.max_jobs} jobs per {s.rate_limit.per_ms} ms",
+        ),
         ("stream", f"{s.stream}{delta('stream')}"),
         ("pending", s.pending if s.group_exists else "0 (group not created)"),
         ("delayed", f"{s.delayed} (oldest lag {lag})"),

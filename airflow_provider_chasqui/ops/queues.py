@@ -1,4 +1,4 @@
-"""``chasqui queues`` (every queue with its counts) and ``chasqui queue drain | obliterate | pause | resume``.
+"""``chasqui queues`` (every queue with its counts) and ``chasqui queue drain | obliterate | pause | resume | limits``.
 
 The listing is :func:`..sync.queue.list_queues` (a capped cursor SCAN, never KEYS), which a
 dashboard reuses; drain and obliterate are ``SyncQueue.drain`` / ``obliterate`` behind a
@@ -36,7 +36,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
                     q.dlq,
                     q.specs if not q.paused_specs else f"{q.specs} (+{q.paused_specs} paused)",
                     q.consumers,
-                    "paused" if q.paused else "",
+                    _state(q.paused, q.rate_limit),
                 )
                 for q in listing.queues
             ],
@@ -87,6 +87,46 @@ def cmd_obliterate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _state(paused: bool, rate: Any) -> str:
+    parts = ["paused"] if paused else []
+    if rate is not None:
+        parts.append(f"{rate.max_jobs}/{rate.per_ms}ms")
+    return ", ".join(parts)
+
+
+def cmd_limits(args: argparse.Namespace) -> int:
+    """``chasqui queue limits Q``: show the rate limit; ``--rate N/MS`` sets it, ``--clear`` removes it."""
+    q = _queue(args)
+    if args.clear:
+        q.clear_rate_limit()
+    elif args.rate is not None:
+        q.set_rate_limit(*args.rate)
+    rate, paused = q.get_rate_limit(), q.is_paused()
+    body = {
+        "queue": args.queue,
+        "paused": paused,
+        "rate_limit": None if rate is None else {"max_jobs": rate.max_jobs, "per_ms": rate.per_ms},
+    }
+
+    def human(out: TextIO) -> None:
+        limit = "none" if rate is None else f"at most {rate.max_jobs} jobs per {rate.per_ms} ms (all workers together)"
+        out.write(f"{args.queue}: {'paused' if paused else 'running'}; rate limit: {limit}\n")
+
+    emit(args, body, human)
+    return EXIT_OK
+
+
+def _rate(text: str) -> tuple[int, int]:
+    """``N/MS``: N jobs per MS milliseconds."""
+    jobs, sep, per = text.partition("/")
+    try:
+        if not sep:
+            raise ValueError
+        return int(jobs), int(per.removesuffix("ms"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected JOBS/MILLISECONDS such as 10/1000, got {text!r}") from None
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     """``Queue.pause()``/``resume()``: every worker obeys it at its next batch."""
     q = _queue(args)
@@ -120,7 +160,7 @@ def register(sub: Any) -> None:
     add_target(p)
     p.set_defaults(func=cmd_queues)
 
-    queue = sub.add_parser("queue", help="act on one queue: drain, obliterate, pause, resume").add_subparsers(
+    queue = sub.add_parser("queue", help="act on one queue: drain, obliterate, pause, resume, limits").add_subparsers(
         dest="queue_cmd", required=True
     )
     p = queue.add_parser(
@@ -149,3 +189,10 @@ def register(sub: Any) -> None:
         p.add_argument("queue", help="queue name")
         add_target(p)
         p.set_defaults(func=cmd_pause)
+    p = queue.add_parser("limits", help="show the queue's rate limit; --rate 10/1000 sets it, --clear removes it")
+    p.add_argument("queue", help="queue name")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--rate", type=_rate, help="JOBS/MILLISECONDS: all workers together start at most that many")
+    group.add_argument("--clear", action="store_true", help="remove the rate limit")
+    add_target(p)
+    p.set_defaults(func=cmd_limits)

@@ -351,6 +351,20 @@ class SyncQueue:
     def is_paused(self) -> bool:
         return (self.driver.run(controls.read_controls(self.keys))).paused
 
+    def set_rate_limit(self, max_jobs: int, per_ms: int) -> None:
+        """All workers together start at most ``max_jobs`` jobs of this queue per fixed window
+        of ``per_ms`` milliseconds (on the server's clock); the others wait, no attempt spent.
+        ``ConfigError`` unless both are positive ints (``max_jobs`` up to 10**9, ``per_ms`` up
+        to a year)."""
+        self.driver.run(controls.set_rate_limit(self.keys, max_jobs, per_ms))
+
+    def get_rate_limit(self) -> controls.RateLimit | None:
+        """The rate limit the workers obey (None: none, or a value they cannot read)."""
+        return (self.driver.run(controls.read_controls(self.keys))).rate
+
+    def clear_rate_limit(self) -> None:
+        self.driver.run(controls.clear_rate_limit(self.keys))
+
     # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------
     def drain(self, *, delayed: bool = True) -> DrainReport:
         """Delete the waiting jobs and, with ``delayed``, the delayed ones; running jobs stay.

@@ -85,7 +85,12 @@ print(json.dumps({{"bare": bare, "names": names, "alias": AsyncQueue is Queue, "
 """)
     assert got["bare"] == []  # the package alone: no redis, asyncio or sockets either
     assert got["alias"] and got["same"] and got["engine"] == f"{PKG}.engine" and got["dir"] == []
-    assert len(got["names"]) == 32 and got["names"]["Queue"] == "type" and got["names"]["version"] == "function"
+    assert (
+        len(got["names"]) == 33
+        and got["names"]["RateLimit"] == "type"
+        and got["names"]["Queue"] == "type"
+        and got["names"]["version"] == "function"
+    )
 
 
 def test_the_errors_users_catch_are_exported_from_the_package() -> None:

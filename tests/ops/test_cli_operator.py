@@ -173,6 +173,23 @@ def test_queue_pause_and_resume_show_everywhere(two_queues: tuple[str, str, str]
     assert bad.returncode != 0 and "hash tag" in bad.stderr
 
 
+def test_queue_limits_sets_shows_and_clears_the_rate_limit(two_queues: tuple[str, str, str]) -> None:
+    url, a, b = two_queues
+    shown = json.loads(chasqui("queue", "limits", a, "--rate", "25/2000", "--json", "--redis-url", url).stdout)
+    assert shown == {"queue": a, "paused": False, "rate_limit": {"max_jobs": 25, "per_ms": 2000}}
+    with SyncQueue(a, redis_url=url) as q:
+        assert (q.get_rate_limit().max_jobs, q.get_rate_limit().per_ms) == (25, 2000)
+    table = chasqui("queues", "--match", a[:-2] + "*", "--redis-url", url).stdout
+    assert [line.split()[-1] for line in table.splitlines() if line.startswith(a)] == ["25/2000ms"]
+    assert "25 jobs per 2000 ms" in chasqui("inspect", a, "--redis-url", url).stdout
+    for bad, says in (("0/1000", "max_jobs"), ("10/0", "per_ms"), ("ten/1000", "JOBS/MILLISECONDS"), ("10", "JOBS/")):
+        proc = chasqui("queue", "limits", a, "--rate", bad, "--redis-url", url, check=False)
+        assert proc.returncode == 2 and says in proc.stderr, (bad, proc.stderr)
+    assert "rate limit: none" in chasqui("queue", "limits", a, "--clear", "--redis-url", url).stdout
+    with SyncQueue(a, redis_url=url) as q:
+        assert q.get_rate_limit() is None
+
+
 def test_queues_says_when_a_cap_cut_the_listing(two_queues: tuple[str, str, str]) -> None:
     url, a, b = two_queues
     limited = json.loads(

@@ -1,0 +1,173 @@
+"""The queue rate limit (issue 24): ``Queue.set_rate_limit(max_jobs, per_ms)``.
+
+Real servers (Redis 7.0 and Valkey 8.1) and worker *processes* that record each handler start
+with its wall-clock time; the windows are fixed and aligned on the server's clock, which is
+this host's clock too.  ``take_rate.lua`` is also driven directly, with hostile values in the
+controls and in its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from engine_support import running, wait_until_sync
+from fault_support import count_lines, read_records, spawn_worker
+
+from airflow_provider_chasqui import ConfigError, RateLimit, SyncQueue
+from airflow_provider_chasqui.core.calls import command
+from airflow_provider_chasqui.core.controls import parse_controls, parse_take, take_rate_call
+from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.sync._driver import SyncDriver
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _starts(paths: list[Path]) -> list[float]:
+    out = []
+    for p in paths:
+        if p.exists():
+            out += [float(line.split()[3]) for line in p.read_text().splitlines() if len(line.split()) >= 4]
+    return sorted(out)
+
+
+@pytest.mark.parametrize("compat_mode", [False], indirect=True)
+@pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
+@pytest.mark.parametrize(("max_jobs", "per_ms"), [(40, 1000), (8, 200)])
+def test_three_workers_together_keep_the_limit(
+    matrix_url, queue_name: str, tmp_path: Path, max_jobs: int, per_ms: int
+) -> None:
+    """No aligned window of ``per_ms`` starts more than ``max_jobs`` jobs over three worker
+    processes, and the achieved rate is within 10% of the limit; every job runs once."""
+    url = matrix_url.url
+    n = 8 * max_jobs * 1000 // per_ms  # about eight seconds of work at the limit
+    with SyncQueue(queue_name, redis_url=url) as q:
+        q.set_rate_limit(max_jobs, per_ms)
+        assert q.get_rate_limit() == RateLimit(max_jobs, per_ms)
+        q.add_bulk([{"name": "r", "data": {"i": i}} for i in range(n)])
+        workers = [
+            spawn_worker(
+                url, queue_name, tmp_path / f"w{k}.rec", f"rate-{k}", starts=tmp_path / f"w{k}.starts", concurrency=20
+            )
+            for k in range(3)
+        ]
+        records = [tmp_path / f"w{k}.rec" for k in range(3)]
+        try:
+            wait_until_sync(lambda: sum(count_lines(p) for p in records) >= n, 120, what="every job at the limit")
+        finally:
+            for w in workers:
+                w.stop()
+    rec = read_records(records)
+    assert sorted(rec.counts) == list(range(n)) and max(rec.counts.values()) == 1
+    starts = _starts([tmp_path / f"w{k}.starts" for k in range(3)])
+    per_window = collections.Counter(math.floor(t * 1000 / per_ms) for t in starts)
+    assert max(per_window.values()) <= max_jobs, sorted(per_window.items())[:20]
+    # the rate over the whole windows between the first and the last
+    first, last = min(per_window), max(per_window)
+    inner = [per_window.get(w, 0) for w in range(first + 1, last)]
+    assert inner, per_window
+    achieved = sum(inner) / len(inner)
+    assert achieved >= 0.9 * max_jobs, (achieved, inner)
+
+
+def test_take_rate_grants_a_window_at_most(redis_url: str, queue_name: str) -> None:
+    keys = QueueKeys.for_queue(queue_name)
+    driver = SyncDriver(redis_url)
+    try:
+        assert parse_take(driver.call(take_rate_call(keys, 5)), 5) == (5, 0)  # no limit
+        with SyncQueue(queue_name, redis_url=redis_url) as q:
+            q.set_rate_limit(10, 60_000)
+            granted = [parse_take(driver.call(take_rate_call(keys, 4)), 4) for _ in range(4)]
+            assert [g for g, _ in granted] == [4, 4, 2, 0]
+            assert all(0 < w <= 60_000 for g, w in granted if g < 4)
+            assert 0 < driver.call(command("PTTL", keys.rate)) <= 61_000  # one window + 1 s: bounded
+            q.clear_rate_limit()
+            assert q.get_rate_limit() is None
+            assert parse_take(driver.call(take_rate_call(keys, 7)), 7) == (7, 0)
+    finally:
+        driver.close()
+
+
+@pytest.mark.single_node("writes the controls with a plain client")
+@pytest.mark.parametrize(
+    ("fields", "limited"),
+    [
+        ({"rate_max": b"10", "rate_per_ms": b"60000"}, True),
+        ({"rate_max": b"0", "rate_per_ms": b"60000"}, False),
+        ({"rate_max": b"-5", "rate_per_ms": b"60000"}, False),
+        ({"rate_max": b"inf", "rate_per_ms": b"60000"}, False),
+        ({"rate_max": b"nan", "rate_per_ms": b"1000"}, False),
+        ({"rate_max": b"1e3", "rate_per_ms": b"1000"}, False),
+        ({"rate_max": b"10", "rate_per_ms": b"0"}, False),
+        ({"rate_max": b"10", "rate_per_ms": b"\xff\x00"}, False),
+        ({"rate_max": b"10"}, False),
+        ({"rate_max": b"9" * 13, "rate_per_ms": b"1000"}, False),
+    ],
+)
+def test_hostile_limits_are_no_limit_in_lua_and_python(
+    redis_url: str, queue_name: str, fields: dict, limited: bool
+) -> None:
+    keys = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r:
+        r.hset(keys.controls, mapping=fields)
+        r.set(keys.rate, b"\xff not a hash")  # hostile state: replaced, never an error
+    driver = SyncDriver(redis_url)
+    try:
+        got = [parse_take(driver.call(take_rate_call(keys, 6)), 6)[0] for _ in range(3)]
+        assert got == ([6, 4, 0] if limited else [6, 6, 6])
+        with SyncQueue(queue_name, redis_url=redis_url) as q:
+            assert (q.get_rate_limit() is not None) is limited
+        assert (parse_controls(driver.call(command("HGETALL", keys.controls))).rate is not None) is limited
+    finally:
+        driver.close()
+
+
+@pytest.mark.parametrize(
+    ("max_jobs", "per_ms"),
+    [
+        (0, 1000),
+        (-1, 1000),
+        (10, 0),
+        (True, 1000),
+        (10.0, 1000),
+        ("10", 1000),
+        (10, float("inf")),
+        (10**10, 1000),
+        (10, 10**12),
+    ],
+)
+def test_bad_limits_are_config_errors(redis_url: str, queue_name: str, max_jobs, per_ms) -> None:
+    with SyncQueue(queue_name, redis_url=redis_url) as q, pytest.raises(ConfigError, match="max_jobs|per_ms"):
+        q.set_rate_limit(max_jobs, per_ms)
+
+
+async def test_a_limit_set_while_workers_run_is_obeyed(redis_url: str, queue_name: str, queues, worker_factory) -> None:
+    """An in-process worker drains fast until the limit is set; from then on (within the
+    controls' 100 ms), at most the limit per window starts."""
+    q = queues(queue_name, redis_url)
+    started: list[float] = []
+
+    async def handler(job):
+        started.append(time.time())
+
+    async with running(worker_factory(queue_name, handler, redis_url, concurrency=10)):
+        await q.add_bulk([{"name": "a", "data": i} for i in range(50)])
+        await asyncio.wait_for(_until(lambda: len(started) >= 50), 60)
+        await q.set_rate_limit(5, 500)
+        await asyncio.sleep(0.3)  # past the workers' controls cache (100 ms): the bound under test
+        added_at = time.time()
+        await q.add_bulk([{"name": "b", "data": i} for i in range(30)])
+        await asyncio.wait_for(_until(lambda: len(started) >= 80), 60)
+    windows = collections.Counter(math.floor(t * 1000 / 500) for t in started[50:])
+    assert max(windows.values()) <= 5, windows
+    assert started[-1] - added_at >= 2.0  # 30 jobs at 10/s: three seconds, give or take a window
+
+
+async def _until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)
