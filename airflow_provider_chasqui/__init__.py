@@ -23,6 +23,7 @@ from .errors import (
     JobFailed,
     JobNotFound,
     NotSupportedError,
+    RateLimited,
     ScriptError,
     UnrecoverableError,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "QueueEvent",
     "QueueEvents",
     "RateLimit",
+    "RateLimited",
     "RepeatPattern",
     "RepeatableInfo",
     "RepeatableMeta",

@@ -25,6 +25,7 @@ __all__ = [
     "NotSupportedError",
     "UnrecoverableError",
     "HandlerNotFound",
+    "RateLimited",
     "TRANSIENT_ERRORS",
 ]
 
@@ -132,6 +133,26 @@ class HandlerNotFound(UnrecoverableError, LookupError):
     def for_name(cls, name: str) -> HandlerNotFound:
         """The error for job name ``name`` (one message for every lookup)."""
         return cls(f"no handler registered for job name {name!r}")
+
+
+class RateLimited(ChasquiError):
+    """Raise from a handler when a service said "too many requests" (an HTTP 429).
+
+    The job goes back without counting an attempt and runs again later, and its queue starts
+    nothing for ``retry_after_ms``: this worker at once, the others within 100 ms (they read the
+    queue's controls that often).  ``retry_after_ms`` is 0 .. one day; anything else is a
+    ``ConfigError`` (which, raised from a handler, fails the job as any error would).
+    """
+
+    MAX_MS = 86_400_000
+
+    def __init__(self, retry_after_ms: int | float = 1000, message: str = "") -> None:
+        if isinstance(retry_after_ms, bool) or not isinstance(retry_after_ms, (int, float)):
+            raise ConfigError(f"retry_after_ms must be a number of milliseconds, got {retry_after_ms!r}")
+        if not 0 <= retry_after_ms <= self.MAX_MS:  # NaN fails this too
+            raise ConfigError(f"retry_after_ms must be between 0 and {self.MAX_MS:,}, got {retry_after_ms!r}")
+        self.retry_after_ms = int(-(-retry_after_ms // 1))  # whole milliseconds, rounded up
+        super().__init__(message or f"rate limited: retry after {self.retry_after_ms} ms")
 
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ChasquiConnectionError, ReadOnlyReplicaError, ClusterBusyError)

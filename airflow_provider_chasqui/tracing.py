@@ -28,7 +28,7 @@ ENV = "CHASQUI_OTEL"
 _TRUE = {"1", "true", "yes", "on"}
 TRACE_KEY_TTL_MS = 3600 * 1000  # beyond the retry's backoff: how long a retry waits for its context
 _NAME = "airflow_provider_chasqui"
-_OUTCOMES = ("completed", "retry", "cancelled")
+_OUTCOMES = ("completed", "retry", "cancelled", "rate_limited")
 _api: Any = None  # the resolved module namespace, False when OpenTelemetry is missing
 
 

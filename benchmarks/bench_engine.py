@@ -16,7 +16,8 @@ stopped at the end.  Workloads (jobs are tiny: ``{"i": n}`` named ``noop``):
   50, events on, results off, scheduler off) processes them; throughput is N over the span
   from the first ``active`` to the last ``completed`` event (Redis clock), CPU is the worker
   process's getrusage over ``Worker.run()`` divided by N, Redis CPU the ``INFO cpu`` delta over
-  the same run divided by N; ``e2e_process_uvloop`` is the same worker on uvloop (when installed);
+  the same run divided by N; ``e2e_process_uvloop`` is the same worker on uvloop (when installed),
+  ``e2e_rate_unbounded`` the same under a rate limit it never reaches (the limiter's own cost);
 * delayed end-to-end: N jobs added with a 1 s delay, the worker starts once all are due:
   promotion plus processing, from the first ``active`` event to the last ``completed``;
 * retries: every job fails once and succeeds on its retry (backoff 0 ms + the policy's jitter),
@@ -368,11 +369,21 @@ def _run_worker(
 
 
 def _e2e(
-    url: str, n: int, *, tag: str, delay_ms: int | None = None, fail_first: bool = False, use_uvloop: bool = False
+    url: str,
+    n: int,
+    *,
+    tag: str,
+    delay_ms: int | None = None,
+    fail_first: bool = False,
+    use_uvloop: bool = False,
+    rate_limit: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     qn = _queue_name(tag)
     try:
         due = _fill(url, qn, n, delay_ms=delay_ms, fail_first=fail_first)
+        if rate_limit is not None:
+            with SyncQueue(qn, redis_url=url) as q:
+                q.set_rate_limit(*rate_limit)
         wait = due - time.time() + 0.05
         if wait > 0:
             time.sleep(wait)
@@ -410,6 +421,12 @@ def e2e_process(url: str, n: int) -> dict[str, Any]:
     return _e2e(url, n, tag="e2e")
 
 
+def e2e_rate_unbounded(url: str, n: int) -> dict[str, Any]:
+    """``e2e_process`` under a rate limit it never reaches (10**9 per second): what the
+    limiter's script costs per batch (issue 24)."""
+    return _e2e(url, n, tag="e2erl", rate_limit=(10**9, 1000))
+
+
 def e2e_process_uvloop(url: str, n: int) -> dict[str, Any]:
     return _e2e(url, n, tag="e2eu", use_uvloop=True)
 
@@ -439,6 +456,11 @@ WORKLOADS: dict[str, tuple[Callable[[str, int], dict[str, Any]], str, str | None
     "syncqueue_add_bulk": (syncqueue_add_bulk, "SyncQueue.add_bulk, 1,000 per call", "limit_sync_xadd_pipeline"),
     "e2e_process": (e2e_process, "end to end: 1 worker process, concurrency 50, events on", "limit_sync_xadd_pipeline"),
     "e2e_process_uvloop": (e2e_process_uvloop, "end to end, same on uvloop", "limit_sync_xadd_pipeline"),
+    "e2e_rate_unbounded": (
+        e2e_rate_unbounded,
+        "end to end under a rate limit never reached (the limiter's cost)",
+        "limit_sync_xadd_pipeline",
+    ),
     "e2e_delayed": (e2e_delayed, "delayed end to end: 1 s delay, promotion + processing", "limit_sync_xadd_pipeline"),
     "e2e_retry": (e2e_retry, "retry: every job fails once, then succeeds", "limit_sync_xadd_pipeline"),
 }

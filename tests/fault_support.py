@@ -145,6 +145,36 @@ def spawn_worker(url: str, queue: str, out: Path, consumer: str, **options: Any)
     return WorkerProcess(proc, out, consumer, log)
 
 
+@dataclass
+class WorkerGroup:
+    """``n`` recording worker processes on one queue, each with its ``.rec`` (ends) and
+    ``.starts`` (starts: index, id, consumer, wall time, attempt) file in ``tmp``."""
+
+    workers: list[WorkerProcess]
+    records: list[Path]
+    starts: list[Path]
+
+    @classmethod
+    def spawn(cls, url: str, queue: str, tmp: Path, prefix: str, n: int = 3, **options: Any) -> WorkerGroup:
+        records = [tmp / f"{prefix}{k}.rec" for k in range(n)]
+        starts = [tmp / f"{prefix}{k}.starts" for k in range(n)]
+        workers = [spawn_worker(url, queue, records[k], f"{prefix}-{k}", starts=starts[k], **options) for k in range(n)]
+        return cls(workers, records, starts)
+
+    def ended(self) -> int:
+        return sum(count_lines(p) for p in self.records)
+
+    def started(self) -> int:
+        return sum(count_lines(p) for p in self.starts)
+
+    def start_rows(self) -> list[list[str]]:
+        return [line.split() for p in self.starts if p.exists() for line in p.read_text().splitlines()]
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
 async def _worker_main(ns: argparse.Namespace) -> None:
     import logging
 
@@ -159,10 +189,29 @@ async def _worker_main(ns: argparse.Namespace) -> None:
 
     def started(job: Any) -> None:
         if starts is not None:
-            os.write(starts, b"%d %s %s %.6f\n" % (int(job.data["i"]), job.id.encode(), tag, time.time()))
+            os.write(
+                starts, b"%d %s %s %.6f %d\n" % (int(job.data["i"]), job.id.encode(), tag, time.time(), job.attempt)
+            )
+
+    def rate_limited_once(job: Any) -> None:
+        """A job whose data asks for it raises RateLimited, the first time any worker runs it
+        (a marker file, created exclusively, holds when it was raised)."""
+        ms = job.data.get("rate_limited_ms") if isinstance(job.data, dict) else None
+        if ms is None or not ns.marker:
+            return
+        try:
+            mark = os.open(ns.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return
+        os.write(mark, b"%.6f" % time.time())
+        os.close(mark)
+        from airflow_provider_chasqui import RateLimited
+
+        raise RateLimited(ms)
 
     async def record(job: Any) -> None:
         started(job)
+        rate_limited_once(job)
         if pause:
             await asyncio.sleep(pause)
         os.write(fd, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
@@ -543,6 +592,7 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--handler-sleep-ms", type=float, default=0.0)
     w.add_argument("--starts", default="", help="also record each handler start in this file")
     w.add_argument("--thread-handler", type=int, default=0, help="1: a plain function (run in a thread)")
+    w.add_argument("--marker", default="", help="a job with data rate_limited_ms raises RateLimited once (this file)")
     ns = p.parse_args(argv)
     asyncio.run(_worker_main(ns))
 

@@ -5,6 +5,9 @@ queue's hash tag; a queue that never used a control has no such key.  Its fields
 
 * ``paused`` = ``1``: no worker starts a new job of the queue until it is gone
   (``Queue.pause()``/``resume()``).  Producers, the promoter and the scheduler go on.
+* ``{chasqui:<queue>}:blocked`` (a marker beside the hash, ``QueueKeys.blocked``): while it
+  lives, nothing of the queue starts; a handler that raises ``RateLimited(retry_after_ms)``
+  sets it (its TTL), and its own job goes back without counting an attempt.
 * ``rate_max`` and ``rate_per_ms`` (``Queue.set_rate_limit()``): all workers together start
   at most ``rate_max`` jobs per fixed window of ``rate_per_ms`` (``lua/take_rate.lua`` grants
   them, on the server's clock); the jobs that must wait stay held by their worker, which
@@ -39,6 +42,9 @@ __all__ = [
     "set_rate_limit",
     "clear_rate_limit",
     "take_rate_call",
+    "block_calls",
+    "controls_calls",
+    "parse_controls_calls",
     "parse_take",
     "MAX_RATE_JOBS",
     "MAX_RATE_PER_MS",
@@ -50,6 +56,7 @@ _ON = b"1"
 _POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_rate.lua accepts: 1 .. 999,999,999,999
 MAX_RATE_JOBS = 10**9
 MAX_RATE_PER_MS = 366 * 86_400_000  # a year
+MAX_BLOCK_MS = 86_400_000  # RateLimited.MAX_MS: a longer TTL on the marker (written by hand) counts as a day
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,7 @@ class Controls:
 
     paused: bool = False
     rate: RateLimit | None = None
+    blocked_ms: int = 0  # a handler raised RateLimited: nothing starts for this long (the marker's TTL)
 
 
 NO_CONTROLS = Controls()
@@ -136,6 +144,27 @@ def set_rate_limit(keys: QueueKeys, max_jobs: int, per_ms: int) -> Flow[None]:
 
 def clear_rate_limit(keys: QueueKeys) -> Flow[None]:
     yield command("HDEL", keys.controls, RATE_MAX_FIELD, RATE_PER_FIELD)
+
+
+def block_calls(keys: QueueKeys, ms: int) -> list[Call]:
+    """Start nothing of the queue for ``ms`` (``RateLimited``): the marker ``:blocked`` with that
+    TTL, or its TTL raised to it; a shorter block never cuts a longer one (``PEXPIRE GT``)."""
+    return [command("SET", keys.blocked, _ON, "PX", ms, "NX"), command("PEXPIRE", keys.blocked, ms, "GT")]
+
+
+def controls_calls(keys: QueueKeys) -> list[Call]:
+    """What the intake reads, in one round trip: the controls hash and the block's TTL."""
+    return [command("PTTL", keys.blocked), controls_call(keys)]
+
+
+def parse_controls_calls(replies: list[object]) -> Controls:
+    """:func:`controls_calls`' replies as :class:`Controls` (a negative TTL: no block)."""
+    found = parse_controls(replies[1])
+    ttl = replies[0]
+    blocked = ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else 0
+    if not blocked:
+        return found
+    return Controls(paused=found.paused, rate=found.rate, blocked_ms=min(blocked, MAX_BLOCK_MS))
 
 
 def take_rate_call(keys: QueueKeys, want: int) -> Call:

@@ -133,6 +133,12 @@ class QueueKeys:
         return self.prefix + ":controls"
 
     @property
+    def blocked(self) -> str:
+        """A marker whose TTL is how long no worker starts a job of the queue (a handler raised
+        ``RateLimited``); the longest block wins (``PEXPIRE ... GT``)."""
+        return self.prefix + ":blocked"
+
+    @property
     def rate(self) -> str:
         """HASH of the rate limit's current window (``w``) and what it granted (``n``): ``take_rate.lua``."""
         return self.prefix + ":rate"

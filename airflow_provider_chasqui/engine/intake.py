@@ -14,10 +14,9 @@ leave them does not, and lives here once:
 * **the arrival gate** (``core.consumer``) and **one dead-letter path**: refused entries go to
   ``fail_batch`` (``reject_row``), within a failure-log budget.  With ``decode=True`` the data
   of every admitted job is decoded here (bounded; undecodable: ``decode_failed``).
-* **flow controls** (``core/controls.py``): a batch about to be handed out obeys the queue's
-  controls as read at most ``CONTROLS_MAX_AGE_SECS`` before (one round trip per 100 ms, not
-  per batch); of a paused queue it is :attr:`held` (in flight, leases renewed) and handed
-  out after the resume.
+* **flow controls** (:attr:`flow`, ``flow_gate.py``): a batch about to be handed out obeys
+  the queue's pause, rate limit and ``RateLimited`` block; what may not start yet is held (in
+  flight, leases renewed, no attempt counted) and handed out first once it may.
 * **leases**: every entry handed out is in :attr:`in_flight` until settled or released, and
   :meth:`run_leases` renews them ``RENEWALS_PER_LEASE`` times per lease (``renew_lease``).  An
   entry another consumer took over meanwhile is *lost*: ``on_lost`` hears of it, and its
@@ -40,7 +39,6 @@ from typing import Any
 from ..core.calls import Call, int_reply, str_reply
 from ..core.codec import now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
-from ..core.controls import NO_CONTROLS, Controls, controls_call, parse_controls, parse_take, take_rate_call
 from ..core.features import Features
 from ..core.pacing import Backoff, LogBudget
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
@@ -48,6 +46,7 @@ from ..drivers_common import translate_error
 from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
 from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
+from .flow_gate import FlowGate
 from .metrics import NO_METRICS, WorkerMetrics
 
 __all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION"]
@@ -65,10 +64,6 @@ START_CHECK_FRACTION = 0.2
 REAP_EVERY_LEASES = 5  # how often idle consumers are removed...
 REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing pending
 PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
-PAUSE_POLL_SECS = 0.25  # how often a worker holding jobs of a paused queue asks whether it resumed
-# A batch is handed out on controls read at most this long before; a fresh read per batch would
-# put one more round trip in every batch's path (about a fifth of the throughput, measured).
-CONTROLS_MAX_AGE_SECS = 0.1
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
 
 
@@ -120,9 +115,7 @@ class Intake:
         self._renewal: asyncio.Future[None] | None = None  # one renewal shared by every lease_held()
         self._backoff = Backoff()
         self._deferred: BaseException | None = None  # a dead-lettering failure, raised on the next read
-        self.held: list[Delivery] = []  # read while the queue was paused: in flight, handed out at the resume
-        self._known_controls, self._controls_at = NO_CONTROLS, float("-inf")
-        self._held_until = 0.0  # time.monotonic() before which held jobs wait for the next rate window
+        self.flow = FlowGate(driver, core.keys, label=self.label, take_log=self.take_log, sleep=self.pause)
 
     # ---- the group ----------------------------------------------------------------------
     async def open(self) -> None:
@@ -147,8 +140,10 @@ class Intake:
         if self._deferred is not None:
             exc, self._deferred = self._deferred, None
             raise exc
-        if self.held:
-            return await self._unhold(room)
+        if await self.flow.wait_if_blocked():  # a handler raised RateLimited: read nothing, start nothing
+            return []
+        if self.flow.held:
+            return await self._release_held(room)
         ready: list[Delivery] = []
         self._longest_block_ms = max(self._longest_block_ms, block_ms)
         try:
@@ -167,14 +162,8 @@ class Intake:
                         break
                 if entries:
                     ready += await self._gate(*self.core.gate_fresh(entries))
-            if ready:  # held first: a failing controls read must not orphan them
-                self.held, ready = ready, []
-                controls = await self._cached_controls()
-                if controls.paused:
-                    log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
-                else:
-                    n = await self._grant(len(self.held)) if controls.rate is not None else len(self.held)
-                    ready, self.held = self.held[:n], self.held[n:]
+            if ready:
+                ready = await self.flow.admit(ready)
             self._backoff.reset()
             await self._housekeeping()
         except NoGroupError:  # the stream (and its group) was deleted under us
@@ -186,63 +175,12 @@ class Intake:
             await self._wait_out(exc)
         return ready
 
-    async def _cached_controls(self) -> Controls:
-        """The controls as read at most ``CONTROLS_MAX_AGE_SECS`` ago (read now if older)."""
-        now = time.monotonic()
-        if now - self._controls_at > CONTROLS_MAX_AGE_SECS:
-            self._known_controls = await self._controls()
-            self._controls_at = now
-        return self._known_controls
-
-    async def _controls(self) -> Controls:
-        """The queue's flow controls (``core/controls.py``), read once per batch.  A controls
-        key no worker can read (another type, a refused command) is no control: logged, never
-        a crash or a stall."""
+    async def _release_held(self, room: int) -> list[Delivery]:
         try:
-            return parse_controls(await self.driver.call(controls_call(self.core.keys)))
-        except TRANSIENT_ERRORS:
-            raise
-        except ChasquiError as exc:
-            if self.take_log():
-                log.warning("%s: the queue's controls cannot be read (%s); obeying none", self.label, exc)
-            return NO_CONTROLS
-
-    async def _grant(self, want: int) -> int:
-        """How many of ``want`` jobs the rate limit lets start now (``take_rate.lua``); when not
-        all, the held ones wait for the window the script named."""
-        try:
-            granted, wait_ms = parse_take(await self.driver.call(take_rate_call(self.core.keys, want)), want)
-        except TRANSIENT_ERRORS:
-            raise
-        except ChasquiError as exc:  # a refused script: obey no limit rather than stall
-            if self.take_log():
-                log.warning("%s: the rate limit cannot be taken (%s); obeying none", self.label, exc)
-            return want
-        if granted < want:
-            self._held_until = time.monotonic() + wait_ms / 1000
-        return granted
-
-    async def _unhold(self, room: int) -> list[Delivery]:
-        """What was held (read while the queue was paused, or over its rate limit), once the
-        controls allow it; ``PAUSE_POLL_SECS`` apart while paused, at the next rate window
-        otherwise.  The leases of held jobs are renewed like any in-flight job's."""
-        wait = self._held_until - time.monotonic()
-        if wait > 0:
-            await self.pause(min(wait, PAUSE_POLL_SECS))
-            return []
-        try:
-            controls = await self._controls()
-            if controls.paused:
-                await self.pause(PAUSE_POLL_SECS)
-                return []
-            n = min(room, len(self.held))
-            if controls.rate is not None:
-                n = await self._grant(n)
+            return await self.flow.release_held(room)
         except TRANSIENT_ERRORS as exc:
             await self._wait_out(exc)
             return []
-        out, self.held = self.held[:n], self.held[n:]
-        return out
 
     async def _wait_out(self, exc: BaseException) -> None:
         self._reader_id = None  # a new connection has a new id

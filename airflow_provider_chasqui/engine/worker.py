@@ -66,7 +66,7 @@ from ..core.consumer import (
 from ..core.pacing import Backoff, LogBudget
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, FAIL_REASON, FAIL_TRACEBACK
 from ..core.urls import DEFAULT_URL, with_tls
-from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, UnrecoverableError
+from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, RateLimited, UnrecoverableError
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .cancellation import raise_if_cancelling
@@ -532,13 +532,16 @@ class Worker:
         lease_check = s.claim_min_idle_ms / 1000 * START_CHECK_FRACTION
         monotonic = time.monotonic
         intake = self._intake
+        flow = intake.flow
         while True:
             debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
             while queue:
                 dl = queue.popleft()
-                if monotonic() - intake.renewed_at > lease_check and not await intake.lease_held(
-                    dl.entry_id, dl.envelope.id
-                ):
+                now = monotonic()
+                if now < flow.blocked_until:  # a handler raised RateLimited: start nothing until then
+                    flow.requeue(dl)
+                    continue
+                if now - intake.renewed_at > lease_check and not await intake.lease_held(dl.entry_id, dl.envelope.id):
                     self._room()
                     continue
                 data = dl.data
@@ -578,6 +581,12 @@ class Worker:
                         if span is not None and tracer is not None:
                             tracer.end_consume(span, token, "cancelled")
                         raise
+                    if isinstance(exc, RateLimited):  # back without counting an attempt; the queue waits
+                        flow.requeue(dl)
+                        await flow.block(exc.retry_after_ms)
+                        if span is not None and tracer is not None:
+                            tracer.end_consume(span, token, "rate_limited")
+                        continue
                     outcome = self._failed(dl, exc, (clock() - start) // 1000)
                     if span is not None and tracer is not None:
                         await self._end_failed_span(tracer, span, token, dl, outcome, exc)

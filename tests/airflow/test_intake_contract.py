@@ -1,5 +1,5 @@
 """The contract every user of the consumer intake (``engine/intake.py``) passes: the ``Worker``
-and the Airflow queue-events watcher (``QueueModeProducer``) are run through the same five
+and the Airflow queue-events watcher (``QueueModeProducer``) are run through the same six
 scenarios on a real Redis, each with a 1 s lease:
 
 * **reclaim**: an entry left pending by a dead consumer is delivered once the lease ran out;
@@ -8,7 +8,8 @@ scenarios on a real Redis, each with a 1 s lease:
 * **exhausted attempts**: an entry delivered too often is dead-lettered, never handed out;
 * **NOGROUP**: the stream deleted under a running user: the group is recreated, later jobs run;
 * **slow settle**: a job held three leases long (a slow handler, a slow Airflow save) is never
-  reclaimed by another consumer meanwhile: the user's leases are renewed.
+  reclaimed by another consumer meanwhile: the user's leases are renewed;
+* **pause**: jobs of a paused queue reach neither user until the resume (``engine/flow_gate.py``).
 """
 
 from __future__ import annotations
@@ -210,3 +211,21 @@ async def _stacks_of_a_stuck_test() -> AsyncIterator[None]:
     handle = asyncio.get_running_loop().call_later(60, dump)
     yield
     handle.cancel()
+
+
+@pytest.mark.parametrize("kind", USERS)
+async def test_a_paused_queue_hands_nothing_out(kind: str, redis_url: str, queue_name: str) -> None:
+    """Pause (issue 24): jobs added to a paused queue reach neither user (the worker's handler,
+    the watcher's asset events) until the resume, and none is lost or reclaimed meanwhile."""
+    q = Queue(queue_name, redis_url=redis_url)
+    try:
+        await q.pause()
+        async with User(kind, redis_url, queue_name) as user:
+            jobs = await add(redis_url, queue_name, 3)
+            await asyncio.sleep(2.5)  # an observation window of two leases: nothing may be handed out
+            assert user.seen == []
+            await q.resume()
+            await wait_until(lambda: sorted(user.settled) == sorted(jobs), 20, what="the jobs after the resume")
+        assert sorted(user.seen) == sorted(jobs)  # each once: held, never reclaimed
+    finally:
+        await q.close()

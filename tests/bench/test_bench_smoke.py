@@ -26,6 +26,7 @@ ENGINE_WORKLOADS = {
     "queue_add_bulk",
     "syncqueue_add_bulk",
     "e2e_process",
+    "e2e_rate_unbounded",
     "e2e_delayed",
     "e2e_retry",
 }

@@ -33,6 +33,8 @@ def test_extension_keys_share_the_hash_tag() -> None:
         k.repeat_paused,
         k.repeat_quarantine,
         k.controls,
+        k.blocked,
+        k.rate,
     ]
     assert ours == [
         "{chasqui:emails}:result:J",
@@ -42,6 +44,8 @@ def test_extension_keys_share_the_hash_tag() -> None:
         "{chasqui:emails}:repeat:paused",
         "{chasqui:emails}:repeat:quarantine",
         "{chasqui:emails}:controls",
+        "{chasqui:emails}:blocked",
+        "{chasqui:emails}:rate",
     ]
     for key in ours:
         assert key.startswith("{chasqui:emails}:")

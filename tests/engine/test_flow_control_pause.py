@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 from engine_support import running, wait_until, wait_until_sync
-from fault_support import count_lines, read_records, spawn_worker
+from fault_support import WorkerGroup, read_records
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.controls import NO_CONTROLS, Controls, parse_controls
@@ -37,23 +37,10 @@ def test_a_paused_queue_starts_nothing_even_through_a_sigkill(matrix_url, queue_
     with SyncQueue(queue_name, redis_url=url) as q:
         for start in range(0, N, 1000):
             q.add_bulk([{"name": "p", "data": {"i": i}} for i in range(start, start + 1000)])
-        workers = [
-            spawn_worker(
-                url,
-                queue_name,
-                tmp_path / f"w{n}.rec",
-                f"pause-{n}",
-                starts=tmp_path / f"w{n}.starts",
-                concurrency=10,
-                handler_sleep_ms=20,
-                claim_min_idle_ms=LEASE_MS,
-            )
-            for n in range(3)
-        ]
-        starts = [tmp_path / f"w{n}.starts" for n in range(3)]
-
-        def started() -> int:
-            return sum(count_lines(p) for p in starts)
+        group = WorkerGroup.spawn(
+            url, queue_name, tmp_path, "pause", concurrency=10, handler_sleep_ms=20, claim_min_idle_ms=LEASE_MS
+        )
+        workers, started = group.workers, group.started
 
         try:
             wait_until_sync(lambda: started() >= 300, 120, what="300 jobs to start")
@@ -72,12 +59,10 @@ def test_a_paused_queue_starts_nothing_even_through_a_sigkill(matrix_url, queue_
             assert all(w.alive() for w in workers[1:]), workers[1].log_tail()
             q.resume()
             assert not q.is_paused()
-            records = [tmp_path / f"w{n}.rec" for n in range(3)]
-            wait_until_sync(lambda: sum(count_lines(p) for p in records) >= N, 180, what="every job after the resume")
+            wait_until_sync(lambda: group.ended() >= N, 180, what="every job after the resume")
         finally:
-            for w in workers:
-                w.stop()
-        rec = read_records(records)
+            group.stop()
+        rec = read_records(group.records)
         assert sorted(rec.counts) == list(range(N)), "a job was lost"
         # the victim died with nothing running (everything in flight had ended): no job ran twice
         assert max(rec.counts.values()) == 1, {i: c for i, c in rec.counts.items() if c > 1}
@@ -154,7 +139,7 @@ def test_parse_controls_reads_only_what_pause_writes(reply: object, paused: bool
 
 async def test_paused_workers_poll_without_spinning(redis_url: str, queue_name: str, queues, worker_factory) -> None:
     """A worker holding jobs of a paused queue asks every ``PAUSE_POLL_SECS``, no faster."""
-    from airflow_provider_chasqui.engine.intake import PAUSE_POLL_SECS
+    from airflow_provider_chasqui.engine.flow_gate import PAUSE_POLL_SECS
 
     q = queues(queue_name, redis_url)
     await q.pause()
@@ -162,16 +147,16 @@ async def test_paused_workers_poll_without_spinning(redis_url: str, queue_name: 
     async with running(worker):
         await q.add("h", 1)
         intake = await wait_until(lambda: getattr(worker, "_intake", None), what="the worker's intake")
-        await wait_until(lambda: intake.held, 30, what="the job to be held")
+        await wait_until(lambda: intake.flow.held, 30, what="the job to be held")
         asked = []
-        real = intake._controls
+        real = intake.flow.read
 
         async def counting():
             asked.append(time.monotonic())
             return await real()
 
-        intake._controls = counting
+        intake.flow.read = counting
         await asyncio.sleep(2)
-        intake._controls = real
+        intake.flow.read = real
         await q.resume()
     assert 2 / PAUSE_POLL_SECS - 3 <= len(asked) <= 2 / PAUSE_POLL_SECS + 2, len(asked)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 from engine_support import running, wait_until_sync
-from fault_support import count_lines, read_records, spawn_worker
+from fault_support import WorkerGroup, read_records
 
 from airflow_provider_chasqui import ConfigError, RateLimit, SyncQueue
 from airflow_provider_chasqui.core.calls import command
@@ -26,14 +26,6 @@ from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.sync._driver import SyncDriver
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _starts(paths: list[Path]) -> list[float]:
-    out = []
-    for p in paths:
-        if p.exists():
-            out += [float(line.split()[3]) for line in p.read_text().splitlines() if len(line.split()) >= 4]
-    return sorted(out)
 
 
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
@@ -50,21 +42,14 @@ def test_three_workers_together_keep_the_limit(
         q.set_rate_limit(max_jobs, per_ms)
         assert q.get_rate_limit() == RateLimit(max_jobs, per_ms)
         q.add_bulk([{"name": "r", "data": {"i": i}} for i in range(n)])
-        workers = [
-            spawn_worker(
-                url, queue_name, tmp_path / f"w{k}.rec", f"rate-{k}", starts=tmp_path / f"w{k}.starts", concurrency=20
-            )
-            for k in range(3)
-        ]
-        records = [tmp_path / f"w{k}.rec" for k in range(3)]
+        group = WorkerGroup.spawn(url, queue_name, tmp_path, "rate", concurrency=20)
         try:
-            wait_until_sync(lambda: sum(count_lines(p) for p in records) >= n, 120, what="every job at the limit")
+            wait_until_sync(lambda: group.ended() >= n, 120, what="every job at the limit")
         finally:
-            for w in workers:
-                w.stop()
-    rec = read_records(records)
+            group.stop()
+    rec = read_records(group.records)
     assert sorted(rec.counts) == list(range(n)) and max(rec.counts.values()) == 1
-    starts = _starts([tmp_path / f"w{k}.starts" for k in range(3)])
+    starts = sorted(float(r[3]) for r in group.start_rows())
     per_window = collections.Counter(math.floor(t * 1000 / per_ms) for t in starts)
     assert max(per_window.values()) <= max_jobs, sorted(per_window.items())[:20]
     # the rate over the whole windows between the first and the last
@@ -171,3 +156,70 @@ async def test_a_limit_set_while_workers_run_is_obeyed(redis_url: str, queue_nam
 async def _until(cond) -> None:
     while not cond():
         await asyncio.sleep(0.01)
+
+
+# ---- RateLimited (an HTTP 429 from a handler) ---------------------------------------------------
+@pytest.mark.parametrize("compat_mode", [False], indirect=True)
+@pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
+def test_rate_limited_stops_every_worker_and_counts_no_attempt(matrix_url, queue_name: str, tmp_path: Path) -> None:
+    """Three worker processes drain a backlog; one job's handler raises ``RateLimited(2000)``.
+    From 0.5 s after (the other workers learn within their 100 ms controls cache, and finish
+    what was already running) until the 2 s are over, no job starts anywhere; the limited job
+    runs again after them, still at attempt 0, and every job completes exactly once."""
+    url, ms, n = matrix_url.url, 2000, 900
+    marker = tmp_path / "raised"
+    with SyncQueue(queue_name, redis_url=url) as q:
+        q.add_bulk([{"name": "r", "data": {"i": i, **({"rate_limited_ms": ms} if i == 150 else {})}} for i in range(n)])
+        group = WorkerGroup.spawn(
+            url, queue_name, tmp_path, "limited", concurrency=5, handler_sleep_ms=10, marker=marker
+        )
+        try:
+            wait_until_sync(lambda: group.ended() >= n, 120, what="every job")
+        finally:
+            group.stop()
+    raised = float(marker.read_text())
+    rec = read_records(group.records)
+    assert sorted(rec.counts) == list(range(n)) and max(rec.counts.values()) == 1
+    rows = group.start_rows()
+    quiet = [r for r in rows if raised + 0.5 < float(r[3]) < raised + ms / 1000 - 0.05]
+    assert quiet == [], f"{len(quiet)} jobs started while the queue was rate limited"
+    limited = sorted((float(r[3]), int(r[4])) for r in rows if r[0] == "150")
+    assert len(limited) == 2 and [a for _t, a in limited] == [0, 0], limited  # no attempt counted
+    assert limited[1][0] >= raised + ms / 1000 - 0.05
+    assert sum(1 for r in rows if float(r[3]) > raised + ms / 1000) > 100  # and the queue went on
+
+
+def test_rate_limited_values_are_checked() -> None:
+    from airflow_provider_chasqui import RateLimited
+
+    assert RateLimited(1.2).retry_after_ms == 2 and RateLimited().retry_after_ms == 1000
+    for bad in (float("nan"), float("inf"), -1, True, "5", 10**12):
+        with pytest.raises(ConfigError, match="retry_after_ms"):
+            RateLimited(bad)
+
+
+async def test_a_handler_raising_rate_limited_in_process(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """One worker: the limited job and every job behind it wait out the block; no failure is
+    recorded (no failed event, no retry), and the job's result is stored once it ran."""
+    from airflow_provider_chasqui import RateLimited
+
+    q = queues(queue_name, redis_url)
+    seen: dict[int, int] = collections.Counter()
+    starts: list[float] = []
+
+    async def handler(job):
+        starts.append(time.time())
+        seen[job.data] += 1
+        if job.data == 3 and seen[3] == 1:
+            raise RateLimited(1000)
+        return job.data
+
+    async with running(worker_factory(queue_name, handler, redis_url, concurrency=2, store_results=True)):
+        jobs = await q.add_bulk([{"name": "x", "data": i} for i in range(10)])
+        assert await asyncio.gather(*(j.wait_for_result(timeout=60) for j in jobs)) == list(range(10))
+    assert seen[3] == 2 and max(seen.values()) == 2 and sum(seen.values()) == 11
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert max(gaps) >= 0.95, gaps  # the block: one second without a start
+    assert await q.get_job_state(jobs[3].id) == "completed"
