@@ -5,20 +5,18 @@ queue's hash tag; a queue that never used a control has no such key.  Its fields
 
 * ``paused`` = ``1``: no worker starts a new job of the queue until it is gone
   (``Queue.pause()``/``resume()``).  Producers, the promoter and the scheduler go on.
-* ``{chasqui:<queue>}:blocked`` (a marker beside the hash, ``QueueKeys.blocked``): while it
-  lives, nothing of the queue starts; a handler that raises ``RateLimited(retry_after_ms)``
-  sets it (its TTL), and its own job goes back without counting an attempt.
 * ``rate_max`` and ``rate_per_ms`` (``Queue.set_rate_limit()``): all workers together start
   at most ``rate_max`` jobs per fixed window of ``rate_per_ms`` (``lua/take_rate.lua`` grants
   them, on the server's clock); the jobs that must wait stay held by their worker, which
   sleeps until the next window.
 
-The intake obeys the controls as it read them at most 100 ms before handing out a batch
-(``CONTROLS_MAX_AGE_SECS``; a read per batch cost a fifth of the throughput), so a job starts
-at most that long after ``pause()`` returned.  What a worker read while the queue is paused
-it keeps (its lease renewed) and hands out after the resume; a worker killed meanwhile leaves
-it to the others' lease recovery, and they hold it too.  Anything but the exact values this
-module writes (a hostile or foreign value, a key of another type) reads as "no control".
+Beside the hash, the marker ``{chasqui:<queue>}:blocked`` (``QueueKeys.blocked``): while it
+lives, nothing of the queue starts; a handler that raises ``RateLimited(retry_after_ms)`` sets
+it (its TTL), and its own job goes back without counting an attempt.
+
+How a worker obeys them (the 100 ms cache, holding what may not start yet) is
+``engine/flow_gate.py``.  Anything but the exact values this module writes (a hostile or
+foreign value, a key of another type) reads as "no control".
 """
 
 from __future__ import annotations
@@ -80,7 +78,7 @@ NO_CONTROLS = Controls()
 
 
 def controls_call(keys: QueueKeys) -> Call:
-    """The one read the intake makes per batch (``HGETALL``: one round trip for every control)."""
+    """``HGETALL`` of the controls hash: every control in one reply."""
     return command("HGETALL", keys.controls)
 
 

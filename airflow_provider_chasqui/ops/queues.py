@@ -128,7 +128,7 @@ def _rate(text: str) -> tuple[int, int]:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    """``Queue.pause()``/``resume()``: every worker obeys it at its next batch."""
+    """``Queue.pause()``/``resume()``: every worker obeys it within 100 ms (``engine/flow_gate.py``)."""
     q = _queue(args)
     if args.queue_cmd == "pause":
         q.pause()
