@@ -22,9 +22,9 @@ foreign value, a key of another type) reads as "no control".
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RateLimited
 from .calls import Call, Flow, command, int_reply, script_call
 from .keys import QueueKeys
 
@@ -54,7 +54,7 @@ _ON = b"1"
 _POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_rate.lua accepts: 1 .. 999,999,999,999
 MAX_RATE_JOBS = 10**9
 MAX_RATE_PER_MS = 366 * 86_400_000  # a year
-MAX_BLOCK_MS = 86_400_000  # RateLimited.MAX_MS: a longer TTL on the marker (written by hand) counts as a day
+MAX_BLOCK_MS = RateLimited.MAX_MS  # a longer TTL on the marker (written by hand) counts as a day
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +162,7 @@ def parse_controls_calls(replies: list[object]) -> Controls:
     blocked = ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else 0
     if not blocked:
         return found
-    return Controls(paused=found.paused, rate=found.rate, blocked_ms=min(blocked, MAX_BLOCK_MS))
+    return replace(found, blocked_ms=min(blocked, MAX_BLOCK_MS))
 
 
 def take_rate_call(keys: QueueKeys, want: int) -> Call:

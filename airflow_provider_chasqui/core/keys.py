@@ -129,7 +129,8 @@ class QueueKeys:
 
     @property
     def controls(self) -> str:
-        """HASH of the queue's flow controls (``paused``), obeyed by every worker (``controls.py``)."""
+        """HASH of the queue's flow controls (``paused``, ``rate_max``, ``rate_per_ms``), obeyed by
+        every worker (``controls.py``)."""
         return self.prefix + ":controls"
 
     @property
