@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -147,8 +148,9 @@ def spawn_worker(url: str, queue: str, out: Path, consumer: str, **options: Any)
 
 @dataclass
 class WorkerGroup:
-    """``n`` recording worker processes on one queue, each with its ``.rec`` (ends) and
-    ``.starts`` (starts: index, id, consumer, wall time, attempt) file in ``tmp``."""
+    """``n`` recording worker processes on one queue, each with its ``.rec`` (ends: index,
+    id, consumer, wall time) and ``.starts`` (starts: index, id, consumer, wall time, attempt)
+    file in ``tmp``."""
 
     workers: list[WorkerProcess]
     records: list[Path]
@@ -170,6 +172,19 @@ class WorkerGroup:
     def start_rows(self) -> list[list[str]]:
         return [line.split() for p in self.starts if p.exists() for line in p.read_text().splitlines()]
 
+    def grants(self) -> list[tuple[int, int]]:
+        """``(granted, server ms)`` of every flow-limit grant the workers logged (``grant_log=1``)."""
+        pattern = re.compile(r"(\d+) of \d+ starts granted at server time (\d+) ms")
+        return [
+            (int(m.group(1)), int(m.group(2)))
+            for w in self.workers
+            if w.log.exists()
+            for m in pattern.finditer(w.log.read_text(errors="replace"))
+        ]
+
+    def end_rows(self) -> list[list[str]]:
+        return [line.split() for p in self.records if p.exists() for line in p.read_text().splitlines()]
+
     def stop(self) -> None:
         for w in self.workers:
             w.stop()
@@ -181,6 +196,8 @@ async def _worker_main(ns: argparse.Namespace) -> None:
     from airflow_provider_chasqui import Worker
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if ns.grant_log:  # each flow-limit grant with the server time it was made at (FlowGate.grant)
+        logging.getLogger("airflow_provider_chasqui.engine.flow_gate").setLevel(logging.DEBUG)
     fd = os.open(ns.out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     tag = ns.consumer.encode()
     pause = ns.handler_sleep_ms / 1000
@@ -209,18 +226,21 @@ async def _worker_main(ns: argparse.Namespace) -> None:
 
         raise RateLimited(ms)
 
+    slow = ns.slow_ms / 1000
+
     async def record(job: Any) -> None:
         started(job)
         rate_limited_once(job)
-        if pause:
-            await asyncio.sleep(pause)
-        os.write(fd, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
+        wait = slow if slow and isinstance(job.data, dict) and job.data.get("slow") else pause
+        if wait:
+            await asyncio.sleep(wait)
+        os.write(fd, b"%d %s %s %.6f\n" % (int(job.data["i"]), job.id.encode(), tag, time.time()))
 
     def record_in_thread(job: Any) -> None:
         started(job)
         if pause:
             time.sleep(pause)
-        os.write(fd, b"%d %s %s\n" % (int(job.data["i"]), job.id.encode(), tag))
+        os.write(fd, b"%d %s %s %.6f\n" % (int(job.data["i"]), job.id.encode(), tag, time.time()))
 
     worker = Worker(
         ns.queue,
@@ -592,6 +612,8 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--handler-sleep-ms", type=float, default=0.0)
     w.add_argument("--starts", default="", help="also record each handler start in this file")
     w.add_argument("--thread-handler", type=int, default=0, help="1: a plain function (run in a thread)")
+    w.add_argument("--slow-ms", type=float, default=0.0, help="jobs with data slow=True sleep this long here")
+    w.add_argument("--grant-log", type=int, default=0, help="1: log every flow-limit grant (its server time)")
     w.add_argument("--marker", default="", help="a job with data rate_limited_ms raises RateLimited once (this file)")
     ns = p.parse_args(argv)
     asyncio.run(_worker_main(ns))

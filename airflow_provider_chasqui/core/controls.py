@@ -6,9 +6,14 @@ queue's hash tag; a queue that never used a control has no such key.  Its fields
 * ``paused`` = ``1``: no worker starts a new job of the queue until it is gone
   (``Queue.pause()``/``resume()``).  Producers, the promoter and the scheduler go on.
 * ``rate_max`` and ``rate_per_ms`` (``Queue.set_rate_limit()``): all workers together start
-  at most ``rate_max`` jobs per fixed window of ``rate_per_ms`` (``lua/take_rate.lua`` grants
+  at most ``rate_max`` jobs per fixed window of ``rate_per_ms`` (``lua/take_starts.lua`` grants
   them, on the server's clock); the jobs that must wait stay held by their worker, which
   sleeps until the next window.
+* ``concurrency`` (``Queue.set_concurrency()``): at most that many jobs of the queue run at
+  once over all workers.  Each started job holds a slot, a member of the sorted set
+  ``{chasqui:<queue>}:running`` (``QueueKeys.running``) scored with the end of its lease; the
+  worker renews it with the lease (``lua/renew_slots.lua``) and removes it when the job
+  settles, and a dead worker's slot is purged one lease after its last renewal.
 
 Beside the hash, the marker ``{chasqui:<queue>}:blocked`` (``QueueKeys.blocked``): while it
 lives, nothing of the queue starts; a handler that raises ``RateLimited(retry_after_ms)`` sets
@@ -39,21 +44,29 @@ __all__ = [
     "read_controls",
     "set_rate_limit",
     "clear_rate_limit",
-    "take_rate_call",
+    "take_starts_call",
+    "renew_slots_call",
+    "free_slots_call",
+    "set_concurrency",
+    "clear_concurrency",
     "block_calls",
     "controls_calls",
     "parse_controls_calls",
     "parse_take",
     "MAX_RATE_JOBS",
     "MAX_RATE_PER_MS",
+    "MAX_CONCURRENCY",
+    "sum_rate_limits",
 ]
 
 PAUSED_FIELD = "paused"
 RATE_MAX_FIELD, RATE_PER_FIELD = "rate_max", "rate_per_ms"
+CONCURRENCY_FIELD = "concurrency"
 _ON = b"1"
-_POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_rate.lua accepts: 1 .. 999,999,999,999
+_POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_starts.lua accepts: 1 .. 999,999,999,999
 MAX_RATE_JOBS = 10**9
 MAX_RATE_PER_MS = 366 * 86_400_000  # a year
+MAX_CONCURRENCY = 10**6
 MAX_BLOCK_MS = RateLimited.MAX_MS  # a longer TTL on the marker (written by hand) counts as a day
 
 
@@ -71,6 +84,7 @@ class Controls:
 
     paused: bool = False
     rate: RateLimit | None = None
+    concurrency: int | None = None  # at most this many running at once, all workers together
     blocked_ms: int = 0  # a handler raised RateLimited: nothing starts for this long (the marker's TTL)
 
 
@@ -98,7 +112,11 @@ def parse_controls(reply: object) -> Controls:
     rate = None
     if rmax is not None and rper is not None and _POSITIVE.fullmatch(rmax) and _POSITIVE.fullmatch(rper):
         rate = RateLimit(int(rmax), int(rper))
-    return Controls(paused=paused, rate=rate) if paused or rate else NO_CONTROLS
+    conc = _raw(fields.get(CONCURRENCY_FIELD.encode()))
+    concurrency = int(conc) if conc is not None and _POSITIVE.fullmatch(conc) else None
+    if not (paused or rate or concurrency):
+        return NO_CONTROLS
+    return Controls(paused=paused, rate=rate, concurrency=concurrency)
 
 
 def _raw(value: object) -> bytes | None:
@@ -144,6 +162,27 @@ def clear_rate_limit(keys: QueueKeys) -> Flow[None]:
     yield command("HDEL", keys.controls, RATE_MAX_FIELD, RATE_PER_FIELD)
 
 
+def sum_rate_limits(limits: list[RateLimit | None]) -> RateLimit | None:
+    """The limits of a sharded queue's shards as one: their sum when every shard has one and
+    all count the same window, else None (set by hand to something the whole does not obey)."""
+    if not limits or any(lim is None for lim in limits):
+        return None
+    windows = {lim.per_ms for lim in limits if lim is not None}
+    if len(windows) != 1:
+        return None
+    return RateLimit(sum(lim.max_jobs for lim in limits if lim is not None), windows.pop())
+
+
+def set_concurrency(keys: QueueKeys, n: int) -> Flow[None]:
+    """At most ``n`` jobs of the queue run at once, all workers together."""
+    yield command("HSET", keys.controls, CONCURRENCY_FIELD, _count("concurrency", n, MAX_CONCURRENCY))
+
+
+def clear_concurrency(keys: QueueKeys) -> Flow[None]:
+    """No concurrency limit (the slots still held are dropped as their jobs settle)."""
+    yield command("HDEL", keys.controls, CONCURRENCY_FIELD)
+
+
 def block_calls(keys: QueueKeys, ms: int) -> list[Call]:
     """Start nothing of the queue for ``ms`` (``RateLimited``): the marker ``:blocked`` with that
     TTL, or its TTL raised to it; a shorter block never cuts a longer one (``PEXPIRE GT``)."""
@@ -165,14 +204,28 @@ def parse_controls_calls(replies: list[object]) -> Controls:
     return replace(found, blocked_ms=min(blocked, MAX_BLOCK_MS))
 
 
-def take_rate_call(keys: QueueKeys, want: int) -> Call:
-    """``take_rate.lua``: how many of ``want`` jobs may start now, and else how long to wait."""
-    return script_call("take_rate", (keys.controls, keys.rate), (want,))
+def take_starts_call(keys: QueueKeys, entry_ids: list[bytes], lease_ms: int) -> Call:
+    """``take_starts.lua``: how many of ``entry_ids`` (a prefix) may start now under the
+    concurrency and rate limits, and else how long the rate limit says to wait."""
+    return script_call("take_starts", (keys.controls, keys.rate, keys.running), (len(entry_ids), lease_ms, *entry_ids))
 
 
-def parse_take(reply: object, want: int) -> tuple[int, int]:
-    """``(granted, wait_ms)`` of ``take_rate``'s reply, bounded to ``0..want`` and ``0..MAX_RATE_PER_MS``."""
-    if not isinstance(reply, list) or len(reply) != 2:
-        return want, 0
+def renew_slots_call(keys: QueueKeys, entry_ids: list[bytes], lease_ms: int) -> Call:
+    """``renew_slots.lua``: the slots of ``entry_ids`` last one more lease."""
+    return script_call("renew_slots", (keys.running,), (lease_ms, *entry_ids))
+
+
+def free_slots_call(keys: QueueKeys, entry_ids: list[bytes]) -> Call:
+    """The slots of settled entries, freed (sent with the settling writes)."""
+    return command("ZREM", keys.running, *entry_ids)
+
+
+def parse_take(reply: object, want: int) -> tuple[int, int, bool, int]:
+    """``(granted, wait_ms, slotted, server_ms)`` of ``take_starts``' reply, bounded to
+    ``0..want`` and ``0..MAX_RATE_PER_MS``; ``slotted``: the granted jobs hold concurrency
+    slots; ``server_ms``: the server's clock at the grant (0: no limit applied).  A reply of
+    another shape (a foreign script) grants everything."""
+    if not isinstance(reply, list) or len(reply) != 4:
+        return want, 0, False, 0
     granted, wait = int_reply(reply[0]), int_reply(reply[1])
-    return max(0, min(granted, want)), max(0, min(wait, MAX_RATE_PER_MS))
+    return max(0, min(granted, want)), max(0, min(wait, MAX_RATE_PER_MS)), int_reply(reply[2]) == 1, int_reply(reply[3])

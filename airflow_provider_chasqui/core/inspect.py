@@ -74,6 +74,8 @@ class QueueSnapshot:
     groups: list[dict[str, Any]] = field(default_factory=list)  # every group of the stream (XINFO GROUPS)
     paused: bool = False  # Queue.pause(): no worker starts its jobs (core/controls.py)
     rate_limit: RateLimit | None = None  # Queue.set_rate_limit(), as the workers read it
+    concurrency: int | None = None  # Queue.set_concurrency(), as the workers read it
+    slots_held: int = 0  # concurrency slots held now (jobs running under the limit)
 
     @property
     def consumer_max_idle_ms(self) -> int:
@@ -119,6 +121,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         overdue,
         quarantined,
         ctl,
+        slots_type,
     ) = yield [
         command("XLEN", k.stream),
         command("ZCARD", k.delayed),
@@ -133,8 +136,12 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         command("ZCOUNT", k.delayed, "-inf", now_ms),
         command("HLEN", k.repeat_quarantine),
         command("TYPE", k.controls),
+        command("TYPE", k.running),
     ]
     controls = parse_controls((yield controls_call(k))) if str_reply(ctl) == "hash" else NO_CONTROLS
+    held = 0  # slots not past their lease (a dead worker's lapse; take_starts.lua purges them)
+    if controls.concurrency is not None and str_reply(slots_type) == "zset":
+        held = int_reply((yield command("ZCOUNT", k.running, f"({now_ms}", "+inf")))
     consumers: list[ConsumerInfo] = []
     groups = [_group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if int_reply(exists) else []) or []]
     mine = next((g for g in groups if g["name"] == group), None)
@@ -176,6 +183,8 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         groups=groups,
         paused=controls.paused,
         rate_limit=controls.rate,
+        concurrency=controls.concurrency,
+        slots_held=held,
     )
 
 
@@ -197,6 +206,7 @@ class QueueSummary:
     groups: int
     paused: bool = False  # Queue.pause(): no worker starts its jobs
     rate_limit: RateLimit | None = None  # Queue.set_rate_limit()
+    concurrency: int | None = None  # Queue.set_concurrency()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -326,6 +336,7 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
                 groups=len(groups),
                 paused=ctl[i].paused if i in ctl else False,
                 rate_limit=ctl[i].rate if i in ctl else None,
+                concurrency=ctl[i].concurrency if i in ctl else None,
             )
         )
     return out

@@ -129,7 +129,8 @@ class QueueKeys:
 
     @property
     def controls(self) -> str:
-        """HASH of the queue's flow controls (``paused``, ``rate_max``, ``rate_per_ms``), obeyed by
+        """HASH of the queue's flow controls (``paused``, ``rate_max``, ``rate_per_ms``,
+        ``concurrency``), obeyed by
         every worker (``controls.py``)."""
         return self.prefix + ":controls"
 
@@ -141,8 +142,14 @@ class QueueKeys:
 
     @property
     def rate(self) -> str:
-        """HASH of the rate limit's current window (``w``) and what it granted (``n``): ``take_rate.lua``."""
+        """HASH of the rate limit's current window (``w``) and what it granted (``n``): ``take_starts.lua``."""
         return self.prefix + ":rate"
+
+    @property
+    def running(self) -> str:
+        """ZSET of the concurrency slots: one member per running entry (its entry id), scored
+        with the end of its lease in server ms (``take_starts.lua``, ``renew_slots.lua``)."""
+        return self.prefix + ":running"
 
     # Repeatable specs add no per-spec key: their overrides and deadline live in the spec
     # hash's ``ext`` field, and a fire's identity (spec key + scheduled time) is claimed by a

@@ -40,6 +40,7 @@ import msgpack
 from ..errors import ConfigError
 from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
+from .controls import read_controls
 from .cron import next_fire_after
 from .fast import fast_constructor
 from .keys import QueueKeys
@@ -188,6 +189,15 @@ class _Catchup:
             self.cursor = cursor
             return fires, cursor, True
         return fires, catchup_next(spec.pattern, cursor, now, spec.start_after_ms), False
+
+
+def _skips_while_paused(raw_ext: Any) -> bool:
+    """Whether a due spec's ext asks to skip fires while the queue is paused (an ext that does
+    not decode: no; the plan quarantines it)."""
+    try:
+        return SpecExt.decode(raw_ext).skip_while_paused
+    except Exception:  # noqa: BLE001 - found and reported by the plan
+        return False
 
 
 def _score(raw: Any) -> int:
@@ -376,6 +386,7 @@ class SchedulerCore:
         self._spec_base = self.keys.repeat_spec("")
         self._decoder = SpecDecoder()  # its caches are this scheduler's own
         self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
+        self._paused = False  # the queue was paused at this tick (read only when a due spec skips then)
 
     def tick(self, now: int | None = None) -> Flow[TickResult]:
         """One tick at ``now`` (epoch ms; None = the server's TIME, what schedulers use)."""
@@ -394,6 +405,9 @@ class SchedulerCore:
         result.next_due_ms = upcoming
         if not rows:
             return result
+        self._paused = False
+        if any(row[3] and _skips_while_paused(row[3]) for row in rows):  # read only when a due spec cares
+            self._paused = (yield from read_controls(k)).paused
         cache: dict[Any, tuple[list[int], int] | None] = {}
         planned: list[_Plans] = []
         replies: list[Any] = []
@@ -481,8 +495,10 @@ class SchedulerCore:
             end = spec.end_before_ms
             deadline = ext.deadline_ms
             inner, retry = spec.payload_inner, ext.retry
+            skip = self._paused and ext.skip_while_paused
             if (
-                end is None
+                not skip
+                and end is None
                 and spec.limit is None
                 and nxt > 0
                 and len(fires) == 1
@@ -498,7 +514,7 @@ class SchedulerCore:
             if end is not None:
                 fires = [f for f in fires if f <= end]
             budget -= len(fires)
-            self._fires_entry(key, spec, ext, raw_score, fires, nxt, now, body)
+            self._fires_entry(key, spec, ext, raw_score, fires, nxt, now, body, skip)
             plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
         return self._chunk(argv, body, plans), plans, i, None
 
@@ -510,14 +526,23 @@ class SchedulerCore:
 
     @staticmethod
     def _fires_entry(
-        key: str, spec: DueSpec, ext: SpecExt, expected: Any, fires: list[int], nxt: int, now: int, body: list[Any]
+        key: str,
+        spec: DueSpec,
+        ext: SpecExt,
+        expected: Any,
+        fires: list[int],
+        nxt: int,
+        now: int,
+        body: list[Any],
+        skip: bool = False,
     ) -> None:
-        """An 'F' entry: ``fires`` (chronological, within ``end_before``) then score ``nxt``."""
+        """An 'F' entry: ``fires`` (chronological, within ``end_before``) then score ``nxt``;
+        ``skip``: every fire is skipped and counted (``while_paused="skip"`` on a paused queue)."""
         deadline = ext.deadline_ms
         inner, retry = spec.payload_inner, ext.retry
         body += ("F", expected, nxt, spec.limit or 0, spec.end_before_ms or 0, spec.job_name, len(fires))
         for at in fires:
-            if deadline is not None and now - at > deadline:
+            if skip or (deadline is not None and now - at > deadline):
                 body += (at, b"")
             else:
                 body += (at, _fire_envelope(key, at, inner, now, retry))
@@ -530,7 +555,9 @@ class SchedulerCore:
         end = c.spec.end_before_ms
         if end is not None:
             fires = [f for f in fires if f <= end]
-        self._fires_entry(c.key, c.spec, c.ext, c.expected, fires, nxt, now, body)
+        self._fires_entry(
+            c.key, c.spec, c.ext, c.expected, fires, nxt, now, body, self._paused and c.ext.skip_while_paused
+        )
         plans.append(("P" if more else "F", c.key, fires[0] if fires else 0, nxt, ""))
         c.expected = nxt
         return max(1, len(fires))

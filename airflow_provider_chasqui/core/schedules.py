@@ -8,7 +8,8 @@ the ``fired`` counter.  This project adds no per-spec keys, only:
 * the optional hash field ``ext``: msgpack ``[1, retry_override|nil, deadline_ms|nil]``, the
   per-spec retry override (applied to every fire; ChasquiMQ ignores the field) and the
   execution deadline (a fire later than that past its scheduled time is skipped and counted
-  in the hash field ``skipped``);
+  in the hash field ``skipped``), with a fourth item ``1`` for ``while_paused="skip"`` (a fire
+  due while the queue is paused is skipped and counted the same way; issue 24);
 * the ZSET ``repeat:paused`` (score = the next fire when paused): a paused spec is not in
   ``repeat``, so no scheduler, not even a ChasquiMQ one sharing the queue, can fire it;
 * the HASH ``repeat:quarantine`` (spec key -> raw bytes of a stored spec that did not decode).
@@ -85,6 +86,7 @@ REPEAT_BULK_KEYS = frozenset(
         "attempts",
         "backoff",
         "deadline",
+        "while_paused",
         "job_id",
     }
 )
@@ -101,13 +103,15 @@ class SpecExt:
 
     retry: RetryOverride | None = None
     deadline_ms: int | None = None
+    skip_while_paused: bool = False  # while_paused="skip": fires due while the queue is paused are skipped
 
     @property
     def empty(self) -> bool:
-        return self.retry is None and self.deadline_ms is None
+        return self.retry is None and self.deadline_ms is None and not self.skip_while_paused
 
     def encode(self) -> bytes:
-        return _packb([EXT_VERSION, None if self.retry is None else self.retry.to_wire(), self.deadline_ms])
+        arr = [EXT_VERSION, None if self.retry is None else self.retry.to_wire(), self.deadline_ms]
+        return _packb(arr + [1] if self.skip_while_paused else arr)
 
     @classmethod
     def decode(cls, raw: bytes | None) -> SpecExt:
@@ -125,7 +129,7 @@ class SpecExt:
         deadline = arr[2]
         if deadline is not None and (type(deadline) is not int or not 0 < deadline <= _U64):
             raise CodecError(f"spec ext deadline_ms must be a positive int or nil, got {deadline!r}")
-        return cls(retry, deadline)
+        return cls(retry, deadline, len(arr) > 3 and type(arr[3]) is int and arr[3] == 1)  # else: "queue"
 
 
 _NO_EXT = SpecExt()
@@ -150,6 +154,7 @@ class RepeatableInfo(RepeatableMeta):
     attempts: int | None = None
     backoff: BackoffSpec | None = None
     deadline_ms: int | None = None
+    while_paused: str = "queue"  # or "skip": what a fire due while the queue is paused does
     corrupt: ClassVar[bool] = False
 
 
@@ -273,6 +278,16 @@ def _one_of(a: Any, b: Any, what: str) -> Any:
     if a is not None and b is not None:
         raise ConfigError(f"pass either {what} or {what}_ms, not both")
     return a if a is not None else b
+
+
+def _skip_while_paused(value: Any) -> bool:
+    """``while_paused``: "queue" (None, the default: fires due while the queue is paused are
+    queued and run after the resume) or "skip" (they are skipped and counted)."""
+    if value is None or value == "queue":
+        return False
+    if value == "skip":
+        return True
+    raise ConfigError(f"while_paused must be 'queue' or 'skip', got {value!r}")
 
 
 def _deadline_ms(value: Any) -> int | None:
@@ -404,6 +419,7 @@ class SpecFlows:
         attempts: int | None = None,
         backoff: Any = None,
         deadline: Any = None,
+        while_paused: str | None = None,
         job_id: str | None = None,
         start_after_ms: int | None = None,
         end_before_ms: int | None = None,
@@ -442,8 +458,9 @@ class SpecFlows:
             raise ConfigError(f"the first fire ({nxt}) of {_describe(pattern)} is after end_before ({end})")
         inner = encode_data(data)
         ext = b""
-        if attempts is not None or backoff is not None or deadline is not None:
-            ext_value = SpecExt(build_retry_override(attempts, backoff), _deadline_ms(deadline))
+        skip = _skip_while_paused(while_paused)
+        if attempts is not None or backoff is not None or deadline is not None or skip:
+            ext_value = SpecExt(build_retry_override(attempts, backoff), _deadline_ms(deadline), skip)
             ext = b"" if ext_value.empty else ext_value.encode()
         spec = _encode_spec(spec_key, name, pattern, inner, _limit(limit), start, end, policy)
         if len(spec) > self.settings.max_payload_bytes:
@@ -672,6 +689,7 @@ class SpecFlows:
             attempts=None if ext.retry is None else ext.retry.max_attempts,
             backoff=_backoff_spec(ext.retry),
             deadline_ms=ext.deadline_ms,
+            while_paused="skip" if ext.skip_while_paused else "queue",
         )
 
     def get(self, key: str) -> Flow[RepeatableInfo | None]:

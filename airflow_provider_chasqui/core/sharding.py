@@ -15,7 +15,15 @@ from typing import Any
 from ..errors import ConfigError
 from .keys import validate_queue_name
 
-__all__ = ["shard_of", "shard_queue_names", "split_by_shard", "encode_cursor", "decode_cursor", "MAX_SHARDS"]
+__all__ = [
+    "shard_of",
+    "shard_queue_names",
+    "split_by_shard",
+    "split_limit",
+    "encode_cursor",
+    "decode_cursor",
+    "MAX_SHARDS",
+]
 
 MAX_SHARDS = 16384
 
@@ -45,6 +53,18 @@ def split_by_shard(items: Iterable[Mapping[str, Any]], keys: Iterable[str], shar
     for item, key in zip(items, keys):
         out.setdefault(shard_of(key, shards), []).append(item)
     return out
+
+
+def split_limit(what: str, total: object, shards: int) -> list[int]:
+    """A limit of the whole sharded queue as one limit per shard, summing to ``total``: every
+    shard's workers obey their own share (a Lua script cannot count across hash slots), so
+    the shards together never exceed ``total``.  Each shard needs a share of at least 1."""
+    if isinstance(total, bool) or not isinstance(total, int):
+        raise ConfigError(f"{what} must be an int, got {type(total).__name__} {total!r}")
+    if total < shards:
+        raise ConfigError(f"{what} of a queue with {shards} shards must be at least {shards}, got {total!r}")
+    base, extra = divmod(total, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
 
 
 def encode_cursor(shard: int, inner: str | None) -> str | None:

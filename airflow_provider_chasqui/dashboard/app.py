@@ -353,6 +353,10 @@ def create_app(  # noqa: C901, PLR0915 - the route table: one small closure per 
     async def schedules_action(request: Request) -> Response:
         return await _action(request, _spec_do)
 
+    @app.post("/queue/action")
+    async def queue_action(request: Request) -> Response:
+        return await _action(request, _queue_do)
+
     async def _action(request: Request, do: Callable[[Ctx, dict[str, list[str]]], tuple[str, str, str]]) -> Response:
         c = await ctx(request, write=True)
         form = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
@@ -473,8 +477,15 @@ def _queue_page(c: Ctx) -> Response:
     queue = _need_queue(c)
     r = c.source.queue_row(queue)
     s = r.snap
+    state = "paused: no worker starts its jobs" if s.paused else "running"
+    if c.can_write:
+        verb = "resume" if s.paused else "pause"
+        state = h(state) + " " + c.form("/queue/action", {"queue": queue, "action": verb}, f"{verb.title()} queue")
+    rate = "none" if s.rate_limit is None else f"{s.rate_limit.max_jobs} jobs per {s.rate_limit.per_ms} ms"
     stats = [
-        ["state", "paused: no worker starts its jobs" if s.paused else "running"],
+        ["state", state],
+        ["rate limit", h(rate)],
+        ["concurrency", h("none" if s.concurrency is None else f"{s.slots_held} of {s.concurrency} slots held")],
         ["stream entries", h(s.stream)],
         ["waiting (not yet delivered)", h(r.waiting)],
         ["pending (delivered, not acked)", h(s.pending)],
@@ -787,6 +798,10 @@ _DLQ_ACTIONS = {
     "purge": "Purge every matching entry of",
 }
 _SPEC_ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Fire once now", "remove": "Remove"}
+_QUEUE_ACTIONS = {
+    "pause": "Pause (no worker starts a new job until it is resumed; running jobs finish)",
+    "resume": "Resume (workers start its jobs again)",
+}
 
 
 def _first(form: dict[str, list[str]], key: str) -> str | None:
@@ -813,6 +828,11 @@ def _confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) ->
             which = " and ".join(f"{k} = {_first(form, k)!r}" for k in ("reason", "name") if _first(form, k))
             what = f"{_DLQ_ACTIONS[action]} the DLQ of {queue}" + (f" with {which}" if which else " (every entry)")
         back = c.url("/dlq", queue=queue)
+    elif do is _queue_do:
+        if action not in _QUEUE_ACTIONS:
+            raise ConfigError(f"unknown queue action {action!r}")
+        what = f"{_QUEUE_ACTIONS[action]} the queue {queue}"
+        back = c.url("/queue", queue=queue)
     else:
         if action not in _SPEC_ACTIONS:
             raise ConfigError(f"unknown schedule action {action!r}")
@@ -824,7 +844,7 @@ def _confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) ->
         for v in vs
         if k not in ("confirmed",)
     )
-    path = "/dlq/action" if do is _dlq_do else "/schedules/action"
+    path = {_dlq_do: "/dlq/action", _queue_do: "/queue/action"}.get(do, "/schedules/action")
     body = (
         f'<h2>Confirm</h2><p class="confirm-what">{h(what)}?</p>'
         f'<form method="post" action="{c.url(path)}" class="confirm">{hidden}'
@@ -832,7 +852,7 @@ def _confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) ->
         f'<button type="submit" class="danger" id="confirm">Yes, {h(action.replace("_", " "))}</button> '
         f'<a href="{back}">Cancel</a></form>'
     )
-    return c.page("Confirm", body, "dlq" if do is _dlq_do else "schedules")
+    return c.page("Confirm", body, {_dlq_do: "dlq", _queue_do: "queues"}.get(do, "schedules"))
 
 
 def _dlq_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
@@ -886,6 +906,22 @@ def _spec_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
     audit(c.user, c.source.label, queue, f"spec.{action}", key=key, ok=bool(ok))
     done = {"pause": "paused", "resume": "resumed", "remove": "removed", "trigger": "fired"}[action]
     return (f"{done} {key}" if ok else f"no spec {key!r} to {action}"), "/schedules", queue
+
+
+def _queue_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
+    """Pause or resume a queue (``Queue.pause()``/``resume()``), audited."""
+    queue = _first(form, "queue") or ""
+    action = _first(form, "action")
+    q = c.source.queue(queue)
+    if action == "pause":
+        q.pause()
+    elif action == "resume":
+        q.resume()
+    else:
+        raise ConfigError(f"unknown queue action {action!r}")
+    paused = q.is_paused()
+    audit(c.user, c.source.label, queue, f"queue.{action}", paused=paused)
+    return f"{queue} is {'paused' if paused else 'running'}", "/queue", queue
 
 
 def dump(obj: Any) -> str:

@@ -2,9 +2,14 @@
 
 Between reading a batch and handing it out, the intake asks the gate how much of it may start:
 all of it, nothing (the queue is paused, or a handler raised ``RateLimited`` and the queue is
-blocked), or what the rate limit grants (``take_rate.lua``).  What may not start yet is *held*:
-it stays in the intake's flight (leases renewed, no attempt counted) and is handed out, before
-anything new is read, once the controls allow it.
+blocked), or what the concurrency and rate limits grant together (``take_starts.lua``).  What
+may not start yet is *held*: it stays in the intake's flight (leases renewed, no attempt
+counted) and is handed out, before anything new is read, once the controls allow it.
+
+A job started under a concurrency limit holds a slot (:attr:`FlowGate.slotted`): renewed with
+the leases (:meth:`FlowGate.renew_slots`), freed in the same round trip that settles the job
+(:meth:`FlowGate.free`).  A job held for a slot is offered again as soon as this worker frees
+one, and every ``SLOT_POLL_SECS`` for the slots other workers free.
 
 The controls are read at most ``CONTROLS_MAX_AGE_SECS`` before a batch is handed out (a read
 per batch put a round trip in every batch's path, about a fifth of the throughput), so a
@@ -13,30 +18,38 @@ change is obeyed within 100 ms; while jobs are held they are read afresh each ti
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from ..core.calls import Call
 from ..core.consumer import Delivery
 from ..core.controls import (
     NO_CONTROLS,
     Controls,
     block_calls,
     controls_calls,
+    free_slots_call,
     parse_controls_calls,
     parse_take,
-    take_rate_call,
+    renew_slots_call,
+    take_starts_call,
 )
 from ..core.keys import QueueKeys
 from ..errors import TRANSIENT_ERRORS, ChasquiError
 from ._driver import AsyncDriver
+from .cancellation import raise_if_cancelling
+from .metrics import NO_METRICS, WorkerMetrics
 
-__all__ = ["FlowGate", "CONTROLS_MAX_AGE_SECS", "PAUSE_POLL_SECS"]
+__all__ = ["FlowGate", "CONTROLS_MAX_AGE_SECS", "PAUSE_POLL_SECS", "SLOT_POLL_SECS"]
 
 log = logging.getLogger(__name__)
 
 PAUSE_POLL_SECS = 0.25  # how often a worker holding jobs of a paused or blocked queue asks again
 CONTROLS_MAX_AGE_SECS = 0.1
+SLOT_POLL_SECS = 0.05  # how often a worker holding jobs for a concurrency slot asks again
+RENEW_CHUNK = 1000  # entry ids per renew_slots call
 
 
 class FlowGate:
@@ -47,16 +60,22 @@ class FlowGate:
         driver: AsyncDriver,
         keys: QueueKeys,
         *,
+        lease_ms: int,
         label: str,
         take_log: Callable[[], bool],
         sleep: Callable[[float], Awaitable[None]],
+        metrics: WorkerMetrics = NO_METRICS,
     ) -> None:
-        self.driver, self.keys, self.label = driver, keys, label
+        self.driver, self.keys, self.label, self.lease_ms = driver, keys, label, lease_ms
         self._take_log, self._sleep = take_log, sleep
         self.held: list[Delivery] = []  # in the intake's flight, not handed out yet
+        self.slotted: set[bytes] = set()  # entries holding a concurrency slot until they settle
+        self._freed: asyncio.Event | None = None  # set when this worker frees a slot
+        self._slot_bound = False  # the held jobs wait for a slot (not for a rate window)
         self.blocked_until = 0.0  # time.monotonic() before which nothing starts (RateLimited, here or elsewhere)
         self._held_until = 0.0  # time.monotonic() before which held jobs wait for the next rate window
         self._known, self._known_at = NO_CONTROLS, float("-inf")
+        self.metrics, self._reported = metrics, 0  # the held count the metrics sink last heard
 
     # ---- the intake's two questions ---------------------------------------------------------
     async def wait_if_blocked(self) -> bool:
@@ -74,12 +93,17 @@ class FlowGate:
         controls = await self.cached()
         if controls.paused:
             log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
+            self.report()
             return []
         if self.blocked_until > time.monotonic():
             log.info("%s: the queue is rate limited; holding %d jobs", self.label, len(self.held))
+            self.report()
             return []
-        n = await self.grant(len(self.held)) if controls.rate is not None else len(self.held)
+        limited = controls.rate is not None or controls.concurrency is not None
+        n = await self.grant(self.held) if limited else len(self.held)
         out, self.held = self.held[:n], self.held[n:]
+        if self.held or self._reported:
+            self.report()
         return out
 
     async def release_held(self, room: int) -> list[Delivery]:
@@ -87,16 +111,17 @@ class FlowGate:
         while paused or blocked, at the next rate window otherwise).  Transient errors raise."""
         wait = self._held_until - time.monotonic()
         if wait > 0:
-            await self._sleep(min(wait, PAUSE_POLL_SECS))
+            await (self._wait_for_slot(wait) if self._slot_bound else self._sleep(min(wait, PAUSE_POLL_SECS)))
             return []
         controls = await self.read()
         if controls.paused or self.blocked_until > time.monotonic():
             await self._sleep(PAUSE_POLL_SECS)
             return []
         n = min(room, len(self.held))
-        if controls.rate is not None:
-            n = await self.grant(n)
+        if controls.rate is not None or controls.concurrency is not None:
+            n = await self.grant(self.held[:n])
         out, self.held = self.held[:n], self.held[n:]
+        self.report()
         return out
 
     # ---- the controls -----------------------------------------------------------------------
@@ -123,20 +148,64 @@ class FlowGate:
             self.blocked_until = max(self.blocked_until, time.monotonic() + controls.blocked_ms / 1000)
         return controls
 
-    async def grant(self, want: int) -> int:
-        """How many of ``want`` jobs the rate limit lets start now; when not all, the held ones
-        wait for the window the script named."""
+    async def grant(self, candidates: list[Delivery]) -> int:
+        """How many of ``candidates`` (a prefix) the concurrency and rate limits let start now;
+        when not all, the held ones wait for a freed slot or the window the script named."""
+        ids = [dl.entry_id for dl in candidates]
         try:
-            granted, wait_ms = parse_take(await self.driver.call(take_rate_call(self.keys, want)), want)
+            reply = await self.driver.call(take_starts_call(self.keys, ids, self.lease_ms))
         except TRANSIENT_ERRORS:
             raise
         except ChasquiError as exc:  # a refused script: obey no limit rather than stall
             if self._take_log():
-                log.warning("%s: the rate limit cannot be taken (%s); obeying none", self.label, exc)
-            return want
-        if granted < want:
-            self._held_until = time.monotonic() + wait_ms / 1000
+                log.warning("%s: the flow limits cannot be taken (%s); obeying none", self.label, exc)
+            return len(ids)
+        granted, wait_ms, slotted, server_ms = parse_take(reply, len(ids))
+        if granted and log.isEnabledFor(logging.DEBUG):  # what the rate limit's tests add up per window
+            log.debug("%s: %d of %d starts granted at server time %d ms", self.label, granted, len(ids), server_ms)
+        if slotted:
+            self.slotted.update(ids[:granted])
+        if granted < len(ids):
+            self._slot_bound = not wait_ms
+            self._held_until = time.monotonic() + (wait_ms / 1000 if wait_ms else SLOT_POLL_SECS)
         return granted
+
+    # ---- concurrency slots --------------------------------------------------------------------
+    def free(self, entry_ids: list[bytes]) -> Call | None:
+        """The call that frees the slots of these settling entries (sent with their settling
+        writes), or None when none holds one."""
+        mine = [eid for eid in entry_ids if eid in self.slotted]
+        if not mine:
+            return None
+        self.slotted.difference_update(mine)
+        return free_slots_call(self.keys, mine)
+
+    def freed(self) -> None:
+        """Slots were freed here: offer the jobs held for one again now."""
+        if self._freed is not None:
+            self._freed.set()
+        self._held_until = 0.0 if self._slot_bound else self._held_until
+
+    def forget(self, entry_id: bytes) -> None:
+        """``entry_id`` left this worker unsettled (its lease lost, or left pending at a stop):
+        its slot is not freed here; the worker that reclaims the entry keeps it, or it lapses
+        one lease after its last renewal."""
+        self.slotted.discard(entry_id)
+
+    async def renew_slots(self, entry_ids: list[bytes]) -> None:
+        """Renew the slots of these in-flight entries for one more lease (with their leases)."""
+        mine = [eid for eid in entry_ids if eid in self.slotted]
+        for i in range(0, len(mine), RENEW_CHUNK):
+            await self.driver.call(renew_slots_call(self.keys, mine[i : i + RENEW_CHUNK], self.lease_ms))
+
+    async def _wait_for_slot(self, wait: float) -> None:
+        if self._freed is None:
+            self._freed = asyncio.Event()
+        self._freed.clear()
+        try:
+            await asyncio.wait_for(self._freed.wait(), min(wait, SLOT_POLL_SECS))
+        except TimeoutError:
+            raise_if_cancelling()
 
     # ---- RateLimited --------------------------------------------------------------------------
     async def block(self, ms: int) -> None:
@@ -153,3 +222,10 @@ class FlowGate:
     def requeue(self, dl: Delivery) -> None:
         """Hand ``dl`` out again later as the same delivery (no attempt counted)."""
         self.held.append(dl)
+        self.report()
+
+    def report(self) -> None:
+        """Tell the metrics sink how many jobs this worker holds back (when it changed)."""
+        if len(self.held) != self._reported:
+            self._reported = len(self.held)
+            self.metrics.jobs_held(self.keys.queue, self._reported)

@@ -15,8 +15,9 @@ leave them does not, and lives here once:
   ``fail_batch`` (``reject_row``), within a failure-log budget.  With ``decode=True`` the data
   of every admitted job is decoded here (bounded; undecodable: ``decode_failed``).
 * **flow controls** (:attr:`flow`, ``flow_gate.py``): a batch about to be handed out obeys
-  the queue's pause, rate limit and ``RateLimited`` block; what may not start yet is held (in
-  flight, leases renewed, no attempt counted) and handed out first once it may.
+  the queue's pause, concurrency and rate limits and ``RateLimited`` block; what may not start
+  yet is held (in flight, leases renewed, no attempt counted) and handed out first once it
+  may.  Concurrency slots are renewed with the leases and freed with the settling writes.
 * **leases**: every entry handed out is in :attr:`in_flight` until settled or released, and
   :meth:`run_leases` renews them ``RENEWALS_PER_LEASE`` times per lease (``renew_lease``).  An
   entry another consumer took over meanwhile is *lost*: ``on_lost`` hears of it, and its
@@ -115,7 +116,15 @@ class Intake:
         self._renewal: asyncio.Future[None] | None = None  # one renewal shared by every lease_held()
         self._backoff = Backoff()
         self._deferred: BaseException | None = None  # a dead-lettering failure, raised on the next read
-        self.flow = FlowGate(driver, core.keys, label=self.label, take_log=self.take_log, sleep=self.pause)
+        self.flow = FlowGate(
+            driver,
+            core.keys,
+            lease_ms=lease_ms,
+            label=self.label,
+            take_log=self.take_log,
+            sleep=self.pause,
+            metrics=metrics,
+        )
 
     # ---- the group ----------------------------------------------------------------------
     async def open(self) -> None:
@@ -361,6 +370,8 @@ class Intake:
         started = time.monotonic()
         ids = [eid for eid in self.in_flight if eid not in self.lost] if self.lost else list(self.in_flight)
         lost = await self.renew_ids(ids)
+        if self.flow.slotted:
+            await self.flow.renew_slots([eid for eid in ids if eid not in lost])
         self.renewed_at = started
         if ids:
             self.metrics.lease_renewed(self.core.keys.queue, len(ids) - len(lost))
@@ -438,6 +449,7 @@ class Intake:
                 owner or "nobody (done)",
             )
             self.in_flight.discard(row[at])
+            self.flow.forget(row[at])
         return keep
 
     async def settle(self, done: Sequence[CompleteRow] = (), failed: Sequence[FailRow] = ()) -> None:
@@ -452,8 +464,15 @@ class Intake:
             calls.append(self.core.complete(done if isinstance(done, list) else list(done), self.features, now))
         if failed:
             calls.append(self.core.fail(failed if isinstance(failed, list) else list(failed), self.features, now))
+        free = None  # a queue without a concurrency limit holds no slots: nothing to build
+        if self.flow.slotted:
+            free = self.flow.free([row[COMPLETE_ENTRY_ID] for row in done] + [row[FAIL_ENTRY_ID] for row in failed])
+        if free is not None:
+            calls.append(free)
         try:
             await self._write(calls)
+            if free is not None:
+                self.flow.freed()
         finally:
             self.in_flight.difference_update([row[COMPLETE_ENTRY_ID] for row in done])
             self.in_flight.difference_update([row[FAIL_ENTRY_ID] for row in failed])
@@ -497,6 +516,7 @@ class Intake:
         reclaimed after the lease (by this consumer or another)."""
         self.in_flight.discard(entry_id)
         self.lost.pop(entry_id, None)
+        self.flow.forget(entry_id)
 
     async def leave(self) -> None:
         """At a clean stop, remove this consumer from the group if it holds nothing pending."""

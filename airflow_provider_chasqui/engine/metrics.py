@@ -29,6 +29,7 @@ class WorkerMetrics(Protocol):
     def task_restarted(self, queue: str, task: str, n: int = 1) -> None: ...
     def promoter_tick(self, queue: str, promoted: int, depth: int, lag_ms: int) -> None: ...
     def scheduler_fire(self, queue: str, fires: int, lag_ms: int) -> None: ...
+    def jobs_held(self, queue: str, n: int) -> None: ...
 
 
 class GuardedMetrics:
@@ -75,6 +76,9 @@ class GuardedMetrics:
 
     def scheduler_fire(self, queue: str, fires: int, lag_ms: int) -> None:
         self._call("scheduler_fire", queue, fires, lag_ms)
+
+    def jobs_held(self, queue: str, n: int) -> None:
+        self._call("jobs_held", queue, n)
 
 
 NO_METRICS: WorkerMetrics = GuardedMetrics(None)

@@ -214,6 +214,7 @@ class Queue:
         attempts: int | None = None,
         backoff: Any = None,
         deadline: Any = None,
+        while_paused: str | None = None,
         job_id: str | None = None,
         start_after_ms: int | None = None,
         end_before_ms: int | None = None,
@@ -226,7 +227,9 @@ class Queue:
         epoch ms (``*_ms``: chasquimq's names).  ``missed_fires``: skip (default), fire-once or
         fire-all(n).  ``attempts``/``backoff``: retry override of every fire; ``deadline``
         (timedelta or ms): a fire later than that past its scheduled time is skipped and
-        counted.  ``job_id`` names the spec like ``key`` (chasquimq drops it).  Re-upserting a key
+        counted.  ``while_paused``: "queue" (default: fires due while the queue is paused run
+        after the resume) or "skip" (they are skipped and counted).  ``job_id`` names the spec
+        like ``key`` (chasquimq drops it).  Re-upserting a key
         replaces the spec and its timeline (the old next fire never fires) and resumes it if
         paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
         raise ConfigError.
@@ -243,6 +246,7 @@ class Queue:
             attempts=attempts,
             backoff=backoff,
             deadline=deadline,
+            while_paused=while_paused,
             job_id=job_id,
             start_after_ms=start_after_ms,
             end_before_ms=end_before_ms,
@@ -381,6 +385,22 @@ class Queue:
 
     async def clear_rate_limit(self) -> None:
         await self.driver.run(controls.clear_rate_limit(self.keys))
+
+    async def set_concurrency(self, n: int | None) -> None:
+        """At most ``n`` jobs of this queue run at once over all workers (None: no limit).  A
+        slot held by a worker that died comes back one lease after its last renewal.
+        ``ConfigError`` unless ``n`` is an int from 1 to 10**6."""
+        if n is None:
+            await self.clear_concurrency()
+            return
+        await self.driver.run(controls.set_concurrency(self.keys, n))
+
+    async def get_concurrency(self) -> int | None:
+        """The concurrency limit the workers obey (None: none, or a value they cannot read)."""
+        return (await self.driver.run(controls.read_controls(self.keys))).concurrency
+
+    async def clear_concurrency(self) -> None:
+        await self.driver.run(controls.clear_concurrency(self.keys))
 
     # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------
     async def drain(self, *, delayed: bool = True) -> DrainReport:

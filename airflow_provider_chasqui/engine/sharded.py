@@ -19,10 +19,18 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..core.controls import RateLimit, sum_rate_limits
 from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern, spec_key_arg
 from ..core.settings import QueueSettings
-from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
+from ..core.sharding import (
+    decode_cursor,
+    encode_cursor,
+    shard_of,
+    shard_queue_names,
+    split_by_shard,
+    split_limit,
+)
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError
 from ..types import Job
@@ -157,6 +165,35 @@ class ShardedQueue:
     async def is_paused(self) -> bool:
         """True when every shard is paused."""
         return all(await asyncio.gather(*(q.is_paused() for q in self.queues)))
+
+    async def set_rate_limit(self, max_jobs: int, per_ms: int) -> None:
+        """At most ``max_jobs`` per ``per_ms`` over all shards: each shard gets its share
+        (``split_limit``), so ``max_jobs`` must be at least the shard count."""
+        shares = split_limit("max_jobs", max_jobs, len(self.queues))
+        await asyncio.gather(*(q.set_rate_limit(m, per_ms) for q, m in zip(self.queues, shares)))
+
+    async def get_rate_limit(self) -> RateLimit | None:
+        """The shards' limits summed (None unless every shard has one, all per the same window)."""
+        return sum_rate_limits(await asyncio.gather(*(q.get_rate_limit() for q in self.queues)))
+
+    async def clear_rate_limit(self) -> None:
+        await asyncio.gather(*(q.clear_rate_limit() for q in self.queues))
+
+    async def set_concurrency(self, n: int | None) -> None:
+        """At most ``n`` jobs running over all shards: each shard gets its share (``split_limit``)."""
+        if n is None:
+            await self.clear_concurrency()
+            return
+        shares = split_limit("concurrency", n, len(self.queues))
+        await asyncio.gather(*(q.set_concurrency(m) for q, m in zip(self.queues, shares)))
+
+    async def get_concurrency(self) -> int | None:
+        """The shards' limits summed (None unless every shard has one)."""
+        got = await asyncio.gather(*(q.get_concurrency() for q in self.queues))
+        return None if None in got else sum(got)  # type: ignore[arg-type]
+
+    async def clear_concurrency(self) -> None:
+        await asyncio.gather(*(q.clear_concurrency() for q in self.queues))
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def close(self) -> None:

@@ -63,6 +63,8 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
     :param max_catchup: fires replayed per tick with ``fire-all``.
     :param deadline: skip (and count) a fire that would start later than this after its
         scheduled time (``timedelta`` or float seconds).
+    :param while_paused: what a fire due while the queue is paused does: ``queue`` (default:
+        it runs after the resume) or ``skip`` (it is skipped and counted).
     :param attempts: attempts of each fired job.
     :param backoff: retry backoff of each fired job: int ms, a ``BackoffSpec`` or its dict form.
     :param queue_name: the queue; default: the connection's ``default_queue``. (templated)
@@ -99,6 +101,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         missed_fires: str | None = None,
         max_catchup: int | None = None,
         deadline: timedelta | float | None = None,
+        while_paused: str | None = None,
         attempts: int | None = None,
         backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
         queue_name: str | None = None,
@@ -128,6 +131,9 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         self.missed_fires = missed_fires
         self.max_catchup = max_catchup
         self.deadline = as_seconds(deadline, "deadline")
+        if while_paused not in (None, "queue", "skip"):
+            raise ValueError(f"while_paused must be 'queue' or 'skip', got {while_paused!r}")
+        self.while_paused = while_paused
         self.attempts = attempts
         self.backoff = backoff.to_dict() if isinstance(backoff, BackoffSpec) else backoff
         self.queue_name = queue_name
@@ -150,6 +156,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
                 end_before=as_datetime(self.end_before, "end_before"),
                 missed_fires=_policy(self.missed_fires, self.max_catchup),
                 deadline=None if self.deadline is None else timedelta(seconds=self.deadline),
+                while_paused=self.while_paused,
                 attempts=self.attempts,
                 backoff=self.backoff,
             ).id  # the Job's id is the spec key

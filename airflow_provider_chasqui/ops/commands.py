@@ -117,6 +117,7 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
             "rate limit",
             "none" if s.rate_limit is None else f"{s.rate_limit.max_jobs} jobs per {s.rate_limit.per_ms} ms",
         ),
+        ("concurrency", "none" if s.concurrency is None else f"{s.slots_held} of {s.concurrency} slots held"),
         ("stream", f"{s.stream}{delta('stream')}"),
         ("pending", s.pending if s.group_exists else "0 (group not created)"),
         ("delayed", f"{s.delayed} (oldest lag {lag})"),

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from ..cli_common import DEFAULT_URL, resolve_url
 from ..cli_common import positive_int as _positive
+from ..core.controls import read_controls
 from ..sync.queue import list_queues
 from .commands import EXIT_FAILED, EXIT_OK, _queue, add_target, confirm, emit, table
 
@@ -36,7 +37,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
                     q.dlq,
                     q.specs if not q.paused_specs else f"{q.specs} (+{q.paused_specs} paused)",
                     q.consumers,
-                    _state(q.paused, q.rate_limit),
+                    _state(q.paused, q.rate_limit, q.concurrency),
                 )
                 for q in listing.queues
             ],
@@ -87,30 +88,39 @@ def cmd_obliterate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _state(paused: bool, rate: Any) -> str:
+def _state(paused: bool, rate: Any, concurrency: int | None = None) -> str:
     parts = ["paused"] if paused else []
     if rate is not None:
         parts.append(f"{rate.max_jobs}/{rate.per_ms}ms")
+    if concurrency is not None:
+        parts.append(f"max {concurrency} running")
     return ", ".join(parts)
 
 
 def cmd_limits(args: argparse.Namespace) -> int:
-    """``chasqui queue limits Q``: show the rate limit; ``--rate N/MS`` sets it, ``--clear`` removes it."""
+    """``chasqui queue limits Q``: show the limits; ``--rate N/MS`` and ``--concurrency N``
+    set them, ``--clear`` removes both."""
     q = _queue(args)
     if args.clear:
         q.clear_rate_limit()
-    elif args.rate is not None:
+        q.clear_concurrency()
+    if args.rate is not None:
         q.set_rate_limit(*args.rate)
-    rate, paused = q.get_rate_limit(), q.is_paused()
+    if args.concurrency is not None:
+        q.set_concurrency(args.concurrency)
+    ctl = q.driver.run(read_controls(q.keys))
+    rate, paused, concurrency = ctl.rate, ctl.paused, ctl.concurrency
     body = {
         "queue": args.queue,
         "paused": paused,
         "rate_limit": None if rate is None else {"max_jobs": rate.max_jobs, "per_ms": rate.per_ms},
+        "concurrency": concurrency,
     }
 
     def human(out: TextIO) -> None:
         limit = "none" if rate is None else f"at most {rate.max_jobs} jobs per {rate.per_ms} ms (all workers together)"
-        out.write(f"{args.queue}: {'paused' if paused else 'running'}; rate limit: {limit}\n")
+        running = "none" if concurrency is None else f"at most {concurrency} jobs at once (all workers together)"
+        out.write(f"{args.queue}: {'paused' if paused else 'running'}; rate limit: {limit}; concurrency: {running}\n")
 
     emit(args, body, human)
     return EXIT_OK
@@ -189,10 +199,15 @@ def register(sub: Any) -> None:
         p.add_argument("queue", help="queue name")
         add_target(p)
         p.set_defaults(func=cmd_pause)
-    p = queue.add_parser("limits", help="show the queue's rate limit; --rate 10/1000 sets it, --clear removes it")
+    p = queue.add_parser(
+        "limits",
+        help="show the queue's limits; --rate 10/1000 and --concurrency 4 set them, --clear removes them",
+    )
     p.add_argument("queue", help="queue name")
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--rate", type=_rate, help="JOBS/MILLISECONDS: all workers together start at most that many")
-    group.add_argument("--clear", action="store_true", help="remove the rate limit")
+    p.add_argument("--rate", type=_rate, help="JOBS/MILLISECONDS: all workers together start at most that many")
+    p.add_argument(
+        "--concurrency", type=_positive, help="N: at most N jobs of the queue run at once, all workers together"
+    )
+    p.add_argument("--clear", action="store_true", help="remove both limits first (then set what is given)")
     add_target(p)
     p.set_defaults(func=cmd_limits)

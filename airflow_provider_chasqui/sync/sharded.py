@@ -9,10 +9,18 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..core.controls import RateLimit, sum_rate_limits
 from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern, spec_key_arg
 from ..core.settings import QueueSettings
-from ..core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names, split_by_shard
+from ..core.sharding import (
+    decode_cursor,
+    encode_cursor,
+    shard_of,
+    shard_queue_names,
+    split_by_shard,
+    split_limit,
+)
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..types import Job
 from ._driver import SyncDriver
@@ -144,6 +152,37 @@ class SyncShardedQueue:
     def is_paused(self) -> bool:
         """True when every shard is paused."""
         return all(q.is_paused() for q in self.queues)
+
+    def set_rate_limit(self, max_jobs: int, per_ms: int) -> None:
+        """At most ``max_jobs`` per ``per_ms`` over all shards: each shard gets its share
+        (``split_limit``), so ``max_jobs`` must be at least the shard count."""
+        for q, m in zip(self.queues, split_limit("max_jobs", max_jobs, len(self.queues))):
+            q.set_rate_limit(m, per_ms)
+
+    def get_rate_limit(self) -> RateLimit | None:
+        """The shards' limits summed (None unless every shard has one, all per the same window)."""
+        return sum_rate_limits([q.get_rate_limit() for q in self.queues])
+
+    def clear_rate_limit(self) -> None:
+        for q in self.queues:
+            q.clear_rate_limit()
+
+    def set_concurrency(self, n: int | None) -> None:
+        """At most ``n`` jobs running over all shards: each shard gets its share (``split_limit``)."""
+        if n is None:
+            self.clear_concurrency()
+            return
+        for q, m in zip(self.queues, split_limit("concurrency", n, len(self.queues))):
+            q.set_concurrency(m)
+
+    def get_concurrency(self) -> int | None:
+        """The shards' limits summed (None unless every shard has one)."""
+        got = [q.get_concurrency() for q in self.queues]
+        return None if None in got else sum(got)  # type: ignore[arg-type]
+
+    def clear_concurrency(self) -> None:
+        for q in self.queues:
+            q.clear_concurrency()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:

@@ -255,6 +255,31 @@ class PrometheusMetrics:
             namespace=ns,
             registry=r,
         )
+        self.held = pc.Gauge(
+            "jobs_held_back",
+            "Jobs this worker read but may not start yet: the queue is paused, at its concurrency or rate "
+            "limit, or blocked by a handler's RateLimited",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.queue_paused = pc.Gauge(
+            "queue_paused", "1 while the queue is paused (Queue.pause())", ["queue"], namespace=ns, registry=r
+        )
+        self.slots_held = pc.Gauge(
+            "concurrency_slots_held",
+            "Jobs of the queue running under its concurrency limit, all workers together",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
+        self.concurrency_limit = pc.Gauge(
+            "concurrency_limit",
+            "The queue's concurrency limit (Queue.set_concurrency(); 0: none)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
         self.restarts = pc.Counter(
             "task_restarts",
             "Restarts of the worker's supervised tasks after a crash",
@@ -303,6 +328,9 @@ class PrometheusMetrics:
         self.promoter_lag.labels(queue).set(lag_ms / 1000)
         self.delayed_depth.labels(queue).set(depth)
 
+    def jobs_held(self, queue: str, n: int) -> None:
+        self.held.labels(queue).set(n)
+
     def scheduler_fire(self, queue: str, fires: int, lag_ms: int) -> None:
         if fires:
             self.fires.labels(queue).inc(fires)
@@ -320,6 +348,9 @@ class PrometheusMetrics:
             self.consumers.labels(queue, group).set(depths["consumers"])
             self.consumer_idle.labels(queue, group).set(depths["consumer_max_idle_ms"] / 1000)
             self.quarantined.labels(queue).set(depths["quarantined"])
+            self.queue_paused.labels(queue).set(depths["paused"])
+            self.slots_held.labels(queue).set(depths["slots_held"])
+            self.concurrency_limit.labels(queue).set(depths["concurrency"])
         self.sample_time.labels(queue).set(time.time())
 
     def sample_failed(self, queue: str) -> None:
@@ -360,6 +391,9 @@ class DepthSampler:
             "consumers": len(s.consumers),
             "consumer_max_idle_ms": s.consumer_max_idle_ms,
             "quarantined": s.quarantined,
+            "paused": int(s.paused),
+            "slots_held": s.slots_held,
+            "concurrency": s.concurrency or 0,
         }
 
     def sample(self) -> dict[str, int]:

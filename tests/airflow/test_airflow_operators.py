@@ -167,6 +167,7 @@ def upsert(**kwargs: object) -> ChasquiUpsertRepeatableOperator:
         ({"cron": "* * * * *", "missed_fires": "skip", "max_catchup": 2}, "only applies to missed_fires='fire-all'"),
         ({"cron": "* * * * *", "missed_fires": "sometimes"}, "must be 'skip', 'fire-once' or 'fire-all'"),
         ({"cron": "* * * * *", "limit": 0}, "limit must be a positive int"),
+        ({"cron": "* * * * *", "while_paused": "drop"}, "while_paused must be 'queue' or 'skip'"),
     ],
 )
 def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None:
@@ -186,6 +187,7 @@ def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: s
         missed_fires="fire-all",
         max_catchup=3,
         deadline=timedelta(minutes=30),
+        while_paused="skip",
         attempts=4,
         backoff={"kind": "fixed", "delay_ms": 1000},
         limit=10,
@@ -195,6 +197,7 @@ def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: s
     assert info.pattern == RepeatPattern.cron("0 6 * * *", tz="America/Lima")
     assert info.data == {"report": "sales"} and info.attempts == 4 and info.limit == 10
     assert info.missed_fires == MissedFiresPolicy.fire_all(3) and info.deadline_ms == 30 * 60 * 1000
+    assert info.while_paused == "skip"
     assert info.start_after_ms == int(start.timestamp() * 1000) and info.next_fire_ms > info.start_after_ms
     again = upsert(
         queue_name=queue_name, data={"report": "costs"}, cron="0 7 * * *", tz="America/Lima", key="daily-sales"

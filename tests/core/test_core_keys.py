@@ -35,6 +35,7 @@ def test_extension_keys_share_the_hash_tag() -> None:
         k.controls,
         k.blocked,
         k.rate,
+        k.running,
     ]
     assert ours == [
         "{chasqui:emails}:result:J",
@@ -46,6 +47,7 @@ def test_extension_keys_share_the_hash_tag() -> None:
         "{chasqui:emails}:controls",
         "{chasqui:emails}:blocked",
         "{chasqui:emails}:rate",
+        "{chasqui:emails}:running",
     ]
     for key in ours:
         assert key.startswith("{chasqui:emails}:")

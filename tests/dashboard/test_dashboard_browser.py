@@ -470,6 +470,32 @@ def test_schedules_pause_stops_firing_then_resume_trigger_remove(
         assert f"action={action}" in log
 
 
+def test_queue_pause_and_resume_from_the_queue_page(
+    page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
+) -> None:
+    """Issue 24: the queue page pauses and resumes the queue behind a confirmation, audited;
+    the real worker starts nothing while it is paused and runs the job once it is resumed;
+    the page shows the limits the workers obey."""
+    q.set_concurrency(3)
+    page.goto(server["url"] + f"/queue?queue={q.name}")
+    assert "0 of 3 slots held" in page.locator("table.kv").inner_text()
+    page.locator("table.kv button", has_text="Pause queue").click()
+    assert "Pause (no worker starts a new job" in page.locator(".confirm-what").inner_text()
+    assert confirm(page) == f"{q.name} is paused"
+    assert q.is_paused()
+    assert "paused: no worker starts its jobs" in page.locator("table.kv").inner_text()
+    job = q.add("square", {"x": 3})
+    time.sleep(1.5)  # longer than the workers' 100 ms controls cache and a few pause polls  # noqa: fixed on purpose
+    assert q.get_job_state(job.id) != "completed"
+    page.locator("table.kv button", has_text="Resume queue").click()
+    assert confirm(page) == f"{q.name} is running"
+    assert q.wait_for_result(job.id, timeout=DEADLINE) == {"square": 9}
+    q.clear_concurrency()
+    log = server["log"].read_text()
+    assert f'queue="{q.name}" action=queue.pause paused=true' in log
+    assert f'queue="{q.name}" action=queue.resume paused=false' in log
+
+
 def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path) -> None:
     # shuffled, this can be the module's first test: Redis 7.0 lists a consumer only once it
     # was delivered an entry, so the worker runs one job first

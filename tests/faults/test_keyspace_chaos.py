@@ -297,12 +297,26 @@ class Chaos:
             _wrong_type(r, k.result("chaos-" + a.hex()).encode(), ktype)
         elif kind == "failure":
             _wrong_type(r, k.failure("chaos-" + a.hex()).encode(), ktype)
-        elif kind == "controls":  # a foreign value is no control; only pause()'s exact "1" pauses
+        elif kind == "controls":  # a foreign value is no control; only the exact values written by the API count
             if ktype == "hash":
                 r.delete(k.controls)
-                r.execute_command("HSET", k.controls, b"paused", a if a != b"1" else b"1\x00", b"x-" + b, a)
+                r.execute_command(
+                    "HSET",
+                    k.controls,
+                    b"paused",
+                    a if a != b"1" else b"1\x00",
+                    b"x-" + b,
+                    a,
+                    b"concurrency",
+                    a + b"!",
+                    b"rate_max",
+                    b + b"!",
+                    b"rate_per_ms",
+                    a,
+                )
             else:
                 _wrong_type(r, k.controls.encode(), ktype)
+            _wrong_type(r, k.running.encode(), ktype)  # the concurrency slots: replaced, never obeyed
         else:
             _wrong_type(r, k.unique("chaos-" + a.hex()).encode(), ktype)
 

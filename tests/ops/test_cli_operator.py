@@ -176,7 +176,7 @@ def test_queue_pause_and_resume_show_everywhere(two_queues: tuple[str, str, str]
 def test_queue_limits_sets_shows_and_clears_the_rate_limit(two_queues: tuple[str, str, str]) -> None:
     url, a, b = two_queues
     shown = json.loads(chasqui("queue", "limits", a, "--rate", "25/2000", "--json", "--redis-url", url).stdout)
-    assert shown == {"queue": a, "paused": False, "rate_limit": {"max_jobs": 25, "per_ms": 2000}}
+    assert shown == {"queue": a, "paused": False, "rate_limit": {"max_jobs": 25, "per_ms": 2000}, "concurrency": None}
     with SyncQueue(a, redis_url=url) as q:
         assert (q.get_rate_limit().max_jobs, q.get_rate_limit().per_ms) == (25, 2000)
     table = chasqui("queues", "--match", a[:-2] + "*", "--redis-url", url).stdout
@@ -188,6 +188,29 @@ def test_queue_limits_sets_shows_and_clears_the_rate_limit(two_queues: tuple[str
     assert "rate limit: none" in chasqui("queue", "limits", a, "--clear", "--redis-url", url).stdout
     with SyncQueue(a, redis_url=url) as q:
         assert q.get_rate_limit() is None
+
+
+def test_queue_limits_sets_shows_and_clears_the_concurrency(two_queues: tuple[str, str, str]) -> None:
+    url, a, b = two_queues
+    shown = json.loads(chasqui("queue", "limits", a, "--concurrency", "4", "--json", "--redis-url", url).stdout)
+    assert shown == {"queue": a, "paused": False, "rate_limit": None, "concurrency": 4}
+    chasqui("queue", "limits", a, "--rate", "5/1000", "--redis-url", url)  # one limit kept while the other is set
+    with SyncQueue(a, redis_url=url) as q:
+        assert q.get_concurrency() == 4 and q.get_rate_limit() is not None
+    table = chasqui("queues", "--match", a[:-2] + "*", "--redis-url", url).stdout
+    assert [line.split("  ")[-1].strip() for line in table.splitlines() if line.startswith(a)] == [
+        "5/1000ms, max 4 running"
+    ]
+    assert "0 of 4 slots held" in chasqui("inspect", a, "--redis-url", url).stdout
+    for bad in ("0", "-3", "four", "1.5"):
+        proc = chasqui("queue", "limits", a, "--concurrency", bad, "--redis-url", url, check=False)
+        assert proc.returncode == 2 and "positive integer" in proc.stderr, (bad, proc.stderr)
+    proc = chasqui("queue", "limits", a, "--concurrency", str(10**7), "--redis-url", url, check=False)
+    assert proc.returncode == 2 and "concurrency" in proc.stderr
+    out = chasqui("queue", "limits", a, "--clear", "--redis-url", url).stdout
+    assert "rate limit: none; concurrency: none" in out
+    with SyncQueue(a, redis_url=url) as q:
+        assert q.get_concurrency() is None and q.get_rate_limit() is None
 
 
 def test_queues_says_when_a_cap_cut_the_listing(two_queues: tuple[str, str, str]) -> None:

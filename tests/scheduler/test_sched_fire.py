@@ -17,7 +17,15 @@ import redis
 from engine_support import running, wait_until
 from sched_support import FakeClock, fire_times, fires
 
-from airflow_provider_chasqui import BackoffSpec, MissedFiresPolicy, Queue, RepeatPattern, SyncQueue, Worker
+from airflow_provider_chasqui import (
+    BackoffSpec,
+    ConfigError,
+    MissedFiresPolicy,
+    Queue,
+    RepeatPattern,
+    SyncQueue,
+    Worker,
+)
 from airflow_provider_chasqui.core.calls import Stream
 from airflow_provider_chasqui.core.codec import BackoffWire, RetryOverride, ulid_ms
 from airflow_provider_chasqui.core.repeat import StoredSpec
@@ -219,6 +227,47 @@ async def test_deadline_skips_late_fires_and_counts_them(q: SyncQueue, r: redis.
     info = q.get_repeatable_job(key)
     assert (info.fired, info.skipped) == (1, 3)
     assert s.skipped_total == 3
+
+
+@pytest.mark.parametrize("policy", [MissedFiresPolicy.skip(), MissedFiresPolicy.fire_all(10)])
+async def test_while_paused_skip_drops_the_fires_due_while_the_queue_is_paused(
+    q: SyncQueue, r: redis.Redis, driver: AsyncDriver, policy: Any
+) -> None:
+    """Issue 24: while the queue is paused, a ``while_paused="skip"`` spec's fires are skipped
+    and counted (its timeline goes on), a default ("queue") spec's fires are queued to run
+    after the resume; after the resume both fire again."""
+    skip = q.upsert_repeatable_job(
+        "skip", 1, repeat=RepeatPattern.every(SECOND), while_paused="skip", missed_fires=policy
+    ).id
+    keep = q.upsert_repeatable_job("keep", 1, repeat=RepeatPattern.every(SECOND), missed_fires=policy).id
+    assert q.get_repeatable_job(skip).while_paused == "skip" and q.get_repeatable_job(keep).while_paused == "queue"
+    first = max(int(r.zscore(q.keys.repeat, skip)), int(r.zscore(q.keys.repeat, keep)))
+    clock = FakeClock(first)
+    s = make(driver, q.name, clock)
+    await tick(s)
+    q.pause()
+    for _ in range(3):
+        clock.advance(SECOND)
+        await tick(s)
+    by_name: dict[str, list[int]] = {}
+    for f in fires(r, q.name):
+        by_name.setdefault(f.name, []).append(f.scheduled_ms)
+    assert len(by_name["skip"]) == 1 and len(by_name["keep"]) == 4  # the fire before the pause, then none
+    assert q.get_repeatable_job(skip).skipped == 3
+    assert int(r.zscore(q.keys.repeat, skip)) > first + 3_000 - SECOND  # the timeline went on
+    q.resume()
+    clock.advance(SECOND)
+    await tick(s)
+    after = [f.name for f in fires(r, q.name)]
+    assert after.count("skip") == 2 and after.count("keep") == 5
+
+
+def test_while_paused_is_checked(q: SyncQueue) -> None:
+    for bad in ("Skip", "drop", 1, True):
+        with pytest.raises(ConfigError, match="while_paused"):
+            q.upsert_repeatable_job("x", 1, repeat=RepeatPattern.every(SECOND), while_paused=bad)
+    with pytest.raises(ConfigError, match="while_paused"):
+        q.upsert_repeatable_bulk([{"name": "x", "repeat": RepeatPattern.every(SECOND), "while_paused": "never"}])
 
 
 async def test_retry_override_reaches_every_fired_envelope(q: SyncQueue, r: redis.Redis, driver: AsyncDriver) -> None:

@@ -580,6 +580,46 @@ def test_alerting_metrics_after_a_scenario(start_worker, redis_url: str, queue_n
     assert proc.wait_exit(60) == 0
 
 
+def test_flow_control_metrics(start_worker, redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    """Issue 24: a queue limited to one running job, with three jobs that hold until released:
+    the worker reports 2 jobs held back, 1 slot held of a limit of 1; paused, it reports the
+    pause; released, every job runs and nothing is held back."""
+    port = free_port()
+    q = SyncQueue(queue_name, redis_url=redis_url)
+    q.set_concurrency(1)
+    jobs = [q.add("hold", {"dir": str(tmp_path), "max_hold": 60}) for _ in range(3)]
+    proc = start_worker(
+        ["-q", queue_name, "-H", "worker_handlers", "--no-scheduler", "--metrics-port", str(port)]
+        + ["--metrics-interval", "0.2"],
+        env=subprocess_env(CHASQUI_REDIS_URL=redis_url),
+    )
+    proc.wait_for_log(f"on http://127.0.0.1:{port}/metrics")
+    labels = {"queue": queue_name}
+
+    def gauges(held: int, slots: int, paused: int) -> str | None:
+        text = _scrape(port)
+        ok = (
+            metric_value(text, "chasqui_jobs_held_back", **labels) == held
+            and metric_value(text, "chasqui_concurrency_slots_held", **labels) == slots
+            and metric_value(text, "chasqui_concurrency_limit", **labels) == 1
+            and metric_value(text, "chasqui_queue_paused", **labels) == paused
+        )
+        return text if ok else None
+
+    wait_until_sync(lambda: gauges(2, 1, 0), 60, what="2 held back, 1 slot of 1", interval=0.05)
+    assert sum((tmp_path / f"started-{j.id}").exists() for j in jobs) == 1  # one runs, the limit holds
+    q.pause()
+    wait_until_sync(lambda: gauges(2, 1, 1), 60, what="the pause reported", interval=0.05)
+    q.resume()
+    (tmp_path / "release").write_text("go")
+    for j in jobs:
+        assert q.wait_for_result(j.id, timeout=60) == {"held": j.id}
+    wait_until_sync(lambda: gauges(0, 0, 0), 60, what="nothing held back", interval=0.05)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait_exit(60) == 0
+    q.close()
+
+
 def test_task_restarts_and_bounded_dlq_reasons_are_counted(redis_url: str, queue_name: str) -> None:
     """A supervised task that crashes is counted by role; unknown DLQ reasons share one label."""
     import redis.asyncio

@@ -1,0 +1,266 @@
+"""The queue's global concurrency limit (issue 24): ``Queue.set_concurrency(n)``.
+
+Real servers (Redis 7.0 and Valkey 8.1) and worker *processes* that record each handler's start
+and end with its wall-clock time: at no instant do more than ``n`` handlers run, over all
+workers; a worker SIGKILLed while it holds every slot gives them back within one lease.
+``take_starts.lua`` is also driven directly: slots, their lapse, the rate limit beside them,
+and hostile values in the controls and in the running set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from engine_support import running, wait_until_sync
+from fault_support import WorkerGroup, read_records, spawn_worker
+
+from airflow_provider_chasqui import ConfigError, SyncQueue, SyncShardedQueue
+from airflow_provider_chasqui.core.calls import command
+from airflow_provider_chasqui.core.controls import free_slots_call, parse_take, take_starts_call
+from airflow_provider_chasqui.core.keys import DEFAULT_GROUP, QueueKeys
+from airflow_provider_chasqui.sync._driver import SyncDriver
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The largest number of ``(start, end)`` intervals that overlap at one instant."""
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    now = top = 0
+    for _, step in edges:
+        now += step
+        top = max(top, now)
+    return top
+
+
+def intervals(group: WorkerGroup) -> list[tuple[float, float]]:
+    """Each handler run as (start, end), matched by job index and consumer (every job runs once)."""
+    starts = {(r[0], r[2]): float(r[3]) for r in group.start_rows()}
+    return [(starts[(r[0], r[2])], float(r[3])) for r in group.end_rows()]
+
+
+@pytest.mark.parametrize("compat_mode", [False], indirect=True)
+@pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
+def test_three_workers_never_run_more_than_the_limit(matrix_url, queue_name: str, tmp_path: Path) -> None:
+    """Three worker processes (20 slots each) on a queue limited to 4: handlers of 20 ms never
+    overlap more than 4 at once, reach 4, every job runs once, and no slot is left behind."""
+    url, n, limit = matrix_url.url, 300, 4
+    keys = QueueKeys.for_queue(queue_name)
+    with SyncQueue(queue_name, redis_url=url) as q, redis.Redis.from_url(url) as r:
+        q.set_concurrency(limit)
+        assert q.get_concurrency() == limit
+        q.add_bulk([{"name": "c", "data": {"i": i}} for i in range(n)])
+        group = WorkerGroup.spawn(url, queue_name, tmp_path, "conc", concurrency=20, handler_sleep_ms=20)
+        sampled = []
+        try:
+
+            def done() -> bool:
+                sampled.append(r.zcard(keys.running))
+                return group.ended() >= n
+
+            wait_until_sync(done, 120, what="every job under the limit", interval=0.01)
+        finally:
+            group.stop()
+        rec = read_records(group.records)
+        assert sorted(rec.counts) == list(range(n)) and max(rec.counts.values()) == 1
+        assert max(sampled) <= limit, max(sampled)
+        assert most_at_once(intervals(group)) == limit
+        assert r.zcard(keys.running) == 0  # every slot freed with its job's ack
+
+
+@pytest.mark.parametrize("compat_mode", [False], indirect=True)
+@pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
+def test_a_killed_worker_gives_its_slots_back_within_a_lease(matrix_url, queue_name: str, tmp_path: Path) -> None:
+    """Worker A holds both slots of a queue limited to 2 (two slow jobs); worker B waits with 20
+    short jobs and starts none.  A is SIGKILLed: B starts the short jobs within one lease (3 s)
+    of the kill, never more than 2 at once, and every job completes."""
+    url, lease_ms = matrix_url.url, 3000
+    keys = QueueKeys.for_queue(queue_name)
+    with SyncQueue(queue_name, redis_url=url) as q:
+        q.set_concurrency(2)
+        q.add_bulk([{"name": "s", "data": {"i": i, "slow": True}} for i in range(2)])
+        a = spawn_worker(
+            url,
+            queue_name,
+            tmp_path / "a.rec",
+            "kill-a",
+            starts=tmp_path / "a.starts",
+            slow_ms=120_000,
+            claim_min_idle_ms=lease_ms,
+        )
+        b = None
+        try:
+            wait_until_sync(lambda: _lines(tmp_path / "a.starts") == 2, 60, what="A to start both slow jobs")
+            q.add_bulk([{"name": "s", "data": {"i": i}} for i in range(2, 22)])
+            b = spawn_worker(
+                url,
+                queue_name,
+                tmp_path / "b.rec",
+                "kill-b",
+                starts=tmp_path / "b.starts",
+                handler_sleep_ms=20,
+                claim_min_idle_ms=lease_ms,
+            )
+            with redis.Redis.from_url(url) as r:  # B has read the 20 short jobs: all 22 are pending
+                wait_until_sync(lambda: r.xpending(keys.stream, DEFAULT_GROUP)["pending"] == 22, 60, what="B to read")
+            time.sleep(1.0)  # B holds the short jobs for a while: the slots are A's  # noqa: fixed on purpose
+            assert _lines(tmp_path / "b.starts") == 0
+            killed = time.time()
+            a.kill()
+            wait_until_sync(lambda: _lines(tmp_path / "b.rec") >= 22, 60, what="B to run every job")
+        finally:
+            a.kill()
+            if b is not None:
+                b.stop()
+    rows = [line.split() for line in (tmp_path / "b.starts").read_text().splitlines()]
+    short = sorted(float(r[3]) for r in rows if int(r[0]) >= 2)
+    assert short[0] - killed <= lease_ms / 1000 + 1.5, short[0] - killed
+    rec = read_records([tmp_path / "b.rec"])
+    assert sorted(rec.counts) == list(range(22))
+    ends = {r[0]: float(r[3]) for r in (line.split() for line in (tmp_path / "b.rec").read_text().splitlines())}
+    assert most_at_once([(float(r[3]), ends[r[0]]) for r in rows]) <= 2
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def take(driver: SyncDriver, keys: QueueKeys, ids: list[bytes], lease_ms: int = 30_000) -> tuple[int, int, bool]:
+    return parse_take(driver.call(take_starts_call(keys, ids, lease_ms)), len(ids))[:3]
+
+
+def test_take_starts_counts_slots(redis_url: str, queue_name: str) -> None:
+    """Slots: a prefix is granted up to the limit; an entry that holds a slot keeps it when
+    offered again; a freed slot is taken by the next; a slot past its lease is purged."""
+    keys = QueueKeys.for_queue(queue_name)
+    driver = SyncDriver(redis_url)
+    try:
+        with SyncQueue(queue_name, redis_url=redis_url) as q:
+            q.set_concurrency(3)
+            assert take(driver, keys, [b"1-0", b"2-0", b"3-0", b"4-0"]) == (3, 0, True)
+            assert take(driver, keys, [b"2-0", b"1-0", b"4-0"]) == (2, 0, True)  # held again: theirs
+            driver.call(free_slots_call(keys, [b"1-0"]))
+            assert take(driver, keys, [b"4-0", b"5-0"]) == (1, 0, True)
+            assert take(driver, keys, [b"6-0"], lease_ms=1) == (0, 0, True)
+            driver.call(free_slots_call(keys, [b"2-0", b"3-0", b"4-0"]))
+            assert take(driver, keys, [b"6-0", b"7-0"], lease_ms=1) == (2, 0, True)  # two slots that lapse at once
+            wait_until_sync(lambda: take(driver, keys, [b"8-0", b"9-0"])[0] == 2, 10, what="the lapsed slots")
+            assert driver.call(command("ZCARD", keys.running)) == 2
+            q.set_concurrency(None)
+            assert q.get_concurrency() is None
+            assert take(driver, keys, [b"10-0"] * 5) == (5, 0, False)
+    finally:
+        driver.close()
+
+
+def test_a_job_without_a_slot_takes_no_rate_grant(redis_url: str, queue_name: str) -> None:
+    """Both limits at once: the rate limit counts only what found a slot."""
+    keys = QueueKeys.for_queue(queue_name)
+    driver = SyncDriver(redis_url)
+    try:
+        with SyncQueue(queue_name, redis_url=redis_url) as q:
+            q.set_concurrency(2)
+            q.set_rate_limit(3, 60_000)
+            assert take(driver, keys, [b"1-0", b"2-0", b"3-0"]) == (2, 0, True)
+            assert driver.call(command("HGET", keys.rate, "n")) == b"2"
+            driver.call(free_slots_call(keys, [b"1-0", b"2-0"]))
+            granted, wait_ms, _ = take(driver, keys, [b"3-0", b"4-0"])
+            assert granted == 1 and 0 < wait_ms <= 60_000  # the rate holds the second back
+            assert driver.call(command("ZCARD", keys.running)) == 1  # and it took no slot
+    finally:
+        driver.close()
+
+
+@pytest.mark.single_node("writes the controls with a plain client")
+@pytest.mark.parametrize(
+    ("value", "limited"),
+    [
+        (b"2", True),
+        (b"0", False),
+        (b"-2", False),
+        (b"inf", False),
+        (b"nan", False),
+        (b"2.5", False),
+        (b"1e3", False),
+        (b"\xff\x00", False),
+        (b"9" * 13, False),
+    ],
+)
+def test_hostile_concurrency_is_no_limit(redis_url: str, queue_name: str, value: bytes, limited: bool) -> None:
+    keys = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r:
+        r.hset(keys.controls, "concurrency", value)
+        r.set(keys.running, b"\xff not a sorted set")  # hostile state: replaced, never an error
+    driver = SyncDriver(redis_url)
+    try:
+        assert take(driver, keys, [b"1-0", b"2-0", b"3-0"])[0] == (2 if limited else 3)
+        with SyncQueue(queue_name, redis_url=redis_url) as q:
+            assert (q.get_concurrency() is not None) is limited
+    finally:
+        driver.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3", float("inf"), float("nan"), 10**7])
+def test_bad_concurrency_is_a_config_error(redis_url: str, queue_name: str, bad) -> None:
+    with SyncQueue(queue_name, redis_url=redis_url) as q, pytest.raises(ConfigError, match="concurrency"):
+        q.set_concurrency(bad)
+
+
+def test_a_sharded_queue_splits_its_limits(redis_url: str, queue_name: str) -> None:
+    """Each shard obeys its share; the shares sum to the whole, read back as one."""
+    with SyncShardedQueue(queue_name, shards=3, redis_url=redis_url) as sq:
+        sq.set_concurrency(10)
+        assert [q.get_concurrency() for q in sq.queues] == [4, 3, 3] and sq.get_concurrency() == 10
+        sq.set_rate_limit(7, 1000)
+        assert [q.get_rate_limit().max_jobs for q in sq.queues] == [3, 2, 2]  # type: ignore[union-attr]
+        assert sq.get_rate_limit() is not None and sq.get_rate_limit().max_jobs == 7  # type: ignore[union-attr]
+        with pytest.raises(ConfigError, match="at least 3"):
+            sq.set_concurrency(2)
+        sq.clear_concurrency()
+        sq.clear_rate_limit()
+        assert sq.get_concurrency() is None and sq.get_rate_limit() is None
+
+
+async def test_a_limit_set_while_a_worker_runs_is_obeyed(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """An in-process worker with 10 slots runs 10 at once until the queue's limit is set to 2;
+    from then on (within the controls' 100 ms) never more than 2, and every slot is freed."""
+    q = queues(queue_name, redis_url)
+    now_running, most = 0, []
+
+    async def handler(job):
+        nonlocal now_running
+        now_running += 1
+        most.append((job.data["phase"], now_running))
+        await asyncio.sleep(0.03)
+        now_running -= 1
+
+    async with running(worker_factory(queue_name, handler, redis_url, concurrency=10)):
+        await q.add_bulk([{"name": "a", "data": {"phase": 1}} for _ in range(40)])
+        await asyncio.wait_for(_until(lambda: len(most) >= 40), 60)
+        await q.set_concurrency(2)
+        await asyncio.sleep(0.3)  # past the worker's controls cache (100 ms): the bound under test
+        await q.add_bulk([{"name": "b", "data": {"phase": 2}} for _ in range(40)])
+        await asyncio.wait_for(_until(lambda: len(most) >= 80 and now_running == 0), 60)
+        await asyncio.wait_for(_until_async(lambda: _zcard(q), 0), 30)
+    assert max(n for phase, n in most if phase == 1) > 2
+    assert max(n for phase, n in most if phase == 2) <= 2
+
+
+async def _zcard(q) -> int:
+    return int(await q.driver.call(command("ZCARD", q.keys.running)))
+
+
+async def _until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)
+
+
+async def _until_async(get, want) -> None:
+    while await get() != want:
+        await asyncio.sleep(0.02)
