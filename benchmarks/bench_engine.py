@@ -17,7 +17,8 @@ stopped at the end.  Workloads (jobs are tiny: ``{"i": n}`` named ``noop``):
   from the first ``active`` to the last ``completed`` event (Redis clock), CPU is the worker
   process's getrusage over ``Worker.run()`` divided by N, Redis CPU the ``INFO cpu`` delta over
   the same run divided by N; ``e2e_process_uvloop`` is the same worker on uvloop (when installed),
-  ``e2e_rate_unbounded`` the same under a rate limit it never reaches (the limiter's own cost);
+  ``e2e_rate_unbounded`` the same under a rate limit it never reaches (the limiter's own cost),
+  ``e2e_concurrency_unbounded`` under a concurrency limit it never reaches (the slots' cost);
 * delayed end-to-end: N jobs added with a 1 s delay, the worker starts once all are due:
   promotion plus processing, from the first ``active`` event to the last ``completed``;
 * retries: every job fails once and succeeds on its retry (backoff 0 ms + the policy's jitter),
@@ -377,13 +378,16 @@ def _e2e(
     fail_first: bool = False,
     use_uvloop: bool = False,
     rate_limit: tuple[int, int] | None = None,
+    concurrency: int | None = None,
 ) -> dict[str, Any]:
     qn = _queue_name(tag)
     try:
         due = _fill(url, qn, n, delay_ms=delay_ms, fail_first=fail_first)
-        if rate_limit is not None:
+        if rate_limit is not None or concurrency is not None:
             with SyncQueue(qn, redis_url=url) as q:
-                q.set_rate_limit(*rate_limit)
+                if rate_limit is not None:
+                    q.set_rate_limit(*rate_limit)
+                q.set_concurrency(concurrency)
         wait = due - time.time() + 0.05
         if wait > 0:
             time.sleep(wait)
@@ -427,6 +431,12 @@ def e2e_rate_unbounded(url: str, n: int) -> dict[str, Any]:
     return _e2e(url, n, tag="e2erl", rate_limit=(10**9, 1000))
 
 
+def e2e_concurrency_unbounded(url: str, n: int) -> dict[str, Any]:
+    """``e2e_process`` under a concurrency limit it never reaches (10**6): what the slots cost
+    (the grant per batch, a ZREM per ack flush, a renewal per lease tenth; issue 24)."""
+    return _e2e(url, n, tag="e2ecc", concurrency=10**6)
+
+
 def e2e_process_uvloop(url: str, n: int) -> dict[str, Any]:
     return _e2e(url, n, tag="e2eu", use_uvloop=True)
 
@@ -459,6 +469,11 @@ WORKLOADS: dict[str, tuple[Callable[[str, int], dict[str, Any]], str, str | None
     "e2e_rate_unbounded": (
         e2e_rate_unbounded,
         "end to end under a rate limit never reached (the limiter's cost)",
+        "limit_sync_xadd_pipeline",
+    ),
+    "e2e_concurrency_unbounded": (
+        e2e_concurrency_unbounded,
+        "end to end under a concurrency limit never reached (the slots' cost)",
         "limit_sync_xadd_pipeline",
     ),
     "e2e_delayed": (e2e_delayed, "delayed end to end: 1 s delay, promotion + processing", "limit_sync_xadd_pipeline"),

@@ -27,6 +27,7 @@ ENGINE_WORKLOADS = {
     "syncqueue_add_bulk",
     "e2e_process",
     "e2e_rate_unbounded",
+    "e2e_concurrency_unbounded",
     "e2e_delayed",
     "e2e_retry",
 }
