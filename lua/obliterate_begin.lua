@@ -4,8 +4,9 @@
 -- in the same call, deletes the queue's fixed keys and moves its indexes aside to fresh keys
 -- that purge_index.lua empties (with the per-job keys they list) a chunk at a time.
 -- KEYS[1..6]  = stream, dlq, events, promoter lock, scheduler lock, repeat quarantine (deleted)
--- KEYS[7..11] = delayed, results, failures, repeat, repeat paused (moved aside)
--- KEYS[12..16] = where KEYS[7..11] go
+-- KEYS[7..6+m] = the m indexes moved aside (delayed, results, failures, repeat, repeat paused,
+--                prioritized: maintenance.py's _INDEXES)
+-- KEYS[7+m..6+2m] = where they go
 -- ARGV        = [force (1|0), activity window ms]
 -- Reply       = {1, keys deleted} or {0, why it refused}
 local function fields(flat)
@@ -39,9 +40,10 @@ if ARGV[1] ~= '1' then
   end
 end
 local n = 0
-for i = 7, 11 do
+local m = (#KEYS - 6) / 2
+for i = 7, 6 + m do
   if redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('RENAME', KEYS[i], KEYS[i + 5])
+    redis.call('RENAME', KEYS[i], KEYS[i + m])
     n = n + 1
   end
 end

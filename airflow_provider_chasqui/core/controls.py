@@ -14,6 +14,9 @@ queue's hash tag; a queue that never used a control has no such key.  Its fields
   ``{chasqui:<queue>}:running`` (``QueueKeys.running``) scored with the end of its lease; the
   worker renews it with the lease (``lua/renew_slots.lua``) and removes it when the job
   settles, and a dead worker's slot is purged one lease after its last renewal.
+* ``prio_seq`` (``lua/add_prioritized.lua``, ``core/priorities.py``): the sequence of the jobs
+  added with a priority; present once the queue used one, it tells the workers to move the
+  most urgent of them into the stream when it runs dry.
 
 Beside the hash, the marker ``{chasqui:<queue>}:blocked`` (``QueueKeys.blocked``): while it
 lives, nothing of the queue starts; a handler that raises ``RateLimited(retry_after_ms)`` sets
@@ -62,6 +65,7 @@ __all__ = [
 PAUSED_FIELD = "paused"
 RATE_MAX_FIELD, RATE_PER_FIELD = "rate_max", "rate_per_ms"
 CONCURRENCY_FIELD = "concurrency"
+PRIORITY_SEQ_FIELD = "prio_seq"  # written by lua/add_prioritized.lua: the queue uses priorities
 _ON = b"1"
 _POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_starts.lua accepts: 1 .. 999,999,999,999
 MAX_RATE_JOBS = 10**9
@@ -85,6 +89,7 @@ class Controls:
     paused: bool = False
     rate: RateLimit | None = None
     concurrency: int | None = None  # at most this many running at once, all workers together
+    prioritized: bool = False  # jobs were added with a priority (core/priorities.py): look at that set
     blocked_ms: int = 0  # a handler raised RateLimited: nothing starts for this long (the marker's TTL)
 
 
@@ -114,9 +119,10 @@ def parse_controls(reply: object) -> Controls:
         rate = RateLimit(int(rmax), int(rper))
     conc = _raw(fields.get(CONCURRENCY_FIELD.encode()))
     concurrency = int(conc) if conc is not None and _POSITIVE.fullmatch(conc) else None
-    if not (paused or rate or concurrency):
+    prioritized = PRIORITY_SEQ_FIELD.encode() in fields
+    if not (paused or rate or concurrency or prioritized):
         return NO_CONTROLS
-    return Controls(paused=paused, rate=rate, concurrency=concurrency)
+    return Controls(paused=paused, rate=rate, concurrency=concurrency, prioritized=prioritized)
 
 
 def _raw(value: object) -> bytes | None:

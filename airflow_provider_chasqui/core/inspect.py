@@ -76,6 +76,7 @@ class QueueSnapshot:
     rate_limit: RateLimit | None = None  # Queue.set_rate_limit(), as the workers read it
     concurrency: int | None = None  # Queue.set_concurrency(), as the workers read it
     slots_held: int = 0  # concurrency slots held now (jobs running under the limit)
+    prioritized: int = 0  # jobs added with a priority, waiting to enter the stream (core/priorities.py)
 
     @property
     def consumer_max_idle_ms(self) -> int:
@@ -122,6 +123,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         quarantined,
         ctl,
         slots_type,
+        prioritized,
     ) = yield [
         command("XLEN", k.stream),
         command("ZCARD", k.delayed),
@@ -137,6 +139,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         command("HLEN", k.repeat_quarantine),
         command("TYPE", k.controls),
         command("TYPE", k.running),
+        command("ZCARD", k.prioritized),
     ]
     controls = parse_controls((yield controls_call(k))) if str_reply(ctl) == "hash" else NO_CONTROLS
     held = 0  # slots not past their lease (a dead worker's lapse; take_starts.lua purges them)
@@ -185,6 +188,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         rate_limit=controls.rate,
         concurrency=controls.concurrency,
         slots_held=held,
+        prioritized=int_reply(prioritized),
     )
 
 
@@ -207,6 +211,7 @@ class QueueSummary:
     paused: bool = False  # Queue.pause(): no worker starts its jobs
     rate_limit: RateLimit | None = None  # Queue.set_rate_limit()
     concurrency: int | None = None  # Queue.set_concurrency()
+    prioritized: int = 0  # jobs added with a priority, not in the stream yet
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -281,7 +286,7 @@ def list_queues(
     return QueueListing(queues=summaries, truncated=truncated, cursor=cursor, scan_calls=calls)
 
 
-_PER_QUEUE = 6  # calls per queue in queue_summaries' first pipeline
+_PER_QUEUE = 7  # calls per queue in queue_summaries' first pipeline
 
 
 def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
@@ -298,6 +303,7 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
             command("ZCARD", k.repeat),
             command("ZCARD", k.repeat_paused),
             command("TYPE", k.controls),
+            command("ZCARD", k.prioritized),
         ]
     first = yield calls
     streams = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i]) == "stream"]
@@ -337,6 +343,7 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
                 paused=ctl[i].paused if i in ctl else False,
                 rate_limit=ctl[i].rate if i in ctl else None,
                 concurrency=ctl[i].concurrency if i in ctl else None,
+                prioritized=int_reply(first[_PER_QUEUE * i + 6]),
             )
         )
     return out

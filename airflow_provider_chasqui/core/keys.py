@@ -146,6 +146,12 @@ class QueueKeys:
         return self.prefix + ":rate"
 
     @property
+    def prioritized(self) -> str:
+        """ZSET of the jobs added with a priority, waiting to enter the stream (member as in
+        ``delayed``; score = priority * 2**37 + sequence): ``core/priorities.py``."""
+        return self.prefix + ":prioritized"
+
+    @property
     def running(self) -> str:
         """ZSET of the concurrency slots: one member per running entry (its entry id), scored
         with the end of its lease in server ms (``take_starts.lua``, ``renew_slots.lua``)."""

@@ -33,7 +33,7 @@ class QueueInUse(ChasquiError):
 
 @dataclass(frozen=True, slots=True)
 class DrainReport:
-    waiting: int  # stream entries deleted (never a delivered one)
+    waiting: int  # stream entries deleted (never a delivered one) and prioritized jobs (never in the stream yet)
     delayed: int  # delayed jobs deleted
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,8 +66,10 @@ def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[Drain
     delayed ones; keep the running (pending) ones.  Returns a :class:`DrainReport`."""
     k = QueueKeys.for_queue(queue)
     chunk = _chunk(chunk)
-    aside = k.aside("draining", uuid.uuid4().hex)
-    top, _moved = yield script_call("drain_begin", (k.stream, k.delayed, aside), (1 if delayed else 0,))
+    token = uuid.uuid4().hex
+    aside, prio_aside = k.aside("draining", token), k.aside("draining:prioritized", token)
+    keys = (k.stream, k.delayed, aside, k.prioritized, prio_aside)
+    top, _moved, prioritized = yield script_call("drain_begin", keys, (1 if delayed else 0,))
     top = str_reply(top)
     waiting = removed = 0
     more = bool(top)
@@ -75,6 +77,11 @@ def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[Drain
         n, again = yield script_call("drain_stream", (k.stream,), (top, chunk))
         waiting += int_reply(n)
         more = bool(int_reply(again))
+    while int_reply(prioritized):  # jobs added with a priority wait too (core/priorities.py)
+        n = int_reply((yield script_call("purge_index", (prio_aside,), (chunk, k.prefix, "delayed"))))
+        waiting += n
+        if n < chunk:
+            break
     while delayed:
         n = int_reply((yield script_call("purge_index", (aside,), (chunk, k.prefix, "delayed"))))
         removed += n
@@ -90,6 +97,7 @@ _INDEXES = (
     ("failures", ":failure:"),
     ("repeat", ":repeat:spec:"),
     ("repeat_paused", ":repeat:spec:"),
+    ("prioritized", "delayed"),  # members like the delayed set's: no per-job key to find
 )
 
 

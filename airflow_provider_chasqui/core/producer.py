@@ -60,6 +60,7 @@ from .failure import JobFailure
 from .failure import failure_record as _failure_record
 from .fast import fast_constructor
 from .keys import QueueKeys
+from .priorities import add_prioritized_call, check_priority
 from .settings import QueueSettings
 from .urls import WAIT_BLOCK_MS
 
@@ -70,7 +71,7 @@ STREAM_CHUNK = 250  # add_bulk's plain path: jobs per streamed script call (meas
 # an envelope's bytes besides the job's data: array, 26-char id, bin header, created_at, attempt
 _ENVELOPE_OVERHEAD = 64
 JOB_STATES = ("completed", "failed", "delayed", "unknown")
-_BULK_KEYS = {"name", "data", "delay", "delay_ms", "attempts", "backoff", "job_id", "repeat"}
+_BULK_KEYS = {"name", "data", "delay", "delay_ms", "attempts", "backoff", "job_id", "repeat", "priority"}
 MAX_UNIQUE_KEY_CHARS = MAX_JOB_ID_CHARS  # a unique key becomes a Redis key name: bounded like job ids
 
 
@@ -535,6 +536,17 @@ def bulk_item(item: Mapping[str, Any]) -> dict[str, Any]:
     return dict(item)
 
 
+def _prioritizable(priority: Any, options: Mapping[str, Any]) -> None:
+    """A valid priority, on a job that can have one: an immediate job without a caller id (a
+    delayed one, or one whose id must be deduplicated, enters the stream by another path)."""
+    check_priority(priority)
+    for option in ("delay", "delay_ms", "job_id"):
+        if options.get(option) is not None:
+            raise ConfigError(
+                f"priority cannot be combined with {option} (a prioritized job is added now, with a new id)"
+            )
+
+
 def _row(job_id: str, created_at_ms: int, name: str, data: Any) -> tuple[str, int, str, Any]:
     return job_id, created_at_ms, name, data
 
@@ -568,11 +580,18 @@ class QueueFlows(ProducerCore):
         backoff: Any = None,
         job_id: str | None = None,
         trace: str | None = None,
+        priority: int | None = None,
     ) -> Flow[tuple[str, int]]:
-        """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add`."""
+        """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add` (a prioritized job
+        carries none).  ``priority``: see ``core/priorities.py``."""
+        if priority is not None:
+            _prioritizable(priority, {"delay": delay, "delay_ms": delay_ms, "job_id": job_id})
         job = self.prepare(
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
         )
+        if priority is not None:
+            yield add_prioritized_call(self.keys, [(priority, encode_member(job.name_bytes, job.envelope))])
+            return job.id, job.created_at_ms
         jid = yield from (self.add_with_id(job, trace) if job_id is not None else self.add(job, trace))
         return jid, job.created_at_ms
 
@@ -610,6 +629,9 @@ class QueueFlows(ProducerCore):
         checked = [bulk_item(i) for i in items]
         if any(i.get("repeat") is not None for i in checked):
             raise ConfigError("add_bulk does not take 'repeat'; use upsert_repeatable_job")
+        for i in checked:
+            if i.get("priority") is not None:
+                _prioritizable(i["priority"], i)
         now = now_ms()
         prepared = []
         for i in checked:
@@ -624,12 +646,22 @@ class QueueFlows(ProducerCore):
                     now=now,
                 )
             )
-        if not any(i.get("job_id") is not None for i in checked):
-            yield from self.add_bulk(prepared)
+        urgent = [(i["priority"], p) for i, p in zip(checked, prepared) if i.get("priority") is not None]
+        if urgent:  # one script call per BULK_CHUNK, FIFO within a priority in the items' order
+            members = [(prio, encode_member(p.name_bytes, p.envelope)) for prio, p in urgent]
+            yield [
+                add_prioritized_call(self.keys, members[c : c + BULK_CHUNK]) for c in range(0, len(members), BULK_CHUNK)
+            ]
+            urgent_ids = {id(p) for _prio, p in urgent}
+            prepared_rest = [(i, p) for i, p in zip(checked, prepared) if id(p) not in urgent_ids]
+        else:
+            prepared_rest = list(zip(checked, prepared))
+        if not any(i.get("job_id") is not None for i, _p in prepared_rest):
+            yield from self.add_bulk([p for _i, p in prepared_rest])
             return [make(p.id, p.created_at_ms, i["name"], i["data"]) for i, p in zip(checked, prepared)]
-        plain_jobs = [p for i, p in zip(checked, prepared) if i.get("job_id") is None]
+        plain_jobs = [p for i, p in prepared_rest if i.get("job_id") is None]
         yield from self.add_bulk(plain_jobs)
-        with_id = [p for i, p in zip(checked, prepared) if i.get("job_id") is not None]
+        with_id = [p for i, p in prepared_rest if i.get("job_id") is not None]
         replies = iter((yield [self._with_id_call(p) for p in with_id]))  # one pipeline for all of them
         jobs = []
         for i, p in zip(checked, prepared):

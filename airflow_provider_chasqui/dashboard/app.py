@@ -488,6 +488,7 @@ def _queue_page(c: Ctx) -> Response:
         ["concurrency", h("none" if s.concurrency is None else f"{s.slots_held} of {s.concurrency} slots held")],
         ["stream entries", h(s.stream)],
         ["waiting (not yet delivered)", h(r.waiting)],
+        ["prioritized (added with a priority, not in the stream yet)", h(s.prioritized)],
         ["pending (delivered, not acked)", h(s.pending)],
         ["delayed", h(s.delayed)],
         ["oldest delayed lag", h(age(s.oldest_delayed_lag_ms))],

@@ -124,6 +124,11 @@ class FlowGate:
         self.report()
         return out
 
+    @property
+    def prioritized(self) -> bool:
+        """The queue uses priorities, as the controls said when last read."""
+        return self._known.prioritized
+
     # ---- the controls -----------------------------------------------------------------------
     async def cached(self) -> Controls:
         """The controls as read at most ``CONTROLS_MAX_AGE_SECS`` ago (read now if older)."""

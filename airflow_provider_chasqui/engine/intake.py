@@ -8,9 +8,10 @@ leave them does not, and lives here once:
 * **reading** (:meth:`Intake.next_batch`): what is owed first -- this consumer's own pending
   entries left by an earlier run, entries :meth:`hold`-ed for redelivery that are due, idle
   entries of dead consumers (every half lease) -- then new entries, optionally lingering while
-  more arrive.  The blocking read runs on ``reader`` (a single-connection client that
-  :meth:`unblock` can interrupt) or on the driver.  A NOGROUP (the stream was deleted) recreates
-  the group; a transient error is logged and waited out with one :class:`Backoff`.
+  more arrive; on a queue that uses priorities, the most urgent prioritized jobs are moved to
+  the stream when it runs dry (``core/priorities.py``).  The blocking read runs on ``reader``
+  (a single-connection client that :meth:`unblock` can interrupt) or on the driver.  A NOGROUP
+  (the stream was deleted) recreates the group; a transient error is logged and waited out with one :class:`Backoff`.
 * **the arrival gate** (``core.consumer``) and **one dead-letter path**: refused entries go to
   ``fail_batch`` (``reject_row``), within a failure-log budget.  With ``decode=True`` the data
   of every admitted job is decoded here (bounded; undecodable: ``decode_failed``).
@@ -42,6 +43,7 @@ from ..core.codec import now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
 from ..core.features import Features
 from ..core.pacing import Backoff, LogBudget
+from ..core.priorities import take_prioritized_call
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
 from ..drivers_common import translate_error
 from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
@@ -65,6 +67,7 @@ START_CHECK_FRACTION = 0.2
 REAP_EVERY_LEASES = 5  # how often idle consumers are removed...
 REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing pending
 PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
+PRIORITY_POLL_MS = 100  # the longest blocking read on a queue that uses priorities
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
 
 
@@ -91,6 +94,7 @@ class Intake:
         metrics: WorkerMetrics = NO_METRICS,
         on_lost: Callable[[dict[bytes, bytes]], None] | None = None,
         label: str = "",
+        priority_batch: int | None = None,
     ) -> None:
         self.driver, self.core = driver, core
         self.lease_ms = lease_ms
@@ -102,6 +106,7 @@ class Intake:
         self.metrics = metrics
         self.on_lost = on_lost
         self.label = label or f"consumer {core.consumer_id} of {core.keys.queue}"
+        self.priority_batch = priority_batch  # the most one read takes on a queue that uses priorities
         self.features = Features()  # replaced by open()
         self.in_flight: set[bytes] = set()  # handed out, neither settled nor released
         self.lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
@@ -162,7 +167,7 @@ class Intake:
             if len(owed) < room and not self.stopping.is_set():
                 # the wait ends in time for the next recovery pass, even on an idle queue
                 block = max(1, min(block_ms, int((self._next_recovery - time.monotonic()) * 1000)))
-                entries = await self._read(room - len(owed), None if owed else block)
+                entries = await self._read_new(room - len(owed), None if owed else block)
                 stop = time.monotonic() + MAX_LINGER_SECS
                 while linger_ms is not None and entries and len(owed) + len(entries) < room:
                     more = await self._read(room - len(owed) - len(entries), linger_ms or None)
@@ -233,6 +238,22 @@ class Intake:
                 raise translate_error(exc) from exc
         raise_if_cancelling()  # redis-py can swallow a cancel that lands in a blocking read (redis-py#2028)
         return reply[0][1] if reply else []  # one stream read: its entries, as they came
+
+    async def _read_new(self, want: int, block_ms: int | None) -> list[Any]:
+        """:meth:`_read`, on a queue that uses priorities (``core/priorities.py``) after moving
+        the most urgent prioritized jobs to the stream when it has fewer than ``want`` for the
+        group; there a wait is cut to ``PRIORITY_POLL_MS``, so jobs added meanwhile are seen."""
+        if not (await self.flow.cached()).prioritized:
+            return await self._read(want, block_ms)
+        want = min(want, self.priority_batch or want)  # the first read, sized before the controls were known
+        entries = await self._read(want, None)
+        if len(entries) < want:
+            k, limit = self.core.keys, self.core.settings.max_stream_len
+            if int_reply(await self.driver.call(take_prioritized_call(k, want - len(entries), limit))):
+                entries += await self._read(want - len(entries), None)
+        if entries or block_ms is None:
+            return entries
+        return await self._read(want, min(block_ms, PRIORITY_POLL_MS))
 
     async def _claim_own(self, want: int) -> list[Row]:
         """Our consumer's pending entries left by an earlier run (a crash, a restart), oldest

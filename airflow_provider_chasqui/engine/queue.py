@@ -107,8 +107,29 @@ class Queue:
         job_id: str | None = None,
         repeat: Any = None,
         missed_fires: Any = None,
+        priority: int | None = None,
     ) -> Job:
-        """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given)."""
+        """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given).
+
+        ``priority`` (an int, 1 the most urgent): the job waits beside the stream and enters it
+        when the workers have read everything else, lower numbers first, FIFO within one; a job
+        without a priority runs before every prioritized one.  Not with ``delay`` or ``job_id``
+        (docs/flow-control.md)."""
+        if priority is not None:
+            if repeat is not None or missed_fires is not None:
+                raise ConfigError("priority applies to a job, not to a repeatable spec (repeat=)")
+            flow = self._flows.enqueue(
+                name,
+                data,
+                delay=delay,
+                delay_ms=delay_ms,
+                attempts=attempts,
+                backoff=backoff,
+                job_id=job_id,
+                priority=priority,
+            )
+            jid, created = await self.driver.run(flow)
+            return self._job(jid, created, name, data)
         if self._tracer is not None and repeat is None and missed_fires is None:
             return await self._traced_add(
                 name, data, delay=delay, delay_ms=delay_ms, attempts=attempts, backoff=backoff, job_id=job_id

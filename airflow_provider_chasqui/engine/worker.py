@@ -270,6 +270,7 @@ class Worker:
             metrics=self._sink,
             on_lost=self._lease_lost,
             label=f"worker {self.consumer_id}",
+            priority_batch=s.concurrency,
         )
         try:
             await self._with_retry(self._intake.open)
@@ -422,11 +423,14 @@ class Worker:
             await intake.unblock()
 
     def _capacity(self) -> int:
-        """At most ``concurrency + read_count`` entries waiting or running, plus up to as many
-        again that finished and wait for their batched ack, so reading overlaps acking."""
+        """At most ``concurrency + read_count`` entries waiting or running (``concurrency``
+        on a queue that uses priorities), plus up to as many again that finished and wait for
+        their batched ack, so reading overlaps acking."""
         s = self.settings
         held = len(self._intake.in_flight)
-        window = s.concurrency + s.read_count
+        # no read-ahead on a queue that uses priorities: a job is taken only for a free slot, so
+        # one added later with a lower number starts before the ones still waiting
+        window = s.concurrency + (0 if self._intake.flow.prioritized else s.read_count)
         room = min(window - (held - self._acking), 2 * window - held)
         if s.max_jobs is not None:  # never take more than the jobs left to run
             room = min(room, s.max_jobs - self.processed - (held - self._acking))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from .. import tracing
+from ..core.priorities import check_priority
 from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
 from ..triggers.job import ChasquiJobTrigger, first_error
@@ -54,6 +55,8 @@ class ChasquiEnqueueOperator(BaseOperator):
     :param unique_window: how long the unique key holds (``timedelta`` or seconds; default 1 h).
     :param attempts: attempts before the job is dead-lettered (default: the worker's).
     :param backoff: retry backoff: int ms (fixed), a ``BackoffSpec`` or its dict form.
+    :param priority: an int, 1 the most urgent: lower numbers run first, FIFO within one; not
+        with ``delay``, ``run_at``, ``job_id`` or ``unique`` (docs/flow-control.md).
     :param wait_for_result: wait for the job and return the handler's result.
     :param wait_timeout: give up waiting after this long (``timedelta`` or seconds); None = no limit.
     :param deferrable: wait in the triggerer (default: ``[operators] default_deferrable``, False
@@ -94,6 +97,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         unique_window: timedelta | float | None = None,
         attempts: int | None = None,
         backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
+        priority: int | None = None,
         wait_for_result: bool = False,
         wait_timeout: timedelta | float | None = None,
         deferrable: bool | None = None,
@@ -109,6 +113,11 @@ class ChasquiEnqueueOperator(BaseOperator):
         if not wait_for_result and wait_timeout is not None:
             raise ValueError("wait_timeout needs wait_for_result=True")
         build_retry_override(attempts, backoff)  # a bad value fails at parse time, not at run time
+        if priority is not None:
+            check_priority(priority)
+            if delay is not None or run_at is not None or job_id is not None or unique:
+                raise ValueError("priority cannot be combined with delay, run_at, job_id or unique")
+        self.priority = priority
         self.job_name = job_name
         self.data = data
         self.queue_name = queue_name
@@ -143,6 +152,10 @@ class ChasquiEnqueueOperator(BaseOperator):
                 key=self.unique_key or None,
                 window=timedelta(seconds=self.unique_window),
                 **common,
+            )
+        if self.priority is not None:
+            return queue.add(
+                self.job_name, self.data, priority=self.priority, attempts=self.attempts, backoff=self.backoff
             )
         return queue.add(self.job_name, self.data, job_id=self.job_id or None, **common)
 

@@ -119,6 +119,7 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
         ),
         ("concurrency", "none" if s.concurrency is None else f"{s.slots_held} of {s.concurrency} slots held"),
         ("stream", f"{s.stream}{delta('stream')}"),
+        ("prioritized", f"{s.prioritized} (added with a priority, not in the stream yet)"),
         ("pending", s.pending if s.group_exists else "0 (group not created)"),
         ("delayed", f"{s.delayed} (oldest lag {lag})"),
         ("dlq", f"{s.dlq}{delta('dlq')}"),

@@ -31,7 +31,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
             [
                 (
                     q.queue,
-                    q.waiting,
+                    q.waiting if not q.prioritized else f"{q.waiting} (+{q.prioritized} prioritized)",
                     q.pending,
                     q.delayed,
                     q.dlq,

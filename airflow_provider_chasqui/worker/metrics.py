@@ -263,6 +263,13 @@ class PrometheusMetrics:
             namespace=ns,
             registry=r,
         )
+        self.prioritized = pc.Gauge(
+            "prioritized_jobs",
+            "Jobs added with a priority, waiting to enter the stream (ZCARD of the prioritized set)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
         self.queue_paused = pc.Gauge(
             "queue_paused", "1 while the queue is paused (Queue.pause())", ["queue"], namespace=ns, registry=r
         )
@@ -349,6 +356,7 @@ class PrometheusMetrics:
             self.consumer_idle.labels(queue, group).set(depths["consumer_max_idle_ms"] / 1000)
             self.quarantined.labels(queue).set(depths["quarantined"])
             self.queue_paused.labels(queue).set(depths["paused"])
+            self.prioritized.labels(queue).set(depths["prioritized"])
             self.slots_held.labels(queue).set(depths["slots_held"])
             self.concurrency_limit.labels(queue).set(depths["concurrency"])
         self.sample_time.labels(queue).set(time.time())
@@ -392,6 +400,7 @@ class DepthSampler:
             "consumer_max_idle_ms": s.consumer_max_idle_ms,
             "quarantined": s.quarantined,
             "paused": int(s.paused),
+            "prioritized": s.prioritized,
             "slots_held": s.slots_held,
             "concurrency": s.concurrency or 0,
         }

@@ -48,6 +48,10 @@ def _delayed(redis_url: str, queue_name: str) -> int:
         ({"attempts": -1}, "attempts"),
         ({"backoff": {"kind": "linear", "delay_ms": 1}}, "backoff kind"),
         ({"delay": "soon"}, "delay must be"),
+        ({"priority": 0}, "priority must be between"),
+        ({"priority": "1"}, "priority must be an int"),
+        ({"priority": 2, "job_id": "j"}, "priority cannot be combined"),
+        ({"priority": 2, "delay": 5}, "priority cannot be combined"),
     ],
 )
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:
@@ -62,6 +66,19 @@ def test_enqueue_returns_the_job_id_and_pushes_it(queue_name: str, redis_url: st
     )
     assert ti.xcoms[("self", "job_id")] == job_id
     assert _stream_len(redis_url, queue_name) == 1
+
+
+def test_priority_goes_to_the_prioritized_set_in_order(queue_name: str, redis_url: str) -> None:
+    """Issue 24: the enqueue operator's ``priority``: the jobs wait beside the stream, most
+    urgent first, and a worker runs them in that order."""
+    ids = {
+        p: enqueue(queue_name=queue_name, data={"p": p}, priority=p).execute({"ti": RecordingTI()}) for p in (3, 1, 2)
+    }
+    keys = QueueKeys.for_queue(queue_name)
+    with raw_sync(redis_url) as r:
+        assert r.zcard(keys.prioritized) == 3 and _stream_len(redis_url, queue_name) == 0
+        members = r.zrange(keys.prioritized, 0, -1)
+    assert [ids[p].encode() in m for p, m in zip((1, 2, 3), members)] == [True, True, True]
 
 
 def test_delay_and_run_at_go_to_the_delayed_set(queue_name: str, redis_url: str) -> None:

@@ -162,7 +162,8 @@ async def test_bad_bulk_items(q: Queue) -> None:
     for items in (
         [{"name": "a"}],
         [{"data": 1}],
-        [{"name": "a", "data": 1, "priority": 2}],
+        [{"name": "a", "data": 1, "lifo": True}],  # an option this project does not have
+        [{"name": "a", "data": 1, "priority": 0}],
         ["not a dict"],
         [{"name": "a", "data": 1}, {"name": "b", "data": object()}],
     ):

@@ -317,6 +317,14 @@ class Chaos:
             else:
                 _wrong_type(r, k.controls.encode(), ktype)
             _wrong_type(r, k.running.encode(), ktype)  # the concurrency slots: replaced, never obeyed
+            # a prioritized set of another type moves nothing; hostile members reach the stream whole and
+            # are dead-lettered by the gate (a queue that "uses priorities": prio_seq is set)
+            if ktype == "hash":
+                r.execute_command("HSET", k.controls, b"prio_seq", a)
+                r.delete(k.prioritized)  # an earlier write may have left another type
+                r.execute_command("ZADD", k.prioritized, score, a + b)  # not a name + envelope: dead-lettered
+            else:
+                _wrong_type(r, k.prioritized.encode(), ktype)
         else:
             _wrong_type(r, k.unique("chaos-" + a.hex()).encode(), ktype)
 
