@@ -25,6 +25,7 @@ from .codec import (
     encode_member,
 )
 from .features import Features
+from .groups import MAX_GROUP_BYTES
 from .keys import QueueKeys
 from .retry import RetryPolicy, backoff_ms
 from .rows import CompleteRow as CompleteRow  # re-exported: the drivers import the row types from here
@@ -86,6 +87,7 @@ class Delivery:
     data: Any = field(default=UNDECODED)
     raw_name: bytes = b""  # the entry's original ``n`` bytes when ``name`` does not carry them (not UTF-8)
     trace: bytes = b""  # the producer's W3C traceparent (extra field ``tp``), when it sent one
+    group: bytes = b""  # the job's group (extra field ``g``, core/groups.py), when it has one
 
     def payload(self) -> Any:
         """The job's data, decoded on first use (``codec.decode_data``: bounded; CodecError when
@@ -234,7 +236,7 @@ class ConsumerCore:
 
     def gate(self, entry_id: bytes, fields: Any, delivery_count: int) -> Delivery | Rejected:
         """Arrival gate, in ChasquiMQ's order: malformed, oversize, decode, attempts."""
-        tp = None
+        tp = g = None
         if type(fields) is list and len(fields) == 4 and fields[0] == b"d" and fields[2] == b"n":
             d, n = fields[1], fields[3]  # fast path: the layout every producer writes
         else:
@@ -249,6 +251,8 @@ class ConsumerCore:
                     n = fields[i + 1]
                 elif key == b"tp":  # ours: the trace context (see ``tracing``); ChasquiMQ ignores it
                     tp = fields[i + 1]
+                elif key == b"g":  # ours: the job's group (``core/groups.py``); ChasquiMQ ignores it
+                    g = fields[i + 1]
         # the DLQ keeps the original ``n`` bytes; events get the decoded name, if not too long
         raw_name = n if isinstance(n, bytes) else b""
         long_name = len(raw_name) > MAX_JOB_NAME_BYTES
@@ -269,7 +273,8 @@ class ConsumerCore:
         if prior + 1 > limit:
             return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior, keep)
         trace = tp if isinstance(tp, bytes) and len(tp) <= 512 else b""
-        return Delivery(entry_id, env, name, d, delivery_count, 0, UNDECODED, keep, trace)
+        group = g if isinstance(g, bytes) and 0 < len(g) <= MAX_GROUP_BYTES else b""
+        return Delivery(entry_id, env, name, d, delivery_count, 0, UNDECODED, keep, trace, group)
 
     def gate_fresh(self, entries: list[Any]) -> tuple[list[Delivery], list[Rejected]]:
         """``gate(entry_id, fields, 1)`` for each ``(entry_id, fields)`` of one XREADGROUP reply,

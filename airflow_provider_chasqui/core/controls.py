@@ -17,6 +17,8 @@ queue's hash tag; a queue that never used a control has no such key.  Its fields
 * ``prio_seq`` (``lua/add_prioritized.lua``, ``core/priorities.py``): the sequence of the jobs
   added with a priority; present once the queue used one, it tells the workers to move the
   most urgent of them into the stream when it runs dry.
+* ``grouped`` (``lua/add_grouped.lua``, ``core/groups.py``): jobs were added with a group; the
+  workers serve the groups' turns when the stream runs dry.
 
 Beside the hash, the marker ``{chasqui:<queue>}:blocked`` (``QueueKeys.blocked``): while it
 lives, nothing of the queue starts; a handler that raises ``RateLimited(retry_after_ms)`` sets
@@ -66,6 +68,7 @@ PAUSED_FIELD = "paused"
 RATE_MAX_FIELD, RATE_PER_FIELD = "rate_max", "rate_per_ms"
 CONCURRENCY_FIELD = "concurrency"
 PRIORITY_SEQ_FIELD = "prio_seq"  # written by lua/add_prioritized.lua: the queue uses priorities
+GROUPED_FIELD = "grouped"  # written by lua/add_grouped.lua: the queue has job groups
 _ON = b"1"
 _POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_starts.lua accepts: 1 .. 999,999,999,999
 MAX_RATE_JOBS = 10**9
@@ -90,6 +93,7 @@ class Controls:
     rate: RateLimit | None = None
     concurrency: int | None = None  # at most this many running at once, all workers together
     prioritized: bool = False  # jobs were added with a priority (core/priorities.py): look at that set
+    grouped: bool = False  # jobs were added with a group (core/groups.py): serve the groups' turns
     blocked_ms: int = 0  # a handler raised RateLimited: nothing starts for this long (the marker's TTL)
 
 
@@ -120,9 +124,10 @@ def parse_controls(reply: object) -> Controls:
     conc = _raw(fields.get(CONCURRENCY_FIELD.encode()))
     concurrency = int(conc) if conc is not None and _POSITIVE.fullmatch(conc) else None
     prioritized = PRIORITY_SEQ_FIELD.encode() in fields
-    if not (paused or rate or concurrency or prioritized):
+    grouped = GROUPED_FIELD.encode() in fields
+    if not (paused or rate or concurrency or prioritized or grouped):
         return NO_CONTROLS
-    return Controls(paused=paused, rate=rate, concurrency=concurrency, prioritized=prioritized)
+    return Controls(paused=paused, rate=rate, concurrency=concurrency, prioritized=prioritized, grouped=grouped)
 
 
 def _raw(value: object) -> bytes | None:
@@ -216,14 +221,15 @@ def take_starts_call(keys: QueueKeys, entry_ids: list[bytes], lease_ms: int) -> 
     return script_call("take_starts", (keys.controls, keys.rate, keys.running), (len(entry_ids), lease_ms, *entry_ids))
 
 
-def renew_slots_call(keys: QueueKeys, entry_ids: list[bytes], lease_ms: int) -> Call:
-    """``renew_slots.lua``: the slots of ``entry_ids`` last one more lease."""
-    return script_call("renew_slots", (keys.running,), (lease_ms, *entry_ids))
+def renew_slots_call(keys: QueueKeys, entry_ids: list[bytes], lease_ms: int, running: str | None = None) -> Call:
+    """``renew_slots.lua``: the slots of ``entry_ids`` (in the queue's running set, or in
+    ``running``: a group's) last one more lease."""
+    return script_call("renew_slots", (running or keys.running,), (lease_ms, *entry_ids))
 
 
-def free_slots_call(keys: QueueKeys, entry_ids: list[bytes]) -> Call:
+def free_slots_call(keys: QueueKeys, entry_ids: list[bytes], running: str | None = None) -> Call:
     """The slots of settled entries, freed (sent with the settling writes)."""
-    return command("ZREM", keys.running, *entry_ids)
+    return command("ZREM", running or keys.running, *entry_ids)
 
 
 def parse_take(reply: object, want: int) -> tuple[int, int, bool, int]:

@@ -77,6 +77,9 @@ class QueueSnapshot:
     concurrency: int | None = None  # Queue.set_concurrency(), as the workers read it
     slots_held: int = 0  # concurrency slots held now (jobs running under the limit)
     prioritized: int = 0  # jobs added with a priority, waiting to enter the stream (core/priorities.py)
+    job_groups: int = 0  # job groups with waiting jobs (core/groups.py)
+    # the first JOB_GROUP_ROWS of them in turn order: (group, waiting jobs, running jobs under its limit)
+    job_group_rows: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def consumer_max_idle_ms(self) -> int:
@@ -103,6 +106,9 @@ def _group_row(flat: list[Any]) -> dict[str, Any]:
     }
 
 
+JOB_GROUP_ROWS = 10  # the job groups a snapshot details (the next ones in turn)
+
+
 def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int = 5) -> Flow[QueueSnapshot]:
     """A :class:`QueueSnapshot`: the counters in one pipeline, then the groups, the group's
     consumers and the oldest waiting entry only where they exist (XINFO on a missing stream or
@@ -124,6 +130,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         ctl,
         slots_type,
         prioritized,
+        job_groups,
     ) = yield [
         command("XLEN", k.stream),
         command("ZCARD", k.delayed),
@@ -140,8 +147,22 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         command("TYPE", k.controls),
         command("TYPE", k.running),
         command("ZCARD", k.prioritized),
+        command("ZCARD", k.groups),
     ]
     controls = parse_controls((yield controls_call(k))) if str_reply(ctl) == "hash" else NO_CONTROLS
+    group_rows: list[tuple[str, int, int]] = []
+    if int_reply(job_groups):
+        names = [str_reply(g) for g in (yield command("ZRANGE", k.groups, 0, JOB_GROUP_ROWS - 1)) or []]
+        counts = (
+            []
+            if not names
+            else (
+                yield [
+                    c for g in names for c in (command("LLEN", k.group_jobs(g)), command("ZCARD", k.group_running(g)))
+                ]
+            )
+        )
+        group_rows = [(g, int_reply(counts[2 * i]), int_reply(counts[2 * i + 1])) for i, g in enumerate(names)]
     held = 0  # slots not past their lease (a dead worker's lapse; take_starts.lua purges them)
     if controls.concurrency is not None and str_reply(slots_type) == "zset":
         held = int_reply((yield command("ZCOUNT", k.running, f"({now_ms}", "+inf")))
@@ -189,6 +210,8 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         concurrency=controls.concurrency,
         slots_held=held,
         prioritized=int_reply(prioritized),
+        job_groups=int_reply(job_groups),
+        job_group_rows=group_rows,
     )
 
 

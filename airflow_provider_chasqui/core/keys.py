@@ -152,6 +152,34 @@ class QueueKeys:
         return self.prefix + ":prioritized"
 
     @property
+    def groups(self) -> str:
+        """ZSET of the job groups with waiting jobs, in turn order (score = turn): the round
+        robin of ``lua/take_grouped.lua`` (``core/groups.py``)."""
+        return self.prefix + ":groups"
+
+    @property
+    def group_limits(self) -> str:
+        """HASH of the per-group limits (``Queue.set_group_limits``): ``c:<group>`` and ``dc``
+        (concurrency of one group / of every group), ``r:<group>`` and ``dr`` (``max:per_ms``)."""
+        return self.prefix + ":group_limits"
+
+    def group_jobs(self, group: str) -> str:
+        """LIST of one group's waiting jobs (members as in ``delayed``), oldest first."""
+        return self.prefix + ":group:" + group
+
+    def group_running(self, group: str) -> str:
+        """ZSET of one group's concurrency slots (entry id -> end of lease), as ``running``."""
+        return self.prefix + ":grun:" + group
+
+    def group_rate(self, group: str) -> str:
+        """HASH of one group's rate window (``w``, ``n``), as ``rate``."""
+        return self.prefix + ":grate:" + group
+
+    def group_blocked(self, group: str) -> str:
+        """A marker whose TTL is how long one group starts nothing (``RateLimited`` in that group)."""
+        return self.prefix + ":gblocked:" + group
+
+    @property
     def running(self) -> str:
         """ZSET of the concurrency slots: one member per running entry (its entry id), scored
         with the end of its lease in server ms (``take_starts.lua``, ``renew_slots.lua``)."""

@@ -33,7 +33,7 @@ class QueueInUse(ChasquiError):
 
 @dataclass(frozen=True, slots=True)
 class DrainReport:
-    waiting: int  # stream entries deleted (never a delivered one) and prioritized jobs (never in the stream yet)
+    waiting: int  # stream entries deleted (never a delivered one), and prioritized and grouped jobs not yet in it
     delayed: int  # delayed jobs deleted
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,8 +68,9 @@ def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[Drain
     chunk = _chunk(chunk)
     token = uuid.uuid4().hex
     aside, prio_aside = k.aside("draining", token), k.aside("draining:prioritized", token)
-    keys = (k.stream, k.delayed, aside, k.prioritized, prio_aside)
-    top, _moved, prioritized = yield script_call("drain_begin", keys, (1 if delayed else 0,))
+    groups_aside = k.aside("draining:groups", token)
+    keys = (k.stream, k.delayed, aside, k.prioritized, prio_aside, k.groups, groups_aside)
+    top, _moved, prioritized, groups = yield script_call("drain_begin", keys, (1 if delayed else 0,))
     top = str_reply(top)
     waiting = removed = 0
     more = bool(top)
@@ -81,6 +82,11 @@ def drain(queue: str, *, delayed: bool = True, chunk: int = CHUNK) -> Flow[Drain
         n = int_reply((yield script_call("purge_index", (prio_aside,), (chunk, k.prefix, "delayed"))))
         waiting += n
         if n < chunk:
+            break
+    while int_reply(groups):  # and the jobs of every job group (core/groups.py)
+        popped, jobs = yield script_call("drain_groups", (groups_aside,), (chunk, k.prefix))
+        waiting += int_reply(jobs)
+        if int_reply(popped) < chunk:
             break
     while delayed:
         n = int_reply((yield script_call("purge_index", (aside,), (chunk, k.prefix, "delayed"))))
@@ -98,6 +104,7 @@ _INDEXES = (
     ("repeat", ":repeat:spec:"),
     ("repeat_paused", ":repeat:spec:"),
     ("prioritized", "delayed"),  # members like the delayed set's: no per-job key to find
+    ("groups", ":group:"),  # each member names a group, whose list of waiting jobs goes with it
 )
 
 

@@ -59,6 +59,7 @@ from .event_hub import (
 from .failure import JobFailure
 from .failure import failure_record as _failure_record
 from .fast import fast_constructor
+from .groups import add_grouped_call, check_group
 from .keys import QueueKeys
 from .priorities import add_prioritized_call, check_priority
 from .settings import QueueSettings
@@ -71,7 +72,7 @@ STREAM_CHUNK = 250  # add_bulk's plain path: jobs per streamed script call (meas
 # an envelope's bytes besides the job's data: array, 26-char id, bin header, created_at, attempt
 _ENVELOPE_OVERHEAD = 64
 JOB_STATES = ("completed", "failed", "delayed", "unknown")
-_BULK_KEYS = {"name", "data", "delay", "delay_ms", "attempts", "backoff", "job_id", "repeat", "priority"}
+_BULK_KEYS = {"name", "data", "delay", "delay_ms", "attempts", "backoff", "job_id", "repeat", "priority", "group"}
 MAX_UNIQUE_KEY_CHARS = MAX_JOB_ID_CHARS  # a unique key becomes a Redis key name: bounded like job ids
 
 
@@ -536,14 +537,18 @@ def bulk_item(item: Mapping[str, Any]) -> dict[str, Any]:
     return dict(item)
 
 
-def _prioritizable(priority: Any, options: Mapping[str, Any]) -> None:
-    """A valid priority, on a job that can have one: an immediate job without a caller id (a
-    delayed one, or one whose id must be deduplicated, enters the stream by another path)."""
-    check_priority(priority)
-    for option in ("delay", "delay_ms", "job_id"):
-        if options.get(option) is not None:
+def _side_lane(what: str, value: Any, options: Mapping[str, Any]) -> None:
+    """A valid ``priority`` or ``group``, on a job that can have one: an immediate job without a
+    caller id (a delayed one, or one whose id must be deduplicated, enters the stream by another
+    path), and not both."""
+    if what == "priority":
+        check_priority(value)
+    else:
+        check_group(value)
+    for option in ("delay", "delay_ms", "job_id", "group"):
+        if option != what and options.get(option) is not None:
             raise ConfigError(
-                f"priority cannot be combined with {option} (a prioritized job is added now, with a new id)"
+                f"{what} cannot be combined with {option} (such a job waits beside the stream, added now)"
             )
 
 
@@ -581,16 +586,24 @@ class QueueFlows(ProducerCore):
         job_id: str | None = None,
         trace: str | None = None,
         priority: int | None = None,
+        group: str | None = None,
     ) -> Flow[tuple[str, int]]:
-        """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add` (a prioritized job
-        carries none).  ``priority``: see ``core/priorities.py``."""
+        """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add` (a prioritized or
+        grouped job carries none).  ``priority``: ``core/priorities.py``; ``group``:
+        ``core/groups.py``."""
+        options = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id}
         if priority is not None:
-            _prioritizable(priority, {"delay": delay, "delay_ms": delay_ms, "job_id": job_id})
+            _side_lane("priority", priority, {**options, "group": group})
+        if group is not None:
+            _side_lane("group", group, options)
         job = self.prepare(
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
         )
         if priority is not None:
             yield add_prioritized_call(self.keys, [(priority, encode_member(job.name_bytes, job.envelope))])
+            return job.id, job.created_at_ms
+        if group is not None:
+            yield add_grouped_call(self.keys, [(group, encode_member(job.name_bytes, job.envelope))])
             return job.id, job.created_at_ms
         jid = yield from (self.add_with_id(job, trace) if job_id is not None else self.add(job, trace))
         return jid, job.created_at_ms
@@ -631,7 +644,9 @@ class QueueFlows(ProducerCore):
             raise ConfigError("add_bulk does not take 'repeat'; use upsert_repeatable_job")
         for i in checked:
             if i.get("priority") is not None:
-                _prioritizable(i["priority"], i)
+                _side_lane("priority", i["priority"], i)
+            if i.get("group") is not None:
+                _side_lane("group", i["group"], i)
         now = now_ms()
         prepared = []
         for i in checked:
@@ -647,13 +662,15 @@ class QueueFlows(ProducerCore):
                 )
             )
         urgent = [(i["priority"], p) for i, p in zip(checked, prepared) if i.get("priority") is not None]
-        if urgent:  # one script call per BULK_CHUNK, FIFO within a priority in the items' order
-            members = [(prio, encode_member(p.name_bytes, p.envelope)) for prio, p in urgent]
-            yield [
-                add_prioritized_call(self.keys, members[c : c + BULK_CHUNK]) for c in range(0, len(members), BULK_CHUNK)
-            ]
-            urgent_ids = {id(p) for _prio, p in urgent}
-            prepared_rest = [(i, p) for i, p in zip(checked, prepared) if id(p) not in urgent_ids]
+        grouped = [(i["group"], p) for i, p in zip(checked, prepared) if i.get("group") is not None]
+        side: list[Call] = []  # one script call per BULK_CHUNK, FIFO in the items' order
+        for lane, make_call in ((urgent, add_prioritized_call), (grouped, add_grouped_call)):
+            members = [(key, encode_member(p.name_bytes, p.envelope)) for key, p in lane]
+            side += [make_call(self.keys, members[c : c + BULK_CHUNK]) for c in range(0, len(members), BULK_CHUNK)]
+        if side:
+            yield side
+            aside = {id(p) for _key, p in urgent + grouped}
+            prepared_rest = [(i, p) for i, p in zip(checked, prepared) if id(p) not in aside]
         else:
             prepared_rest = list(zip(checked, prepared))
         if not any(i.get("job_id") is not None for i, _p in prepared_rest):

@@ -489,6 +489,10 @@ def _queue_page(c: Ctx) -> Response:
         ["stream entries", h(s.stream)],
         ["waiting (not yet delivered)", h(r.waiting)],
         ["prioritized (added with a priority, not in the stream yet)", h(s.prioritized)],
+        [
+            "job groups with waiting jobs (next in turn: waiting, running)",
+            h(s.job_groups) + "".join(f"<br>{h(g)}: {h(w)} waiting, {h(r)} running" for g, w, r in s.job_group_rows),
+        ],
         ["pending (delivered, not acked)", h(s.pending)],
         ["delayed", h(s.delayed)],
         ["oldest delayed lag", h(age(s.oldest_delayed_lag_ms))],

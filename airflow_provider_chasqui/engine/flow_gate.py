@@ -70,6 +70,7 @@ class FlowGate:
         self._take_log, self._sleep = take_log, sleep
         self.held: list[Delivery] = []  # in the intake's flight, not handed out yet
         self.slotted: set[bytes] = set()  # entries holding a concurrency slot until they settle
+        self.grouped: dict[bytes, bytes] = {}  # entries of a job group -> the group (its slot, if limited)
         self._freed: asyncio.Event | None = None  # set when this worker frees a slot
         self._slot_bound = False  # the held jobs wait for a slot (not for a rate window)
         self.blocked_until = 0.0  # time.monotonic() before which nothing starts (RateLimited, here or elsewhere)
@@ -91,6 +92,10 @@ class FlowGate:
         failing read of the controls (raised) leaves nothing orphaned."""
         self.held += ready
         controls = await self.cached()
+        if controls.grouped:  # a grouped job may hold its group's slot, taken when it was moved
+            for dl in ready:
+                if dl.group:
+                    self.grouped[dl.entry_id] = dl.group
         if controls.paused:
             log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
             self.report()
@@ -176,14 +181,27 @@ class FlowGate:
         return granted
 
     # ---- concurrency slots --------------------------------------------------------------------
-    def free(self, entry_ids: list[bytes]) -> Call | None:
-        """The call that frees the slots of these settling entries (sent with their settling
-        writes), or None when none holds one."""
-        mine = [eid for eid in entry_ids if eid in self.slotted]
-        if not mine:
-            return None
-        self.slotted.difference_update(mine)
-        return free_slots_call(self.keys, mine)
+    def free(self, entry_ids: list[bytes]) -> list[Call]:
+        """The calls that free the slots (the queue's, their groups') of these settling
+        entries, sent with their settling writes."""
+        calls = []
+        if self.slotted:
+            mine = [eid for eid in entry_ids if eid in self.slotted]
+            if mine:
+                self.slotted.difference_update(mine)
+                calls.append(free_slots_call(self.keys, mine))
+        if self.grouped:
+            for group, ids in self._by_group(entry_ids, pop=True).items():
+                calls.append(free_slots_call(self.keys, ids, self.keys.group_running(group)))
+        return calls
+
+    def _by_group(self, entry_ids: list[bytes], *, pop: bool) -> dict[str, list[bytes]]:
+        out: dict[str, list[bytes]] = {}
+        for eid in entry_ids:
+            group = self.grouped.pop(eid, None) if pop else self.grouped.get(eid)
+            if group is not None:
+                out.setdefault(group.decode("utf-8", "surrogateescape"), []).append(eid)
+        return out
 
     def freed(self) -> None:
         """Slots were freed here: offer the jobs held for one again now."""
@@ -196,12 +214,19 @@ class FlowGate:
         its slot is not freed here; the worker that reclaims the entry keeps it, or it lapses
         one lease after its last renewal."""
         self.slotted.discard(entry_id)
+        self.grouped.pop(entry_id, None)
 
     async def renew_slots(self, entry_ids: list[bytes]) -> None:
-        """Renew the slots of these in-flight entries for one more lease (with their leases)."""
+        """Renew the slots (the queue's, their groups') of these in-flight entries for one more
+        lease, with their leases."""
         mine = [eid for eid in entry_ids if eid in self.slotted]
         for i in range(0, len(mine), RENEW_CHUNK):
             await self.driver.call(renew_slots_call(self.keys, mine[i : i + RENEW_CHUNK], self.lease_ms))
+        if self.grouped:
+            for group, ids in self._by_group(entry_ids, pop=False).items():
+                for i in range(0, len(ids), RENEW_CHUNK):
+                    key = self.keys.group_running(group)
+                    await self.driver.call(renew_slots_call(self.keys, ids[i : i + RENEW_CHUNK], self.lease_ms, key))
 
     async def _wait_for_slot(self, wait: float) -> None:
         if self._freed is None:

@@ -38,10 +38,11 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from ..core.calls import Call, int_reply, str_reply
-from ..core.codec import now_ms
+from ..core.calls import Call, command, int_reply, str_reply
+from ..core.codec import encode_member, now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
 from ..core.features import Features
+from ..core.groups import requeue_grouped_calls, take_grouped_call
 from ..core.pacing import Backoff, LogBudget
 from ..core.priorities import take_prioritized_call
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
@@ -240,16 +241,26 @@ class Intake:
         return reply[0][1] if reply else []  # one stream read: its entries, as they came
 
     async def _read_new(self, want: int, block_ms: int | None) -> list[Any]:
-        """:meth:`_read`, on a queue that uses priorities (``core/priorities.py``) after moving
-        the most urgent prioritized jobs to the stream when it has fewer than ``want`` for the
-        group; there a wait is cut to ``PRIORITY_POLL_MS``, so jobs added meanwhile are seen."""
-        if not (await self.flow.cached()).prioritized:
+        """:meth:`_read`; on a queue that uses priorities or job groups, when the stream has
+        fewer than ``want`` for the group, the most urgent prioritized jobs and then the groups'
+        next jobs in turn are moved to it first (``core/priorities.py``, ``core/groups.py``),
+        and a wait is cut to ``PRIORITY_POLL_MS``, so jobs added meanwhile are seen."""
+        controls = await self.flow.cached()
+        if not (controls.prioritized or controls.grouped):
             return await self._read(want, block_ms)
         want = min(want, self.priority_batch or want)  # the first read, sized before the controls were known
         entries = await self._read(want, None)
-        if len(entries) < want:
-            k, limit = self.core.keys, self.core.settings.max_stream_len
-            if int_reply(await self.driver.call(take_prioritized_call(k, want - len(entries), limit))):
+        k, limit = self.core.keys, self.core.settings.max_stream_len
+        for lane in ("prioritized", "grouped"):  # the most urgent first, then the groups' turns
+            if not getattr(controls, lane) or len(entries) >= want:
+                continue
+            n = want - len(entries)
+            call = (
+                take_prioritized_call(k, n, limit)
+                if lane == "prioritized"
+                else take_grouped_call(k, n, limit, self.lease_ms)
+            )
+            if int_reply(await self.driver.call(call)):
                 entries += await self._read(want - len(entries), None)
         if entries or block_ms is None:
             return entries
@@ -391,7 +402,7 @@ class Intake:
         started = time.monotonic()
         ids = [eid for eid in self.in_flight if eid not in self.lost] if self.lost else list(self.in_flight)
         lost = await self.renew_ids(ids)
-        if self.flow.slotted:
+        if self.flow.slotted or self.flow.grouped:
             await self.flow.renew_slots([eid for eid in ids if eid not in lost])
         self.renewed_at = started
         if ids:
@@ -485,14 +496,13 @@ class Intake:
             calls.append(self.core.complete(done if isinstance(done, list) else list(done), self.features, now))
         if failed:
             calls.append(self.core.fail(failed if isinstance(failed, list) else list(failed), self.features, now))
-        free = None  # a queue without a concurrency limit holds no slots: nothing to build
-        if self.flow.slotted:
+        free = None  # a queue without a concurrency limit or groups holds no slots: nothing to build
+        if self.flow.slotted or self.flow.grouped:
             free = self.flow.free([row[COMPLETE_ENTRY_ID] for row in done] + [row[FAIL_ENTRY_ID] for row in failed])
-        if free is not None:
-            calls.append(free)
+            calls += free
         try:
             await self._write(calls)
-            if free is not None:
+            if free:
                 self.flow.freed()
         finally:
             self.in_flight.difference_update([row[COMPLETE_ENTRY_ID] for row in done])
@@ -523,6 +533,24 @@ class Intake:
                 delay = backoff.next()
                 log.warning("%s: writing failed (%s); retry in %.2fs", self.label, exc, delay)
                 await asyncio.sleep(delay)
+
+    async def requeue_grouped(self, dl: Delivery, block_ms: int) -> None:
+        """A grouped job whose handler raised ``RateLimited``: back at the head of its group's
+        list (no attempt counted) and its group blocked for ``block_ms``, the other groups
+        going on; its stream entry is acked and deleted after that, in the same round trip
+        (a failure in between runs it twice, never loses it)."""
+        k, eid = self.core.keys, dl.entry_id
+        group = dl.group.decode("utf-8", "surrogateescape")
+        member = encode_member(dl.raw_name or dl.name.encode("utf-8"), dl.raw)
+        calls = requeue_grouped_calls(k, group, member, max(1, block_ms))
+        calls += [command("XACK", k.stream, self.core.group, eid), command("XDEL", k.stream, eid)]
+        calls += self.flow.free([eid])
+        try:
+            await self._write(calls)
+        finally:
+            self.in_flight.discard(eid)
+            self.lost.pop(eid, None)
+        self.flow.freed()
 
     def hold(self, counts: Mapping[bytes, int], until: float) -> None:
         """Deliver these in-flight entries again at ``until`` (``time.monotonic()``), each a new

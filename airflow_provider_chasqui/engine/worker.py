@@ -586,8 +586,11 @@ class Worker:
                             tracer.end_consume(span, token, "cancelled")
                         raise
                     if isinstance(exc, RateLimited):  # back without counting an attempt; the queue waits
-                        flow.requeue(dl)
-                        await flow.block(exc.retry_after_ms)
+                        if dl.group:  # ... or only its group: the job goes back to its group's list
+                            await self._requeue_grouped(dl, exc.retry_after_ms)
+                        else:
+                            flow.requeue(dl)
+                            await flow.block(exc.retry_after_ms)
                         if span is not None and tracer is not None:
                             tracer.end_consume(span, token, "rate_limited")
                         continue
@@ -731,6 +734,14 @@ class Worker:
         if len(self._fail_rows) == 1 or len(self._fail_rows) >= self.settings.ack_batch:
             self._flush_wanted.set()
         self._count_processed()
+
+    async def _requeue_grouped(self, dl: Delivery, ms: int) -> None:
+        try:
+            await self._intake.requeue_grouped(dl, ms)
+        except Exception as exc:  # noqa: BLE001 - the entry stays pending: reclaimed after the lease
+            log.warning("worker %s: job %s could not go back to its group: %s", self.consumer_id, dl.envelope.id, exc)
+            self._intake.release(dl.entry_id)
+        self._room()
 
     def _release(self, entry_id: bytes) -> None:
         self._intake.release(entry_id)

@@ -57,6 +57,8 @@ class ChasquiEnqueueOperator(BaseOperator):
     :param backoff: retry backoff: int ms (fixed), a ``BackoffSpec`` or its dict form.
     :param priority: an int, 1 the most urgent: lower numbers run first, FIFO within one; not
         with ``delay``, ``run_at``, ``job_id`` or ``unique`` (docs/flow-control.md).
+    :param group: the job's group (a tenant): groups with waiting jobs take turns, under their
+        own limits (``Queue.set_group_limits``); the same exclusions as ``priority``. (templated)
     :param wait_for_result: wait for the job and return the handler's result.
     :param wait_timeout: give up waiting after this long (``timedelta`` or seconds); None = no limit.
     :param deferrable: wait in the triggerer (default: ``[operators] default_deferrable``, False
@@ -77,6 +79,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         "run_at",
         "job_id",
         "unique_key",
+        "group",
     )
     template_fields_renderers = {"data": "json"}
     ui_color = "#f4d35e"
@@ -98,6 +101,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         attempts: int | None = None,
         backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
         priority: int | None = None,
+        group: str | None = None,
         wait_for_result: bool = False,
         wait_timeout: timedelta | float | None = None,
         deferrable: bool | None = None,
@@ -113,11 +117,17 @@ class ChasquiEnqueueOperator(BaseOperator):
         if not wait_for_result and wait_timeout is not None:
             raise ValueError("wait_timeout needs wait_for_result=True")
         build_retry_override(attempts, backoff)  # a bad value fails at parse time, not at run time
-        if priority is not None:
-            check_priority(priority)
+        for what, value in (("priority", priority), ("group", group)):
+            if value is None:
+                continue
+            if what == "priority":
+                check_priority(value)
             if delay is not None or run_at is not None or job_id is not None or unique:
-                raise ValueError("priority cannot be combined with delay, run_at, job_id or unique")
+                raise ValueError(f"{what} cannot be combined with delay, run_at, job_id or unique")
+        if priority is not None and group is not None:
+            raise ValueError("priority cannot be combined with group")
         self.priority = priority
+        self.group = group
         self.job_name = job_name
         self.data = data
         self.queue_name = queue_name
@@ -153,9 +163,14 @@ class ChasquiEnqueueOperator(BaseOperator):
                 window=timedelta(seconds=self.unique_window),
                 **common,
             )
-        if self.priority is not None:
+        if self.priority is not None or self.group:
             return queue.add(
-                self.job_name, self.data, priority=self.priority, attempts=self.attempts, backoff=self.backoff
+                self.job_name,
+                self.data,
+                priority=self.priority,
+                group=self.group or None,
+                attempts=self.attempts,
+                backoff=self.backoff,
             )
         return queue.add(self.job_name, self.data, job_id=self.job_id or None, **common)
 

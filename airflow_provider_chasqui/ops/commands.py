@@ -120,6 +120,11 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
         ("concurrency", "none" if s.concurrency is None else f"{s.slots_held} of {s.concurrency} slots held"),
         ("stream", f"{s.stream}{delta('stream')}"),
         ("prioritized", f"{s.prioritized} (added with a priority, not in the stream yet)"),
+        (
+            "job groups",
+            f"{s.job_groups} with waiting jobs"
+            + "".join(f"; {g}: {w} waiting, {r} running" for g, w, r in s.job_group_rows),
+        ),
         ("pending", s.pending if s.group_exists else "0 (group not created)"),
         ("delayed", f"{s.delayed} (oldest lag {lag})"),
         ("dlq", f"{s.dlq}{delta('dlq')}"),

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import tracing as _tracing
-from ..core import controls
+from ..core import controls, groups
 from ..core.codec import now_ms
 from ..core.event_hub import JobOutcome
 from ..core.inspect import JobDetails, QueueListing, job_details
@@ -104,16 +104,18 @@ class SyncQueue:
         repeat: Any = None,
         missed_fires: Any = None,
         priority: int | None = None,
+        group: str | None = None,
     ) -> Job:
         """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given).
 
         ``priority`` (an int, 1 the most urgent): the job waits beside the stream and enters it
         when the workers have read everything else, lower numbers first, FIFO within one; a job
         without a priority runs before every prioritized one.  Not with ``delay`` or ``job_id``
-        (docs/flow-control.md)."""
-        if priority is not None:
+        (docs/flow-control.md).  ``group`` (a tenant's name, at most 128 bytes): the groups with
+        waiting jobs take turns, one job each, under their own limits (``set_group_limits``)."""
+        if priority is not None or group is not None:
             if repeat is not None or missed_fires is not None:
-                raise ConfigError("priority applies to a job, not to a repeatable spec (repeat=)")
+                raise ConfigError("priority and group apply to a job, not to a repeatable spec (repeat=)")
             flow = self._flows.enqueue(
                 name,
                 data,
@@ -123,6 +125,7 @@ class SyncQueue:
                 backoff=backoff,
                 job_id=job_id,
                 priority=priority,
+                group=group,
             )
             jid, created = self.driver.run(flow)
             return self._job(jid, created, name, data)
@@ -405,6 +408,25 @@ class SyncQueue:
 
     def clear_concurrency(self) -> None:
         self.driver.run(controls.clear_concurrency(self.keys))
+
+    def set_group_limits(
+        self,
+        concurrency: int | None = None,
+        max_jobs: int | None = None,
+        per_ms: int | None = None,
+        group: str | None = None,
+    ) -> None:
+        """Limits of one job group (``group``), or the default of every group without its own
+        (None): at most ``concurrency`` of its jobs running at once, at most ``max_jobs``
+        started per ``per_ms`` (together).  A limit given as None is removed."""
+        self.driver.run(groups.set_group_limits(self.keys, concurrency, max_jobs, per_ms, group))
+
+    def get_group_limits(self, group: str | None = None) -> groups.GroupLimits:
+        """The limits ``group`` obeys (its own, else the default), as the workers read them."""
+        return self.driver.run(groups.get_group_limits(self.keys, group))
+
+    def clear_group_limits(self, group: str | None = None) -> None:
+        self.driver.run(groups.clear_group_limits(self.keys, group))
 
     # ---- emptying (BullMQ's drain and obliterate) -----------------------------------------
     def drain(self, *, delayed: bool = True) -> DrainReport:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.controls import RateLimit, sum_rate_limits
+from ..core.groups import check_group
 from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern, spec_key_arg
 from ..core.settings import QueueSettings
@@ -84,7 +85,11 @@ class SyncShardedQueue:
         if repeat is not None:  # the shard's Queue.add checks the options as it does unsharded
             spec_key = derive_spec_key(name, coerce_pattern(repeat), spec_key_arg(None, job_id))
             return self.shard_for(spec_key).add(name, data, job_id=job_id, repeat=repeat, **options)
-        queue = self.shard_for(job_id) if job_id is not None else random.choice(self.queues)
+        group = options.get("group")
+        if group is not None:  # a group lives on one shard: its turn and its limits are whole there
+            queue = self.shard_for(check_group(group))
+        else:
+            queue = self.shard_for(job_id) if job_id is not None else random.choice(self.queues)
         return queue.add(name, data, job_id=job_id, **options)
 
     # ---- repeatable specs --------------------------------------------------------------

@@ -270,6 +270,13 @@ class PrometheusMetrics:
             namespace=ns,
             registry=r,
         )
+        self.job_groups = pc.Gauge(
+            "job_groups_waiting",
+            "Job groups (tenants) with waiting jobs, taking turns (ZCARD of the groups' turn)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
         self.queue_paused = pc.Gauge(
             "queue_paused", "1 while the queue is paused (Queue.pause())", ["queue"], namespace=ns, registry=r
         )
@@ -357,6 +364,7 @@ class PrometheusMetrics:
             self.quarantined.labels(queue).set(depths["quarantined"])
             self.queue_paused.labels(queue).set(depths["paused"])
             self.prioritized.labels(queue).set(depths["prioritized"])
+            self.job_groups.labels(queue).set(depths["job_groups"])
             self.slots_held.labels(queue).set(depths["slots_held"])
             self.concurrency_limit.labels(queue).set(depths["concurrency"])
         self.sample_time.labels(queue).set(time.time())
@@ -401,6 +409,7 @@ class DepthSampler:
             "quarantined": s.quarantined,
             "paused": int(s.paused),
             "prioritized": s.prioritized,
+            "job_groups": s.job_groups,
             "slots_held": s.slots_held,
             "concurrency": s.concurrency or 0,
         }

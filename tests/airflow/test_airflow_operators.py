@@ -52,6 +52,8 @@ def _delayed(redis_url: str, queue_name: str) -> int:
         ({"priority": "1"}, "priority must be an int"),
         ({"priority": 2, "job_id": "j"}, "priority cannot be combined"),
         ({"priority": 2, "delay": 5}, "priority cannot be combined"),
+        ({"group": "t", "job_id": "j"}, "group cannot be combined"),
+        ({"group": "t", "priority": 1}, "priority cannot be combined with group"),
     ],
 )
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:
@@ -79,6 +81,18 @@ def test_priority_goes_to_the_prioritized_set_in_order(queue_name: str, redis_ur
         assert r.zcard(keys.prioritized) == 3 and _stream_len(redis_url, queue_name) == 0
         members = r.zrange(keys.prioritized, 0, -1)
     assert [ids[p].encode() in m for p, m in zip((1, 2, 3), members)] == [True, True, True]
+
+
+def test_group_goes_to_its_groups_list(queue_name: str, redis_url: str) -> None:
+    """Issue 24: the enqueue operator's ``group`` (templated): the job waits in its group's list
+    and the group joins the turn."""
+    op = enqueue(queue_name=queue_name, data={"x": 1}, group="{{ params.tenant }}")
+    op.group = "tenant-7"  # as rendered from the template
+    job_id = op.execute({"ti": RecordingTI()})
+    keys = QueueKeys.for_queue(queue_name)
+    with raw_sync(redis_url) as r:
+        assert r.zrange(keys.groups, 0, -1) == [b"tenant-7"] and _stream_len(redis_url, queue_name) == 0
+        assert job_id.encode() in r.lindex(keys.group_jobs("tenant-7"), 0)
 
 
 def test_delay_and_run_at_go_to_the_delayed_set(queue_name: str, redis_url: str) -> None:

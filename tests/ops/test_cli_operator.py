@@ -213,8 +213,9 @@ def test_queue_limits_sets_shows_and_clears_the_concurrency(two_queues: tuple[st
         assert q.get_concurrency() is None and q.get_rate_limit() is None
 
 
-def test_prioritized_jobs_show_in_queues_and_inspect(two_queues: tuple[str, str, str]) -> None:
-    """Jobs added with a priority wait beside the stream: the listing and ``inspect`` count them."""
+def test_prioritized_and_grouped_jobs_show_in_queues_and_inspect(two_queues: tuple[str, str, str]) -> None:
+    """Jobs added with a priority or a group wait beside the stream: the listing and
+    ``inspect`` count them (the groups in turn order)."""
     url, a, b = two_queues
     with SyncQueue(a, redis_url=url) as q:
         q.add_bulk([{"name": "p", "data": i, "priority": 1 + i % 2} for i in range(3)])
@@ -226,6 +227,10 @@ def test_prioritized_jobs_show_in_queues_and_inspect(two_queues: tuple[str, str,
     table = chasqui("queues", "--match", a[:-2] + "*", "--redis-url", url).stdout
     assert "(+3 prioritized)" in next(line for line in table.splitlines() if line.startswith(a))
     assert "3 (added with a priority" in chasqui("inspect", a, "--redis-url", url).stdout
+    with SyncQueue(a, redis_url=url) as q:
+        q.add_bulk([{"name": "t", "data": i, "group": ["acme", "initech"][i % 2]} for i in range(5)])
+    shown = chasqui("inspect", a, "--redis-url", url).stdout
+    assert "2 with waiting jobs; acme: 3 waiting, 0 running; initech: 2 waiting, 0 running" in shown
 
 
 def test_queues_says_when_a_cap_cut_the_listing(two_queues: tuple[str, str, str]) -> None:

@@ -58,10 +58,11 @@ def test_drain_deletes_waiting_and_delayed_jobs_and_keeps_running_ones(url: str,
         r.xadd(k.dlq, {"d": b"", "reason": "malformed"})
         q.upsert_repeatable_job("beat", 1, repeat=RepeatPattern.every(60_000))
         q.add_bulk([{"name": "urgent", "data": i, "priority": 1 + i % 3} for i in range(4)])  # waiting too
+        q.add_bulk([{"name": "tenant", "data": i, "group": f"t{i % 2}"} for i in range(5)])  # and these
 
         report = q.drain()
-        assert (report.waiting, report.delayed) == (7 + 4, 2)
-        assert r.zcard(k.prioritized) == 0
+        assert (report.waiting, report.delayed) == (7 + 4 + 5, 2)
+        assert r.zcard(k.prioritized) == 0 and r.zcard(k.groups) == 0 and not r.exists(k.group_jobs("t0"))
         assert [e for e, _f in r.xrange(k.stream)] == running  # only the delivered entries stay
         assert r.xpending(k.stream, "default")["pending"] == 3
         assert r.zcard(k.delayed) == 0 and not r.exists(k.didx("kept-id"), k.dlid("kept-id"))
@@ -140,7 +141,8 @@ def test_obliterate_refuses_while_a_worker_runs_then_deletes_every_key(url: str,
             with redis.Redis.from_url(url) as r:  # a worker that stopped cleanly left no consumer behind
                 assert r.exists(q.keys.result(ok.id)) and r.zcard(q.keys.failures) == 1
                 await q.add("urgent", 1, priority=2)  # a prioritized job waiting: its set goes too
-                assert r.zcard(q.keys.prioritized) == 1
+                await q.add("tenant", 1, group="t")  # a grouped one: the turn and the group's list go too
+                assert r.zcard(q.keys.prioritized) == 1 and r.llen(q.keys.group_jobs("t")) == 1
                 report = await q.obliterate()
                 assert report.indexed >= 5 and report.swept is not None  # result, failure, delayed, 2 specs
                 assert _keys(r, q_name) == []
