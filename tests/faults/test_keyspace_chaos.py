@@ -320,11 +320,19 @@ class Chaos:
             # a prioritized set of another type moves nothing; hostile members reach the stream whole and
             # are dead-lettered by the gate (a queue that "uses priorities": prio_seq is set)
             if ktype == "hash":
-                r.execute_command("HSET", k.controls, b"prio_seq", a)
-                r.delete(k.prioritized)  # an earlier write may have left another type
+                r.execute_command("HSET", k.controls, b"prio_seq", a, b"grouped", b)
+                r.delete(k.prioritized, k.groups, k.group_limits)  # an earlier write may have left another type
                 r.execute_command("ZADD", k.prioritized, score, a + b)  # not a name + envelope: dead-lettered
+                # a job group with a hostile member and hostile limits (no limit): moved, then dead-lettered
+                group = b"chaos-" + a.hex().encode()
+                r.delete(k.prefix.encode() + b":group:" + group)
+                r.execute_command("RPUSH", k.prefix.encode() + b":group:" + group, b + a)
+                r.execute_command("ZADD", k.groups, score, group)
+                r.execute_command("HSET", k.group_limits, b"dc", a + b"x", b"r:" + group, b)
             else:
                 _wrong_type(r, k.prioritized.encode(), ktype)
+                _wrong_type(r, k.groups.encode(), ktype)
+                _wrong_type(r, k.group_limits.encode(), ktype)
         else:
             _wrong_type(r, k.unique("chaos-" + a.hex()).encode(), ktype)
 
