@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.controls import RateLimit, sum_rate_limits
-from ..core.groups import check_group
+from ..core.groups import GroupLimits, check_group
 from ..core.repeat import RepeatableMeta, derive_spec_key
 from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern, spec_key_arg
 from ..core.settings import QueueSettings
@@ -188,6 +188,27 @@ class SyncShardedQueue:
     def clear_concurrency(self) -> None:
         for q in self.queues:
             q.clear_concurrency()
+
+    def set_group_limits(
+        self,
+        concurrency: int | None = None,
+        max_jobs: int | None = None,
+        per_ms: int | None = None,
+        group: str | None = None,
+    ) -> None:
+        """A group's limits (or the default of every group) on every shard: a group lives on
+        one shard (``add`` routes it there), so its limits hold whole."""
+        for q in self.queues:
+            q.set_group_limits(concurrency, max_jobs, per_ms, group)
+
+    def get_group_limits(self, group: str | None = None) -> GroupLimits:
+        """The limits ``group`` obeys on its shard (the default: as the first shard reads it)."""
+        queue = self.queues[0] if group is None else self.shard_for(check_group(group))
+        return queue.get_group_limits(group)
+
+    def clear_group_limits(self, group: str | None = None) -> None:
+        for q in self.queues:
+            q.clear_group_limits(group)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:

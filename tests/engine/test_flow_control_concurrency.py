@@ -223,6 +223,14 @@ def test_a_sharded_queue_splits_its_limits(redis_url: str, queue_name: str) -> N
         sq.clear_concurrency()
         sq.clear_rate_limit()
         assert sq.get_concurrency() is None and sq.get_rate_limit() is None
+        sq.set_group_limits(concurrency=2)  # every shard: a group lives on one, by its name
+        sq.set_group_limits(concurrency=1, group="acme")
+        assert [q.get_group_limits("other").concurrency for q in sq.queues] == [2, 2, 2]
+        assert sq.get_group_limits("acme").concurrency == 1
+        home = sq.shard_for("acme")
+        sq.add("t", 1, group="acme")  # routed by the group's name
+        waiting = [q.driver.call(command("LLEN", q.keys.group_jobs("acme"))) for q in sq.queues]
+        assert waiting == [int(q is home) for q in sq.queues]
 
 
 async def test_a_limit_set_while_a_worker_runs_is_obeyed(
