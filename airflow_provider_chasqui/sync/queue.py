@@ -113,23 +113,10 @@ class SyncQueue:
         without a priority runs before every prioritized one.  Not with ``delay`` or ``job_id``
         (docs/flow-control.md).  ``group`` (a tenant's name, at most 128 bytes): the groups with
         waiting jobs take turns, one job each, under their own limits (``set_group_limits``)."""
-        if priority is not None or group is not None:
-            if repeat is not None or missed_fires is not None:
-                raise ConfigError("priority and group apply to a job, not to a repeatable spec (repeat=)")
-            flow = self._flows.enqueue(
-                name,
-                data,
-                delay=delay,
-                delay_ms=delay_ms,
-                attempts=attempts,
-                backoff=backoff,
-                job_id=job_id,
-                priority=priority,
-                group=group,
-            )
-            jid, created = self.driver.run(flow)
-            return self._job(jid, created, name, data)
-        if self._tracer is not None and repeat is None and missed_fires is None:
+        side = priority is not None or group is not None  # waits beside the stream: no trace, no quick path
+        if side and (repeat is not None or missed_fires is not None):
+            raise ConfigError("priority and group apply to a job, not to a repeatable spec (repeat=)")
+        if self._tracer is not None and repeat is None and missed_fires is None and not side:
             return self._traced_add(
                 name, data, delay=delay, delay_ms=delay_ms, attempts=attempts, backoff=backoff, job_id=job_id
             )
@@ -141,6 +128,7 @@ class SyncQueue:
             and job_id is None
             and repeat is None
             and missed_fires is None
+            and not side
         ):  # the plain add: one call, no flow
             call, jid, created = self._flows.quick_add(name, data)
             self.driver.run_call(call)
@@ -157,7 +145,15 @@ class SyncQueue:
         if missed_fires is not None:
             raise ConfigError("missed_fires only applies together with repeat=")
         flow = self._flows.enqueue(
-            name, data, delay=delay, delay_ms=delay_ms, attempts=attempts, backoff=backoff, job_id=job_id
+            name,
+            data,
+            delay=delay,
+            delay_ms=delay_ms,
+            attempts=attempts,
+            backoff=backoff,
+            job_id=job_id,
+            priority=priority,
+            group=group,
         )
         jid, created = self.driver.run(flow)
         return self._job(jid, created, name, data)
