@@ -112,6 +112,14 @@ class Rejected:
     dlq_name: bytes = b""  # the entry's original ``n`` bytes when ``name`` does not carry them
 
 
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def clip_text(text: str, limit: int = MAX_REASON_BYTES) -> str:
     """``text`` as at most ``limit`` UTF-8 bytes, cut with a marker saying how long it was;
     unencodable characters (lone surrogates) become U+FFFD, so the result always encodes."""
@@ -273,7 +281,7 @@ class ConsumerCore:
         if prior + 1 > limit:
             return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior, keep)
         trace = tp if isinstance(tp, bytes) and len(tp) <= 512 else b""
-        group = g if isinstance(g, bytes) and 0 < len(g) <= MAX_GROUP_BYTES else b""
+        group = g if isinstance(g, bytes) and 0 < len(g) <= MAX_GROUP_BYTES and _utf8(g) else b""  # else: no group
         return Delivery(entry_id, env, name, d, delivery_count, 0, UNDECODED, keep, trace, group)
 
     def gate_fresh(self, entries: list[Any]) -> tuple[list[Delivery], list[Rejected]]:

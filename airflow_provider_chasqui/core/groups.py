@@ -53,7 +53,10 @@ def check_group(value: Any) -> str:
     """A group name: a non-empty str of at most ``MAX_GROUP_BYTES`` UTF-8 bytes."""
     if not isinstance(value, str):
         raise ConfigError(f"group must be a str, got {type(value).__name__} {value!r}")
-    size = len(value.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigError(f"group must be text that encodes as UTF-8, got {value!r}") from None
     if not 0 < size <= MAX_GROUP_BYTES:
         raise ConfigError(f"group must be 1 to {MAX_GROUP_BYTES} bytes of UTF-8, got {size} bytes")
     return value

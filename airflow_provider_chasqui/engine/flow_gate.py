@@ -6,8 +6,10 @@ blocked), or what the concurrency and rate limits grant together (``take_starts.
 may not start yet is *held*: it stays in the intake's flight (leases renewed, no attempt
 counted) and is handed out, before anything new is read, once the controls allow it.
 
-A job started under a concurrency limit holds a slot (:attr:`FlowGate.slotted`): renewed with
-the leases (:meth:`FlowGate.renew_slots`), freed in the same round trip that settles the job
+A job started under a concurrency limit holds a slot (:attr:`FlowGate.slotted`), and a job of a
+group with a concurrency limit its group's slot, taken when it was moved to the stream
+(:attr:`FlowGate.grouped`, ``core/groups.py``): both are renewed with the leases
+(:meth:`FlowGate.renew_slots`) and freed in the same round trip that settles the job
 (:meth:`FlowGate.free`).  A job held for a slot is offered again as soon as this worker frees
 one, and every ``SLOT_POLL_SECS`` for the slots other workers free.
 
@@ -200,7 +202,7 @@ class FlowGate:
         for eid in entry_ids:
             group = self.grouped.pop(eid, None) if pop else self.grouped.get(eid)
             if group is not None:
-                out.setdefault(group.decode("utf-8", "surrogateescape"), []).append(eid)
+                out.setdefault(group.decode("utf-8"), []).append(eid)  # the gate kept UTF-8 names only
         return out
 
     def freed(self) -> None:

@@ -11,7 +11,8 @@ leave them does not, and lives here once:
   more arrive; on a queue that uses priorities, the most urgent prioritized jobs are moved to
   the stream when it runs dry (``core/priorities.py``).  The blocking read runs on ``reader``
   (a single-connection client that :meth:`unblock` can interrupt) or on the driver.  A NOGROUP
-  (the stream was deleted) recreates the group; a transient error is logged and waited out with one :class:`Backoff`.
+  (the stream was deleted) recreates the group; a transient error is logged and waited out
+  with one :class:`Backoff`.
 * **the arrival gate** (``core.consumer``) and **one dead-letter path**: refused entries go to
   ``fail_batch`` (``reject_row``), within a failure-log budget.  With ``decode=True`` the data
   of every admitted job is decoded here (bounded; undecodable: ``decode_failed``).
@@ -540,7 +541,7 @@ class Intake:
         going on; its stream entry is acked and deleted after that, in the same round trip
         (a failure in between runs it twice, never loses it)."""
         k, eid = self.core.keys, dl.entry_id
-        group = dl.group.decode("utf-8", "surrogateescape")
+        group = dl.group.decode("utf-8")  # the gate kept UTF-8 group names only
         member = encode_member(dl.raw_name or dl.name.encode("utf-8"), dl.raw)
         calls = requeue_grouped_calls(k, group, member, max(1, block_ms))
         calls += [command("XACK", k.stream, self.core.group, eid), command("XDEL", k.stream, eid)]

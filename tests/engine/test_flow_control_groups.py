@@ -9,6 +9,7 @@ group back and no other.  The scripts are also driven with hostile limits, keys 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from pathlib import Path
@@ -188,7 +189,7 @@ def test_rate_limited_blocks_its_group_only(redis_url: str, queue_name: str, tmp
 
 def test_bad_groups_and_limits_are_config_errors(redis_url: str, queue_name: str) -> None:
     with SyncQueue(queue_name, redis_url=redis_url) as q:
-        for bad in ("", "x" * 129, 5, 1.5, b"bytes"):
+        for bad in ("", "x" * 129, 5, 1.5, b"bytes", "\udcff"):
             with pytest.raises(ConfigError, match="group"):
                 q.add("g", 1, group=bad)  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="group"):
@@ -223,3 +224,39 @@ def test_hostile_group_keys_limits_and_members(redis_url: str, queue_name: str) 
             assert [f[b"g"] for _e, f in entries] == [b"a"] * 4 and entries[-1][1][b"d"] == b"\x01"
     finally:
         driver.close()
+
+
+@pytest.mark.single_node("writes the stream with a plain client")
+async def test_an_entry_with_a_hostile_group_field_runs_as_ungrouped(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """A stream entry whose ``g`` is not a UTF-8 name (or is too long) runs as a job without a
+    group: its slot bookkeeping never builds a key from those bytes, so nothing poisons the
+    worker's settling writes."""
+    from engine_support import running
+
+    keys = QueueKeys.for_queue(queue_name)
+    q = queues(queue_name, redis_url)
+    ran: list[int] = []
+
+    async def handler(job):
+        ran.append(job.data)
+
+    with redis.Redis.from_url(redis_url) as r:
+        for i, g in enumerate((b"\xff\xfe", b"x" * 500, b"")):
+            job = await q.add("h", i)
+            ((eid, fields),) = r.xrange(keys.stream, "-", "+", count=1)
+            r.xdel(keys.stream, eid)
+            r.xadd(keys.stream, {**fields, b"g": g})
+            assert job.id
+        r.hset(keys.controls, "grouped", "1")  # the queue "has groups": the workers track them
+    async with running(worker_factory(queue_name, handler, redis_url, concurrency=5)):
+        await asyncio.wait_for(_until(lambda: len(ran) == 3), 60)
+    assert sorted(ran) == [0, 1, 2]
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.xlen(keys.dlq) == 0 and r.xinfo_groups(keys.stream)[0]["pending"] == 0
+
+
+async def _until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)
