@@ -62,6 +62,8 @@ __all__ = [
     "MAX_RATE_PER_MS",
     "MAX_CONCURRENCY",
     "sum_rate_limits",
+    "check_count",
+    "positive_int",
 ]
 
 PAUSED_FIELD = "paused"
@@ -119,15 +121,22 @@ def parse_controls(reply: object) -> Controls:
     paused = _raw(fields.get(PAUSED_FIELD.encode())) == _ON
     rmax, rper = _raw(fields.get(RATE_MAX_FIELD.encode())), _raw(fields.get(RATE_PER_FIELD.encode()))
     rate = None
-    if rmax is not None and rper is not None and _POSITIVE.fullmatch(rmax) and _POSITIVE.fullmatch(rper):
-        rate = RateLimit(int(rmax), int(rper))
-    conc = _raw(fields.get(CONCURRENCY_FIELD.encode()))
-    concurrency = int(conc) if conc is not None and _POSITIVE.fullmatch(conc) else None
+    max_jobs, per_ms = positive_int(rmax), positive_int(rper)
+    if max_jobs is not None and per_ms is not None:
+        rate = RateLimit(max_jobs, per_ms)
+    concurrency = positive_int(fields.get(CONCURRENCY_FIELD.encode()))
     prioritized = PRIORITY_SEQ_FIELD.encode() in fields
     grouped = GROUPED_FIELD.encode() in fields
     if not (paused or rate or concurrency or prioritized or grouped):
         return NO_CONTROLS
     return Controls(paused=paused, rate=rate, concurrency=concurrency, prioritized=prioritized, grouped=grouped)
+
+
+def positive_int(value: object) -> int | None:
+    """A stored limit as the Lua scripts read it: 1 to 12 digits, no sign, no leading zero;
+    anything else (hostile, foreign) is no limit."""
+    raw = _raw(value)
+    return int(raw) if raw is not None and _POSITIVE.fullmatch(raw) else None
 
 
 def _raw(value: object) -> bytes | None:
@@ -155,7 +164,8 @@ def read_controls(keys: QueueKeys) -> Flow[Controls]:
     return parse_controls((yield controls_call(keys)))
 
 
-def _count(what: str, value: object, most: int) -> int:
+def check_count(what: str, value: object, most: int) -> int:
+    """A limit as a user gives it: an int from 1 to ``most`` (else ``ConfigError`` naming ``what``)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{what} must be an int, got {type(value).__name__} {value!r}")
     if not 1 <= value <= most:
@@ -165,7 +175,7 @@ def _count(what: str, value: object, most: int) -> int:
 
 def set_rate_limit(keys: QueueKeys, max_jobs: int, per_ms: int) -> Flow[None]:
     """All workers together start at most ``max_jobs`` jobs per ``per_ms`` milliseconds."""
-    limit = RateLimit(_count("max_jobs", max_jobs, MAX_RATE_JOBS), _count("per_ms", per_ms, MAX_RATE_PER_MS))
+    limit = RateLimit(check_count("max_jobs", max_jobs, MAX_RATE_JOBS), check_count("per_ms", per_ms, MAX_RATE_PER_MS))
     yield command("HSET", keys.controls, RATE_MAX_FIELD, limit.max_jobs, RATE_PER_FIELD, limit.per_ms)
 
 
@@ -186,7 +196,7 @@ def sum_rate_limits(limits: list[RateLimit | None]) -> RateLimit | None:
 
 def set_concurrency(keys: QueueKeys, n: int) -> Flow[None]:
     """At most ``n`` jobs of the queue run at once, all workers together."""
-    yield command("HSET", keys.controls, CONCURRENCY_FIELD, _count("concurrency", n, MAX_CONCURRENCY))
+    yield command("HSET", keys.controls, CONCURRENCY_FIELD, check_count("concurrency", n, MAX_CONCURRENCY))
 
 
 def clear_concurrency(keys: QueueKeys) -> Flow[None]:
@@ -194,10 +204,12 @@ def clear_concurrency(keys: QueueKeys) -> Flow[None]:
     yield command("HDEL", keys.controls, CONCURRENCY_FIELD)
 
 
-def block_calls(keys: QueueKeys, ms: int) -> list[Call]:
-    """Start nothing of the queue for ``ms`` (``RateLimited``): the marker ``:blocked`` with that
-    TTL, or its TTL raised to it; a shorter block never cuts a longer one (``PEXPIRE GT``)."""
-    return [command("SET", keys.blocked, _ON, "PX", ms, "NX"), command("PEXPIRE", keys.blocked, ms, "GT")]
+def block_calls(keys: QueueKeys, ms: int, marker: str | None = None) -> list[Call]:
+    """Start nothing of the queue (or of a group: its ``marker``) for ``ms`` (``RateLimited``):
+    the marker ``:blocked`` with that TTL, or its TTL raised to it; a shorter block never cuts a
+    longer one (``PEXPIRE GT``)."""
+    key = marker or keys.blocked
+    return [command("SET", key, _ON, "PX", ms, "NX"), command("PEXPIRE", key, ms, "GT")]
 
 
 def controls_calls(keys: QueueKeys) -> list[Call]:

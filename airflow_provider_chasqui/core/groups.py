@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .calls import Call, Flow, command, int_reply, script_call
+from .calls import Call, Flow, command, script_call
+from .controls import MAX_CONCURRENCY, MAX_RATE_JOBS, MAX_RATE_PER_MS, block_calls, check_count, positive_int
 from .keys import QueueKeys
 
 __all__ = [
@@ -35,9 +36,6 @@ __all__ = [
 ]
 
 MAX_GROUP_BYTES = 128
-_MAX_CONCURRENCY = 10**6
-_MAX_RATE_JOBS = 10**9
-_MAX_PER_MS = 366 * 86_400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,19 +81,12 @@ def requeue_grouped_calls(keys: QueueKeys, group: str, member: bytes, block_ms: 
     return [
         command("LPUSH", keys.group_jobs(group), member),
         command("ZADD", keys.groups, "NX", 0, group),
-        command("SET", keys.group_blocked(group), b"1", "PX", block_ms, "NX"),
-        command("PEXPIRE", keys.group_blocked(group), block_ms, "GT"),
+        *block_calls(keys, block_ms, keys.group_blocked(group)),
     ]
 
 
 def _count(what: str, value: Any, most: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{what} must be an int, got {type(value).__name__} {value!r}")
-    if not 1 <= value <= most:
-        raise ConfigError(f"{what} must be between 1 and {most:,}, got {value!r}")
-    return value
+    return None if value is None else check_count(what, value, most)
 
 
 def _fields(group: str | None) -> tuple[str, str]:
@@ -114,8 +105,8 @@ def set_group_limits(
 ) -> Flow[None]:
     """Set the limits of ``group`` (None: the default of every group without its own).  A
     limit given as None is removed; ``max_jobs`` and ``per_ms`` go together."""
-    conc = _count("concurrency", concurrency, _MAX_CONCURRENCY)
-    rmax, rper = _count("max_jobs", max_jobs, _MAX_RATE_JOBS), _count("per_ms", per_ms, _MAX_PER_MS)
+    conc = _count("concurrency", concurrency, MAX_CONCURRENCY)
+    rmax, rper = _count("max_jobs", max_jobs, MAX_RATE_JOBS), _count("per_ms", per_ms, MAX_RATE_PER_MS)
     if (rmax is None) != (rper is None):
         raise ConfigError("max_jobs and per_ms go together: give both, or neither")
     c_field, r_field = _fields(group)
@@ -138,12 +129,12 @@ def get_group_limits(keys: QueueKeys, group: str | None = None) -> Flow[GroupLim
     fields = ["dc", "dr"] if group is None else ["c:" + check_group(group), "dc", "r:" + group, "dr"]
     raw = yield command("HMGET", keys.group_limits, *fields)
     conc_raw, rate_raw = (raw[0], raw[1]) if group is None else (raw[0] or raw[1], raw[2] or raw[3])
-    concurrency = _positive(conc_raw)
+    concurrency = positive_int(conc_raw)
     max_jobs = per_ms = None
     if rate_raw is not None:
         text = rate_raw.decode("utf-8", "replace") if isinstance(rate_raw, bytes) else str(rate_raw)
         head, sep, tail = text.partition(":")
-        m, p = _positive(head), _positive(tail)
+        m, p = positive_int(head), positive_int(tail)
         if sep and m is not None and p is not None:
             max_jobs, per_ms = m, p
     return GroupLimits(concurrency, max_jobs, per_ms)
@@ -153,13 +144,3 @@ def clear_group_limits(keys: QueueKeys, group: str | None = None) -> Flow[None]:
     """Remove the limits of ``group`` (None: the default)."""
     c_field, r_field = _fields(group)
     yield command("HDEL", keys.group_limits, c_field, r_field)
-
-
-def _positive(raw: Any) -> int | None:
-    """What take_grouped.lua accepts: 1 to 12 digits, no sign or leading zero."""
-    if raw is None:
-        return None
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
-    if not (text.isascii() and text.isdigit()) or text.startswith("0") or len(text) > 12:
-        return None
-    return int_reply(text)

@@ -599,11 +599,13 @@ class QueueFlows(ProducerCore):
         job = self.prepare(
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
         )
+        side = None  # beside the stream (checked above: not both)
         if priority is not None:
-            yield add_prioritized_call(self.keys, [(priority, encode_member(job.name_bytes, job.envelope))])
-            return job.id, job.created_at_ms
-        if group is not None:
-            yield add_grouped_call(self.keys, [(group, encode_member(job.name_bytes, job.envelope))])
+            side = add_prioritized_call(self.keys, [(priority, encode_member(job.name_bytes, job.envelope))])
+        elif group is not None:
+            side = add_grouped_call(self.keys, [(group, encode_member(job.name_bytes, job.envelope))])
+        if side is not None:
+            yield side
             return job.id, job.created_at_ms
         jid = yield from (self.add_with_id(job, trace) if job_id is not None else self.add(job, trace))
         return jid, job.created_at_ms

@@ -193,7 +193,10 @@ class _Catchup:
 
 def _skips_while_paused(raw_ext: Any) -> bool:
     """Whether a due spec's ext asks to skip fires while the queue is paused (an ext that does
-    not decode: no; the plan quarantines it)."""
+    not decode: no; the plan quarantines it).  Only a four-item ext (msgpack fixarray 0x94) can
+    carry the policy: the others are not decoded here, the plan decodes them once."""
+    if type(raw_ext) is not bytes or raw_ext[:1] != b"\x94":
+        return False
     try:
         return SpecExt.decode(raw_ext).skip_while_paused
     except Exception:  # noqa: BLE001 - found and reported by the plan
