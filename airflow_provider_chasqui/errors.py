@@ -26,6 +26,7 @@ __all__ = [
     "UnrecoverableError",
     "HandlerNotFound",
     "RateLimited",
+    "JobTimeout",
     "TRANSIENT_ERRORS",
 ]
 
@@ -153,6 +154,17 @@ class RateLimited(ChasquiError):
             raise ConfigError(f"retry_after_ms must be between 0 and {self.MAX_MS:,}, got {retry_after_ms!r}")
         self.retry_after_ms = int(-(-retry_after_ms // 1))  # whole milliseconds, rounded up
         super().__init__(message or f"rate limited: retry after {self.retry_after_ms} ms")
+
+
+class JobTimeout(ChasquiError):
+    """An attempt ran past its timeout (the job's ``timeout_ms``, its handler's or the worker's
+    ``job_timeout_ms``) and was stopped: it fails with reason ``timeout`` and follows the retry
+    policy like any failure."""
+
+    def __init__(self, timeout_ms: int, job_id: str = "") -> None:
+        self.timeout_ms = timeout_ms
+        what = f"job {job_id}" if job_id else "the job"
+        super().__init__(f"{what} ran past its timeout of {timeout_ms} ms")
 
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ChasquiConnectionError, ReadOnlyReplicaError, ClusterBusyError)

@@ -231,6 +231,8 @@ async def _worker_main(ns: argparse.Namespace) -> None:
     async def record(job: Any) -> None:
         started(job)
         rate_limited_once(job)
+        if ns.blocking_sleep_ms:  # an async handler calling blocking code: the event loop stalls
+            time.sleep(ns.blocking_sleep_ms / 1000)
         wait = slow if slow and isinstance(job.data, dict) and job.data.get("slow") else pause
         if wait:
             await asyncio.sleep(wait)
@@ -252,6 +254,9 @@ async def _worker_main(ns: argparse.Namespace) -> None:
         run_scheduler=False,
         read_block_ms=ns.read_block_ms,
         install_signal_handlers=True,
+        job_timeout_ms=ns.job_timeout_ms or None,
+        read_count=ns.read_count,
+        store_results=bool(ns.store_results),
     )
     await worker.run()
     os.close(fd)
@@ -613,6 +618,10 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--starts", default="", help="also record each handler start in this file")
     w.add_argument("--thread-handler", type=int, default=0, help="1: a plain function (run in a thread)")
     w.add_argument("--slow-ms", type=float, default=0.0, help="jobs with data slow=True sleep this long here")
+    w.add_argument("--blocking-sleep-ms", type=float, default=0.0, help="the async handler time.sleep()s this long")
+    w.add_argument("--read-count", type=int, default=256, help="entries read per XREADGROUP beyond the running ones")
+    w.add_argument("--store-results", type=int, default=0, help="1: keep results and failure records")
+    w.add_argument("--job-timeout-ms", type=int, default=0, help="the worker's job_timeout_ms (0: none)")
     w.add_argument("--grant-log", type=int, default=0, help="1: log every flow-limit grant (its server time)")
     w.add_argument("--marker", default="", help="a job with data rate_limited_ms raises RateLimited once (this file)")
     ns = p.parse_args(argv)

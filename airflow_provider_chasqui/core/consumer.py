@@ -11,6 +11,7 @@ from typing import Any
 
 import msgpack
 
+from ..errors import JobTimeout
 from .calls import Call, command, script_call
 from .codec import (
     _U32_MAX,
@@ -88,6 +89,7 @@ class Delivery:
     raw_name: bytes = b""  # the entry's original ``n`` bytes when ``name`` does not carry them (not UTF-8)
     trace: bytes = b""  # the producer's W3C traceparent (extra field ``tp``), when it sent one
     group: bytes = b""  # the job's group (extra field ``g``, core/groups.py), when it has one
+    timeout_ms: int = 0  # the job's own timeout (core/running.py), read beside the job; 0: none
 
     def payload(self) -> Any:
         """The job's data, decoded on first use (``codec.decode_data``: bounded; CodecError when
@@ -171,6 +173,8 @@ def handler_traceback(exc: BaseException) -> str:
 def handler_failure_reason(exc: BaseException) -> str:
     """The ``failed`` event reason ChasquiMQ's Python shim writes, clipped to
     ``MAX_REASON_BYTES`` (an exception's repr is unbounded, and may itself raise)."""
+    if isinstance(exc, JobTimeout):  # the worker stopped it: reason ``timeout`` (core/running.py)
+        return clip_text(f"timeout: {exc}")
     return clip_text(f"handler: Python handler raised: {_safe_repr(exc)}")
 
 

@@ -19,6 +19,10 @@ queue's hash tag; a queue that never used a control has no such key.  Its fields
   most urgent of them into the stream when it runs dry.
 * ``grouped`` (``lua/add_grouped.lua``, ``core/groups.py``): jobs were added with a group; the
   workers serve the groups' turns when the stream runs dry.
+* ``timeouts`` (``core/running.py``): jobs were added with their own ``timeout_ms``; the
+  workers read each batch's job timeouts.
+* ``cancels`` (``core/running.py``): jobs of the queue were cancelled; the workers look up the
+  jobs they read and run in ``{chasqui:<queue>}:cancel``.
 
 Beside the hash, the marker ``{chasqui:<queue>}:blocked`` (``QueueKeys.blocked``): while it
 lives, nothing of the queue starts; a handler that raises ``RateLimited(retry_after_ms)`` sets
@@ -71,6 +75,8 @@ RATE_MAX_FIELD, RATE_PER_FIELD = "rate_max", "rate_per_ms"
 CONCURRENCY_FIELD = "concurrency"
 PRIORITY_SEQ_FIELD = "prio_seq"  # written by lua/add_prioritized.lua: the queue uses priorities
 GROUPED_FIELD = "grouped"  # written by lua/add_grouped.lua: the queue has job groups
+TIMEOUTS_FIELD = "timeouts"  # written by core/running.py: jobs may carry their own timeout
+CANCELS_FIELD = "cancels"  # written by core/running.py: jobs may have been cancelled
 _ON = b"1"
 _POSITIVE = re.compile(rb"[1-9][0-9]{0,11}")  # what take_starts.lua accepts: 1 .. 999,999,999,999
 MAX_RATE_JOBS = 10**9
@@ -97,6 +103,8 @@ class Controls:
     prioritized: bool = False  # jobs were added with a priority (core/priorities.py): look at that set
     grouped: bool = False  # jobs were added with a group (core/groups.py): serve the groups' turns
     blocked_ms: int = 0  # a handler raised RateLimited: nothing starts for this long (the marker's TTL)
+    timeouts: bool = False  # jobs were added with their own timeout (core/running.py): read them
+    cancels: bool = False  # jobs were cancelled (core/running.py): look the batches up
 
 
 NO_CONTROLS = Controls()
@@ -127,9 +135,19 @@ def parse_controls(reply: object) -> Controls:
     concurrency = positive_int(fields.get(CONCURRENCY_FIELD.encode()))
     prioritized = PRIORITY_SEQ_FIELD.encode() in fields
     grouped = GROUPED_FIELD.encode() in fields
-    if not (paused or rate or concurrency or prioritized or grouped):
+    timeouts = TIMEOUTS_FIELD.encode() in fields
+    cancels = CANCELS_FIELD.encode() in fields
+    if not (paused or rate or concurrency or prioritized or grouped or timeouts or cancels):
         return NO_CONTROLS
-    return Controls(paused=paused, rate=rate, concurrency=concurrency, prioritized=prioritized, grouped=grouped)
+    return Controls(
+        paused=paused,
+        rate=rate,
+        concurrency=concurrency,
+        prioritized=prioritized,
+        grouped=grouped,
+        timeouts=timeouts,
+        cancels=cancels,
+    )
 
 
 def positive_int(value: object) -> int | None:

@@ -62,7 +62,7 @@ def failed(reason: Any, detail: str = "", traceback: str = "") -> Failed:
     return Failed("failed", reason, detail, traceback)
 
 
-ENDING_EVENTS = (b"completed", b"dlq")  # the events after which a job has a stored outcome (or never will)
+ENDING_EVENTS = (b"completed", b"dlq", b"cancelled")  # after which a job has a stored outcome (or never will)
 _MAX_NAME = 120
 
 
@@ -154,6 +154,8 @@ def event_hits(rows: Any, by_job: dict[bytes, Any]) -> tuple[str | None, dict[st
                 if kind == b"dlq":
                     f = dict(zip(flat[::2], flat[1::2]))
                     reason = str_reply(f.get(b"reason", b""))
+                elif kind == b"cancelled":  # Queue.cancel (core/running.py): a failure to whoever waits
+                    reason = "cancelled"
                 hits[str_reply(jid)] = (str_reply(kind), reason)
     return (None if last is None else str_reply(last)), hits
 

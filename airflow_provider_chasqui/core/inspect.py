@@ -543,6 +543,8 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
         d.state = "completed"
     elif d.failure is not None or last == "dlq":
         d.state = "failed"
+    elif last == "cancelled":
+        d.state = "cancelled"
     elif last in ("active", "waiting"):
         d.state = last
         d.notes.append(f"not found where a {last} job would be within the search bounds; the state is its last event")

@@ -114,6 +114,19 @@ class QueueKeys:
         """A consumer cursor kept in Redis (event-driven DAG triggers)."""
         return self.prefix + ":cursor:" + name
 
+    @property
+    def cancel_requests(self) -> str:
+        """HASH job id -> when the request lapses (ms): jobs to cancel when a worker meets them."""
+        return self.prefix + ":cancel"
+
+    def cancelled(self, job_id: str) -> str:
+        """A job that ended cancelled (the time, ms), kept like a failure record."""
+        return self.prefix + ":cancelled:" + job_id
+
+    def job_timeout(self, job_id: str) -> str:
+        """A job's own ``timeout_ms`` (``core/running.py``), while the job waits, runs or retries."""
+        return self.prefix + ":to:" + job_id
+
     def trace(self, job_id: str) -> str:
         """A retried job's trace context, from its failed attempt to the next (``tracing``)."""
         return self.prefix + ":trace:" + job_id

@@ -62,6 +62,7 @@ from .fast import fast_constructor
 from .groups import add_grouped_call, check_group
 from .keys import QueueKeys
 from .priorities import add_prioritized_call, check_priority
+from .running import check_timeout_ms, timeout_calls
 from .settings import QueueSettings
 from .urls import WAIT_BLOCK_MS
 
@@ -71,8 +72,20 @@ BULK_CHUNK = 1000
 STREAM_CHUNK = 250  # add_bulk's plain path: jobs per streamed script call (measured: 1.25x over 1,000)
 # an envelope's bytes besides the job's data: array, 26-char id, bin header, created_at, attempt
 _ENVELOPE_OVERHEAD = 64
-JOB_STATES = ("completed", "failed", "delayed", "unknown")
-_BULK_KEYS = {"name", "data", "delay", "delay_ms", "attempts", "backoff", "job_id", "repeat", "priority", "group"}
+JOB_STATES = ("completed", "failed", "cancelled", "delayed", "unknown")
+_BULK_KEYS = {
+    "name",
+    "data",
+    "delay",
+    "delay_ms",
+    "attempts",
+    "backoff",
+    "job_id",
+    "repeat",
+    "priority",
+    "group",
+    "timeout_ms",
+}
 MAX_UNIQUE_KEY_CHARS = MAX_JOB_ID_CHARS  # a unique key becomes a Redis key name: bounded like job ids
 
 
@@ -445,15 +458,18 @@ class ProducerCore:
 
     def get_job_state(self, job_id: str) -> Flow[str]:
         k = self.keys
-        done, failed, delayed = yield [
+        done, failed, cancelled, delayed = yield [
             command("EXISTS", k.result(job_id)),
             command("EXISTS", k.failure(job_id)),
+            command("EXISTS", k.cancelled(job_id)),
             command("EXISTS", k.didx(job_id)),
         ]
         if int_reply(done):
             return "completed"
         if int_reply(failed):
             return "failed"
+        if int_reply(cancelled):
+            return "cancelled"
         return "delayed" if int_reply(delayed) else "unknown"
 
     def wait_for_jobs(
@@ -481,7 +497,7 @@ class ProducerCore:
                     continue
                 pending.discard(jid)
                 del by_job[jid.encode()]
-                if kind == "dlq":
+                if kind != "completed":  # dead-lettered, or cancelled
                     failed_ids.append(jid)
                     outcomes[jid] = failed(reason)
                 else:
@@ -587,18 +603,22 @@ class QueueFlows(ProducerCore):
         trace: str | None = None,
         priority: int | None = None,
         group: str | None = None,
+        timeout_ms: Any = None,
     ) -> Flow[tuple[str, int]]:
         """Returns ``(job_id, created_at_ms)``.  ``trace``: see :meth:`add` (a prioritized or
         grouped job carries none).  ``priority``: ``core/priorities.py``; ``group``:
-        ``core/groups.py``."""
+        ``core/groups.py``; ``timeout_ms``: ``core/running.py`` (kept just before the add)."""
         options = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id}
         if priority is not None:
             _side_lane("priority", priority, {**options, "group": group})
         if group is not None:
             _side_lane("group", group, options)
+        limit = None if timeout_ms is None else check_timeout_ms(timeout_ms)
         job = self.prepare(
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
         )
+        if limit is not None:
+            yield self._timeouts([(job, limit)])
         side = None  # beside the stream (checked above: not both)
         if priority is not None:
             side = add_prioritized_call(self.keys, [(priority, encode_member(job.name_bytes, job.envelope))])
@@ -623,11 +643,15 @@ class QueueFlows(ProducerCore):
         attempts: Any = None,
         backoff: Any = None,
         trace: str | None = None,
+        timeout_ms: Any = None,
     ) -> Flow[tuple[str, int]]:
         _positive(window_ms, "window")
+        limit = None if timeout_ms is None else check_timeout_ms(timeout_ms)
         job = self.prepare(
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
         )
+        if limit is not None:
+            yield self._timeouts([(job, limit)])
         inner = encode_data(data)
         jid = yield from self.add_unique(job, key or job_id or unique_key_for(name, inner), window_ms, trace)
         return jid, job.created_at_ms
@@ -649,6 +673,7 @@ class QueueFlows(ProducerCore):
                 _side_lane("priority", i["priority"], i)
             if i.get("group") is not None:
                 _side_lane("group", i["group"], i)
+        limits = [None if i.get("timeout_ms") is None else check_timeout_ms(i["timeout_ms"]) for i in checked]
         now = now_ms()
         prepared = []
         for i in checked:
@@ -663,6 +688,9 @@ class QueueFlows(ProducerCore):
                     now=now,
                 )
             )
+        timed = [(p, ms) for p, ms in zip(prepared, limits) if ms is not None]
+        if timed:
+            yield self._timeouts(timed)
         urgent = [(i["priority"], p) for i, p in zip(checked, prepared) if i.get("priority") is not None]
         grouped = [(i["group"], p) for i, p in zip(checked, prepared) if i.get("group") is not None]
         side: list[Call] = []  # one script call per BULK_CHUNK, FIFO in the items' order
@@ -687,6 +715,11 @@ class QueueFlows(ProducerCore):
             jid = self._with_id_reply(p, next(replies)) if i.get("job_id") is not None else p.id
             jobs.append(make(jid, p.created_at_ms, i["name"], i["data"]))
         return jobs
+
+    def _timeouts(self, jobs: list[tuple[PreparedJob, int]]) -> list[Call]:
+        """The calls that keep each job's own timeout (``core/running.py``), for one pipeline."""
+        due = [(j.id, ms, 0 if j.run_at_ms is None else j.run_at_ms - j.created_at_ms) for j, ms in jobs]
+        return timeout_calls(self.keys, due)
 
     def _plain_bulk(self, items: list[Mapping[str, Any]]) -> tuple[list[bytes], list[bytes], int] | None:
         """``(name bytes, encoded data, now)`` when every item is a dict of exactly ``name`` and

@@ -370,6 +370,7 @@ def create_app(  # noqa: C901, PLR0915 - the route table: one small closure per 
             ("reason", _first(form, "reason")),
             ("name", _first(form, "name")),
             ("prefix", _first(form, "prefix")),
+            ("id", _first(form, "id")),
             ("msg", message),
         )  # back to the page as it was filtered
         return RedirectResponse(c.base + back_path + "?" + urlencode({k: v for k, v in keep if v}), status_code=303)
@@ -521,6 +522,13 @@ def _queue_page(c: Ctx) -> Response:
     return c.page(f"Queue {queue}", body, "queues")
 
 
+def _cancel_button(c: Ctx, queue: str, job_id: str, state: str) -> str:
+    """``Queue.cancel`` for a job that has not ended (confirmed and audited like every change)."""
+    if not c.can_write or state in ("completed", "failed", "cancelled"):
+        return ""
+    return " " + c.form("/queue/action", {"queue": queue, "action": "cancel_job", "id": job_id}, "Cancel job")
+
+
 def _job_page(c: Ctx) -> Response:
     queue = _queue_param(c.request)
     job_id = (c.request.query_params.get("id") or "").strip()
@@ -537,7 +545,7 @@ def _job_page(c: Ctx) -> Response:
     rows = [
         ["queue", f'<a href="{c.url("/queue", queue=queue)}">{h(queue)}</a>'],
         ["id", f"<code>{h(job_id)}</code>"],
-        ["state", f'<b class="state">{h(j.state)}</b>'],
+        ["state", f'<b class="state">{h(j.state)}</b>' + _cancel_button(c, queue, job_id, j.state)],
         ["name", h(j.name)],
         ["created", when(j.created_at_ms)],
         ["attempts", h(j.attempt)],
@@ -806,6 +814,7 @@ _SPEC_ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Fire once now
 _QUEUE_ACTIONS = {
     "pause": "Pause (no worker starts a new job until it is resumed; running jobs finish)",
     "resume": "Resume (workers start its jobs again)",
+    "cancel_job": "Cancel (never retried nor dead-lettered; a running async handler is stopped)",
 }
 
 
@@ -838,6 +847,9 @@ def _confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) ->
             raise ConfigError(f"unknown queue action {action!r}")
         what = f"{_QUEUE_ACTIONS[action]} the queue {queue}"
         back = c.url("/queue", queue=queue)
+        if action == "cancel_job":
+            what = f"{_QUEUE_ACTIONS[action]} the job {_first(form, 'id')!r} of {queue}"
+            back = c.url("/job", queue=queue, id=_first(form, "id"))
     else:
         if action not in _SPEC_ACTIONS:
             raise ConfigError(f"unknown schedule action {action!r}")
@@ -914,10 +926,16 @@ def _spec_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
 
 
 def _queue_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
-    """Pause or resume a queue (``Queue.pause()``/``resume()``), audited."""
+    """Pause or resume a queue (``Queue.pause()``/``resume()``), or cancel one of its jobs
+    (``Queue.cancel``), audited."""
     queue = _first(form, "queue") or ""
     action = _first(form, "action")
     q = c.source.queue(queue)
+    if action == "cancel_job":
+        job_id = _first(form, "id") or ""
+        state = q.cancel(job_id)
+        audit(c.user, c.source.label, queue, "job.cancel", job_id=job_id, state=state)
+        return f"job {job_id}: cancel {state}", "/job", queue
     if action == "pause":
         q.pause()
     elif action == "resume":

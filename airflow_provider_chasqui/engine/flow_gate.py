@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ..core.calls import Call
+from ..core.codec import now_ms
 from ..core.consumer import Delivery
 from ..core.controls import (
     NO_CONTROLS,
@@ -39,6 +40,7 @@ from ..core.controls import (
     take_starts_call,
 )
 from ..core.keys import QueueKeys
+from ..core.running import parse_cancels, parse_timeout, read_cancels_call, read_timeouts_call
 from ..errors import TRANSIENT_ERRORS, ChasquiError
 from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
@@ -73,6 +75,8 @@ class FlowGate:
         self.held: list[Delivery] = []  # in the intake's flight, not handed out yet
         self.slotted: set[bytes] = set()  # entries holding a concurrency slot until they settle
         self.grouped: dict[bytes, bytes] = {}  # entries of a job group -> the group (its slot, if limited)
+        self.timed: dict[bytes, str] = {}  # entries whose job has its own timeout -> the job id
+        self.to_cancel: list[Delivery] = []  # read, cancelled before they started: the intake settles them
         self._freed: asyncio.Event | None = None  # set when this worker frees a slot
         self._slot_bound = False  # the held jobs wait for a slot (not for a rate window)
         self.blocked_until = 0.0  # time.monotonic() before which nothing starts (RateLimited, here or elsewhere)
@@ -98,6 +102,10 @@ class FlowGate:
             for dl in ready:
                 if dl.group:
                     self.grouped[dl.entry_id] = dl.group
+        if controls.cancels:
+            ready = await self._drop_cancelled(ready)
+        if controls.timeouts:
+            await self._read_timeouts(ready)
         if controls.paused:
             log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
             self.report()
@@ -121,6 +129,8 @@ class FlowGate:
             await (self._wait_for_slot(wait) if self._slot_bound else self._sleep(min(wait, PAUSE_POLL_SECS)))
             return []
         controls = await self.read()
+        if controls.cancels and self.held:  # cancelled while held (a paused queue, a full slot)
+            await self._drop_cancelled(list(self.held))
         if controls.paused or self.blocked_until > time.monotonic():
             await self._sleep(PAUSE_POLL_SECS)
             return []
@@ -130,6 +140,46 @@ class FlowGate:
         out, self.held = self.held[:n], self.held[n:]
         self.report()
         return out
+
+    async def cancelled_ids(self, job_ids: list[str]) -> set[str]:
+        """Which of ``job_ids`` have a live cancel request (``core/running.py``).  A refused
+        read (a hostile key type) is none: logged, never a stall."""
+        try:
+            reply = await self.driver.call(read_cancels_call(self.keys, job_ids))
+        except TRANSIENT_ERRORS:
+            raise
+        except ChasquiError as exc:
+            if self._take_log():
+                log.warning("%s: the cancel requests cannot be read (%s); ignoring them", self.label, exc)
+            return set()
+        return parse_cancels(job_ids, reply, now_ms())
+
+    async def _drop_cancelled(self, ready: list[Delivery]) -> list[Delivery]:
+        """``ready`` without the jobs cancelled before they started (moved to :attr:`to_cancel`)."""
+        hit = await self.cancelled_ids([dl.envelope.id for dl in ready])
+        if not hit:
+            return ready
+        gone = [dl for dl in ready if dl.envelope.id in hit]
+        self.to_cancel += gone
+        self.held = [dl for dl in self.held if dl.envelope.id not in hit]
+        return [dl for dl in ready if dl.envelope.id not in hit]
+
+    async def _read_timeouts(self, ready: list[Delivery]) -> None:
+        """Each job's own timeout (``core/running.py``), on a queue whose jobs may carry one.  A
+        refused read (a hostile key type) leaves them without: logged, never a stall."""
+        try:
+            values = await self.driver.call(read_timeouts_call(self.keys, [dl.envelope.id for dl in ready]))
+        except TRANSIENT_ERRORS:
+            raise
+        except ChasquiError as exc:
+            if self._take_log():
+                log.warning("%s: the jobs' own timeouts cannot be read (%s); ignoring them", self.label, exc)
+            return
+        for dl, raw in zip(ready, values if isinstance(values, list) else ()):
+            ms = parse_timeout(raw)
+            if ms:
+                dl.timeout_ms = ms
+                self.timed[dl.entry_id] = dl.envelope.id
 
     @property
     def prioritized(self) -> bool:
@@ -217,18 +267,29 @@ class FlowGate:
         one lease after its last renewal."""
         self.slotted.discard(entry_id)
         self.grouped.pop(entry_id, None)
+        self.timed.pop(entry_id, None)  # its timeout key stays: the job runs again with it
 
     async def renew_slots(self, entry_ids: list[bytes]) -> None:
         """Renew the slots (the queue's, their groups') of these in-flight entries for one more
         lease, with their leases."""
+        for call in self.slot_renewals(entry_ids):
+            await self.driver.call(call)
+
+    def slot_renewals(self, entry_ids: list[bytes]) -> list[Call]:
+        """The calls of :meth:`renew_slots` (also sent by the lease guard's thread)."""
         mine = [eid for eid in entry_ids if eid in self.slotted]
-        for i in range(0, len(mine), RENEW_CHUNK):
-            await self.driver.call(renew_slots_call(self.keys, mine[i : i + RENEW_CHUNK], self.lease_ms))
+        calls = [
+            renew_slots_call(self.keys, mine[i : i + RENEW_CHUNK], self.lease_ms)
+            for i in range(0, len(mine), RENEW_CHUNK)
+        ]
         if self.grouped:
             for group, ids in self._by_group(entry_ids, pop=False).items():
-                for i in range(0, len(ids), RENEW_CHUNK):
-                    key = self.keys.group_running(group)
-                    await self.driver.call(renew_slots_call(self.keys, ids[i : i + RENEW_CHUNK], self.lease_ms, key))
+                key = self.keys.group_running(group)
+                calls += [
+                    renew_slots_call(self.keys, ids[i : i + RENEW_CHUNK], self.lease_ms, key)
+                    for i in range(0, len(ids), RENEW_CHUNK)
+                ]
+        return calls
 
     async def _wait_for_slot(self, wait: float) -> None:
         if self._freed is None:

@@ -47,6 +47,7 @@ from ..core.groups import requeue_grouped_calls, take_grouped_call
 from ..core.pacing import Backoff, LogBudget
 from ..core.priorities import take_prioritized_call
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
+from ..core.running import cancel_jobs_call, settled_timeout_calls
 from ..drivers_common import translate_error
 from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
 from ._driver import AsyncDriver
@@ -54,14 +55,16 @@ from .cancellation import raise_if_cancelling
 from .flow_gate import FlowGate
 from .metrics import NO_METRICS, WorkerMetrics
 
-__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION"]
+__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION", "lost_pairs"]
 
 log = logging.getLogger(__name__)
 Row = tuple[bytes, Any, int]  # entry id, stream fields, deliveries so far (this one included)
 RENEW_CHUNK = 1000  # entries per renew_lease call
-# The lease is renewed this many times per term, so a healthy consumer's last renewal began at
-# most a tenth of a lease ago, and a pause shorter than the remaining nine tenths never loses a
-# held entry (tests/faults/test_lease_pause.py).
+# The lease is renewed this many times per term, and another consumer takes an entry over only
+# once it was idle for a lease plus one renewal interval (``Intake.hold_ms``): a consumer's last
+# renewal began at most one interval before it stopped, so a pause (or a blocked loop: see
+# engine/lease_guard.py) shorter than the whole lease never loses a held entry
+# (tests/faults/test_lease_pause.py, tests/faults/test_lease_whole.py).
 RENEWALS_PER_LEASE = 10
 # lease_held() renews before a job starts when the last renewal began longer ago than this share
 # of the lease (two renewals missed: a paused process, a blocked loop).
@@ -71,6 +74,11 @@ REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing 
 PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
 PRIORITY_POLL_MS = 100  # the longest blocking read on a queue that uses priorities
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
+
+
+def lost_pairs(reply: list[Any]) -> dict[bytes, bytes]:
+    """``renew_lease``'s replies, concatenated: entry id -> its new owner (``b""``: not pending)."""
+    return {reply[i]: reply[i + 1] for i in range(0, len(reply) - 1, 2)}
 
 
 def _retrieved(f: asyncio.Future[Any]) -> None:
@@ -100,6 +108,8 @@ class Intake:
     ) -> None:
         self.driver, self.core = driver, core
         self.lease_ms = lease_ms
+        # how long an entry (or its slot) stays held after the last renewal began: see RENEWALS_PER_LEASE
+        self.hold_ms = lease_ms + -(-lease_ms // RENEWALS_PER_LEASE)
         self.reader = reader  # a raw single-connection client for blocking reads, or None: the driver
         self.stopping = stopping or asyncio.Event()
         self.decode = decode
@@ -126,7 +136,7 @@ class Intake:
         self.flow = FlowGate(
             driver,
             core.keys,
-            lease_ms=lease_ms,
+            lease_ms=self.hold_ms,
             label=self.label,
             take_log=self.take_log,
             sleep=self.pause,
@@ -180,6 +190,7 @@ class Intake:
                     ready += await self._gate(*self.core.gate_fresh(entries))
             if ready:
                 ready = await self.flow.admit(ready)
+                await self._settle_to_cancel()
             self._backoff.reset()
             await self._housekeeping()
         except NoGroupError:  # the stream (and its group) was deleted under us
@@ -193,7 +204,9 @@ class Intake:
 
     async def _release_held(self, room: int) -> list[Delivery]:
         try:
-            return await self.flow.release_held(room)
+            ready = await self.flow.release_held(room)
+            await self._settle_to_cancel()
+            return ready
         except TRANSIENT_ERRORS as exc:
             await self._wait_out(exc)
             return []
@@ -216,7 +229,7 @@ class Intake:
             rows += await self._claim(0, {eid: self.redeliver.pop(eid)[1] for eid in due})
         if len(rows) < room and time.monotonic() >= self._next_recovery:
             self._next_recovery = time.monotonic() + max(0.05, self.lease_ms / 2000)
-            idle = await self.claim_idle(self.lease_ms, room - len(rows), self.holding())
+            idle = await self.claim_idle(self.hold_ms, room - len(rows), self.holding())
             if idle:
                 log.info("%s reclaimed %d idle entries", self.label, len(idle))
             rows += idle
@@ -259,7 +272,7 @@ class Intake:
             call = (
                 take_prioritized_call(k, n, limit)
                 if lane == "prioritized"
-                else take_grouped_call(k, n, limit, self.lease_ms)
+                else take_grouped_call(k, n, limit, self.hold_ms)
             )
             if int_reply(await self.driver.call(call)):
                 entries += await self._read(want - len(entries), None)
@@ -405,9 +418,13 @@ class Intake:
         lost = await self.renew_ids(ids)
         if self.flow.slotted or self.flow.grouped:
             await self.flow.renew_slots([eid for eid in ids if eid not in lost])
-        self.renewed_at = started
+        self.renewed_at = max(self.renewed_at, started)
         if ids:
             self.metrics.lease_renewed(self.core.keys.queue, len(ids) - len(lost))
+        self.lost_found(lost)
+
+    def lost_found(self, lost: dict[bytes, bytes]) -> None:
+        """Entries a renewal found taken over (by this loop's renewal or the lease guard's)."""
         lost = {eid: owner for eid, owner in lost.items() if eid in self.in_flight and eid not in self.lost}
         if lost:
             self.metrics.lease_lost(self.core.keys.queue, len(lost))
@@ -419,9 +436,13 @@ class Intake:
         """Renew the lease on ``entry_ids``; returns those this consumer no longer owns, each
         with its new owner (``b""``: settled, no longer pending)."""
         lost: list[Any] = []
-        for i in range(0, len(entry_ids), RENEW_CHUNK):
-            lost += await self.driver.call(self.core.renew_lease(entry_ids[i : i + RENEW_CHUNK])) or []
-        return {lost[i]: lost[i + 1] for i in range(0, len(lost) - 1, 2)}
+        for call in self.lease_renewals(entry_ids):
+            lost += await self.driver.call(call) or []
+        return lost_pairs(lost)
+
+    def lease_renewals(self, entry_ids: list[bytes]) -> list[Call]:
+        """The ``renew_lease`` calls of :meth:`renew_ids` (also sent by the lease guard's thread)."""
+        return [self.core.renew_lease(entry_ids[i : i + RENEW_CHUNK]) for i in range(0, len(entry_ids), RENEW_CHUNK)]
 
     async def lease_held(self, entry_id: bytes, job_id: str) -> bool:
         """Whether ``entry_id`` may start, asked when the last renewal is late (the process was
@@ -497,6 +518,8 @@ class Intake:
             calls.append(self.core.complete(done if isinstance(done, list) else list(done), self.features, now))
         if failed:
             calls.append(self.core.fail(failed if isinstance(failed, list) else list(failed), self.features, now))
+        if self.flow.timed:  # jobs with their own timeout: keep it for a retry, else remove it
+            calls += settled_timeout_calls(self.core.keys, self.flow.timed, list(done), list(failed), now)
         free = None  # a queue without a concurrency limit or groups holds no slots: nothing to build
         if self.flow.slotted or self.flow.grouped:
             free = self.flow.free([row[COMPLETE_ENTRY_ID] for row in done] + [row[FAIL_ENTRY_ID] for row in failed])
@@ -513,6 +536,36 @@ class Intake:
                     self.lost.pop(row[COMPLETE_ENTRY_ID], None)
                 for fail in failed:
                     self.lost.pop(fail[FAIL_ENTRY_ID], None)
+
+    async def _settle_to_cancel(self) -> None:
+        """End the jobs the gate found cancelled before they started."""
+        if self.flow.to_cancel:
+            gone, self.flow.to_cancel = self.flow.to_cancel, []
+            await self.settle_cancelled(gone)
+
+    async def settle_cancelled(self, cancelled: list[Delivery]) -> None:
+        """End these entries' jobs cancelled (``lua/cancel_jobs.lua``: acked, never retried nor
+        dead-lettered), freeing what they held; like :meth:`settle`, they leave the flight
+        whatever happens (an unwritten one is reclaimed after the lease, and cancelled then)."""
+        ids = [dl.entry_id for dl in cancelled]
+        k = self.core.keys
+        rows = [(dl.entry_id, dl.envelope.id, dl.name) for dl in cancelled]
+        calls = [
+            cancel_jobs_call(
+                k, rows, group=self.core.group, xackdel=self.features.xackdel, events_max=self.core.events_max
+            )
+        ]
+        if self.flow.timed:
+            calls += settled_timeout_calls(k, self.flow.timed, [(eid,) for eid in ids], [], now_ms())
+        if self.flow.slotted or self.flow.grouped:
+            calls += self.flow.free(ids)
+        try:
+            await self._write(calls)
+            self.flow.freed()
+        finally:
+            self.in_flight.difference_update(ids)
+            for eid in ids:
+                self.lost.pop(eid, None)
 
     async def _write(self, calls: list[Call]) -> None:
         """Run ``calls`` (one pipeline), retrying transient errors: ``write_tries`` times, or

@@ -21,9 +21,11 @@ not logged, so a failure storm cannot flood the log.  The embedded promoter and 
 are leader-locked loops of their own.
 
 Nothing is acknowledged before its handler finished, so a crash or a lost connection only
-ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease, which the
-intake renews on every in-flight entry ten times per term, so the recovery of other workers never
-takes a job whose worker lives, however long the job runs.  Entries found taken over (this
+ever leaves entries pending; they are reclaimed after ``claim_min_idle_ms``, the lease (plus one
+renewal interval), which the intake renews on every in-flight entry ten times per term, so the
+recovery of other workers never takes a job whose worker lives, however long the job runs; while
+a handler blocks the event loop a thread renews them (``engine/lease_guard.py``).  Each attempt
+runs under its timeout, if one applies (``core/running.py``).  Entries found taken over (this
 process was paused or cut off) are dropped if queued and never acked if running, and a slot never
 starts a job while the renewal is overdue (``Intake.lease_held``): it renews first.
 
@@ -65,12 +67,22 @@ from ..core.consumer import (
 )
 from ..core.pacing import Backoff, LogBudget
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, FAIL_REASON, FAIL_TRACEBACK
+from ..core.running import CANCEL_POLL_SECS, handler_timeout
 from ..core.urls import DEFAULT_URL, with_tls
-from ..errors import TRANSIENT_ERRORS, CodecError, ConfigError, HandlerNotFound, RateLimited, UnrecoverableError
+from ..errors import (
+    TRANSIENT_ERRORS,
+    CodecError,
+    ConfigError,
+    HandlerNotFound,
+    JobTimeout,
+    RateLimited,
+    UnrecoverableError,
+)
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .cancellation import raise_if_cancelling
 from .intake import START_CHECK_FRACTION, Intake
+from .lease_guard import LeaseGuard
 from .metrics import NO_METRICS, metrics_sink
 from .promoter import Promoter
 from .supervision import Supervisor
@@ -282,29 +294,17 @@ class Worker:
             await self.driver.close()
             log.info("worker %s closed before Redis became reachable", self.consumer_id)
             return
-        self._deque: collections.deque[Delivery] = collections.deque()
-        self._idle: list[asyncio.Future[None]] = []
-        self._tasks = Supervisor(f"worker {self.consumer_id}", self.name, self._sink)
-        self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
-        self._done_rows: list[tuple[Any, ...]] = []
-        self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
-        self._fail_info: list[tuple[Any, ...]] = []  # (job_id, name, attempt, outcome, delay, traceback or exc)
-        self._acking = 0  # entries in flight whose handler finished and whose ack is not yet done
-        self._async_fns: dict[Any, bool] = {}
-        self._flush_wanted = asyncio.Event()
-        self._final_flush = False
-        self._room_waiter: asyncio.Future[None] | None = None
-        self._executor = ThreadPoolExecutor(
-            max_workers=s.sync_threads or min(s.concurrency, 64), thread_name_prefix=f"chasqui-{self.name}"
-        )
+        self._run_state()
         loop = asyncio.get_running_loop()
         if self._signals:
             self._install_signals(loop)
+        self._guard = LeaseGuard(self._intake, self._url, loop, **timeouts).start()  # leases whole, loop blocked
         background = self._start_background()
         reader = self._tasks.start("reader", self._reader)
         slots = [self._tasks.start("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency)]
         flusher = self._tasks.start("flusher", self._flusher)
         leaser = self._tasks.start("lease", self._intake.run_leases)
+        background.append((None, self._tasks.start("cancels", self._watch_cancels)))
         log.info(
             "worker %s consuming %s (concurrency %d, xackdel %s)",
             self.consumer_id,
@@ -316,6 +316,28 @@ class Worker:
             await self._stopping.wait()
         finally:
             await self._shutdown(reader, slots, flusher, background, leaser)
+
+    def _run_state(self) -> None:
+        """The state of one run, made once Redis answered."""
+        s = self.settings
+        self._deque: collections.deque[Delivery] = collections.deque()
+        self._idle: list[asyncio.Future[None]] = []
+        self._tasks = Supervisor(f"worker {self.consumer_id}", self.name, self._sink)
+        self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
+        self._done_rows: list[tuple[Any, ...]] = []
+        self._fail_rows: list[tuple[Any, ...]] = []  # fail_batch rows, and for the log of each:
+        self._fail_info: list[tuple[Any, ...]] = []  # (job_id, name, attempt, outcome, delay, traceback or exc)
+        self._acking = 0  # entries in flight whose handler finished and whose ack is not yet done
+        self._async_fns: dict[Any, bool] = {}
+        self._fn_timeouts: dict[Any, int] = {}  # handlers with their own timeout (core/running.py)
+        self._abandoned = 0  # pool threads left running a timed-out or cancelled plain handler
+        self._current: dict[Any, Delivery | None] = {}  # slot task -> the job whose handler it awaits
+        self._cancel_target: dict[Any, Delivery] = {}  # slot task -> the job Queue.cancel stops in it
+        self._flush_wanted = asyncio.Event()
+        self._final_flush = False
+        self._room_waiter: asyncio.Future[None] | None = None
+        self._pool_size = s.sync_threads or min(s.concurrency, 64)
+        self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix=f"chasqui-{self.name}")
 
     def _start_background(self) -> list[tuple[Any, asyncio.Task[None]]]:
         s = self.settings
@@ -351,8 +373,11 @@ class Worker:
         s = self.settings
         await self._intake.unblock()
         await asyncio.gather(reader, return_exceptions=True)
-        for lp, _task in background:
-            lp.stop()
+        for lp, task in background:
+            if lp is None:
+                task.cancel()
+            else:
+                lp.stop()
         self._wake_all()
         _done, late = await asyncio.wait(slots, timeout=s.shutdown_deadline_secs)
         for task in late:  # their entries stay pending and are reclaimed later: nothing is lost
@@ -363,6 +388,7 @@ class Worker:
         self._final_flush = True
         self._flush_wanted.set()
         await asyncio.gather(flusher, return_exceptions=True)
+        self._guard.stop()
         leaser.cancel()  # the leases were renewed until the last ack was written
         await asyncio.gather(leaser, *(t for _lp, t in background), return_exceptions=True)
         await self._intake.leave()
@@ -527,7 +553,9 @@ class Worker:
         # a _Dispatch is only ever called through ``dispatch.lookup`` below
         handler = cast("Callable[[Job], Any]", self._handler)
         dispatch = handler if isinstance(handler, _Dispatch) else None
-        async_fns = self._async_fns
+        async_fns, fn_timeouts = self._async_fns, self._fn_timeouts
+        default_timeout = s.job_timeout_ms or 0
+        current, cancel_target = self._current, self._cancel_target  # see _watch_cancels
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
         me = asyncio.current_task()
@@ -572,12 +600,33 @@ class Worker:
                     fn = handler if dispatch is None else dispatch.lookup(dl.name)
                     try:
                         is_async = async_fns[fn]
+                        own = fn_timeouts.get(fn, 0) if fn_timeouts else 0
                     except (KeyError, TypeError):  # TypeError: an unhashable callable, never cached
                         is_async = _is_async(fn)
+                        own = handler_timeout(fn)  # a bad chasqui_timeout_ms fails the job, naming it
                         with contextlib.suppress(TypeError):
                             async_fns[fn] = is_async
-                    result = await (fn(job) if is_async else self._call(fn, job))
+                            if own:
+                                fn_timeouts[fn] = own
+                    limit = dl.timeout_ms or own or default_timeout
+                    current[me] = dl  # only while suspended in the handler (no other await until cleared)
+                    if limit:
+                        result = await self._bounded(fn, job, is_async, limit)
+                    else:
+                        result = await (fn(job) if is_async else self._call(fn, job))
+                    current[me] = None
+                    if cancel_target and cancel_target.get(me) is dl:  # the handler swallowed the cancel
+                        del cancel_target[me]
+                        cast("asyncio.Task[None]", me).uncancel()
                 except BaseException as exc:  # every handler failure is routed, none escapes
+                    current[me] = None
+                    if isinstance(exc, asyncio.CancelledError) and cancel_target.get(me) is dl:
+                        del cancel_target[me]  # Queue.cancel: this job ends cancelled, the slot goes on
+                        cast("asyncio.Task[None]", me).uncancel()
+                        await self._job_cancelled(dl, is_async)
+                        if span is not None and tracer is not None:
+                            tracer.end_consume(span, token, "cancelled")
+                        continue
                     if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
                         # our own cancellation (the shutdown deadline): the entry stays pending, unrenewed,
                         # and is reclaimed after claim_min_idle_ms.  A handler's own CancelledError is a failure.
@@ -672,6 +721,81 @@ class Worker:
                 except Exception:  # noqa: BLE001 - tracing never decides a job's fate
                     log.debug("worker %s: could not keep the trace of job %s", self.consumer_id, dl.envelope.id)
         tracer.end_consume(span, token, outcome, exc)
+
+    async def _bounded(self, fn: Callable[[Job], Any], job: Job, is_async: bool, limit_ms: int) -> Any:
+        """Run ``fn(job)`` for at most ``limit_ms``: an async handler is cancelled at the deadline;
+        a plain one in a thread cannot be stopped, so its attempt fails at the deadline, its slot
+        is free, and the thread runs on to its end (its result dropped; ``--processes`` kills)."""
+        scope = asyncio.timeout(limit_ms / 1000)
+        try:
+            async with scope:
+                return await (fn(job) if is_async else self._call(fn, job))
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the handler's own TimeoutError
+            if not is_async and not _is_async(fn):
+                self._abandon_thread(job.id)
+            raise JobTimeout(limit_ms, job.id) from None
+
+    async def _watch_cancels(self) -> None:
+        """Every ``CANCEL_POLL_SECS`` while handlers run on a queue with cancel requests: look
+        the running jobs up and cancel the slot of each requested one (its handler gets
+        ``CancelledError``; a thread runs on).  Costs nothing on a queue never cancelled."""
+        flow = self._intake.flow
+        while True:
+            await asyncio.sleep(CANCEL_POLL_SECS)
+            if not self._deque and not any(self._current.values()):
+                continue
+            try:
+                if not (await flow.cached()).cancels:
+                    continue
+                running = {task: dl for task, dl in self._current.items() if dl is not None}
+                ids = [dl.envelope.id for dl in running.values()] + [dl.envelope.id for dl in self._deque]
+                hit = await flow.cancelled_ids(ids)
+            except TRANSIENT_ERRORS:
+                continue  # the reader waits the outage out and logs it
+            if not hit:
+                continue
+            for task, dl in running.items():
+                if dl.envelope.id in hit and self._current.get(task) is dl and task not in self._cancel_target:
+                    self._cancel_target[task] = dl
+                    task.cancel()
+            queued = [dl for dl in self._deque if dl.envelope.id in hit]  # read ahead, not started
+            if queued:
+                keep = [dl for dl in self._deque if dl.envelope.id not in hit]
+                self._deque.clear()  # in place: the slots hold this deque
+                self._deque.extend(keep)
+                await self._intake.settle_cancelled(queued)
+                self._room()
+
+    async def _job_cancelled(self, dl: Delivery, is_async: bool) -> None:
+        """A running job was cancelled (``Queue.cancel``): it ends ``cancelled``, never retried."""
+        if not is_async:
+            self._abandon_thread(dl.envelope.id)
+        log.info("worker %s: job %s %s cancelled while running", self.consumer_id, dl.envelope.id, dl.name)
+        if self._intake.owned([(dl.entry_id,)], 0):
+            try:
+                await self._intake.settle_cancelled([dl])
+            except Exception as exc:  # noqa: BLE001 - the entry stays pending: reclaimed, then cancelled
+                log.warning("worker %s: job %s could not be ended cancelled: %s", self.consumer_id, dl.envelope.id, exc)
+        self._room()
+        self._count_processed()
+
+    def _abandon_thread(self, job_id: str) -> None:
+        """A plain handler ran past its timeout (or was cancelled) in a pool thread that cannot be
+        stopped: later jobs get a fresh pool of the same size, so a stuck thread never takes capacity away (the
+        old pool ends with its last thread)."""
+        self._abandoned += 1
+        old = self._executor
+        self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix=f"chasqui-{self.name}")
+        old.shutdown(wait=False)
+        log.warning(
+            "worker %s: job %s ended (timeout or cancel) in a thread that runs on (%d so far); use an "
+            "async handler to stop such jobs",
+            self.consumer_id,
+            job_id,
+            self._abandoned,
+        )
 
     async def _call(self, fn: Callable[[Job], Any], job: Job) -> Any:
         if _is_async(fn):

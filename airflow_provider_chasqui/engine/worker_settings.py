@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.retry import RetryPolicy
+from ..core.running import check_timeout_ms
 from ..core.settings import QueueSettings
 from ..errors import ConfigError
 
@@ -42,6 +43,7 @@ class WorkerSettings:
     idle_exit_secs: float | None = None
     fail_log_burst: int = 20
     fail_log_window_secs: float = 60.0
+    job_timeout_ms: int | None = None  # every attempt's timeout unless the job or its handler has one
     retry: RetryPolicy = RetryPolicy()
     queue: QueueSettings = QueueSettings()
 
@@ -65,6 +67,8 @@ class WorkerSettings:
             raise ConfigError(f"max_attempts must be a non-negative int, got {self.max_attempts!r}")
         if self.max_jobs is not None and self.max_jobs <= 0:
             raise ConfigError("max_jobs must be positive")
+        if self.job_timeout_ms is not None:
+            object.__setattr__(self, "job_timeout_ms", check_timeout_ms(self.job_timeout_ms, "job_timeout_ms"))
         w = self.fail_log_window_secs
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
             raise ConfigError(f"fail_log_window_secs must be a positive number of seconds, got {w!r}")
@@ -94,6 +98,7 @@ _OPTION_FIELDS = {
     "idle_exit_secs",
     "fail_log_burst",
     "fail_log_window_secs",
+    "job_timeout_ms",
     "retry",
 }
 _QUEUE_FIELDS = {

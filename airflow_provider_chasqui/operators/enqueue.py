@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 
 from .. import tracing
 from ..core.priorities import check_priority
+from ..core.running import check_timeout_ms
 from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
 from ..triggers.job import ChasquiJobTrigger, first_error
@@ -59,12 +60,15 @@ class ChasquiEnqueueOperator(BaseOperator):
         with ``delay``, ``run_at``, ``job_id`` or ``unique`` (docs/flow-control.md).
     :param group: the job's group (a tenant): groups with waiting jobs take turns, under their
         own limits (``Queue.set_group_limits``); the same exclusions as ``priority``. (templated)
+    :param timeout_ms: stop each attempt of the job after this many milliseconds (it fails with
+        reason ``timeout`` and follows the retry policy; docs/running-jobs.md).
     :param wait_for_result: wait for the job and return the handler's result.
     :param wait_timeout: give up waiting after this long (``timedelta`` or seconds); None = no limit.
     :param deferrable: wait in the triggerer (default: ``[operators] default_deferrable``, False
         unless configured, or ``[chasqui] default_deferrable`` when set; see
         :func:`~airflow_provider_chasqui.operators._common.default_deferrable`).
-    :param cancel_on_kill: when the task is killed while waiting, cancel the job if it is still delayed.
+    :param cancel_on_kill: when the task is killed while waiting, cancel the job (waiting, delayed or
+        running: ``Queue.cancel``).
     :param wait_chunk_secs: longest single blocking wait on Redis.
 
     .. seealso:: :class:`~airflow_provider_chasqui.sensors.job.ChasquiJobSensor` to wait for
@@ -102,6 +106,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
         priority: int | None = None,
         group: str | None = None,
+        timeout_ms: int | float | None = None,
         wait_for_result: bool = False,
         wait_timeout: timedelta | float | None = None,
         deferrable: bool | None = None,
@@ -128,6 +133,7 @@ class ChasquiEnqueueOperator(BaseOperator):
             raise ValueError("priority cannot be combined with group")
         self.priority = priority
         self.group = group
+        self.timeout_ms = None if timeout_ms is None else check_timeout_ms(timeout_ms)
         self.job_name = job_name
         self.data = data
         self.queue_name = queue_name
@@ -153,7 +159,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         when: Any = as_datetime(self.run_at, "run_at")
         if when is None and self.delay:
             when = timedelta(seconds=self.delay)
-        common = {"delay": when, "attempts": self.attempts, "backoff": self.backoff}
+        common = {"delay": when, "attempts": self.attempts, "backoff": self.backoff, "timeout_ms": self.timeout_ms}
         if self.unique:
             return queue.add_unique(
                 self.job_name,
@@ -171,6 +177,7 @@ class ChasquiEnqueueOperator(BaseOperator):
                 group=self.group or None,
                 attempts=self.attempts,
                 backoff=self.backoff,
+                timeout_ms=self.timeout_ms,
             )
         return queue.add(self.job_name, self.data, job_id=self.job_id or None, **common)
 
@@ -252,11 +259,12 @@ class ChasquiEnqueueOperator(BaseOperator):
             return result_from_event(event, None, True)
 
     def on_kill(self) -> None:
-        """Stop a blocking wait; with ``cancel_on_kill``, cancel the job if it is still delayed."""
+        """Stop a blocking wait; with ``cancel_on_kill``, cancel the job (``Queue.cancel``: a
+        delayed or waiting one never runs, a running async handler is cancelled)."""
         queue, self._queue = self._queue, None
         if queue is not None:
             queue.close()
         if self.cancel_on_kill and self._job_id is not None:
             with ChasquiHook(self.chasqui_conn_id).get_queue(self.queue_name) as q:
-                if q.cancel_delayed(self._job_id):
-                    self.log.info("queue %s: cancelled delayed job %s", q.name, self._job_id)
+                state = q.cancel(self._job_id)
+                self.log.info("queue %s: cancel of job %s: %s", q.name, self._job_id, state)

@@ -1,4 +1,5 @@
-"""``chasqui job show ID --queue Q``: one job's state, data, attempts, outcome and events.
+"""``chasqui job show ID --queue Q``: one job's state, data, attempts, outcome and events;
+``chasqui job cancel ID --queue Q``: ``SyncQueue.cancel`` (docs/running-jobs.md).
 
 The lookup is ``SyncQueue.get_job_details`` (``core/inspect.py``): bounded reads only, and
 what a bound may have hidden is printed as a note.  The data is shown as indented JSON cut at
@@ -94,8 +95,29 @@ def cmd_job_show(args: argparse.Namespace) -> int:  # noqa: C901 - one printed l
     return EXIT_OK
 
 
+_CANCEL_SAID = {
+    "cancelled": "cancelled",
+    "requested": "cancel requested: the worker that reads or runs it ends it cancelled",
+    "completed": "not cancelled: it had completed",
+    "failed": "not cancelled: it had failed",
+}
+
+
+def cmd_job_cancel(args: argparse.Namespace) -> int:
+    """``SyncQueue.cancel``: a delayed job ends now, a waiting or running one when a worker meets it."""
+    state = _queue(args).cancel(args.job_id, group=args.group)
+    emit(
+        args,
+        {"job_id": args.job_id, "queue": args.queue, "state": state},
+        lambda out: out.write(f"job {args.job_id}: {_CANCEL_SAID.get(state, state)}\n"),
+    )
+    return EXIT_OK
+
+
 def register(sub: Any) -> None:
-    job = sub.add_parser("job", help="one job: `job show ID --queue Q`").add_subparsers(dest="job_cmd", required=True)
+    job = sub.add_parser("job", help="one job: `job show|cancel ID --queue Q`").add_subparsers(
+        dest="job_cmd", required=True
+    )
     p = job.add_parser(
         "show", help="state, name, data, attempts, result or failure (with traceback) and events of one job"
     )
@@ -113,3 +135,9 @@ def register(sub: Any) -> None:
     )
     add_target(p)
     p.set_defaults(func=cmd_job_show)
+    p = job.add_parser("cancel", help="cancel a waiting, delayed or running job (never retried nor dead-lettered)")
+    p.add_argument("job_id", metavar="ID", help="the job id")
+    p.add_argument("--queue", "-q", required=True, help="the job's queue")
+    p.add_argument("--group", default="default", help="consumer group that runs it (default: default)")
+    add_target(p)
+    p.set_defaults(func=cmd_job_cancel)

@@ -20,6 +20,7 @@ from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome
 from ..core.repeat import RepeatableMeta
+from ..core.running import cancel as cancel_job
 from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings, window_to_ms
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
@@ -105,6 +106,7 @@ class SyncQueue:
         missed_fires: Any = None,
         priority: int | None = None,
         group: str | None = None,
+        timeout_ms: Any = None,
     ) -> Job:
         """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given).
 
@@ -112,13 +114,22 @@ class SyncQueue:
         when the workers have read everything else, lower numbers first, FIFO within one; a job
         without a priority runs before every prioritized one.  Not with ``delay`` or ``job_id``
         (docs/flow-control.md).  ``group`` (a tenant's name, at most 128 bytes): the groups with
-        waiting jobs take turns, one job each, under their own limits (``set_group_limits``)."""
+        waiting jobs take turns, one job each, under their own limits (``set_group_limits``).
+        ``timeout_ms``: each attempt is stopped after that long and fails with reason
+        ``timeout`` (docs/running-jobs.md)."""
         side = priority is not None or group is not None  # waits beside the stream: no trace, no quick path
-        if side and (repeat is not None or missed_fires is not None):
-            raise ConfigError("priority and group apply to a job, not to a repeatable spec (repeat=)")
+        if (side or timeout_ms is not None) and (repeat is not None or missed_fires is not None):
+            raise ConfigError("priority, group and timeout_ms apply to a job, not to a repeatable spec (repeat=)")
         if self._tracer is not None and repeat is None and missed_fires is None and not side:
             return self._traced_add(
-                name, data, delay=delay, delay_ms=delay_ms, attempts=attempts, backoff=backoff, job_id=job_id
+                name,
+                data,
+                delay=delay,
+                delay_ms=delay_ms,
+                attempts=attempts,
+                backoff=backoff,
+                job_id=job_id,
+                timeout_ms=timeout_ms,
             )
         if (
             delay is None
@@ -129,6 +140,7 @@ class SyncQueue:
             and repeat is None
             and missed_fires is None
             and not side
+            and timeout_ms is None
         ):  # the plain add: one call, no flow
             call, jid, created = self._flows.quick_add(name, data)
             self.driver.run_call(call)
@@ -154,6 +166,7 @@ class SyncQueue:
             job_id=job_id,
             priority=priority,
             group=group,
+            timeout_ms=timeout_ms,
         )
         jid, created = self.driver.run(flow)
         return self._job(jid, created, name, data)
@@ -182,6 +195,7 @@ class SyncQueue:
         delay_ms: Any = None,
         attempts: int | None = None,
         backoff: Any = None,
+        timeout_ms: Any = None,
     ) -> Job:
         """Add unless the same unique key was added within ``window``; then return the first job."""
         options = {
@@ -192,6 +206,7 @@ class SyncQueue:
             "delay_ms": delay_ms,
             "attempts": attempts,
             "backoff": backoff,
+            "timeout_ms": timeout_ms,
         }
         if self._tracer is not None:
             with self._tracer.produce(self.name, name) as span:
@@ -207,6 +222,17 @@ class SyncQueue:
         anything is sent, then script calls of 250 jobs stream out as their ids and envelopes
         are made (of 1,000 when items carry options)."""
         return self.driver.run(self._flows.enqueue_bulk(list(jobs), self._job))
+
+    def cancel(self, job_id: str, *, group: str = "default") -> str:
+        """Cancel job ``job_id``: a delayed one is removed now and ends ``"cancelled"``; a
+        waiting or running one ends ``"cancelled"`` when a worker meets it (a running async
+        handler gets ``CancelledError`` within ``CANCEL_POLL_SECS``).  Never retried, never
+        dead-lettered; its waiters see it fail with reason ``cancelled``.  Returns
+        ``"cancelled"``, ``"requested"`` (a worker will end it), or the state it had already
+        ended in (``"completed"``, ``"failed"``, ``"cancelled"``).  docs/running-jobs.md."""
+        xackdel = (self.driver.features()).xackdel
+        events_max = self._flows.settings.events_max_len
+        return self.driver.run(cancel_job(self.keys, job_id, group=group, xackdel=xackdel, events_max=events_max))
 
     def cancel_delayed(self, job_id: str) -> bool:
         return self.driver.run(self._flows.cancel_delayed(job_id))

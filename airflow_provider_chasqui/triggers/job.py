@@ -97,7 +97,7 @@ class ChasquiJobTrigger(BaseTrigger):
     Runs in the triggerer's event loop and waits through the loop's shared event hub of its
     queue (opened by the first waiting trigger, closed after the last); its own ``Queue``
     opens no connection for the wait and is closed on every exit.  Free of side effects unless
-    ``cancel_on_kill`` (a user kill then cancels the jobs that are still delayed), so running it
+    ``cancel_on_kill`` (a user kill then cancels the jobs: ``Queue.cancel``), so running it
     twice (triggerer HA) is harmless.
 
     :param job_ids: the jobs to wait for.
@@ -105,7 +105,7 @@ class ChasquiJobTrigger(BaseTrigger):
     :param chasqui_conn_id: the ``chasqui`` connection.
     :param deadline: Unix time (seconds) after which a ``timeout`` event fires; None = never.
     :param wait_chunk_secs: longest single blocking wait on Redis.
-    :param cancel_on_kill: on a user kill, cancel the jobs that are still delayed.
+    :param cancel_on_kill: on a user kill, cancel the jobs (waiting, delayed or running).
     :param traceparent: the deferring task's W3C trace context (OpenTelemetry on): the wait is a
         span of that trace and the event carries the wait's context to the resumed task.
     """
@@ -223,13 +223,13 @@ class ChasquiJobTrigger(BaseTrigger):
         return {"status": "success", "results": {j: results[j] for j in self.job_ids}, "queue": self.queue_name}
 
     async def on_kill(self) -> None:
-        """A user killed the task: cancel the still-delayed jobs when ``cancel_on_kill``."""
+        """A user killed the task: cancel its jobs when ``cancel_on_kill`` (``Queue.cancel``)."""
         if not self.cancel_on_kill:
             return
         queue = await ChasquiHook(self.chasqui_conn_id).aget_queue(self.queue_name)
         try:
             for jid in self.job_ids:
-                if await queue.cancel_delayed(jid):
-                    self.log.info("queue %s: cancelled delayed job %s", self.queue_name, jid)
+                state = await queue.cancel(jid)
+                self.log.info("queue %s: cancel of job %s: %s", self.queue_name, jid, state)
         finally:
             await queue.close()

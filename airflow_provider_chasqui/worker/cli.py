@@ -140,7 +140,7 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         "--claim-min-idle-ms",
         type=_positive_int,
         metavar="MS",
-        help="job lease: a running job's worker renews it every MS/3; a dead or paused worker's jobs "
+        help="job lease: a running job's worker renews it every MS/10; a dead or paused worker's jobs "
         "are taken over by another worker after MS (default 30000)",
     )
     p.add_argument("--max-attempts", type=int, help="attempts before a failing job is dead-lettered (default 25)")
@@ -153,6 +153,13 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         type=_non_negative_float,
         metavar="SECONDS",
         help="exit after this long with nothing to do (batch mode)",
+    )
+    p.add_argument(
+        "--job-timeout",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="stop every attempt after this long (reason 'timeout', then the retry policy) unless the "
+        "job or its handler has its own timeout (default: none)",
     )
     p.add_argument(
         "--shutdown-deadline",
@@ -271,6 +278,7 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
         "max_jobs": args.max_jobs,
         "idle_exit_secs": args.idle_exit,
         "shutdown_deadline_secs": args.shutdown_deadline,
+        "job_timeout_ms": None if args.job_timeout is None else args.job_timeout * 1000,
         "store_results": args.store_results,
         "result_ttl_ms": None if args.result_ttl is None else int(args.result_ttl * 1000),
         "results_max_len": args.results_max_len,

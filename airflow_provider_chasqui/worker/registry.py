@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..core.codec import validate_job_name
+from ..core.running import TIMEOUT_ATTR, check_timeout_ms
 from ..errors import ConfigError, HandlerNotFound
 
 __all__ = [
@@ -60,9 +61,11 @@ class HandlerLoadError(ConfigError):
     """A ``--handlers`` spec could not be turned into handlers; the message names the spec."""
 
 
-def handler(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark a module-level function as the handler of job ``name`` (stackable for aliases)."""
+def handler(name: str, *, timeout_ms: int | float | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a module-level function as the handler of job ``name`` (stackable for aliases).
+    ``timeout_ms``: every attempt it runs is stopped after that long (``core/running.py``)."""
     _check_name(name, "@handler")
+    limit = None if timeout_ms is None else check_timeout_ms(timeout_ms, f"@handler({name!r}) timeout_ms")
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
@@ -70,6 +73,8 @@ def handler(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         names = list(getattr(fn, _MARK, ()))
         names.append(name)
         setattr(fn, _MARK, tuple(names))
+        if limit is not None:
+            setattr(fn, TIMEOUT_ATTR, limit)
         return fn
 
     return mark
@@ -108,10 +113,15 @@ class HandlerRegistry(Mapping[str, Callable[..., Any]]):
         self._table[name] = fn
         self._origin[name] = origin or _qualname(fn)
 
-    def handler(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator form of :meth:`register`."""
+    def handler(
+        self, name: str, *, timeout_ms: int | float | None = None
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of :meth:`register`; ``timeout_ms`` as for :func:`handler`."""
+        limit = None if timeout_ms is None else check_timeout_ms(timeout_ms, f"handler({name!r}) timeout_ms")
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if limit is not None:
+                setattr(fn, TIMEOUT_ATTR, limit)
             self.register(name, fn)
             return fn
 
@@ -289,8 +299,19 @@ def bind(
         if signature is not None:
             _check_signature(name, fn, signature, set(wanted))
         bound = functools.partial(fn, **wanted) if wanted else fn
-        out[name] = wrap(name, bound) if wrap is not None else bound
+        out[name] = _keep_timeout(fn, wrap(name, bound) if wrap is not None else bound)
     return out
+
+
+def _keep_timeout(fn: Any, bound: Any) -> Any:
+    """A handler's own timeout survives binding (a ``partial`` or a wrapper does not carry it)."""
+    limit = getattr(fn, TIMEOUT_ATTR, None)
+    if limit is not None and getattr(bound, TIMEOUT_ATTR, None) != limit:
+        try:
+            setattr(bound, TIMEOUT_ATTR, limit)
+        except (AttributeError, TypeError) as exc:
+            raise ConfigError(f"handler {_qualname(fn)}: its timeout_ms cannot be kept on {bound!r}") from exc
+    return bound
 
 
 def _check_signature(name: str, fn: Any, params: Mapping[str, inspect.Parameter], given: set[str]) -> None:

@@ -199,7 +199,7 @@ async def test_on_kill_cancels_delayed_jobs_only_when_asked(queue_name: str, red
         await ChasquiJobTrigger(job_ids=[keep.id], queue_name=queue_name).on_kill()
         await ChasquiJobTrigger(job_ids=[drop.id], queue_name=queue_name, cancel_on_kill=True).on_kill()
         assert await q.get_job_state(keep.id) == "delayed"
-        assert await q.get_job_state(drop.id) == "unknown"
+        assert await q.get_job_state(drop.id) == "cancelled"
 
 
 async def test_unreachable_redis_is_retried_until_the_deadline(queue_name: str, monkeypatch) -> None:

@@ -6,6 +6,7 @@ fills the DLQ, opens the gate, and replays from the browser to see the job compl
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from airflow_provider_chasqui.errors import UnrecoverableError
@@ -25,4 +26,10 @@ def tick(job):
     return {"tick": job.data}
 
 
-HANDLERS = {"gated": gated, "square": square, "tick": tick}
+async def sleepy(job):
+    """Runs for ``data["secs"]`` (a job to cancel while it runs)."""
+    await asyncio.sleep(job.data["secs"])
+    return "woke"
+
+
+HANDLERS = {"gated": gated, "square": square, "tick": tick, "sleepy": sleepy}

@@ -496,6 +496,35 @@ def test_queue_pause_and_resume_from_the_queue_page(
     assert f'queue="{q.name}" action=queue.resume paused=false' in log
 
 
+def test_cancel_a_delayed_and_a_running_job_from_the_job_page(
+    page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
+) -> None:
+    """Issue 25: the job page cancels a delayed job and a running one behind a confirmation,
+    audited; the running one's async handler (in the real ``chasqui worker``) is stopped within
+    2 s, and neither is retried nor dead-lettered."""
+    later = q.add("square", {"x": 1}, delay=600.0)
+    page.goto(server["url"] + f"/job?queue={q.name}&id={later.id}")
+    page.locator("table.kv button", has_text="Cancel job").click()
+    assert "Cancel (never retried" in page.locator(".confirm-what").inner_text()
+    assert confirm(page) == f"job {later.id}: cancel cancelled"
+    assert q.get_job_state(later.id) == "cancelled"
+    assert "cancelled" in page.locator("b.state").inner_text()
+    assert page.locator("table.kv button", has_text="Cancel job").count() == 0
+    running = q.add("sleepy", {"secs": 60})
+    wait_for("the sleepy job to start", lambda: q.get_job_details(running.id).state == "active")
+    page.goto(server["url"] + f"/job?queue={q.name}&id={running.id}")
+    page.locator("table.kv button", has_text="Cancel job").click()
+    started = time.monotonic()
+    assert confirm(page) == f"job {running.id}: cancel requested"
+    wait_for("the running job to end cancelled", lambda: q.get_job_state(running.id) == "cancelled")
+    assert time.monotonic() - started < 2 + 1  # 2 s, and a second for the browser's round trip
+    assert all(e.get("job_id") != running.id for e in q.peek_dlq(100))
+    log = server["log"].read_text()
+    assert f"action=job.cancel job_id={later.id} state=cancelled" in log.replace('"', "")
+    assert f"action=job.cancel job_id={running.id} state=requested" in log.replace('"', "")
+    shot(page, tmp, "cancel")
+
+
 def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path) -> None:
     # shuffled, this can be the module's first test: Redis 7.0 lists a consumer only once it
     # was delivered an entry, so the worker runs one job first

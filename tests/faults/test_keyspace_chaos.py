@@ -6,7 +6,8 @@ every key of the queue's keyspace, as a buggy producer, a foreign tool or an att
 write access could make them: stream entries with arbitrary fields and bytes, delayed members
 with any bytes and any score (+-inf included), repeat members with any bytes and score, spec
 hashes that decode but carry non-integer counters or wrong-typed keys, arbitrary DLQ and events
-entries, foreign lock holders, wrong-typed result, failure and unique keys, and a flow-controls
+entries, foreign lock holders, wrong-typed result, failure and unique keys, hostile job timeouts
+and cancel requests on real waiting jobs (issue 25), and a flow-controls
 hash of any type or with foreign values (never exactly ``paused=1``: that pauses the queue).  Between the
 hostile writes, well-formed jobs (immediate, delayed, and one that runs longer than the claim
 lease) and two well-formed every-second specs keep flowing.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import os
 import threading
@@ -44,6 +46,7 @@ from hypothesis import strategies as st
 from servers import start_server
 
 from airflow_provider_chasqui import RepeatPattern, SyncQueue, Worker
+from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 
 GOOD, SLOW, SPEC = "good", "slow", "spec"
@@ -219,6 +222,7 @@ def hostile_write(draw: Any) -> tuple[Any, ...]:
                 "failure",
                 "unique",
                 "controls",
+                "running",
             ]
         )
     )
@@ -333,6 +337,23 @@ class Chaos:
                 _wrong_type(r, k.prioritized.encode(), ktype)
                 _wrong_type(r, k.groups.encode(), ktype)
                 _wrong_type(r, k.group_limits.encode(), ktype)
+        elif kind == "running":  # issue 25: job timeouts and cancel requests, hostile or of another type
+            if r.type(k.controls) in (b"hash", b"none"):  # an earlier write may have left another type
+                r.execute_command("HSET", k.controls, b"timeouts", a, b"cancels", b)  # the queue "uses" both
+            ids = []
+            for _eid, fields in r.execute_command("XREVRANGE", k.stream, "+", "-", "COUNT", 3) or []:
+                with contextlib.suppress(Exception):
+                    ids.append(decode_envelope(dict(zip(fields[::2], fields[1::2]))[b"d"]).id)
+            if ktype == "hash":
+                r.delete(k.cancel_requests)  # an earlier write may have left another type
+            for jid in ids:  # real waiting jobs: values no producer writes (never a timeout, never a request)
+                r.execute_command("SET", k.job_timeout(jid), a + b"x")
+                if ktype == "hash":
+                    r.execute_command("HSET", k.cancel_requests, jid, b + b"x")
+            if ktype != "hash":
+                _wrong_type(r, k.cancel_requests.encode(), ktype)
+            _wrong_type(r, k.job_timeout("chaos-" + a.hex()).encode(), ktype)
+            _wrong_type(r, k.cancelled("chaos-" + b.hex()).encode(), ktype)
         else:
             _wrong_type(r, k.unique("chaos-" + a.hex()).encode(), ktype)
 

@@ -1,0 +1,221 @@
+"""Control of running jobs (issue 25), sans I/O: timeouts and cancellation.
+
+A job's own ``timeout_ms`` (``add``, ``add_bulk``, the enqueue operator) does not ride in the
+job: the envelope is ChasquiMQ's and takes no extra element, and a stream entry's extra fields
+do not survive the delayed set that retries and delayed jobs go through.  It is kept beside
+the job instead, in ``{chasqui:<queue>}:to:<job id>`` (``QueueKeys.job_timeout``), written in
+the add's own round trip, and the queue's controls hash gets the field ``timeouts`` so the
+workers know to look (one ``MGET`` per batch, only on a queue that ever used a job timeout).
+The key lives while the job waits, runs and retries (a retry pushes its expiry past the next
+attempt) and is removed when the job completes or is dead-lettered; if nothing removes it, it
+expires a day after the job was due.
+
+Cancellation (``Queue.cancel(job_id)``) writes a request, ``{chasqui:<queue>}:cancel`` (a hash:
+job id -> when the request lapses), and the controls field ``cancels``; a delayed job is taken
+out of the delayed set at once (by its index when it has a caller id, else by a scan).  A worker
+that reads a requested job settles it without running it; one that runs it (it looks its
+running jobs up every ``CANCEL_POLL_SECS``) cancels the handler.  Either way
+``lua/cancel_jobs.lua`` acks the entry and writes the ``cancelled`` marker and event: the job
+is never retried nor dead-lettered.
+
+Which timeout applies, first found: the job's own, its handler's (``@handler(name,
+timeout_ms=...)``, or the attribute ``chasqui_timeout_ms`` on any handler), the worker's
+``job_timeout_ms`` (``--job-timeout``).  Anything stored that is not 1 to 12 digits, or is
+over ``MAX_TIMEOUT_MS``, is no job timeout (a hostile value never stalls a worker).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ..errors import CodecError, ConfigError
+from .calls import Call, Flow, command, int_reply, script_call
+from .codec import MAX_JOB_ID_CHARS, decode_envelope, now_ms, split_member
+from .controls import CANCELS_FIELD, TIMEOUTS_FIELD, positive_int
+from .keys import QueueKeys
+from .rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND
+
+__all__ = [
+    "MAX_TIMEOUT_MS",
+    "TIMEOUT_ATTR",
+    "TIMEOUTS_FIELD",
+    "TIMEOUT_KEY_GRACE_MS",
+    "check_timeout_ms",
+    "timeout_calls",
+    "parse_timeout",
+    "handler_timeout",
+    "read_timeouts_call",
+    "settled_timeout_calls",
+    "cancel",
+    "cancel_jobs_call",
+    "read_cancels_call",
+    "parse_cancels",
+    "CANCEL_POLL_SECS",
+]
+
+MAX_TIMEOUT_MS = 7 * 86_400_000  # a week
+TIMEOUT_KEY_GRACE_MS = 86_400_000  # a job's timeout key outlives the time its job is due by this
+TIMEOUT_ATTR = "chasqui_timeout_ms"  # on a handler: its timeout
+
+
+def check_timeout_ms(value: Any, what: str = "timeout_ms") -> int:
+    """A timeout as a user gives it: a finite number of milliseconds, more than 0 and at most a
+    week (a float is rounded up to whole ms); else ``ConfigError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what} must be a number of milliseconds, got {type(value).__name__} {value!r}")
+    if not (isinstance(value, int) or math.isfinite(value)) or not 0 < value <= MAX_TIMEOUT_MS:
+        raise ConfigError(f"{what} must be more than 0 and at most {MAX_TIMEOUT_MS:,} ms, got {value!r}")
+    return int(math.ceil(value))
+
+
+def timeout_calls(keys: QueueKeys, jobs: list[tuple[str, int, int]]) -> list[Call]:
+    """Keep each ``(job_id, timeout_ms, due_in_ms)`` and mark the queue as one whose jobs may
+    carry a timeout: one pipeline, sent before the add itself."""
+    grace = TIMEOUT_KEY_GRACE_MS
+    calls = [command("SET", keys.job_timeout(jid), ms, "PX", max(0, due) + grace) for jid, ms, due in jobs]
+    return calls + [command("HSET", keys.controls, TIMEOUTS_FIELD, 1)]
+
+
+def parse_timeout(raw: object) -> int:
+    """A stored job timeout, or 0 (none) for anything but the values :func:`timeout_calls` writes."""
+    ms = positive_int(raw)
+    return ms if ms is not None and ms <= MAX_TIMEOUT_MS else 0
+
+
+def handler_timeout(fn: Any) -> int:
+    """A handler's own timeout (its ``chasqui_timeout_ms`` attribute), or 0."""
+    value = getattr(fn, TIMEOUT_ATTR, None)
+    if value is None:
+        return 0
+    return check_timeout_ms(value, f"{TIMEOUT_ATTR} of handler {fn!r}")
+
+
+def read_timeouts_call(keys: QueueKeys, job_ids: list[str]) -> Call:
+    """``MGET`` of the timeouts of a batch's jobs (one round trip per batch; see the module)."""
+    return command("MGET", *[keys.job_timeout(jid) for jid in job_ids])
+
+
+_RUN_AT = 7  # a retry row's run_at_ms (rows.FAIL_RETRY_ROW)
+
+
+def settled_timeout_calls(
+    keys: QueueKeys, timed: dict[bytes, str], done: list[Any], failed: list[Any], now: int
+) -> list[Call]:
+    """What settling these rows does to the timeouts kept in ``timed`` (entry id -> job id,
+    popped here): a retried job's timeout lives on past its next attempt's time, a completed
+    or dead-lettered job's is removed."""
+    gone = [timed.pop(row[COMPLETE_ENTRY_ID]) for row in done if row[COMPLETE_ENTRY_ID] in timed]
+    calls: list[Call] = []
+    for row in failed:
+        jid = timed.pop(row[FAIL_ENTRY_ID], None)
+        if jid is None:
+            continue
+        if row[FAIL_KIND] == "r":
+            due_in = max(0, int(row[_RUN_AT]) - now)
+            calls.append(command("PEXPIRE", keys.job_timeout(jid), due_in + TIMEOUT_KEY_GRACE_MS))
+        else:
+            gone.append(jid)
+    if gone:
+        calls.append(command("UNLINK", *[keys.job_timeout(jid) for jid in gone]))
+    return calls
+
+
+# ---- cancellation ---------------------------------------------------------------------------
+CANCEL_REQUEST_TTL_MS = 7 * 86_400_000  # a request for a job no worker meets lapses after a week
+CANCELLED_TTL_MS = 86_400_000  # how long get_job_state says "cancelled"
+CANCEL_POLL_SECS = 0.25  # how often a worker running jobs of a queue with requests looks them up
+PRUNE_SAMPLE = 20  # requests each cancel() samples for lapsed ones
+_SCAN_COUNT = 1000
+_MS = re.compile(rb"[1-9][0-9]{0,15}")  # a request's lapse time, as cancel() writes it
+_GLOB = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+
+
+def check_job_id(job_id: object) -> str:
+    if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+        raise ConfigError(f"job_id must be a non-empty str of at most {MAX_JOB_ID_CHARS} characters, got {job_id!r}")
+    return job_id
+
+
+def cancel(keys: QueueKeys, job_id: str, *, group: str, xackdel: bool, events_max: int) -> Flow[str]:
+    """``Queue.cancel``: returns ``"cancelled"`` (it was delayed: ended now), ``"requested"``
+    (waiting or running: the worker that meets it ends it), or the state it already ended in
+    (``"completed"``, ``"failed"``, ``"cancelled"``: nothing to do).  The request is written
+    first, so a delayed job promoted while this runs is still cancelled by its worker."""
+    check_job_id(job_id)
+    cancelled, done, failed = yield [
+        command("EXISTS", keys.cancelled(job_id)),
+        command("EXISTS", keys.result(job_id)),
+        command("EXISTS", keys.failure(job_id)),
+    ]
+    for state, hit in (("cancelled", cancelled), ("completed", done), ("failed", failed)):
+        if int_reply(hit):
+            return state
+    now = now_ms()
+    _, _, sample = yield [
+        command("HSET", keys.cancel_requests, job_id, now + CANCEL_REQUEST_TTL_MS),
+        command("HSET", keys.controls, CANCELS_FIELD, 1),
+        command("HRANDFIELD", keys.cancel_requests, PRUNE_SAMPLE, "WITHVALUES"),
+    ]
+    if isinstance(sample, list):  # requests no worker met (a wrong id): each cancel prunes a few
+        fields = [str(f, "utf-8", "replace") if isinstance(f, bytes) else str(f) for f in sample[::2]]
+        lapsed = set(fields) - parse_cancels(fields, sample[1::2], now)
+        if lapsed:
+            yield command("HDEL", keys.cancel_requests, *sorted(lapsed))
+    removed = yield script_call("cancel_delayed", (keys.delayed, keys.didx(job_id), keys.dlid(job_id)), ())
+    name: str | None = ""
+    if not int_reply(removed):
+        name = yield from _remove_delayed(keys, job_id)
+        if name is None:
+            return "requested"
+    yield cancel_jobs_call(keys, [(b"", job_id, name or "")], group=group, xackdel=xackdel, events_max=events_max)
+    return "cancelled"
+
+
+def _remove_delayed(keys: QueueKeys, job_id: str) -> Flow[str | None]:
+    """Find ``job_id``'s member in the delayed set (a cursor scan matching its id) and remove
+    it; its job name, or None when it is not there (or a promoter moved it first)."""
+    cursor: object = b"0"
+    pattern = "*" + job_id.translate(_GLOB) + "*"
+    while True:
+        reply = yield command("ZSCAN", keys.delayed, cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)
+        cursor, flat = reply[0], reply[1]
+        for member in flat[::2]:
+            try:
+                name, envelope = split_member(member)
+                if decode_envelope(envelope).id != job_id:
+                    continue
+            except (CodecError, ValueError):
+                continue
+            if int_reply((yield command("ZREM", keys.delayed, member))):
+                return name
+            return None
+        if cursor in (b"0", "0", 0):
+            return None
+
+
+def cancel_jobs_call(
+    keys: QueueKeys, rows: list[tuple[bytes, str, str]], *, group: str, xackdel: bool, events_max: int
+) -> Call:
+    """``lua/cancel_jobs.lua`` for ``(entry id or b"", job id, name)`` rows."""
+    argv: list[Any] = [group, 1 if xackdel else 0, events_max, keys.prefix, CANCELLED_TTL_MS, now_ms()]
+    for row in rows:
+        argv.extend(row)
+    return script_call("cancel_jobs", (keys.stream, keys.events, keys.cancel_requests), argv)
+
+
+def read_cancels_call(keys: QueueKeys, job_ids: list[str]) -> Call:
+    return command("HMGET", keys.cancel_requests, *job_ids)
+
+
+def parse_cancels(job_ids: list[str], reply: object, now: int) -> set[str]:
+    """The ids among ``job_ids`` with a live request (``HMGET``'s reply; a lapsed, hostile or
+    missing value is none)."""
+    if not isinstance(reply, list):
+        return set()
+    out = set()
+    for jid, raw in zip(job_ids, reply):
+        if isinstance(raw, bytes) and _MS.fullmatch(raw) and int(raw) > now:
+            out.add(jid)
+    return out
