@@ -243,8 +243,9 @@ class ConsumerCore:
 
     def reap_consumers(self, min_idle_ms: int, name: str = "") -> Call:
         """``XGROUP DELCONSUMER`` each consumer (or only ``name``) with nothing pending and idle
-        at least ``min_idle_ms``, atomically with the check; the reply lists the names removed."""
-        return script_call("reap_consumers", (self.keys.stream,), (self.group, min_idle_ms, name))
+        at least ``min_idle_ms``, atomically with the check, sparing the ones whose worker beats
+        (``core/liveness.py``); the reply lists the names removed."""
+        return script_call("reap_consumers", (self.keys.stream, self.keys.beats), (self.group, min_idle_ms, name))
 
     def gate(self, entry_id: bytes, fields: Any, delivery_count: int) -> Delivery | Rejected:
         """Arrival gate, in ChasquiMQ's order: malformed, oversize, decode, attempts."""

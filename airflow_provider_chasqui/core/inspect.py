@@ -22,9 +22,12 @@ from typing import Any
 from ..errors import CodecError, ConfigError, JobNotFound
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
+from .codec import now_ms as current_ms
 from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
 from .keys import QueueKeys
+from .liveness import REAP_IDLE_LEASES, WorkerRecord, live_consumers, read_workers
 from .maintenance import glob_escape
+from .running import parse_progress
 from .scan import parse_scan, scan_call
 from .schedules import show_key
 
@@ -46,6 +49,7 @@ class ConsumerInfo:
     name: str
     pending: int
     idle_ms: int
+    live: bool | None = None  # its worker's heartbeat says alive (core/liveness.py); None: it does not beat
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +84,19 @@ class QueueSnapshot:
     job_groups: int = 0  # job groups with waiting jobs (core/groups.py)
     # the first JOB_GROUP_ROWS of them in turn order: (group, waiting jobs, running jobs under its limit)
     job_group_rows: list[tuple[str, int, int]] = field(default_factory=list)
+    workers: list[WorkerRecord] = field(default_factory=list)  # the heartbeats (core/liveness.py), newest first
+    reap_idle_ms: int = REAP_IDLE_LEASES * 30_000  # a consumer that does not beat counts as alive below this idle
 
     @property
     def consumer_max_idle_ms(self) -> int:
-        return max((c.idle_ms for c in self.consumers), default=0)
+        """The longest idle time among consumers whose worker does not say it is alive (a beating
+        worker on Redis 7.0 looks idle while it waits on an empty queue: never counted here)."""
+        return max((c.idle_ms for c in self.consumers if not c.live), default=0)
+
+    @property
+    def live_consumers(self) -> int:
+        """The consumers alive now (``core/liveness.live_consumers``): what every viewer counts."""
+        return live_consumers(self.consumers, self.workers, self.reap_idle_ms)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,14 +179,17 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
     held = 0  # slots not past their lease (a dead worker's lapse; take_starts.lua purges them)
     if controls.concurrency is not None and str_reply(slots_type) == "zset":
         held = int_reply((yield command("ZCOUNT", k.running, f"({now_ms}", "+inf")))
+    workers = yield from read_workers(k, now_ms)  # another type (hostile): none, consumers judged by idle
+    live = {w.consumer: w.live for w in workers}
     consumers: list[ConsumerInfo] = []
     groups = [_group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if int_reply(exists) else []) or []]
     mine = next((g for g in groups if g["name"] == group), None)
     if mine is not None:
         for row in (yield command("XINFO", "CONSUMERS", k.stream, group)) or []:
             info = reply_pairs(row)
+            name = str_reply(info["name"])
             consumers.append(
-                ConsumerInfo(str_reply(info["name"]), int_reply(info.get("pending", 0)), int_reply(info.get("idle", 0)))
+                ConsumerInfo(name, int_reply(info.get("pending", 0)), int_reply(info.get("idle", 0)), live.get(name))
             )
     waiting = mine["lag"] if mine is not None else int_reply(stream)
     oldest_waiting = None
@@ -200,6 +216,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         scheduler_leader=str_reply(scheduler) if scheduler else None,
         group_exists=mine is not None,
         consumers=consumers,
+        workers=workers,
         waiting=waiting,
         oldest_waiting_ms=oldest_waiting,
         overdue=int_reply(overdue),
@@ -235,6 +252,7 @@ class QueueSummary:
     rate_limit: RateLimit | None = None  # Queue.set_rate_limit()
     concurrency: int | None = None  # Queue.set_concurrency()
     prioritized: int = 0  # jobs added with a priority, not in the stream yet
+    workers: int = 0  # workers whose heartbeat says alive (core/liveness.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -309,7 +327,7 @@ def list_queues(
     return QueueListing(queues=summaries, truncated=truncated, cursor=cursor, scan_calls=calls)
 
 
-_PER_QUEUE = 7  # calls per queue in queue_summaries' first pipeline
+_PER_QUEUE = 8  # calls per queue in queue_summaries' first pipeline
 
 
 def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
@@ -327,23 +345,28 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
             command("ZCARD", k.repeat_paused),
             command("TYPE", k.controls),
             command("ZCARD", k.prioritized),
+            command("TYPE", k.beats),
         ]
     first = yield calls
+    now = current_ms()
     streams = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i]) == "stream"]
     dlqs = [i for i, _ in enumerate(keys) if int_reply(first[_PER_QUEUE * i + 2])]
     ctls = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i + 5]) == "hash"]
+    beating = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i + 7]) == "zset"]
     second: list[Any] = []
-    if streams or dlqs or ctls:
+    if streams or dlqs or ctls or beating:
         second = yield (
             [c for i in streams for c in (command("XLEN", keys[i].stream), command("XINFO", "GROUPS", keys[i].stream))]
             + [command("XLEN", keys[i].dlq) for i in dlqs]
             + [controls_call(keys[i]) for i in ctls]
+            + [command("ZCOUNT", keys[i].beats, f"({now}", "+inf") for i in beating]
         )
     counts: dict[int, tuple[int, list[Any]]] = {
         i: (int_reply(second[2 * n]), second[2 * n + 1] or []) for n, i in enumerate(streams)
     }
     dlq_len = {i: int_reply(second[2 * len(streams) + n]) for n, i in enumerate(dlqs)}
     ctl = {i: parse_controls(second[2 * len(streams) + len(dlqs) + n]) for n, i in enumerate(ctls)}
+    live = {i: int_reply(second[2 * len(streams) + len(dlqs) + len(ctls) + n]) for n, i in enumerate(beating)}
     out = []
     for i, q in enumerate(queues):
         length, groups = counts.get(i, (0, []))
@@ -367,6 +390,7 @@ def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
                 rate_limit=ctl[i].rate if i in ctl else None,
                 concurrency=ctl[i].concurrency if i in ctl else None,
                 prioritized=int_reply(first[_PER_QUEUE * i + 6]),
+                workers=live.get(i, 0),
             )
         )
     return out
@@ -382,7 +406,7 @@ SEARCH_PAGES = 20
 class JobDetails:
     queue: str
     id: str
-    state: str  # completed, failed, active, waiting, delayed or unknown
+    state: str  # completed, failed, cancelled, active, waiting, delayed or unknown
     name: str | None = None
     data: Any = None
     data_bytes: int | None = None  # size of the job's encoded data; None when no copy of the job was found
@@ -397,6 +421,7 @@ class JobDetails:
     has_result: bool = False
     failure: dict[str, Any] | None = None  # the failure record: reason, detail, finished_at_ms, traceback...
     dlq: dict[str, Any] | None = None  # its DLQ entry: dlq_id, reason, detail and any other field
+    progress: Any = None  # the latest progress its handler reported (a number or a small dict)
     events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     events_truncated: bool = False  # the window was full: older events may exist
     notes: list[str] = field(default_factory=list)
@@ -461,12 +486,14 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
         raise ConfigError("job id must be a non-empty str of at most 1024 characters")
     k = QueueKeys.for_queue(queue)
     d = JobDetails(queue=queue, id=job_id, state="unknown")
-    result, failure, didx, rows = yield [
+    result, failure, didx, rows, progress = yield [
         command("GET", k.result(job_id)),
         command("GET", k.failure(job_id)),
         command("GET", k.didx(job_id)),
         command("XREVRANGE", k.events, "+", "-", "COUNT", events_window),
+        command("GET", k.progress(job_id)),
     ]
+    d.progress = parse_progress(progress)
     d.events_truncated = len(rows or []) >= events_window
     hints: dict[str, int] = {}
     for entry_id, flat in reversed(rows or []):

@@ -115,6 +115,15 @@ class QueueKeys:
         return self.prefix + ":cursor:" + name
 
     @property
+    def beats(self) -> str:
+        """ZSET consumer name -> until when its worker counts as alive (ms): heartbeats (``core/liveness.py``)."""
+        return self.prefix + ":beats"
+
+    def worker(self, consumer: str) -> str:
+        """A worker's identity (JSON: host, pid, version, handlers...), renewed with its heartbeat."""
+        return self.prefix + ":worker:" + consumer
+
+    @property
     def cancel_requests(self) -> str:
         """HASH job id -> when the request lapses (ms): jobs to cancel when a worker meets them."""
         return self.prefix + ":cancel"
@@ -122,6 +131,10 @@ class QueueKeys:
     def cancelled(self, job_id: str) -> str:
         """A job that ended cancelled (the time, ms), kept like a failure record."""
         return self.prefix + ":cancelled:" + job_id
+
+    def progress(self, job_id: str) -> str:
+        """A job's latest progress (msgpack), reported by its handler; TTL a day."""
+        return self.prefix + ":progress:" + job_id
 
     def job_timeout(self, job_id: str) -> str:
         """A job's own ``timeout_ms`` (``core/running.py``), while the job waits, runs or retries."""

@@ -1,4 +1,4 @@
-"""Control of running jobs (issue 25), sans I/O: timeouts and cancellation.
+"""Control of running jobs (issue 25), sans I/O: timeouts, cancellation and progress.
 
 A job's own ``timeout_ms`` (``add``, ``add_bulk``, the enqueue operator) does not ride in the
 job: the envelope is ChasquiMQ's and takes no extra element, and a stream entry's extra fields
@@ -26,15 +26,17 @@ over ``MAX_TIMEOUT_MS``, is no job timeout (a hostile value never stalls a worke
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
 
 from ..errors import CodecError, ConfigError
 from .calls import Call, Flow, command, int_reply, script_call
-from .codec import MAX_JOB_ID_CHARS, decode_envelope, now_ms, split_member
+from .codec import MAX_JOB_ID_CHARS, decode_data, decode_envelope, encode_data, now_ms, split_member
 from .controls import CANCELS_FIELD, TIMEOUTS_FIELD, positive_int
 from .keys import QueueKeys
+from .maintenance import glob_escape
 from .rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND
 
 __all__ = [
@@ -53,6 +55,11 @@ __all__ = [
     "read_cancels_call",
     "parse_cancels",
     "CANCEL_POLL_SECS",
+    "check_progress",
+    "progress_calls",
+    "parse_progress",
+    "PROGRESS_FLUSH_SECS",
+    "MAX_PROGRESS_BYTES",
 ]
 
 MAX_TIMEOUT_MS = 7 * 86_400_000  # a week
@@ -129,7 +136,6 @@ CANCEL_POLL_SECS = 0.25  # how often a worker running jobs of a queue with reque
 PRUNE_SAMPLE = 20  # requests each cancel() samples for lapsed ones
 _SCAN_COUNT = 1000
 _MS = re.compile(rb"[1-9][0-9]{0,15}")  # a request's lapse time, as cancel() writes it
-_GLOB = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 
 def check_job_id(job_id: object) -> str:
@@ -177,7 +183,7 @@ def _remove_delayed(keys: QueueKeys, job_id: str) -> Flow[str | None]:
     """Find ``job_id``'s member in the delayed set (a cursor scan matching its id) and remove
     it; its job name, or None when it is not there (or a promoter moved it first)."""
     cursor: object = b"0"
-    pattern = "*" + job_id.translate(_GLOB) + "*"
+    pattern = "*" + glob_escape(job_id) + "*"
     while True:
         reply = yield command("ZSCAN", keys.delayed, cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)
         cursor, flat = reply[0], reply[1]
@@ -219,3 +225,65 @@ def parse_cancels(job_ids: list[str], reply: object, now: int) -> set[str]:
         if isinstance(raw, bytes) and _MS.fullmatch(raw) and int(raw) > now:
             out.add(jid)
     return out
+
+
+# ---- progress -------------------------------------------------------------------------------
+MAX_PROGRESS_BYTES = 1024  # a progress value, packed
+PROGRESS_FLUSH_SECS = 0.25  # a worker writes its jobs' latest progress at most this often
+PROGRESS_TTL_MS = 86_400_000
+
+
+def check_progress(value: Any) -> bytes:
+    """A progress value as a handler gives it: a finite number, or a dict packing to at most
+    ``MAX_PROGRESS_BYTES``; its msgpack (else ``ConfigError`` naming the problem)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+        raise ConfigError(f"progress must be a number or a dict, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"progress must be finite, got {value!r}")
+    try:
+        packed = encode_data(value)
+    except Exception as exc:  # noqa: BLE001 - whatever msgpack refuses (a nested object, a huge int)
+        raise ConfigError(f"progress cannot be encoded: {exc}") from None
+    if len(packed) > MAX_PROGRESS_BYTES:
+        raise ConfigError(f"progress packs to {len(packed)} bytes; the limit is {MAX_PROGRESS_BYTES}")
+    return packed
+
+
+def progress_calls(keys: QueueKeys, latest: dict[str, Any], events_max: int, now: int) -> list[Call]:
+    """The latest progress of each job (id -> value): kept with the job, and a ``progress``
+    event each (the value as JSON, for readers of the events stream)."""
+    calls: list[Call] = []
+    for jid, value in latest.items():
+        calls.append(command("SET", keys.progress(jid), encode_data(value), "PX", PROGRESS_TTL_MS))
+        if events_max > 0:
+            text = json.dumps(value, default=str, separators=(",", ":"))
+            calls.append(
+                command(
+                    "XADD",
+                    keys.events,
+                    "MAXLEN",
+                    "~",
+                    events_max,
+                    "*",
+                    "e",
+                    "progress",
+                    "id",
+                    jid,
+                    "ts",
+                    now,
+                    "progress",
+                    text,
+                )
+            )
+    return calls
+
+
+def parse_progress(raw: object) -> Any:
+    """A stored progress value (None when absent or not what a worker writes)."""
+    if not isinstance(raw, bytes) or len(raw) > MAX_PROGRESS_BYTES:
+        return None
+    try:
+        value = decode_data(raw)
+    except Exception:  # noqa: BLE001 - junk written by hand: no progress
+        return None
+    return value if isinstance(value, (int, float, dict)) and not isinstance(value, bool) else None

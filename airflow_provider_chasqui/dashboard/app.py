@@ -26,6 +26,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ..core.codec import now_ms
 from ..errors import ChasquiError, ConfigError
 from .auth import TOKEN_COOKIE, CsrfKey, open_access
 from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, Source, SourceSet, StaticSources, audit, pretty
@@ -398,7 +399,7 @@ def _queues_page(c: Ctx) -> Response:
                 h(age(r.oldest_waiting_age_ms)),
                 h(r.completed[-1]),
                 h(r.failed[-1]),
-                h(len(s.consumers)),
+                h(s.live_consumers),
                 f'<a href="{c.url("/schedules", queue=name)}">{h(s.specs)}+{h(s.paused_specs)}</a>',
                 chart(r.completed, r.failed),
             ]
@@ -503,7 +504,7 @@ def _queue_page(c: Ctx) -> Response:
             "repeatable specs",
             f'<a href="{c.url("/schedules", queue=queue)}">{h(s.specs)} active, {h(s.paused_specs)} paused</a>',
         ],
-        ["consumers", f'<a href="{c.url("/workers", queue=queue)}">{h(len(s.consumers))}</a>'],
+        ["consumers", f'<a href="{c.url("/workers", queue=queue)}">{h(s.live_consumers)}</a>'],
         ["promoter lock", h(s.promoter_leader)],
         ["scheduler lock", h(s.scheduler_leader)],
         ["completed (last 10 min)", h(sum(r.completed))],
@@ -520,6 +521,13 @@ def _queue_page(c: Ctx) -> Response:
         + _job_form(c, [queue], queue)
     )
     return c.page(f"Queue {queue}", body, "queues")
+
+
+def _progress_bar(value: Any) -> str:
+    """A number from 0 to 100 as a bar (a percentage); anything else as its JSON."""
+    if isinstance(value, (int, float)) and 0 <= value <= 100:
+        return f'<progress class="job-progress" max="100" value="{h(value)}"></progress> {h(value)}%'
+    return f'<code class="job-progress">{h(dump(value))}</code>'
 
 
 def _cancel_button(c: Ctx, queue: str, job_id: str, state: str) -> str:
@@ -554,6 +562,8 @@ def _job_page(c: Ctx) -> Response:
         rows.append(["stream entry", h(j.entry_id) + (f" held by {h(j.consumer)}" if j.consumer else "")])
     if j.run_at_ms is not None:
         rows.append(["due", when(j.run_at_ms)])
+    if j.progress is not None:
+        rows.append(["progress", _progress_bar(j.progress)])
     if j.dlq:
         dlq_id = j.dlq.get("dlq_id")
         rows.append(
@@ -793,12 +803,54 @@ def _workers_page(c: Ctx) -> Response:
         for name in ("promoter", "scheduler")
     ]
     body += "<h3>Locks</h3>" + table(["lock", "held by", "expires in"], locks, "locks")
+    now = now_ms()
+    fleet = [
+        [
+            h(x["consumer"]),
+            "alive" if x["live"] else "gone (no beat for two leases)",
+            h(x["host"]),
+            h(x["pid"]),
+            h(x["version"]),
+            h(x["kind"]),
+            h(", ".join(x["handlers"])),
+            h(x["concurrency"]),
+            h(age(now - x["started_ms"]) if x["started_ms"] else "-"),
+            h(age(now - x["beat_ms"]) + " ago" if x["beat_ms"] else "-"),
+            {True: "ok", False: "unhealthy", None: "-"}[x["ok"]],
+        ]
+        for x in w["workers"]
+    ]
+    heads = [
+        "worker",
+        "state",
+        "host",
+        "pid",
+        "version",
+        "kind",
+        "handlers",
+        "concurrency",
+        "up",
+        "last beat",
+        "health",
+    ]
+    body += "<h3>Worker processes</h3>" + (
+        table(heads, fleet, "fleet") if fleet else "<p>no worker beats on this queue (ChasquiMQ workers do not)</p>"
+    )
     if not w["groups"]:
         body += "<p>no consumer group yet (no worker has read this queue)</p>"
     for g in w["groups"]:
-        rows = [[h(x["name"]), h(x["pending"]), h(age(x["idle_ms"])), h(age(x["inactive_ms"]))] for x in g["consumers"]]
+        rows = [
+            [
+                h(x["name"]),
+                {True: "alive", False: "gone", None: "no heartbeat"}[x.get("live")],
+                h(x["pending"]),
+                h(age(x["idle_ms"])),
+                h(age(x["inactive_ms"])),
+            ]
+            for x in g["consumers"]
+        ]
         body += f"<h3>Group {h(g['name'])} <small>{h(g['pending'])} pending, lag {h(g['lag'])}</small></h3>" + table(
-            ["consumer", "pending", "idle", "inactive"], rows, "consumers"
+            ["consumer", "heartbeat", "pending", "idle", "inactive"], rows, "consumers"
         )
     return c.page(f"Workers {queue}", body, "workers")
 

@@ -23,6 +23,7 @@ from ..core.calls import Flow, command, int_reply, reply_pairs, script_call, str
 from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms
 from ..core.inspect import JobDetails, QueueSnapshot, job_details, snapshot
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
+from ..core.liveness import read_workers
 from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 from ..core.schedules import SpecFlows, spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
@@ -483,7 +484,8 @@ def spec_prefix_flow(queue: str, prefix: str, cursor: str | None, count: int) ->
 
 
 def workers_flow(queue: str, now: int) -> Flow[dict[str, Any]]:
-    """Every group of the stream with its consumers (idle, pending), and the lock holders."""
+    """Every group of the stream with its consumers (idle, pending, alive by their heartbeat),
+    the workers that beat (``core/liveness.py``), and the lock holders."""
     k = QueueKeys.for_queue(queue)
     exists, promoter, scheduler, p_ttl, s_ttl = yield [
         command("EXISTS", k.stream),
@@ -515,8 +517,14 @@ def workers_flow(queue: str, now: int) -> Flow[dict[str, Any]]:
                         "inactive_ms": None if info.get("inactive") is None else int_reply(info["inactive"]),
                     }
                 )
+    workers = yield from read_workers(k, now)
+    live = {w.consumer: w.live for w in workers}
+    for g in groups:
+        for c in g["consumers"]:
+            c["live"] = live.get(c["name"])
     return {
         "queue": queue,
+        "workers": [w.to_dict() for w in workers],
         "groups": groups,
         "promoter": {"holder": str_reply(promoter) if promoter else None, "ttl_ms": int_reply(p_ttl)},
         "scheduler": {"holder": str_reply(scheduler) if scheduler else None, "ttl_ms": int_reply(s_ttl)},

@@ -34,6 +34,7 @@ leave them does not, and lives here once:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -44,6 +45,7 @@ from ..core.codec import encode_member, now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
 from ..core.features import Features
 from ..core.groups import requeue_grouped_calls, take_grouped_call
+from ..core.liveness import REAP_IDLE_LEASES, beat_calls, leave_calls
 from ..core.pacing import Backoff, LogBudget
 from ..core.priorities import take_prioritized_call
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
@@ -69,8 +71,7 @@ RENEWALS_PER_LEASE = 10
 # lease_held() renews before a job starts when the last renewal began longer ago than this share
 # of the lease (two renewals missed: a paused process, a blocked loop).
 START_CHECK_FRACTION = 0.2
-REAP_EVERY_LEASES = 5  # how often idle consumers are removed...
-REAP_IDLE_LEASES = 10  # ...and how long they must have been idle, with nothing pending
+REAP_EVERY_LEASES = 5  # how often idle consumers are removed (REAP_IDLE_LEASES: core/liveness.py)
 PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
 PRIORITY_POLL_MS = 100  # the longest blocking read on a queue that uses priorities
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
@@ -119,6 +120,9 @@ class Intake:
         self.on_lost = on_lost
         self.label = label or f"consumer {core.consumer_id} of {core.keys.queue}"
         self.priority_batch = priority_batch  # the most one read takes on a queue that uses priorities
+        # who this consumer is, beaten with the leases (core/liveness.py); None: no heartbeat
+        self.identity: dict[str, Any] | None = None
+        self.healthy: Callable[[], bool] = lambda: True
         self.features = Features()  # replaced by open()
         self.in_flight: set[bytes] = set()  # handed out, neither settled nor released
         self.lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
@@ -401,10 +405,15 @@ class Intake:
     async def run_leases(self) -> None:
         """Renew every in-flight entry ``RENEWALS_PER_LEASE`` times per lease, until cancelled."""
         interval = self.lease_ms / 1000 / RENEWALS_PER_LEASE
+        if self.identity is not None:  # listed at once, not one renewal period later
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                await self.driver.pipeline(self.beat_calls())
         while True:
             await asyncio.sleep(max(0.0, self.renewed_at + interval - time.monotonic()))
             try:
                 await self.renew()
+                if self.identity is not None:
+                    await self.driver.pipeline(self.beat_calls())
             except TRANSIENT_ERRORS as exc:
                 raise_if_cancelling()
                 log.warning("%s: lease renewal failed (%s); retrying", self.label, exc)
@@ -439,6 +448,13 @@ class Intake:
         for call in self.lease_renewals(entry_ids):
             lost += await self.driver.call(call) or []
         return lost_pairs(lost)
+
+    def beat_calls(self) -> list[Call]:
+        """This consumer's heartbeat (``core/liveness.py``), sent with the lease renewals."""
+        if self.identity is None:
+            return []
+        keys, name = self.core.keys, self.core.consumer_id
+        return beat_calls(keys, name, self.identity, self.lease_ms, now_ms(), self.healthy())
 
     def lease_renewals(self, entry_ids: list[bytes]) -> list[Call]:
         """The ``renew_lease`` calls of :meth:`renew_ids` (also sent by the lease guard's thread)."""
@@ -622,7 +638,13 @@ class Intake:
         self.flow.forget(entry_id)
 
     async def leave(self) -> None:
-        """At a clean stop, remove this consumer from the group if it holds nothing pending."""
+        """At a clean stop, remove this consumer's heartbeat, and the consumer from the group if
+        it holds nothing pending."""
+        if self.identity is not None:
+            try:
+                await self.driver.pipeline(leave_calls(self.core.keys, self.core.consumer_id))
+            except Exception as exc:  # noqa: BLE001 - its beat lapses within LIVE_LEASES anyway
+                log.info("%s: could not remove its heartbeat: %s", self.label, exc)
         if self.in_flight:
             return
         try:

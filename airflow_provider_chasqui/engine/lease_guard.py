@@ -82,7 +82,7 @@ class LeaseGuard:
         for call in intake.lease_renewals(ids):
             reply += await driver.call(call) or []
         lost = lost_pairs(reply)
-        for call in intake.flow.slot_renewals([eid for eid in ids if eid not in lost]):
+        for call in intake.flow.slot_renewals([eid for eid in ids if eid not in lost]) + intake.beat_calls():
             await driver.call(call)
         intake.renewed_at = max(intake.renewed_at, started)
         self.renewals += 1

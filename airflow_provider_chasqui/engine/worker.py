@@ -46,7 +46,6 @@ import contextvars
 import inspect
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -81,9 +80,11 @@ from ..errors import (
 from ..types import Job, new_job
 from ._driver import AsyncDriver, raw_client
 from .cancellation import raise_if_cancelling
+from .identity import consumer_name, identity, package_version
 from .intake import START_CHECK_FRACTION, Intake
 from .lease_guard import LeaseGuard
 from .metrics import NO_METRICS, metrics_sink
+from .progress import ProgressReporter
 from .promoter import Promoter
 from .supervision import Supervisor
 from .worker_settings import DEFAULT_CONCURRENCY, WorkerSettings, options_to_fields
@@ -162,7 +163,7 @@ class Worker:
         self._sink = metrics_sink(metrics)
         self._signals = install_signal_handlers
         s = self.settings
-        self.consumer_id = s.consumer_id or f"c-{uuid.uuid4()}"
+        self.consumer_id = s.consumer_id or consumer_name()  # c-<host>-<pid>-<8 hex>
         self.core = ConsumerCore(
             queue_name,
             group=s.group,
@@ -222,7 +223,7 @@ class Worker:
         after a crash, the reader is not stalled (no loop turn for ``read_block_ms`` + 20 s)
         and the lease renewal is not failing (the last full renewal is older than
         ``claim_min_idle_ms``); otherwise False.  Then one key per supervised role:
-        ``"reader"``, ``"slots"``, ``"flusher"``, ``"lease"``, and ``"promoter"`` /
+        ``"reader"``, ``"slots"``, ``"flusher"``, ``"lease"``, ``"cancels"``, ``"progress"``, and ``"promoter"`` /
         ``"scheduler"`` when they run.  Its value is True while the role's tasks run and
         never crashed, else a string: ``"restarted N times; last error: <type>: <text>"``
         (running again), ``"restarting: ..."`` (waiting for its backoff), ``"stalled for
@@ -298,6 +299,14 @@ class Worker:
         loop = asyncio.get_running_loop()
         if self._signals:
             self._install_signals(loop)
+        self._intake.identity = identity(
+            handlers=list(self._handler.table) if isinstance(self._handler, _Dispatch) else ["*"],
+            concurrency=s.concurrency,
+            started_ms=now_ms(),
+            lease_ms=s.claim_min_idle_ms,
+            version=package_version(),
+        )
+        self._intake.healthy = lambda: bool(self.health().get("ok"))
         self._guard = LeaseGuard(self._intake, self._url, loop, **timeouts).start()  # leases whole, loop blocked
         background = self._start_background()
         reader = self._tasks.start("reader", self._reader)
@@ -305,6 +314,7 @@ class Worker:
         flusher = self._tasks.start("flusher", self._flusher)
         leaser = self._tasks.start("lease", self._intake.run_leases)
         background.append((None, self._tasks.start("cancels", self._watch_cancels)))
+        background.append((None, self._tasks.start("progress", self._progress.run)))
         log.info(
             "worker %s consuming %s (concurrency %d, xackdel %s)",
             self.consumer_id,
@@ -336,6 +346,7 @@ class Worker:
         self._flush_wanted = asyncio.Event()
         self._final_flush = False
         self._room_waiter: asyncio.Future[None] | None = None
+        self._progress = ProgressReporter(self.driver, self.core.keys, self.core.events_max, self.consumer_id)
         self._pool_size = s.sync_threads or min(s.concurrency, 64)
         self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix=f"chasqui-{self.name}")
 
@@ -385,6 +396,7 @@ class Worker:
         if late:
             log.warning("worker %s: %d handlers still running at the shutdown deadline", self.consumer_id, len(late))
         await asyncio.gather(*late, return_exceptions=True)
+        await self._progress.flush()  # the handlers' last reports, before their outcomes
         self._final_flush = True
         self._flush_wanted.set()
         await asyncio.gather(flusher, return_exceptions=True)
@@ -556,6 +568,7 @@ class Worker:
         async_fns, fn_timeouts = self._async_fns, self._fn_timeouts
         default_timeout = s.job_timeout_ms or 0
         current, cancel_target = self._current, self._cancel_target  # see _watch_cancels
+        progress = self._progress
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
         me = asyncio.current_task()
@@ -596,7 +609,7 @@ class Worker:
                     span, token = await self._start_span(tracer, dl)
                 start = clock()
                 try:  # everything that can raise before the outcome is buffered is in here
-                    job = new_job(env.id, dl.name, data, env.attempt, env.created_at_ms)
+                    job = new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, progress)
                     fn = handler if dispatch is None else dispatch.lookup(dl.name)
                     try:
                         is_async = async_fns[fn]

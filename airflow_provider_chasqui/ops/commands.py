@@ -26,6 +26,7 @@ from ..core.codec import now_ms
 from ..core.event_follow import EventCursor
 from ..core.inspect import snapshot
 from ..core.keys import QueueKeys
+from ..core.liveness import WorkerRecord, read_workers
 from ..core.producer import parse_fields
 from ..core.text import printable
 from ..core.urls import WAIT_BLOCK_MS, redact_text, redact_url
@@ -136,7 +137,15 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
     table(rows, ("what", "value"), out)
     if s.consumers:
         out.write("\n")
-        table([(c.name, c.pending, f"{c.idle_ms} ms") for c in s.consumers], ("consumer", "pending", "idle"), out)
+        said = {True: "alive", False: "gone", None: "no heartbeat"}
+        table(
+            [(c.name, said[c.live], c.pending, f"{c.idle_ms} ms") for c in s.consumers],
+            ("consumer", "heartbeat", "pending", "idle"),
+            out,
+        )
+    if s.workers:
+        out.write("\n")
+        table(workers_rows(s.workers, now_ms()), WORKER_HEADS, out)
     if s.next_fires:
         out.write("\n")
         table([(k, iso_ms(ms)) for k, ms in s.next_fires], ("next fires", "at (UTC)"), out)
@@ -145,6 +154,44 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     s = _snapshot(_queue(args), args.group)
     emit(args, s.to_dict(), lambda out: _print_snapshot(s, out))
+    return EXIT_OK
+
+
+WORKER_HEADS = ("worker", "state", "host", "pid", "version", "handlers", "concurrency", "up", "last beat", "health")
+
+
+def workers_rows(workers: Iterable[WorkerRecord], now: int) -> list[tuple[Any, ...]]:
+    """One row per worker that beats (``core/liveness.py``): who, where, since when, how."""
+    return [
+        (
+            w.consumer,
+            "alive" if w.live else "gone",
+            w.host or "-",
+            w.pid if w.pid is not None else "-",
+            w.version or "-",
+            ", ".join(w.handlers) or "-",
+            w.concurrency if w.concurrency is not None else "-",
+            f"{(now - w.started_ms) // 1000} s" if w.started_ms else "-",
+            f"{(now - w.beat_ms) / 1000:.1f} s ago" if w.beat_ms else "-",
+            {True: "ok", False: "unhealthy", None: "-"}[w.ok],
+        )
+        for w in workers
+    ]
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    """``chasqui workers QUEUE``: the worker processes that beat on a queue (alive or lately gone)."""
+    q = _queue(args)
+    now = now_ms()
+    workers = q.driver.run(read_workers(q.keys, now))
+
+    def human(out: TextIO) -> None:
+        if not workers:
+            out.write(f"no worker beats on {args.queue} (none runs, or only ChasquiMQ workers)\n")
+            return
+        table(workers_rows(workers, now), WORKER_HEADS, out)
+
+    emit(args, {"queue": args.queue, "workers": [w.to_dict() for w in workers]}, human)
     return EXIT_OK
 
 
@@ -511,6 +558,10 @@ def register(sub: Any) -> None:  # noqa: PLR0915 - argparse declarations, one st
         "--group", default="default", help="consumer group whose pending entries to count (default: default)"
     )
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("workers", help="the worker processes of a queue: host, pid, handlers, uptime, health")
+    _common(p)
+    p.set_defaults(func=cmd_workers)
 
     p = sub.add_parser("watch", help="a live view of `inspect` that refreshes in place")
     _common(p)

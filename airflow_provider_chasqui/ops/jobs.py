@@ -66,6 +66,8 @@ def cmd_job_show(args: argparse.Namespace) -> int:  # noqa: C901 - one printed l
             rows += [("worker", d.consumer), ("deliveries", d.deliveries), ("idle", f"{d.idle_ms} ms")]
         if d.data_bytes is not None:
             rows.append(("data size", f"{d.data_bytes} bytes"))
+        if d.progress is not None:
+            rows.append(("progress", pretty(d.progress, 200)))
         table(rows, ("field", "value"), out)
         if d.data_bytes is not None:
             _block(out, "data", pretty(d.data, cap))

@@ -37,11 +37,12 @@ def cmd_queues(args: argparse.Namespace) -> int:
                     q.dlq,
                     q.specs if not q.paused_specs else f"{q.specs} (+{q.paused_specs} paused)",
                     q.consumers,
+                    q.workers,
                     _state(q.paused, q.rate_limit, q.concurrency),
                 )
                 for q in listing.queues
             ],
-            ("queue", "waiting", "pending", "delayed", "dlq", "specs", "consumers", "state"),
+            ("queue", "waiting", "pending", "delayed", "dlq", "specs", "consumers", "live workers", "state"),
             out,
         )
         if not listing.queues:

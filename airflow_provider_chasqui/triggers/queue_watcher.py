@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.calls import str_reply
+from ..core.codec import now_ms
 from ..core.consumer import ConsumerCore, Delivery
 from ..core.event_follow import stream_id
 from ..core.keys import DEFAULT_GROUP, validate_queue_name
@@ -28,6 +29,7 @@ from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, CompleteRow, FailRow
 from ..core.settings import QueueSettings
 from ..core.urls import WAIT_BLOCK_MS
 from ..engine.cancellation import raise_if_cancelling
+from ..engine.identity import identity, package_version
 from ..engine.intake import Intake
 from ..engine.promoter import Promoter
 from ..engine.queue import Queue
@@ -182,6 +184,14 @@ class QueueModeProducer(SharedStreamProducer):
             decode=True,
             write_tries=ADVANCE_TRIES,
             label=label,
+        )
+        intake.identity = identity(  # listed live beside the workers (core/liveness.py)
+            handlers=["asset events"],
+            concurrency=self.max_batch,
+            started_ms=now_ms(),
+            lease_ms=self.claim_min_idle_ms,
+            version=package_version(),
+            kind="airflow watcher",
         )
         backoff = watcher_backoff()
         while not self._tasks:

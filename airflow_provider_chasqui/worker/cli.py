@@ -46,6 +46,7 @@ from ..cli_common import DEFAULT_URL, LOG_LEVELS, configure_logging, resolve_url
 from ..cli_common import positive_int as _positive_int
 from ..cli_common.logs import LOG_FORMATS, RedactingFormatter, set_log_context
 from ..core.urls import redact_text
+from ..engine.identity import package_version
 from ..errors import ConfigError
 from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
 
@@ -87,16 +88,6 @@ def _port(text: str) -> int:
     if not 0 <= value < 65536:
         raise argparse.ArgumentTypeError(f"expected a TCP port in 0..65535, got {text!r}")
     return value
-
-
-def package_version() -> str:
-    """This package's version, from its installed metadata."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("airflow-provider-chasqui")
-    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
-        return "unknown (not installed)"
 
 
 def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argparse.ArgumentParser:

@@ -404,7 +404,7 @@ class DepthSampler:
             "dlq": s.dlq,
             "oldest_waiting_ms": s.oldest_waiting_ms or 0,
             "overdue": s.overdue,
-            "consumers": len(s.consumers),
+            "consumers": s.live_consumers,
             "consumer_max_idle_ms": s.consumer_max_idle_ms,
             "quarantined": s.quarantined,
             "paused": int(s.paused),

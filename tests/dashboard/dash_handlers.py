@@ -27,7 +27,8 @@ def tick(job):
 
 
 async def sleepy(job):
-    """Runs for ``data["secs"]`` (a job to cancel while it runs)."""
+    """Reports half its progress, then runs for ``data["secs"]`` (a job to cancel while it runs)."""
+    await job.update_progress(50)
     await asyncio.sleep(job.data["secs"])
     return "woke"
 

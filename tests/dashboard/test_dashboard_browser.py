@@ -499,8 +499,8 @@ def test_queue_pause_and_resume_from_the_queue_page(
 def test_cancel_a_delayed_and_a_running_job_from_the_job_page(
     page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
 ) -> None:
-    """Issue 25: the job page cancels a delayed job and a running one behind a confirmation,
-    audited; the running one's async handler (in the real ``chasqui worker``) is stopped within
+    """Issue 25: the job page shows a running job's progress as a bar, and cancels a delayed job
+    and a running one behind a confirmation, audited; the running one's async handler (in the real ``chasqui worker``) is stopped within
     2 s, and neither is retried nor dead-lettered."""
     later = q.add("square", {"x": 1}, delay=600.0)
     page.goto(server["url"] + f"/job?queue={q.name}&id={later.id}")
@@ -511,8 +511,9 @@ def test_cancel_a_delayed_and_a_running_job_from_the_job_page(
     assert "cancelled" in page.locator("b.state").inner_text()
     assert page.locator("table.kv button", has_text="Cancel job").count() == 0
     running = q.add("sleepy", {"secs": 60})
-    wait_for("the sleepy job to start", lambda: q.get_job_details(running.id).state == "active")
+    wait_for("the sleepy job to report", lambda: q.get_job_details(running.id).progress == 50)
     page.goto(server["url"] + f"/job?queue={q.name}&id={running.id}")
+    assert page.locator("progress.job-progress").get_attribute("value") == "50"  # its progress, as a bar
     page.locator("table.kv button", has_text="Cancel job").click()
     started = time.monotonic()
     assert confirm(page) == f"job {running.id}: cancel requested"
@@ -535,7 +536,10 @@ def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: A
     page.click(f"ul.pick a:text-is('{q.name}')")
     page.locator("h2", has_text=f"Workers of {q.name}").wait_for()
     consumers = page.locator("table.consumers").inner_text()
-    assert re.search(r"\n\S+\t0\t", consumers), consumers  # one consumer, nothing pending
+    assert re.search(r"\n\S+\talive\t0\t", consumers), consumers  # one consumer, beating, nothing pending
+    fleet = page.locator("table.fleet").inner_text()  # issue 28: who the worker is
+    assert re.search(r"\nc-[^\t]+-\d+-[0-9a-f]{8}\talive\t", fleet), fleet
+    assert "gated, sleepy, square, tick" in fleet and "\tok" in fleet, fleet
     locks = page.locator("table.locks").inner_text()
     wait_for(
         "the worker to hold the scheduler lock",

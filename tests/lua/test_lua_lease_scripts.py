@@ -52,14 +52,36 @@ def test_renew_lease_keeps_what_is_ours_and_reports_the_rest(r: redis.Redis, que
 
 
 def test_reap_consumers_never_drops_a_pending_entry(r: redis.Redis, queue_name: str) -> None:
-    stream = QueueKeys.for_queue(queue_name).stream
+    k = QueueKeys.for_queue(queue_name)
+    stream, keys = k.stream, [k.stream, k.beats]
     r.xgroup_create(stream, "default", id="0", mkstream=True)
     eid = r.xadd(stream, {"d": b"x", "n": b"j"})
     r.xreadgroup("default", "holder", {stream: ">"}, count=1)
     for name in ("idle-a", "idle-b", "me"):
         r.xgroup_createconsumer(stream, "default", name)
-    assert _run(r, "reap_consumers", [stream], ["default", 0, "me"]) == [b"me"]
-    assert _run(r, "reap_consumers", [stream], ["default", 3_600_000, ""]) == []  # none idle for an hour
-    assert sorted(_run(r, "reap_consumers", [stream], ["default", 0, ""])) == [b"idle-a", b"idle-b"]
+    assert _run(r, "reap_consumers", keys, ["default", 0, "me"]) == [b"me"]
+    assert _run(r, "reap_consumers", keys, ["default", 3_600_000, ""]) == []  # none idle for an hour
+    assert sorted(_run(r, "reap_consumers", keys, ["default", 0, ""])) == [b"idle-a", b"idle-b"]
     assert [c["name"] for c in r.xinfo_consumers(stream, "default")] == [b"holder"]
     assert _pel(r, stream)[eid][0] == "holder"
+
+
+def test_reap_consumers_spares_a_consumer_whose_worker_beats(r: redis.Redis, queue_name: str) -> None:
+    """Issue 28: an idle consumer whose worker's beat is live is kept (Redis 7.0's ``idle`` says
+    nothing of a healthy idle worker); a stale beat does not protect, and is dropped; a beats
+    key of another type protects nobody and is left alone; a worker leaving by name goes."""
+    k = QueueKeys.for_queue(queue_name)
+    stream, keys = k.stream, [k.stream, k.beats]
+    r.xgroup_create(stream, "default", id="0", mkstream=True)
+    for name in ("alive", "stale", "foreign"):
+        r.xgroup_createconsumer(stream, "default", name)
+    now = int(r.time()[0]) * 1000
+    r.zadd(k.beats, {"alive": now + 60_000, "stale": now - 120_000})
+    assert sorted(_run(r, "reap_consumers", keys, ["default", 0, ""])) == [b"foreign", b"stale"]
+    assert r.zrange(k.beats, 0, -1) == [b"alive"]  # the stale beat went with the sweep (dead > min idle 0)
+    assert _run(r, "reap_consumers", keys, ["default", 0, "alive"]) == [b"alive"]  # leaving: by name
+    r.xgroup_createconsumer(stream, "default", "again")
+    r.delete(k.beats)
+    r.rpush(k.beats, b"junk")
+    assert _run(r, "reap_consumers", keys, ["default", 0, ""]) == [b"again"]
+    assert r.type(k.beats) == b"list"

@@ -1,0 +1,51 @@
+"""``ProgressReporter``: a worker's handlers report progress; it writes it, coalesced (issue 25).
+
+``Job.update_progress(value)`` (and its sync twin, from a handler's thread) only records the
+latest value of the job here (thread-safe: one dict assignment under the GIL); a supervised task
+writes whatever was recorded every ``PROGRESS_FLUSH_SECS`` in one pipeline
+(``core/running.progress_calls``: the job's progress key and a ``progress`` event).  So a handler
+reporting in a tight loop costs one dict store per call, and Redis at most four writes per
+second per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..core.codec import now_ms
+from ..core.keys import QueueKeys
+from ..core.running import PROGRESS_FLUSH_SECS, check_progress, progress_calls
+from ._driver import AsyncDriver
+
+__all__ = ["ProgressReporter"]
+
+log = logging.getLogger(__name__)
+
+
+class ProgressReporter:
+    """The latest progress of each job of one worker, until written."""
+
+    def __init__(self, driver: AsyncDriver, keys: QueueKeys, events_max: int, label: str) -> None:
+        self.driver, self.keys, self.events_max, self.label = driver, keys, events_max, label
+        self._latest: dict[str, Any] = {}
+
+    def update(self, job_id: str, value: Any) -> None:
+        check_progress(value)  # ConfigError to the handler, naming the problem
+        self._latest[job_id] = value
+
+    async def run(self) -> None:
+        """Write the recorded values every ``PROGRESS_FLUSH_SECS``, until cancelled."""
+        while True:
+            await asyncio.sleep(PROGRESS_FLUSH_SECS)
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._latest:
+            return
+        latest, self._latest = self._latest, {}
+        try:
+            await self.driver.pipeline(progress_calls(self.keys, latest, self.events_max, now_ms()))
+        except Exception as exc:  # noqa: BLE001 - progress is best effort, like events
+            log.warning("%s: progress of %d jobs not written: %s", self.label, len(latest), exc)
