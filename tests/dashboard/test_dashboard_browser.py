@@ -500,8 +500,8 @@ def test_cancel_a_delayed_and_a_running_job_from_the_job_page(
     page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
 ) -> None:
     """Issue 25: the job page shows a running job's progress as a bar, and cancels a delayed job
-    and a running one behind a confirmation, audited; the running one's async handler (in the real ``chasqui worker``) is stopped within
-    2 s, and neither is retried nor dead-lettered."""
+    and a running one behind a confirmation, audited; the running one's async handler (in the
+    real ``chasqui worker``) is stopped within 2 s, and neither is retried nor dead-lettered."""
     later = q.add("square", {"x": 1}, delay=600.0)
     page.goto(server["url"] + f"/job?queue={q.name}&id={later.id}")
     page.locator("table.kv button", has_text="Cancel job").click()
