@@ -5,7 +5,7 @@
 -- without an entry (taken out of the delayed set by the caller) gets the same, unconditionally.
 -- KEYS[1] = stream   KEYS[2] = events   KEYS[3] = cancel requests (hash)
 -- ARGV    = [group, use_xackdel (0|1), events_max_len (0 = off), key_prefix, marker_ttl_ms, now_ms,
---            then 3 per job: entry_id ('' = none), job_id, name]
+--            then 3 per job: entry_id, job_id, name]   (entry_id '' = no entry: a delayed job)
 -- Reply   = per job, 1 ended cancelled here, 0 its entry was no longer pending (nothing written)
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, prefix, ttl, now = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]

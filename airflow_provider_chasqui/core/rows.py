@@ -13,6 +13,8 @@ from typing import Any, Final
 
 __all__ = [
     "CompleteRow",
+    "CancelRow",
+    "CANCEL_ROW",
     "FailRow",
     "EnqueueRow",
     "DelayRow",
@@ -81,10 +83,15 @@ UPSERT_EXT_ROW = (*UPSERT_ROW, "ext")
 FireRow = tuple[str, Any, int, str, bytes]
 FIRE_ROW = ("op", "expected", "next_fire_ms", "name", "envelope")
 
+#: ``cancel_jobs.lua``, 3 per job (entry_id b"" = no entry: a delayed job taken out of its set)
+CancelRow = tuple[bytes, str, str]
+CANCEL_ROW = ("entry_id", "job_id", "name")
+
 #: (script, row label) -> (the row type, its field names); the label tells rows of one script
 #: apart (fail_batch's kinds, upsert_repeatable's widths, schedule_batch's ops), "" when alone
 LUA_ROWS: dict[tuple[str, str], tuple[Any, tuple[str, ...]]] = {
     ("complete_batch", ""): (CompleteRow, COMPLETE_ROW),
+    ("cancel_jobs", ""): (CancelRow, CANCEL_ROW),
     ("fail_batch", "r"): (FailRow, FAIL_RETRY_ROW),
     ("fail_batch", "d"): (FailRow, FAIL_DEAD_ROW),
     ("enqueue_batch", ""): (EnqueueRow, ENQUEUE_ROW),

@@ -37,7 +37,7 @@ from .codec import MAX_JOB_ID_CHARS, decode_data, decode_envelope, encode_data, 
 from .controls import CANCELS_FIELD, TIMEOUTS_FIELD, positive_int
 from .keys import QueueKeys
 from .maintenance import glob_escape
-from .rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND
+from .rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, CancelRow
 
 __all__ = [
     "MAX_TIMEOUT_MS",
@@ -201,9 +201,7 @@ def _remove_delayed(keys: QueueKeys, job_id: str) -> Flow[str | None]:
             return None
 
 
-def cancel_jobs_call(
-    keys: QueueKeys, rows: list[tuple[bytes, str, str]], *, group: str, xackdel: bool, events_max: int
-) -> Call:
+def cancel_jobs_call(keys: QueueKeys, rows: list[CancelRow], *, group: str, xackdel: bool, events_max: int) -> Call:
     """``lua/cancel_jobs.lua`` for ``(entry id or b"", job id, name)`` rows."""
     argv: list[Any] = [group, 1 if xackdel else 0, events_max, keys.prefix, CANCELLED_TTL_MS, now_ms()]
     for row in rows:

@@ -84,6 +84,9 @@ class LeaseGuard:
         lost = lost_pairs(reply)
         for call in intake.flow.slot_renewals([eid for eid in ids if eid not in lost]) + intake.beat_calls():
             await driver.call(call)
+        if lost:  # the loop must learn of them before it trusts its leases again: it renews itself
+            self.loop.call_soon_threadsafe(intake.lost_found, lost)
+            return
         intake.renewed_at = max(intake.renewed_at, started)
         self.renewals += 1
         if self.renewals == 1 or self.renewals % 100 == 0:
@@ -94,5 +97,3 @@ class LeaseGuard:
                 len(ids),
                 self.renewals,
             )
-        if lost:
-            self.loop.call_soon_threadsafe(intake.lost_found, lost)

@@ -43,6 +43,7 @@ def intervals(group: WorkerGroup) -> list[tuple[float, float]]:
     return [(starts[(r[0], r[2])], float(r[3])) for r in group.end_rows()]
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_three_workers_never_run_more_than_the_limit(matrix_url, queue_name: str, tmp_path: Path) -> None:
@@ -72,6 +73,7 @@ def test_three_workers_never_run_more_than_the_limit(matrix_url, queue_name: str
         assert r.zcard(keys.running) == 0  # every slot freed with its job's ack
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_a_killed_worker_gives_its_slots_back_within_a_lease(matrix_url, queue_name: str, tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ def starts(path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_a_big_backlog_does_not_hold_back_the_small_groups(matrix_url, queue_name: str, tmp_path: Path) -> None:
@@ -63,6 +64,7 @@ def test_a_big_backlog_does_not_hold_back_the_small_groups(matrix_url, queue_nam
     assert sorted(int(r[0]) for r in rows if int(r[0]) < small) == list(range(small))  # each once
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_three_workers_keep_each_groups_concurrency(matrix_url, queue_name: str, tmp_path: Path) -> None:
@@ -93,6 +95,7 @@ def test_three_workers_keep_each_groups_concurrency(matrix_url, queue_name: str,
     assert most == {"g0": 2, "g1": 2, "g2": 2, "g3": 2, "solo": 1}, most
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_a_killed_worker_gives_its_group_slot_back_within_a_lease(matrix_url, queue_name: str, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ N = 3000
 LEASE_MS = 2000
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_a_paused_queue_starts_nothing_even_through_a_sigkill(matrix_url, queue_name: str, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ def start_order(path: Path) -> list[int]:
     return [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_one_worker_runs_lower_numbers_first_fifo_within_each(matrix_url, queue_name: str, tmp_path: Path) -> None:

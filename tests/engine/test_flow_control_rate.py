@@ -28,6 +28,7 @@ from airflow_provider_chasqui.sync._driver import SyncDriver
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 @pytest.mark.parametrize(("max_jobs", "per_ms"), [(40, 1000), (8, 200)])
@@ -176,6 +177,7 @@ async def _until(cond) -> None:
 
 
 # ---- RateLimited (an HTTP 429 from a handler) ---------------------------------------------------
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_rate_limited_stops_every_worker_and_counts_no_attempt(matrix_url, queue_name: str, tmp_path: Path) -> None:

@@ -183,6 +183,7 @@ async def test_hostile_cancel_state_never_stalls_a_worker(
         await admin.aclose()
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)

@@ -234,6 +234,7 @@ async def test_hostile_stored_timeouts_run_the_job_without_one(
         await admin.aclose()
 
 
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
 @pytest.mark.parametrize("compat_mode", [False], indirect=True)
 @pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
 def test_a_worker_process_stops_jobs_at_its_job_timeout(matrix_url, queue_name: str, tmp_path: Path) -> None:

@@ -77,6 +77,7 @@ def test_library_is_generated_from_the_scripts_with_a_stable_name() -> None:
         "complete_batch",
         "fail_batch",
         "dead_letter",
+        "cancel_jobs",
     }  # the scripts that XACK
     changed = dict(bodies, promote=bodies["promote"] + b"-- one more byte\n")
     assert build_library(changed)[0].name != LIBRARY.name  # another version: another library
@@ -96,7 +97,7 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
     with server_matrix.client() as r:
         funcs = _libraries(r)[LIBRARY.name]
         assert set(funcs) == {s.function for s in SCRIPTS.values()} | {LIBRARY.probe}
-        acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter")}
+        acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "cancel_jobs")}
         reads = ("_fetch_due", "_scan_entries", "_probe")
         for name, flags in funcs.items():
             expected = ["no-writes"] if name.endswith(reads) else ["allow-oom"] if name in acks else []
