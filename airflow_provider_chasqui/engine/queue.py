@@ -17,7 +17,7 @@ from .. import tracing as _tracing
 from ..core import controls, groups
 from ..core.codec import now_ms
 from ..core.event_hub import JobOutcome
-from ..core.inspect import JobDetails, QueueListing, job_details
+from ..core.inspect import JobDetails, QueueListing, QueueSnapshot, job_details, snapshot
 from ..core.inspect import list_queues as list_queues_flow
 from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
@@ -396,6 +396,11 @@ class Queue:
     async def wait_for_result(self, job_id: str, timeout: float = 30.0) -> Any:
         """The handler's return value; ``JobFailed`` if it was dead-lettered, ``TimeoutError`` at the deadline."""
         return single_outcome(job_id, await self.wait_for_results([job_id], timeout), timeout)
+
+    async def inspect(self, *, group: str = "default") -> QueueSnapshot:
+        """The queue as every viewer reads it (``core/inspect.snapshot``): counts, consumers,
+        the workers that beat and how many are alive (``live_consumers``), the controls."""
+        return await self.driver.run(snapshot(self.name, group=group, now_ms=now_ms()))
 
     async def get_job_details(self, job_id: str, *, group: str = "default", events_window: int = 1000) -> JobDetails:
         """What is known of one job: its state (completed, failed, active, waiting, delayed or

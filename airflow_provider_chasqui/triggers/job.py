@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from .. import tracing
 from ..core.event_hub import Failed, JobOutcome
+from ..core.inspect import JobDetails
 from ..core.outcomes import outcome_line
 from ..engine.queue import Queue
-from ..errors import ChasquiConnectionError
+from ..errors import ChasquiConnectionError, ChasquiError
 from ..hooks.chasqui import ChasquiHook
 
 __all__ = ["ChasquiJobTrigger", "first_error", "json_safe_problem"]
@@ -89,6 +91,23 @@ def first_error(job_ids: list[str], outcomes: Mapping[str, JobOutcome], queue: s
     return None
 
 
+STATE_LOG_SECS = 120.0  # how often a wait logs where its jobs are
+STATE_LOG_JOBS = 5  # ... for at most this many of them
+
+
+def state_text(d: JobDetails) -> str:
+    """Where a job is, in words: ``active on worker c-host-pid-..., attempt 2, progress 40``."""
+    if d.state == "active":
+        text = f"active on worker {d.consumer or '?'}, attempt {d.attempt or 1}"
+    elif d.state == "delayed" and d.run_at_ms is not None:
+        text = f"delayed until {datetime.fromtimestamp(d.run_at_ms / 1000, UTC).isoformat(timespec='seconds')}"
+    elif d.state == "waiting":
+        text = "waiting in the stream for a worker"
+    else:
+        text = d.state
+    return text + (f", progress {d.progress}" if d.progress is not None else "")
+
+
 class ChasquiJobTrigger(BaseTrigger):
     """Fires once every job in ``job_ids`` completed, or when one was dead-lettered.
 
@@ -108,6 +127,11 @@ class ChasquiJobTrigger(BaseTrigger):
     :param cancel_on_kill: on a user kill, cancel the jobs (waiting, delayed or running).
     :param traceparent: the deferring task's W3C trace context (OpenTelemetry on): the wait is a
         span of that trace and the event carries the wait's context to the resumed task.
+    :param state_log_secs: while waiting, log where the jobs are this often (at most
+        ``STATE_LOG_JOBS`` of them: waiting, active on which worker with its attempt and
+        progress, delayed until when); 0 = never.  At the start, a warning when the queue has
+        no live worker (none beats and no consumer is alive: a wrong queue name, no worker
+        started), whatever this says.
     """
 
     def __init__(
@@ -120,12 +144,21 @@ class ChasquiJobTrigger(BaseTrigger):
         wait_chunk_secs: float = 10.0,
         cancel_on_kill: bool = False,
         traceparent: str | None = None,
+        state_log_secs: float = STATE_LOG_SECS,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
             raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
         if wait_chunk_secs <= 0:
             raise ValueError(f"wait_chunk_secs must be positive, got {wait_chunk_secs!r}")
+        if (
+            isinstance(state_log_secs, bool)
+            or not isinstance(state_log_secs, (int, float))
+            or not (0 <= state_log_secs < float("inf"))
+        ):
+            raise ValueError(
+                f"state_log_secs must be 0 (never) or a positive number of seconds, got {state_log_secs!r}"
+            )
         self.job_ids = list(dict.fromkeys(job_ids))
         self.queue_name = queue_name
         self.chasqui_conn_id = chasqui_conn_id
@@ -133,6 +166,7 @@ class ChasquiJobTrigger(BaseTrigger):
         self.wait_chunk_secs = wait_chunk_secs
         self.cancel_on_kill = cancel_on_kill
         self.traceparent = traceparent
+        self.state_log_secs = float(state_log_secs)
         self._queue: Queue | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -146,6 +180,7 @@ class ChasquiJobTrigger(BaseTrigger):
                 "wait_chunk_secs": self.wait_chunk_secs,
                 "cancel_on_kill": self.cancel_on_kill,
                 "traceparent": self.traceparent,
+                "state_log_secs": self.state_log_secs,
             },
         )
 
@@ -197,7 +232,12 @@ class ChasquiJobTrigger(BaseTrigger):
         pending, results = list(self.job_ids), {}
         failures = 0
         self.log.info("waiting for %d job(s) on queue %s", len(pending), self.queue_name)
+        await self._warn_if_nobody_consumes(queue)
+        next_state = time.monotonic() + self.state_log_secs
         while pending:
+            if self.state_log_secs and time.monotonic() >= next_state:
+                next_state = time.monotonic() + self.state_log_secs
+                await self._log_states(queue, pending)
             chunk = self.wait_chunk_secs
             if self.deadline is not None:
                 remaining = self.deadline - time.time()
@@ -221,6 +261,36 @@ class ChasquiJobTrigger(BaseTrigger):
                     results[jid] = outcomes[jid].value
             pending = [j for j in pending if j not in results]
         return {"status": "success", "results": {j: results[j] for j in self.job_ids}, "queue": self.queue_name}
+
+    async def _warn_if_nobody_consumes(self, queue: Queue) -> None:
+        """A wait on a queue no worker consumes would be silent until its timeout: say so now."""
+        try:
+            s = await queue.inspect()
+        except ChasquiError as exc:  # the wait itself retries outages; this is only a hint
+            self.log.info("queue %s: could not check for live workers (%s)", self.queue_name, exc)
+            return
+        if s.live_consumers:
+            return
+        why = "no worker has read it yet (no consumer group)" if not s.group_exists else "no consumer is alive"
+        self.log.warning(
+            "queue %s has no live worker: %s; the job(s) wait until one starts. Is the queue name right, "
+            "and is `chasqui worker --queue %s` running?",
+            self.queue_name,
+            why,
+            self.queue_name,
+        )
+
+    async def _log_states(self, queue: Queue, pending: list[str]) -> None:
+        """One line per job still waited for (at most ``STATE_LOG_JOBS``): where it is now."""
+        for jid in pending[:STATE_LOG_JOBS]:
+            try:
+                d = await queue.get_job_details(jid, events_window=200)
+            except ChasquiError as exc:
+                self.log.info("still waiting for job %s on queue %s (state unknown: %s)", jid, self.queue_name, exc)
+                continue
+            self.log.info("still waiting for job %s on queue %s: %s", jid, self.queue_name, state_text(d))
+        if len(pending) > STATE_LOG_JOBS:
+            self.log.info("... and %d more job(s) of queue %s", len(pending) - STATE_LOG_JOBS, self.queue_name)
 
     async def on_kill(self) -> None:
         """A user killed the task: cancel its jobs when ``cancel_on_kill`` (``Queue.cancel``)."""

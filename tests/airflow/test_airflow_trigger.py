@@ -17,6 +17,7 @@ import redis
 from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import TriggerEvent
 from engine_support import running, wait_until
+from test_airflow_sensor import _task_log
 
 from airflow_provider_chasqui import Queue, Worker
 from airflow_provider_chasqui.core.event_hub import reader_name
@@ -245,3 +246,49 @@ async def test_waiting_triggers_share_one_events_reader(queue_name: str, redis_u
             "queue": queue_name,
             "results": {job.id: {**job.data, "square": job.data["x"] ** 2}},
         }
+
+
+async def test_a_wait_nobody_consumes_warns_at_once_and_says_where_its_job_is(queue_name: str, redis_url: str) -> None:
+    """Issue 28: a wait on a queue no worker consumes warns at its start, then logs the job's
+    state every ``state_log_secs`` (here a delayed job) until its deadline."""
+    async with Queue(queue_name, redis_url=redis_url) as q:
+        job = await q.add("square", {"x": 1}, delay=60.0)
+    trigger = ChasquiJobTrigger(
+        job_ids=[job.id], queue_name=queue_name, deadline=time.time() + 3.5, wait_chunk_secs=0.5, state_log_secs=1
+    )
+    with _task_log() as logged:
+        payload = await _first_event(trigger)
+    assert payload["status"] == "timeout"
+    assert any(f"queue {queue_name} has no live worker: no worker has read it yet" in m for m in logged), logged
+    lines = [m for m in logged if "still waiting for job" in m]
+    assert 2 <= len(lines) <= 4 and all(f"{job.id} on queue {queue_name}: delayed until 20" in m for m in lines), lines
+
+
+async def test_a_wait_on_a_running_job_logs_its_worker_attempt_and_progress(queue_name: str, redis_url: str) -> None:
+    async def slow(job):
+        await job.update_progress(40)
+        await asyncio.sleep(3)
+        return "done"
+
+    worker = make_worker(queue_name, {"slow": slow}, redis_url, store_results=True)
+    async with running(worker):
+        async with Queue(queue_name, redis_url=redis_url) as q:
+            job = await q.add("slow", {})
+            await wait_until(lambda: _progress_is(q, job.id, 40), 30, what="the job's progress")
+        trigger = ChasquiJobTrigger(job_ids=[job.id], queue_name=queue_name, wait_chunk_secs=0.5, state_log_secs=0.5)
+        with _task_log() as logged:
+            payload = await _first_event(trigger)
+    assert payload["status"] == "success"
+    assert not [m for m in logged if "has no live worker" in m], logged
+    lines = [m for m in logged if "still waiting for job" in m]
+    assert any(f"active on worker {worker.consumer_id}, attempt 1, progress 40" in m for m in lines), lines
+
+
+async def _progress_is(q: Queue, job_id: str, value: object) -> bool:
+    return (await q.get_job_details(job_id)).progress == value
+
+
+def test_state_log_secs_is_checked() -> None:
+    for bad in (-1, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="state_log_secs"):
+            ChasquiJobTrigger(job_ids=["a"], queue_name="q", state_log_secs=bad)  # type: ignore[arg-type]
