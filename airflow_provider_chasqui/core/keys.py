@@ -132,6 +132,10 @@ class QueueKeys:
         """A job that ended cancelled (the time, ms), kept like a failure record."""
         return self.prefix + ":cancelled:" + job_id
 
+    def dedup(self, dedup_id: str) -> str:
+        """A deduplication id's marker (``core/dedup.py``): its job and, debounced, its delayed member."""
+        return self.prefix + ":dedup:" + dedup_id
+
     def progress(self, job_id: str) -> str:
         """A job's latest progress (msgpack), reported by its handler; TTL a day."""
         return self.prefix + ":progress:" + job_id

@@ -44,6 +44,7 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
+from .dedup import check_dedup, dedup_call
 from .event_follow import EventCursor, stream_id
 from .event_hub import (
     Failed,
@@ -629,6 +630,39 @@ class QueueFlows(ProducerCore):
             return job.id, job.created_at_ms
         jid = yield from (self.add_with_id(job, trace) if job_id is not None else self.add(job, trace))
         return jid, job.created_at_ms
+
+    def enqueue_dedup(
+        self,
+        name: str,
+        data: Any,
+        *,
+        dedup_id: Any,
+        dedup_mode: Any,
+        dedup_ttl_ms: Any,
+        attempts: Any = None,
+        backoff: Any = None,
+        timeout_ms: Any = None,
+    ) -> Flow[tuple[str, int]]:
+        """``add(..., dedup_id=)`` (``core/dedup.py``): returns ``(job_id, created_at_ms)``, the
+        first job's id when a throttled repeat added nothing."""
+        did, mode, ttl = check_dedup(dedup_id, dedup_mode, dedup_ttl_ms)
+        limit = None if timeout_ms is None else check_timeout_ms(timeout_ms)
+        job = self.prepare(name, data, retry=build_retry_override(attempts, backoff))
+        if limit is not None:
+            yield self._timeouts([(job, limit)])
+        reply = yield dedup_call(
+            self.keys,
+            did,
+            mode,
+            ttl,
+            job_id=job.id,
+            envelope=job.envelope,
+            name=job.name_bytes,
+            member=encode_member(job.name_bytes, job.envelope) if mode == "debounce" else b"",
+            max_stream_len=self.settings.max_stream_len,
+            events_max=self.settings.events_max_len,
+        )
+        return str_reply(reply[1]), job.created_at_ms
 
     def enqueue_unique(
         self,

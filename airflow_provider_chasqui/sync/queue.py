@@ -107,6 +107,9 @@ class SyncQueue:
         priority: int | None = None,
         group: str | None = None,
         timeout_ms: Any = None,
+        dedup_id: str | None = None,
+        dedup_mode: str = "throttle",
+        dedup_ttl_ms: Any = None,
     ) -> Job:
         """Enqueue one job (or upsert a repeatable spec when ``repeat`` is given).
 
@@ -116,7 +119,28 @@ class SyncQueue:
         (docs/flow-control.md).  ``group`` (a tenant's name, at most 128 bytes): the groups with
         waiting jobs take turns, one job each, under their own limits (``set_group_limits``).
         ``timeout_ms``: each attempt is stopped after that long and fails with reason
-        ``timeout`` (docs/running-jobs.md)."""
+        ``timeout`` (docs/running-jobs.md).  ``dedup_id`` with ``dedup_mode`` ``"throttle"``
+        (repeats within ``dedup_ttl_ms`` add nothing and return the first job) or
+        ``"debounce"`` (the job waits ``dedup_ttl_ms``; a repeat meanwhile replaces it):
+        ``core/dedup.py``."""
+        if dedup_id is not None:
+            given = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
+            given.update(priority=priority, group=group, missed_fires=missed_fires)
+            clash = sorted(k for k, v in given.items() if v is not None)
+            if clash:
+                raise ConfigError(f"dedup_id cannot be combined with {', '.join(clash)}")
+            flow = self._flows.enqueue_dedup(
+                name,
+                data,
+                dedup_id=dedup_id,
+                dedup_mode=dedup_mode,
+                dedup_ttl_ms=dedup_ttl_ms,
+                attempts=attempts,
+                backoff=backoff,
+                timeout_ms=timeout_ms,
+            )
+            jid, created = self.driver.run(flow)
+            return self._job(jid, created, name, data)
         side = priority is not None or group is not None  # waits beside the stream: no trace, no quick path
         if (side or timeout_ms is not None) and (repeat is not None or missed_fires is not None):
             raise ConfigError("priority, group and timeout_ms apply to a job, not to a repeatable spec (repeat=)")
