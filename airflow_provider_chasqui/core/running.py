@@ -42,6 +42,9 @@ from .rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, CancelRow
 __all__ = [
     "MAX_TIMEOUT_MS",
     "TIMEOUT_ATTR",
+    "BATCH_ATTR",
+    "check_batch",
+    "handler_batch",
     "TIMEOUTS_FIELD",
     "TIMEOUT_KEY_GRACE_MS",
     "check_timeout_ms",
@@ -65,6 +68,8 @@ __all__ = [
 MAX_TIMEOUT_MS = 7 * 86_400_000  # a week
 TIMEOUT_KEY_GRACE_MS = 86_400_000  # a job's timeout key outlives the time its job is due by this
 TIMEOUT_ATTR = "chasqui_timeout_ms"  # on a handler: its timeout
+BATCH_ATTR = "chasqui_batch_size"  # on a handler: it takes a list of up to this many jobs
+MAX_BATCH = 10_000
 
 
 def check_timeout_ms(value: Any, what: str = "timeout_ms") -> int:
@@ -89,6 +94,19 @@ def parse_timeout(raw: object) -> int:
     """A stored job timeout, or 0 (none) for anything but the values :func:`timeout_calls` writes."""
     ms = positive_int(raw)
     return ms if ms is not None and ms <= MAX_TIMEOUT_MS else 0
+
+
+def check_batch(value: Any, what: str = "batch") -> int:
+    """A batch size as a user gives it: an int from 1 to ``MAX_BATCH``, else ``ConfigError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
+        raise ConfigError(f"{what} must be an int from 1 to {MAX_BATCH:,}, got {value!r}")
+    return value
+
+
+def handler_batch(fn: Any) -> int:
+    """A batch handler's size (its ``chasqui_batch_size`` attribute), or 0: one job per call."""
+    value = getattr(fn, BATCH_ATTR, None)
+    return 0 if value is None else check_batch(value, f"{BATCH_ATTR} of handler {fn!r}")
 
 
 def handler_timeout(fn: Any) -> int:

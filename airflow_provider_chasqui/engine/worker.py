@@ -66,7 +66,7 @@ from ..core.consumer import (
 )
 from ..core.pacing import Backoff, LogBudget
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, FAIL_REASON, FAIL_TRACEBACK
-from ..core.running import CANCEL_POLL_SECS, handler_timeout
+from ..core.running import CANCEL_POLL_SECS, handler_batch, handler_timeout
 from ..core.urls import DEFAULT_URL, with_tls
 from ..errors import (
     TRANSIENT_ERRORS,
@@ -340,6 +340,7 @@ class Worker:
         self._acking = 0  # entries in flight whose handler finished and whose ack is not yet done
         self._async_fns: dict[Any, bool] = {}
         self._fn_timeouts: dict[Any, int] = {}  # handlers with their own timeout (core/running.py)
+        self._fn_batches: dict[Any, int] = {}  # batch handlers and their size (core/running.py)
         self._abandoned = 0  # pool threads left running a timed-out or cancelled plain handler
         self._current: dict[Any, Delivery | None] = {}  # slot task -> the job whose handler it awaits
         self._cancel_target: dict[Any, Delivery] = {}  # slot task -> the job Queue.cancel stops in it
@@ -565,7 +566,7 @@ class Worker:
         # a _Dispatch is only ever called through ``dispatch.lookup`` below
         handler = cast("Callable[[Job], Any]", self._handler)
         dispatch = handler if isinstance(handler, _Dispatch) else None
-        async_fns, fn_timeouts = self._async_fns, self._fn_timeouts
+        async_fns, fn_timeouts, fn_batches = self._async_fns, self._fn_timeouts, self._fn_batches
         default_timeout = s.job_timeout_ms or 0
         current, cancel_target = self._current, self._cancel_target  # see _watch_cancels
         progress = self._progress
@@ -614,14 +615,23 @@ class Worker:
                     try:
                         is_async = async_fns[fn]
                         own = fn_timeouts.get(fn, 0) if fn_timeouts else 0
+                        batch = fn_batches.get(fn, 0) if fn_batches else 0
                     except (KeyError, TypeError):  # TypeError: an unhashable callable, never cached
                         is_async = _is_async(fn)
                         own = handler_timeout(fn)  # a bad chasqui_timeout_ms fails the job, naming it
+                        batch = handler_batch(fn)  # ... and a bad chasqui_batch_size
                         with contextlib.suppress(TypeError):
                             async_fns[fn] = is_async
                             if own:
                                 fn_timeouts[fn] = own
+                            if batch:
+                                fn_batches[fn] = batch
                     limit = dl.timeout_ms or own or default_timeout
+                    if batch:  # a batch handler: this job and up to batch - 1 more of its name, settled each
+                        outcome = await self._run_batch(fn, is_async, batch, dl, job, own or default_timeout, start)
+                        if span is not None and tracer is not None:
+                            tracer.end_consume(span, token, outcome)
+                        continue
                     current[me] = dl  # only while suspended in the handler (no other await until cleared)
                     if limit:
                         result = await self._bounded(fn, job, is_async, limit)
@@ -735,7 +745,7 @@ class Worker:
                     log.debug("worker %s: could not keep the trace of job %s", self.consumer_id, dl.envelope.id)
         tracer.end_consume(span, token, outcome, exc)
 
-    async def _bounded(self, fn: Callable[[Job], Any], job: Job, is_async: bool, limit_ms: int) -> Any:
+    async def _bounded(self, fn: Callable[..., Any], job: Job | list[Job], is_async: bool, limit_ms: int) -> Any:
         """Run ``fn(job)`` for at most ``limit_ms``: an async handler is cancelled at the deadline;
         a plain one in a thread cannot be stopped, so its attempt fails at the deadline, its slot
         is free, and the thread runs on to its end (its result dropped; ``--processes`` kills)."""
@@ -746,9 +756,83 @@ class Worker:
         except TimeoutError:
             if not scope.expired():
                 raise  # the handler's own TimeoutError
+            first = job if isinstance(job, Job) else job[0]  # a batch: named by its first job
             if not is_async and not _is_async(fn):
-                self._abandon_thread(job.id)
-            raise JobTimeout(limit_ms, job.id) from None
+                self._abandon_thread(first.id)
+            raise JobTimeout(limit_ms, first.id) from None
+
+    async def _run_batch(
+        self, fn: Any, is_async: bool, size: int, first: Delivery, job: Job, default_ms: int, start: int
+    ) -> str:
+        """One call of a batch handler: ``first`` and up to ``size - 1`` more queued jobs of its
+        name, as a list; a list of as many results (or exception instances) back, each job settled
+        on its own.  A raised error (or a reply of another shape) fails every job of the call;
+        the smallest own timeout of its jobs (else the handler's or worker's) bounds the call.
+        Its jobs are not cancellable one by one while the call runs."""
+        dls, jobs = [first], [job]
+        keep: list[Delivery] = []
+        while self._deque and len(dls) < size:
+            dl = self._deque.popleft()
+            if dl.name != first.name:
+                keep.append(dl)
+                continue
+            try:
+                data = dl.payload()
+            except CodecError as exc:
+                self._undecodable(dl, exc)
+                continue
+            env = dl.envelope
+            dls.append(dl)
+            jobs.append(new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, self._progress))
+        self._deque.extendleft(reversed(keep))  # the others keep their place in line
+        own = [dl.timeout_ms for dl in dls if dl.timeout_ms]
+        limit = min(own) if own else default_ms
+        me = asyncio.current_task()
+        try:
+            results = await (
+                self._bounded(fn, jobs, is_async, limit) if limit else (fn(jobs) if is_async else self._call(fn, jobs))
+            )
+            if not isinstance(results, (list, tuple)) or len(results) != len(jobs):
+                raise UnrecoverableError(
+                    f"batch handler returned {type(results).__name__}"
+                    + (f" of {len(results)}" if isinstance(results, (list, tuple)) else "")
+                    + f"; expected a list of {len(jobs)} results, one per job"
+                )
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
+                for dl in dls:  # the shutdown deadline: pending, reclaimed after the lease
+                    self._release(dl.entry_id)
+                raise
+            duration_us = (time.perf_counter_ns() - start) // 1000
+            for dl in dls:
+                self._failed(dl, exc, duration_us)
+            return "failed"
+        duration_us = (time.perf_counter_ns() - start) // 1000
+        for dl, result in zip(dls, results):
+            if isinstance(result, BaseException):
+                self._failed(dl, result, duration_us)
+            else:
+                self._completed(dl, result, duration_us)
+        return "completed"
+
+    def _completed(self, dl: Delivery, result: Any, duration_us: int) -> None:
+        """Buffer one job's success (the batch path; single jobs do this inline in ``_slot``)."""
+        if self.settings.store_results:
+            try:
+                encoded = _packb(result)
+            except Exception as exc:  # noqa: BLE001 - the handler ran: never run it again for this
+                self._failed(dl, UnrecoverableError(f"handler result cannot be stored: {exc!r}"), duration_us)
+                return
+        else:
+            encoded = b""
+        env = dl.envelope
+        self._done_rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
+        self._acking += 1
+        if len(self._done_rows) == 1 or len(self._done_rows) >= self.settings.ack_batch:
+            self._flush_wanted.set()
+        self._room()
+        self._sink.job_completed(self.name, dl.name, duration_us / 1e6)
+        self._count_processed()
 
     async def _watch_cancels(self) -> None:
         """Every ``CANCEL_POLL_SECS`` while handlers run on a queue with cancel requests: look
@@ -810,7 +894,7 @@ class Worker:
             self._abandoned,
         )
 
-    async def _call(self, fn: Callable[[Job], Any], job: Job) -> Any:
+    async def _call(self, fn: Callable[..., Any], job: Job | list[Job]) -> Any:
         if _is_async(fn):
             return await fn(job)
         loop = asyncio.get_running_loop()

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..core.codec import validate_job_name
-from ..core.running import TIMEOUT_ATTR, check_timeout_ms
+from ..core.running import BATCH_ATTR, TIMEOUT_ATTR, check_batch, check_timeout_ms
 from ..errors import ConfigError, HandlerNotFound
 
 __all__ = [
@@ -61,11 +61,16 @@ class HandlerLoadError(ConfigError):
     """A ``--handlers`` spec could not be turned into handlers; the message names the spec."""
 
 
-def handler(name: str, *, timeout_ms: int | float | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def handler(
+    name: str, *, timeout_ms: int | float | None = None, batch: int | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark a module-level function as the handler of job ``name`` (stackable for aliases).
-    ``timeout_ms``: every attempt it runs is stopped after that long (``core/running.py``)."""
+    ``timeout_ms``: every attempt it runs is stopped after that long (``core/running.py``).
+    ``batch``: it takes a list of up to that many jobs of its name and returns one result (or
+    exception) per job (docs/running-jobs.md)."""
     _check_name(name, "@handler")
     limit = None if timeout_ms is None else check_timeout_ms(timeout_ms, f"@handler({name!r}) timeout_ms")
+    size = None if batch is None else check_batch(batch, f"@handler({name!r}) batch")
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
@@ -75,6 +80,8 @@ def handler(name: str, *, timeout_ms: int | float | None = None) -> Callable[[Ca
         setattr(fn, _MARK, tuple(names))
         if limit is not None:
             setattr(fn, TIMEOUT_ATTR, limit)
+        if size is not None:
+            setattr(fn, BATCH_ATTR, size)
         return fn
 
     return mark
@@ -114,14 +121,17 @@ class HandlerRegistry(Mapping[str, Callable[..., Any]]):
         self._origin[name] = origin or _qualname(fn)
 
     def handler(
-        self, name: str, *, timeout_ms: int | float | None = None
+        self, name: str, *, timeout_ms: int | float | None = None, batch: int | None = None
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator form of :meth:`register`; ``timeout_ms`` as for :func:`handler`."""
+        """Decorator form of :meth:`register`; ``timeout_ms`` and ``batch`` as for :func:`handler`."""
         limit = None if timeout_ms is None else check_timeout_ms(timeout_ms, f"handler({name!r}) timeout_ms")
+        size = None if batch is None else check_batch(batch, f"handler({name!r}) batch")
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             if limit is not None:
                 setattr(fn, TIMEOUT_ATTR, limit)
+            if size is not None:
+                setattr(fn, BATCH_ATTR, size)
             self.register(name, fn)
             return fn
 
@@ -304,13 +314,15 @@ def bind(
 
 
 def _keep_timeout(fn: Any, bound: Any) -> Any:
-    """A handler's own timeout survives binding (a ``partial`` or a wrapper does not carry it)."""
-    limit = getattr(fn, TIMEOUT_ATTR, None)
-    if limit is not None and getattr(bound, TIMEOUT_ATTR, None) != limit:
-        try:
-            setattr(bound, TIMEOUT_ATTR, limit)
-        except (AttributeError, TypeError) as exc:
-            raise ConfigError(f"handler {_qualname(fn)}: its timeout_ms cannot be kept on {bound!r}") from exc
+    """A handler's own timeout and batch size survive binding (a ``partial`` or a wrapper does
+    not carry them)."""
+    for attr in (TIMEOUT_ATTR, BATCH_ATTR):
+        value = getattr(fn, attr, None)
+        if value is not None and getattr(bound, attr, None) != value:
+            try:
+                setattr(bound, attr, value)
+            except (AttributeError, TypeError) as exc:
+                raise ConfigError(f"handler {_qualname(fn)}: its {attr} cannot be kept on {bound!r}") from exc
     return bound
 
 
