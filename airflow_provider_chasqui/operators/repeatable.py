@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -160,8 +160,29 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
                 attempts=self.attempts,
                 backoff=self.backoff,
             ).id  # the Job's id is the spec key
-            self.log.info("queue %s: repeatable spec %s upserted (%s)", queue.name, spec_key, self._pattern())
+            info = queue.get_repeatable_job(spec_key)
+            self.log.info(
+                "queue %s: repeatable spec %s upserted: %s; next fire %s",
+                queue.name,
+                spec_key,
+                self._describe(),
+                "unknown" if info is None else _utc(info.next_fire_ms),
+            )
         return spec_key
+
+    def _describe(self) -> str:
+        """The schedule in words: ``cron "0 3 * * *" in Europe/Lima`` or ``every 90 s``."""
+        if self.cron is not None:
+            return f'cron "{self.cron}" in {self.tz or "UTC"}'
+        return f"every {self.every:g} s"
+
+
+def _utc(ms: int) -> str:
+    """An epoch-ms fire time as ISO 8601 UTC (a far-future sentinel as it is)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
 
 
 class _ChasquiSpecKeyOperator(BaseOperator):

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from engine_support import raw_sync, wait_until_sync
-from test_airflow_sensor import RecordingTI
+from test_airflow_sensor import RecordingTI, _task_log
 
 from airflow_provider_chasqui import BackoffSpec, ConfigError, SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -208,23 +208,27 @@ def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None
 
 def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: str) -> None:
     start = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
-    key = upsert(
-        queue_name=queue_name,
-        data={"report": "sales"},
-        cron="0 6 * * *",
-        tz="America/Lima",
-        key="daily-sales",
-        start_after=start.isoformat(),
-        missed_fires="fire-all",
-        max_catchup=3,
-        deadline=timedelta(minutes=30),
-        while_paused="skip",
-        attempts=4,
-        backoff={"kind": "fixed", "delay_ms": 1000},
-        limit=10,
-    ).execute({})
+    with _task_log() as logged:
+        key = upsert(
+            queue_name=queue_name,
+            data={"report": "sales"},
+            cron="0 6 * * *",
+            tz="America/Lima",
+            key="daily-sales",
+            start_after=start.isoformat(),
+            missed_fires="fire-all",
+            max_catchup=3,
+            deadline=timedelta(minutes=30),
+            while_paused="skip",
+            attempts=4,
+            backoff={"kind": "fixed", "delay_ms": 1000},
+            limit=10,
+        ).execute({})
     assert key == "daily-sales"
     info = queue.get_repeatable_job(key)
+    fire = datetime.fromtimestamp(info.next_fire_ms / 1000, UTC).isoformat(timespec="seconds")
+    line = f'repeatable spec daily-sales upserted: cron "0 6 * * *" in America/Lima; next fire {fire}'
+    assert any(line in m for m in logged), logged  # readable, not a raw RepeatPattern(...)
     assert info.pattern == RepeatPattern.cron("0 6 * * *", tz="America/Lima")
     assert info.data == {"report": "sales"} and info.attempts == 4 and info.limit == 10
     assert info.missed_fires == MissedFiresPolicy.fire_all(3) and info.deadline_ms == 30 * 60 * 1000

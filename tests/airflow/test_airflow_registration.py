@@ -86,3 +86,17 @@ def test_engine_side_never_imports_airflow(module: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_loading_the_dashboard_plugin_does_not_build_its_app(airflow_home: dict[str, str]) -> None:
+    """Issue 28: every process that loads plugins imports the plugin; the web app is built on
+    its first request (``LazyApp``), not then (it cost 0.26 s per process)."""
+    code = (
+        "import sys, time; t = time.perf_counter()\n"
+        "import airflow_provider_chasqui.dashboard.plugin as p\n"
+        "app = p.ChasquiDashboardPlugin.fastapi_apps[0]['app']\n"
+        "print(type(app).__name__, app.built, 'airflow_provider_chasqui.dashboard.app' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=airflow_home, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["LazyApp", "False", "False"], out.stdout

@@ -937,3 +937,35 @@ def test_bad_read_options(options: dict[str, str], message: str) -> None:
 
     with pytest.raises(ConfigError, match=message):
         read_plan({"queue": "q", **options})
+
+
+@pytest.mark.timeout(300)
+def test_register_names_a_worker_python_without_the_package(tmp_path) -> None:
+    """Issue 28: ``python job.py`` from a venv, with Spark's workers on another interpreter
+    (here Debian's /usr/bin/python3, which has neither pyspark nor this package): register()
+    says what to set, instead of a ModuleNotFoundError deep in the first job's traceback."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from pyspark.sql import SparkSession\n"
+        "from airflow_provider_chasqui.errors import ConfigError\n"
+        "from airflow_provider_chasqui.spark.datasource import register\n"
+        "spark = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false').getOrCreate()\n"
+        "try:\n"
+        "    register(spark)\n"
+        "    print('REGISTERED')\n"
+        "except ConfigError as exc:\n"
+        "    print('CONFIG ERROR:', exc)\n"
+        "spark.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the package as installed, nowhere else
+    env.update(PYSPARK_PYTHON="/usr/bin/python3", SPARK_LOCAL_IP="127.0.0.1")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert "CONFIG ERROR: Spark runs its Python workers with '/usr/bin/python3'" in out.stdout, out.stdout + out.stderr
+    assert f"set PYSPARK_PYTHON={sys.executable}" in out.stdout
+    env["PYSPARK_PYTHON"] = sys.executable
+    ok = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert "REGISTERED" in ok.stdout, ok.stdout + ok.stderr

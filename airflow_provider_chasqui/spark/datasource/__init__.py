@@ -11,6 +11,9 @@ package imports pyspark (``airflow_provider_chasqui.spark`` itself does not).
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from types import FrameType
 from typing import Any
@@ -98,7 +101,33 @@ class ChasquiDataSource(DataSource):
 def register(spark: Any, *, pushdown: bool = True) -> None:
     """Make ``format("chasqui")`` known to this SparkSession (classic or Connect) and, unless
     ``pushdown=False``, turn on Spark's filter pushdown into Python data sources
-    (``spark.sql.python.filterPushdown.enabled``) so time and name filters narrow batch reads."""
+    (``spark.sql.python.filterPushdown.enabled``) so time and name filters narrow batch reads.
+
+    On a local classic session whose Python workers run another interpreter that cannot import
+    this package (``python job.py`` from a venv without ``PYSPARK_PYTHON``), a ``ConfigError``
+    says so now, instead of a ``ModuleNotFoundError`` deep in the first job's Spark traceback."""
+    _check_workers_python(spark)
     spark.dataSource.register(ChasquiDataSource)
     if pushdown:
         spark.conf.set(PUSHDOWN_CONF, "true")
+
+
+def _check_workers_python(spark: Any) -> None:
+    """See :func:`register`: only where the workers' interpreter is on this machine."""
+    try:
+        sc = spark.sparkContext  # Spark Connect has none: its server's workers (docs/spark.md)
+        master, python = str(sc.master), str(sc.pythonExec or "")
+    except Exception:  # noqa: BLE001 - not a classic session: nothing to check here
+        return
+    if not master.startswith("local") or not python:
+        return
+    found = shutil.which(python) or python
+    if os.path.realpath(found) == os.path.realpath(sys.executable):
+        return
+    probe = subprocess.run([found, "-c", "import airflow_provider_chasqui"], capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        raise ConfigError(
+            f"Spark runs its Python workers with {python!r}, which cannot import airflow_provider_chasqui "
+            f"(this driver runs {sys.executable!r}): set PYSPARK_PYTHON={sys.executable} (or the config "
+            "spark.pyspark.python) before the session starts, or install the package there (docs/spark.md)"
+        )
