@@ -642,9 +642,14 @@ class QueueFlows(ProducerCore):
         attempts: Any = None,
         backoff: Any = None,
         timeout_ms: Any = None,
+        others: Mapping[str, Any] | None = None,
     ) -> Flow[tuple[str, int]]:
         """``add(..., dedup_id=)`` (``core/dedup.py``): returns ``(job_id, created_at_ms)``, the
-        first job's id when a throttled repeat added nothing."""
+        first job's id when a throttled repeat added nothing.  ``others``: the ``add`` options
+        a deduplicated job cannot take, each of which must be None."""
+        clash = sorted(k for k, v in (others or {}).items() if v is not None)
+        if clash:
+            raise ConfigError(f"dedup_id cannot be combined with {', '.join(clash)}")
         did, mode, ttl = check_dedup(dedup_id, dedup_mode, dedup_ttl_ms)
         limit = None if timeout_ms is None else check_timeout_ms(timeout_ms)
         job = self.prepare(name, data, retry=build_retry_override(attempts, backoff))

@@ -124,11 +124,8 @@ class SyncQueue:
         ``"debounce"`` (the job waits ``dedup_ttl_ms``; a repeat meanwhile replaces it):
         ``core/dedup.py``."""
         if dedup_id is not None:
-            given = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
-            given.update(priority=priority, group=group, missed_fires=missed_fires)
-            clash = sorted(k for k, v in given.items() if v is not None)
-            if clash:
-                raise ConfigError(f"dedup_id cannot be combined with {', '.join(clash)}")
+            others = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
+            others.update(priority=priority, group=group, missed_fires=missed_fires)
             flow = self._flows.enqueue_dedup(
                 name,
                 data,
@@ -138,6 +135,7 @@ class SyncQueue:
                 attempts=attempts,
                 backoff=backoff,
                 timeout_ms=timeout_ms,
+                others=others,
             )
             jid, created = self.driver.run(flow)
             return self._job(jid, created, name, data)
