@@ -93,6 +93,8 @@ def first_error(job_ids: list[str], outcomes: Mapping[str, JobOutcome], queue: s
 
 STATE_LOG_SECS = 120.0  # how often a wait logs where its jobs are
 STATE_LOG_JOBS = 5  # ... for at most this many of them
+NO_WORKER_CHECK_SECS = 30.0  # many triggers of one queue deferring together: one check, one warning
+_LAST_NO_WORKER_CHECK: dict[tuple[str, str], float] = {}
 
 
 def state_text(d: JobDetails) -> str:
@@ -232,12 +234,12 @@ class ChasquiJobTrigger(BaseTrigger):
         pending, results = list(self.job_ids), {}
         failures = 0
         self.log.info("waiting for %d job(s) on queue %s", len(pending), self.queue_name)
-        await self._warn_if_nobody_consumes(queue)
+        await self._look(self._warn_if_nobody_consumes)
         next_state = time.monotonic() + self.state_log_secs
         while pending:
             if self.state_log_secs and time.monotonic() >= next_state:
                 next_state = time.monotonic() + self.state_log_secs
-                await self._log_states(queue, pending)
+                await self._look(self._log_states, pending)
             chunk = self.wait_chunk_secs
             if self.deadline is not None:
                 remaining = self.deadline - time.time()
@@ -262,8 +264,28 @@ class ChasquiJobTrigger(BaseTrigger):
             pending = [j for j in pending if j not in results]
         return {"status": "success", "results": {j: results[j] for j in self.job_ids}, "queue": self.queue_name}
 
+    async def _look(self, what: Any, *args: Any) -> None:
+        """Run a look at the queue on a connection of its own, closed right after: the wait
+        itself holds none (the loop's shared event hub reads for every trigger), and a thousand
+        waiting triggers must not each keep one for a look every few minutes."""
+        try:
+            queue = await ChasquiHook(self.chasqui_conn_id).aget_queue(self.queue_name)
+        except ChasquiError as exc:
+            self.log.info("queue %s: could not look at the queue (%s)", self.queue_name, exc)
+            return
+        try:
+            await what(queue, *args)
+        finally:
+            await queue.close()
+
     async def _warn_if_nobody_consumes(self, queue: Queue) -> None:
-        """A wait on a queue no worker consumes would be silent until its timeout: say so now."""
+        """A wait on a queue no worker consumes would be silent until its timeout: say so now
+        (once per queue and connection every ``NO_WORKER_CHECK_SECS`` in one triggerer)."""
+        key = (self.chasqui_conn_id, self.queue_name)
+        now = time.monotonic()
+        if now - _LAST_NO_WORKER_CHECK.get(key, float("-inf")) < NO_WORKER_CHECK_SECS:
+            return
+        _LAST_NO_WORKER_CHECK[key] = now
         try:
             s = await queue.inspect()
         except ChasquiError as exc:  # the wait itself retries outages; this is only a hint

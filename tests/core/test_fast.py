@@ -28,7 +28,12 @@ EVERY = RepeatPattern.every(1000)
 # (builder in use, class, the builder's parameters, sample arguments) for every class built
 # with fast_constructor in the package
 BUILT = [
-    (new_job, Job, ("id", "name", "data", "attempt", "created_at_ms", "_queue"), ("j1", "n", (1, "x"), 2, 3, None)),
+    (
+        new_job,
+        Job,
+        ("id", "name", "data", "attempt", "created_at_ms", "_queue", "_progress"),
+        ("j1", "n", (1, "x"), 2, 3, None, None),
+    ),
     (
         codec._new_envelope,
         Envelope,
