@@ -16,13 +16,11 @@ _HOST = re.compile(r"[^A-Za-z0-9.-]+")
 
 
 def package_version() -> str:
-    """This package's version, from its installed metadata."""
-    from importlib.metadata import PackageNotFoundError, version
+    """This package's version (the package root reads its installed metadata; the consuming
+    path imports no ``importlib``: tests/security/test_no_code_execution.py)."""
+    from .. import version
 
-    try:
-        return version("airflow-provider-chasqui")
-    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
-        return "unknown (not installed)"
+    return version()
 
 
 def consumer_name(host: str | None = None, pid: int | None = None) -> str:

@@ -144,6 +144,8 @@ def test_queues_lists_every_queue_with_its_counts_from_a_scan(two_queues: tuple[
         "dlq",
         "specs",
         "consumers",
+        "live",
+        "workers",
         "state",
     ]
     assert any(line.split()[:4] == [b, "3", "2", "0"] for line in text.splitlines())

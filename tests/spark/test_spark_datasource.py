@@ -963,9 +963,13 @@ def test_register_names_a_worker_python_without_the_package(tmp_path) -> None:
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the package as installed, nowhere else
     env.update(PYSPARK_PYTHON="/usr/bin/python3", SPARK_LOCAL_IP="127.0.0.1")
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(  # from a directory outside the checkout, as a user's job runs
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
     assert "CONFIG ERROR: Spark runs its Python workers with '/usr/bin/python3'" in out.stdout, out.stdout + out.stderr
     assert f"set PYSPARK_PYTHON={sys.executable}" in out.stdout
     env["PYSPARK_PYTHON"] = sys.executable
-    ok = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    ok = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
     assert "REGISTERED" in ok.stdout, ok.stdout + ok.stderr

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from types import FrameType
 from typing import Any
 
@@ -124,7 +125,9 @@ def _check_workers_python(spark: Any) -> None:
     found = shutil.which(python) or python
     if os.path.realpath(found) == os.path.realpath(sys.executable):
         return
-    probe = subprocess.run([found, "-c", "import airflow_provider_chasqui"], capture_output=True, timeout=120)
+    probe = subprocess.run(  # from a neutral directory: Spark's workers do not run in the driver's
+        [found, "-c", "import airflow_provider_chasqui"], capture_output=True, timeout=120, cwd=tempfile.gettempdir()
+    )
     if probe.returncode != 0:
         raise ConfigError(
             f"Spark runs its Python workers with {python!r}, which cannot import airflow_provider_chasqui "
