@@ -27,6 +27,7 @@ from airflow_provider_chasqui.core.codec import decode_data, decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.core.settings import QueueSettings
+from airflow_provider_chasqui.drivers_common import IDLE_CHECK_S
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ScriptError
 
@@ -212,6 +213,9 @@ async def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue
             assert time.monotonic() < deadline, "the server never closed the killed lane's socket"
             time.sleep(0.001)
         assert not proto.closed  # the loop has not seen it yet
+        # the lane looks at an idle socket only IDLE_CHECK_S after its last send (a busy lane never
+        # pays the select): on a fast box the FIN can arrive sooner, so wait that out too, unyielding
+        time.sleep(max(0.0, IDLE_CHECK_S - (proto.loop.time() - proto.last_send)) + 0.002)
         jobs.append(await q.add("k", {"i": 1}))
         await wait_until(lambda: proto.closed, 10, what="the killed lane to be seen closed")
         jobs += [await q.add("k", {"i": i}) for i in range(2, 20)]
