@@ -17,18 +17,18 @@ agree: one job per window (throttle), one job waiting at a time (debounce).  The
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..errors import ConfigError
 from .calls import Call, script_call
 from .codec import MAX_JOB_ID_CHARS
 from .keys import QueueKeys
+from .running import MAX_TIMEOUT_MS, check_timeout_ms
 
 __all__ = ["DEDUP_MODES", "MAX_DEDUP_TTL_MS", "check_dedup", "dedup_call"]
 
 DEDUP_MODES = ("throttle", "debounce")
-MAX_DEDUP_TTL_MS = 7 * 86_400_000
+MAX_DEDUP_TTL_MS = MAX_TIMEOUT_MS
 
 
 def check_dedup(dedup_id: object, mode: object, ttl_ms: object) -> tuple[str, str, int]:
@@ -39,11 +39,7 @@ def check_dedup(dedup_id: object, mode: object, ttl_ms: object) -> tuple[str, st
         )
     if mode not in DEDUP_MODES:
         raise ConfigError(f"unknown dedup_mode {mode!r}; use one of {', '.join(DEDUP_MODES)}")
-    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, (int, float)):
-        raise ConfigError(f"dedup_ttl_ms must be a number of milliseconds, got {type(ttl_ms).__name__} {ttl_ms!r}")
-    if not math.isfinite(ttl_ms) or not 0 < ttl_ms <= MAX_DEDUP_TTL_MS:
-        raise ConfigError(f"dedup_ttl_ms must be more than 0 and at most {MAX_DEDUP_TTL_MS:,}, got {ttl_ms!r}")
-    return dedup_id, str(mode), int(math.ceil(ttl_ms))
+    return dedup_id, str(mode), check_timeout_ms(ttl_ms, "dedup_ttl_ms")  # the same bounds: (0, a week]
 
 
 def dedup_call(

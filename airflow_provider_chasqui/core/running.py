@@ -265,12 +265,13 @@ def check_progress(value: Any) -> bytes:
     return packed
 
 
-def progress_calls(keys: QueueKeys, latest: dict[str, Any], events_max: int, now: int) -> list[Call]:
-    """The latest progress of each job (id -> value): kept with the job, and a ``progress``
-    event each (the value as JSON, for readers of the events stream)."""
+def progress_calls(keys: QueueKeys, latest: dict[str, tuple[Any, bytes]], events_max: int, now: int) -> list[Call]:
+    """The latest progress of each job (id -> (value, its msgpack from :func:`check_progress`)):
+    kept with the job, and a ``progress`` event each (the value as JSON, for readers of the
+    events stream)."""
     calls: list[Call] = []
-    for jid, value in latest.items():
-        calls.append(command("SET", keys.progress(jid), encode_data(value), "PX", PROGRESS_TTL_MS))
+    for jid, (value, packed) in latest.items():
+        calls.append(command("SET", keys.progress(jid), packed, "PX", PROGRESS_TTL_MS))
         if events_max > 0:
             text = json.dumps(value, default=str, separators=(",", ":"))
             calls.append(

@@ -32,8 +32,8 @@ class ProgressReporter:
         self._latest: dict[str, Any] = {}
 
     def update(self, job_id: str, value: Any) -> None:
-        check_progress(value)  # ConfigError to the handler, naming the problem
-        self._latest[job_id] = value
+        # checked (ConfigError to the handler, naming the problem) and packed once, here
+        self._latest[job_id] = (value, check_progress(value))
 
     async def run(self) -> None:
         """Write the recorded values every ``PROGRESS_FLUSH_SECS``, until cancelled."""
