@@ -1,4 +1,4 @@
-"""Start a batch-mode Chasqui Spark worker from Airflow with the Spark provider's ``SparkSubmitOperator``.
+"""Start a batch-mode Chasqui Spark worker from Airflow with the Spark provider's ``SparkSubmitHook``.
 
 The task runs ``spark-submit <.../worker/spark.py> --queue Q --handlers ... --max-jobs N
 --idle-exit S``: the worker drains the queue with one SparkSession and exits 0 after ``N``
@@ -14,11 +14,16 @@ Needs the ``spark_default`` connection (``conn_type`` spark; host = the master, 
 worker's PATH (full ``pyspark``, not only ``pyspark-client``), this package installed where
 the Spark driver runs, and ``chasqui_default`` for the enqueue.
 
-The worker finds Redis through the same Airflow connection (``--conn-id``), never through a
-``--redis-url`` argument: spark-submit's argv (and so a password in it) is visible to every
-user of the machine and in the Spark UI.  Where the driver cannot read Airflow connections
-(cluster deploy mode), drop ``--conn-id`` and give the driver ``CHASQUI_REDIS_URL`` in its
-environment instead, from a secret (e.g. ``spark.kubernetes.driver.secretKeyRef.CHASQUI_REDIS_URL``).
+The worker finds Redis through ``CHASQUI_REDIS_URL`` in spark-submit's environment, set by
+``drain_with_spark`` from the ``conn_id`` connection it resolves itself: a task reads any
+connection (made in the UI, with ``airflow connections add``, ``AIRFLOW_CONN_*`` or a secrets
+backend) through the Task SDK, while the processes a task starts cannot (Airflow 3 blocks the
+metadata database for them), so ``spark-submit ... --conn-id`` would not find a UI-made
+connection.  The URL (and so a password) goes neither into spark-submit's argv (visible to every
+user of the machine and in the Spark UI) nor into a templated field (stored as the task's
+rendered fields).  The environment reaches the driver in client deploy mode (the default);
+in cluster mode give the driver ``CHASQUI_REDIS_URL`` from a secret instead (e.g.
+``spark.kubernetes.driver.secretKeyRef.CHASQUI_REDIS_URL``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, get_current_context, task
 
 from airflow_provider_chasqui.examples.dag_defaults import DATA_DIR, SPARK_BATCH_QUEUE, queue_param
@@ -72,26 +76,35 @@ with DAG(
         with ChasquiHook().get_queue(params["queue"]) as queue:
             return [job.id for job in queue.add_bulk(jobs)]
 
-    drain = SparkSubmitOperator(
-        task_id="drain_with_spark",
-        conn_id="spark_default",
-        application=SPARK_WORKER_ENTRY,
-        name="chasqui-batch-worker",
-        application_args=[
-            "--queue",
-            "{{ params.queue }}",
-            "--conn-id",
-            "{{ params.conn_id }}",
-            "--handlers",
-            "airflow_provider_chasqui.examples.spark_handlers",
-            "--max-jobs",
-            "{{ params.max_jobs }}",
-            "--idle-exit",
-            "{{ params.idle_exit_secs }}",
-            "--no-scheduler",
-        ],
-        conf={"spark.ui.enabled": "false"},
-        execution_timeout=timedelta(hours=2),
-    )
+    @task(execution_timeout=timedelta(hours=2))
+    def drain_with_spark() -> None:
+        """spark-submit the batch worker, Redis's URL in its environment only (see the DAG's doc)."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    seed_batch() >> drain
+        from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
+
+        params = get_current_context()["params"]
+        redis_url = ChasquiHook(params["conn_id"]).get_settings().redis_url()  # the Task SDK's lookup
+        hook = SparkSubmitHook(
+            conn_id="spark_default",
+            name="chasqui-batch-worker",
+            conf={"spark.ui.enabled": "false"},
+            application_args=[
+                "--queue",
+                params["queue"],
+                "--handlers",
+                "airflow_provider_chasqui.examples.spark_handlers",
+                "--max-jobs",
+                str(params["max_jobs"]),
+                "--idle-exit",
+                str(params["idle_exit_secs"]),
+                "--no-scheduler",
+            ],
+        )
+        try:
+            hook.submit(SPARK_WORKER_ENTRY, env={**os.environ, "CHASQUI_REDIS_URL": redis_url})
+        except BaseException:
+            hook.on_kill()  # a task killed or timed out: spark-submit (and its driver) must not outlive it
+            raise
+
+    seed_batch() >> drain_with_spark()

@@ -60,20 +60,29 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
         ) from exc
     try:
         settings = settings_outside_task(conn_id)
-    except ConfigError:
-        raise
     except Exception as exc:
-        hint = (
-            " (this process was started by an Airflow task, which may not read the metadata database: "
-            f"give the connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend, or pass "
-            "CHASQUI_REDIS_URL)"
-            if in_task
-            else ""
-        )
+        if in_task:  # "not found", though the UI may well have it: say why it cannot be read here
+            raise ConfigError(_in_task_message(conn_id, exc)) from exc
+        if isinstance(exc, ConfigError):
+            raise
         raise ConfigError(
-            f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {redact_text(exc)}{hint}"
+            f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {redact_text(exc)}"
         ) from exc
     return settings.redis_url(), settings.default_queue
+
+
+def _in_task_message(conn_id: str, exc: BaseException) -> str:
+    """Why ``--conn-id`` fails in a child of an Airflow 3 task, and the two ways out."""
+    return (
+        f"Airflow connection {conn_id!r} cannot be read here: this process was started by an Airflow "
+        "task, and Airflow 3 blocks the metadata database for a task's child processes "
+        "(AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=airflow-db-not-allowed:///), so a connection made in "
+        "the UI or with `airflow connections add` is out of reach.  Resolve it in the task "
+        f"(ChasquiHook({conn_id!r}).get_settings().redis_url()) and pass it to this process as "
+        "CHASQUI_REDIS_URL in its environment (example_dags/spark_batch_worker.py does), or give the "
+        f"connection as AIRFLOW_CONN_{conn_id.upper()} or through a secrets backend "
+        f"(lookup said: {type(exc).__name__}: {redact_text(exc)})"
+    )
 
 
 def configure_logging(level: str, fmt: str = "human") -> None:

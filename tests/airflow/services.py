@@ -12,6 +12,8 @@ at parse time (``CHASQUI_EVENTS_QUEUE``, ``CHASQUI_EXAMPLES_QUEUE``, ``CHASQUI_S
 ``CHASQUI_SPARK_BATCH_QUEUE``; ``CHASQUI_DATA_DIR``): the fixture gives them names of their own
 (``events_queue``, ``examples_queue``, ``spark_queue``, ``spark_batch_queue``; ``data_dir``) and
 drops their keys at the end.  Tasks get ``spark-submit`` on PATH and ``SPARK_LOCAL_IP``.
+The ``chasqui_default`` connection is stored in the metadata DB (``airflow connections add``),
+never given to the services as an ``AIRFLOW_CONN_*`` variable.
 Services are stopped by pid (their process groups) when the session ends.
 """
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_support import delete_queue_keys
+from airflow_support import conn_json, delete_queue_keys
 from cryptography.fernet import Fernet
 from redis_topologies import free_port
 
@@ -121,6 +123,9 @@ class AirflowServices:
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
         }
+        # the chasqui connection lives in the metadata database, as the UI or `airflow connections
+        # add` make it (issue 28): no process of these services finds it in its environment
+        self.env.pop("AIRFLOW_CONN_CHASQUI_DEFAULT", None)
         self.procs: dict[str, subprocess.Popen] = {}
         self.starts: dict[str, int] = {}
         self.sessions: set[int] = set()  # of every service started (killed ones included)
@@ -255,6 +260,8 @@ def airflow_services(airflow_home: dict[str, str], redis_url: str) -> Iterator[A
     services = AirflowServices(airflow_home, root)
     started = time.monotonic()
     try:
+        services.airflow("connections", "add", "chasqui_default", "--conn-json", conn_json(redis_url))
+        assert services.query("select conn_type from connection where conn_id = 'chasqui_default'") == [("chasqui",)]
         for name in SERVICES:
             services.start(name)
         services.wait_for("the api-server", services.healthy, 180, interval=0.5)

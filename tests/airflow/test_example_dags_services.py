@@ -9,8 +9,9 @@ workers it expects run as subprocesses:
   queue serves ``enqueue_and_wait``, ``fan_out_100``, ``dead_letters`` and ``daily_cron_upsert``
   (their runs are triggered together and overlap);
 * a Spark worker under ``spark-submit --master local[1]`` serves ``spark_sales_pipeline``; it is
-  stopped before ``spark_batch_worker``, whose ``SparkSubmitOperator`` starts its own batch
-  worker (through a ``spark_default`` connection made with the REST API);
+  stopped before ``spark_batch_worker``, whose task starts its own batch worker with
+  ``SparkSubmitHook`` (through a ``spark_default`` connection made with the REST API, and
+  ``chasqui_default`` from the metadata DB handed down as ``CHASQUI_REDIS_URL``);
 * ``spark_events_rollup`` runs Spark (``local[2]``) inside its own tasks, after those: its jobs
   go to the examples queue and its worker, its streaming rollup reads that queue's events.
 
@@ -427,9 +428,11 @@ def test_spark_events_rollup(airflow_services: AirflowServices, examples: dict, 
 
 
 def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp_path: Path) -> None:
-    """What ``spark_batch_worker``'s SparkSubmitOperator runs: ``--conn-id`` in a child of an
-    Airflow 3 task, whose supervisor hands down a blocked metadata DB URL (importing Airflow
-    used to fail on it); the connection comes from ``AIRFLOW_CONN_*``.  No services needed."""
+    """``--conn-id`` in a child of an Airflow 3 task, whose supervisor hands down a blocked
+    metadata DB URL (importing Airflow used to fail on it): a connection from ``AIRFLOW_CONN_*``
+    works; one only the metadata DB could hold fails saying why and what to do; and what
+    ``spark_batch_worker`` does instead (``CHASQUI_REDIS_URL`` in the environment) works.  No
+    services needed."""
     from airflow_support import conn_json
 
     blocked = "airflow-db-not-allowed:///"
@@ -485,7 +488,33 @@ def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp
             text=True,
             timeout=120,
         )
-        assert missing.returncode == 2 and "'no_such_conn' was not found" in missing.stderr, missing.stderr[-3000:]
+        # a connection only the metadata DB has: the error says why it cannot be read and what to do
+        assert missing.returncode == 2, missing.stderr[-3000:]
+        assert "'no_such_conn' cannot be read here" in missing.stderr, missing.stderr[-3000:]
+        assert "airflow-db-not-allowed" in missing.stderr and "CHASQUI_REDIS_URL" in missing.stderr
+        job = q.add("square", {"x": 5})  # ... the way out the example takes: the URL in the environment
+        no_conn = {k: v for k, v in env.items() if not k.startswith("AIRFLOW_CONN_")}
+        by_env = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "airflow_provider_chasqui.worker",
+                "-q",
+                queue,
+                "-H",
+                "airflow_provider_chasqui.examples.handlers",
+                "--max-jobs",
+                "1",
+                "--no-scheduler",
+            ],
+            check=False,
+            env={**no_conn, "CHASQUI_REDIS_URL": redis_url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert by_env.returncode == 0, by_env.stderr[-3000:]
+        assert q.get_job_result(job.id) == {"x": 5, "square": 25}
     delete_queue_keys(redis_url, queue)
 
 
