@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     ChasquiConnectionError,
     ChasquiError,
+    ChildProcessDied,
     CodecError,
     ConfigError,
     HandlerNotFound,
@@ -124,6 +125,7 @@ __all__ = [
     "BackoffSpec",
     "ChasquiConnectionError",
     "ChasquiError",
+    "ChildProcessDied",
     "CodecError",
     "ConfigError",
     "Handler",

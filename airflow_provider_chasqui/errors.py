@@ -7,6 +7,8 @@ Bad arguments raise ``ConfigError``, which is also a ``ValueError`` for the same
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ChasquiError",
     "ConfigError",
@@ -27,6 +29,7 @@ __all__ = [
     "HandlerNotFound",
     "RateLimited",
     "JobTimeout",
+    "ChildProcessDied",
     "TRANSIENT_ERRORS",
 ]
 
@@ -113,6 +116,9 @@ class JobFailed(ChasquiError):
         #: the handler's formatted traceback (innermost frames; "" when none was stored)
         self.traceback = traceback
 
+    def __reduce__(self) -> Any:  # crosses a process pool's pipe intact
+        return _rebuild, (type(self), (self.job_id, self.reason, self.detail), {"traceback": self.traceback})
+
 
 class NotSupportedError(ChasquiError, RuntimeError):
     """A chasquimq/BullMQ feature deliberately left out."""
@@ -153,7 +159,11 @@ class RateLimited(ChasquiError):
         if not 0 <= retry_after_ms <= self.MAX_MS:  # NaN fails this too
             raise ConfigError(f"retry_after_ms must be between 0 and {self.MAX_MS:,}, got {retry_after_ms!r}")
         self.retry_after_ms = int(-(-retry_after_ms // 1))  # whole milliseconds, rounded up
+        self._message = message
         super().__init__(message or f"rate limited: retry after {self.retry_after_ms} ms")
+
+    def __reduce__(self) -> Any:  # crosses a process pool's pipe intact
+        return _rebuild, (type(self), (self.retry_after_ms, self._message), {})
 
 
 class JobTimeout(ChasquiError):
@@ -162,9 +172,23 @@ class JobTimeout(ChasquiError):
     policy like any failure."""
 
     def __init__(self, timeout_ms: int, job_id: str = "") -> None:
-        self.timeout_ms = timeout_ms
+        self.timeout_ms, self.job_id = timeout_ms, job_id
         what = f"job {job_id}" if job_id else "the job"
         super().__init__(f"{what} ran past its timeout of {timeout_ms} ms")
+
+    def __reduce__(self) -> Any:
+        return _rebuild, (type(self), (self.timeout_ms, self.job_id), {})
+
+
+class ChildProcessDied(ChasquiError):
+    """The pool process running the job (``Worker(processes=N)``) died or passed its memory limit
+    (``process_memory_mb``) before the handler returned; the attempt fails with this reason and
+    follows the retry policy, and a fresh process takes the child's place."""
+
+
+def _rebuild(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Unpickle an exception whose ``__init__`` takes other arguments than its ``args``."""
+    return cls(*args, **kwargs)
 
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ChasquiConnectionError, ReadOnlyReplicaError, ClusterBusyError)

@@ -19,6 +19,7 @@ from .scripts import Script
 __all__ = [
     "Call",
     "Stream",
+    "Pause",
     "Flow",
     "script_call",
     "script_args",
@@ -54,7 +55,14 @@ class Stream:
     calls: Iterable[Call]
 
 
-Step = Call | list[Call] | Stream
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait ``seconds`` before the next step (the driver sleeps; the flow is sent ``None``)."""
+
+    seconds: float
+
+
+Step = Call | list[Call] | Stream | Pause
 _R = TypeVar("_R")
 # a flow returning ``_R``: ``Flow[bool]``; a driver's ``run(flow)`` returns that ``_R``
 Flow = Generator[Step, Any, _R]

@@ -75,6 +75,10 @@ RATE_MAX_FIELD, RATE_PER_FIELD = "rate_max", "rate_per_ms"
 CONCURRENCY_FIELD = "concurrency"
 PRIORITY_SEQ_FIELD = "prio_seq"  # written by lua/add_prioritized.lua: the queue uses priorities
 GROUPED_FIELD = "grouped"  # written by lua/add_grouped.lua: the queue has job groups
+# workers act on the controls as read at most this long before a batch is handed out
+# (engine/flow_gate.py); a producer that sets a field workers must see for the very job it adds
+# (``timeouts``) waits this long (plus a margin) after setting it the first time
+CONTROLS_MAX_AGE_MS = 100
 TIMEOUTS_FIELD = "timeouts"  # written by core/running.py: jobs may carry their own timeout
 CANCELS_FIELD = "cancels"  # written by core/running.py: jobs may have been cancelled
 _ON = b"1"

@@ -21,6 +21,7 @@ from .backoff import build_retry_override
 from .calls import (
     Call,
     Flow,
+    Pause,
     Stream,
     command,
     int_reply,
@@ -44,6 +45,7 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
+from .controls import CONTROLS_MAX_AGE_MS
 from .dedup import check_dedup, dedup_call
 from .event_follow import EventCursor, stream_id
 from .event_hub import (
@@ -70,6 +72,7 @@ from .urls import WAIT_BLOCK_MS
 __all__ = ["ProducerCore", "PreparedJob", "coerce_delay", "JOB_STATES", "parse_fields"]
 
 BULK_CHUNK = 1000
+FIRST_FLAG_MARGIN_SECS = 0.05  # see Producer._keep_timeouts
 STREAM_CHUNK = 250  # add_bulk's plain path: jobs per streamed script call (measured: 1.25x over 1,000)
 # an envelope's bytes besides the job's data: array, 26-char id, bin header, created_at, attempt
 _ENVELOPE_OVERHEAD = 64
@@ -619,7 +622,7 @@ class QueueFlows(ProducerCore):
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
         )
         if limit is not None:
-            yield self._timeouts([(job, limit)])
+            yield from self._keep_timeouts([(job, limit)])
         side = None  # beside the stream (checked above: not both)
         if priority is not None:
             side = add_prioritized_call(self.keys, [(priority, encode_member(job.name_bytes, job.envelope))])
@@ -654,7 +657,7 @@ class QueueFlows(ProducerCore):
         limit = None if timeout_ms is None else check_timeout_ms(timeout_ms)
         job = self.prepare(name, data, retry=build_retry_override(attempts, backoff))
         if limit is not None:
-            yield self._timeouts([(job, limit)])
+            yield from self._keep_timeouts([(job, limit)])
         reply = yield dedup_call(
             self.keys,
             did,
@@ -690,7 +693,7 @@ class QueueFlows(ProducerCore):
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id
         )
         if limit is not None:
-            yield self._timeouts([(job, limit)])
+            yield from self._keep_timeouts([(job, limit)])
         inner = encode_data(data)
         jid = yield from self.add_unique(job, key or job_id or unique_key_for(name, inner), window_ms, trace)
         return jid, job.created_at_ms
@@ -729,7 +732,7 @@ class QueueFlows(ProducerCore):
             )
         timed = [(p, ms) for p, ms in zip(prepared, limits) if ms is not None]
         if timed:
-            yield self._timeouts(timed)
+            yield from self._keep_timeouts(timed)
         urgent = [(i["priority"], p) for i, p in zip(checked, prepared) if i.get("priority") is not None]
         grouped = [(i["group"], p) for i, p in zip(checked, prepared) if i.get("group") is not None]
         side: list[Call] = []  # one script call per BULK_CHUNK, FIFO in the items' order
@@ -755,10 +758,14 @@ class QueueFlows(ProducerCore):
             jobs.append(make(jid, p.created_at_ms, i["name"], i["data"]))
         return jobs
 
-    def _timeouts(self, jobs: list[tuple[PreparedJob, int]]) -> list[Call]:
-        """The calls that keep each job's own timeout (``core/running.py``), for one pipeline."""
+    def _keep_timeouts(self, jobs: list[tuple[PreparedJob, int]]) -> Flow[None]:
+        """Keep each job's own timeout (``core/running.py``), in one pipeline before the add.
+        The first time a queue gets one, wait until every worker's cached controls must show
+        the ``timeouts`` field, so no worker can take this job without reading its timeout."""
         due = [(j.id, ms, 0 if j.run_at_ms is None else j.run_at_ms - j.created_at_ms) for j, ms in jobs]
-        return timeout_calls(self.keys, due)
+        replies = yield timeout_calls(self.keys, due)
+        if replies and replies[-1] == 1:  # HSET made the field: the queue's first job with a timeout
+            yield Pause(CONTROLS_MAX_AGE_MS / 1000 + FIRST_FLAG_MARGIN_SECS)
 
     def _plain_bulk(self, items: list[Mapping[str, Any]]) -> tuple[list[bytes], list[bytes], int] | None:
         """``(name bytes, encoded data, now)`` when every item is a dict of exactly ``name`` and

@@ -27,7 +27,7 @@ from redis._parsers.helpers import parse_command as _parse_command
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisClusterException
 
-from ..core.calls import Call, Flow, Stream, script_args
+from ..core.calls import Call, Flow, Pause, Stream, script_args
 from ..core.features import (
     COMPAT,
     Features,
@@ -542,6 +542,9 @@ class AsyncDriver:
             while True:
                 if isinstance(step, list):
                     reply = await self.pipeline(step)
+                elif isinstance(step, Pause):
+                    await asyncio.sleep(step.seconds)
+                    reply = None
                 elif isinstance(step, Stream):
                     reply = await self.stream(step.calls)
                 else:

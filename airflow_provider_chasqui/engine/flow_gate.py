@@ -29,6 +29,7 @@ from ..core.calls import Call
 from ..core.codec import now_ms
 from ..core.consumer import Delivery
 from ..core.controls import (
+    CONTROLS_MAX_AGE_MS,
     NO_CONTROLS,
     Controls,
     block_calls,
@@ -51,7 +52,7 @@ __all__ = ["FlowGate", "CONTROLS_MAX_AGE_SECS", "PAUSE_POLL_SECS", "SLOT_POLL_SE
 log = logging.getLogger(__name__)
 
 PAUSE_POLL_SECS = 0.25  # how often a worker holding jobs of a paused or blocked queue asks again
-CONTROLS_MAX_AGE_SECS = 0.1
+CONTROLS_MAX_AGE_SECS = CONTROLS_MAX_AGE_MS / 1000
 SLOT_POLL_SECS = 0.05  # how often a worker holding jobs for a concurrency slot asks again
 RENEW_CHUNK = 1000  # entry ids per renew_slots call
 

@@ -84,6 +84,7 @@ from .identity import consumer_name, identity, package_version
 from .intake import START_CHECK_FRACTION, Intake
 from .lease_guard import LeaseGuard
 from .metrics import NO_METRICS, metrics_sink
+from .process_pool import ProcessPool
 from .progress import ProgressReporter
 from .promoter import Promoter
 from .supervision import Supervisor
@@ -156,6 +157,17 @@ class Worker:
             options["concurrency"] = concurrency
         settings = settings or WorkerSettings()
         self.settings = replace(settings, **options_to_fields(options))
+        # handlers in child processes: checked here (they must pickle by name), spawned by run()
+        self._procs = (
+            ProcessPool(
+                self.settings.processes,
+                handler,
+                memory_mb=self.settings.process_memory_mb,
+                label=f"worker of {queue_name!r}",
+            )
+            if self.settings.processes
+            else None
+        )
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
         self._fast_paths = fast_paths
@@ -296,6 +308,13 @@ class Worker:
             log.info("worker %s closed before Redis became reachable", self.consumer_id)
             return
         self._run_state()
+        if self._procs is not None:
+            try:
+                await self._procs.start(self._progress)
+            except BaseException:
+                await self._intake.close()
+                await self.driver.close()
+                raise
         loop = asyncio.get_running_loop()
         if self._signals:
             self._install_signals(loop)
@@ -316,10 +335,11 @@ class Worker:
         background.append((None, self._tasks.start("cancels", self._watch_cancels)))
         background.append((None, self._tasks.start("progress", self._progress.run)))
         log.info(
-            "worker %s consuming %s (concurrency %d, xackdel %s)",
+            "worker %s consuming %s (concurrency %d%s, xackdel %s)",
             self.consumer_id,
             self.name,
             s.concurrency,
+            f", handlers in {s.processes} processes" if s.processes else "",
             self._intake.features.xackdel,
         )
         try:
@@ -397,6 +417,8 @@ class Worker:
         if late:
             log.warning("worker %s: %d handlers still running at the shutdown deadline", self.consumer_id, len(late))
         await asyncio.gather(*late, return_exceptions=True)
+        if self._procs is not None:
+            await self._procs.close()
         await self._progress.flush()  # the handlers' last reports, before their outcomes
         self._final_flush = True
         self._flush_wanted.set()
@@ -569,6 +591,7 @@ class Worker:
         async_fns, fn_timeouts, fn_batches = self._async_fns, self._fn_timeouts, self._fn_batches
         default_timeout = s.job_timeout_ms or 0
         current, cancel_target = self._current, self._cancel_target  # see _watch_cancels
+        procs = self._procs
         progress = self._progress
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
@@ -633,7 +656,9 @@ class Worker:
                             tracer.end_consume(span, token, outcome)
                         continue
                     current[me] = dl  # only while suspended in the handler (no other await until cleared)
-                    if limit:
+                    if procs is not None:  # in a child process; a timeout kills it (engine/process_pool.py)
+                        result = await procs.run(dl.name if dispatch is not None else None, job, limit)
+                    elif limit:
                         result = await self._bounded(fn, job, is_async, limit)
                     else:
                         result = await (fn(job) if is_async else self._call(fn, job))
@@ -789,9 +814,15 @@ class Worker:
         limit = min(own) if own else default_ms
         me = asyncio.current_task()
         try:
-            results = await (
-                self._bounded(fn, jobs, is_async, limit) if limit else (fn(jobs) if is_async else self._call(fn, jobs))
-            )
+            if self._procs is not None:
+                key = first.name if isinstance(self._handler, _Dispatch) else None
+                results = await self._procs.run(key, jobs, limit)
+            else:
+                results = await (
+                    self._bounded(fn, jobs, is_async, limit)
+                    if limit
+                    else (fn(jobs) if is_async else self._call(fn, jobs))
+                )
             if not isinstance(results, (list, tuple)) or len(results) != len(jobs):
                 raise UnrecoverableError(
                     f"batch handler returned {type(results).__name__}"
@@ -867,7 +898,7 @@ class Worker:
 
     async def _job_cancelled(self, dl: Delivery, is_async: bool) -> None:
         """A running job was cancelled (``Queue.cancel``): it ends ``cancelled``, never retried."""
-        if not is_async:
+        if not is_async and self._procs is None:  # a pool process running it was killed instead
             self._abandon_thread(dl.envelope.id)
         log.info("worker %s: job %s %s cancelled while running", self.consumer_id, dl.envelope.id, dl.name)
         if self._intake.owned([(dl.entry_id,)], 0):

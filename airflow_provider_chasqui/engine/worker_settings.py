@@ -44,6 +44,8 @@ class WorkerSettings:
     fail_log_burst: int = 20
     fail_log_window_secs: float = 60.0
     job_timeout_ms: int | None = None  # every attempt's timeout unless the job or its handler has one
+    processes: int | None = None  # handlers in this many child processes (engine/process_pool.py)
+    process_memory_mb: int | None = None  # a pool process past this resident size is replaced
     retry: RetryPolicy = RetryPolicy()
     queue: QueueSettings = QueueSettings()
 
@@ -67,6 +69,12 @@ class WorkerSettings:
             raise ConfigError(f"max_attempts must be a non-negative int, got {self.max_attempts!r}")
         if self.max_jobs is not None and self.max_jobs <= 0:
             raise ConfigError("max_jobs must be positive")
+        for name in ("processes", "process_memory_mb"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.process_memory_mb is not None and self.processes is None:
+            raise ConfigError("process_memory_mb limits pool processes: it needs processes=N")
         if self.job_timeout_ms is not None:
             object.__setattr__(self, "job_timeout_ms", check_timeout_ms(self.job_timeout_ms, "job_timeout_ms"))
         w = self.fail_log_window_secs
@@ -99,6 +107,8 @@ _OPTION_FIELDS = {
     "fail_log_burst",
     "fail_log_window_secs",
     "job_timeout_ms",
+    "processes",
+    "process_memory_mb",
     "retry",
 }
 _QUEUE_FIELDS = {

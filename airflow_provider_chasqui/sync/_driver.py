@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -16,7 +17,7 @@ import redis
 from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
-from ..core.calls import Call, Flow, Stream, script_args
+from ..core.calls import Call, Flow, Pause, Stream, script_args
 from ..core.features import (
     COMPAT,
     Features,
@@ -365,6 +366,9 @@ class SyncDriver:
             while True:
                 if isinstance(step, list):
                     reply = self.pipeline(step)
+                elif isinstance(step, Pause):
+                    time.sleep(step.seconds)
+                    reply = None
                 elif isinstance(step, Stream):
                     reply = self.stream(step.calls)
                 else:

@@ -152,6 +152,20 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         help="stop every attempt after this long (reason 'timeout', then the retry policy) unless the "
         "job or its handler has its own timeout (default: none)",
     )
+    if not spark:  # Spark handlers share the driver's one SparkSession: they run in its process
+        p.add_argument(
+            "--processes",
+            type=_positive_int,
+            metavar="N",
+            help="run handlers in N child processes: a CPU-bound or blocking handler cannot stall the "
+            "worker, a timeout or cancel kills its process, a dead one is replaced (default: in this process)",
+        )
+        p.add_argument(
+            "--process-memory-mb",
+            type=_positive_int,
+            metavar="MB",
+            help="with --processes: a child whose resident memory passes MB fails its job and is replaced",
+        )
     p.add_argument(
         "--shutdown-deadline",
         type=_non_negative_float,
@@ -270,6 +284,8 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
         "idle_exit_secs": args.idle_exit,
         "shutdown_deadline_secs": args.shutdown_deadline,
         "job_timeout_ms": None if args.job_timeout is None else args.job_timeout * 1000,
+        "processes": getattr(args, "processes", None),
+        "process_memory_mb": getattr(args, "process_memory_mb", None),
         "store_results": args.store_results,
         "result_ttl_ms": None if args.result_ttl is None else int(args.result_ttl * 1000),
         "results_max_len": args.results_max_len,

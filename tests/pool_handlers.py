@@ -1,0 +1,104 @@
+"""Handlers for the process-pool tests (``tests/engine/test_process_pool.py``): module-level, so
+they pickle by name and a pool process imports them (``tests/`` is on the path it inherits)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from airflow_provider_chasqui import UnrecoverableError
+
+
+def pid(job: Any) -> int:
+    return os.getpid()
+
+
+async def apid(job: Any) -> int:
+    await asyncio.sleep(0.01)
+    return os.getpid()
+
+
+def spin(job: Any) -> None:
+    """A plain handler that never returns (and never releases the GIL for long)."""
+    n = 0
+    while True:
+        n += 1
+
+
+async def block(job: Any) -> None:
+    """An async handler that blocks its loop: only killing its process stops it."""
+    time.sleep(3600)
+
+
+def burn(job: Any) -> int:
+    """CPU-bound work: ``job.data`` rounds of a pure-Python loop."""
+    total = 0
+    for i in range(int(job.data)):
+        total += i * i % 7
+    return total
+
+
+def die(job: Any) -> None:
+    os._exit(int(job.data or 3))
+
+
+def hog(job: Any) -> None:
+    """Touch ``job.data`` MB, then wait for the pool to notice."""
+    held = b"x" * (int(job.data) << 20)
+    time.sleep(60)
+    del held
+
+
+def report(job: Any) -> str:
+    job.update_progress_sync(40)
+    time.sleep(0.4)
+    job.update_progress_sync({"stage": "last", "pct": 90})
+    time.sleep(0.4)
+    return "reported"
+
+
+def fail(job: Any) -> None:
+    if job.data == "unrecoverable":
+        raise UnrecoverableError("no use retrying")
+    raise ValueError(f"bad input {job.data!r}")
+
+
+def nap(job: Any) -> int:
+    time.sleep(float(job.data))
+    return os.getpid()
+
+
+def noop(job: Any) -> None:
+    return None
+
+
+def sums(jobs: list[Any]) -> list[Any]:
+    """A batch handler: one result per job, an exception instance for a job whose data is -1."""
+    return [ValueError(f"job {j.id} refused") if j.data == -1 else j.data * 2 for j in jobs]
+
+
+sums.chasqui_batch_size = 100  # type: ignore[attr-defined]
+
+HANDLERS = {
+    "pid": pid,
+    "apid": apid,
+    "spin": spin,
+    "block": block,
+    "burn": burn,
+    "die": die,
+    "hog": hog,
+    "report": report,
+    "fail": fail,
+    "noop": noop,
+    "nap": nap,
+    "sums": sums,
+}
+
+
+async def anoop(job: Any) -> None:
+    return None
+
+
+HANDLERS["anoop"] = anoop
