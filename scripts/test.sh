@@ -24,7 +24,7 @@ source "$VENV/bin/activate"
 export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 # Exit 5 (pytest collected nothing, e.g. a selection with no tests) is not a failure.
 rc=0
-python -m pytest -q -p no:cacheprovider -m "not interop" "$@" || rc=$?
+python -m pytest -q -p no:cacheprovider --durations=40 -m "not interop" "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests (exit 5): nothing to fail, treating as success"
   rc=0
