@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from .. import tracing
+from ..core.dedup import check_dedup
 from ..core.priorities import check_priority
 from ..core.running import check_timeout_ms
 from ..hooks.chasqui import ChasquiHook
@@ -31,6 +32,35 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = ["ChasquiEnqueueOperator"]
+
+
+def _check_lanes(
+    placed: dict[str, Any],
+    priority: int | None,
+    group: str | None,
+    dedup_id: str | None,
+    dedup_mode: str,
+    dedup_ttl_ms: int | float | None,
+) -> None:
+    """``priority``, ``group`` and ``dedup_id`` exclude each other and the options that place a
+    job in time or by id (``placed``: those given are not None); checked when the DAG is parsed."""
+    for what, value in (("priority", priority), ("group", group)):
+        if value is None:
+            continue
+        if what == "priority":
+            check_priority(value)
+        if any(v is not None for v in placed.values()):
+            raise ValueError(f"{what} cannot be combined with delay, run_at, job_id or unique")
+    if priority is not None and group is not None:
+        raise ValueError("priority cannot be combined with group")
+    if dedup_id is not None:
+        check_dedup("checked-at-run-time", dedup_mode, dedup_ttl_ms)  # the id may be a template
+        clash = {**placed, "priority": priority, "group": group}
+        taken = [k for k, v in clash.items() if v is not None]
+        if taken:
+            raise ValueError(f"dedup_id cannot be combined with {', '.join(taken)}")
+    elif dedup_ttl_ms is not None or dedup_mode != "throttle":
+        raise ValueError("dedup_mode and dedup_ttl_ms need dedup_id")
 
 
 class ChasquiEnqueueOperator(BaseOperator):
@@ -62,6 +92,13 @@ class ChasquiEnqueueOperator(BaseOperator):
         own limits (``Queue.set_group_limits``); the same exclusions as ``priority``. (templated)
     :param timeout_ms: stop each attempt of the job after this many milliseconds (it fails with
         reason ``timeout`` and follows the retry policy; docs/running-jobs.md).
+    :param dedup_id: deduplicate by this id (``Queue.add(dedup_id=)``): with ``dedup_mode``
+        ``"throttle"`` a repeat within ``dedup_ttl_ms`` adds nothing and the task gets the first
+        job; with ``"debounce"`` the job waits ``dedup_ttl_ms`` and a repeat meanwhile replaces
+        its data.  Not with ``delay``, ``run_at``, ``job_id``, ``unique``, ``priority`` or
+        ``group``. (templated)
+    :param dedup_mode: ``"throttle"`` (default) or ``"debounce"``.
+    :param dedup_ttl_ms: how long a dedup id holds, in milliseconds (needed with ``dedup_id``).
     :param wait_for_result: wait for the job and return the handler's result.
     :param wait_timeout: give up waiting after this long (``timedelta`` or seconds); None = no limit.
     :param deferrable: wait in the triggerer (default: ``[operators] default_deferrable``, False
@@ -84,6 +121,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         "job_id",
         "unique_key",
         "group",
+        "dedup_id",
     )
     template_fields_renderers = {"data": "json"}
     ui_color = "#f4d35e"
@@ -107,6 +145,9 @@ class ChasquiEnqueueOperator(BaseOperator):
         priority: int | None = None,
         group: str | None = None,
         timeout_ms: int | float | None = None,
+        dedup_id: str | None = None,
+        dedup_mode: str = "throttle",
+        dedup_ttl_ms: int | float | None = None,
         wait_for_result: bool = False,
         wait_timeout: timedelta | float | None = None,
         deferrable: bool | None = None,
@@ -122,15 +163,9 @@ class ChasquiEnqueueOperator(BaseOperator):
         if not wait_for_result and wait_timeout is not None:
             raise ValueError("wait_timeout needs wait_for_result=True")
         build_retry_override(attempts, backoff)  # a bad value fails at parse time, not at run time
-        for what, value in (("priority", priority), ("group", group)):
-            if value is None:
-                continue
-            if what == "priority":
-                check_priority(value)
-            if delay is not None or run_at is not None or job_id is not None or unique:
-                raise ValueError(f"{what} cannot be combined with delay, run_at, job_id or unique")
-        if priority is not None and group is not None:
-            raise ValueError("priority cannot be combined with group")
+        placed = {"delay": delay, "run_at": run_at, "job_id": job_id, "unique": unique or None}
+        _check_lanes(placed, priority, group, dedup_id, dedup_mode, dedup_ttl_ms)
+        self.dedup_id, self.dedup_mode, self.dedup_ttl_ms = dedup_id, dedup_mode, dedup_ttl_ms
         self.priority = priority
         self.group = group
         self.timeout_ms = None if timeout_ms is None else check_timeout_ms(timeout_ms)
@@ -168,6 +203,17 @@ class ChasquiEnqueueOperator(BaseOperator):
                 key=self.unique_key or None,
                 window=timedelta(seconds=self.unique_window),
                 **common,
+            )
+        if self.dedup_id is not None:
+            return queue.add(
+                self.job_name,
+                self.data,
+                dedup_id=self.dedup_id,
+                dedup_mode=self.dedup_mode,
+                dedup_ttl_ms=self.dedup_ttl_ms,
+                attempts=self.attempts,
+                backoff=self.backoff,
+                timeout_ms=self.timeout_ms,
             )
         if self.priority is not None or self.group:
             return queue.add(

@@ -54,6 +54,12 @@ def _delayed(redis_url: str, queue_name: str) -> int:
         ({"priority": 2, "delay": 5}, "priority cannot be combined"),
         ({"group": "t", "job_id": "j"}, "group cannot be combined"),
         ({"group": "t", "priority": 1}, "priority cannot be combined with group"),
+        ({"dedup_id": "d"}, "dedup_ttl_ms must be a number of milliseconds"),
+        ({"dedup_id": "d", "dedup_ttl_ms": 1000, "dedup_mode": "once"}, "unknown dedup_mode 'once'"),
+        ({"dedup_id": "d", "dedup_ttl_ms": float("nan")}, "dedup_ttl_ms must be more than 0"),
+        ({"dedup_id": "d", "dedup_ttl_ms": 1000, "job_id": "j"}, "dedup_id cannot be combined with job_id"),
+        ({"dedup_id": "d", "dedup_ttl_ms": 1000, "unique": True}, "dedup_id cannot be combined with unique"),
+        ({"dedup_ttl_ms": 1000}, "need dedup_id"),
     ],
 )
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:
@@ -93,6 +99,27 @@ def test_group_goes_to_its_groups_list(queue_name: str, redis_url: str) -> None:
     with raw_sync(redis_url) as r:
         assert r.zrange(keys.groups, 0, -1) == [b"tenant-7"] and _stream_len(redis_url, queue_name) == 0
         assert job_id.encode() in r.lindex(keys.group_jobs("tenant-7"), 0)
+
+
+def test_dedup_throttles_and_debounces_runs_of_the_task(queue_name: str, redis_url: str) -> None:
+    """Issue 25: the enqueue operator's ``dedup_id`` (templated): three runs of a throttled task
+    within the window add one job (each run gets its id); two runs of a debounced task leave
+    one job waiting with the last run's data."""
+    ids = []
+    for run in range(3):
+        op = enqueue(queue_name=queue_name, data={"run": run}, dedup_id="{{ ds }}", dedup_ttl_ms=60_000)
+        op.dedup_id = "report-2026-11-28"  # as rendered from the template
+        ids.append(op.execute({"ti": RecordingTI()}))
+    assert len(set(ids)) == 1 and _stream_len(redis_url, queue_name) == 1
+    debounced = [
+        enqueue(
+            queue_name=queue_name, data={"run": run}, dedup_id="refresh", dedup_mode="debounce", dedup_ttl_ms=60_000
+        ).execute({"ti": RecordingTI()})
+        for run in range(2)
+    ]
+    assert _delayed(redis_url, queue_name) == 1
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        assert q.get_job_details(debounced[-1]).data == {"run": 1}
 
 
 def test_delay_and_run_at_go_to_the_delayed_set(queue_name: str, redis_url: str) -> None:
