@@ -45,7 +45,6 @@ from .codec import (
     now_ms,
     validate_job_name,
 )
-from .controls import CONTROLS_MAX_AGE_MS
 from .dedup import check_dedup, dedup_call
 from .event_follow import EventCursor, stream_id
 from .event_hub import (
@@ -65,14 +64,13 @@ from .fast import fast_constructor
 from .groups import add_grouped_call, check_group
 from .keys import QueueKeys
 from .priorities import add_prioritized_call, check_priority
-from .running import check_timeout_ms, timeout_calls
+from .running import FIRST_MARK_WAIT_SECS, check_timeout_ms, timeout_calls
 from .settings import QueueSettings
 from .urls import WAIT_BLOCK_MS
 
 __all__ = ["ProducerCore", "PreparedJob", "coerce_delay", "JOB_STATES", "parse_fields"]
 
 BULK_CHUNK = 1000
-FIRST_FLAG_MARGIN_SECS = 0.05  # see Producer._keep_timeouts
 STREAM_CHUNK = 250  # add_bulk's plain path: jobs per streamed script call (measured: 1.25x over 1,000)
 # an envelope's bytes besides the job's data: array, 26-char id, bin header, created_at, attempt
 _ENVELOPE_OVERHEAD = 64
@@ -765,7 +763,7 @@ class QueueFlows(ProducerCore):
         due = [(j.id, ms, 0 if j.run_at_ms is None else j.run_at_ms - j.created_at_ms) for j, ms in jobs]
         replies = yield timeout_calls(self.keys, due)
         if replies and replies[-1] == 1:  # HSET made the field: the queue's first job with a timeout
-            yield Pause(CONTROLS_MAX_AGE_MS / 1000 + FIRST_FLAG_MARGIN_SECS)
+            yield Pause(FIRST_MARK_WAIT_SECS)
 
     def _plain_bulk(self, items: list[Mapping[str, Any]]) -> tuple[list[bytes], list[bytes], int] | None:
         """``(name bytes, encoded data, now)`` when every item is a dict of exactly ``name`` and

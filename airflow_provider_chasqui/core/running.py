@@ -32,9 +32,9 @@ import re
 from typing import Any
 
 from ..errors import CodecError, ConfigError
-from .calls import Call, Flow, command, int_reply, script_call
+from .calls import Call, Flow, Pause, command, int_reply, script_call
 from .codec import MAX_JOB_ID_CHARS, decode_data, decode_envelope, encode_data, now_ms, split_member
-from .controls import CANCELS_FIELD, TIMEOUTS_FIELD, positive_int
+from .controls import CANCELS_FIELD, CONTROLS_MAX_AGE_MS, TIMEOUTS_FIELD, positive_int
 from .keys import QueueKeys
 from .maintenance import glob_escape
 from .rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, CancelRow
@@ -49,6 +49,8 @@ __all__ = [
     "TIMEOUT_KEY_GRACE_MS",
     "check_timeout_ms",
     "timeout_calls",
+    "mark_timeouts",
+    "FIRST_MARK_WAIT_SECS",
     "parse_timeout",
     "handler_timeout",
     "read_timeouts_call",
@@ -80,6 +82,19 @@ def check_timeout_ms(value: Any, what: str = "timeout_ms") -> int:
     if not (isinstance(value, int) or math.isfinite(value)) or not 0 < value <= MAX_TIMEOUT_MS:
         raise ConfigError(f"{what} must be more than 0 and at most {MAX_TIMEOUT_MS:,} ms, got {value!r}")
     return int(math.ceil(value))
+
+
+# the first time a queue is marked as one whose jobs carry timeouts, its producer waits this long
+# (workers act on the controls as read at most CONTROLS_MAX_AGE_MS before a batch; plus a margin)
+FIRST_MARK_WAIT_SECS = CONTROLS_MAX_AGE_MS / 1000 + 0.05
+
+
+def mark_timeouts(keys: QueueKeys) -> Flow[None]:
+    """Mark the queue as one whose jobs may carry a timeout; the first time, wait until every
+    worker's cached controls must show it (a spec upsert does this before its first fire)."""
+    reply = yield command("HSET", keys.controls, TIMEOUTS_FIELD, 1)
+    if int_reply(reply) == 1:
+        yield Pause(FIRST_MARK_WAIT_SECS)
 
 
 def timeout_calls(keys: QueueKeys, jobs: list[tuple[str, int, int]]) -> list[Call]:

@@ -53,6 +53,7 @@ from .repeat import (
     catchup_next,
     plan_fires,
 )
+from .running import timeout_calls
 from .schedules import _NO_EXT, SpecExt, show_key
 from .settings import QueueSettings
 
@@ -195,7 +196,7 @@ def _skips_while_paused(raw_ext: Any) -> bool:
     """Whether a due spec's ext asks to skip fires while the queue is paused (an ext that does
     not decode: no; the plan quarantines it).  Only a four-item ext (msgpack fixarray 0x94) can
     carry the policy: the others are not decoded here, the plan decodes them once."""
-    if type(raw_ext) is not bytes or raw_ext[:1] != b"\x94":
+    if type(raw_ext) is not bytes or raw_ext[:1] not in (b"\x94", b"\x95"):
         return False
     try:
         return SpecExt.decode(raw_ext).skip_while_paused
@@ -390,6 +391,7 @@ class SchedulerCore:
         self._decoder = SpecDecoder()  # its caches are this scheduler's own
         self.plans_computed = 0  # next-fire computations (specs sharing one are counted once per tick)
         self._paused = False  # the queue was paused at this tick (read only when a due spec skips then)
+        self._timed: list[tuple[str, int, int]] = []  # this chunk's fires with their own timeout
 
     def tick(self, now: int | None = None) -> Flow[TickResult]:
         """One tick at ``now`` (epoch ms; None = the server's TIME, what schedulers use)."""
@@ -412,14 +414,19 @@ class SchedulerCore:
         if any(row[3] and _skips_while_paused(row[3]) for row in rows):  # read only when a due spec cares
             self._paused = (yield from read_controls(k)).paused
         cache: dict[Any, tuple[list[int], int] | None] = {}
-        planned: list[_Plans] = []
+        planned: list[tuple[_Plans, int]] = []  # each chunk's plans, and the timeout calls sent before it
         replies: list[Any] = []
         at: list[Any] = [0, None]  # the next row, the catch-up whose next piece comes first
 
         def calls() -> Iterator[Call]:  # chunk i+1 is planned while Redis fires chunk i
             while at[0] < len(rows) or at[1] is not None:
+                self._timed = []
                 call, plans, at[0], at[1] = self._plan(rows, at[0], now, cache, at[1])
-                planned.append(plans)
+                # the fires' own timeouts, kept before the fires (core/running.py; a fire the
+                # script then refuses leaves a key that expires)
+                before = timeout_calls(k, self._timed) if self._timed else []
+                planned.append((plans, len(before)))
+                yield from before
                 yield call
                 if at[1] is not None:
                     return  # its next piece expects the score this chunk writes: a new stream
@@ -428,8 +435,11 @@ class SchedulerCore:
             replies += yield Stream(calls())
         result.chunks = len(planned)
         gone: set[str] = set()
-        for plans, reply in zip(planned, replies):
-            self._account(result, plans, reply, now, gone)
+        pos = 0
+        for plans, skip in planned:
+            pos += skip
+            self._account(result, plans, replies[pos], now, gone)
+            pos += 1
         return result
 
     def _plan(  # noqa: PLR0915 - the per-chunk plan loop, inline for the tick's speed (bench_scheduler)
@@ -513,11 +523,13 @@ class SchedulerCore:
                 # a rows.FireRow
                 body += ("f", raw_score, nxt, spec.job_name, _fire_envelope(key, fire_at, inner, now, retry))
                 plans.append(("F", key, fire_at, nxt, ""))
+                if ext.timeout_ms:
+                    self._timed.append((fire_job_id(key, fire_at), ext.timeout_ms, 0))
                 continue
             if end is not None:
                 fires = [f for f in fires if f <= end]
             budget -= len(fires)
-            self._fires_entry(key, spec, ext, raw_score, fires, nxt, now, body, skip)
+            self._fires_entry(key, spec, ext, raw_score, fires, nxt, now, body, skip, self._timed)
             plans.append(("F", key, fires[0] if fires else 0, nxt, ""))
         return self._chunk(argv, body, plans), plans, i, None
 
@@ -538,9 +550,11 @@ class SchedulerCore:
         now: int,
         body: list[Any],
         skip: bool = False,
+        timed: list[tuple[str, int, int]] | None = None,
     ) -> None:
         """An 'F' entry: ``fires`` (chronological, within ``end_before``) then score ``nxt``;
-        ``skip``: every fire is skipped and counted (``while_paused="skip"`` on a paused queue)."""
+        ``skip``: every fire is skipped and counted (``while_paused="skip"`` on a paused queue);
+        ``timed`` gets each fire's own timeout (job id, ms, due in)."""
         deadline = ext.deadline_ms
         inner, retry = spec.payload_inner, ext.retry
         body += ("F", expected, nxt, spec.limit or 0, spec.end_before_ms or 0, spec.job_name, len(fires))
@@ -549,6 +563,8 @@ class SchedulerCore:
                 body += (at, b"")
             else:
                 body += (at, _fire_envelope(key, at, inner, now, retry))
+                if ext.timeout_ms and timed is not None:
+                    timed.append((fire_job_id(key, at), ext.timeout_ms, max(0, at - now)))
 
     def _catchup_entry(
         self, c: _Catchup, fires: list[int], nxt: int, more: bool, now: int, body: list[Any], plans: _Plans
@@ -558,9 +574,8 @@ class SchedulerCore:
         end = c.spec.end_before_ms
         if end is not None:
             fires = [f for f in fires if f <= end]
-        self._fires_entry(
-            c.key, c.spec, c.ext, c.expected, fires, nxt, now, body, self._paused and c.ext.skip_while_paused
-        )
+        skip = self._paused and c.ext.skip_while_paused
+        self._fires_entry(c.key, c.spec, c.ext, c.expected, fires, nxt, now, body, skip, self._timed)
         plans.append(("P" if more else "F", c.key, fires[0] if fires else 0, nxt, ""))
         c.expected = nxt
         return max(1, len(fires))

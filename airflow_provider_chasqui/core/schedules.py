@@ -8,7 +8,8 @@ the ``fired`` counter.  This project adds no per-spec keys, only:
 * the optional hash field ``ext``: msgpack ``[1, retry_override|nil, deadline_ms|nil]``, the
   per-spec retry override (applied to every fire; ChasquiMQ ignores the field) and the
   execution deadline (a fire later than that past its scheduled time is skipped and counted
-  in the hash field ``skipped``), with a fourth item ``1`` for ``while_paused="skip"`` (a fire
+  in the hash field ``skipped``), with a fourth item ``1`` for ``while_paused="skip"`` (``0``
+  otherwise when a fifth follows: every fire's own ``timeout_ms``) (a fire
   due while the queue is paused is skipped and counted the same way; issue 24);
 * the ZSET ``repeat:paused`` (score = the next fire when paused): a paused spec is not in
   ``repeat``, so no scheduler, not even a ChasquiMQ one sharing the queue, can fire it;
@@ -50,6 +51,7 @@ from .repeat import (
     pattern_to_wire,
     policy_to_wire,
 )
+from .running import MAX_TIMEOUT_MS, check_timeout_ms, mark_timeouts
 from .settings import QueueSettings
 
 __all__ = [
@@ -88,6 +90,7 @@ REPEAT_BULK_KEYS = frozenset(
         "deadline",
         "while_paused",
         "job_id",
+        "timeout_ms",
     }
 )
 _U64 = 2**64 - 1
@@ -104,14 +107,19 @@ class SpecExt:
     retry: RetryOverride | None = None
     deadline_ms: int | None = None
     skip_while_paused: bool = False  # while_paused="skip": fires due while the queue is paused are skipped
+    timeout_ms: int | None = None  # every fire's own timeout (core/running.py)
 
     @property
     def empty(self) -> bool:
-        return self.retry is None and self.deadline_ms is None and not self.skip_while_paused
+        return self.retry is None and self.deadline_ms is None and not self.skip_while_paused and not self.timeout_ms
 
     def encode(self) -> bytes:
-        arr = [EXT_VERSION, None if self.retry is None else self.retry.to_wire(), self.deadline_ms]
-        return _packb(arr + [1] if self.skip_while_paused else arr)
+        arr: list[Any] = [EXT_VERSION, None if self.retry is None else self.retry.to_wire(), self.deadline_ms]
+        if self.skip_while_paused or self.timeout_ms:
+            arr.append(1 if self.skip_while_paused else 0)
+        if self.timeout_ms:
+            arr.append(self.timeout_ms)
+        return _packb(arr)
 
     @classmethod
     def decode(cls, raw: bytes | None) -> SpecExt:
@@ -129,7 +137,11 @@ class SpecExt:
         deadline = arr[2]
         if deadline is not None and (type(deadline) is not int or not 0 < deadline <= _U64):
             raise CodecError(f"spec ext deadline_ms must be a positive int or nil, got {deadline!r}")
-        return cls(retry, deadline, len(arr) > 3 and type(arr[3]) is int and arr[3] == 1)  # else: "queue"
+        timeout = arr[4] if len(arr) > 4 else None
+        if timeout is not None and (type(timeout) is not int or not 0 < timeout <= MAX_TIMEOUT_MS):
+            raise CodecError(f"spec ext timeout_ms must be 1 .. {MAX_TIMEOUT_MS} or nil, got {timeout!r}")
+        skip = len(arr) > 3 and type(arr[3]) is int and arr[3] == 1  # else: "queue"
+        return cls(retry, deadline, skip, timeout)
 
 
 _NO_EXT = SpecExt()
@@ -155,6 +167,7 @@ class RepeatableInfo(RepeatableMeta):
     backoff: BackoffSpec | None = None
     deadline_ms: int | None = None
     while_paused: str = "queue"  # or "skip": what a fire due while the queue is paused does
+    timeout_ms: int | None = None  # every fire's own timeout
     corrupt: ClassVar[bool] = False
 
 
@@ -423,6 +436,7 @@ class SpecFlows:
         job_id: str | None = None,
         start_after_ms: int | None = None,
         end_before_ms: int | None = None,
+        timeout_ms: Any = None,
         now: int | None = None,
         next_cache: dict[Any, int | None] | None = None,
     ) -> PreparedSpec:
@@ -459,8 +473,9 @@ class SpecFlows:
         inner = encode_data(data)
         ext = b""
         skip = _skip_while_paused(while_paused)
-        if attempts is not None or backoff is not None or deadline is not None or skip:
-            ext_value = SpecExt(build_retry_override(attempts, backoff), _deadline_ms(deadline), skip)
+        timeout = None if timeout_ms is None else check_timeout_ms(timeout_ms)
+        if attempts is not None or backoff is not None or deadline is not None or skip or timeout:
+            ext_value = SpecExt(build_retry_override(attempts, backoff), _deadline_ms(deadline), skip, timeout)
             ext = b"" if ext_value.empty else ext_value.encode()
         spec = _encode_spec(spec_key, name, pattern, inner, _limit(limit), start, end, policy)
         if len(spec) > self.settings.max_payload_bytes:
@@ -492,6 +507,8 @@ class SpecFlows:
         """Returns ``(spec_key, now_ms)``."""
         now = now_ms()
         prepared = self.prepare(name, data, now=now, **options)
+        if options.get("timeout_ms") is not None:  # before the spec can fire its first job
+            yield from mark_timeouts(self.keys)
         yield self._upsert_call([prepared])
         return prepared.key, now
 
@@ -596,6 +613,8 @@ class SpecFlows:
                 keys.extend(argv[3::3])
                 yield self._upsert_argv(argv, exts)
 
+        if any(isinstance(i, Mapping) and i.get("timeout_ms") is not None for i in items):
+            yield from mark_timeouts(self.keys)  # before any of these specs can fire
         if items:
             yield Stream(calls())
         return keys, now
@@ -690,6 +709,7 @@ class SpecFlows:
             backoff=_backoff_spec(ext.retry),
             deadline_ms=ext.deadline_ms,
             while_paused="skip" if ext.skip_while_paused else "queue",
+            timeout_ms=ext.timeout_ms,
         )
 
     def get(self, key: str) -> Flow[RepeatableInfo | None]:

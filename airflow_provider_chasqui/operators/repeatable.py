@@ -10,6 +10,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from ..core.repeat import MissedFiresPolicy, RepeatPattern
+from ..core.running import check_timeout_ms
 from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
 from ..types import BackoffSpec, build_retry_override
@@ -67,6 +68,8 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         it runs after the resume) or ``skip`` (it is skipped and counted).
     :param attempts: attempts of each fired job.
     :param backoff: retry backoff of each fired job: int ms, a ``BackoffSpec`` or its dict form.
+    :param timeout_ms: stop each attempt of each fired job after this many milliseconds (reason
+        ``timeout``, then the retry policy; docs/running-jobs.md).
     :param queue_name: the queue; default: the connection's ``default_queue``. (templated)
     :param chasqui_conn_id: the ``chasqui`` connection. (templated)
     """
@@ -104,6 +107,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         while_paused: str | None = None,
         attempts: int | None = None,
         backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
+        timeout_ms: int | float | None = None,
         queue_name: str | None = None,
         chasqui_conn_id: str = ChasquiHook.default_conn_name,
         **kwargs: Any,
@@ -136,6 +140,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         self.while_paused = while_paused
         self.attempts = attempts
         self.backoff = backoff.to_dict() if isinstance(backoff, BackoffSpec) else backoff
+        self.timeout_ms = None if timeout_ms is None else check_timeout_ms(timeout_ms)
         self.queue_name = queue_name
         self.chasqui_conn_id = chasqui_conn_id
 
@@ -159,6 +164,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
                 while_paused=self.while_paused,
                 attempts=self.attempts,
                 backoff=self.backoff,
+                timeout_ms=self.timeout_ms,
             ).id  # the Job's id is the spec key
             info = queue.get_repeatable_job(spec_key)
             self.log.info(

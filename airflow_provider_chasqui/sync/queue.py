@@ -140,8 +140,8 @@ class SyncQueue:
             jid, created = self.driver.run(flow)
             return self._job(jid, created, name, data)
         side = priority is not None or group is not None  # waits beside the stream: no trace, no quick path
-        if (side or timeout_ms is not None) and (repeat is not None or missed_fires is not None):
-            raise ConfigError("priority, group and timeout_ms apply to a job, not to a repeatable spec (repeat=)")
+        if side and (repeat is not None or missed_fires is not None):
+            raise ConfigError("priority and group apply to a job, not to a repeatable spec (repeat=)")
         if self._tracer is not None and repeat is None and missed_fires is None and not side:
             return self._traced_add(
                 name,
@@ -174,7 +174,14 @@ class SyncQueue:
                     "use upsert_repeatable_job(..., start_after=...) to hold its first fire back"
                 )
             return self.upsert_repeatable_job(
-                name, data, repeat=repeat, attempts=attempts, backoff=backoff, job_id=job_id, missed_fires=missed_fires
+                name,
+                data,
+                repeat=repeat,
+                attempts=attempts,
+                backoff=backoff,
+                job_id=job_id,
+                missed_fires=missed_fires,
+                timeout_ms=timeout_ms,
             )
         if missed_fires is not None:
             raise ConfigError("missed_fires only applies together with repeat=")
@@ -278,6 +285,7 @@ class SyncQueue:
         job_id: str | None = None,
         start_after_ms: int | None = None,
         end_before_ms: int | None = None,
+        timeout_ms: Any = None,
     ) -> Job:
         """Create or replace a repeatable spec; the returned Job's ``id`` is the spec key.
 
@@ -289,7 +297,8 @@ class SyncQueue:
         (timedelta or ms): a fire later than that past its scheduled time is skipped and
         counted.  ``while_paused``: "queue" (default: fires due while the queue is paused run
         after the resume) or "skip" (they are skipped and counted).  ``job_id`` names the spec
-        like ``key`` (chasquimq drops it).  Re-upserting a key
+        like ``key`` (chasquimq drops it).  ``timeout_ms``: every fire's own timeout (each
+        attempt is stopped after that long; docs/running-jobs.md).  Re-upserting a key
         replaces the spec and its timeline (the old next fire never fires) and resumes it if
         paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
         raise ConfigError.
@@ -310,6 +319,7 @@ class SyncQueue:
             job_id=job_id,
             start_after_ms=start_after_ms,
             end_before_ms=end_before_ms,
+            timeout_ms=timeout_ms,
         )
         spec_key, created = self.driver.run(flow)
         return self._job(spec_key, created, name, data)

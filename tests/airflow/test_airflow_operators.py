@@ -226,6 +226,8 @@ def upsert(**kwargs: object) -> ChasquiUpsertRepeatableOperator:
         ({"cron": "* * * * *", "missed_fires": "sometimes"}, "must be 'skip', 'fire-once' or 'fire-all'"),
         ({"cron": "* * * * *", "limit": 0}, "limit must be a positive int"),
         ({"cron": "* * * * *", "while_paused": "drop"}, "while_paused must be 'queue' or 'skip'"),
+        ({"cron": "* * * * *", "timeout_ms": 0}, "timeout_ms must be more than 0"),
+        ({"cron": "* * * * *", "timeout_ms": float("nan")}, "timeout_ms must be more than 0"),
     ],
 )
 def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None:
@@ -250,8 +252,10 @@ def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: s
             attempts=4,
             backoff={"kind": "fixed", "delay_ms": 1000},
             limit=10,
+            timeout_ms=90_000,
         ).execute({})
     assert key == "daily-sales"
+    assert queue.get_repeatable_job(key).timeout_ms == 90_000  # every fire's own timeout
     info = queue.get_repeatable_job(key)
     fire = datetime.fromtimestamp(info.next_fire_ms / 1000, UTC).isoformat(timespec="seconds")
     line = f'repeatable spec daily-sales upserted: cron "0 6 * * *" in America/Lima; next fire {fire}'

@@ -18,7 +18,7 @@ import redis
 from engine_support import events_of, running, wait_until, wait_until_sync
 from fault_support import read_records, spawn_worker
 
-from airflow_provider_chasqui import ConfigError, SyncQueue
+from airflow_provider_chasqui import ConfigError, RepeatPattern, SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.running import MAX_TIMEOUT_MS, TIMEOUT_ATTR, check_timeout_ms, parse_timeout
 from airflow_provider_chasqui.worker.registry import HandlerRegistry, bind, handler
@@ -183,8 +183,16 @@ def test_a_bad_timeout_is_a_config_error_naming_it(bad: object, shared_redis_url
 
 def test_timeout_units_and_rules(shared_redis_url: str, queue_name: str) -> None:
     assert check_timeout_ms(0.2) == 1 and check_timeout_ms(1500.5) == 1501 and check_timeout_ms(MAX_TIMEOUT_MS) > 0
-    with SyncQueue(queue_name, redis_url=shared_redis_url) as q, pytest.raises(ConfigError, match="repeatable"):
-        q.add("a", 1, timeout_ms=1000, repeat={"every_ms": 1000})
+    with SyncQueue(queue_name, redis_url=shared_redis_url) as q:
+        with pytest.raises(ConfigError, match="timeout_ms"):
+            q.add("a", 1, timeout_ms=0, repeat=RepeatPattern.every(1000))
+        with pytest.raises(ConfigError, match="timeout_ms"):
+            q.upsert_repeatable_job("a", 1, repeat=RepeatPattern.every(1000), timeout_ms=float("inf"))
+        with pytest.raises(ConfigError, match="timeout_ms"):
+            q.upsert_repeatable_bulk(
+                [{"name": "a", "data": 1, "repeat": RepeatPattern.every(1000), "timeout_ms": "1s"}]
+            )
+        assert q.get_repeatable_jobs() == []  # refused before anything was written
     # stored values the workers accept: exactly what the producers write
     assert parse_timeout(b"1000") == 1000
     for hostile in (b"", b"0", b"-5", b"1e3", b" 10", b"abc", b"\xff", b"99999999999999", None, 5, [b"1"]):
@@ -266,3 +274,59 @@ def test_a_worker_process_stops_jobs_at_its_job_timeout(matrix_url, queue_name: 
     starts = [line.split() for line in (tmp_path / "to.starts").read_text().splitlines()]
     assert sorted((int(row[0]), int(row[4])) for row in starts) == sorted((i, a) for i in range(4) for a in (0, 1))
     assert read_records([tmp_path / "to.rec"]).counts == {}, "an attempt ran to its end"
+
+
+async def test_a_spec_with_a_timeout_gives_every_fire_its_timeout(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """``upsert_repeatable_job(..., timeout_ms=800)``: each fire of an every-500 ms spec runs a
+    60 s handler and fails with reason ``timeout`` within 2 s (attempts=1: dead-lettered).  The
+    spec shows its timeout; ``add(repeat=..., timeout_ms=)`` and a bulk item keep theirs; the
+    queue's first spec with a timeout waits once for the workers' controls cache."""
+    q = queues(queue_name, redis_url)
+    started: dict[str, float] = {}
+
+    async def h(job):
+        started[job.id] = time.time()  # wall clock, as the failure record's finished_ms
+        await asyncio.sleep(60)
+
+    t0 = time.monotonic()
+    spec = await q.upsert_repeatable_job("slow", {"x": 1}, repeat=RepeatPattern.every(500), timeout_ms=800, attempts=1)
+    first_upsert = time.monotonic() - t0
+    t1 = time.monotonic()
+    other = await q.add("slow", {"x": 2}, repeat=RepeatPattern.every(3_600_000), timeout_ms=1500)
+    assert first_upsert >= 0.15 and time.monotonic() - t1 < first_upsert  # only the first one waits
+    (bulk,) = await q.upsert_repeatable_bulk(
+        [{"name": "slow", "data": 3, "repeat": RepeatPattern.every(7_200_000), "timeout_ms": 2500}]
+    )
+    assert [(await q.get_repeatable_job(k)).timeout_ms for k in (spec.id, other.id, bulk)] == [800, 1500, 2500]
+    worker = worker_factory(queue_name, h, redis_url, run_scheduler=True, scheduler_tick_ms=100, store_results=True)
+    async with running(worker):
+        failures = []
+        while len(failures) < 2:
+            dlq = [row for row in await q.peek_dlq(100) if row["job_id"] in started]
+            failures = [await q.get_failure(row["job_id"]) for row in dlq]
+            failures = [f for f in failures if f is not None]
+            await asyncio.sleep(0.05)
+            assert time.monotonic() - t0 < 60, "no fire was stopped by its timeout"
+        for f in failures[:2]:
+            assert f.error.startswith("timeout:") and "800 ms" in f.error, f
+            assert 0.7 < f.finished_ms / 1000 - started[f.job_id] < 2.0, f
+    await q.remove_repeatable_by_key(spec.id)
+
+
+def test_a_spec_ext_with_a_timeout_round_trips_and_a_hostile_one_is_refused() -> None:
+    from airflow_provider_chasqui.core.scheduler import _skips_while_paused
+    from airflow_provider_chasqui.core.schedules import SpecExt
+    from airflow_provider_chasqui.errors import CodecError
+
+    both = SpecExt(None, None, True, 900)
+    assert SpecExt.decode(both.encode()) == both and _skips_while_paused(both.encode())
+    only = SpecExt(timeout_ms=900)
+    assert SpecExt.decode(only.encode()) == only and not _skips_while_paused(only.encode())
+    assert SpecExt.decode(SpecExt(None, None, True).encode()).timeout_ms is None  # the four-item form stays
+    import msgpack
+
+    for hostile in ("900", 0, -1, 2**63, 1.5, True, [900]):
+        with pytest.raises(CodecError, match="timeout_ms"):
+            SpecExt.decode(msgpack.packb([1, None, None, 0, hostile]))
