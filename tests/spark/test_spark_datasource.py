@@ -168,6 +168,23 @@ def test_id_column_delays_payload_column_and_retry_options(ds, redis_url: str, q
     assert name == "ship" and decode_envelope(env).id in {f"order-{i}" for i in (0, 2, 4, 6, 8)}
 
 
+def test_timeout_option_gives_every_written_job_its_timeout(ds, redis_url: str, queue_name: str) -> None:
+    """``.option("timeout_ms", ...)`` (issue 25): each job, waiting or delayed, has its own
+    timeout kept beside it, and the queue is marked for the workers to read it; a rerun of the
+    load writes nothing more."""
+    df = ds.createDataFrame([(i, None if i % 2 else 60_000) for i in range(6)], "n INT, wait BIGINT")
+    for _ in range(2):
+        _write(df, queue_name, redis_url, name="t", delay_ms_col="wait", timeout_ms="2500", load_id="to-load")
+    keys = QueueKeys.for_queue(queue_name)
+    ids = [j for _n, _d, j, _r in _jobs(redis_url, queue_name)]
+    with redis.Redis.from_url(redis_url) as r:
+        delayed = [decode_envelope(split_member(m)[1]).id for m in r.zrange(keys.delayed, 0, -1)]
+        assert len(ids) == len(delayed) == 3
+        assert [r.get(keys.job_timeout(j)) for j in ids + delayed] == [b"2500"] * 6
+        assert r.hget(keys.controls, "timeouts") == b"1"
+        assert r.xlen(keys.stream) == 3
+
+
 def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     df = ds.createDataFrame([(1, later), (2, None)], "n INT, at TIMESTAMP")
@@ -195,6 +212,10 @@ def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
         ({"name": "x", "backoff": "soon"}, "backoff must be ms or a JSON object"),
         ({"name": "x", "queue": "a{b}"}, "would break the"),
         ({"name": "x", "redis_url": "redis://:s3cret@"}, "not a valid Redis URL"),
+        ({"name": "x", "timeout_ms": "soon"}, "timeout_ms must be a number of milliseconds"),
+        ({"name": "x", "timeout_ms": "0"}, "timeout_ms must be more than 0"),
+        ({"name": "x", "timeout_ms": "nan"}, "timeout_ms must be more than 0"),
+        ({"name": "x", "timeout_ms": "inf"}, "timeout_ms must be more than 0"),
     ],
 )
 def test_bad_options(options: dict[str, str], message: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource
 
 from ...errors import ConfigError
-from .options import ENV_URL, write_plan
+from .options import ENV_URL, WritePlan, write_plan
 from .reader import (
     SCHEMAS,
     ChasquiFilteringReader,
@@ -86,7 +86,7 @@ class ChasquiDataSource(DataSource):
             return ChasquiSpecWriter(spec_plan(options, schema))  # type: ignore[return-value]
         if kind != "jobs":
             raise ConfigError(f"chasqui: option kind must be jobs or repeatable, got {kind!r}")
-        return ChasquiArrowWriter(write_plan(options, schema))
+        return ChasquiArrowWriter(_marked(write_plan(options, schema)))
 
     def streamWriter(self, schema: Any, overwrite: bool) -> ChasquiStreamWriter:
         options = self._options()
@@ -96,7 +96,19 @@ class ChasquiDataSource(DataSource):
                 'restarts>"): ids are derived from it and the micro-batch id, which makes the sink '
                 "exactly-once"
             )
-        return ChasquiStreamWriter(write_plan(options, schema))
+        return ChasquiStreamWriter(_marked(write_plan(options, schema)))
+
+
+def _marked(plan: WritePlan) -> WritePlan:
+    """With ``timeout_ms``, on the driver before any task writes: mark the queue as one whose
+    jobs carry timeouts (the first time, this waits until every worker must know it)."""
+    if plan.timeout_ms:
+        from ...core.running import mark_timeouts
+        from ...sync.queue import SyncQueue
+
+        with SyncQueue(plan.queue, redis_url=plan.url) as queue:
+            queue.driver.run(mark_timeouts(queue.keys))
+    return plan
 
 
 def register(spark: Any, *, pushdown: bool = True) -> None:

@@ -40,6 +40,7 @@ from ...core.codec import (
     validate_job_name,
 )
 from ...core.keys import QueueKeys
+from ...core.running import timeout_calls
 from ...errors import ConfigError
 from ..bulk import to_plain
 from .options import WritePlan
@@ -120,6 +121,7 @@ class ChunkEncoder:
     partition: int
     load_id: str
     sent_rows: list[int] = field(default_factory=list)  # rows per call yielded so far, in order
+    before: list[int] = field(default_factory=list)  # per chunk: the timeout calls sent before it
     rows: int = 0
 
     def __post_init__(self) -> None:
@@ -253,19 +255,36 @@ class ChunkEncoder:
             run_at += b_run if b_run is not None else [0] * len(b_ids)
             payloads += b_payloads
             while len(ids) >= size:
+                yield from self._timeouts(ids[:size], run_at[:size])
                 yield self._call(chunk, ids[:size], names[:size], run_at[:size], payloads[:size])
                 self.sent_rows.append(size)
                 chunk += 1
                 del ids[:size], names[:size], run_at[:size], payloads[:size]
         if ids:
+            yield from self._timeouts(ids, run_at)
             yield self._call(chunk, ids, names, run_at, payloads)
             self.sent_rows.append(len(ids))
+
+    def _timeouts(self, ids: list[str], run_at: list[int]) -> list[Call]:
+        """With ``timeout_ms``: each job's own timeout, kept just before its chunk is written (a
+        chunk the script then skips leaves keys that expire); counted in ``before``."""
+        ms = self.plan.timeout_ms
+        if not ms:
+            self.before.append(0)
+            return []
+        now = now_ms()
+        calls = timeout_calls(self.keys, [(jid, ms, max(0, r - now) if r else 0) for jid, r in zip(ids, run_at)])
+        self.before.append(len(calls))
+        return calls
 
 
 def settle(report: PartitionReport, encoder: ChunkEncoder, replies: list[Any], id_mode: bool) -> PartitionReport:
     """Fold the scripts' replies (jobs added, or -1 for a chunk written before) into the report."""
-    for rows, reply in zip(encoder.sent_rows, replies):
-        n = int(reply)
+    pos = 0
+    for rows, before in zip(encoder.sent_rows, encoder.before):
+        pos += before  # the timeout keys written before the chunk
+        n = int(replies[pos])
+        pos += 1
         if n < 0:
             report.skipped += rows
         else:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ...core.codec import MAX_JOB_ID_CHARS, RetryOverride, validate_job_name
 from ...core.keys import validate_queue_name
+from ...core.running import check_timeout_ms
 from ...core.settings import QueueSettings
 from ...core.urls import DEFAULT_URL, check_url, redact_url
 from ...errors import ConfigError
@@ -47,6 +48,7 @@ _WRITE_KEYS = {
     "chunk_size",
     "dedup_ttl_s",
     "max_stream_len",
+    "timeout_ms",
     "path",
 }
 _INTEGRAL = ("byte", "short", "integer", "long")
@@ -109,6 +111,7 @@ class WritePlan:
     chunk_size: int
     dedup_ttl_ms: int
     settings: QueueSettings
+    timeout_ms: int | None = None  # every job's own timeout (core/running.py)
 
     def describe(self) -> str:
         """For messages: never the URL's password."""
@@ -180,6 +183,7 @@ def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None =
         raise ConfigError(f"chasqui: chunk_size is at most 10000 rows per script call, got {chunk}")
     ttl = _int(options, "dedup_ttl_s", DEFAULT_DEDUP_TTL_S)
     assert ttl is not None
+    timeout = _timeout(options.get("timeout_ms"))
     return WritePlan(
         queue=queue,
         url=url,
@@ -195,7 +199,19 @@ def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None =
         chunk_size=chunk,
         dedup_ttl_ms=ttl * 1000,
         settings=settings,
+        timeout_ms=timeout,
     )
+
+
+def _timeout(raw: str | None) -> int | None:
+    """The ``timeout_ms`` option (a string, as Spark options are): ``check_timeout_ms``'s bounds."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"chasqui: timeout_ms must be a number of milliseconds, got {raw!r}") from None
+    return check_timeout_ms(value, "chasqui: timeout_ms")
 
 
 assert MAX_JOB_ID_CHARS >= 256  # derived ids (load_id + partition + row) stay well within it
