@@ -131,6 +131,26 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def queue_events(url: str, queue: str) -> Iterator[tuple[int, dict[bytes, bytes]]]:
+    """``(ms of Redis' clock, fields)`` of every entry of the queue's events stream, in order."""
+    import redis
+
+    from airflow_provider_chasqui.core.keys import QueueKeys
+
+    r = redis.Redis.from_url(url)
+    try:
+        cursor = "-"
+        while True:
+            rows = r.xrange(QueueKeys.for_queue(queue).events, cursor, "+", count=10_000)
+            for eid, fields in rows:
+                yield int(eid.split(b"-")[0]), fields
+            if len(rows) < 10_000:
+                return
+            cursor = "(" + rows[-1][0].decode()
+    finally:
+        r.close()
+
+
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -24,15 +24,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import redis
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import log, machine, private_redis, write_json
+from _common import log, machine, private_redis, queue_events, write_json
 
 from airflow_provider_chasqui import SyncQueue
-from airflow_provider_chasqui.core.keys import QueueKeys
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -88,22 +85,11 @@ def one(url: str, handler: str, procs: int, n: int) -> dict[str, Any]:
         ).stdout
         measured = json.loads(out.strip().splitlines()[-1])
         first_active = last_completed = None
-        r = redis.Redis.from_url(url)
-        try:
-            cursor = "-"
-            while True:
-                rows = r.xrange(QueueKeys.for_queue(queue).events, cursor, "+", count=10_000)
-                for eid, fields in rows:
-                    ms = int(eid.split(b"-")[0])
-                    if fields.get(b"e") == b"active" and first_active is None:
-                        first_active = ms
-                    elif fields.get(b"e") == b"completed":
-                        last_completed = ms
-                if len(rows) < 10_000:
-                    break
-                cursor = "(" + rows[-1][0].decode()
-        finally:
-            r.close()
+        for ms, fields in queue_events(url, queue):
+            if fields.get(b"e") == b"active" and first_active is None:
+                first_active = ms
+            elif fields.get(b"e") == b"completed":
+                last_completed = ms
         q.obliterate(force=True)
     assert first_active is not None and last_completed is not None
     seconds = max(0.001, (last_completed - first_active) / 1000)

@@ -23,15 +23,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import redis
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import log, private_redis, write_json
+from _common import log, private_redis, queue_events, write_json
 
 from airflow_provider_chasqui import SyncQueue
-from airflow_provider_chasqui.core.keys import QueueKeys
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORKER = """
@@ -59,20 +56,7 @@ def one(url: str, limit: int, seconds: float) -> dict[str, Any]:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-        r = redis.Redis.from_url(url)
-        try:
-            starts = []
-            cursor = "-"
-            while True:
-                rows = r.xrange(QueueKeys.for_queue(name).events, cursor, "+", count=10_000)
-                for eid, fields in rows:
-                    if fields.get(b"e") == b"active":
-                        starts.append(int(eid.split(b"-")[0]))
-                if len(rows) < 10_000:
-                    break
-                cursor = "(" + rows[-1][0].decode()
-        finally:
-            r.close()
+        starts = [ms for ms, fields in queue_events(url, name) if fields.get(b"e") == b"active"]
         q.obliterate(force=True)
     per_window = collections.Counter(ms // 1000 for ms in starts)
     first, last = min(per_window), max(per_window)

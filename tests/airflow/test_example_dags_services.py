@@ -427,6 +427,19 @@ def test_spark_events_rollup(airflow_services: AirflowServices, examples: dict, 
     assert dead == [f"{load['load_id']}-0-0"]  # order 0, the one refused
 
 
+def _worker_once(queue: str, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    """``python -m airflow_provider_chasqui.worker`` with the example handlers on ``queue``."""
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_provider_chasqui.worker", "-q", queue]
+        + ["-H", "airflow_provider_chasqui.examples.handlers", *flags],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp_path: Path) -> None:
     """``--conn-id`` in a child of an Airflow 3 task, whose supervisor hands down a blocked
     metadata DB URL (importing Airflow used to fail on it): a connection from ``AIRFLOW_CONN_*``
@@ -445,74 +458,20 @@ def test_worker_conn_id_in_a_process_an_airflow_task_started(redis_url: str, tmp
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }
     queue = f"t-svc-conn-{uuid.uuid4().hex[:6]}"
+    once = ("--max-jobs", "1", "--no-scheduler")
     with SyncQueue(queue, redis_url=redis_url) as q:
         job = q.add("square", {"x": 12})
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "airflow_provider_chasqui.worker",
-                "--conn-id",
-                "chasqui_default",
-                "-q",
-                queue,
-                "-H",
-                "airflow_provider_chasqui.examples.handlers",
-                "--max-jobs",
-                "1",
-                "--no-scheduler",
-            ],
-            check=False,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        proc = _worker_once(queue, env, "--conn-id", "chasqui_default", *once)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert q.get_job_result(job.id) == {"x": 12, "square": 144}
-        missing = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "airflow_provider_chasqui.worker",
-                "--conn-id",
-                "no_such_conn",
-                "-q",
-                queue,
-                "-H",
-                "airflow_provider_chasqui.examples.handlers",
-            ],
-            check=False,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        # a connection only the metadata DB has: the error says why it cannot be read and what to do
+        missing = _worker_once(queue, env, "--conn-id", "no_such_conn")
+        # a connection only the metadata DB could hold: the error says why it cannot be read and what to do
         assert missing.returncode == 2, missing.stderr[-3000:]
         assert "'no_such_conn' cannot be read here" in missing.stderr, missing.stderr[-3000:]
         assert "airflow-db-not-allowed" in missing.stderr and "CHASQUI_REDIS_URL" in missing.stderr
         job = q.add("square", {"x": 5})  # ... the way out the example takes: the URL in the environment
         no_conn = {k: v for k, v in env.items() if not k.startswith("AIRFLOW_CONN_")}
-        by_env = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "airflow_provider_chasqui.worker",
-                "-q",
-                queue,
-                "-H",
-                "airflow_provider_chasqui.examples.handlers",
-                "--max-jobs",
-                "1",
-                "--no-scheduler",
-            ],
-            check=False,
-            env={**no_conn, "CHASQUI_REDIS_URL": redis_url},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        by_env = _worker_once(queue, {**no_conn, "CHASQUI_REDIS_URL": redis_url}, *once)
         assert by_env.returncode == 0, by_env.stderr[-3000:]
         assert q.get_job_result(job.id) == {"x": 5, "square": 25}
     delete_queue_keys(redis_url, queue)
