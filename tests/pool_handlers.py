@@ -28,7 +28,9 @@ def spin(job: Any) -> None:
 
 
 async def block(job: Any) -> None:
-    """An async handler that blocks its loop: only killing its process stops it."""
+    """An async handler that blocks its loop: only killing its process stops it.  Reports
+    progress 1 first, so a test knows it runs."""
+    await job.update_progress(1)
     time.sleep(3600)
 
 

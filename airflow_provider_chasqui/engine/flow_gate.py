@@ -168,6 +168,8 @@ class FlowGate:
     async def _read_timeouts(self, ready: list[Delivery]) -> None:
         """Each job's own timeout (``core/running.py``), on a queue whose jobs may carry one.  A
         refused read (a hostile key type) leaves them without: logged, never a stall."""
+        if not ready:  # every job of the batch was cancelled: nothing to read (MGET takes a key)
+            return
         try:
             values = await self.driver.call(read_timeouts_call(self.keys, [dl.envelope.id for dl in ready]))
         except TRANSIENT_ERRORS:

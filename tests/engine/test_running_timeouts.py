@@ -330,3 +330,30 @@ def test_a_spec_ext_with_a_timeout_round_trips_and_a_hostile_one_is_refused() ->
     for hostile in ("900", 0, -1, 2**63, 1.5, True, [900]):
         with pytest.raises(CodecError, match="timeout_ms"):
             SpecExt.decode(msgpack.packb([1, None, None, 0, hostile]))
+
+
+async def test_a_batch_all_cancelled_on_a_timed_queue_reads_no_timeouts(
+    redis_url: str, queue_name: str, queues, worker_factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queue whose jobs carry timeouts, a batch whose every job was cancelled while waiting:
+    the worker settles them cancelled and reads no timeouts for an empty batch (it used to send
+    an MGET with no key, and log that the timeouts cannot be read)."""
+    q = queues(queue_name, redis_url)
+    timed = await q.add("x", 1, timeout_ms=5000)
+    doomed = await q.add("x", 2)
+    assert await q.cancel(doomed.id) == "requested" and await q.cancel(timed.id) == "requested"
+    seen: list[int] = []
+
+    async def h(job):
+        seen.append(job.data)
+
+    with caplog.at_level("WARNING", logger="airflow_provider_chasqui"):
+        async with running(worker_factory(queue_name, h, redis_url)):
+            for job in (timed, doomed):
+                await wait_until(lambda j=job: _state_is(q, j.id, "cancelled"), 30, what="the cancel")
+    assert seen == []
+    assert not [r for r in caplog.records if "cannot be read" in r.getMessage()], caplog.text
+
+
+async def _state_is(q, job_id: str, state: str) -> bool:
+    return await q.get_job_state(job_id) == state
