@@ -45,9 +45,17 @@ def _modules() -> list[tuple[str, ast.AST]]:
     return [(str(p.relative_to(PACKAGE)), ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))]
 
 
+# The process pool's private pipe (issue 25): the worker sends its own children the job fields
+# it decoded from msgpack, and they send back their handlers' results and exceptions.  Nothing
+# read from Redis is ever unpickled (test_the_pool_unpickles_only_its_childrens_pipe).
+PICKLE_ALLOWED = {"engine/process_pool.py", "engine/pool_child.py"}
+
+
 def test_no_pickle_family_module_is_imported() -> None:
     bad = []
     for rel, tree in _modules():
+        if rel in PICKLE_ALLOWED:
+            continue
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):
@@ -59,6 +67,37 @@ def test_no_pickle_family_module_is_imported() -> None:
     # and not through a string either (importlib, __import__ of "pickle")
     for p in PACKAGE.rglob("*.py"):
         assert not re.search(r"""["'](c?[Pp]ickle|dill|cloudpickle|marshal)["']""", p.read_text()), p
+
+
+def test_the_pool_unpickles_only_its_childrens_pipe() -> None:
+    """In the two pool modules, every ``pickle.loads`` reads what came through the pool's pipe
+    (a child's reply, or the handler table the worker itself pickled), and nothing else in the
+    package imports them but the worker, which builds a pool only for ``processes=N``."""
+    loads = []
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("loads", "load")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "pickle"
+            ):
+                loads.append((rel, ast.unparse(node.args[0])))
+    assert sorted(loads) == sorted(
+        [
+            ("engine/process_pool.py", "blob"),  # a child's reply (ProcessPool.run)
+            ("engine/pool_child.py", "payload"),  # the handler table the worker pickled (child_main)
+            ("engine/pool_child.py", "pickle.dumps(exc)"),  # a round trip of the handler's own exception
+        ]
+    ), loads
+    users = {
+        rel
+        for rel, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith(("process_pool", "pool_child"))
+    }
+    assert users <= {"engine/worker.py", "engine/process_pool.py"}, users
 
 
 def test_no_eval_exec_or_dynamic_import_outside_the_registry() -> None:
