@@ -113,6 +113,7 @@ def _pool_worker(queue: str, url: str, **kw: object) -> Worker:
     return Worker(queue, pool_handlers.HANDLERS, redis_url=url, processes=2, **kw)
 
 
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_handlers_run_in_child_processes_and_report_as_in_process(
     redis_url: str, queue_name: str, queues
 ) -> None:
@@ -148,6 +149,7 @@ async def test_handlers_run_in_child_processes_and_report_as_in_process(
         assert refused.state != "completed" and "completed" not in kinds and "retry-scheduled" in kinds, refused
 
 
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_a_dead_or_swollen_child_fails_only_its_job(redis_url: str, queue_name: str, queues) -> None:
     """One child exits mid-job, another swells past ``process_memory_mb``: each fails only its
     own job (reason names the cause), the jobs queued behind it run, and the pool is whole again."""
@@ -170,6 +172,7 @@ async def test_a_dead_or_swollen_child_fails_only_its_job(redis_url: str, queue_
         assert gone and all(not _alive(pid) for pid in gone)
 
 
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_quick_jobs_never_wait_behind_a_slow_one(redis_url: str, queue_name: str, queues) -> None:
     """The pool first learns that calls are quick (a child then holds many), then one call takes
     5 s: the quick jobs queued behind it in its child are taken back and run by the other child
@@ -336,6 +339,7 @@ def test_pool_processes_die_with_their_worker(redis_url: str, queue_name: str, t
     wait_until_sync(lambda: not any(_alive(p) for p in children), 10, what="the orphans to die")
 
 
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_a_script_without_a_main_guard_gets_a_clear_error(
     tmp_path: Path, redis_url: str, queue_name: str
 ) -> None:
