@@ -49,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
 
@@ -84,11 +84,13 @@ from .identity import consumer_name, identity, package_version
 from .intake import START_CHECK_FRACTION, Intake
 from .lease_guard import LeaseGuard
 from .metrics import NO_METRICS, metrics_sink
-from .process_pool import ProcessPool
 from .progress import ProgressReporter
 from .promoter import Promoter
 from .supervision import Supervisor
 from .worker_settings import DEFAULT_CONCURRENCY, WorkerSettings, options_to_fields
+
+if TYPE_CHECKING:
+    from .process_pool import ProcessPool
 
 __all__ = ["Worker", "WorkerSettings", "Handler", "LogBudget"]
 
@@ -157,17 +159,18 @@ class Worker:
             options["concurrency"] = concurrency
         settings = settings or WorkerSettings()
         self.settings = replace(settings, **options_to_fields(options))
-        # handlers in child processes: checked here (they must pickle by name), spawned by run()
-        self._procs = (
-            ProcessPool(
+        # handlers in child processes: checked here (they must pickle by name), spawned by run();
+        # imported only then, so a worker without a pool loads neither multiprocessing nor pickle
+        self._procs: ProcessPool | None = None
+        if self.settings.processes:
+            from .process_pool import ProcessPool
+
+            self._procs = ProcessPool(
                 self.settings.processes,
                 handler,
                 memory_mb=self.settings.process_memory_mb,
                 label=f"worker of {queue_name!r}",
             )
-            if self.settings.processes
-            else None
-        )
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
         self._fast_paths = fast_paths

@@ -224,3 +224,20 @@ def test_the_decode_budget_hook_returns_what_it_is_given() -> None:
     budget = _ContainerBudget(3)
     values: list[object] = [[1], {"a": 1}, []]
     assert all(budget.take(v) is v for v in values)  # the very object: nothing built, nothing run
+
+
+def test_a_worker_without_a_pool_loads_no_pickle() -> None:
+    """The pool's modules (and with them ``pickle`` and ``multiprocessing``) are imported only
+    by a ``Worker`` made with ``processes=N``."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from airflow_provider_chasqui import Worker\n"
+        "Worker('q', {'x': print})\n"
+        "print(sorted(m for m in ('pickle', 'multiprocessing', 'airflow_provider_chasqui.engine.process_pool')"
+        " if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
