@@ -37,35 +37,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
-from airflow.sdk import DAG, Asset, AssetWatcher, task
+from airflow.sdk import DAG, task
 
 from airflow_provider_chasqui.examples.dag_defaults import EVENTS_QUEUE, EXAMPLES_QUEUE
 from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
+from airflow_provider_chasqui.queues.assets import chasqui_asset
 
 # The queues are fixed when the file is parsed (an asset watcher is not per run), so these DAGs
 # have no ``queue`` Param: change them with the environment variables of dag_defaults.
 
-incoming_files = Asset(
-    "chasqui_incoming_files",
-    watchers=[
-        AssetWatcher(
-            name="chasqui_incoming_files_watcher",
-            trigger=MessageQueueTrigger(scheme="chasqui", queue_name=EVENTS_QUEUE, job_names=["file_arrived"]),
-        )
-    ],
-)
-
-squares_completed = Asset(
-    "chasqui_squares_completed",
-    watchers=[
-        AssetWatcher(
-            name="chasqui_squares_completed_watcher",
-            trigger=MessageQueueTrigger(
-                scheme="chasqui", queue_name=EXAMPLES_QUEUE, mode="completion", job_names=["square"]
-            ),
-        )
-    ],
+# chasqui_asset: an Asset with its Chasqui watcher, named after the queue that feeds it (Airflow's
+# asset page lists watchers by name) and described in extra["chasqui"].
+incoming_files = chasqui_asset("chasqui_incoming_files", queue_name=EVENTS_QUEUE, job_names=["file_arrived"])
+squares_completed = chasqui_asset(
+    "chasqui_squares_completed", queue_name=EXAMPLES_QUEUE, mode="completion", job_names=["square"]
 )
 
 with DAG(

@@ -3,15 +3,17 @@
 -- Entries are read in steps of `step`, at most `count` entries or `max_bytes` bytes of field
 -- values in all; an entry is returned only if its `d` holds `needle` ('' = every entry), with
 -- each field value cut to `clip` bytes (0 = whole; `d` stays whole when `whole_d` is '1') and
--- the full length of its `d` (-1 when it has none).
+-- the full length of its `d` (-1 when it has none); with a `name`, only entries whose `n` is
+-- exactly that name.
 -- KEYS[1] = stream
--- ARGV    = [start, end, count, needle, clip, whole_d, step, max_bytes, max_matches]
+-- ARGV    = [start, end, count, needle, clip, whole_d, step, max_bytes, max_matches, name?]
 --           (start/end as XRANGE takes them, '(' for exclusive)
 -- Reply   = [last scanned id or '', entries scanned, done (1: the range ended), matches...]
 --           each match = [entry id, [field, value, ...], d length]
 local stream, start, stop = KEYS[1], ARGV[1], ARGV[2]
 local count, needle, clip = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local whole_d, step, budget, max_matches = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local name = ARGV[10] or ''
 local out, last, scanned, done, seen = {}, '', 0, 0, 0
 while scanned < count and seen < budget and #out < max_matches do
   local n = math.min(step, count - scanned)
@@ -20,12 +22,12 @@ while scanned < count and seen < budget and #out < max_matches do
     local id, f = row[1], row[2]
     last = id
     scanned = scanned + 1
-    local d = nil
+    local d, n = nil, ''
     for i = 1, #f, 2 do
       seen = seen + #f[i + 1]
-      if f[i] == 'd' then d = f[i + 1] end
+      if f[i] == 'd' then d = f[i + 1] elseif f[i] == 'n' then n = f[i + 1] end
     end
-    if needle == '' or (d and string.find(d, needle, 1, true)) then
+    if (name == '' or n == name) and (needle == '' or (d and string.find(d, needle, 1, true))) then
       local fields = {}
       for i = 1, #f, 2 do
         local v = f[i + 1]

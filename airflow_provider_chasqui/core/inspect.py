@@ -23,10 +23,12 @@ from ..errors import CodecError, ConfigError, JobNotFound
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
 from .codec import now_ms as current_ms
+from .consumer import RETRIES_EXHAUSTED, ROUTING_FAILED, UNRECOVERABLE
 from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
 from .keys import QueueKeys
 from .liveness import REAP_IDLE_LEASES, WorkerRecord, live_consumers, read_workers
 from .maintenance import glob_escape
+from .origin import Origin, parse_origin
 from .running import parse_progress
 from .scan import parse_scan, scan_call
 from .schedules import show_key
@@ -40,6 +42,7 @@ __all__ = [
     "list_queues",
     "JobDetails",
     "job_details",
+    "latest_attempt",
     "queue_of_key",
 ]
 
@@ -411,7 +414,7 @@ class JobDetails:
     data: Any = None
     data_bytes: int | None = None  # size of the job's encoded data; None when no copy of the job was found
     created_at_ms: int | None = None
-    attempt: int | None = None  # attempts made so far (from the job's copy or its events)
+    attempt: int | None = None  # the latest run that started, 1-indexed as in events (latest_attempt); None: none yet
     run_at_ms: int | None = None  # delayed: when it becomes due
     entry_id: str | None = None  # stream entry, while waiting or running
     consumer: str | None = None  # running: the worker holding it
@@ -422,6 +425,7 @@ class JobDetails:
     failure: dict[str, Any] | None = None  # the failure record: reason, detail, finished_at_ms, traceback...
     dlq: dict[str, Any] | None = None  # its DLQ entry: dlq_id, reason, detail and any other field
     progress: Any = None  # the latest progress its handler reported (a number or a small dict)
+    origin: Origin | None = None  # the Airflow DAG run and task that enqueued it (core/origin.py)
     events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     events_truncated: bool = False  # the window was full: older events may exist
     notes: list[str] = field(default_factory=list)
@@ -458,10 +462,24 @@ def _envelope_of(payload: Any) -> Envelope | None:
         return None
 
 
+# DLQ reasons given after a handler ran on that delivery (the envelope's attempt was not bumped)
+_RAN_REASONS = frozenset((RETRIES_EXHAUSTED, UNRECOVERABLE, ROUTING_FAILED))
+
+
+def latest_attempt(env_attempt: int, where: str, dlq_reason: str | None = None) -> int | None:
+    """One attempt numbering for every page and command: the 1-indexed number of the latest run
+    that started (the number events and worker logs carry), None when none did.  The envelope's
+    ``attempt`` counts failed runs (0-indexed, wire protocol 4): a waiting or delayed copy was
+    bumped by its last failure; a running copy, and a DLQ copy the worker re-encoded after a
+    run, were not."""
+    ran = env_attempt + 1 if where == "active" or (where == "failed" and dlq_reason in _RAN_REASONS) else env_attempt
+    return ran or None
+
+
 def _take(d: JobDetails, env: Envelope, name: str) -> None:
     d.name = d.name or name or None
     d.created_at_ms = env.created_at_ms
-    d.attempt = env.attempt
+    d.attempt = env.attempt  # the raw count until job_details knows where the copy was (latest_attempt)
     d.data_bytes = len(env.inner)
     try:
         d.data = decode_data(env.inner)
@@ -486,14 +504,16 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
         raise ConfigError("job id must be a non-empty str of at most 1024 characters")
     k = QueueKeys.for_queue(queue)
     d = JobDetails(queue=queue, id=job_id, state="unknown")
-    result, failure, didx, rows, progress = yield [
+    result, failure, didx, rows, progress, origin = yield [
         command("GET", k.result(job_id)),
         command("GET", k.failure(job_id)),
         command("GET", k.didx(job_id)),
         command("XREVRANGE", k.events, "+", "-", "COUNT", events_window),
         command("GET", k.progress(job_id)),
+        command("GET", k.origin(job_id)),
     ]
     d.progress = parse_progress(progress)
+    d.origin = parse_origin(origin)
     d.events_truncated = len(rows or []) >= events_window
     hints: dict[str, int] = {}
     for entry_id, flat in reversed(rows or []):
@@ -561,8 +581,10 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
             _take(d, env, name)
             d.dlq = {"dlq_id": entry_id, **{key: str_reply(v) for key, v in fields.items() if key not in ("d", "n")}}
             where = "failed"
-    if attempts_seen is not None and d.attempt is not None:
-        d.attempt = max(d.attempt, attempts_seen)
+    if where is not None and d.attempt is not None:
+        d.attempt = latest_attempt(d.attempt, where, (d.dlq or {}).get("reason"))
+    if attempts_seen is not None:
+        d.attempt = max(d.attempt or 0, attempts_seen)
     last = d.events[-1]["e"] if d.events else None
     if where is not None:
         d.state = where

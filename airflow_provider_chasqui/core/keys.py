@@ -140,6 +140,18 @@ class QueueKeys:
         """A job's latest progress (msgpack), reported by its handler; TTL a day."""
         return self.prefix + ":progress:" + job_id
 
+    def history(self, hour: int) -> str:
+        """HASH of the jobs settled per minute in one UTC hour (``core/history.py``); 8 days."""
+        return self.prefix + ":history:" + str(hour)
+
+    def origin(self, job_id: str) -> str:
+        """Which Airflow DAG run and task enqueued the job (``core/origin.py``); TTL a week."""
+        return self.prefix + ":origin:" + job_id
+
+    def spec_origin(self, spec_key: str) -> str:
+        """Which Airflow DAG run and task last upserted the spec (``core/origin.py``); TTL 30 days."""
+        return self.prefix + ":spec-origin:" + spec_key
+
     def job_timeout(self, job_id: str) -> str:
         """A job's own ``timeout_ms`` (``core/running.py``), while the job waits, runs or retries."""
         return self.prefix + ":to:" + job_id

@@ -44,12 +44,13 @@ def scan_call(
     step: int = 16,
     max_bytes: int = 32 * 1024 * 1024,
     max_matches: int = 1,
+    name: str = "",
 ) -> Call:
     """One ``scan_entries`` call: see the module docstring and the script's header."""
     return script_call(
         "scan_entries",
         (stream,),
-        (start, end, count, needle, clip, "1" if whole_d else "0", step, max_bytes, max_matches),
+        (start, end, count, needle, clip, "1" if whole_d else "0", step, max_bytes, max_matches, name),
     )
 
 

@@ -27,6 +27,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.concurrency import run_in_threadpool
 
 from ..core.codec import now_ms
+from ..core.history import HOUR_MS, MINUTE_MS
+from ..core.origin import Origin
 from ..errors import ChasquiError, ConfigError
 from .auth import TOKEN_COOKIE, CsrfKey, open_access
 from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, Source, SourceSet, StaticSources, audit, pretty
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 PAGE = 50
 _PKG = importlib.resources.files(__package__)
 _LAYOUT = string.Template((_PKG / "templates" / "layout.html").read_text(encoding="utf-8"))
-_STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+_STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript", "theme.js": "text/javascript"}
 
 
 def h(value: Any) -> str:
@@ -73,29 +75,61 @@ def age(ms: int | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def chart(completed: list[int], failed: list[int], width: int = 160, height: int = 36) -> str:
-    """Bars per minute, completed above the line and failed below it, as inline SVG."""
+def _tick(ms: int, step_ms: int) -> str:
+    """An axis label: UTC on the server, rewritten by the script in Airflow's zone."""
+    fmt = "hm" if step_ms < 3_600_000 else "dhm"
+    text = datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%H:%M" if fmt == "hm" else "%m-%d %H:%M")
+    return f'data-ms="{int(ms)}" data-fmt="{fmt}">{h(text)}'
+
+
+def chart(
+    completed: list[int],
+    failed: list[int],
+    start_ms: int,
+    step_ms: int,
+    width: int = 600,
+    height: int = 120,
+    axes: bool = True,
+) -> str:
+    """Bars per bucket as inline SVG: completed above the zero line, failed below it, on one
+    scale; with ``axes``, the scale's top on the y axis and five times on the x axis (each bar
+    also says its time and counts when hovered)."""
     top = max(completed + failed + [1])
-    n = len(completed)
-    bw = width / max(1, n)
-    half = height / 2
-    bars = []
+    n = max(1, len(completed))
+    left, bottom, pad = (34, 16, 6) if axes else (0, 0, 0)
+    plot_w, plot_h = width - left - 2, height - bottom - 2 * pad
+    half = pad + plot_h / 2
+    bw = plot_w / n
+    out = []
     for i, (c, f) in enumerate(zip(completed, failed)):
-        x = i * bw
-        ch = c / top * (half - 1)
-        fh = f / top * (half - 1)
-        bars.append(
-            f'<rect class="ok" x="{x:.1f}" y="{half - ch:.1f}" width="{bw - 1:.1f}" height="{ch:.1f}">'
-            f"<title>{n - i} min ago: {c} completed</title></rect>"
-        )
-        bars.append(
-            f'<rect class="bad" x="{x:.1f}" y="{half:.1f}" width="{bw - 1:.1f}" height="{fh:.1f}">'
-            f"<title>{n - i} min ago: {f} failed</title></rect>"
-        )
+        x = left + i * bw
+        ch, fh = c / top * (plot_h / 2), f / top * (plot_h / 2)
+        at = datetime.fromtimestamp((start_ms + i * step_ms) / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+        tip = f"<title>{h(at)}: {c} completed, {f} failed</title>"
+        w = max(bw - 1, 0.5)
+        if c:
+            y = half - ch
+            out.append(f'<rect class="ok" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{ch:.1f}">{tip}</rect>')
+        if f:
+            out.append(f'<rect class="bad" x="{x:.1f}" y="{half:.1f}" width="{w:.1f}" height="{fh:.1f}">{tip}</rect>')
+    out.append(f'<line class="zero" x1="{left}" x2="{left + plot_w:.1f}" y1="{half:.1f}" y2="{half:.1f}"/>')
+    if axes:
+        out.append(f'<line x1="{left}" x2="{left}" y1="{pad}" y2="{pad + plot_h:.1f}"/>')
+        for y, value in ((pad + 4, top), (half + 3, 0), (pad + plot_h, top)):
+            out.append(f'<text class="y" x="{left - 4}" y="{y:.1f}" text-anchor="end">{value}</text>')
+        for j in range(5):
+            i = round(j * (n - 1) / 4) if n > 1 else 0
+            x = left + i * bw + bw / 2
+            anchor = "start" if j == 0 else "end" if j == 4 else "middle"
+            out.append(
+                f'<text class="x" x="{x:.1f}" y="{height - 3}" text-anchor="{anchor}" '
+                + _tick(start_ms + i * step_ms, step_ms)
+                + "</text>"
+            )
+    label = f"{sum(completed)} completed and {sum(failed)} failed, at most {top} per bar"
     return (
         f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="completed and failed per minute">{"".join(bars)}'
-        f'<line x1="0" x2="{width}" y1="{half}" y2="{half}"/></svg>'
+        f'aria-label="{h(label)}">{"".join(out)}</svg>'
     )
 
 
@@ -121,6 +155,7 @@ class Ctx:
         self.user = user
         self.title = title
         self.can_write = can_write
+        self.airflow_ui: str | None = None  # see create_app
 
     @property
     def source(self) -> Source:
@@ -131,6 +166,18 @@ class Ctx:
         if self.label and "src" not in q:
             q["src"] = self.label
         return h(self.base + path + ("?" + urlencode(q, doseq=True) if q else ""))
+
+    def origin(self, origin: Origin | None) -> str:
+        """The DAG run and task that made a job or spec: a link into Airflow's UI (the whole
+        window, not this frame) when the app lives beside it."""
+        if origin is None:
+            return "-"
+        text = f"{origin.dag_id} / {origin.run_id} / {origin.task_id}" + (
+            f" [{origin.map_index}]" if origin.map_index >= 0 else ""
+        )
+        if self.airflow_ui is None:
+            return h(text)
+        return f'<a class="origin" href="{h(self.airflow_ui + origin.ui_path())}" target="_top">{h(text)}</a>'
 
     def form(self, path: str, fields: Mapping[str, Any], button: str, cls: str = "") -> str:
         hidden = "".join(
@@ -149,6 +196,7 @@ class Ctx:
             for key, path, label in (
                 ("queues", "/", "Queues"),
                 ("job", "/job", "Job"),
+                ("search", "/search", "Search"),
                 ("dlq", "/dlq", "DLQ"),
                 ("schedules", "/schedules", "Schedules"),
                 ("workers", "/workers", "Workers"),
@@ -206,6 +254,7 @@ def create_app(  # noqa: C901, PLR0915 - the route table: one small closure per 
     csrf_secret: bytes | str | None = None,
     allowed_hosts: Collection[str] | None = None,
     frame_ancestors: str = "none",
+    airflow_ui: str | None = None,
 ) -> FastAPI:
     """The dashboard over ``sources`` (a Redis URL, ``{label: url}``, or a ``SourceSet``).
 
@@ -219,7 +268,9 @@ def create_app(  # noqa: C901, PLR0915 - the route table: one small closure per 
     serves the app), ``allowed_hosts`` the ``Host`` names served (None: any; the loopback server
     passes its loopback names, against DNS rebinding), ``frame_ancestors`` who may frame the pages
     (``"none"``, or ``"self"`` inside Airflow's UI); cross-site changes are refused
-    (``origin.OriginGuard``)."""
+    (``origin.OriginGuard``).  ``airflow_ui`` is the root of the Airflow UI beside the app (``""``:
+    the same origin, as the plugin is): a job or spec links to the task that made it there; None
+    names the task without a link."""
     if isinstance(sources, str):
         sources = StaticSources({"default": sources})
     elif not isinstance(sources, SourceSet):
@@ -251,7 +302,9 @@ def create_app(  # noqa: C901, PLR0915 - the route table: one small closure per 
     async def ctx(request: Request, write: bool = False) -> Ctx:
         user = await _maybe(access(request, write))
         can = await _maybe(can_write(request)) if can_write is not None else await _writer(request)
-        return Ctx(request, srcs, user, title, bool(can), csrf)
+        c = Ctx(request, srcs, user, title, bool(can), csrf)
+        c.airflow_ui = airflow_ui
+        return c
 
     async def view(
         request: Request, fn: Callable[[Ctx], Response], path: str = "/", active: str = "queues"
@@ -330,6 +383,12 @@ def create_app(  # noqa: C901, PLR0915 - the route table: one small closure per 
     async def job(request: Request) -> Response:
         return await view(request, _job_page)
 
+    @app.get("/search")
+    async def search(request: Request) -> Response:
+        from .search import search_page  # the page module builds on this one's helpers
+
+        return await view(request, search_page, "/search", "search")
+
     @app.get("/dlq")
     async def dlq(request: Request) -> Response:
         return await view(request, _dlq_page, "/dlq", "dlq")
@@ -401,7 +460,7 @@ def _queues_page(c: Ctx) -> Response:
                 h(r.failed[-1]),
                 h(s.live_consumers),
                 f'<a href="{c.url("/schedules", queue=name)}">{h(s.specs)}+{h(s.paused_specs)}</a>',
-                chart(r.completed, r.failed),
+                chart(r.completed, r.failed, r.start_ms, 60_000, 160, 36, axes=False),
             ]
         )
     scan = (
@@ -511,16 +570,41 @@ def _queue_page(c: Ctx) -> Response:
         ["failed (last 10 min)", h(sum(r.failed))],
     ]
     note = f" (the newest {EVENT_WINDOW} events only)" if r.events_window_full else ""
+    hour = c.source.history(queue, HOUR_MS, MINUTE_MS)
+    week = c.source.history(queue, 7 * 24 * HOUR_MS, HOUR_MS)
+    figures = (
+        (chart(r.completed, r.failed, r.start_ms, MINUTE_MS, 420), f"last 10 minutes per minute, from events{note}"),
+        (chart(hour.completed, hour.failed, hour.start_ms, hour.step_ms, 420), "last hour per minute"),
+        (chart(week.completed, week.failed, week.start_ms, week.step_ms, 640), "last 7 days per hour"),
+    )
+    totals = (
+        (sum(r.completed), sum(r.failed)),
+        (hour.total_completed, hour.total_failed),
+        (week.total_completed, week.total_failed),
+    )
+    charts = "".join(
+        f'<figure class="history">{svg}<figcaption>{h(cap)}: {done} completed (up), {bad} failed (down)'
+        "</figcaption></figure>"
+        for (svg, cap), (done, bad) in zip(figures, totals)
+    )
     body = (
         f"<h2>Queue {h(queue)}</h2>"
         '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
-        f'<div data-live="queue">{chart(r.completed, r.failed, 600, 120)}'
-        f'<p class="note">completed (up) and failed (down) per minute over the last 10 minutes{note}</p>'
+        f'<div data-live="queue"><div class="charts">{charts}</div>'
         + table(["what", "value"], stats, "kv")
         + "</div>"
         + _job_form(c, [queue], queue)
     )
     return c.page(f"Queue {queue}", body, "queues")
+
+
+def _attempt_text(attempt: int | None, state: str) -> str:
+    """The one attempt numbering (``core.inspect.latest_attempt``: 1-indexed, as in events)."""
+    if not attempt:
+        return "none yet" if state in ("waiting", "delayed") else "-"
+    if state in ("waiting", "delayed"):
+        return f"{attempt} failed; attempt {attempt + 1} next"
+    return f"attempt {attempt}"
 
 
 def _progress_bar(value: Any) -> str:
@@ -556,8 +640,10 @@ def _job_page(c: Ctx) -> Response:
         ["state", f'<b class="state">{h(j.state)}</b>' + _cancel_button(c, queue, job_id, j.state)],
         ["name", h(j.name)],
         ["created", when(j.created_at_ms)],
-        ["attempts", h(j.attempt)],
+        ["attempt", _attempt_text(j.attempt, j.state)],
     ]
+    if j.origin is not None:
+        rows.append(["enqueued by (DAG / run / task)", c.origin(j.origin)])
     if j.entry_id:
         rows.append(["stream entry", h(j.entry_id) + (f" held by {h(j.consumer)}" if j.consumer else "")])
     if j.run_at_ms is not None:
@@ -577,6 +663,9 @@ def _job_page(c: Ctx) -> Response:
         f = j.failure
         rows.append(["failure", f'{h(f.get("reason"))}: <pre class="inline">{h(f.get("detail"))}</pre>'])
     body = f"<h2>Job {h(job_id)}</h2>" + table(["what", "value"], rows, "kv")
+    tb = (j.failure or {}).get("traceback") or (j.dlq or {}).get("detail")
+    if tb:
+        body += f'<h3>Traceback <small>of the last failed run</small></h3><pre class="traceback">{h(tb)}</pre>'
     for note in j.notes:  # a bound stopped a search, a record did not decode (core/inspect.py)
         body += f'<p class="note">{h(note)}</p>'
     if j.data_bytes is not None:
@@ -699,7 +788,7 @@ def _dlq_entry_page(c: Ctx) -> Response:
         ["name", h(e["name"])],
         ["reason", h(e["reason"])],
         ["detail", f'<pre class="inline">{h(e["detail"])}</pre>'],
-        ["attempt", h(p.get("attempt"))],
+        ["attempt", _attempt_text(p.get("attempt"), "failed")],
         ["created", when(p.get("created_ms"))],
         ["payload bytes", h(p.get("size"))],
     ]
@@ -736,9 +825,10 @@ def _schedules_page(c: Ctx) -> Response:
     else:
         items, nxt = q.list_repeatable(cursor=cursor, count=count)
     rows = []
+    origins = c.source.spec_origins(queue, [m.key for m in items if not m.corrupt])
     for m in items:
         if m.corrupt:
-            rows.append([h(m.key), "-", "-", h(m.score), "-", "-", "CORRUPT: " + h(m.reason), "", ""])
+            rows.append([h(m.key), "-", "-", h(m.score), "-", "-", "CORRUPT: " + h(m.reason), "", "", ""])
             continue
         p = m.pattern
         pattern = p.expression if p.kind == "cron" else f"every {p.interval_ms} ms"
@@ -762,6 +852,7 @@ def _schedules_page(c: Ctx) -> Response:
                 f"{h(m.fired)} / {h(m.skipped)}",
                 "paused" if m.paused else "active",
                 h(m.limit),
+                c.origin(origins.get(m.key)),
                 actions,
             ]
         )
@@ -785,7 +876,18 @@ def _schedules_page(c: Ctx) -> Response:
     body = (
         f"<h2>Schedules of {h(queue)}</h2>{search}"
         + table(
-            ["key", "job", "pattern", "zone", "next fire (spec zone / yours)", "fired / skipped", "state", "limit", ""],
+            [
+                "key",
+                "job",
+                "pattern",
+                "zone",
+                "next fire (spec zone / yours)",
+                "fired / skipped",
+                "state",
+                "limit",
+                "upserted by (DAG / run / task)",
+                "",
+            ],
             rows,
             "specs",
         )

@@ -21,9 +21,11 @@ from redis.cluster import RedisCluster
 
 from ..core.calls import Flow, command, int_reply, reply_pairs, script_call, str_reply
 from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms
-from ..core.inspect import JobDetails, QueueSnapshot, job_details, snapshot
+from ..core.history import Series, history_flow
+from ..core.inspect import JobDetails, QueueSnapshot, job_details, latest_attempt, snapshot
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.liveness import read_workers
+from ..core.origin import Origin, parse_origin
 from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 from ..core.schedules import SpecFlows, spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
@@ -110,6 +112,7 @@ class QueueRow:
     completed: list[int]  # per minute, oldest first (RATE_MINUTES buckets)
     failed: list[int]
     events_window_full: bool
+    start_ms: int = 0  # when the first bucket begins
 
     @property
     def waiting(self) -> int | None:
@@ -149,7 +152,7 @@ def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDO
             completed[bucket] += 1
         elif kind in (b"failed", b"dlq"):
             failed[bucket] += 1
-    return QueueRow(queue, snap, completed, failed, len(events or []) >= event_window)
+    return QueueRow(queue, snap, completed, failed, len(events or []) >= event_window, since)
 
 
 class Source:
@@ -259,6 +262,10 @@ class Source:
     def queue_row(self, queue: str, group: str | None = None, event_window: int = EVENT_WINDOW) -> QueueRow:
         return self.run(queue_flow(queue, group or self.group, now_ms(), event_window))
 
+    def history(self, queue: str, span_ms: int, step_ms: int) -> Series:
+        """Completed and failed runs per ``step_ms`` over the last ``span_ms`` (``core/history.py``)."""
+        return self.run(history_flow(queue, now_ms(), span_ms, step_ms))
+
     def job(self, queue: str, job_id: str) -> JobDetails | None:
         """The job as ``chasqui job show`` sees it (``core.inspect.job_details``), None if no trace."""
         try:
@@ -286,6 +293,14 @@ class Source:
 
     def spec_search(self, queue: str, prefix: str, cursor: str | None, count: int) -> tuple[list[Any], str | None]:
         return self.run(spec_prefix_flow(queue, prefix, cursor, count))
+
+    def spec_origins(self, queue: str, spec_keys: list[str]) -> dict[str, Origin | None]:
+        """The task that last upserted each spec (one MGET of a page's keys; ``core/origin.py``)."""
+        if not spec_keys:
+            return {}
+        k = QueueKeys.for_queue(queue)
+        raw = self.run(_one(command("MGET", *[k.spec_origin(key) for key in spec_keys])))
+        return {key: parse_origin(r) for key, r in zip(spec_keys, raw or [])}
 
     def quarantined(self, queue: str, limit: int = 50) -> list[tuple[str, int]]:
         k = QueueKeys.for_queue(queue)
@@ -375,7 +390,9 @@ def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
     entry_id, flat = rows[0]
     f = {key: bytes(v) for key, v in reply_pairs(flat).items()}
     row = _dlq_row(str_reply(entry_id), f, len(f.get("d", b"")))
-    row["payload"] = _decode_payload(f.get("d", b""))
+    row["payload"] = p = _decode_payload(f.get("d", b""))
+    if isinstance(p.get("attempt"), int):  # the job page's numbering (core.inspect.latest_attempt)
+        p["attempt"] = latest_attempt(p["attempt"], "failed", row.get("reason"))
     return row
 
 

@@ -135,7 +135,12 @@ def _app() -> Any:
     from .app import create_app
 
     return create_app(
-        AirflowSources(), access=airflow_access, title="Chasqui", csrf_secret=shared_secret(), frame_ancestors="self"
+        AirflowSources(),
+        access=airflow_access,
+        title="Chasqui",
+        csrf_secret=shared_secret(),
+        frame_ancestors="self",
+        airflow_ui="",
     )
 
 

@@ -45,6 +45,7 @@ from ..core.codec import encode_member, now_ms
 from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
 from ..core.features import Features
 from ..core.groups import requeue_grouped_calls, take_grouped_call
+from ..core.history import MinuteCounts
 from ..core.liveness import REAP_IDLE_LEASES, beat_calls, leave_calls
 from ..core.pacing import Backoff, LogBudget
 from ..core.priorities import take_prioritized_call
@@ -123,6 +124,7 @@ class Intake:
         # who this consumer is, beaten with the leases (core/liveness.py); None: no heartbeat
         self.identity: dict[str, Any] | None = None
         self.healthy: Callable[[], bool] = lambda: True
+        self.history = MinuteCounts()  # settled jobs per minute, written with the beat (core/history.py)
         self.features = Features()  # replaced by open()
         self.in_flight: set[bytes] = set()  # handed out, neither settled nor released
         self.lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
@@ -412,8 +414,9 @@ class Intake:
             await asyncio.sleep(max(0.0, self.renewed_at + interval - time.monotonic()))
             try:
                 await self.renew()
-                if self.identity is not None:
-                    await self.driver.pipeline(self.beat_calls())
+                beat = self.beat_calls() + self.history.take_calls(self.core.keys)
+                if beat:
+                    await self.driver.pipeline(beat)
             except TRANSIENT_ERRORS as exc:
                 raise_if_cancelling()
                 log.warning("%s: lease renewal failed (%s); retrying", self.label, exc)
@@ -544,6 +547,7 @@ class Intake:
             await self._write(calls)
             if free:
                 self.flow.freed()
+            self.history.add(now, len(done), len(failed))
         finally:
             self.in_flight.difference_update([row[COMPLETE_ENTRY_ID] for row in done])
             self.in_flight.difference_update([row[FAIL_ENTRY_ID] for row in failed])
@@ -639,10 +643,13 @@ class Intake:
 
     async def leave(self) -> None:
         """At a clean stop, remove this consumer's heartbeat, and the consumer from the group if
-        it holds nothing pending."""
-        if self.identity is not None:
+        it holds nothing pending; and the history counts not yet written."""
+        if self.identity is not None or self.history:
+            calls = self.history.take_calls(self.core.keys)
+            if self.identity is not None:
+                calls += leave_calls(self.core.keys, self.core.consumer_id)
             try:
-                await self.driver.pipeline(leave_calls(self.core.keys, self.core.consumer_id))
+                await self.driver.pipeline(calls)
             except Exception as exc:  # noqa: BLE001 - its beat lapses within LIVE_LEASES anyway
                 log.info("%s: could not remove its heartbeat: %s", self.label, exc)
         if self.in_flight:

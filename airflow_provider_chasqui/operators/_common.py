@@ -5,18 +5,22 @@ the task-log line that says what a wait found.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from ..core.origin import from_context, origin_calls, spec_origin_call
 from ..core.outcomes import end_attempts, outcome_line
 from ..errors import ChasquiError
 from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "default_deferrable",
@@ -27,6 +31,7 @@ __all__ = [
     "waited_seconds",
     "log_outcome",
     "log_resumed",
+    "record_origin",
 ]
 
 
@@ -181,3 +186,18 @@ def _attempts(queue: SyncQueue | None, ids: list[str]) -> dict[str, int]:
         return queue.driver.run(end_attempts(queue.keys, ids))
     except ChasquiError:
         return {}
+
+
+def record_origin(queue: SyncQueue, context: Any, *, job_ids: Sequence[str] = (), spec_key: str | None = None) -> None:
+    """Note which DAG run and task enqueued these jobs or upserted this spec, for the dashboard's
+    link back (``core/origin.py``).  A failure costs the link only: logged, never raised."""
+    origin = from_context(context)
+    if origin is None:
+        return
+    calls = origin_calls(queue.keys, list(job_ids), origin)
+    if spec_key is not None:
+        calls.append(spec_origin_call(queue.keys, spec_key, origin))
+    try:
+        queue.driver.pipeline(calls)
+    except ChasquiError as exc:
+        log.warning("queue %s: could not record the task that made %s: %s", queue.name, job_ids or spec_key, exc)

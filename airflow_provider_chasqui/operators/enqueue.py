@@ -23,6 +23,7 @@ from ._common import (
     default_deferrable,
     log_outcome,
     log_resumed,
+    record_origin,
     result_from_event,
     waited_seconds,
 )
@@ -237,6 +238,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         with hook.get_queue(self.queue_name) as queue:
             job = self._enqueue(queue)
             queue_name = queue.name
+            record_origin(queue, context, job_ids=[job.id])
         self._job_id = job.id
         self.log.info(
             "queue %s: enqueued job %s (%s)%s%s",

@@ -1,8 +1,10 @@
 """Operator extra links from a task in the Airflow UI to its job's or spec's dashboard page.
 
 Airflow 3 computes a link on the worker when the task ends and stores it in XCom; the UI shows
-it as a button.  The link is a path on the API server (``/chasqui/...``, the dashboard plugin),
-so it follows the UI's origin.  Nothing to link (the task failed before it enqueued) is "".
+it as a button.  The link opens the dashboard page inside Airflow's own shell (its navigation
+and theme around it): ``/plugin/chasqui`` is the plugin's view in the UI, which frames the rest
+of the path (``/chasqui/job?...``, the dashboard app on the API server).  Nothing to link (the
+task failed before it enqueued) is "".
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from airflow.sdk import BaseOperatorLink
 
 __all__ = ["ChasquiJobLink", "ChasquiScheduleLink", "dashboard_path"]
 
-PREFIX = "/chasqui"
+PREFIX = "/chasqui"  # where the plugin mounts the dashboard app (dashboard/plugin.py URL_PREFIX)
+SHELL = "/plugin/chasqui"  # the UI's route of the plugin's view (its external view's url_route)
 
 
 def dashboard_path(page: str, **params: Any) -> str:
-    return f"{PREFIX}{page}?" + urlencode({k: v for k, v in params.items() if v})
+    """The dashboard ``page`` inside Airflow's UI shell."""
+    return f"{SHELL}{PREFIX}{page}?" + urlencode({k: v for k, v in params.items() if v})
 
 
 def _queue(operator: Any) -> str | None:

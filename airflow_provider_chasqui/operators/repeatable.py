@@ -14,7 +14,7 @@ from ..core.running import check_timeout_ms
 from ..hooks.chasqui import ChasquiHook
 from ..sync.queue import SyncQueue
 from ..types import BackoffSpec, build_retry_override
-from ._common import as_datetime, as_seconds
+from ._common import as_datetime, as_seconds, record_origin
 from .links import ChasquiScheduleLink
 
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
                 backoff=self.backoff,
                 timeout_ms=self.timeout_ms,
             ).id  # the Job's id is the spec key
+            record_origin(queue, context, spec_key=spec_key)
             info = queue.get_repeatable_job(spec_key)
             self.log.info(
                 "queue %s: repeatable spec %s upserted: %s; next fire %s",

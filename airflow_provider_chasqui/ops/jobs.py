@@ -55,7 +55,7 @@ def cmd_job_show(args: argparse.Namespace) -> int:  # noqa: C901 - one printed l
             ("id", d.id),
             ("state", d.state),
             ("name", d.name),
-            ("attempts", d.attempt),
+            ("attempt", d.attempt),
             ("created", iso_ms(d.created_at_ms)),
         ]
         if d.run_at_ms is not None:

@@ -289,9 +289,10 @@ def test_extra_links_from_finished_tasks_open_the_job_and_spec_pages(
     assert run["state"] == "success", run["log"][-3000:]
     job_id = run["xcom"]["enqueue.return_value"]
     job_link = run["xcom"]["enqueue._link_ChasquiJobLink"]
-    assert job_link == f"/chasqui/job?src=chasqui_a&queue={queue}&id={job_id}"
+    # issue 28: the links open the page inside Airflow's shell (the plugin's view frames /chasqui/...)
+    assert job_link == f"/plugin/chasqui/chasqui/job?src=chasqui_a&queue={queue}&id={job_id}"
     spec_link = run["xcom"]["spec._link_ChasquiScheduleLink"]
-    assert spec_link == f"/chasqui/schedules?src=chasqui_a&queue={queue}&prefix=dash-link-spec"
+    assert spec_link == f"/plugin/chasqui/chasqui/schedules?src=chasqui_a&queue={queue}&prefix=dash-link-spec"
     # the UI asks the API for a task's links: the api-server deserialises them from the DAG
     status, body = _request(af["base"] + "/api/v2/dags/chasqui_dash_links/dagRuns", af["tokens"]["vic"])
     assert status == 200, body
@@ -322,11 +323,102 @@ def test_extra_links_from_finished_tasks_open_the_job_and_spec_pages(
             page = context.new_page()
             page.set_default_timeout(60_000)
             page.goto(af["base"] + job_link)
-            assert job_id in page.locator("h2").inner_text()
-            assert '"x": 3' in page.locator("pre.data").inner_text()
+            frame = page.frame_locator("iframe[title='Chasqui']")  # inside Airflow's UI, not instead of it
+            assert job_id in frame.locator("h2").inner_text()
+            assert '"x": 3' in frame.locator("pre.data").inner_text()
+            assert page.url.startswith(af["base"] + "/plugin/chasqui/chasqui/job?")  # the shell keeps the address
+            # and back: the job and the spec name the DAG run and task that made them, linked to
+            # the task instance's page in the whole window
+            back = frame.locator("table.kv a.origin")
+            assert back.inner_text() == f"chasqui_dash_links / {run_id} / enqueue"
+            assert back.get_attribute("target") == "_top"
+            back.click()
+            page.wait_for_url(re.compile(r".*/dags/chasqui_dash_links/runs/.+/tasks/enqueue$"))
+            page.wait_for_function("!document.querySelector(\"iframe[title='Chasqui']\")")  # Airflow's page now
+            page.get_by_text("enqueue").first.wait_for()
+            page.screenshot(path=str(tmp_path / "origin-task-instance.png"))
             page.goto(af["base"] + spec_link)
-            row = page.locator("table.specs tr", has_text="dash-link-spec").inner_text()
+            frame = page.frame_locator("iframe[title='Chasqui']")
+            spec_back = frame.locator("table.specs tr", has_text="dash-link-spec").locator("a.origin")
+            assert spec_back.inner_text() == f"chasqui_dash_links / {run_id} / spec"
+            row = frame.locator("table.specs tr", has_text="dash-link-spec").inner_text()
             assert "09:00:00 JST" in row and "active" in row
             page.screenshot(path=str(tmp_path / "extra-link-spec.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def _luminance(css_color: str) -> float:
+    """0 (black) to 1 (white) from a computed ``rgb(...)``/``oklch(...)`` colour (its lightness)."""
+    nums = [float(x) for x in re.findall(r"[\d.]+", css_color)[:3]]
+    if css_color.startswith("oklch"):
+        return nums[0]
+    return (0.2126 * nums[0] + 0.7152 * nums[1] + 0.0722 * nums[2]) / 255
+
+
+@pytest.mark.parametrize(("theme", "zone"), [("dark", "Asia/Kathmandu"), ("light", "America/Lima")])
+def test_the_dashboard_wears_airflows_theme_and_timezone_inside_its_shell(
+    af: dict[str, Any], redis_url: str, queue: str, theme: str, zone: str, tmp_path: Path
+) -> None:
+    """Issue 28: the colour mode and timezone chosen in Airflow's UI (its localStorage "theme" and
+    "timezone" on the API server's origin) are the dashboard's, in Airflow's time format."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    playwright_sync = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    with SyncQueue(queue, redis_url=redis_url) as q:
+        job = q.add("square", {"x": 5})
+    with playwright_sync.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            context.add_cookies([{"name": "_token", "value": af["tokens"]["boss"], "url": af["base"]}])
+            # what Airflow's UI stores when a user picks them (next-themes' "theme", the JSON "timezone")
+            context.add_init_script(
+                f"localStorage.setItem('theme', {json.dumps(theme)});"
+                f"localStorage.setItem('timezone', {json.dumps(json.dumps(zone))});"
+            )
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(af["base"] + f"/plugin/chasqui/chasqui/job?src=chasqui_a&queue={queue}&id={job.id}")
+            frame = page.locator("iframe[title='Chasqui']").element_handle().content_frame()
+            frame.locator("h2", has_text=job.id).wait_for()
+            # Airflow itself is in that mode (next-themes puts the class on its <html>)...
+            page.wait_for_function(f"document.documentElement.classList.contains({json.dumps(theme)})")
+            # ...and so is the dashboard in its frame: attribute, and the colours really painted
+            assert frame.evaluate("document.documentElement.dataset.theme") == theme
+            bg = frame.evaluate("getComputedStyle(document.body).backgroundColor")
+            fg = frame.evaluate("getComputedStyle(document.body).color")
+            if theme == "dark":
+                assert _luminance(bg) < 0.25 < _luminance(fg), (bg, fg)
+            else:
+                assert _luminance(bg) > 0.9 > _luminance(fg), (bg, fg)
+            button = frame.evaluate("getComputedStyle(document.querySelector('form.lookup button')).borderRadius")
+            assert button == "6px", button  # Airflow's buttons, not the browser's
+            # the created time in the chosen zone, in Airflow's "YYYY-MM-DD HH:mm:ss" format
+            frame.wait_for_function("document.documentElement.dataset.zone !== undefined")
+            assert frame.evaluate("document.documentElement.dataset.zone") == zone
+            shown = frame.locator("table.kv tr", has_text="created").locator("[data-ms]").inner_text()
+            ms = int(frame.locator("table.kv tr", has_text="created").locator("[data-ms]").get_attribute("data-ms"))
+            want = datetime.fromtimestamp(ms / 1000, ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S")
+            assert shown.startswith(want), (shown, want)
+            offset = "GMT+5:45" if zone == "Asia/Kathmandu" else "GMT-5"
+            assert shown.endswith(offset), shown
+            shots = Path(os.environ.get("CHASQUI_SCREENSHOT_DIR") or tmp_path)
+            shots.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shots / f"dashboard-in-airflow-{theme}.png"))
+            page.goto(af["base"] + f"/plugin/chasqui/chasqui/queue?src=chasqui_a&queue={queue}")
+            frame = page.locator("iframe[title='Chasqui']").element_handle().content_frame()
+            frame.locator("figure.history svg.chart").first.wait_for()
+            ticks = frame.locator("figure.history svg.chart text.x")
+            texts, stamps = ticks.all_text_contents(), [int(t.get_attribute("data-ms")) for t in ticks.all()]
+            fmts = ["%H:%M"] * 10 + ["%m-%d %H:%M"] * 5  # minutes on the 10-minute and hour charts, days on the week's
+            want_ticks = [datetime.fromtimestamp(ms / 1000, ZoneInfo(zone)).strftime(f) for ms, f in zip(stamps, fmts)]
+            assert texts == want_ticks, (texts, want_ticks)
+            page.screenshot(path=str(shots / f"queue-in-airflow-{theme}.png"))
         finally:
             browser.close()

@@ -183,6 +183,12 @@ def test_queue_bursts_reach_exactly_one_run_each_in_order(airflow_services: Airf
         120,
     )
     ready = time.monotonic()
+    # issue 28: the asset page (it lists the watchers by name, from this API) says which queue feeds it
+    (asset,) = s.api(f"/api/v2/assets?name_pattern={QUEUE_ASSET}")["assets"]
+    assert [w["name"] for w in asset["watchers"]] == [
+        f"chasqui queue {s.events_queue} on chasqui_default (file_arrived)"
+    ]
+    assert asset["extra"]["chasqui"]["queue"] == s.events_queue, asset["extra"]
     baseline = _baseline(s, QUEUE_ASSET, QUEUE_DAG)
     sent: list[str] = []
     report: list[dict] = []

@@ -809,3 +809,37 @@ async def test_completion_mode_moves_the_cursor_after_airflow_saved_the_event(re
             assert sid(_r(redis_url).get(cursor_key)) > sid(start)
         finally:
             await runner.stop()
+
+
+def test_chasqui_asset_says_which_queue_feeds_it() -> None:
+    """Issue 28: ``chasqui_asset`` names its watcher after the feed (Airflow's asset page lists
+    watchers by name) and describes it in ``extra["chasqui"]``; bad arguments fail at parse time."""
+    from airflow_provider_chasqui.queues.assets import chasqui_asset
+    from airflow_provider_chasqui.triggers.queue_events import ChasquiQueueEventTrigger
+
+    a = chasqui_asset("files", queue_name="in coming&go", job_names=["f"], max_batch=7, extra={"owner": "data"})
+    (w,) = a.watchers
+    assert w.name == "chasqui queue in coming&go on chasqui_default (f)"
+    assert isinstance(w.trigger.trigger, ChasquiQueueEventTrigger)
+    assert w.trigger.trigger.serialize()[1]["max_batch"] == 7
+    assert a.extra == {
+        "owner": "data",
+        "chasqui": {
+            "queue": "in coming&go",
+            "mode": "queue",
+            "connection": "chasqui_default",
+            "job_names": ["f"],
+            "dashboard": "/plugin/chasqui/chasqui/queue?src=chasqui_default&queue=in+coming%26go",
+        },
+    }
+    done = chasqui_asset("done", queue_name="q", mode="completion", chasqui_conn_id="other")
+    assert done.watchers[0].name == "chasqui completions of q on other"
+    for kw, match in (
+        ({"queue_name": ""}, "queue name"),
+        ({"queue_name": "a{b}"}, "hash tag"),
+        ({"queue_name": "q", "mode": "all"}, "mode must be"),
+        ({"queue_name": "q", "chasqui_conn_id": ""}, "chasqui_conn_id"),
+        ({"queue_name": "q", "job_names": ["", "x"]}, "job_names"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            chasqui_asset("bad", **kw)
