@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -221,8 +222,21 @@ class AirflowServices:
             method=method,
             headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return json.load(reply)
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(request, timeout=60) as reply:
+                    return json.load(reply)
+            except urllib.error.HTTPError as err:
+                # the api-server on SQLite, busy with the scheduler, dag-processor and triggerer
+                # of the same home, can answer 500 ("database is locked"): tried again, and a
+                # POST that did land the first time is told apart by the caller (409)
+                body = err.read().decode(errors="replace")[:2000]
+                err.close()
+                if err.code < 500 or attempt == 2:
+                    raise AssertionError(f"{method} {path}: HTTP {err.code}: {body}") from err
+                print(f"{method} {path}: HTTP {err.code}, trying again: {body}")
+                time.sleep(2.0)
+        raise AssertionError("unreachable")
 
     def airflow(self, *args: str, timeout: float = 120) -> str:
         proc = subprocess.run(

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from airflow_support import conn_json
 
+from airflow_provider_chasqui.core.history import MinuteCounts
 from airflow_provider_chasqui.sync.queue import SyncQueue
 
 pytestmark = [pytest.mark.airflow, pytest.mark.dashboard, pytest.mark.timeout(400)]
@@ -356,9 +357,20 @@ def _luminance(css_color: str) -> float:
     return (0.2126 * nums[0] + 0.7152 * nums[1] + 0.0722 * nums[2]) / 255
 
 
+@pytest.fixture(scope="module")
+def history(redis_url: str, queue: str) -> None:
+    """Two hours of history, as workers write it with their beats, so the charts have bars
+    (once for the module: 24 failed runs in all)."""
+    counts, now = MinuteCounts(), int(time.time() * 1000)
+    for minute in range(120):
+        counts.add(now - minute * 60_000, 40 + minute % 17, int(minute % 5 == 0))
+    with SyncQueue(queue, redis_url=redis_url) as q:
+        q.driver.pipeline(counts.take_calls(q.keys))
+
+
 @pytest.mark.parametrize(("theme", "zone"), [("dark", "Asia/Kathmandu"), ("light", "America/Lima")])
 def test_the_dashboard_wears_airflows_theme_and_timezone_inside_its_shell(
-    af: dict[str, Any], redis_url: str, queue: str, theme: str, zone: str, tmp_path: Path
+    af: dict[str, Any], redis_url: str, queue: str, history: None, theme: str, zone: str, tmp_path: Path
 ) -> None:
     """Issue 28: the colour mode and timezone chosen in Airflow's UI (its localStorage "theme" and
     "timezone" on the API server's origin) are the dashboard's, in Airflow's time format."""
@@ -414,6 +426,10 @@ def test_the_dashboard_wears_airflows_theme_and_timezone_inside_its_shell(
             page.goto(af["base"] + f"/plugin/chasqui/chasqui/queue?src=chasqui_a&queue={queue}")
             frame = page.locator("iframe[title='Chasqui']").element_handle().content_frame()
             frame.locator("figure.history svg.chart").first.wait_for()
+            # every minute of the hour has bars (the current one too, unless a minute began since the seeding)
+            assert frame.locator("figure.history").nth(1).locator("rect.ok").count() in (59, 60)
+            caption = frame.locator("figure.history figcaption").nth(2).inner_text()
+            assert "last 7 days per hour: " in caption and " completed (up), 24 failed (down)" in caption, caption
             ticks = frame.locator("figure.history svg.chart text.x")
             texts, stamps = ticks.all_text_contents(), [int(t.get_attribute("data-ms")) for t in ticks.all()]
             fmts = ["%H:%M"] * 10 + ["%m-%d %H:%M"] * 5  # minutes on the 10-minute and hour charts, days on the week's
