@@ -459,6 +459,7 @@ def _queues_page(c: Ctx) -> Response:
                 h(r.completed[-1]),
                 h(r.failed[-1]),
                 h(s.live_consumers),
+                _limits(s),
                 f'<a href="{c.url("/schedules", queue=name)}">{h(s.specs)}+{h(s.paused_specs)}</a>',
                 chart(r.completed, r.failed, r.start_ms, 60_000, 160, 36, axes=False),
             ]
@@ -490,6 +491,7 @@ def _queues_page(c: Ctx) -> Response:
                 "done/min",
                 "failed/min",
                 "consumers",
+                "limits",
                 "specs",
                 "last 10 min",
             ],
@@ -501,6 +503,18 @@ def _queues_page(c: Ctx) -> Response:
         + _job_form(c, names)
     )
     return c.page("Queues", body, "queues")
+
+
+def _limits(s: Any) -> str:
+    """The flow controls every worker obeys (issue 24), in a word each: paused, rate, slots, groups."""
+    parts = ['<b class="paused">paused</b>'] if s.paused else []
+    if s.rate_limit is not None:
+        parts.append(h(f"{s.rate_limit.max_jobs} per {s.rate_limit.per_ms} ms"))
+    if s.concurrency is not None:
+        parts.append(h(f"{s.slots_held}/{s.concurrency} running"))
+    if s.job_groups:
+        parts.append(h(f"{s.job_groups} groups waiting"))
+    return "<br>".join(parts) or '<span class="note">none</span>'
 
 
 def _job_form(c: Ctx, names: list[str], queue: str | None = None, job_id: str | None = None) -> str:

@@ -30,6 +30,7 @@ only: error texts go to the log, never to the body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue as queue_mod
@@ -277,6 +278,22 @@ class PrometheusMetrics:
             namespace=ns,
             registry=r,
         )
+        # the next JOB_GROUP_ROWS groups in turn (core/inspect.py): bounded label values
+        self.group_waiting = pc.Gauge(
+            "group_jobs_waiting",
+            "Waiting jobs of each job group (tenant) next in turn, the first 10 in turn order",
+            ["queue", "job_group"],
+            namespace=ns,
+            registry=r,
+        )
+        self.group_running = pc.Gauge(
+            "group_jobs_running",
+            "Running jobs of each job group (tenant) next in turn, under its concurrency limit",
+            ["queue", "job_group"],
+            namespace=ns,
+            registry=r,
+        )
+        self._groups_shown: dict[str, set[str]] = {}
         self.queue_paused = pc.Gauge(
             "queue_paused", "1 while the queue is paused (Queue.pause())", ["queue"], namespace=ns, registry=r
         )
@@ -351,7 +368,7 @@ class PrometheusMetrics:
             self.fire_lag.labels(queue).observe(max(0, lag_ms) / 1000)
 
     # ---- depths ----------------------------------------------------------------------------
-    def set_depths(self, queue: str, group: str, depths: dict[str, int]) -> None:
+    def set_depths(self, queue: str, group: str, depths: dict[str, Any]) -> None:
         self.stream_depth.labels(queue).set(depths["stream"])
         self.pending_depth.labels(queue, group).set(depths["pending"])
         self.delayed_depth.labels(queue).set(depths["delayed"])
@@ -367,7 +384,23 @@ class PrometheusMetrics:
             self.job_groups.labels(queue).set(depths["job_groups"])
             self.slots_held.labels(queue).set(depths["slots_held"])
             self.concurrency_limit.labels(queue).set(depths["concurrency"])
+        if "job_group_rows" in depths:
+            self._set_groups(queue, depths["job_group_rows"])
         self.sample_time.labels(queue).set(time.time())
+
+    def _set_groups(self, queue: str, rows: list[tuple[str, int, int]]) -> None:
+        """Per-group gauges for the groups next in turn; a group no longer among them loses its
+        series (so the label values stay as few as the rows)."""
+        shown = set()
+        for name, waiting, running in rows:
+            self.group_waiting.labels(queue, name).set(waiting)
+            self.group_running.labels(queue, name).set(running)
+            shown.add(name)
+        for gone in self._groups_shown.get(queue, set()) - shown:
+            for gauge in (self.group_waiting, self.group_running):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(queue, gone)
+        self._groups_shown[queue] = shown
 
     def sample_failed(self, queue: str) -> None:
         self.sample_errors.labels(queue).inc()
@@ -393,7 +426,7 @@ class DepthSampler:
         self._url = redis_url
         self._driver: SyncDriver | None = None  # made on first use: a cluster client connects when it is built
 
-    def _flow(self, now_ms: int) -> Flow[dict[str, int]]:
+    def _flow(self, now_ms: int) -> Flow[dict[str, Any]]:
         """The gauges' values, read through ``core.inspect.snapshot`` (what ``chasqui inspect``
         and the dashboard show, so the three agree)."""
         s: QueueSnapshot = yield from snapshot(self.keys.queue, group=self.group, now_ms=now_ms, next_fires=1)
@@ -412,9 +445,10 @@ class DepthSampler:
             "job_groups": s.job_groups,
             "slots_held": s.slots_held,
             "concurrency": s.concurrency or 0,
+            "job_group_rows": list(s.job_group_rows),
         }
 
-    def sample(self) -> dict[str, int]:
+    def sample(self) -> dict[str, Any]:
         if self._driver is None:
             from ..sync import SyncDriver
 

@@ -497,9 +497,13 @@ def test_queue_pause_and_resume_from_the_queue_page(
     assert confirm(page) == f"{q.name} is paused"
     assert q.is_paused()
     assert "paused: no worker starts its jobs" in page.locator("table.kv").inner_text()
+    page.goto(server["url"] + "/")  # the Queues page lists the limits too
+    limits = page.locator("table.queues tr", has_text=q.name).locator("td").nth(10).inner_text()
+    assert limits == "paused\n0/3 running", limits
     job = q.add("square", {"x": 3})
     time.sleep(1.5)  # longer than the workers' 100 ms controls cache and a few pause polls  # noqa: fixed on purpose
     assert q.get_job_state(job.id) != "completed"
+    page.goto(server["url"] + f"/queue?queue={q.name}")
     page.locator("table.kv button", has_text="Resume queue").click()
     assert confirm(page) == f"{q.name} is running"
     assert q.wait_for_result(job.id, timeout=DEADLINE) == {"square": 9}

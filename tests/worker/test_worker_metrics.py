@@ -664,3 +664,34 @@ def test_task_restarts_and_bounded_dlq_reasons_are_counted(redis_url: str, queue
     assert metric_value(text, "chasqui_jobs_dead_lettered_total", queue=queue_name, name="x", reason="other") == 1
     assert metric_value(text, "chasqui_jobs_dead_lettered_total", queue=queue_name, name="x", reason="malformed") == 1
     assert metric_value(text, "chasqui_task_restarts_total", queue=queue_name, task="flusher") == 0
+
+
+def test_per_group_gauges_follow_the_groups_in_turn(redis_url: str, queue_name: str) -> None:
+    """Issue 24: waiting and running jobs per job group, for the groups next in turn (at most 10
+    label values, hostile group names included); a group that leaves the turn loses its series."""
+    evil = 'tenant "7"\n<b>\u00e9'
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        q.set_group_limits(concurrency=2)
+        for i in range(3):
+            q.add("n", i, group="tenant-a")
+        q.add("n", 9, group=evil)
+        for i in range(12):
+            q.add("n", i, group=f"g{i:02}")
+        sampler, metrics = DepthSampler(redis_url, queue_name), PrometheusMetrics()
+        try:
+            metrics.set_depths(queue_name, "default", sampler.sample())
+            text = metrics.exposition()[0].decode()
+            waiting = {
+                line.split('job_group="', 1)[1].rsplit('",queue="', 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("chasqui_group_jobs_waiting{")
+            }
+            assert len(waiting) == 10, waiting  # bounded: the first 10 in turn
+            assert waiting.get("tenant-a") == 3 and waiting.get('tenant \\"7\\"\\n<b>\u00e9') == 1, waiting
+            assert metric_value(text, "chasqui_group_jobs_running", queue=queue_name, job_group="tenant-a") == 0
+            q.drain()
+            metrics.set_depths(queue_name, "default", sampler.sample())
+            text = metrics.exposition()[0].decode()
+            assert "chasqui_group_jobs_waiting{" not in text and "chasqui_group_jobs_running{" not in text
+        finally:
+            sampler.close()
