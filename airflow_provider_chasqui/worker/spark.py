@@ -45,6 +45,8 @@ worker too and the process exits 1 instead of failing every job it would still r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -90,6 +92,8 @@ DEFAULT_SPARK_CONCURRENCY = 2
 DEFAULT_SPARK_LOG_LEVEL = "WARN"
 #: The FAIR pools ``fairscheduler.xml`` declares (``chasqui-0`` to ``chasqui-15``).
 POOLS = 16
+FINAL_PROGRESS_WAIT_SECS = 2.0  # the most a handler's end waits for Spark's tracker to catch up
+PROGRESS_POLL_SECS = 0.5  # how often a running Spark handler's Spark jobs and tasks are looked at
 #: The scheduler allocation file the worker uses unless ``spark.scheduler.allocation.file`` is set.
 POOL_FILE = str(Path(__file__).resolve().with_name("fairscheduler.xml"))
 
@@ -207,6 +211,9 @@ class SparkRuntime:
         self.jvm_lost = False
         self._slots = threading.local()
         self._next_slot = 0
+        # jobs whose handler runs Spark now: id -> (the worker's progress sink, the last value sent);
+        # a job whose handler reports progress itself leaves (its own values win)
+        self._running: dict[str, tuple[Any, dict[str, int] | None]] = {}
 
     def pool(self) -> str:
         """The FAIR pool of the calling handler thread: ``chasqui-<slot>``, a slot per thread in
@@ -235,6 +242,10 @@ class SparkRuntime:
         def run_in_job_group(job: Any) -> Any:
             with self._lock:
                 self.active += 1
+                if job._progress is not None:
+                    self._running[job.id] = (job._progress, None)
+                    own = _OwnProgress(job._progress, self._running, self._lock)
+                    job = dataclasses.replace(job, _progress=own)
             # One FAIR pool per handler thread, so concurrent handlers share the executors.
             sc.setLocalProperty("spark.scheduler.pool", self.pool())
             sc.setJobGroup(f"chasqui-{job.id}", f"chasqui {self.queue_hint} {name} {job.id}", True)
@@ -243,8 +254,12 @@ class SparkRuntime:
             finally:
                 sc.setLocalProperty("spark.jobGroup.id", None)
                 sc.setLocalProperty("spark.job.description", None)
+                if job.id in self._running:  # the last word: every Spark job it ran, ended
+                    with contextlib.suppress(Exception):
+                        self.final_progress(job.id)
                 with self._lock:
                     self.active -= 1
+                    self._running.pop(job.id, None)
 
         run_in_job_group.__name__ = getattr(fn, "__name__", name)
         return run_in_job_group
@@ -310,6 +325,56 @@ class SparkRuntime:
             return
         self.forward_jvm_signals(request_stop)
         self.watch_jvm(request_stop)
+        self.watch_progress()
+
+    # ---- progress ------------------------------------------------------------------------
+    def report_progress(self, only: str | None = None) -> None:
+        """One look at Spark's status tracker: for each job whose handler runs Spark (or job
+        ``only``), its Spark jobs and tasks so far, reported as the job's progress when changed."""
+        assert self.sc is not None
+        tracker = self.sc.statusTracker()
+        with self._lock:
+            running = [(k, v) for k, v in self._running.items() if only is None or k == only]
+        for job_id, (sink, last) in running:
+            value = spark_progress(tracker, f"chasqui-{job_id}")
+            if value is None or value == last:
+                continue
+            with self._lock:  # one lock with _OwnProgress: a handler's own value is never overwritten
+                if job_id not in self._running:  # ended, or its handler reports on its own
+                    continue
+                self._running[job_id] = (sink, value)
+                try:
+                    sink.update(job_id, value)
+                except Exception as exc:  # noqa: BLE001 - progress is a convenience: the job runs on
+                    log.debug("Spark progress of job %s not reported: %s", job_id, exc)
+
+    def final_progress(self, job_id: str, wait: float = FINAL_PROGRESS_WAIT_SECS) -> None:
+        """When a handler returns, its Spark jobs have ended, but the status tracker learns it
+        from Spark's listener bus a moment later: wait (at most ``wait`` seconds) until it says
+        every one ended, then report."""
+        assert self.sc is not None
+        tracker = self.sc.statusTracker()
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            ids = tracker.getJobIdsForGroup(f"chasqui-{job_id}")
+            infos = [tracker.getJobInfo(j) for j in ids]
+            if all(i is None or str(i.status) in ("SUCCEEDED", "FAILED") for i in infos):
+                break
+            time.sleep(0.02)
+        self.report_progress(job_id)
+
+    def watch_progress(self, interval: float = PROGRESS_POLL_SECS) -> None:
+        """Report Spark progress every ``interval`` seconds until the worker finishes."""
+
+        def watch() -> None:
+            while not self._finished.wait(interval):
+                if self._running:
+                    try:
+                        self.report_progress()
+                    except Exception as exc:  # noqa: BLE001 - py4j down while stopping: the next look or none
+                        log.debug("Spark progress look failed: %s", exc)
+
+        threading.Thread(target=watch, name="chasqui-spark-progress", daemon=True).start()
 
     def watch_jvm(self, request_stop: Callable[[str, str], None], interval: float = 1.0) -> None:
         """Stop the worker if the JVM dies (OOM-killed, SIGKILL): without it every Spark job would
@@ -355,6 +420,42 @@ class SparkRuntime:
             while self.active and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.spark.stop()
+
+
+class _OwnProgress:
+    """The progress sink a Spark handler's job carries: a report of its own ends the Spark
+    reports for that job (the handler's values win)."""
+
+    def __init__(self, sink: Any, running: dict[str, Any], lock: threading.Lock) -> None:
+        self._sink, self._running, self._lock = sink, running, lock
+
+    def update(self, job_id: str, value: Any) -> None:
+        with self._lock:
+            self._running.pop(job_id, None)
+            self._sink.update(job_id, value)
+
+
+def spark_progress(tracker: Any, group: str) -> dict[str, int] | None:
+    """A job group's Spark jobs (done of all) and tasks (done of all) from the status tracker;
+    None before its first Spark job."""
+    ids = tracker.getJobIdsForGroup(group)
+    if not ids:
+        return None
+    jobs = jobs_done = tasks = tasks_done = 0
+    for jid in ids:
+        info = tracker.getJobInfo(jid)
+        if info is None:
+            continue
+        jobs += 1
+        succeeded = str(info.status) == "SUCCEEDED"
+        jobs_done += succeeded
+        for sid in info.stageIds:
+            stage = tracker.getStageInfo(sid)
+            if stage is None or (succeeded and stage.numCompletedTasks == 0 and stage.numActiveTasks == 0):
+                continue  # a stage a finished job skipped (its shuffle output was reused): no tasks ran
+            tasks += stage.numTasks
+            tasks_done += stage.numCompletedTasks
+    return {"spark_jobs": jobs, "spark_jobs_done": jobs_done, "tasks": tasks, "tasks_done": tasks_done}
 
 
 def _tag(job_id: str) -> str:
