@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -224,6 +225,71 @@ def queue_add(url: str, n: int) -> dict[str, Any]:
     try:
         return _timed_async(factory, n)
     finally:
+        _cleanup(url, qn)
+
+
+def _queue_add_tasks(url: str, n: int, tasks: int) -> dict[str, Any]:
+    """``tasks`` tasks share one Queue, each awaiting its own adds one at a time (a web app's
+    handlers): the coalescing producer's case (engine/coalesce.py)."""
+    qn = _queue_name(f"addt{tasks}")
+    box: dict[str, Any] = {}
+    per = max(1, n // tasks)
+
+    def factory() -> Any:
+        async def setup() -> None:
+            box["q"] = Queue(qn, redis_url=url)
+            await box["q"].add(NAME, {"i": -1})
+
+        async def body() -> None:
+            q = box["q"]
+
+            async def one(t: int) -> None:
+                for i in range(per):
+                    await q.add(NAME, {"i": i, "t": t})
+
+            await asyncio.gather(*(one(t) for t in range(tasks)))
+
+        async def teardown() -> None:
+            await box["q"].close()
+
+        return setup, body, teardown
+
+    try:
+        return _timed_async(factory, per * tasks)
+    finally:
+        _cleanup(url, qn)
+
+
+def queue_add_tasks_100(url: str, n: int) -> dict[str, Any]:
+    return _queue_add_tasks(url, n, 100)
+
+
+def queue_add_tasks_1000(url: str, n: int) -> dict[str, Any]:
+    return _queue_add_tasks(url, n, 1000)
+
+
+def syncqueue_add_threads_16(url: str, n: int) -> dict[str, Any]:
+    """16 threads share one SyncQueue, each adding one job at a time (Flask, Django, Airflow tasks)."""
+    qn = _queue_name("sthr")
+    q = SyncQueue(qn, redis_url=url)
+    q.add(NAME, {"i": -1})
+    per = max(1, n // 16)
+
+    def one(t: int) -> None:
+        for i in range(per):
+            q.add(NAME, {"i": i, "t": t})
+
+    def body() -> None:
+        threads = [threading.Thread(target=one, args=(t,)) for t in range(16)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+
+    try:
+        return _timed(body, per * 16)
+    finally:
+        q.close()
         _cleanup(url, qn)
 
 
@@ -463,6 +529,13 @@ WORKLOADS: dict[str, tuple[Callable[[str, int], dict[str, Any]], str, str | None
     "queue_add": (queue_add, "Queue.add, one by one", "ref_async_xadd_single"),
     "syncqueue_add": (syncqueue_add, "SyncQueue.add, one by one", "limit_sync_xadd_single"),
     "queue_add_bulk": (queue_add_bulk, "Queue.add_bulk, 1,000 per call", "limit_sync_xadd_pipeline"),
+    "queue_add_tasks_100": (queue_add_tasks_100, "Queue.add from 100 tasks at once, one job each", "queue_add_bulk"),
+    "queue_add_tasks_1000": (queue_add_tasks_1000, "Queue.add from 1,000 tasks at once", "queue_add_bulk"),
+    "syncqueue_add_threads_16": (
+        syncqueue_add_threads_16,
+        "SyncQueue.add from 16 threads at once, one job each",
+        "syncqueue_add_bulk",
+    ),
     "syncqueue_add_bulk": (syncqueue_add_bulk, "SyncQueue.add_bulk, 1,000 per call", "limit_sync_xadd_pipeline"),
     "e2e_process": (e2e_process, "end to end: 1 worker process, concurrency 50, events on", "limit_sync_xadd_pipeline"),
     "e2e_process_uvloop": (e2e_process_uvloop, "end to end, same on uvloop", "limit_sync_xadd_pipeline"),
@@ -487,6 +560,8 @@ TARGETS = {
     "SyncQueue.add >= 0.9x sync XADD one by one": ("syncqueue_add", "limit_sync_xadd_single", 0.9),
     "Queue.add_bulk >= 0.9x sync pipelined XADD": ("queue_add_bulk", "limit_sync_xadd_pipeline", 0.9),
     "SyncQueue.add_bulk >= 0.9x sync pipelined XADD": ("syncqueue_add_bulk", "limit_sync_xadd_pipeline", 0.9),
+    "100 tasks' adds >= 0.7x Queue.add_bulk (issue 27)": ("queue_add_tasks_100", "queue_add_bulk", 0.7),
+    "16 threads' adds >= 0.5x SyncQueue.add_bulk (issue 27)": ("syncqueue_add_threads_16", "syncqueue_add_bulk", 0.5),
     "end-to-end >= 50k jobs/s": ("e2e_process", None, 50_000),
     "end-to-end client CPU <= 20 us/job": ("e2e_process", "cpu", 20.0),
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
@@ -148,6 +148,9 @@ _new_prepared = fast_constructor(PreparedJob)
 parse_fields = reply_pairs  # the name the producer's readers have always used
 
 
+ADD_BATCH = 1000  # concurrent plain adds one batch call carries (engine/coalesce.py, sync/coalesce.py)
+
+
 class ProducerCore:
     """Pure producer logic for one queue; safe to share between tasks and threads."""
 
@@ -166,6 +169,7 @@ class ProducerCore:
         )
         self._xadd_resp = b"".join([resp_bulk(a) for a in self._xadd_args])
         self._names: dict[Any, tuple[bytes, bytes]] = {}  # name -> (UTF-8, RESP of ``n <name>``)
+        self._tails: dict[bytes, bytes] = {}  # name's UTF-8 -> RESP of ``n <name>`` (xadd_call)
 
     def _name(self, name: Any) -> tuple[bytes, bytes]:
         """``validate_job_name`` remembered per name (a queue sees a handful of names)."""
@@ -192,13 +196,46 @@ class ProducerCore:
         if trace:  # tracing on: not the hot path
             args = self._xadd_args + (envelope,) + (("n", name_bytes) if name_bytes else ()) + ("tp", trace)
             return command(*args), jid, now
+        return self._packed_xadd(envelope, name_bytes, tail), jid, now
+
+    def quick_parts(self, name: str, data: Any) -> tuple[bytes, bytes, str, int]:
+        """A plain add's ``(envelope, name bytes, job id, created ms)``, checked as ``prepare``
+        checks (its own error when the payload is too big): what :meth:`xadd_call` sends alone
+        and :meth:`batch_call` with others (the coalesced adds, ``engine/coalesce.py``)."""
+        name_bytes = self._name(name)[0]
+        now = now_ms()
+        jid = new_job_id(now)
+        envelope = encode_new_envelope(jid, encode_data(data), now)
+        if len(envelope) > self.settings.max_payload_bytes:
+            self.prepare(name, data, now=now)  # raises prepare()'s own error
+        return envelope, name_bytes, jid, now
+
+    def batch_call(self, rows: Sequence[tuple[bytes, bytes]]) -> Call:
+        """One ``enqueue_batch`` call for ``(envelope, name bytes)`` rows: the same entries as one
+        XADD each, in order."""
+        argv: list[Any] = [self.settings.max_stream_len]
+        for envelope, name_bytes in rows:
+            argv += (envelope, name_bytes)
+        return script_call("enqueue_batch", (self.keys.stream,), tuple(argv))
+
+    def xadd_call(self, envelope: bytes, name_bytes: bytes) -> Call:
+        """The pre-packed XADD of one plain add."""
+        tail = self._tails.get(name_bytes)
+        if tail is None:
+            tail = resp_bulk("n") + resp_bulk(name_bytes) if name_bytes else b""
+            if len(self._tails) >= 1024:
+                self._tails.clear()
+            self._tails[name_bytes] = tail
+        return self._packed_xadd(envelope, name_bytes, tail)
+
+    def _packed_xadd(self, envelope: bytes, name_bytes: bytes, tail: bytes) -> Call:
         if name_bytes:
             args = self._xadd_args + (envelope, "n", name_bytes)
             packed = b"*10\r\n%b$%d\r\n%b\r\n%b" % (self._xadd_resp, len(envelope), envelope, tail)
         else:
             args = self._xadd_args + (envelope,)
             packed = b"*8\r\n%b$%d\r\n%b\r\n" % (self._xadd_resp, len(envelope), envelope)
-        return packed_command(args, packed), jid, now
+        return packed_command(args, packed)
 
     # ---- preparation (no I/O) ----------------------------------------------------------
     def prepare(

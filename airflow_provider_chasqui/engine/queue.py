@@ -30,6 +30,7 @@ from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import AsyncDriver
+from .coalesce import AddCoalescer
 from .event_hub import wait_for_jobs
 
 __all__ = ["Queue", "window_to_ms", "list_queues"]
@@ -71,6 +72,7 @@ class Queue:
         self._closed = False
         # OpenTelemetry (``tracing``): None unless tracing=True or CHASQUI_OTEL=1 and the API imports
         self._tracer = _tracing.tracer(tracing)
+        self._adds = AddCoalescer(lambda: self.driver, self._flows)  # concurrent plain adds share round trips
 
     @property
     def name(self) -> str:
@@ -167,9 +169,9 @@ class Queue:
             and missed_fires is None
             and not side
             and timeout_ms is None
-        ):  # the plain add: one call, no flow
-            call, jid, created = self._flows.quick_add(name, data)
-            await self.driver.run_call(call)
+        ):  # the plain add: one call, shared with the adds made meanwhile (engine/coalesce.py)
+            envelope, name_bytes, jid, created = self._flows.quick_parts(name, data)
+            await self._adds.add(envelope, name_bytes)
             return self._job(jid, created, name, data)
         if repeat is not None:
             if delay is not None or delay_ms is not None:

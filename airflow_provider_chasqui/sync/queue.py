@@ -27,6 +27,7 @@ from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import SyncDriver
+from .coalesce import AddCoalescer
 
 __all__ = ["SyncQueue", "list_queues", "window_to_ms"]
 
@@ -67,6 +68,7 @@ class SyncQueue:
         self._closed = False
         # OpenTelemetry (``tracing``): None unless tracing=True or CHASQUI_OTEL=1 and the API imports
         self._tracer = _tracing.tracer(tracing)
+        self._adds = AddCoalescer(lambda: self.driver, self._flows)  # concurrent plain adds share round trips
 
     @property
     def name(self) -> str:
@@ -163,9 +165,9 @@ class SyncQueue:
             and missed_fires is None
             and not side
             and timeout_ms is None
-        ):  # the plain add: one call, no flow
-            call, jid, created = self._flows.quick_add(name, data)
-            self.driver.run_call(call)
+        ):  # the plain add: one call, shared with other threads' adds meanwhile (sync/coalesce.py)
+            envelope, name_bytes, jid, created = self._flows.quick_parts(name, data)
+            self._adds.add(envelope, name_bytes)
             return self._job(jid, created, name, data)
         if repeat is not None:
             if delay is not None or delay_ms is not None:

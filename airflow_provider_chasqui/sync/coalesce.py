@@ -1,0 +1,74 @@
+"""Threads sharing one ``SyncQueue`` share round trips on their plain adds (issue 27): the blocking
+twin of ``engine/coalesce.py``.  Flask, Django and Airflow tasks call ``SyncQueue.add`` from
+many threads; a thread that finds no add in flight sends its job alone at once; threads that add
+meanwhile queue up, and the first of them, woken when the call returns, sends every add queued
+by then (at most ``MAX_BATCH``) as one ``enqueue_batch`` call, then hands the turn to the next
+waiting thread.  Each thread returns when its own job is written, or raises the error of the call
+that carried it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..core.producer import ADD_BATCH as MAX_BATCH
+from ..core.producer import ProducerCore
+
+__all__ = ["AddCoalescer"]
+
+
+class _Slot:
+    __slots__ = ("envelope", "name_bytes", "done", "lead", "error")
+
+    def __init__(self, envelope: bytes, name_bytes: bytes) -> None:
+        self.envelope, self.name_bytes = envelope, name_bytes
+        self.done = threading.Event()
+        self.lead = False  # woken to send the next batch (its own job among them)
+        self.error: BaseException | None = None
+
+
+class AddCoalescer:
+    def __init__(self, driver: Callable[[], Any], core: ProducerCore) -> None:
+        self._driver, self._core = driver, core  # the queue's driver, asked at each call
+        self._lock = threading.Lock()
+        self._busy = False
+        self._waiting: list[_Slot] = []
+
+    def add(self, envelope: bytes, name_bytes: bytes) -> None:
+        slot = _Slot(envelope, name_bytes)
+        with self._lock:
+            self._waiting.append(slot)
+            lead = not self._busy
+            self._busy = True
+        if not lead:
+            slot.done.wait()
+            if not slot.lead:
+                if slot.error is not None:
+                    raise slot.error
+                return
+        with self._lock:
+            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+        try:
+            if len(batch) == 1:
+                self._driver().run_call(self._core.xadd_call(batch[0].envelope, batch[0].name_bytes))
+            else:
+                self._driver().run_call(self._core.batch_call([(s.envelope, s.name_bytes) for s in batch]))
+        except BaseException as exc:  # noqa: BLE001 - every thread of the batch gets the error; the leader re-raises it
+            for s in batch:
+                s.error = exc
+        finally:
+            with self._lock:
+                if self._waiting:  # the next batch's first thread sends it
+                    nxt = self._waiting[0]
+                    nxt.lead = True
+                    nxt.done.set()
+                else:
+                    self._busy = False
+            for s in batch:
+                if s is not slot:
+                    s.lead = False
+                    s.done.set()
+        if slot.error is not None:
+            raise slot.error
