@@ -10,6 +10,7 @@ that carried it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ class AddCoalescer:
                 if slot.error is not None:
                     raise slot.error
                 return
+            time.sleep(0)  # let the threads the last batch just answered queue their next adds first
         with self._lock:
             batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
         try:
@@ -59,6 +61,9 @@ class AddCoalescer:
             for s in batch:
                 s.error = exc
         finally:
+            for s in batch:  # answered first, so their next adds can join the next batch
+                if s is not slot:
+                    s.done.set()
             with self._lock:
                 if self._waiting:  # the next batch's first thread sends it
                     nxt = self._waiting[0]
@@ -66,9 +71,5 @@ class AddCoalescer:
                     nxt.done.set()
                 else:
                     self._busy = False
-            for s in batch:
-                if s is not slot:
-                    s.lead = False
-                    s.done.set()
         if slot.error is not None:
             raise slot.error
