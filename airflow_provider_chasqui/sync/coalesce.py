@@ -9,6 +9,7 @@ that carried it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -33,11 +34,19 @@ class _Slot:
 class AddCoalescer:
     def __init__(self, driver: Callable[[], Any], core: ProducerCore) -> None:
         self._driver, self._core = driver, core  # the queue's driver, asked at each call
+        self._forked()
+
+    def _forked(self) -> None:
+        """A fresh state: at start, and in a child forked while another thread's add was in flight
+        (the child would otherwise wait forever for a call that is not its own)."""
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._busy = False
         self._waiting: list[_Slot] = []
 
     def add(self, envelope: bytes, name_bytes: bytes) -> None:
+        if os.getpid() != self._pid:
+            self._forked()
         slot = _Slot(envelope, name_bytes)
         with self._lock:
             self._waiting.append(slot)

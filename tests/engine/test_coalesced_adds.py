@@ -7,6 +7,7 @@ and hangs nobody.  Real Redis servers."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from collections import defaultdict
 from typing import Any
@@ -161,5 +162,31 @@ def test_threads_sharing_a_syncqueue_share_round_trips(own_url: str, queue_name:
         xadds, batches = (a - b for a, b in zip(_calls(r), before))
         assert xadds == 3200 and batches >= 1, (xadds, batches)  # some adds went together
         print(f"3,200 adds from 16 threads: {batches} batch calls")
+    finally:
+        q.close()
+
+
+@pytest.mark.single_node("forks a process next to one server")
+def test_a_child_forked_mid_add_adds_on_its_own(own_url: str, queue_name: str) -> None:
+    """A process forked while another thread's add was in flight (a prefork server that made its
+    SyncQueue early): the child's adds go out, they do not wait for the parent's call."""
+    import os
+
+    q = SyncQueue(queue_name, redis_url=own_url)
+    try:
+        q.add("warm", 0)
+        q._adds._busy = True  # as if a thread's add were in flight at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: its own add must not wait on the parent's call
+            code = 1
+            try:
+                signal.alarm(30)  # a child stuck behind the parent's call dies, failing the test
+                code = 0 if q.add("child", 1).id else 1  # the driver reconnects after a fork
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        q._adds._busy = False
+        assert [e[1] for e in _stream(own_url, queue_name)] == ["warm", "child"]
     finally:
         q.close()
