@@ -30,7 +30,6 @@ __all__ = [
     "RETAIN_MS",
     "MAX_HOURS_READ",
     "MinuteCounts",
-    "history_key",
     "read_calls",
     "parse_hours",
     "Series",
@@ -41,10 +40,6 @@ MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 RETAIN_MS = 8 * 24 * HOUR_MS  # a week and a day: a week's chart is always whole
 MAX_HOURS_READ = 8 * 24 + 1  # one read never asks for more keys than a queue can hold
-
-
-def history_key(keys: QueueKeys, hour: int) -> str:
-    return keys.history(hour)
 
 
 @dataclass(slots=True)
@@ -73,14 +68,14 @@ class MinuteCounts:
         hours: set[int] = set()
         for minute, (done, failed) in sorted(self.counts.items()):
             hour, m = divmod(minute, 60)
-            key = history_key(keys, hour)
+            key = keys.history(hour)
             hours.add(hour)
             if done:
                 calls.append(command("HINCRBY", key, f"c{m}", done))
             if failed:
                 calls.append(command("HINCRBY", key, f"f{m}", failed))
         for hour in sorted(hours):
-            calls.append(command("PEXPIREAT", history_key(keys, hour), (hour + 1) * HOUR_MS + RETAIN_MS))
+            calls.append(command("PEXPIREAT", keys.history(hour), (hour + 1) * HOUR_MS + RETAIN_MS))
         self.counts.clear()
         return calls
 
@@ -118,7 +113,7 @@ def read_calls(keys: QueueKeys, now_ms: int, span_ms: int) -> tuple[list[int], l
     last = now_ms // HOUR_MS
     first = max(last - MAX_HOURS_READ + 1, (now_ms - span_ms) // HOUR_MS)
     hours = list(range(first, last + 1))
-    return hours, [command("HGETALL", history_key(keys, hour)) for hour in hours]
+    return hours, [command("HGETALL", keys.history(hour)) for hour in hours]
 
 
 def parse_hours(hours: list[int], replies: list[object], now_ms: int, span_ms: int, step_ms: int) -> Series:

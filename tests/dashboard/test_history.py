@@ -15,7 +15,6 @@ from airflow_provider_chasqui.core.history import (
     MINUTE_MS,
     RETAIN_MS,
     MinuteCounts,
-    history_key,
     parse_hours,
     read_calls,
 )
@@ -44,10 +43,10 @@ def test_counts_land_in_their_minute_and_bucket() -> None:
     assert not counts and counts.take_calls(keys) == []
     hour = now // HOUR_MS
     args = [c.args for c in calls]
-    assert ("HINCRBY", history_key(keys, hour), "c59", 5) in args
-    assert ("HINCRBY", history_key(keys, hour), "f59", 1) in args
-    assert ("HINCRBY", history_key(keys, hour + 1), "c0", 5) in args
-    assert ("PEXPIREAT", history_key(keys, hour), (hour + 1) * HOUR_MS + RETAIN_MS) in args
+    assert ("HINCRBY", keys.history(hour), "c59", 5) in args
+    assert ("HINCRBY", keys.history(hour), "f59", 1) in args
+    assert ("HINCRBY", keys.history(hour + 1), "c0", 5) in args
+    assert ("PEXPIREAT", keys.history(hour), (hour + 1) * HOUR_MS + RETAIN_MS) in args
     replies = [[b"c59", b"5", b"f59", b"1"], {b"c0": b"5", b"bogus": b"9", b"c61": b"1", b"f3": b"x", b"c": b"2"}]
     s = parse_hours([hour, hour + 1], replies, now + 40_000, 2 * HOUR_MS, HOUR_MS)
     assert s.completed == [5, 5] and s.failed == [1, 0] and s.step_ms == HOUR_MS
