@@ -169,7 +169,6 @@ class ProducerCore:
         )
         self._xadd_resp = b"".join([resp_bulk(a) for a in self._xadd_args])
         self._names: dict[Any, tuple[bytes, bytes]] = {}  # name -> (UTF-8, RESP of ``n <name>``)
-        self._tails: dict[bytes, bytes] = {}  # name's UTF-8 -> RESP of ``n <name>`` (xadd_call)
 
     def _name(self, name: Any) -> tuple[bytes, bytes]:
         """``validate_job_name`` remembered per name (a queue sees a handful of names)."""
@@ -219,14 +218,9 @@ class ProducerCore:
         return script_call("enqueue_batch", (self.keys.stream,), tuple(argv))
 
     def xadd_call(self, envelope: bytes, name_bytes: bytes) -> Call:
-        """The pre-packed XADD of one plain add."""
-        tail = self._tails.get(name_bytes)
-        if tail is None:
-            tail = resp_bulk("n") + resp_bulk(name_bytes) if name_bytes else b""
-            if len(self._tails) >= 1024:
-                self._tails.clear()
-            self._tails[name_bytes] = tail
-        return self._packed_xadd(envelope, name_bytes, tail)
+        """The pre-packed XADD of one plain add (the coalescers' lone add; ``quick_add`` takes
+        the RESP tail from its name cache instead)."""
+        return self._packed_xadd(envelope, name_bytes, resp_bulk("n") + resp_bulk(name_bytes) if name_bytes else b"")
 
     def _packed_xadd(self, envelope: bytes, name_bytes: bytes, tail: bytes) -> Call:
         if name_bytes:
