@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -74,7 +75,13 @@ async def running(worker: Any, *, stop_timeout: float = 30.0) -> AsyncIterator[a
         yield task
     finally:
         await worker.close()
-        await asyncio.wait_for(task, stop_timeout)
+        done, _ = await asyncio.wait([task], timeout=stop_timeout)
+        if not done:  # say where it is stuck: every task's stack, then fail
+            for t in asyncio.all_tasks():
+                t.print_stack(file=sys.stderr)
+            task.cancel()
+            raise TimeoutError(f"the worker did not stop within {stop_timeout} s (task stacks on stderr)")
+        task.result()
 
 
 def raw_async(url: str) -> aioredis.Redis:

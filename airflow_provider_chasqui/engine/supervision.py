@@ -8,6 +8,7 @@ under one :class:`Supervisor`; every loop re-reads its state when it starts, so 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,10 +18,11 @@ from typing import Any
 from ..core.pacing import Backoff
 from .metrics import NO_METRICS, WorkerMetrics
 
-__all__ = ["Supervisor", "TaskHealth"]
+__all__ = ["STOP_GRACE_SECS", "Supervisor", "TaskHealth", "settle_tasks"]
 
 log = logging.getLogger(__name__)
 CALM_SECS = 60.0  # a crash this long after the previous one starts the backoff over
+STOP_GRACE_SECS = 10.0  # how long a stop waits for a cancelled or stopped task before going on
 
 
 @dataclass(slots=True)
@@ -93,3 +95,34 @@ class Supervisor:
             else:
                 out[role] = True
         return out
+
+
+async def settle_tasks(
+    tasks: list[asyncio.Task[None]], label: str, *, cancel: bool, grace: float = STOP_GRACE_SECS
+) -> None:
+    """Wait (at most ``grace`` seconds) for ``tasks`` to end, cancelling them first if ``cancel``.
+
+    A stop must end even when a task does not: one cancelled inside a client call whose
+    connection is gone (a Redis restart, a silent peer) can hold its cancellation for as long as
+    that library's own timeouts.  Such a task is cancelled (again), named in a warning with the
+    stack it is stuck in, and left behind; what it held (a lease, a lock) expires in Redis."""
+    if cancel:
+        for t in tasks:
+            t.cancel()
+    if not tasks:
+        return
+    _done, late = await asyncio.wait(tasks, timeout=grace)
+    for t in late:
+        t.cancel()
+        out = io.StringIO()
+        t.print_stack(file=out)
+        log.warning(
+            "%s: task %s did not end within %.0f s of the stop; left behind:\n%s",
+            label,
+            t.get_name(),
+            grace,
+            out.getvalue(),
+        )
+    for t in _done:
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("%s: task %s ended with %r", label, t.get_name(), t.exception())

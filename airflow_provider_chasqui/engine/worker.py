@@ -86,7 +86,7 @@ from .lease_guard import LeaseGuard
 from .metrics import NO_METRICS, metrics_sink
 from .progress import ProgressReporter
 from .promoter import Promoter
-from .supervision import Supervisor
+from .supervision import STOP_GRACE_SECS, Supervisor, settle_tasks
 from .worker_settings import DEFAULT_CONCURRENCY, WorkerSettings, options_to_fields
 
 if TYPE_CHECKING:
@@ -406,8 +406,11 @@ class Worker:
         leaser: asyncio.Task[None],
     ) -> None:
         s = self.settings
-        await self._intake.unblock()
-        await asyncio.gather(reader, return_exceptions=True)
+        label = f"worker {self.consumer_id}"
+        # every step is bounded: a stop ends even when Redis went silent (a paused server)
+        grace = min(STOP_GRACE_SECS, max(1.0, s.shutdown_deadline_secs))
+        await self._within(self._intake.unblock(), "its reader's unblock", grace)
+        await settle_tasks([reader], label, cancel=False, grace=grace)
         for lp, task in background:
             if lp is None:
                 task.cancel()
@@ -415,28 +418,37 @@ class Worker:
                 lp.stop()
         self._wake_all()
         _done, late = await asyncio.wait(slots, timeout=s.shutdown_deadline_secs)
-        for task in late:  # their entries stay pending and are reclaimed later: nothing is lost
-            task.cancel()
-        if late:
-            log.warning("worker %s: %d handlers still running at the shutdown deadline", self.consumer_id, len(late))
-        await asyncio.gather(*late, return_exceptions=True)
+        if late:  # their entries stay pending and are reclaimed later: nothing is lost
+            log.warning("%s: %d handlers still running at the shutdown deadline", label, len(late))
+            await settle_tasks(list(late), label, cancel=True, grace=grace)
         if self._procs is not None:
             await self._procs.close()
-        await self._progress.flush()  # the handlers' last reports, before their outcomes
+        await self._within(self._progress.flush(), "the last progress reports", grace)  # before the outcomes
         self._final_flush = True
         self._flush_wanted.set()
-        await asyncio.gather(flusher, return_exceptions=True)
+        # the acks of every handler that finished; past the grace their entries stay pending and
+        # are reclaimed after the lease (run again, never at once: the leases stop with us)
+        await settle_tasks([flusher], label, cancel=False, grace=max(grace, s.claim_min_idle_ms / 1000))
         self._guard.stop()
-        leaser.cancel()  # the leases were renewed until the last ack was written
-        await asyncio.gather(leaser, *(t for _lp, t in background), return_exceptions=True)
-        await self._intake.leave()
+        # the leases were renewed until the last ack was written; background loops end here
+        await settle_tasks([leaser], label, cancel=True, grace=grace)
+        await settle_tasks([t for _lp, t in background], label, cancel=False, grace=grace)
+        # a clean stop's goodbye; without it the heartbeat lapses and a janitor reaps us
+        await self._within(self._intake.leave(), "its leave", grace)
         suppressed = self._fail_log.take_suppressed()
         if suppressed:
             self._intake.log_suppressed(suppressed)
         self._executor.shutdown(wait=False, cancel_futures=True)
-        await self._intake.close()
-        await self.driver.close()
+        await self._within(self._intake.close(), "closing its reader", grace)
+        await self._within(self.driver.close(), "closing its connections", grace)
         log.info("worker %s stopped after %d jobs", self.consumer_id, self.processed)
+
+    async def _within(self, aw: Awaitable[Any], what: str, grace: float) -> None:
+        """``aw``, given up (with a warning) after ``grace`` seconds."""
+        try:
+            await asyncio.wait_for(aw, grace)
+        except TimeoutError:
+            log.warning("worker %s: %s took over %.1f s: given up", self.consumer_id, what, grace)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         import signal

@@ -258,6 +258,57 @@ async def test_standalone_scheduler_and_promoter_survive_a_paused_server(
     assert took < 40, took
 
 
+@pytest.mark.single_node("pauses a private server")
+@pytest.mark.timeout(150)
+async def test_a_worker_stops_in_bounded_time_while_its_server_is_paused(
+    own_server: RunningServer, own_url: str, queue_name: str
+) -> None:
+    """A stop while Redis is silent (SIGSTOP): its reader blocked, a handler finishing with an
+    ack to write, leases and beats due.  Every step of the stop is bounded by the grace
+    (``min(10 s, shutdown_deadline_secs)``), so the worker ends; the job's entry stays pending
+    and another worker reclaims it after the lease (nothing lost)."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def handler(job):
+        started.append(job.id)
+        await release.wait()
+        return "late"
+
+    w = Worker(
+        queue_name, handler, redis_url=own_url, shutdown_deadline_secs=1, claim_min_idle_ms=1000, promoter_poll_ms=20
+    )
+    q = Queue(queue_name, redis_url=own_url)
+    task = asyncio.create_task(w.run())
+    stopped = False
+    try:
+        job = await q.add("slow", 1)
+        await wait_until(lambda: started == [job.id], 20, what="the job running")
+        os.kill(own_server.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            release.set()  # its ack now goes to a silent server
+            await asyncio.sleep(0.05)
+            await w.close()
+            await asyncio.wait_for(asyncio.shield(task), 60)
+            took = time.monotonic() - t0
+            stopped = True
+        finally:
+            os.kill(own_server.pid, signal.SIGCONT)
+        print(f"\n[paused server] the worker stopped {took:.1f}s after close()")
+        assert took < 25, took
+        with own_server.client() as r:  # the job is still there: acked, or pending for a reclaim
+            keys = QueueKeys.for_queue(queue_name)
+            pending = r.xpending(keys.stream, "default")["pending"]
+            assert pending in (0, 1)
+            if pending:
+                assert r.xlen(keys.stream) == 1
+    finally:
+        if not stopped:
+            task.cancel()
+        await q.close()
+
+
 @pytest.mark.single_node("a proxy in front of a private server")
 @pytest.mark.timeout(150)
 async def test_a_leader_whose_connection_goes_silent_loses_the_lock(
