@@ -3,6 +3,7 @@
 -- identity (spec key + scheduled time), so two schedulers at once, or an update that moved
 -- the timeline, can never fire the same window twice.
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = repeat   KEYS[4] = repeat:quarantine
+-- KEYS[5] = controls hash   KEYS[6] = prioritized   KEYS[7] = groups   (for op 'S' only)
 -- ARGV[1] = now_ms   ARGV[2] = max_stream_len
 -- ARGV[3] = spec hash prefix (<prefix>:repeat:spec:, same hash slot as KEYS[3])
 -- ARGV[4] = m, the number of specs; ARGV[5 .. 4 + m] = their keys; then per spec, in the
@@ -12,6 +13,10 @@
 --   'F' expected next_fire_ms (0 = none) limit (0 = none) end_before_ms (0 = none) name n
 --       then n pairs (fire_at_ms, envelope) in chronological order; envelope "" = a fire past
 --       the spec's execution deadline: skipped and counted (HINCRBY skipped)
+--   'S' expected next_fire_ms limit end_before_ms priority group_list group name n pairs:
+--       an 'F' whose due fires wait beside the stream (issue 24), as add_prioritized.lua
+--       (priority > 0) or add_grouped.lua (group_list = the group's list key) write them;
+--       a fire not yet due goes to the delayed set as a plain job
 --   'D' expected                                 drop a dangling entry (no spec in the hash)
 --   'Q' expected mode bytes                      quarantine a corrupt entry: mode 's' = its
 --                                                stored spec still is `bytes`; 'x' = any content
@@ -63,18 +68,59 @@ local function fired_count(hash)
   return tonumber(v or '0')
 end
 
-local function emit(name, at, env)
-  if tonumber(at) <= now then
+-- the side lanes' keys, checked once per call (a key of another type, hostile or foreign, is
+-- replaced, as the add scripts do)
+local side_checked = false
+local function side_keys()
+  if side_checked then
+    return
+  end
+  side_checked = true
+  for j, want in pairs({[5] = 'hash', [6] = 'zset', [7] = 'zset'}) do
+    local kind = redis.call('TYPE', KEYS[j]).ok
+    if kind ~= want and kind ~= 'none' then
+      redis.call('DEL', KEYS[j])
+    end
+  end
+end
+
+local function member_of(name, env)
+  local len = #name
+  return string.char(len % 256, math.floor(len / 256) % 256, math.floor(len / 65536) % 256,
+    math.floor(len / 16777216) % 256) .. name .. env
+end
+
+-- a due fire of an 'S' entry: into the prioritized set, or its group's list
+local function emit_side(name, env, priority, list, group)
+  side_keys()
+  if priority > 0 then
+    local seq = redis.call('HINCRBY', KEYS[5], 'prio_seq', 1)
+    redis.call('ZADD', KEYS[6], priority * 137438953472 + seq, member_of(name, env))
+  else
+    redis.call('HSET', KEYS[5], 'grouped', '1')
+    local kind = redis.call('TYPE', list).ok
+    if kind ~= 'list' and kind ~= 'none' then
+      redis.call('DEL', list)
+    end
+    redis.call('RPUSH', list, member_of(name, env))
+    if not redis.call('ZSCORE', KEYS[7], group) then
+      local last = redis.call('ZRANGE', KEYS[7], -1, -1, 'WITHSCORES')
+      redis.call('ZADD', KEYS[7], (tonumber(last[2]) or 0) + 1, group)
+    end
+  end
+end
+
+local function emit(name, at, env, side)
+  if side and tonumber(at) <= now then
+    emit_side(name, env, side[1], side[2], side[3])
+  elseif tonumber(at) <= now then
     if name == '' then
       redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env)
     else
       redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env, 'n', name)
     end
   else
-    local len = #name
-    local prefix = string.char(len % 256, math.floor(len / 256) % 256, math.floor(len / 65536) % 256,
-      math.floor(len / 16777216) % 256)
-    redis.call('ZADD', KEYS[2], at, prefix .. name .. env)
+    redis.call('ZADD', KEYS[2], at, member_of(name, env))
   end
 end
 
@@ -110,9 +156,14 @@ for s = 1, m do
       end
     end
     i = i + 5
-  elseif op == 'F' then
+  elseif op == 'F' or op == 'S' then
     local nxt_arg = ARGV[i + 2]
     local nxt, limit, endb = tonumber(nxt_arg), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+    local side = nil
+    if op == 'S' then  -- three more: priority, group list key, group
+      side = {tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7]}
+      i = i + 3
+    end
     local name, n = ARGV[i + 5], tonumber(ARGV[i + 6])
     local first = i + 7
     i = first + 2 * n
@@ -144,7 +195,7 @@ for s = 1, m do
             bad = 'the fired counter: ' .. res.err
             break
           end
-          emit(name, ARGV[j], env)
+          emit(name, ARGV[j], env, side)
           fired = fired + 1
         end
       end

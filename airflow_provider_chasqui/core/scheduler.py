@@ -194,9 +194,9 @@ class _Catchup:
 
 def _skips_while_paused(raw_ext: Any) -> bool:
     """Whether a due spec's ext asks to skip fires while the queue is paused (an ext that does
-    not decode: no; the plan quarantines it).  Only a four-item ext (msgpack fixarray 0x94) can
+    not decode: no; the plan quarantines it).  Only an ext of four to seven items (fixarray 0x94-0x97) can
     carry the policy: the others are not decoded here, the plan decodes them once."""
-    if type(raw_ext) is not bytes or raw_ext[:1] not in (b"\x94", b"\x95"):
+    if type(raw_ext) is not bytes or raw_ext[:1] not in (b"\x94", b"\x95", b"\x96", b"\x97"):
         return False
     try:
         return SpecExt.decode(raw_ext).skip_while_paused
@@ -511,6 +511,7 @@ class SchedulerCore:
             skip = self._paused and ext.skip_while_paused
             if (
                 not skip
+                and ext.side is None
                 and end is None
                 and spec.limit is None
                 and nxt > 0
@@ -537,10 +538,11 @@ class SchedulerCore:
         k = self.keys
         argv[3] = len(plans)
         argv += body
-        return script_call("schedule_batch", (k.stream, k.delayed, k.repeat, k.repeat_quarantine), argv)
+        keys = (k.stream, k.delayed, k.repeat, k.repeat_quarantine, k.controls, k.prioritized, k.groups)
+        return script_call("schedule_batch", keys, argv)
 
-    @staticmethod
     def _fires_entry(
+        self,
         key: str,
         spec: DueSpec,
         ext: SpecExt,
@@ -554,10 +556,18 @@ class SchedulerCore:
     ) -> None:
         """An 'F' entry: ``fires`` (chronological, within ``end_before``) then score ``nxt``;
         ``skip``: every fire is skipped and counted (``while_paused="skip"`` on a paused queue);
-        ``timed`` gets each fire's own timeout (job id, ms, due in)."""
+        ``timed`` gets each fire's own timeout (job id, ms, due in).  A spec with a priority or
+        a group gets an 'S' entry: the same, with the side lane its due fires wait in."""
         deadline = ext.deadline_ms
         inner, retry = spec.payload_inner, ext.retry
-        body += ("F", expected, nxt, spec.limit or 0, spec.end_before_ms or 0, spec.job_name, len(fires))
+        side = ext.side
+        if side is None:
+            body += ("F", expected, nxt, spec.limit or 0, spec.end_before_ms or 0)
+        else:
+            priority, group = side
+            lane = self.keys.group_jobs(group) if group else ""
+            body += ("S", expected, nxt, spec.limit or 0, spec.end_before_ms or 0, priority, lane, group)
+        body += (spec.job_name, len(fires))
         for at in fires:
             if skip or (deadline is not None and now - at > deadline):
                 body += (at, b"")

@@ -10,7 +10,9 @@ the ``fired`` counter.  This project adds no per-spec keys, only:
   execution deadline (a fire later than that past its scheduled time is skipped and counted
   in the hash field ``skipped``), with a fourth item ``1`` for ``while_paused="skip"`` (``0``
   otherwise when a fifth follows: every fire's own ``timeout_ms``) (a fire
-  due while the queue is paused is skipped and counted the same way; issue 24);
+  due while the queue is paused is skipped and counted the same way; issue 24), and a sixth
+  and seventh, every fire's ``priority`` and ``group`` (nil when unset): such a spec's fires
+  wait beside the stream as the jobs added with them do (``lua/schedule_batch.lua``'s op 'S');
 * the ZSET ``repeat:paused`` (score = the next fire when paused): a paused spec is not in
   ``repeat``, so no scheduler, not even a ChasquiMQ one sharing the queue, can fire it;
 * the HASH ``repeat:quarantine`` (spec key -> raw bytes of a stored spec that did not decode).
@@ -41,7 +43,9 @@ from .codec import (
     validate_job_name,
 )
 from .cron import compile_cron, first_fire_after_now, next_fire_after
+from .groups import check_group
 from .keys import QueueKeys
+from .priorities import check_priority
 from .repeat import (
     MissedFiresPolicy,
     RepeatableMeta,
@@ -91,6 +95,8 @@ REPEAT_BULK_KEYS = frozenset(
         "while_paused",
         "job_id",
         "timeout_ms",
+        "priority",
+        "group",
     }
 )
 _U64 = 2**64 - 1
@@ -108,17 +114,35 @@ class SpecExt:
     deadline_ms: int | None = None
     skip_while_paused: bool = False  # while_paused="skip": fires due while the queue is paused are skipped
     timeout_ms: int | None = None  # every fire's own timeout (core/running.py)
+    priority: int | None = None  # every fire's priority (core/priorities.py)
+    group: str | None = None  # every fire's group (core/groups.py)
 
     @property
     def empty(self) -> bool:
-        return self.retry is None and self.deadline_ms is None and not self.skip_while_paused and not self.timeout_ms
+        return (
+            self.retry is None
+            and self.deadline_ms is None
+            and not self.skip_while_paused
+            and not self.timeout_ms
+            and self.side is None
+        )
+
+    @property
+    def side(self) -> tuple[int, str] | None:
+        """``(priority or 0, group or "")`` when the fires wait beside the stream, else None."""
+        if self.priority is None and self.group is None:
+            return None
+        return self.priority or 0, self.group or ""
 
     def encode(self) -> bytes:
         arr: list[Any] = [EXT_VERSION, None if self.retry is None else self.retry.to_wire(), self.deadline_ms]
-        if self.skip_while_paused or self.timeout_ms:
+        side = self.side is not None
+        if self.skip_while_paused or self.timeout_ms or side:
             arr.append(1 if self.skip_while_paused else 0)
-        if self.timeout_ms:
+        if self.timeout_ms or side:
             arr.append(self.timeout_ms)
+        if side:
+            arr += (self.priority, self.group)
         return _packb(arr)
 
     @classmethod
@@ -141,7 +165,18 @@ class SpecExt:
         if timeout is not None and (type(timeout) is not int or not 0 < timeout <= MAX_TIMEOUT_MS):
             raise CodecError(f"spec ext timeout_ms must be 1 .. {MAX_TIMEOUT_MS} or nil, got {timeout!r}")
         skip = len(arr) > 3 and type(arr[3]) is int and arr[3] == 1  # else: "queue"
-        return cls(retry, deadline, skip, timeout)
+        priority = arr[5] if len(arr) > 5 else None
+        group = arr[6] if len(arr) > 6 else None
+        try:
+            if priority is not None:
+                check_priority(priority)
+            if group is not None:
+                check_group(group)
+                if priority is not None:
+                    raise ConfigError("both a priority and a group")
+        except ConfigError as exc:
+            raise CodecError(f"spec ext priority/group: {exc}") from exc
+        return cls(retry, deadline, skip, timeout, priority, group)
 
 
 _NO_EXT = SpecExt()
@@ -168,6 +203,8 @@ class RepeatableInfo(RepeatableMeta):
     deadline_ms: int | None = None
     while_paused: str = "queue"  # or "skip": what a fire due while the queue is paused does
     timeout_ms: int | None = None  # every fire's own timeout
+    priority: int | None = None  # every fire's priority
+    group: str | None = None  # every fire's group
     corrupt: ClassVar[bool] = False
 
 
@@ -376,8 +413,18 @@ def spec_key_arg(key: Any, job_id: Any) -> Any:
 def bulk_spec_key(item: Mapping[str, Any]) -> str:
     """The key an ``upsert_repeatable_bulk`` item resolves to (for routing to a shard)."""
     _check_item(item)
-    key = spec_key_arg(item.get("key"), item.get("job_id"))
-    return derive_spec_key(item["name"], coerce_pattern(item.get("repeat")), key)
+    return sharded_spec_key(item["name"], item.get("repeat"), item.get("key"), item)
+
+
+def sharded_spec_key(name: str, repeat: Any, key: str | None, options: Mapping[str, Any]) -> str:
+    """The key that routes a spec to its shard.  A spec of a sharded queue cannot take a
+    ``group``: a group lives on the shard its name picks, the spec on its key's."""
+    if options.get("group") is not None:
+        raise ConfigError(
+            "a repeatable spec of a sharded queue cannot take a group (a group lives on one shard, a spec on "
+            "its key's): give it a priority, or upsert it on the group's shard (shard_for(group))"
+        )
+    return derive_spec_key(name, coerce_pattern(repeat), spec_key_arg(key, options.get("job_id")))
 
 
 def _check_item(item: Any) -> None:
@@ -437,6 +484,8 @@ class SpecFlows:
         start_after_ms: int | None = None,
         end_before_ms: int | None = None,
         timeout_ms: Any = None,
+        priority: int | None = None,
+        group: str | None = None,
         now: int | None = None,
         next_cache: dict[Any, int | None] | None = None,
     ) -> PreparedSpec:
@@ -474,8 +523,15 @@ class SpecFlows:
         ext = b""
         skip = _skip_while_paused(while_paused)
         timeout = None if timeout_ms is None else check_timeout_ms(timeout_ms)
-        if attempts is not None or backoff is not None or deadline is not None or skip or timeout:
-            ext_value = SpecExt(build_retry_override(attempts, backoff), _deadline_ms(deadline), skip, timeout)
+        side = priority is not None or group is not None
+        if side:
+            if priority is not None and group is not None:
+                raise ConfigError("a spec's fires take a priority or a group, not both (they wait beside the stream)")
+            priority = None if priority is None else check_priority(priority)
+            group = None if group is None else check_group(group)
+        if attempts is not None or backoff is not None or deadline is not None or skip or timeout or side:
+            retry = build_retry_override(attempts, backoff)
+            ext_value = SpecExt(retry, _deadline_ms(deadline), skip, timeout, priority, group)
             ext = b"" if ext_value.empty else ext_value.encode()
         spec = _encode_spec(spec_key, name, pattern, inner, _limit(limit), start, end, policy)
         if len(spec) > self.settings.max_payload_bytes:
@@ -710,6 +766,8 @@ class SpecFlows:
             deadline_ms=ext.deadline_ms,
             while_paused="skip" if ext.skip_while_paused else "queue",
             timeout_ms=ext.timeout_ms,
+            priority=ext.priority,
+            group=ext.group,
         )
 
     def get(self, key: str) -> Flow[RepeatableInfo | None]:

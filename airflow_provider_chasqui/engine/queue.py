@@ -146,8 +146,6 @@ class Queue:
             jid, created = await self.driver.run(flow)
             return self._job(jid, created, name, data)
         side = priority is not None or group is not None  # waits beside the stream: no trace, no quick path
-        if side and (repeat is not None or missed_fires is not None):
-            raise ConfigError("priority and group apply to a job, not to a repeatable spec (repeat=)")
         if self._tracer is not None and repeat is None and missed_fires is None and not side:
             return await self._traced_add(
                 name,
@@ -188,6 +186,8 @@ class Queue:
                 job_id=job_id,
                 missed_fires=missed_fires,
                 timeout_ms=timeout_ms,
+                priority=priority,
+                group=group,
             )
         if missed_fires is not None:
             raise ConfigError("missed_fires only applies together with repeat=")
@@ -296,6 +296,8 @@ class Queue:
         start_after_ms: int | None = None,
         end_before_ms: int | None = None,
         timeout_ms: Any = None,
+        priority: int | None = None,
+        group: str | None = None,
     ) -> Job:
         """Create or replace a repeatable spec; the returned Job's ``id`` is the spec key.
 
@@ -308,7 +310,8 @@ class Queue:
         counted.  ``while_paused``: "queue" (default: fires due while the queue is paused run
         after the resume) or "skip" (they are skipped and counted).  ``job_id`` names the spec
         like ``key`` (chasquimq drops it).  ``timeout_ms``: every fire's own timeout (each
-        attempt is stopped after that long; docs/running-jobs.md).  Re-upserting a key
+        attempt is stopped after that long; docs/running-jobs.md).  ``priority`` or ``group``:
+        every fire waits beside the stream as a job added with it (docs/flow-control.md).  Re-upserting a key
         replaces the spec and its timeline (the old next fire never fires) and resumes it if
         paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
         raise ConfigError.
@@ -330,6 +333,8 @@ class Queue:
             start_after_ms=start_after_ms,
             end_before_ms=end_before_ms,
             timeout_ms=timeout_ms,
+            priority=priority,
+            group=group,
         )
         spec_key, created = await self.driver.run(flow)
         return self._job(spec_key, created, name, data)

@@ -21,8 +21,8 @@ from typing import Any
 
 from ..core.controls import RateLimit, sum_rate_limits
 from ..core.groups import GroupLimits, check_group
-from ..core.repeat import RepeatableMeta, derive_spec_key
-from ..core.schedules import RepeatableInfo, bulk_spec_key, coerce_pattern, spec_key_arg
+from ..core.repeat import RepeatableMeta
+from ..core.schedules import RepeatableInfo, bulk_spec_key, sharded_spec_key
 from ..core.settings import QueueSettings
 from ..core.sharding import (
     decode_cursor,
@@ -94,7 +94,7 @@ class ShardedQueue:
         """A job on the shard of its ``job_id`` (random without one); with ``repeat``, a spec
         on the shard of its key."""
         if repeat is not None:  # the shard's Queue.add checks the options as it does unsharded
-            spec_key = derive_spec_key(name, coerce_pattern(repeat), spec_key_arg(None, job_id))
+            spec_key = sharded_spec_key(name, repeat, None, {**options, "job_id": job_id})
             return await self.shard_for(spec_key).add(name, data, job_id=job_id, repeat=repeat, **options)
         group = options.get("group")
         if group is not None:  # a group lives on one shard: its turn and its limits are whole there
@@ -107,7 +107,7 @@ class ShardedQueue:
     async def upsert_repeatable_job(
         self, name: str, data: Any, *, repeat: Any, key: str | None = None, **options: Any
     ) -> Job:
-        spec_key = derive_spec_key(name, coerce_pattern(repeat), spec_key_arg(key, options.get("job_id")))
+        spec_key = sharded_spec_key(name, repeat, key, options)
         return await self.shard_for(spec_key).upsert_repeatable_job(name, data, repeat=repeat, key=key, **options)
 
     async def upsert_repeatable_bulk(self, specs: Sequence[Mapping[str, Any]]) -> list[str]:
