@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from ..core.priorities import check_priority
 from ..core.repeat import MissedFiresPolicy, RepeatPattern
 from ..core.running import check_timeout_ms
 from ..hooks.chasqui import ChasquiHook
@@ -70,6 +71,8 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
     :param backoff: retry backoff of each fired job: int ms, a ``BackoffSpec`` or its dict form.
     :param timeout_ms: stop each attempt of each fired job after this many milliseconds (reason
         ``timeout``, then the retry policy; docs/running-jobs.md).
+    :param priority: every fired job's priority (an int, 1 the most urgent; docs/flow-control.md).
+    :param group: every fired job's group (a tenant); not with ``priority``. (templated)
     :param queue_name: the queue; default: the connection's ``default_queue``. (templated)
     :param chasqui_conn_id: the ``chasqui`` connection. (templated)
     """
@@ -82,6 +85,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         "key",
         "start_after",
         "end_before",
+        "group",
         "queue_name",
         "chasqui_conn_id",
     )
@@ -108,6 +112,8 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         attempts: int | None = None,
         backoff: int | BackoffSpec | Mapping[str, Any] | None = None,
         timeout_ms: int | float | None = None,
+        priority: int | None = None,
+        group: str | None = None,
         queue_name: str | None = None,
         chasqui_conn_id: str = ChasquiHook.default_conn_name,
         **kwargs: Any,
@@ -141,6 +147,10 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         self.attempts = attempts
         self.backoff = backoff.to_dict() if isinstance(backoff, BackoffSpec) else backoff
         self.timeout_ms = None if timeout_ms is None else check_timeout_ms(timeout_ms)
+        if priority is not None and group is not None:
+            raise ValueError("priority cannot be combined with group")
+        self.priority = None if priority is None else check_priority(priority)
+        self.group = group  # checked when it is rendered (a template)
         self.queue_name = queue_name
         self.chasqui_conn_id = chasqui_conn_id
 
@@ -165,6 +175,8 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
                 attempts=self.attempts,
                 backoff=self.backoff,
                 timeout_ms=self.timeout_ms,
+                priority=self.priority,
+                group=self.group or None,
             ).id  # the Job's id is the spec key
             record_origin(queue, context, spec_key=spec_key)
             info = queue.get_repeatable_job(spec_key)

@@ -228,6 +228,9 @@ def upsert(**kwargs: object) -> ChasquiUpsertRepeatableOperator:
         ({"cron": "* * * * *", "while_paused": "drop"}, "while_paused must be 'queue' or 'skip'"),
         ({"cron": "* * * * *", "timeout_ms": 0}, "timeout_ms must be more than 0"),
         ({"cron": "* * * * *", "timeout_ms": float("nan")}, "timeout_ms must be more than 0"),
+        ({"cron": "* * * * *", "priority": 0}, "priority must be between"),
+        ({"cron": "* * * * *", "priority": "1"}, "priority must be an int"),
+        ({"cron": "* * * * *", "priority": 1, "group": "g"}, "priority cannot be combined with group"),
     ],
 )
 def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None:
@@ -271,6 +274,19 @@ def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: s
     assert again == key
     assert queue.get_repeatable_job(key).data == {"report": "costs"}
     assert [m.key for m in queue.get_repeatable_jobs()] == [key]
+
+
+def test_upsert_a_spec_whose_fires_take_a_priority_or_a_group(queue: SyncQueue, queue_name: str) -> None:
+    """Every fire of the spec waits beside the stream (tests/scheduler/test_sched_side_lanes.py
+    proves the fires); the operator stores the option, and a bad rendered group fails the task."""
+    urgent = upsert(queue_name=queue_name, every=60, key="urgent", priority=2).execute({})
+    tenant = upsert(queue_name=queue_name, every=60, key="tenant", group="tenant-7").execute({})
+    assert (queue.get_repeatable_job(urgent).priority, queue.get_repeatable_job(urgent).group) == (2, None)
+    assert (queue.get_repeatable_job(tenant).priority, queue.get_repeatable_job(tenant).group) == (None, "tenant-7")
+    assert "group" in ChasquiUpsertRepeatableOperator.template_fields
+    with pytest.raises(ConfigError, match="group must be 1 to 128 bytes"):
+        upsert(queue_name=queue_name, every=60, key="long", group="g" * 129).execute({})
+    assert queue.get_repeatable_job("long") is None
 
 
 def test_upsert_every_derives_the_key(queue: SyncQueue, queue_name: str) -> None:
