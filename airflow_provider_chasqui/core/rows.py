@@ -19,6 +19,7 @@ __all__ = [
     "EnqueueRow",
     "DelayRow",
     "EnqueueOnceRow",
+    "EnqueueSideRow",
     "EnqueueUniqueRow",
     "ReplayRow",
     "UpsertRow",
@@ -65,6 +66,10 @@ DELAY_ROW = ("run_at_ms", "member")
 EnqueueOnceRow = tuple[int, bytes, bytes]
 ENQUEUE_ONCE_ROW = ("run_at", "payload", "name")
 
+#: ``enqueue_batch_side_once.lua``, 4 per job (priority 0 = none, group "" = none)
+EnqueueSideRow = tuple[int, str, bytes, bytes]
+ENQUEUE_SIDE_ROW = ("priority", "group", "envelope", "name")
+
 #: ``enqueue_batch_unique.lua``, 4 per job (payload as in ``EnqueueOnceRow``)
 EnqueueUniqueRow = tuple[str, int, bytes, bytes]
 ENQUEUE_UNIQUE_ROW = ("job_id", "run_at", "payload", "name")
@@ -98,6 +103,7 @@ LUA_ROWS: dict[tuple[str, str], tuple[Any, tuple[str, ...]]] = {
     ("delay_batch", ""): (DelayRow, DELAY_ROW),
     ("enqueue_batch_once", ""): (EnqueueOnceRow, ENQUEUE_ONCE_ROW),
     ("enqueue_batch_unique", ""): (EnqueueUniqueRow, ENQUEUE_UNIQUE_ROW),
+    ("enqueue_batch_side_once", ""): (EnqueueSideRow, ENQUEUE_SIDE_ROW),
     ("replay_dlq", ""): (ReplayRow, REPLAY_ROW),
     ("upsert_repeatable", "3"): (UpsertRow, UPSERT_ROW),
     ("upsert_repeatable", "4"): (UpsertExtRow, UPSERT_EXT_ROW),

@@ -137,6 +137,8 @@ def enqueue_dataframe(
     backoff: Any = None,
     batch: int = DEFAULT_BATCH,
     max_stream_len: int | None = None,
+    priority_col: str | None = None,
+    group_col: str | None = None,
 ) -> int:
     """Enqueue one job per row of ``df``; returns the number of rows enqueued.
 
@@ -153,6 +155,9 @@ def enqueue_dataframe(
     :param max_stream_len: the stream's approximate cap (``MAXLEN ~``) for these writes; the
         default (1,000,000, ChasquiMQ's) trims the *oldest* entries of a longer backlog, so
         raise it for loads that may exceed it before workers catch up.
+    :param priority_col: / :param group_col: each row's priority (an int, 1 the most urgent) or
+        group (a tenant), null for none: that job waits beside the stream (docs/flow-control.md).
+        Not with ``job_id_col`` or ``delay_ms_col``; a row may not have both.
     """
     _positive(batch, "batch")
     if max_stream_len is not None:
@@ -163,7 +168,7 @@ def enqueue_dataframe(
         name_col=name_col,
         data_cols=data_cols,
         data_col=data_col,
-        extra={"job_id": job_id_col, "delay_ms": delay_ms_col},
+        extra={"job_id": job_id_col, "delay_ms": delay_ms_col, "priority": priority_col, "group": group_col},
     )
     constant = {k: v for k, v in (("attempts", attempts), ("backoff", backoff)) if v is not None}
     if constant:  # a bad retry option fails here on the driver, not in every task
@@ -176,6 +181,8 @@ def enqueue_dataframe(
         "data_col": data_col,
         "id_col": job_id_col,
         "delay_ms_col": delay_ms_col,
+        "priority_col": priority_col,
+        "group_col": group_col,
         "chunk_size": min(batch, 10_000),
         "max_stream_len": max_stream_len,
         **constant,
@@ -203,14 +210,18 @@ def upsert_specs_dataframe(
     attempts: int | None = None,
     backoff: Any = None,
     missed_fires: Any = None,
+    priority_col: str | None = None,
+    group_col: str | None = None,
     batch: int = DEFAULT_BATCH,
 ) -> int:
     """Create or replace one repeatable spec per row (the way millions of schedules are seeded).
 
     Each row needs a cron expression (``cron_col``, with an optional IANA zone in ``tz_col``) or
     an interval (``every_ms_col``); ``key_col`` names the spec (default: derived from the name
-    and pattern, as ``upsert_repeatable_job`` does).  Written through the data source's
-    ``kind=repeatable`` path (the scheduler's bulk upsert).  Returns the number of specs written.
+    and pattern, as ``upsert_repeatable_job`` does).  ``priority_col`` / ``group_col``: each
+    spec's fires take that row's priority or group (null: none).  Written through the data
+    source's ``kind=repeatable`` path (the scheduler's bulk upsert).  Returns the number of specs
+    written.
     """
     _positive(batch, "batch")
     if cron_col is None and every_ms_col is None:
@@ -223,7 +234,14 @@ def upsert_specs_dataframe(
         name_col=name_col,
         data_cols=data_cols,
         data_col=data_col,
-        extra={"key": key_col, "cron": cron_col, "tz": tz_col, "every_ms": every_ms_col},
+        extra={
+            "key": key_col,
+            "cron": cron_col,
+            "tz": tz_col,
+            "every_ms": every_ms_col,
+            "priority": priority_col,
+            "group": group_col,
+        },
     )
     constant = {
         k: v for k, v in (("attempts", attempts), ("backoff", backoff), ("missed_fires", missed_fires)) if v is not None
@@ -238,6 +256,8 @@ def upsert_specs_dataframe(
         "cron_col": cron_col,
         "tz_col": tz_col,
         "every_ms_col": every_ms_col,
+        "priority_col": priority_col,
+        "group_col": group_col,
         "data_col": data_col,
         **constant,
     }

@@ -198,6 +198,88 @@ def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
     ) == {"n": 1}
 
 
+def test_priority_and_group_columns_put_rows_beside_the_stream(ds, redis_url: str, queue_name: str) -> None:
+    """``priority_col`` / ``group_col`` (issue 24): a row with a priority joins the prioritized
+    set in row order within its priority, a row with a group its group's list and the round
+    robin, a row with neither the stream; the same load run again writes nothing (its chunk
+    markers); a worker then runs every job once, the plain ones first and priority 1 before 2."""
+    import asyncio
+
+    from airflow_provider_chasqui import Worker
+
+    rows = [(i, (i % 3) + 1 if i < 12 else None, f"t{i % 2}" if 12 <= i < 20 else None) for i in range(24)]
+    df = ds.createDataFrame(rows, "n INT, prio INT, tenant STRING").coalesce(1)
+    for _ in range(2):
+        _write(
+            df, queue_name, redis_url, name="p", priority_col="prio", group_col="tenant", load_id="SIDE", chunk_size="5"
+        )
+    keys = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r:
+        assert (r.xlen(keys.stream), r.zcard(keys.prioritized)) == (4, 12)
+        assert (r.llen(keys.group_jobs("t0")), r.llen(keys.group_jobs("t1"))) == (4, 4)
+        assert set(r.zrange(keys.groups, 0, -1)) == {b"t0", b"t1"}
+        assert int(r.hget(keys.controls, "prio_seq")) == 12 and r.hget(keys.controls, "grouped") == b"1"
+        prio_order = [
+            decode_data(decode_envelope(split_member(m)[1]).inner)["n"] for m in r.zrange(keys.prioritized, 0, -1)
+        ]
+    assert prio_order == sorted(range(12), key=lambda i: ((i % 3) + 1, i))  # by priority, then row order
+    report = _report(queue_name, "SIDE", redis_url)
+    assert (report["added"], report["skipped"]) == (0, 24)  # the rerun found every chunk's marker
+
+    ran: list[int] = []
+
+    async def drain() -> None:
+        async def handler(job: Any) -> None:
+            ran.append(job.data["n"])
+
+        w = Worker(queue_name, handler, redis_url=redis_url, concurrency=1, run_scheduler=False)
+        task = asyncio.create_task(w.run())
+        deadline = asyncio.get_running_loop().time() + 60
+        while len(ran) < 24 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await w.close()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(drain())
+    assert sorted(ran) == list(range(24))
+    assert set(ran[:4]) == {20, 21, 22, 23}  # the plain rows first
+    urgent = [n for n in ran if n < 12]
+    assert urgent == prio_order  # priority 1 before 2 before 3, row order within one
+
+
+def test_bad_priority_or_group_rows_fail_the_write_naming_the_row(ds, redis_url: str, queue_name: str) -> None:
+    for rows, message in [
+        ([(1, 0, None)], "row 0 of partition 0: priority must be between"),
+        ([(1, 2, "t")], "row 0 of partition 0: a job takes a priority or a group, not both"),
+        ([(1, None, "g" * 200)], "row 0 of partition 0: group must be 1 to 128 bytes"),
+    ]:
+        df = ds.createDataFrame(rows, "n INT, prio INT, tenant STRING").coalesce(1)
+        with pytest.raises(Exception, match=message):
+            _write(df, queue_name, redis_url, name="p", priority_col="prio", group_col="tenant")
+    keys = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.xlen(keys.stream) == 0 and r.zcard(keys.prioritized) == 0
+
+
+def test_spec_rows_take_a_priority_or_a_group(ds, redis_url: str, queue_name: str) -> None:
+    """kind=repeatable with ``priority_col`` / ``group_col``: each spec's fires take its row's
+    option (tests/scheduler/test_sched_side_lanes.py proves the fires); a row with both is a
+    bad row, reported with its key."""
+    from airflow_provider_chasqui import SyncQueue
+
+    rows = [("a", 60_000, 2, None), ("b", 60_000, None, "acme"), ("c", 60_000, None, None), ("d", 60_000, 1, "x")]
+    df = ds.createDataFrame(rows, "key STRING, every BIGINT, prio INT, tenant STRING").coalesce(1)
+    opts = {"kind": "repeatable", "name": "r", "key_col": "key", "every_ms_col": "every"}
+    _write(df, queue_name, redis_url, priority_col="prio", group_col="tenant", on_error="skip", load_id="SS", **opts)
+    report = _report(queue_name, "SS", redis_url)
+    assert (report["added"], report["bad"]) == (3, 1)
+    assert any("'d'" in e and "not both" in e for p in report["partitions"] for e in p["errors"])
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        got = {k: q.get_repeatable_job(k) for k in "abc"}
+        assert [(got[k].priority, got[k].group) for k in "abc"] == [(2, None), (None, "acme"), (None, None)]
+        assert q.get_repeatable_job("d") is None
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -216,6 +298,10 @@ def test_run_at_column(ds, redis_url: str, queue_name: str) -> None:
         ({"name": "x", "timeout_ms": "0"}, "timeout_ms must be more than 0"),
         ({"name": "x", "timeout_ms": "nan"}, "timeout_ms must be more than 0"),
         ({"name": "x", "timeout_ms": "inf"}, "timeout_ms must be more than 0"),
+        ({"name": "x", "priority_col": "k"}, r"column 'k' \(priority_col\) is string; expected"),
+        ({"name": "x", "group_col": "n"}, r"column 'n' \(group_col\) is int; expected string"),
+        ({"name": "x", "priority_col": "n", "delay_ms_col": "n"}, "cannot be combined with delay_ms_col"),
+        ({"name": "x", "group_col": "k", "id_col": "k"}, "cannot be combined with id_col"),
     ],
 )
 def test_bad_options(options: dict[str, str], message: str) -> None:

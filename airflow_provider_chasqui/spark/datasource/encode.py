@@ -15,7 +15,10 @@ while the next chunk is encoded (the engine's bulk path):
   that chunk, so every row becomes exactly one job while the markers live (``dedup_ttl_s``);
 * with ``id_col`` every job holds its own marker, the key ``Queue.add_unique`` uses
   (``lua/enqueue_batch_unique.lua``), for ``dedup_ttl_s``: the same id is never added twice
-  in that time, whichever load or producer added it first.
+  in that time, whichever load or producer added it first;
+* with ``priority_col`` or ``group_col`` (not with ``id_col`` or a delay) the chunk's marker
+  works as without ``id_col``, and a row with a priority or a group waits beside the stream
+  (``lua/enqueue_batch_side_once.lua``), as ``Queue.add(priority=/group=)`` puts it.
 
 Both need the partition's rows in the same order on a re-run, which Spark gives for
 deterministic plans (``repartition(n)`` sorts first unless ``spark.sql.execution.
@@ -39,7 +42,9 @@ from ...core.codec import (
     packb,
     validate_job_name,
 )
+from ...core.groups import check_group
 from ...core.keys import QueueKeys
+from ...core.priorities import check_priority
 from ...core.running import timeout_calls
 from ...errors import ConfigError
 from ..bulk import to_plain
@@ -226,10 +231,40 @@ class ChunkEncoder:
             envelopes = [env if r == 0 else encode_member(nb, env) for env, r, nb in zip(envelopes, run_at, names)]
         return ids, names, run_at, envelopes
 
+    def sides(self, batch: Any, base: int) -> list[tuple[int, str]]:
+        """Each row's ``(priority or 0, group or "")`` (``priority_col`` / ``group_col``)."""
+        plan, n = self.plan, batch.num_rows
+        priorities = [None] * n if plan.priority_col is None else batch.column(plan.priority_col).to_pylist()
+        groups = [None] * n if plan.group_col is None else batch.column(plan.group_col).to_pylist()
+        out = []
+        for i, (p, g) in enumerate(zip(priorities, groups)):
+            try:
+                if p is not None and g is not None:
+                    raise ConfigError("a job takes a priority or a group, not both")
+                out.append((0 if p is None else check_priority(p), "" if g is None else check_group(g)))
+            except ConfigError as exc:
+                raise ConfigError(f"row {base + i} of partition {self.partition}: {exc}") from None
+        return out
+
     # ---- the partition's calls --------------------------------------------------------------
-    def _call(self, chunk: int, ids: list[str], names: list[bytes], run_at: list[int], payloads: list[bytes]) -> Call:
+    def _call(
+        self,
+        chunk: int,
+        ids: list[str],
+        names: list[bytes],
+        run_at: list[int],
+        payloads: list[bytes],
+        sides: list[tuple[int, str]],
+    ) -> Call:
         plan, k = self.plan, self.keys
         head = (plan.dedup_ttl_ms, plan.settings.max_stream_len)
+        if plan.side:  # rows.EnqueueSideRow per job (no delays here: write_plan refuses them)
+            argv = (*head, k.prefix) + tuple(
+                chain.from_iterable((p, g, e, nb) for (p, g), e, nb in zip(sides, payloads, names))
+            )
+            marker = chunk_marker(k, self.load_id, self.partition, chunk)
+            keys = (k.stream, k.controls, k.prioritized, k.groups, marker)
+            return script_call("enqueue_batch_side_once", keys, argv)
         if plan.id_col is None:
             argv = head + tuple(chain.from_iterable(zip(run_at, payloads, names)))  # rows.EnqueueOnceRow per job
             marker = chunk_marker(k, self.load_id, self.partition, chunk)
@@ -244,10 +279,13 @@ class ChunkEncoder:
         names: list[bytes] = []
         run_at: list[int] = []
         payloads: list[bytes] = []
+        sides: list[tuple[int, str]] = []
         chunk = 0
         for batch in batches:
             if batch.num_rows == 0:
                 continue
+            if self.plan.side:
+                sides += self.sides(batch, self.rows)
             b_ids, b_names, b_run, b_payloads = self.encode(batch, self.rows)
             self.rows += batch.num_rows
             ids += b_ids
@@ -256,13 +294,13 @@ class ChunkEncoder:
             payloads += b_payloads
             while len(ids) >= size:
                 yield from self._timeouts(ids[:size], run_at[:size])
-                yield self._call(chunk, ids[:size], names[:size], run_at[:size], payloads[:size])
+                yield self._call(chunk, ids[:size], names[:size], run_at[:size], payloads[:size], sides[:size])
                 self.sent_rows.append(size)
                 chunk += 1
-                del ids[:size], names[:size], run_at[:size], payloads[:size]
+                del ids[:size], names[:size], run_at[:size], payloads[:size], sides[:size]
         if ids:
             yield from self._timeouts(ids, run_at)
-            yield self._call(chunk, ids, names, run_at, payloads)
+            yield self._call(chunk, ids, names, run_at, payloads, sides)
             self.sent_rows.append(len(ids))
 
     def _timeouts(self, ids: list[str], run_at: list[int]) -> list[Call]:

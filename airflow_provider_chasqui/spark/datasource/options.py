@@ -42,6 +42,8 @@ _WRITE_KEYS = {
     "id_col",
     "delay_ms_col",
     "run_at_col",
+    "priority_col",
+    "group_col",
     "attempts",
     "backoff",
     "load_id",
@@ -112,6 +114,12 @@ class WritePlan:
     dedup_ttl_ms: int
     settings: QueueSettings
     timeout_ms: int | None = None  # every job's own timeout (core/running.py)
+    priority_col: str | None = None  # each row's priority (null: none), or
+    group_col: str | None = None  # each row's group: such a row waits beside the stream
+
+    @property
+    def side(self) -> bool:
+        return self.priority_col is not None or self.group_col is not None
 
     def describe(self) -> str:
         """For messages: never the URL's password."""
@@ -161,7 +169,17 @@ def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None =
     _column(schema, id_col, "id_col", ("string", *_INTEGRAL))
     _column(schema, delay_col, "delay_ms_col", _INTEGRAL)
     _column(schema, run_at_col, "run_at_col", _TIMESTAMPS)
-    used = {c for c in (name_col, data_col, id_col, delay_col, run_at_col) if c is not None}
+    priority_col, group_col = options.get("priority_col"), options.get("group_col")
+    _column(schema, priority_col, "priority_col", _INTEGRAL)
+    _column(schema, group_col, "group_col", ("string",))
+    if priority_col is not None or group_col is not None:
+        placed = [k for k, v in (("id_col", id_col), ("delay_ms_col", delay_col), ("run_at_col", run_at_col)) if v]
+        if placed:
+            raise ConfigError(
+                f"chasqui: priority_col and group_col cannot be combined with {', '.join(placed)} (such a job "
+                "waits beside the stream, added now, as Queue.add(priority=/group=) refuses delay and job_id)"
+            )
+    used = {c for c in (name_col, data_col, id_col, delay_col, run_at_col, priority_col, group_col) if c is not None}
     if data_cols_raw is not None:
         data_cols = tuple(c.strip() for c in data_cols_raw.split(",") if c.strip())
         for c in data_cols:
@@ -200,6 +218,8 @@ def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None =
         dedup_ttl_ms=ttl * 1000,
         settings=settings,
         timeout_ms=timeout,
+        priority_col=priority_col,
+        group_col=group_col,
     )
 
 

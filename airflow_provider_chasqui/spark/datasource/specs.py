@@ -40,6 +40,8 @@ _SPEC_KEYS = {
     "cron_col",
     "tz_col",
     "every_ms_col",
+    "priority_col",
+    "group_col",
     "data_col",
     "data_cols",
     "attempts",
@@ -66,6 +68,7 @@ class SpecPlan:
     every_ms_col: str | None
     data_col: str | None
     data_cols: tuple[str, ...]
+    sides: tuple[tuple[str, str], ...]  # ("priority" | "group", column): every fire's side lane
     constant: tuple[tuple[str, Any], ...]
     on_error: str
     load_id: str
@@ -102,7 +105,9 @@ def spec_plan(options: Mapping[str, str], schema: Any) -> SpecPlan:
     if tz_col is not None and cron_col is None:
         raise ConfigError("chasqui: tz_col only applies with cron_col")
     key_col, data_col = options.get("key_col"), options.get("data_col")
-    used = [c for c in (name_col, key_col, cron_col, tz_col, every_col, data_col) if c is not None]
+    side = {"priority": options.get("priority_col"), "group": options.get("group_col")}
+    sides = tuple((k, c) for k, c in side.items() if c is not None)
+    used = [c for c in (name_col, key_col, cron_col, tz_col, every_col, data_col, *side.values()) if c is not None]
     raw_cols = options.get("data_cols")
     data_cols = tuple(c.strip() for c in raw_cols.split(",") if c.strip()) if raw_cols else ()
     for col in used + list(data_cols):
@@ -134,6 +139,7 @@ def spec_plan(options: Mapping[str, str], schema: Any) -> SpecPlan:
         every_ms_col=every_col,
         data_col=data_col,
         data_cols=data_cols,
+        sides=sides,
         constant=constant,
         on_error=on_error,
         load_id=options.get("load_id") or uuid.uuid4().hex[:16],
@@ -172,6 +178,10 @@ def _items(plan: SpecPlan, batch: Any) -> list[dict[str, Any]]:
         if key is not None:
             item["key"] = str(key)
         out.append(item)
+    for option, column in plan.sides:  # a row's priority or group (null: none; checked per row)
+        for item, value in zip(out, col(column)):
+            if value is not None:
+                item[option] = value
     return out
 
 
