@@ -4,6 +4,7 @@
 -- the timeline, can never fire the same window twice.
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[3] = repeat   KEYS[4] = repeat:quarantine
 -- KEYS[5] = controls hash   KEYS[6] = prioritized   KEYS[7] = groups   (for op 'S' only)
+-- KEYS[8] = events   (for op 'U' only)
 -- ARGV[1] = now_ms   ARGV[2] = max_stream_len
 -- ARGV[3] = spec hash prefix (<prefix>:repeat:spec:, same hash slot as KEYS[3])
 -- ARGV[4] = m, the number of specs; ARGV[5 .. 4 + m] = their keys; then per spec, in the
@@ -17,6 +18,11 @@
 --       an 'F' whose due fires wait beside the stream (issue 24), as add_prioritized.lua
 --       (priority > 0) or add_grouped.lua (group_list = the group's list key) write them;
 --       a fire not yet due goes to the delayed set as a plain job
+--   'U' expected next_fire_ms limit end_before_ms mode ttl_ms marker dedup_id events_max name
+--       n pairs, then the n fires' job ids: an 'F' whose due fires are added as add_dedup.lua
+--       adds them (issue 25): throttle: a fire while the marker lives is skipped (counted in
+--       `skipped`, a `deduplicated` event); debounce: the fire waits ttl_ms in the delayed set,
+--       replacing the fire or job that still waits there
 --   'D' expected                                 drop a dangling entry (no spec in the hash)
 --   'Q' expected mode bytes                      quarantine a corrupt entry: mode 's' = its
 --                                                stored spec still is `bytes`; 'x' = any content
@@ -110,6 +116,62 @@ local function emit_side(name, env, priority, list, group)
   end
 end
 
+-- a due fire of a 'U' entry (d = {mode, ttl, marker, dedup_id, events_max}): false when a
+-- throttle found the marker alive (nothing written)
+local function deduplicated(d, old, by)
+  local events_max = tonumber(d[5])
+  if events_max <= 0 then
+    return
+  end
+  local et = redis.call('TYPE', KEYS[8]).ok
+  if et ~= 'stream' and et ~= 'none' then
+    return
+  end
+  local fields = {'e', 'deduplicated', 'id', old, 'ts', now, 'dedup_id', d[4], 'mode', d[1]}
+  if by then
+    fields[#fields + 1] = 'replaced_by'
+    fields[#fields + 1] = by
+  end
+  redis.call('XADD', KEYS[8], 'MAXLEN', '~', events_max, '*', unpack(fields))
+end
+
+local function throttled(d)
+  local marker = d[3]
+  local kind = redis.call('TYPE', marker).ok
+  if kind ~= 'hash' and kind ~= 'none' then
+    redis.call('DEL', marker)
+  end
+  if d[1] ~= 'throttle' then
+    return nil
+  end
+  return redis.call('HGET', marker, 'job')
+end
+
+local function emit_dedup(name, env, jid, d)
+  local marker, ttl = d[3], tonumber(d[2])
+  if d[1] == 'throttle' then
+    if name == '' then
+      redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env)
+    else
+      redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env, 'n', name)
+    end
+    redis.call('HSET', marker, 'job', jid)
+    redis.call('PEXPIRE', marker, ttl)
+    return
+  end
+  local old = redis.call('HGET', marker, 'job')
+  if old then
+    local member = redis.call('HGET', marker, 'member')
+    if member and redis.call('ZREM', KEYS[2], member) == 1 then
+      deduplicated(d, old, jid)
+    end
+  end
+  local m = member_of(name, env)
+  redis.call('ZADD', KEYS[2], now + ttl, m)
+  redis.call('HSET', marker, 'job', jid, 'member', m)
+  redis.call('PEXPIRE', marker, ttl + 60000)
+end
+
 local function emit(name, at, env, side)
   if side and tonumber(at) <= now then
     emit_side(name, env, side[1], side[2], side[3])
@@ -156,23 +218,42 @@ for s = 1, m do
       end
     end
     i = i + 5
-  elseif op == 'F' or op == 'S' then
+  elseif op == 'F' or op == 'S' or op == 'U' then
     local nxt_arg = ARGV[i + 2]
     local nxt, limit, endb = tonumber(nxt_arg), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
-    local side = nil
+    local side, dedup = nil, nil
     if op == 'S' then  -- three more: priority, group list key, group
       side = {tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7]}
       i = i + 3
+    elseif op == 'U' then  -- five more: mode, ttl_ms, marker, dedup_id, events_max
+      dedup = {ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9]}
+      i = i + 5
     end
     local name, n = ARGV[i + 5], tonumber(ARGV[i + 6])
     local first = i + 7
     i = first + 2 * n
+    local ids = i
+    if dedup then
+      i = i + n
+    end
     if ok then
       local hash = base .. key
       local fired, hit, bad = 0, false, nil
-      for j = first, i - 1, 2 do
+      for j = first, ids - 1, 2 do
         local env = ARGV[j + 1]
-        if env == '' then
+        local old = nil
+        if dedup and env ~= '' and tonumber(ARGV[j]) <= now then
+          old = throttled(dedup)
+        end
+        if old then  -- throttled: skipped and counted, as a fire past its deadline is
+          local res = redis.pcall('HINCRBY', hash, 'skipped', 1)
+          if failed(res) then
+            bad = 'the skipped counter: ' .. res.err
+            break
+          end
+          skipped_total = skipped_total + 1
+          deduplicated(dedup, old, nil)
+        elseif env == '' then
           local res = redis.pcall('HINCRBY', hash, 'skipped', 1)
           if failed(res) then
             bad = 'the skipped counter: ' .. res.err
@@ -195,7 +276,11 @@ for s = 1, m do
             bad = 'the fired counter: ' .. res.err
             break
           end
-          emit(name, ARGV[j], env, side)
+          if dedup and tonumber(ARGV[j]) <= now then
+            emit_dedup(name, env, ARGV[ids + (j - first) / 2], dedup)
+          else
+            emit(name, ARGV[j], env, side)
+          end
           fired = fired + 1
         end
       end

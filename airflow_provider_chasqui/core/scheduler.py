@@ -512,6 +512,7 @@ class SchedulerCore:
             if (
                 not skip
                 and ext.side is None
+                and ext.dedup is None
                 and end is None
                 and spec.limit is None
                 and nxt > 0
@@ -538,7 +539,7 @@ class SchedulerCore:
         k = self.keys
         argv[3] = len(plans)
         argv += body
-        keys = (k.stream, k.delayed, k.repeat, k.repeat_quarantine, k.controls, k.prioritized, k.groups)
+        keys = (k.stream, k.delayed, k.repeat, k.repeat_quarantine, k.controls, k.prioritized, k.groups, k.events)
         return script_call("schedule_batch", keys, argv)
 
     def _fires_entry(
@@ -557,16 +558,21 @@ class SchedulerCore:
         """An 'F' entry: ``fires`` (chronological, within ``end_before``) then score ``nxt``;
         ``skip``: every fire is skipped and counted (``while_paused="skip"`` on a paused queue);
         ``timed`` gets each fire's own timeout (job id, ms, due in).  A spec with a priority or
-        a group gets an 'S' entry: the same, with the side lane its due fires wait in."""
+        a group gets an 'S' entry: the same, with the side lane its due fires wait in; one with
+        a deduplication id a 'U' entry, whose fires are added as ``add(dedup_id=...)`` adds
+        them (the fires' job ids follow the pairs)."""
         deadline = ext.deadline_ms
         inner, retry = spec.payload_inner, ext.retry
-        side = ext.side
-        if side is None:
-            body += ("F", expected, nxt, spec.limit or 0, spec.end_before_ms or 0)
-        else:
+        side, dedup = ext.side, ext.dedup
+        head = (expected, nxt, spec.limit or 0, spec.end_before_ms or 0)
+        if dedup is not None:
+            did, mode, ttl = dedup
+            body += ("U", *head, mode, ttl, self.keys.dedup(did), did, self.settings.events_max_len)
+        elif side is not None:
             priority, group = side
-            lane = self.keys.group_jobs(group) if group else ""
-            body += ("S", expected, nxt, spec.limit or 0, spec.end_before_ms or 0, priority, lane, group)
+            body += ("S", *head, priority, self.keys.group_jobs(group) if group else "", group)
+        else:
+            body += ("F", *head)
         body += (spec.job_name, len(fires))
         for at in fires:
             if skip or (deadline is not None and now - at > deadline):
@@ -575,6 +581,8 @@ class SchedulerCore:
                 body += (at, _fire_envelope(key, at, inner, now, retry))
                 if ext.timeout_ms and timed is not None:
                     timed.append((fire_job_id(key, at), ext.timeout_ms, max(0, at - now)))
+        if dedup is not None:
+            body += tuple(fire_job_id(key, at) for at in fires)
 
     def _catchup_entry(
         self, c: _Catchup, fires: list[int], nxt: int, more: bool, now: int, body: list[Any], plans: _Plans

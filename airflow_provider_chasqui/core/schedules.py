@@ -12,7 +12,9 @@ the ``fired`` counter.  This project adds no per-spec keys, only:
   otherwise when a fifth follows: every fire's own ``timeout_ms``) (a fire
   due while the queue is paused is skipped and counted the same way; issue 24), and a sixth
   and seventh, every fire's ``priority`` and ``group`` (nil when unset): such a spec's fires
-  wait beside the stream as the jobs added with them do (``lua/schedule_batch.lua``'s op 'S');
+  wait beside the stream as the jobs added with them do (``lua/schedule_batch.lua``'s op 'S'),
+  and an eighth, ``[dedup_id, mode, ttl_ms]``: every fire is added as ``add(dedup_id=...)``
+  adds (``core/dedup.py``; op 'U'), sharing the marker with every other producer of that id;
 * the ZSET ``repeat:paused`` (score = the next fire when paused): a paused spec is not in
   ``repeat``, so no scheduler, not even a ChasquiMQ one sharing the queue, can fire it;
 * the HASH ``repeat:quarantine`` (spec key -> raw bytes of a stored spec that did not decode).
@@ -43,6 +45,7 @@ from .codec import (
     validate_job_name,
 )
 from .cron import compile_cron, first_fire_after_now, next_fire_after
+from .dedup import check_dedup
 from .groups import check_group
 from .keys import QueueKeys
 from .priorities import check_priority
@@ -97,6 +100,9 @@ REPEAT_BULK_KEYS = frozenset(
         "timeout_ms",
         "priority",
         "group",
+        "dedup_id",
+        "dedup_mode",
+        "dedup_ttl_ms",
     }
 )
 _U64 = 2**64 - 1
@@ -116,6 +122,7 @@ class SpecExt:
     timeout_ms: int | None = None  # every fire's own timeout (core/running.py)
     priority: int | None = None  # every fire's priority (core/priorities.py)
     group: str | None = None  # every fire's group (core/groups.py)
+    dedup: tuple[str, str, int] | None = None  # (dedup_id, mode, ttl_ms) of every fire (core/dedup.py)
 
     @property
     def empty(self) -> bool:
@@ -125,6 +132,7 @@ class SpecExt:
             and not self.skip_while_paused
             and not self.timeout_ms
             and self.side is None
+            and self.dedup is None
         )
 
     @property
@@ -136,13 +144,15 @@ class SpecExt:
 
     def encode(self) -> bytes:
         arr: list[Any] = [EXT_VERSION, None if self.retry is None else self.retry.to_wire(), self.deadline_ms]
-        side = self.side is not None
-        if self.skip_while_paused or self.timeout_ms or side:
+        side, dedup = self.side is not None, self.dedup is not None
+        if self.skip_while_paused or self.timeout_ms or side or dedup:
             arr.append(1 if self.skip_while_paused else 0)
-        if self.timeout_ms or side:
+        if self.timeout_ms or side or dedup:
             arr.append(self.timeout_ms)
-        if side:
+        if side or dedup:
             arr += (self.priority, self.group)
+        if dedup:
+            arr.append(list(self.dedup))  # type: ignore[arg-type]
         return _packb(arr)
 
     @classmethod
@@ -165,18 +175,53 @@ class SpecExt:
         if timeout is not None and (type(timeout) is not int or not 0 < timeout <= MAX_TIMEOUT_MS):
             raise CodecError(f"spec ext timeout_ms must be 1 .. {MAX_TIMEOUT_MS} or nil, got {timeout!r}")
         skip = len(arr) > 3 and type(arr[3]) is int and arr[3] == 1  # else: "queue"
-        priority = arr[5] if len(arr) > 5 else None
-        group = arr[6] if len(arr) > 6 else None
-        try:
-            if priority is not None:
-                check_priority(priority)
-            if group is not None:
-                check_group(group)
-                if priority is not None:
-                    raise ConfigError("both a priority and a group")
-        except ConfigError as exc:
-            raise CodecError(f"spec ext priority/group: {exc}") from exc
-        return cls(retry, deadline, skip, timeout, priority, group)
+        priority, group, dedup = _decode_lanes(arr)
+        return cls(retry, deadline, skip, timeout, priority, group, dedup)
+
+
+def _decode_lanes(arr: list[Any]) -> tuple[int | None, str | None, tuple[str, str, int] | None]:
+    """Items 6-8 of an ext (priority, group, dedup), checked as the options are; a bad one is
+    a ``CodecError`` (the scheduler quarantines the spec)."""
+    priority = arr[5] if len(arr) > 5 else None
+    group = arr[6] if len(arr) > 6 else None
+    try:
+        _side_options(priority, group)
+    except ConfigError as exc:
+        raise CodecError(f"spec ext priority/group: {exc}") from exc
+    raw = arr[7] if len(arr) > 7 else None
+    if raw is None:
+        return priority, group, None
+    try:
+        if not isinstance(raw, list) or len(raw) != 3:
+            raise ConfigError(f"must be [dedup_id, mode, ttl_ms], got {raw!r}"[:200])
+        if type(raw[2]) is not int:
+            raise ConfigError(f"ttl_ms must be an int, got {raw[2]!r}")
+        return priority, group, _dedup_option(raw[0], raw[1], raw[2], priority is not None or group is not None)
+    except ConfigError as exc:
+        raise CodecError(f"spec ext dedup: {exc}") from exc
+
+
+def _side_options(priority: Any, group: Any) -> bool:
+    """Whether a spec's fires wait beside the stream (``ConfigError`` for a bad pair)."""
+    if priority is None and group is None:
+        return False
+    if priority is not None and group is not None:
+        raise ConfigError("a spec's fires take a priority or a group, not both (they wait beside the stream)")
+    if priority is not None:
+        check_priority(priority)
+    else:
+        check_group(group)
+    return True
+
+
+def _dedup_option(dedup_id: Any, mode: Any, ttl_ms: Any, side: bool) -> tuple[str, str, int] | None:
+    if dedup_id is None:
+        if ttl_ms is not None or mode != "throttle":
+            raise ConfigError("dedup_mode and dedup_ttl_ms need dedup_id")
+        return None
+    if side:
+        raise ConfigError("dedup_id cannot be combined with priority or group")
+    return check_dedup(dedup_id, mode, ttl_ms)
 
 
 _NO_EXT = SpecExt()
@@ -205,6 +250,9 @@ class RepeatableInfo(RepeatableMeta):
     timeout_ms: int | None = None  # every fire's own timeout
     priority: int | None = None  # every fire's priority
     group: str | None = None  # every fire's group
+    dedup_id: str | None = None  # every fire's deduplication id, mode and window
+    dedup_mode: str | None = None
+    dedup_ttl_ms: int | None = None
     corrupt: ClassVar[bool] = False
 
 
@@ -486,6 +534,9 @@ class SpecFlows:
         timeout_ms: Any = None,
         priority: int | None = None,
         group: str | None = None,
+        dedup_id: str | None = None,
+        dedup_mode: str = "throttle",
+        dedup_ttl_ms: Any = None,
         now: int | None = None,
         next_cache: dict[Any, int | None] | None = None,
     ) -> PreparedSpec:
@@ -523,15 +574,11 @@ class SpecFlows:
         ext = b""
         skip = _skip_while_paused(while_paused)
         timeout = None if timeout_ms is None else check_timeout_ms(timeout_ms)
-        side = priority is not None or group is not None
-        if side:
-            if priority is not None and group is not None:
-                raise ConfigError("a spec's fires take a priority or a group, not both (they wait beside the stream)")
-            priority = None if priority is None else check_priority(priority)
-            group = None if group is None else check_group(group)
-        if attempts is not None or backoff is not None or deadline is not None or skip or timeout or side:
+        side = _side_options(priority, group)
+        dedup = _dedup_option(dedup_id, dedup_mode, dedup_ttl_ms, side)
+        if attempts is not None or backoff is not None or deadline is not None or skip or timeout or side or dedup:
             retry = build_retry_override(attempts, backoff)
-            ext_value = SpecExt(retry, _deadline_ms(deadline), skip, timeout, priority, group)
+            ext_value = SpecExt(retry, _deadline_ms(deadline), skip, timeout, priority, group, dedup)
             ext = b"" if ext_value.empty else ext_value.encode()
         spec = _encode_spec(spec_key, name, pattern, inner, _limit(limit), start, end, policy)
         if len(spec) > self.settings.max_payload_bytes:
@@ -768,6 +815,9 @@ class SpecFlows:
             timeout_ms=ext.timeout_ms,
             priority=ext.priority,
             group=ext.group,
+            dedup_id=None if ext.dedup is None else ext.dedup[0],
+            dedup_mode=None if ext.dedup is None else ext.dedup[1],
+            dedup_ttl_ms=None if ext.dedup is None else ext.dedup[2],
         )
 
     def get(self, key: str) -> Flow[RepeatableInfo | None]:

@@ -129,7 +129,7 @@ class Queue:
         (repeats within ``dedup_ttl_ms`` add nothing and return the first job) or
         ``"debounce"`` (the job waits ``dedup_ttl_ms``; a repeat meanwhile replaces it):
         ``core/dedup.py``."""
-        if dedup_id is not None:
+        if dedup_id is not None and repeat is None:  # with repeat: every fire is deduplicated
             others = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
             others.update(priority=priority, group=group, missed_fires=missed_fires)
             flow = self._flows.enqueue_dedup(
@@ -188,6 +188,9 @@ class Queue:
                 timeout_ms=timeout_ms,
                 priority=priority,
                 group=group,
+                dedup_id=dedup_id,
+                dedup_mode=dedup_mode,
+                dedup_ttl_ms=dedup_ttl_ms,
             )
         if missed_fires is not None:
             raise ConfigError("missed_fires only applies together with repeat=")
@@ -298,6 +301,9 @@ class Queue:
         timeout_ms: Any = None,
         priority: int | None = None,
         group: str | None = None,
+        dedup_id: str | None = None,
+        dedup_mode: str = "throttle",
+        dedup_ttl_ms: Any = None,
     ) -> Job:
         """Create or replace a repeatable spec; the returned Job's ``id`` is the spec key.
 
@@ -311,7 +317,9 @@ class Queue:
         after the resume) or "skip" (they are skipped and counted).  ``job_id`` names the spec
         like ``key`` (chasquimq drops it).  ``timeout_ms``: every fire's own timeout (each
         attempt is stopped after that long; docs/running-jobs.md).  ``priority`` or ``group``:
-        every fire waits beside the stream as a job added with it (docs/flow-control.md).  Re-upserting a key
+        every fire waits beside the stream as a job added with it (docs/flow-control.md).
+        ``dedup_id`` / ``dedup_mode`` / ``dedup_ttl_ms``: every fire is added as ``add`` adds
+        a job with them, sharing the id's marker with every other producer (docs/running-jobs.md).  Re-upserting a key
         replaces the spec and its timeline (the old next fire never fires) and resumes it if
         paused.  Invalid cron, unknown zone, interval <= 0, end before start or no future fire
         raise ConfigError.
@@ -335,6 +343,9 @@ class Queue:
             timeout_ms=timeout_ms,
             priority=priority,
             group=group,
+            dedup_id=dedup_id,
+            dedup_mode=dedup_mode,
+            dedup_ttl_ms=dedup_ttl_ms,
         )
         spec_key, created = await self.driver.run(flow)
         return self._job(spec_key, created, name, data)

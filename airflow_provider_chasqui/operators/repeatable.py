@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from ..core.dedup import check_dedup
 from ..core.priorities import check_priority
 from ..core.repeat import MissedFiresPolicy, RepeatPattern
 from ..core.running import check_timeout_ms
@@ -73,6 +74,10 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         ``timeout``, then the retry policy; docs/running-jobs.md).
     :param priority: every fired job's priority (an int, 1 the most urgent; docs/flow-control.md).
     :param group: every fired job's group (a tenant); not with ``priority``. (templated)
+    :param dedup_id: every fire is added as ``add(dedup_id=...)`` adds a job: ``dedup_mode``
+        ``throttle`` (a fire while the id's marker lives adds nothing) or ``debounce`` (the fire
+        waits ``dedup_ttl_ms`` and replaces the one still waiting); the marker is shared with
+        every other producer of the id. Not with ``priority`` or ``group``. (templated)
     :param queue_name: the queue; default: the connection's ``default_queue``. (templated)
     :param chasqui_conn_id: the ``chasqui`` connection. (templated)
     """
@@ -86,6 +91,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         "start_after",
         "end_before",
         "group",
+        "dedup_id",
         "queue_name",
         "chasqui_conn_id",
     )
@@ -114,6 +120,9 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
         timeout_ms: int | float | None = None,
         priority: int | None = None,
         group: str | None = None,
+        dedup_id: str | None = None,
+        dedup_mode: str = "throttle",
+        dedup_ttl_ms: int | float | None = None,
         queue_name: str | None = None,
         chasqui_conn_id: str = ChasquiHook.default_conn_name,
         **kwargs: Any,
@@ -151,6 +160,13 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
             raise ValueError("priority cannot be combined with group")
         self.priority = None if priority is None else check_priority(priority)
         self.group = group  # checked when it is rendered (a template)
+        if dedup_id is not None:
+            if priority is not None or group is not None:
+                raise ValueError("dedup_id cannot be combined with priority or group")
+            check_dedup("checked-at-run-time", dedup_mode, dedup_ttl_ms)  # the id may be a template
+        elif dedup_ttl_ms is not None or dedup_mode != "throttle":
+            raise ValueError("dedup_mode and dedup_ttl_ms need dedup_id")
+        self.dedup_id, self.dedup_mode, self.dedup_ttl_ms = dedup_id, dedup_mode, dedup_ttl_ms
         self.queue_name = queue_name
         self.chasqui_conn_id = chasqui_conn_id
 
@@ -177,6 +193,7 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
                 timeout_ms=self.timeout_ms,
                 priority=self.priority,
                 group=self.group or None,
+                **self._dedup(),
             ).id  # the Job's id is the spec key
             record_origin(queue, context, spec_key=spec_key)
             info = queue.get_repeatable_job(spec_key)
@@ -188,6 +205,11 @@ class ChasquiUpsertRepeatableOperator(BaseOperator):
                 "unknown" if info is None else _utc(info.next_fire_ms),
             )
         return spec_key
+
+    def _dedup(self) -> dict[str, Any]:
+        if not self.dedup_id:
+            return {}
+        return {"dedup_id": self.dedup_id, "dedup_mode": self.dedup_mode, "dedup_ttl_ms": self.dedup_ttl_ms}
 
     def _describe(self) -> str:
         """The schedule in words: ``cron "0 3 * * *" in Europe/Lima`` or ``every 90 s``."""

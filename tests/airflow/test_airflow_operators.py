@@ -231,6 +231,10 @@ def upsert(**kwargs: object) -> ChasquiUpsertRepeatableOperator:
         ({"cron": "* * * * *", "priority": 0}, "priority must be between"),
         ({"cron": "* * * * *", "priority": "1"}, "priority must be an int"),
         ({"cron": "* * * * *", "priority": 1, "group": "g"}, "priority cannot be combined with group"),
+        ({"cron": "* * * * *", "dedup_id": "d", "dedup_ttl_ms": 0}, "dedup_ttl_ms must be more than 0"),
+        ({"cron": "* * * * *", "dedup_id": "d", "dedup_mode": "x", "dedup_ttl_ms": 5}, "unknown dedup_mode"),
+        ({"cron": "* * * * *", "dedup_ttl_ms": 5}, "need dedup_id"),
+        ({"cron": "* * * * *", "dedup_id": "d", "dedup_ttl_ms": 5, "group": "g"}, "cannot be combined with priority"),
     ],
 )
 def test_upsert_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None:
@@ -276,7 +280,7 @@ def test_upsert_cron_spec_and_update_it_in_place(queue: SyncQueue, queue_name: s
     assert [m.key for m in queue.get_repeatable_jobs()] == [key]
 
 
-def test_upsert_a_spec_whose_fires_take_a_priority_or_a_group(queue: SyncQueue, queue_name: str) -> None:
+def test_upsert_a_spec_whose_fires_take_a_priority_a_group_or_a_dedup_id(queue: SyncQueue, queue_name: str) -> None:
     """Every fire of the spec waits beside the stream (tests/scheduler/test_sched_side_lanes.py
     proves the fires); the operator stores the option, and a bad rendered group fails the task."""
     urgent = upsert(queue_name=queue_name, every=60, key="urgent", priority=2).execute({})
@@ -287,6 +291,10 @@ def test_upsert_a_spec_whose_fires_take_a_priority_or_a_group(queue: SyncQueue, 
     with pytest.raises(ConfigError, match="group must be 1 to 128 bytes"):
         upsert(queue_name=queue_name, every=60, key="long", group="g" * 129).execute({})
     assert queue.get_repeatable_job("long") is None
+    deduped = upsert(queue_name=queue_name, every=60, key="feed", dedup_id="feed-1", dedup_ttl_ms=30_000).execute({})
+    info = queue.get_repeatable_job(deduped)
+    assert (info.dedup_id, info.dedup_mode, info.dedup_ttl_ms) == ("feed-1", "throttle", 30_000)
+    assert "dedup_id" in ChasquiUpsertRepeatableOperator.template_fields
 
 
 def test_upsert_every_derives_the_key(queue: SyncQueue, queue_name: str) -> None:
