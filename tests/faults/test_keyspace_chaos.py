@@ -215,6 +215,7 @@ def hostile_write(draw: Any) -> tuple[Any, ...]:
                 "spec_counter",
                 "spec_field",
                 "spec_wrong_type",
+                "spec_ext",
                 "dlq",
                 "events",
                 "lock",
@@ -235,6 +236,33 @@ def hostile_write(draw: Any) -> tuple[Any, ...]:
         draw(_spec_fields),
         draw(st.sampled_from(["string", "list", "set", "zset", "hash"])),
     )
+
+
+def _hostile_ext(a: bytes, b: bytes, score: float) -> bytes:
+    """A spec ``ext`` whose priority, group or dedup item (issues 24, 25) is hostile: out of range,
+    of a wrong type, non-finite, a group and a priority at once, a dedup of the wrong shape; or a
+    valid one whose marker or side key an earlier write may have made of another type."""
+    import msgpack
+
+    head = [1, None, None, 0, None]
+    text = a.decode("utf-8", "replace") or "g"
+    choices = [
+        [*head, 0, None],
+        [*head, score, None],
+        [*head, 2**40, None],
+        [*head, text, None],
+        [*head, None, b],
+        [*head, None, "x" * 200],
+        [*head, 3, text],
+        [*head, None, None, [text, "throttle", score]],
+        [*head, None, None, [text, text, 1000]],
+        [*head, None, None, [b, "debounce", 1000]],
+        [*head, None, None, [text, "throttle"]],
+        [*head, 2, None],  # valid: a prioritized fire
+        [*head, None, "chaos-" + a.hex()],  # valid: a grouped fire
+        [*head, None, None, ["chaos-" + a.hex(), "debounce" if len(b) % 2 else "throttle", 500]],  # valid
+    ]
+    return msgpack.packb(choices[(len(a) + len(b)) % len(choices)], use_bin_type=True)
 
 
 def _wrong_type(r: redis.Redis, key: bytes, kind: str) -> None:
@@ -277,6 +305,13 @@ class Chaos:
             )
         elif kind == "repeat_member":
             r.execute_command("ZADD", k.repeat, score if not math.isfinite(score) else now_ms, self._member(a))
+        elif kind == "spec_ext":  # msgpack-valid ext items 6-8 (priority, group, dedup) with hostile values
+            member = self._member(a)
+            spec_key = k.repeat_spec("").encode() + member
+            r.delete(spec_key)
+            r.execute_command("HSET", spec_key, *[x for kv in self.template.items() for x in kv])
+            r.execute_command("HSET", spec_key, b"ext", _hostile_ext(a, b, score))
+            r.execute_command("ZADD", k.repeat, now_ms - 1, member)
         elif kind in ("spec_counter", "spec_field", "spec_wrong_type"):
             member = self._member(a)
             spec_key = k.repeat_spec("").encode() + member
