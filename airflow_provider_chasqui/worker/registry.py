@@ -308,6 +308,7 @@ def bind(
             )
         if signature is not None:
             _check_signature(name, fn, signature, set(wanted))
+            _check_frame_handler(name, fn, signature)
         bound = functools.partial(fn, **wanted) if wanted else fn
         out[name] = _keep_timeout(fn, wrap(name, bound) if wrap is not None else bound)
     return out
@@ -324,6 +325,18 @@ def _keep_timeout(fn: Any, bound: Any) -> Any:
             except (AttributeError, TypeError) as exc:
                 raise ConfigError(f"handler {_qualname(fn)}: its {attr} cannot be kept on {bound!r}") from exc
     return bound
+
+
+def _check_frame_handler(name: str, fn: Any, params: Mapping[str, inspect.Parameter]) -> None:
+    """A handler whose job parameter is ``jobs_df`` takes a batch as one DataFrame
+    (``worker/spark_batches.py``): it must be a batch handler and declare ``spark``."""
+    if next(iter(params), None) != "jobs_df":
+        return
+    if getattr(fn, BATCH_ATTR, None) is None or "spark" not in params:
+        raise ConfigError(
+            f"handler {_qualname(fn)} for job name {name!r} takes jobs_df (a batch as one DataFrame): "
+            "declare it with @handler(name, batch=N) and give it a spark parameter"
+        )
 
 
 def _check_signature(name: str, fn: Any, params: Mapping[str, inspect.Parameter], given: set[str]) -> None:

@@ -62,6 +62,7 @@ if __name__ == "__main__":  # run as a file by spark-submit / python: drop this 
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
+from airflow_provider_chasqui.core.running import handler_batch
 from airflow_provider_chasqui.errors import ConfigError
 from airflow_provider_chasqui.worker import cli
 from airflow_provider_chasqui.worker.registry import (
@@ -69,6 +70,7 @@ from airflow_provider_chasqui.worker.registry import (
     HandlerRegistry,
     bind,
 )
+from airflow_provider_chasqui.worker.spark_batches import batch_outcomes, jobs_frame, takes_dataframe
 
 __all__ = [
     "DEFAULT_SPARK_CONCURRENCY",
@@ -227,7 +229,10 @@ class SparkRuntime:
 
     # ---- handlers ------------------------------------------------------------------------
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        if "spark" not in _declared(fn):
+        params = _declared(fn)
+        if _batch_size(fn):
+            return self._wrap_batch(name, fn, params)
+        if "spark" not in params:
             return fn
         if inspect.iscoroutinefunction(fn):
             log.warning(
@@ -263,6 +268,40 @@ class SparkRuntime:
 
         run_in_job_group.__name__ = getattr(fn, "__name__", name)
         return run_in_job_group
+
+    def _wrap_batch(self, name: str, fn: Callable[..., Any], params: list[str]) -> Callable[..., Any]:
+        """A batch handler: its calls run in one job group (or Connect tag) named after the
+        batch's first job; one whose job parameter is ``jobs_df`` gets the batch as one
+        DataFrame and may answer with one (``spark_batches``)."""
+        as_frame = takes_dataframe(params)
+        if inspect.iscoroutinefunction(fn) or ("spark" not in params and not as_frame):
+            return fn
+        spark, sc = self.spark, self.sc
+
+        def run_batch(jobs: list[Any]) -> Any:
+            first = jobs[0].id if jobs else "empty"
+            with self._lock:
+                self.active += 1
+            if sc is not None:
+                sc.setLocalProperty("spark.scheduler.pool", self.pool())
+                sc.setJobGroup(f"chasqui-{first}", f"chasqui {self.queue_hint} {name} batch of {len(jobs)}", True)
+            else:
+                spark.addTag(_tag(first))
+            try:
+                if not as_frame:
+                    return fn(jobs)
+                return batch_outcomes(jobs, fn(jobs_frame(spark, jobs)))
+            finally:
+                if sc is not None:
+                    sc.setLocalProperty("spark.jobGroup.id", None)
+                    sc.setLocalProperty("spark.job.description", None)
+                else:
+                    spark.removeTag(_tag(first))
+                with self._lock:
+                    self.active -= 1
+
+        run_batch.__name__ = getattr(fn, "__name__", name)
+        return run_batch
 
     def _wrap_connect(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Spark Connect: no job groups or pools; the operations a handler call starts carry the
@@ -463,13 +502,20 @@ def _tag(job_id: str) -> str:
     return "chasqui-" + str(job_id).replace(",", "_")
 
 
-def _declared(fn: Any) -> set[str]:
-    """Parameter names of the user's function (``bind`` hands us a partial with spark= bound)."""
+def _declared(fn: Any) -> list[str]:
+    """Parameter names of the user's function, in order (``bind`` hands us a partial with
+    spark= bound)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     try:
-        return set(inspect.signature(target).parameters)
+        return list(inspect.signature(target).parameters)
     except (TypeError, ValueError):
-        return set()
+        return []
+
+
+def _batch_size(fn: Any) -> int:
+    """The batch size the user's function declares (``bind`` copies it onto the wrapper later)."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return handler_batch(target)
 
 
 def run_with_spark(args: argparse.Namespace, registry: HandlerRegistry) -> int:
