@@ -2,6 +2,7 @@
 
     python benchmarks/bench_scheduler.py            # 1,000,000 specs; 100,000 fires (a few minutes)
     python benchmarks/bench_scheduler.py --smoke    # 20,000 specs; 5,000 fires (seconds)
+    python benchmarks/bench_scheduler.py --specs 10000000 --at-size   # 10M, fires among them
 
 A private ``redis-server`` is started on a free loopback port and stopped by its pid at the end
 (``--redis-url`` reuses a server; it must be empty, as the benchmark flushes it).  Phases:
@@ -10,8 +11,11 @@ A private ``redis-server`` is started on a free loopback port and stopped by its
   patterns in five zones) are written with ``SyncQueue.upsert_repeatable_bulk`` in calls of
   10,000 (one script call per 1,000 inside); ``INFO used_memory`` delta / N is the cost per
   spec.  The timing of those calls (validation, next fire, encoding and the writes) gives the
-  bulk upsert rate.  After a FLUSHALL the same bytes go in with plain pipelined ``HSET spec``
-  + ``ZADD`` (the floor of the layout), measured the same way.
+  bulk upsert rate.  Before it, on an empty server, the same bytes go in with plain pipelined
+  ``HSET spec`` + ``ZADD`` (the floor of the layout), measured the same way.  Specs are made
+  and written a call at a time (streamed), so the client's memory does not grow with N: its
+  peak RSS is reported.  With ``--at-size`` the N specs stay for the fire phases (none falls
+  due during them), so the fires are measured among N others.
 * fire burst: F specs whose 6-field cron (``S M H * * *``, UTC) falls due at the same second
   T, a few seconds ahead; one in-process ``Scheduler`` (real clock, 1 s tick, batch 1,000)
   fires them.  Fires/s = F / (last fire - T) on the Redis clock (stream entry ids).  Lag of a
@@ -84,11 +88,16 @@ def payload(i: int) -> dict[str, Any]:
     }
 
 
-def spec_items(n: int) -> list[dict[str, Any]]:
+def spec_items(lo: int, hi: int) -> list[dict[str, Any]]:
+    """Specs ``lo`` to ``hi - 1`` (one call's worth: the benchmark streams them)."""
     return [
         {"name": "remind", "data": payload(i), "key": f"sched:{i:08}", "repeat": PATTERNS[i % len(PATTERNS)]}
-        for i in range(n)
+        for i in range(lo, hi)
     ]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def used_memory(r: redis.Redis) -> int:
@@ -101,39 +110,40 @@ def settle(r: redis.Redis) -> int:
 
 
 # ---- memory and bulk upsert -----------------------------------------------------------------
-def memory_and_upsert(url: str, n: int) -> dict[str, Any]:
+def memory_and_upsert(url: str, n: int, *, keep: bool = False) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     r.flushall()
     k = QueueKeys.for_queue(QUEUE)
-    items = spec_items(n)
-    payload_bytes = len(SpecFlows(QUEUE).prepare(**{**items[0], "now": 0}).spec)
+    first = spec_items(0, 1)[0]
+    payload_bytes = len(SpecFlows(QUEUE).prepare(**{**first, "now": 0}).spec)
 
-    q = SyncQueue(QUEUE, redis_url=url)
-    q.driver.call(q._specs._upsert_call([SpecFlows(QUEUE).prepare(**items[0])]))  # scripts loaded, pool warm
-    r.flushall()
-    base = settle(r)
-    rc0 = _redis_cpu(r)
-    c0, t0 = time.process_time(), time.perf_counter()
-    for i in range(0, n, CALL):
-        q.upsert_repeatable_bulk(items[i : i + CALL])
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    redis_cpu = _redis_cpu(r) - rc0
-    ours = settle(r) - base
-    assert r.zcard(k.repeat) == n
-    q.close()
-
-    # the floor: the same key names and bytes, plain HSET + ZADD
-    prepared = SpecFlows(QUEUE).prepare_bulk(items)
-    r.flushall()
+    # the floor: the same key names and bytes, plain HSET + ZADD, a call at a time
+    flows = SpecFlows(QUEUE)
     base = settle(r)
     for i in range(0, n, CALL):
         pipe = r.pipeline(transaction=False)
-        for p in prepared[i : i + CALL]:
+        for p in flows.prepare_bulk(spec_items(i, min(n, i + CALL))):
             pipe.execute_command("HSET", k.repeat_spec(p.key), "spec", p.spec)
             pipe.execute_command("ZADD", k.repeat, p.next_fire_ms, p.key)
         pipe.execute()
     floor = settle(r) - base
     r.flushall()
+
+    q = SyncQueue(QUEUE, redis_url=url)
+    q.driver.call(q._specs._upsert_call([SpecFlows(QUEUE).prepare(**first)]))  # scripts loaded, pool warm
+    r.flushall()
+    base = settle(r)
+    rc0 = _redis_cpu(r)
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i in range(0, n, CALL):
+        q.upsert_repeatable_bulk(spec_items(i, min(n, i + CALL)))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    redis_cpu = _redis_cpu(r) - rc0
+    ours = settle(r) - base
+    assert r.zcard(k.repeat) == n
+    q.close()
+    if not keep:
+        r.flushall()
     r.close()
     return {
         "specs": n,
@@ -148,6 +158,8 @@ def memory_and_upsert(url: str, n: int) -> dict[str, Any]:
         # client and Redis overlap (chunks are streamed), so with a free core each the rate is
         # bounded by the busier of the two: a load-independent view of a shared machine's run
         "upsert_cpu_bound_specs_per_s": n / max(cpu, redis_cpu),
+        "client_peak_rss_mb": peak_rss_mb(),
+        "redis_used_memory_mb": ours / 2**20,
     }
 
 
@@ -179,10 +191,14 @@ def pct(values: list[int], p: float) -> int:
     return s[min(len(s) - 1, int(len(s) * p))] if s else 0
 
 
-def fire_phase(url: str, f: int, *, spread_s: int, lead_s: float) -> dict[str, Any]:
+def fire_phase(url: str, f: int, *, spread_s: int, lead_s: float, among: int = 0) -> dict[str, Any]:
+    """``among``: specs already stored (``--at-size``): kept, and the fires' stream emptied first."""
     r = redis.Redis.from_url(url)
-    r.flushall()
     k = QueueKeys.for_queue(QUEUE)
+    if among:
+        r.delete(k.stream, k.events)
+    else:
+        r.flushall()
     now = time.time_ns() // 1_000_000
     t = (now // 1000 + int(lead_s) + 1) * 1000  # a whole second, lead_s ahead
     slots = [t + 1000 * s for s in range(spread_s)]
@@ -219,7 +235,8 @@ def fire_phase(url: str, f: int, *, spread_s: int, lead_s: float) -> dict[str, A
 
     sched, cpu, redis_cpu = asyncio.run(run())
     got = read_fires(r, k.stream)
-    r.flushall()
+    if not among:
+        r.flushall()
     r.close()
     assert len(got) == f, f"{len(got)} fires of {f}"
     assert len({s for _e, s in got}) == len(slots)
@@ -236,6 +253,7 @@ def fire_phase(url: str, f: int, *, spread_s: int, lead_s: float) -> dict[str, A
         "client_cpu_us_per_fire": cpu / f * 1e6,
         "redis_cpu_us_per_fire": redis_cpu / f * 1e6,
         "cpu_bound_fires_per_s": f / max(cpu, redis_cpu),
+        "among_specs": among,
     }
     if spread_s == 1:
         out["fires_per_s"] = f / max(0.001, (last - t) / 1000)
@@ -258,6 +276,7 @@ def main() -> int:
     ap.add_argument("--lead", type=float, default=None, help="seconds between upsert and the first due fire")
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--at-size", action="store_true", help="fire among the N specs (kept after the upsert)")
     args = ap.parse_args()
     n = args.specs or (20_000 if args.smoke else 1_000_000)
     f = args.fires or (5_000 if args.smoke else 100_000)
@@ -268,13 +287,14 @@ def main() -> int:
     with private_redis(args.redis_url) as url:
         log(f"redis {redis_version(url)} at {url}; {n:,} specs, {f:,} fires")
         log("memory + bulk upsert ...")
-        mem = memory_and_upsert(url, n)
+        mem = memory_and_upsert(url, n, keep=args.at_size)
+        among = n if args.at_size else 0
         # the specs must be written before their first fire: lead time from the rate just measured
         lead = max(lead, 2 + 2 * f / mem["upsert_specs_per_s"])
         log(f"fire burst (due {lead:.0f}s after the upsert starts) ...")
-        burst = fire_phase(url, f, spread_s=1, lead_s=lead)
+        burst = fire_phase(url, f, spread_s=1, lead_s=lead, among=among)
         log(f"fire spread over {window}s ...")
-        spread = fire_phase(url, f, spread_s=window, lead_s=lead)
+        spread = fire_phase(url, f, spread_s=window, lead_s=lead, among=among)
         version = redis_version(url)
 
     result = {
@@ -286,6 +306,8 @@ def main() -> int:
             k: mem[k] for k in ("specs", "stored_spec_bytes", "bytes_per_spec", "floor_bytes_per_spec", "ratio")
         },
         "upsert": {k: v for k, v in mem.items() if k.startswith("upsert_")},
+        "client_peak_rss_mb": peak_rss_mb(),
+        "redis_used_memory_mb": mem["redis_used_memory_mb"],
         "fire_burst": burst,
         "fire_spread": spread,
         "targets": TARGETS,

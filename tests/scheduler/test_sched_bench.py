@@ -1,4 +1,5 @@
-"""The scheduler benchmark runs (smoke size, its own Redis) and reports every figure."""
+"""The scheduler benchmark runs (smoke size, its own Redis, fires among the stored specs) and
+reports every figure."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_scheduler_smoke(tmp_path: Path) -> None:
     out = tmp_path / "scheduler.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler.py"), "--smoke", "--out", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler.py"), "--smoke", "--at-size", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -30,5 +31,7 @@ def test_bench_scheduler_smoke(tmp_path: Path) -> None:
     for phase in (burst, spread):
         assert 0 <= phase["lag_p50_ms"] <= phase["lag_p99_ms"] <= phase["lag_max_ms"]
         assert phase["next_fire_computations"] <= 4 * phase["ticks"] + 60  # shared, not one per spec
+    assert burst["among_specs"] == spread["among_specs"] == 20_000  # fired among the stored specs
+    assert 0 < data["client_peak_rss_mb"] < 2000 and data["redis_used_memory_mb"] > 0
     assert set(data["meets"]) == {"memory_ratio", "upsert_rate", "fire_rate", "spread_lag_p99"}
     assert "memory per spec" in proc.stdout and "fire spread" in proc.stdout
