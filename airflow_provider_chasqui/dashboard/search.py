@@ -7,7 +7,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from ..core.search import STATES, search_jobs
 from ..errors import ConfigError
-from .app import Ctx, h, table, when
+from .render import Ctx, h, table, when
 
 __all__ = ["search_page"]
 
