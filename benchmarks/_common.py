@@ -14,6 +14,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,91 @@ def private_redis(url: str | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def private_cluster(masters: int = 3) -> Iterator[list[int]]:
+    """Yield the ports of a fresh Redis Cluster of ``masters`` nodes (no replicas, no
+    persistence, every slot assigned, ``cluster_state:ok``) on free loopback ports; every node
+    is stopped by its pid on exit."""
+    exe = shutil.which("redis-server")
+    if exe is None or shutil.which("redis-cli") is None:
+        raise SystemExit("redis-server and redis-cli are needed on PATH")
+    work = Path(tempfile.mkdtemp(prefix="chasqui-bench-cluster-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < masters:
+            port = free_port()
+            if port > 55000 or port in ports or not _free(port + 10000):
+                continue  # the cluster bus listens on port + 10000
+            ports.append(port)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        exe,
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        str(work / f"nodes-{port}.conf"),
+                        "--dir",
+                        str(work),
+                        "--daemonize",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        deadline = time.monotonic() + 30
+        while not all(_ping(p) for p in ports):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"cluster nodes {ports} did not start")
+            time.sleep(0.05)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 60
+        while not all(b"cluster_state:ok" in _cluster_info(p) for p in ports):
+            if time.monotonic() > deadline:
+                raise SystemExit("the cluster did not reach cluster_state:ok")
+            time.sleep(0.1)
+        yield ports
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cluster_info(port: int) -> bytes:
+    out = subprocess.run(["redis-cli", "-p", str(port), "cluster", "info"], capture_output=True, timeout=10)
+    return out.stdout
 
 
 def redis_version(url: str) -> str:

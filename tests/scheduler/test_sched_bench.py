@@ -35,3 +35,24 @@ def test_bench_scheduler_smoke(tmp_path: Path) -> None:
     assert 0 < data["client_peak_rss_mb"] < 2000 and data["redis_used_memory_mb"] > 0
     assert set(data["meets"]) == {"memory_ratio", "upsert_rate", "fire_rate", "spread_lag_p99"}
     assert "memory per spec" in proc.stdout and "fire spread" in proc.stdout
+
+
+def test_bench_scheduler_cluster_smoke(tmp_path: Path) -> None:
+    """The cluster benchmark (its own 3-master cluster): every shard on its own master, every
+    fire accounted for per shard, memory per spec in the same range as one server's."""
+    out = tmp_path / "cluster.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler_cluster.py"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    shards = data["shards"]
+    assert data["masters"] == 3 and len({s["port"] for s in shards}) == 3
+    assert sum(s["specs"] for s in shards) == data["specs"] == 30_000
+    assert sum(s["fires"] for s in shards) == data["burst"]["fires"] == 3_000
+    assert all(s["specs"] > 0 and 200 < s["bytes_per_spec"] < 2000 and s["fires"] > 0 for s in shards)
+    assert data["upsert_specs_per_s"] > 0 and data["burst"]["fires_per_s"] > 0
