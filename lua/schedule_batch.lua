@@ -245,21 +245,16 @@ for s = 1, m do
         if dedup and env ~= '' and tonumber(ARGV[j]) <= now then
           old = throttled(dedup)
         end
-        if old then  -- throttled: skipped and counted, as a fire past its deadline is
+        if env == '' or old then  -- past its deadline, or throttled: skipped and counted
           local res = redis.pcall('HINCRBY', hash, 'skipped', 1)
           if failed(res) then
             bad = 'the skipped counter: ' .. res.err
             break
           end
           skipped_total = skipped_total + 1
-          deduplicated(dedup, old, nil)
-        elseif env == '' then
-          local res = redis.pcall('HINCRBY', hash, 'skipped', 1)
-          if failed(res) then
-            bad = 'the skipped counter: ' .. res.err
-            break
+          if old then
+            deduplicated(dedup, old, nil)
           end
-          skipped_total = skipped_total + 1
         else
           if limit > 0 then
             local count = fired_count(hash)

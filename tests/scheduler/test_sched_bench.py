@@ -7,21 +7,25 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_scheduler_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "scheduler.json"
+def run_bench(script: str, out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler.py"), "--smoke", "--at-size", "--out", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+def test_bench_scheduler_smoke(tmp_path: Path) -> None:
+    proc, data = run_bench("bench_scheduler.py", tmp_path / "scheduler.json", "--at-size")
     assert data["mode"] == "smoke" and data["redis_version"]
     mem, up, burst, spread = data["memory"], data["upsert"], data["fire_burst"], data["fire_spread"]
     assert mem["specs"] == 20_000 and mem["stored_spec_bytes"] > 100
@@ -40,16 +44,7 @@ def test_bench_scheduler_smoke(tmp_path: Path) -> None:
 def test_bench_scheduler_cluster_smoke(tmp_path: Path) -> None:
     """The cluster benchmark (its own 3-master cluster): every shard on its own master, every
     fire accounted for per shard, memory per spec in the same range as one server's."""
-    out = tmp_path / "cluster.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler_cluster.py"), "--smoke", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    _proc, data = run_bench("bench_scheduler_cluster.py", tmp_path / "cluster.json")
     shards = data["shards"]
     assert data["masters"] == 3 and len({s["port"] for s in shards}) == 3
     assert sum(s["specs"] for s in shards) == data["specs"] == 30_000

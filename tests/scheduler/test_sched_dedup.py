@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import msgpack
 import pytest
@@ -32,23 +30,6 @@ pytestmark = [
     pytest.mark.parametrize("compat_mode", [False], ids=["auto"], indirect=True),
 ]
 SECOND = 1000
-
-
-@pytest.fixture
-def url(matrix_url: Any) -> str:
-    return matrix_url.url
-
-
-@pytest.fixture
-def r(url: str) -> Iterator[redis.Redis]:
-    with redis.Redis.from_url(url) as client:
-        yield client
-
-
-@pytest.fixture
-def q(url: str, queue_name: str) -> Iterator[SyncQueue]:
-    with SyncQueue(queue_name, redis_url=url) as queue:
-        yield queue
 
 
 def _events(r: redis.Redis, q: SyncQueue, kind: str) -> list[dict[str, str]]:

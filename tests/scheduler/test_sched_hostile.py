@@ -10,7 +10,7 @@ import asyncio
 import gc
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -33,24 +33,6 @@ WINDOWS = 5
 
 # the scheduler uses no server fast path: one mode of the matrix (queue_name cleans its server)
 pytestmark = pytest.mark.parametrize("compat_mode", [False], ids=["auto"], indirect=True)
-
-
-@pytest.fixture
-def url(matrix_url: Any) -> str:
-    """Redis 7.0, Valkey 8.1 and Redis 8.2 in turn."""
-    return matrix_url.url
-
-
-@pytest.fixture
-def r(url: str) -> Iterator[redis.Redis]:
-    with redis.Redis.from_url(url) as client:
-        yield client
-
-
-@pytest.fixture
-def q(url: str, queue_name: str) -> Iterator[SyncQueue]:
-    with SyncQueue(queue_name, redis_url=url) as queue:
-        yield queue
 
 
 @pytest.fixture

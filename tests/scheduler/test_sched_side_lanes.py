@@ -11,7 +11,6 @@ another type are replaced rather than failing the tick.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -33,23 +32,6 @@ pytestmark = [
 ]
 SECOND = 1000
 PRIO_UNIT = 2**37
-
-
-@pytest.fixture
-def url(matrix_url: Any) -> str:
-    return matrix_url.url
-
-
-@pytest.fixture
-def r(url: str) -> Iterator[redis.Redis]:
-    with redis.Redis.from_url(url) as client:
-        yield client
-
-
-@pytest.fixture
-def q(url: str, queue_name: str) -> Iterator[SyncQueue]:
-    with SyncQueue(queue_name, redis_url=url) as queue:
-        yield queue
 
 
 def _members(r: redis.Redis, key: str) -> list[tuple[bytes, float]]:
