@@ -111,7 +111,7 @@ def settle(r: redis.Redis) -> int:
 
 # ---- memory and bulk upsert -----------------------------------------------------------------
 def memory_and_upsert(url: str, n: int, *, keep: bool = False) -> dict[str, Any]:
-    r = redis.Redis.from_url(url)
+    r = redis.Redis.from_url(url, socket_timeout=600)  # FLUSHALL of 10M keys blocks for seconds
     r.flushall()
     k = QueueKeys.for_queue(QUEUE)
     first = spec_items(0, 1)[0]
@@ -193,7 +193,7 @@ def pct(values: list[int], p: float) -> int:
 
 def fire_phase(url: str, f: int, *, spread_s: int, lead_s: float, among: int = 0) -> dict[str, Any]:
     """``among``: specs already stored (``--at-size``): kept, and the fires' stream emptied first."""
-    r = redis.Redis.from_url(url)
+    r = redis.Redis.from_url(url, socket_timeout=600)
     k = QueueKeys.for_queue(QUEUE)
     if among:
         r.delete(k.stream, k.events)
