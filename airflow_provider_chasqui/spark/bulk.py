@@ -17,12 +17,11 @@ Imports pyspark only inside the functions (and never airflow), so importing it i
 
 from __future__ import annotations
 
-import datetime as _dt
-import decimal
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..core.plain import to_plain
 from ..core.urls import DEFAULT_URL
 from ..errors import ConfigError, NotSupportedError
 
@@ -32,29 +31,6 @@ log = logging.getLogger(__name__)
 
 #: Rows per round trip (per ``add_bulk`` call, i.e. one Lua call per 1,000 of them).
 DEFAULT_BATCH = 1000
-_SIMPLE = frozenset((str, int, float, bool, type(None), bytes))
-
-
-def to_plain(value: Any) -> Any:
-    """A Spark value as something msgpack encodes (see the module docstring for the rules)."""
-    cls = value.__class__
-    if cls in _SIMPLE:
-        return value
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
-        return value.isoformat()
-    if isinstance(value, bytearray):
-        return bytes(value)
-    if hasattr(value, "asDict") and isinstance(value, tuple):  # pyspark.sql.Row
-        return {k: to_plain(v) for k, v in value.asDict(recursive=False).items()}  # type: ignore[attr-defined]
-    if isinstance(value, Mapping):
-        return {to_plain(k): to_plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_plain(v) for v in value]
-    if isinstance(value, (str, int, float)):  # subclasses (numpy scalars are not)
-        return value
-    raise ConfigError(f"a {cls.__name__} value cannot be put in a job payload")
 
 
 def _positive(value: Any, what: str) -> int:

@@ -21,6 +21,7 @@ import base64
 import json
 from typing import Any
 
+from ..core.plain import to_plain
 from ..errors import ChasquiError
 
 __all__ = ["DATAFRAME_PARAM", "JOBS_SCHEMA", "batch_outcomes", "jobs_frame", "takes_dataframe"]
@@ -83,6 +84,4 @@ def batch_outcomes(jobs: list[Any], out: Any) -> Any:
 
 def _plain(value: Any) -> Any:
     """A collected Spark value as a job result (a Row becomes a dict, recursively)."""
-    from ..spark.bulk import to_plain
-
     return to_plain(value)
