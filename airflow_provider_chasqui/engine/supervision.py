@@ -111,7 +111,7 @@ async def settle_tasks(
             t.cancel()
     if not tasks:
         return
-    _done, late = await asyncio.wait(tasks, timeout=grace)
+    done, late = await asyncio.wait(tasks, timeout=grace)
     for t in late:
         t.cancel()
         out = io.StringIO()
@@ -123,6 +123,6 @@ async def settle_tasks(
             grace,
             out.getvalue(),
         )
-    for t in _done:
+    for t in done:
         if not t.cancelled() and t.exception() is not None:
             log.debug("%s: task %s ended with %r", label, t.get_name(), t.exception())
