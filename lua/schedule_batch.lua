@@ -116,8 +116,8 @@ local function emit_side(name, env, priority, list, group)
   end
 end
 
--- a due fire of a 'U' entry (d = {mode, ttl, marker, dedup_id, events_max}): false when a
--- throttle found the marker alive (nothing written)
+-- the `deduplicated` event of a 'U' entry's fire (d = {mode, ttl, marker, dedup_id,
+-- events_max}): ``old`` the job that holds the window, ``by`` its replacement (debounce)
 local function deduplicated(d, old, by)
   local events_max = tonumber(d[5])
   if events_max <= 0 then
@@ -135,6 +135,7 @@ local function deduplicated(d, old, by)
   redis.call('XADD', KEYS[8], 'MAXLEN', '~', events_max, '*', unpack(fields))
 end
 
+-- the job holding a throttle's window, or nil (a marker of another type is replaced first)
 local function throttled(d)
   local marker = d[3]
   local kind = redis.call('TYPE', marker).ok
@@ -147,14 +148,25 @@ local function throttled(d)
   return redis.call('HGET', marker, 'job')
 end
 
-local function emit_dedup(name, env, jid, d)
-  local marker, ttl = d[3], tonumber(d[2])
-  if d[1] == 'throttle' then
+local function emit(name, at, env, side)
+  if side and tonumber(at) <= now then
+    emit_side(name, env, side[1], side[2], side[3])
+  elseif tonumber(at) <= now then
     if name == '' then
       redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env)
     else
       redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env, 'n', name)
     end
+  else
+    redis.call('ZADD', KEYS[2], at, member_of(name, env))
+  end
+end
+
+-- a due fire of a 'U' entry that no throttle held back, written as add_dedup.lua writes a job
+local function emit_dedup(name, env, jid, d)
+  local marker, ttl = d[3], tonumber(d[2])
+  if d[1] == 'throttle' then
+    emit(name, now, env, nil)
     redis.call('HSET', marker, 'job', jid)
     redis.call('PEXPIRE', marker, ttl)
     return
@@ -170,20 +182,6 @@ local function emit_dedup(name, env, jid, d)
   redis.call('ZADD', KEYS[2], now + ttl, m)
   redis.call('HSET', marker, 'job', jid, 'member', m)
   redis.call('PEXPIRE', marker, ttl + 60000)
-end
-
-local function emit(name, at, env, side)
-  if side and tonumber(at) <= now then
-    emit_side(name, env, side[1], side[2], side[3])
-  elseif tonumber(at) <= now then
-    if name == '' then
-      redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env)
-    else
-      redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', env, 'n', name)
-    end
-  else
-    redis.call('ZADD', KEYS[2], at, member_of(name, env))
-  end
 end
 
 for s = 1, m do

@@ -40,6 +40,7 @@ from typing import Any
 from ..core.codec import validate_job_name
 from ..core.running import BATCH_ATTR, TIMEOUT_ATTR, check_batch, check_timeout_ms
 from ..errors import ConfigError, HandlerNotFound
+from .spark_batches import takes_dataframe
 
 __all__ = [
     "HandlerLoadError",
@@ -330,7 +331,7 @@ def _keep_timeout(fn: Any, bound: Any) -> Any:
 def _check_frame_handler(name: str, fn: Any, params: Mapping[str, inspect.Parameter]) -> None:
     """A handler whose job parameter is ``jobs_df`` takes a batch as one DataFrame
     (``worker/spark_batches.py``): it must be a batch handler and declare ``spark``."""
-    if next(iter(params), None) != "jobs_df":
+    if not takes_dataframe(list(params)):
         return
     if getattr(fn, BATCH_ATTR, None) is None or "spark" not in params:
         raise ConfigError(

@@ -54,7 +54,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -239,31 +239,22 @@ class SparkRuntime:
                 "Spark handler for %r is async: its Spark calls block the event loop; make it a plain def", name
             )
             return fn
-        if self.connect:
-            return self._wrap_connect(name, fn)
-        sc = self.sc
-        assert sc is not None
 
         def run_in_job_group(job: Any) -> Any:
-            with self._lock:
-                self.active += 1
-                if job._progress is not None:
-                    self._running[job.id] = (job._progress, None)
-                    own = _OwnProgress(job._progress, self._running, self._lock)
-                    job = dataclasses.replace(job, _progress=own)
-            # One FAIR pool per handler thread, so concurrent handlers share the executors.
-            sc.setLocalProperty("spark.scheduler.pool", self.pool())
-            sc.setJobGroup(f"chasqui-{job.id}", f"chasqui {self.queue_hint} {name} {job.id}", True)
-            try:
-                return fn(job)
-            finally:
-                sc.setLocalProperty("spark.jobGroup.id", None)
-                sc.setLocalProperty("spark.job.description", None)
-                if job.id in self._running:  # the last word: every Spark job it ran, ended
-                    with contextlib.suppress(Exception):
-                        self.final_progress(job.id)
+            if job._progress is not None and self.sc is not None:  # (Spark Connect has no status tracker)
                 with self._lock:
-                    self.active -= 1
+                    self._running[job.id] = (job._progress, None)
+                job = dataclasses.replace(job, _progress=_OwnProgress(job._progress, self._running, self._lock))
+            try:
+                with self._scope(job.id, f"chasqui {self.queue_hint} {name} {job.id}"):
+                    try:
+                        return fn(job)
+                    finally:
+                        if job.id in self._running:  # the last word: every Spark job it ran, ended
+                            with contextlib.suppress(Exception):
+                                self.final_progress(job.id)
+            finally:
+                with self._lock:
                     self._running.pop(job.id, None)
 
         run_in_job_group.__name__ = getattr(fn, "__name__", name)
@@ -276,52 +267,42 @@ class SparkRuntime:
         as_frame = takes_dataframe(params)
         if inspect.iscoroutinefunction(fn) or ("spark" not in params and not as_frame):
             return fn
-        spark, sc = self.spark, self.sc
+        spark = self.spark
 
         def run_batch(jobs: list[Any]) -> Any:
             first = jobs[0].id if jobs else "empty"
-            with self._lock:
-                self.active += 1
-            if sc is not None:
-                sc.setLocalProperty("spark.scheduler.pool", self.pool())
-                sc.setJobGroup(f"chasqui-{first}", f"chasqui {self.queue_hint} {name} batch of {len(jobs)}", True)
-            else:
-                spark.addTag(_tag(first))
-            try:
+            with self._scope(first, f"chasqui {self.queue_hint} {name} batch of {len(jobs)}"):
                 if not as_frame:
                     return fn(jobs)
                 return batch_outcomes(jobs, fn(jobs_frame(spark, jobs)))
-            finally:
-                if sc is not None:
-                    sc.setLocalProperty("spark.jobGroup.id", None)
-                    sc.setLocalProperty("spark.job.description", None)
-                else:
-                    spark.removeTag(_tag(first))
-                with self._lock:
-                    self.active -= 1
 
         run_batch.__name__ = getattr(fn, "__name__", name)
         return run_batch
 
-    def _wrap_connect(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Spark Connect: no job groups or pools; the operations a handler call starts carry the
-        tag ``chasqui-<job id>`` (tags are per thread), which ``finish`` can interrupt."""
-        spark = self.spark
-
-        def run_tagged(job: Any) -> Any:
-            tag = _tag(job.id)
+    @contextlib.contextmanager
+    def _scope(self, job_id: str, description: str) -> Iterator[None]:
+        """One handler call's Spark scope, counted in ``active``: its Spark jobs run in the
+        thread's FAIR pool and the job group ``chasqui-<job id>`` (so concurrent handlers share
+        the executors), or on Spark Connect (no groups or pools) carry the tag
+        ``chasqui-<job id>`` (tags are per thread), which ``finish`` can interrupt."""
+        sc = self.sc
+        with self._lock:
+            self.active += 1
+        if sc is not None:
+            sc.setLocalProperty("spark.scheduler.pool", self.pool())
+            sc.setJobGroup(f"chasqui-{job_id}", description, True)
+        else:
+            self.spark.addTag(_tag(job_id))
+        try:
+            yield
+        finally:
+            if sc is not None:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+                sc.setLocalProperty("spark.job.description", None)
+            else:
+                self.spark.removeTag(_tag(job_id))
             with self._lock:
-                self.active += 1
-            spark.addTag(tag)
-            try:
-                return fn(job)
-            finally:
-                spark.removeTag(tag)
-                with self._lock:
-                    self.active -= 1
-
-        run_tagged.__name__ = getattr(fn, "__name__", name)
-        return run_tagged
+                self.active -= 1
 
     # ---- signals -------------------------------------------------------------------------
     def forward_jvm_signals(self, request_stop: Callable[[str, str], None]) -> None:
