@@ -10,13 +10,16 @@ stopped at the end.  Workloads (jobs are tiny: ``{"i": n}`` named ``noop``):
 * limits: raw redis-py XADD one by one (sync and asyncio) and sync pipelined XADD (1,000 per
   pipeline), sending exactly the command ``Queue.add`` sends, with a pre-encoded envelope;
   plus one EVALSHA of ``enqueue_batch`` per 1,000 pre-encoded jobs (the batch path's server cost);
+  plus ``ref_redis_floor``: a plain client doing a worker's Redis commands for N queued jobs
+  (read, ``active`` events, ack, delete, ``completed`` events; pipelined), Redis's floor per job;
 * ``Queue.add`` / ``SyncQueue.add`` one by one, ``Queue.add_bulk`` / ``SyncQueue.add_bulk`` in
   batches of 1,000 (jobs built, validated and encoded inside the timing);
 * end-to-end: N jobs already queued, one worker *process* (``_engine_worker.py``: concurrency
   50, events on, results off, scheduler off) processes them; throughput is N over the span
   from the first ``active`` to the last ``completed`` event (Redis clock), CPU is the worker
   process's getrusage over ``Worker.run()`` divided by N, Redis CPU the ``INFO cpu`` delta over
-  the same run divided by N; ``e2e_process_uvloop`` is the same worker on uvloop (when installed),
+  the same run divided by N, and its two-core bound ``1 / max(worker us, Redis us)`` per job;
+  ``e2e_process_uvloop`` is the same worker on uvloop (when installed),
   ``e2e_rate_unbounded`` the same under a rate limit it never reaches (the limiter's own cost),
   ``e2e_concurrency_unbounded`` under a concurrency limit it never reaches (the slots' cost);
 * delayed end-to-end: N jobs added with a 1 s delay, the worker starts once all are due:
@@ -149,6 +152,82 @@ def limit_sync_xadd_pipeline(url: str, n: int) -> dict[str, Any]:
 
     try:
         return _timed(body, n)
+    finally:
+        r.close()
+        _cleanup(url, q)
+
+
+def ref_redis_floor(url: str, n: int) -> dict[str, Any]:
+    """Redis's floor per job for what a worker asks of it (issue 27): a plain redis-py client
+    reads N queued jobs (``XREADGROUP COUNT 256``) and, per batch, in one pipeline, writes their
+    ``active`` events, acks and deletes them (``XACK``, ``XDEL`` of the batch) and writes their
+    ``completed`` events, as the wire has a worker do, with no script, no handler and no
+    bookkeeping.  ``redis_cpu_us_per_job`` (INFO cpu over the loop) is the figure the worker's
+    Redis CPU per job is compared with."""
+    q = _queue_name("floor")
+    k = QueueKeys.for_queue(q)
+    _fill(url, q, n)
+    r = redis.Redis.from_url(url)
+    r.execute_command("XGROUP", "CREATE", k.stream, "floor", "0", "MKSTREAM")
+    done = 0
+
+    def body() -> None:
+        nonlocal done
+        while done < n:
+            reply = r.execute_command("XREADGROUP", "GROUP", "floor", "c1", "COUNT", 256, "STREAMS", k.stream, ">")
+            rows = reply[0][1] if reply else []
+            if not rows:
+                break
+            ids = [eid for eid, _f in rows]
+            now = str(int(time.time() * 1000))
+            pipe = r.pipeline(transaction=False)
+            for i in range(len(ids)):
+                pipe.execute_command(
+                    "XADD",
+                    k.events,
+                    "*",
+                    "e",
+                    "active",
+                    "id",
+                    f"j{i}",
+                    "ts",
+                    now,
+                    "n",
+                    NAME,
+                    "attempt",
+                    1,
+                )
+            pipe.execute_command("XACK", k.stream, "floor", *ids)
+            pipe.execute_command("XDEL", k.stream, *ids)
+            for i in range(len(ids)):
+                pipe.execute_command(
+                    "XADD",
+                    k.events,
+                    "*",
+                    "e",
+                    "completed",
+                    "id",
+                    f"j{i}",
+                    "ts",
+                    now,
+                    "n",
+                    NAME,
+                    "attempt",
+                    1,
+                    "duration_us",
+                    3,
+                )
+            pipe.execute_command("XTRIM", k.events, "MAXLEN", "~", 100_000)  # once a batch, as our scripts do
+            pipe.execute()
+            done += len(ids)
+
+    try:
+        cpu0 = _redis_cpu(url)
+        res = _timed(body, n)
+        res["redis_cpu_us_per_job"] = (_redis_cpu(url) - cpu0) / n * 1e6
+        if done != n:
+            raise RuntimeError(f"floor probe read {done} of {n} jobs")
+        return res
     finally:
         r.close()
         _cleanup(url, q)
@@ -480,6 +559,8 @@ def _e2e(
             "worker_user_us_per_job": worker["user_s"] / n * 1e6,
             "worker_sys_us_per_job": worker["sys_s"] / n * 1e6,
             "redis_cpu_us_per_job": redis_cpu / n * 1e6,
+            # the worker and Redis each on a core of their own: the rate neither could exceed
+            "two_core_bound_jobs_per_s": 1e6 / max(worker["cpu_s"] / n * 1e6, redis_cpu / n * 1e6, 1e-9),
             "completed_events": span["completed_events"],
             "loop": worker["loop"],
         }
@@ -526,6 +607,11 @@ WORKLOADS: dict[str, tuple[Callable[[str, int], dict[str, Any]], str, str | None
     ),
     "ref_async_xadd_single": (ref_async_xadd_single, "redis.asyncio XADD, one by one (reference)", None),
     "ref_sync_lua_batch": (ref_sync_lua_batch, "EVALSHA enqueue_batch per 1,000 pre-encoded jobs (reference)", None),
+    "ref_redis_floor": (
+        ref_redis_floor,
+        "plain redis-py doing a worker's Redis commands, pipelined (Redis's floor per job)",
+        None,
+    ),
     "queue_add": (queue_add, "Queue.add, one by one", "ref_async_xadd_single"),
     "syncqueue_add": (syncqueue_add, "SyncQueue.add, one by one", "limit_sync_xadd_single"),
     "queue_add_bulk": (queue_add_bulk, "Queue.add_bulk, 1,000 per call", "limit_sync_xadd_pipeline"),
@@ -553,7 +639,9 @@ WORKLOADS: dict[str, tuple[Callable[[str, int], dict[str, Any]], str, str | None
     "e2e_retry": (e2e_retry, "retry: every job fails once, then succeeds", "limit_sync_xadd_pipeline"),
 }
 
-# target name -> (workload, limit or None, minimum ratio or jobs/s, max client CPU us/job)
+# target name -> (workload, reference, goal): reference None = jobs/s at least goal; "cpu" = client
+# CPU us/job at most goal; "bound" = jobs/s over its two-core bound at least goal; "floor" = Redis
+# CPU per job over the floor probe's at most goal; a workload = the ratio of jobs/s at least goal
 TARGETS = {
     "Queue.add >= 0.9x asyncio XADD one by one": ("queue_add", "ref_async_xadd_single", 0.9),
     "Queue.add >= 0.9x sync XADD one by one": ("queue_add", "limit_sync_xadd_single", 0.9),
@@ -562,6 +650,9 @@ TARGETS = {
     "SyncQueue.add_bulk >= 0.9x sync pipelined XADD": ("syncqueue_add_bulk", "limit_sync_xadd_pipeline", 0.9),
     "100 tasks' adds >= 0.7x Queue.add_bulk (issue 27)": ("queue_add_tasks_100", "queue_add_bulk", 0.7),
     "16 threads' adds >= 0.5x SyncQueue.add_bulk (issue 27)": ("syncqueue_add_threads_16", "syncqueue_add_bulk", 0.5),
+    "e2e_process >= 0.85x its two-core bound (issue 27)": ("e2e_process", "bound", 0.85),
+    "e2e_process Redis CPU <= 1.15x the floor probe (issue 27)": ("e2e_process", "floor", 1.15),
+    "e2e_retry >= 0.5x e2e_process (issue 27)": ("e2e_retry", "e2e_process", 0.5),
     "end-to-end >= 50k jobs/s": ("e2e_process", None, 50_000),
     "end-to-end client CPU <= 20 us/job": ("e2e_process", "cpu", 20.0),
 }
@@ -575,6 +666,14 @@ def evaluate(results: dict[str, Any]) -> dict[str, Any]:
         if ref == "cpu":
             value = results[wl].get("client_cpu_us_per_job")
             met = value is not None and value <= goal
+        elif ref == "bound":
+            value = results[wl]["jobs_per_s"] / results[wl]["two_core_bound_jobs_per_s"]
+            met = value >= goal
+        elif ref == "floor":
+            if "ref_redis_floor" not in results:
+                continue
+            value = results[wl]["redis_cpu_us_per_job"] / results["ref_redis_floor"]["redis_cpu_us_per_job"]
+            met = value <= goal
         elif ref is None:
             value = results[wl]["jobs_per_s"]
             met = value >= goal

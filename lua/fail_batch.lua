@@ -18,6 +18,7 @@
 -- Reply   = per entry, 1 rescheduled or dead-lettered, 0 no longer pending (nothing written)
 -- Failure records are capped by count as well as TTL, like results in complete_batch.lua
 -- (index `<prefix>:failures`).
+--#include delete_acked
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, dlq_max = tonumber(ARGV[3]), ARGV[4]
 local ttl, prefix, now = tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -38,41 +39,62 @@ local index_ok = (function(t) return t == 'zset' or t == 'none' end)(type_of(pre
 local out = {}
 local stored = {}  -- score, id pairs for the failures index
 
+-- An oversize entry's row carries no payload (it never crosses the network twice): its `d` is
+-- copied from the entry itself, read here before anything is deleted.
+local payloads = {}
+for i = 9, #ARGV, 12 do
+  if ARGV[i] == 'd' and ARGV[i + 7] == '' and ARGV[i + 8] == 'oversize_payload' then
+    local e = redis.call('XRANGE', stream, ARGV[i + 1], ARGV[i + 1])[1]
+    if e then
+      for j = 1, #e[2], 2 do if e[2][j] == 'd' then payloads[i] = e[2][j + 1] end end
+    end
+  end
+end
+
+-- XACKDEL takes many ids and answers per id: one call per 500 (Redis 8.2+); on 7.0 each entry
+-- is XACKed in the loop and the acked ones deleted together at the end (delete_acked).
+local codes
+if xackdel then
+  codes = {}
+  local ids = {}
+  for i = 9, #ARGV, 12 do ids[#ids + 1] = ARGV[i + 1] end
+  for j = 1, #ids, 500 do
+    local hi = math.min(j + 499, #ids)
+    local r = redis.call('XACKDEL', stream, group, 'IDS', hi - j + 1, unpack(ids, j, hi))
+    for k = 1, #r do codes[#codes + 1] = r[k] end
+  end
+end
+
+local done, n = {}, 0  -- entries XACKed here (7.0 path), deleted at the end
+local retries = {}  -- score, member pairs for the delayed set, added together after the loop
+local evented = false  -- events are trimmed once, at the end (MAXLEN ~ per XADD costs more)
 for i = 9, #ARGV, 12 do
   local eid = ARGV[i + 1]
   local ok
-  -- an oversize entry's row carries no payload (it never crosses the network twice): its `d`
-  -- is copied from the entry itself, read here before the ack deletes it
-  local payload = ARGV[i + 7]
-  if ARGV[i] == 'd' and payload == '' and ARGV[i + 8] == 'oversize_payload' then
-    local e = redis.call('XRANGE', stream, eid, eid)[1]
-    if e then
-      for j = 1, #e[2], 2 do if e[2][j] == 'd' then payload = e[2][j + 1] end end
-    end
-  end
   if xackdel then
-    local r = redis.call('XACKDEL', stream, group, 'IDS', 1, eid)
-    ok = tonumber(r[1]) == 1 or tonumber(r[1]) == 2
+    ok = codes[#out + 1] == 1 or codes[#out + 1] == 2
   else
     ok = redis.call('XACK', stream, group, eid) == 1
-    if ok then redis.call('XDEL', stream, eid) end
+    if ok then n = n + 1; done[n] = eid end
   end
   out[#out + 1] = ok and 1 or 0
+  local payload = payloads[i] or ARGV[i + 7]
   if ok then
     local kind, id, name, attempt = ARGV[i], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
     local failed, dur = ARGV[i + 5], ARGV[i + 6]
+    evented = evented or events_max > 0
     if kind == 'r' then  -- retry (wire spec 11.2)
-      redis.call('ZADD', delayed, ARGV[i + 7], ARGV[i + 8])
+      retries[#retries + 1] = ARGV[i + 7]; retries[#retries + 1] = ARGV[i + 8]  -- one ZADD below
       if events_max > 0 then
         if name == '' then
-          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now,
+          redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now,
             'attempt', attempt, 'reason', failed, 'duration_us', dur)
-          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
+          redis.call('XADD', ev, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
             'attempt', ARGV[i + 9], 'backoff_ms', ARGV[i + 10])
         else
-          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
+          redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
             'attempt', attempt, 'reason', failed, 'duration_us', dur)
-          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
+          redis.call('XADD', ev, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
             'n', name, 'attempt', ARGV[i + 9], 'backoff_ms', ARGV[i + 10])
         end
       end
@@ -90,18 +112,18 @@ for i = 9, #ARGV, 12 do
         local named = name ~= '' and id ~= ''
         if failed ~= '' then
           if named then
-            redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
+            redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
               'attempt', attempt, 'reason', failed, 'duration_us', dur)
           else
-            redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'failed', 'id', id, 'ts', now,
+            redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now,
               'attempt', attempt, 'reason', failed, 'duration_us', dur)
           end
         end
         if named then
-          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'dlq', 'id', id, 'ts', now, 'n', name,
+          redis.call('XADD', ev, '*', 'e', 'dlq', 'id', id, 'ts', now, 'n', name,
             'attempt', attempt, 'reason', reason)
         else
-          redis.call('XADD', ev, 'MAXLEN', '~', events_max, '*', 'e', 'dlq', 'id', id, 'ts', now,
+          redis.call('XADD', ev, '*', 'e', 'dlq', 'id', id, 'ts', now,
             'attempt', attempt, 'reason', reason)
         end
       end
@@ -116,6 +138,12 @@ for i = 9, #ARGV, 12 do
       end
     end
   end
+end
+for k = 1, #retries, 1000 do
+  redis.call('ZADD', delayed, unpack(retries, k, math.min(k + 999, #retries)))
+end
+if evented then
+  redis.call('XTRIM', ev, 'MAXLEN', '~', events_max)
 end
 if #stored > 0 and index_ok then
   local index = prefix .. ':failures'
@@ -133,4 +161,5 @@ if #stored > 0 and index_ok then
   end
   redis.call('PEXPIRE', index, ttl)
 end
+delete_acked(stream, group, done, n)
 return out

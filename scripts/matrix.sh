@@ -14,6 +14,7 @@
 # (started by scripts/ensure_redis.sh if none answers).  Arguments: the venvs to run (default: all three).
 #
 #   PYTHON            interpreter for the venvs (default python3; needs >= 3.11)
+#   CHASQUI_MATRIX_REDIS  "own": run the tests on a private redis-server (default: the shared 6379)
 #   CHASQUI_MATRIX    directory of the venvs (default ~/.cache/airflow-provider-chasqui)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,7 +45,24 @@ die() { echo "matrix: $*" >&2; exit 1; }
 
 bash scripts/ensure_redis.sh
 WORK=$(mktemp -d /tmp/chasqui-matrix.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+OWN_PID=""
+trap '[ -z "$OWN_PID" ] || kill "$OWN_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+# CHASQUI_MATRIX_REDIS=own: the suites run on a redis-server of their own (a free port, stopped by
+# pid on exit) instead of the shared 6379, so .ci/run runs the matrix beside the main suite
+# without the two sharing a server (the interop tests still use 6379, as ChasquiMQ's parity
+# suite is written for it).
+if [ "${CHASQUI_MATRIX_REDIS:-shared}" = own ]; then
+  port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/own-redis.log" 2>&1 &
+  OWN_PID=$!
+  deadline=$(( $(date +%s) + 30 ))
+  until [ "$(timeout 5 redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || { cat "$WORK/own-redis.log" >&2; die "own redis-server did not answer on $port"; }
+    sleep 0.1
+  done
+  export REDIS_URL="redis://127.0.0.1:$port/0"
+  echo "  [matrix] tests on a redis-server of their own: $REDIS_URL (pid $OWN_PID)"
+fi
 
 # --- the wheel, built the way pip builds it for a user (isolated build with hatchling) ---
 step "build the wheel (pip wheel --no-deps .)"

@@ -20,7 +20,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
-LUA = sorted(p.name for p in (ROOT / "lua").glob("*.lua"))
+LUA = sorted(str(p.relative_to(ROOT / "lua")) for p in (ROOT / "lua").rglob("*.lua"))  # include/ too
 DASHBOARD_ASSETS = ["templates/layout.html", "static/dashboard.css", "static/dashboard.js"]
 
 

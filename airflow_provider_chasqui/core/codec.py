@@ -31,6 +31,7 @@ __all__ = [
     "decode_data",
     "encode_envelope",
     "decode_envelope",
+    "decode_retry",
     "encode_member",
     "split_member",
     "new_job_id",
@@ -288,6 +289,39 @@ def _decode_retry(raw: Any) -> RetryOverride | None:
     return RetryOverride(_opt_uint(raw[0], "retry max_attempts", _U32_MAX), _decode_backoff(raw[1]))
 
 
+_RETRY_MEMO: dict[tuple[Any, ...], RetryOverride] = {}
+_RETRY_MEMO_MAX = 1024
+
+
+def decode_retry(raw: Any) -> RetryOverride | None:
+    """``_decode_retry`` remembered for the array form: a queue's jobs carry a handful of
+    distinct overrides (``attempts=``, ``backoff=``), and building and checking the two objects
+    cost four times the envelope's own decoding on the worker's hot path.  The memo key holds
+    each value *and its type* (``True`` is not ``1``, ``1.0`` is not ``1``), only overrides that
+    decoded are stored, and the memo is emptied when full, so a hostile producer sending
+    distinct overrides costs only misses."""
+    if type(raw) is list and len(raw) == 2:
+        top, b = raw
+        if b is None:
+            key: tuple[Any, ...] = (top, type(top))
+        elif type(b) is list and len(b) == 5:
+            key = (top, type(top), *b, *map(type, b))
+        else:
+            return _decode_retry(raw)
+        try:
+            hit = _RETRY_MEMO.get(key)
+        except TypeError:  # an unhashable element (a list, a map): the exact verdict below
+            return _decode_retry(raw)
+        if hit is None:
+            hit = _decode_retry(raw)  # raises CodecError: nothing stored
+            if hit is not None:
+                if len(_RETRY_MEMO) >= _RETRY_MEMO_MAX:
+                    _RETRY_MEMO.clear()
+                _RETRY_MEMO[key] = hit
+        return hit
+    return _decode_retry(raw)
+
+
 def decode_envelope(raw: bytes) -> Envelope:
     """Decode ``d`` the way ChasquiMQ's shims do; any deviation is a CodecError."""
     try:
@@ -306,6 +340,18 @@ def decode_envelope(raw: bytes) -> Envelope:
             and len(job_id) <= MAX_JOB_ID_CHARS
         ):
             return _new_envelope(job_id, inner, created, attempt, None)
+    elif type(arr) is list and len(arr) == 5:  # the same with a retry override (``attempts=``, ``backoff=``)
+        job_id, inner, created, attempt, retry = arr
+        if (
+            type(job_id) is str
+            and type(inner) is bytes
+            and type(created) is int
+            and type(attempt) is int
+            and 0 <= created <= _U64_MAX
+            and 0 <= attempt <= _U32_MAX
+            and len(job_id) <= MAX_JOB_ID_CHARS
+        ):
+            return _new_envelope(job_id, inner, created, attempt, decode_retry(retry))
     if isinstance(arr, dict):  # serde's map form: fields by name, defaults may be missing
         fields = _fields(arr, ("id", "payload", "created_at_ms", "attempt", "retry"), "envelope")
         fields[3] = fields[3] if "attempt" in arr else 0
@@ -323,7 +369,7 @@ def decode_envelope(raw: bytes) -> Envelope:
         raise CodecError("envelope payload must be msgpack bin")
     created = _uint(arr[2], "created_at_ms")
     attempt = _uint(arr[3], "attempt", _U32_MAX) if len(arr) > 3 else 0
-    retry = _decode_retry(arr[4]) if len(arr) > 4 else None
+    retry = decode_retry(arr[4]) if len(arr) > 4 else None
     return Envelope(job_id, inner, created, attempt, retry)
 
 

@@ -22,6 +22,7 @@ from .codec import (
     _new_envelope,
     decode_data,
     decode_envelope,
+    decode_retry,
     encode_envelope,
     encode_member,
 )
@@ -307,36 +308,40 @@ class ConsumerCore:
                         arr = unpackb(d, raw=False, strict_map_key=False)
                         if type(arr) is list and len(arr) == 4:
                             job_id, inner, created, attempt = arr
-                            if (
-                                type(job_id) is str
-                                and type(inner) is bytes
-                                and type(created) is int
-                                and type(attempt) is int
-                                and 0 <= created <= _U64_MAX
-                                and 0 <= attempt < limit
-                                and attempt <= _U32_MAX
-                                and len(job_id) <= MAX_JOB_ID_CHARS
-                            ):
-                                # small data decodes here, in this loop (the hot path); larger data
-                                # when its job starts (Delivery.payload): see EAGER_DATA_BYTES
-                                data = (
-                                    unpackb(inner, raw=False, strict_map_key=False)
-                                    if len(inner) <= eager
-                                    else UNDECODED
+                            retry, top = None, limit
+                        elif type(arr) is list and len(arr) == 5:  # with a retry override (memoised)
+                            job_id, inner, created, attempt, raw_retry = arr
+                            retry = decode_retry(raw_retry)  # raises on a bad one: gate() below says why
+                            top = limit if retry is None or retry.max_attempts is None else retry.max_attempts
+                        else:
+                            arr = None
+                        if (
+                            arr is not None
+                            and type(job_id) is str
+                            and type(inner) is bytes
+                            and type(created) is int
+                            and type(attempt) is int
+                            and 0 <= created <= _U64_MAX
+                            and 0 <= attempt < top
+                            and attempt <= _U32_MAX
+                            and len(job_id) <= MAX_JOB_ID_CHARS
+                        ):
+                            # small data decodes here, in this loop (the hot path); larger data
+                            # when its job starts (Delivery.payload): see EAGER_DATA_BYTES
+                            data = unpackb(inner, raw=False, strict_map_key=False) if len(inner) <= eager else UNDECODED
+                            name = n.decode()  # not UTF-8: gate() below keeps the bytes too
+                            ready.append(
+                                Delivery(
+                                    entry_id,
+                                    _new_envelope(job_id, inner, created, attempt, retry),
+                                    name,
+                                    d,
+                                    1,
+                                    0,
+                                    data,
                                 )
-                                name = n.decode()  # not UTF-8: gate() below keeps the bytes too
-                                ready.append(
-                                    Delivery(
-                                        entry_id,
-                                        _new_envelope(job_id, inner, created, attempt, None),
-                                        name,
-                                        d,
-                                        1,
-                                        0,
-                                        data,
-                                    )
-                                )
-                                continue
+                            )
+                            continue
                     except Exception:  # noqa: BLE001 - gate() below gives the exact verdict
                         pass
             verdict = self.gate(entry_id, fields, 1)

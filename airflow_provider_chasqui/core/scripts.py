@@ -2,7 +2,8 @@
 one Redis Functions library (``LIBRARY``).  Both are read on first use (PEP 562), not at import.
 
 The wheel ships ``lua/`` as ``airflow_provider_chasqui/lua``; a source checkout reads the
-top-level ``lua/`` folder.  Scripts are identified by file stem (``SCRIPTS["promote"]``).
+top-level ``lua/`` folder.  Scripts are identified by file stem (``SCRIPTS["promote"]``);
+``lua/include/`` holds helpers a script pulls in with a ``--#include <name>`` line.
 
 The library is generated from the same files, never written by hand: each script body becomes
 ``local function f_<stem>(KEYS, ARGV) <body> end``, registered as ``<library>_<stem>`` (so the
@@ -27,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Script", "Library", "SCRIPTS", "LIBRARY", "LIBRARY_PREFIX", "lua_dir", "build_library"]
+__all__ = ["Script", "Library", "SCRIPTS", "LIBRARY", "LIBRARY_PREFIX", "lua_dir", "build_library", "read_bodies"]
 
 LIBRARY_PREFIX = "chasqui_"
 
@@ -123,8 +124,26 @@ def build_library(bodies: dict[str, bytes]) -> tuple[Library, dict[str, str]]:
     return Library(name, template.replace(b"@LIB@", name.encode()), f"{name}_probe"), fcalls
 
 
+_INCLUDE = re.compile(rb"^--#include ([a-z][a-z0-9_]*)\n", re.MULTILINE)
+
+
+def read_bodies(folder: Path | None = None) -> dict[str, bytes]:
+    """Each ``lua/*.lua`` script's text (stem -> bytes), with every ``--#include <name>`` line
+    replaced by ``lua/include/<name>.lua``: a helper two scripts need (deleting acked entries)
+    is written once, and each script still runs alone (``EVALSHA``) or in the library."""
+    folder = folder or lua_dir()
+
+    def fragment(m: re.Match[bytes]) -> bytes:
+        path = folder / "include" / f"{m.group(1).decode()}.lua"
+        if not path.is_file():
+            raise FileNotFoundError(f"--#include {m.group(1).decode()}: {path} is missing")
+        return path.read_bytes().rstrip(b"\n") + b"\n"
+
+    return {path.stem: _INCLUDE.sub(fragment, path.read_bytes()) for path in sorted(folder.glob("*.lua"))}
+
+
 def _load() -> tuple[dict[str, Script], Library]:
-    bodies = {path.stem: path.read_bytes() for path in sorted(lua_dir().glob("*.lua"))}
+    bodies = read_bodies()
     library, fcalls = build_library(bodies)
     scripts = {
         stem: Script(stem, body, hashlib.sha1(body).hexdigest(), f"{library.name}_{stem}", fcalls[stem])

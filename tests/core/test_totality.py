@@ -350,3 +350,80 @@ def test_attempts_never_overflow_u32(max_attempts: int, attempt: int) -> None:
     row, outcome, _ = core.failure_row(dl, ValueError("x"), False, 1, NOW)
     if outcome == "retry":
         assert decode_envelope(row[8][8:]).attempt == attempt + 1
+
+
+# ---- the memoised retry override (issue 27: the worker's hot path) ----------------------------
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-2, max_value=2**64 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["fixed", "exponential", "linear", ""]),
+    st.binary(max_size=3),
+)
+_OVERRIDES = st.one_of(
+    _SCALARS,
+    st.lists(_SCALARS, max_size=3),
+    st.tuples(_SCALARS, st.one_of(st.none(), st.lists(_SCALARS, min_size=5, max_size=5))).map(list),
+    st.tuples(
+        st.one_of(st.none(), st.integers(0, 5), st.booleans(), st.just(2.0)),
+        st.tuples(
+            st.sampled_from(["fixed", "exponential"]),
+            st.one_of(st.integers(0, 3), st.just(1.0), st.just(True)),
+            st.one_of(st.none(), st.integers(0, 3), st.just(0.0)),
+            st.one_of(st.none(), st.integers(0, 3), st.floats(allow_nan=True), st.just(False)),
+            st.one_of(st.none(), st.integers(0, 3), st.lists(st.integers(-5, 5), max_size=1)),
+        ).map(list),
+    ).map(list),
+)
+
+
+def _verdict(fn, raw):
+    try:
+        return fn(raw)
+    except CodecError as exc:
+        return ("CodecError", str(exc))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_OVERRIDES, min_size=1, max_size=8))
+def test_the_retry_memo_answers_what_a_fresh_decode_answers(overrides: list[object]) -> None:
+    """Whatever came first (``True`` where ``1`` was remembered, ``1.0`` where ``1`` was, a NaN,
+    an unhashable list inside), the memoised decode gives the verdict of a fresh one."""
+    from airflow_provider_chasqui.core.codec import _decode_retry, decode_retry
+
+    for raw in overrides + overrides:  # the second pass answers from the memo
+        assert _verdict(decode_retry, raw) == _verdict(_decode_retry, raw), raw
+
+
+def test_the_retry_memo_tells_types_apart_and_stays_bounded() -> None:
+    from airflow_provider_chasqui.core import codec
+
+    good = [2, ["fixed", 0, None, None, None]]
+    assert codec.decode_retry(good) == RetryOverride(2, BackoffWire("fixed", 0))
+    for twin in ([True, ["fixed", 0, None, None, None]], [2, ["fixed", 0.0, None, None, None]], [2.0, None]):
+        with pytest.raises(CodecError):
+            codec.decode_retry(twin)
+    for i in range(3 * codec._RETRY_MEMO_MAX):  # a producer sending ever new overrides
+        codec.decode_retry([i, None])
+        assert len(codec._RETRY_MEMO) <= codec._RETRY_MEMO_MAX
+    assert codec.decode_retry(good) == RetryOverride(2, BackoffWire("fixed", 0))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_OVERRIDES, st.integers(min_value=0, max_value=6), st.integers(min_value=1, max_value=6))
+def test_the_arrival_loop_and_the_gate_agree_on_overrides(retry: object, attempt: int, queue_max: int) -> None:
+    """``gate_fresh`` decodes a 5-element envelope inline; ``gate`` is the reference: the same
+    job (with the override's or the queue's attempt limit), or the same refusal."""
+    core = _core(max_attempts=queue_max)
+    raw = msgpack.packb(["J1", msgpack.packb({"x": 1}), NOW, attempt, retry], use_bin_type=True)
+    fields = [b"d", raw, b"n", b"mail"]
+    ready, rejected = core.gate_fresh([(b"1-0", fields)])
+    reference = core.gate(b"1-0", fields, 1)
+    if isinstance(reference, Rejected):
+        assert ready == [] and rejected == [reference]
+    else:
+        assert rejected == [] and len(ready) == 1
+        assert ready[0].envelope == reference.envelope and ready[0].name == reference.name
+        assert ready[0].payload() == {"x": 1}

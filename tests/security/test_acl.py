@@ -80,7 +80,7 @@ def commands_in_code(known: set[str] | None = None) -> set[str]:
         )
         if known is not None:
             out.update(m for m in _PY_METHOD.findall(text) if m in known and m.upper() not in CONTAINERS)
-    for path in (ROOT / "lua").glob("*.lua"):
+    for path in (ROOT / "lua").rglob("*.lua"):
         for a, sub, b in _LUA.findall(path.read_text()):
             cmd = (a or b).upper()
             out.add(f"{cmd}|{sub}".lower() if cmd in CONTAINERS and sub else cmd.lower())

@@ -21,7 +21,14 @@ from airflow_provider_chasqui import Queue, SyncQueue, Worker
 from airflow_provider_chasqui.core.calls import command, script_call
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.producer import ProducerCore
-from airflow_provider_chasqui.core.scripts import LIBRARY, LIBRARY_PREFIX, SCRIPTS, build_library, lua_dir
+from airflow_provider_chasqui.core.scripts import (
+    LIBRARY,
+    LIBRARY_PREFIX,
+    SCRIPTS,
+    build_library,
+    lua_dir,
+    read_bodies,
+)
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ConfigError, ScriptError
 from airflow_provider_chasqui.ops.functions import install, status
@@ -31,7 +38,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _bodies() -> dict[str, bytes]:
-    return {p.stem: p.read_bytes() for p in lua_dir().glob("*.lua")}
+    return read_bodies(lua_dir())
 
 
 def _libraries(r: redis.Redis) -> dict[str, dict[str, list[str]]]:
