@@ -2,10 +2,11 @@
 
 The worker sends a batch's ``active`` events without waiting for them and hands the jobs to
 its slots at once (``Worker._admit``); the events are written before any slot runs, and
-whatever writes an outcome waits for the events in flight first (``Worker._emitted``).  Handlers here never suspend and acks go one at a time, the
-shape in which an outcome would most easily overtake its ``active`` event; the events stream
-must still show, for every job, each ``completed``, ``failed`` or ``cancelled`` after an
-``active`` of its own.  The server matrix: Redis 7.0, Valkey 8.1, Redis 8.2 (XACKDEL).
+whatever writes an outcome waits for the events in flight first (``Worker._emitted``).
+Handlers here never suspend and acks go one at a time, the shape in which an outcome would
+most easily overtake its ``active`` event; the events stream must still show, for every job,
+each ``completed``, ``failed`` or ``cancelled`` after an ``active`` of its own.  The server
+matrix: Redis 7.0, Valkey 8.1, Redis 8.2 (XACKDEL), and a cluster (no pinned connection).
 """
 
 from __future__ import annotations
