@@ -3,7 +3,9 @@
 ``Job.update_progress(value)`` (and its sync twin, from a handler's thread) only records the
 latest value of the job here (thread-safe: one dict assignment under the GIL); a supervised task
 writes whatever was recorded every ``PROGRESS_FLUSH_SECS`` in one pipeline
-(``core/running.progress_calls``: the job's progress key and a ``progress`` event).  So a handler
+(``core/running.progress_calls``: the job's progress key and a ``progress`` event), and the
+worker's flusher writes it before any outcome, so a finished job's last report is in Redis when
+its result is.  So a handler
 reporting in a tight loop costs one dict store per call, and Redis at most four writes per
 second per job.
 """
@@ -40,6 +42,11 @@ class ProgressReporter:
         while True:
             await asyncio.sleep(PROGRESS_FLUSH_SECS)
             await self.flush()
+
+    @property
+    def pending(self) -> bool:
+        """Whether a value waits to be written."""
+        return bool(self._latest)
 
     async def flush(self) -> None:
         if not self._latest:

@@ -1068,6 +1068,8 @@ class Worker:
             if intake.in_flight and time.monotonic() - intake.renewed_at > lease_check:  # inline: once per flush
                 await intake.check_lease()
             await self._emitted()  # a job's `active` event before its outcome
+            if self._progress.pending:  # and its last progress report (engine/progress.py)
+                await self._progress.flush()
             while self._fail_rows:
                 await self._flush_failures()
             while self._done_rows:

@@ -375,6 +375,10 @@ class SparkRuntime:
         assert self.sc is not None
         tracker = self.sc.statusTracker()
         deadline = time.monotonic() + wait
+        try:  # the bus delivers the handler's last Spark job's start too: the tracker knows every id
+            self.sc._jsc.sc().listenerBus().waitUntilEmpty(int(wait * 1000))
+        except Exception as exc:  # noqa: BLE001 - a JVM without it, or a timeout: the look below still waits
+            log.debug("Spark listener bus not drained: %s", exc)
         while time.monotonic() < deadline:
             ids = tracker.getJobIdsForGroup(f"chasqui-{job_id}")
             infos = [tracker.getJobInfo(j) for j in ids]

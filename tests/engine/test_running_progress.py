@@ -90,6 +90,32 @@ async def test_a_thread_handler_reports_progress(redis_url: str, queue_name: str
         assert (await q.get_job_details(job.id)).progress == 42
 
 
+async def test_a_jobs_last_report_is_written_before_its_outcome(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """Handlers (async and in a thread) report and return at once, 40 jobs: whoever sees a
+    job's result sees its last report, never an earlier one or none (the worker's flusher
+    writes pending progress before the outcomes, not up to ``PROGRESS_FLUSH_SECS`` later)."""
+    q = queues(queue_name, redis_url)
+
+    async def a(job):
+        await job.update_progress({"step": 1})
+        await job.update_progress({"step": 2, "i": job.data["i"]})
+        return job.data["i"]
+
+    def t(job):
+        job.update_progress_sync({"step": 1})
+        job.update_progress_sync({"step": 2, "i": job.data["i"]})
+        return job.data["i"]
+
+    w = worker_factory(queue_name, {"a": a, "t": t}, redis_url, store_results=True, concurrency=8)
+    async with running(w):
+        jobs = [await q.add("a" if i % 2 else "t", {"i": i}) for i in range(40)]
+        for job in jobs:
+            i = await job.wait_for_result(timeout=30)
+            assert (await q.get_job_details(job.id)).progress == {"step": 2, "i": i}, job.id
+
+
 @pytest.mark.parametrize(
     "bad", [math.nan, math.inf, True, "50%", [1, 2], None, {"x": "y" * MAX_PROGRESS_BYTES}, {"o": object()}]
 )
