@@ -157,6 +157,12 @@ def limit_sync_xadd_pipeline(url: str, n: int) -> dict[str, Any]:
         _cleanup(url, q)
 
 
+def _event_xadds(pipe: Any, key: str, count: int, now: str, kind: str, *extra: Any) -> None:
+    """``count`` events of ``kind`` as a worker's scripts write them, queued on ``pipe``."""
+    for i in range(count):
+        pipe.execute_command("XADD", key, "*", "e", kind, "id", f"j{i}", "ts", now, "n", NAME, "attempt", 1, *extra)
+
+
 def ref_redis_floor(url: str, n: int) -> dict[str, Any]:
     """Redis's floor per job for what a worker asks of it (issue 27): a plain redis-py client
     reads N queued jobs (``XREADGROUP COUNT 256``) and, per batch, in one pipeline, writes their
@@ -181,42 +187,11 @@ def ref_redis_floor(url: str, n: int) -> dict[str, Any]:
             ids = [eid for eid, _f in rows]
             now = str(int(time.time() * 1000))
             pipe = r.pipeline(transaction=False)
-            for i in range(len(ids)):
-                pipe.execute_command(
-                    "XADD",
-                    k.events,
-                    "*",
-                    "e",
-                    "active",
-                    "id",
-                    f"j{i}",
-                    "ts",
-                    now,
-                    "n",
-                    NAME,
-                    "attempt",
-                    1,
-                )
+
+            _event_xadds(pipe, k.events, len(ids), now, "active")
             pipe.execute_command("XACK", k.stream, "floor", *ids)
             pipe.execute_command("XDEL", k.stream, *ids)
-            for i in range(len(ids)):
-                pipe.execute_command(
-                    "XADD",
-                    k.events,
-                    "*",
-                    "e",
-                    "completed",
-                    "id",
-                    f"j{i}",
-                    "ts",
-                    now,
-                    "n",
-                    NAME,
-                    "attempt",
-                    1,
-                    "duration_us",
-                    3,
-                )
+            _event_xadds(pipe, k.events, len(ids), now, "completed", "duration_us", 3)
             pipe.execute_command("XTRIM", k.events, "MAXLEN", "~", 100_000)  # once a batch, as our scripts do
             pipe.execute()
             done += len(ids)

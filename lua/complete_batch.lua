@@ -10,7 +10,7 @@
 -- Results are bounded by count as well as by TTL: `<prefix>:results` (ZSET, score = time
 -- stored) indexes them, and the oldest beyond results_max_len are deleted here, a few more
 -- than this call stored at most (amortised: a lowered limit is reached over a few calls).
---#include delete_acked
+--#include acks
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, now, results_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
@@ -28,17 +28,12 @@ local row0, last = 8, #ARGV
 local acked = 0
 local stored = {}  -- score, id pairs for the results index
 
--- XACKDEL takes many ids and answers per id: one call per 500 instead of one per job.
+-- XACKDEL (Redis 8.2+): one call per 500 ids instead of one per job (include/acks.lua).
 local codes
 if xackdel then
-  codes = {}
   local ids = {}
   for i = row0, last, 6 do ids[#ids + 1] = ARGV[i] end
-  for j = 1, #ids, 500 do
-    local hi = math.min(j + 499, #ids)
-    local r = redis.call('XACKDEL', stream, group, 'IDS', hi - j + 1, unpack(ids, j, hi))
-    for k = 1, #r do codes[#codes + 1] = r[k] end
-  end
+  codes = xackdel_codes(stream, group, ids)
 end
 
 local done, n = {}, 0  -- entries XACKed here (7.0 path), deleted below

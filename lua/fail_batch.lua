@@ -18,7 +18,7 @@
 -- Reply   = per entry, 1 rescheduled or dead-lettered, 0 no longer pending (nothing written)
 -- Failure records are capped by count as well as TTL, like results in complete_batch.lua
 -- (index `<prefix>:failures`).
---#include delete_acked
+--#include acks
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, dlq_max = tonumber(ARGV[3]), ARGV[4]
 local ttl, prefix, now = tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -51,18 +51,13 @@ for i = 9, #ARGV, 12 do
   end
 end
 
--- XACKDEL takes many ids and answers per id: one call per 500 (Redis 8.2+); on 7.0 each entry
--- is XACKed in the loop and the acked ones deleted together at the end (delete_acked).
+-- XACKDEL (Redis 8.2+): one call per 500 ids; on 7.0 each entry is XACKed in the loop and the
+-- acked ones deleted together at the end (delete_acked; both in include/acks.lua).
 local codes
 if xackdel then
-  codes = {}
   local ids = {}
   for i = 9, #ARGV, 12 do ids[#ids + 1] = ARGV[i + 1] end
-  for j = 1, #ids, 500 do
-    local hi = math.min(j + 499, #ids)
-    local r = redis.call('XACKDEL', stream, group, 'IDS', hi - j + 1, unpack(ids, j, hi))
-    for k = 1, #r do codes[#codes + 1] = r[k] end
-  end
+  codes = xackdel_codes(stream, group, ids)
 end
 
 local done, n = {}, 0  -- entries XACKed here (7.0 path), deleted at the end

@@ -328,8 +328,8 @@ def decode_envelope(raw: bytes) -> Envelope:
         arr = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception as exc:
         raise CodecError(f"envelope is not valid msgpack: {exc}") from exc
-    if type(arr) is list and len(arr) == 4:  # fast path: the shape every producer writes
-        job_id, inner, created, attempt = arr
+    if type(arr) is list and 4 <= len(arr) <= 5:  # fast path: the shape every producer writes
+        job_id, inner, created, attempt = arr[0], arr[1], arr[2], arr[3]
         if (
             type(job_id) is str
             and type(inner) is bytes
@@ -338,20 +338,8 @@ def decode_envelope(raw: bytes) -> Envelope:
             and 0 <= created <= _U64_MAX
             and 0 <= attempt <= _U32_MAX
             and len(job_id) <= MAX_JOB_ID_CHARS
-        ):
-            return _new_envelope(job_id, inner, created, attempt, None)
-    elif type(arr) is list and len(arr) == 5:  # the same with a retry override (``attempts=``, ``backoff=``)
-        job_id, inner, created, attempt, retry = arr
-        if (
-            type(job_id) is str
-            and type(inner) is bytes
-            and type(created) is int
-            and type(attempt) is int
-            and 0 <= created <= _U64_MAX
-            and 0 <= attempt <= _U32_MAX
-            and len(job_id) <= MAX_JOB_ID_CHARS
-        ):
-            return _new_envelope(job_id, inner, created, attempt, decode_retry(retry))
+        ):  # a 5th element: the job's retry override (``attempts=``, ``backoff=``), remembered
+            return _new_envelope(job_id, inner, created, attempt, decode_retry(arr[4]) if len(arr) == 5 else None)
     if isinstance(arr, dict):  # serde's map form: fields by name, defaults may be missing
         fields = _fields(arr, ("id", "payload", "created_at_ms", "attempt", "retry"), "envelope")
         fields[3] = fields[3] if "attempt" in arr else 0

@@ -820,7 +820,7 @@ def test_fail_batch_does_what_per_entry_calls_do(lua: Lua, queue_name: str) -> N
     state = _fail_state(lua, eids, jobs)
     ref_state = _fail_state(ref, ref_eids, jobs)
     # On 7.0 the batch deletes what it acked with one XTRIM MINID below its newest entry
-    # (lua/include/delete_acked.lua), and an entry below that which someone else acked but left
+    # (lua/include/acks.lua), and an entry below that which someone else acked but left
     # in the stream (2: acked is done) goes too; one-row calls XDEL only their own entry.
     assert ref_state["stream"] == [2, 6]
     assert state["stream"] == ([2, 6] if lua.flag == "1" else [6])

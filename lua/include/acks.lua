@@ -1,6 +1,20 @@
+-- acks: what the scripts that settle a batch of entries share (complete_batch, fail_batch;
+-- `--#include acks`).
+--
+-- xackdel_codes(stream, group, ids): XACKDEL (Redis 8.2+) of every id, one call per 500 (it
+-- takes many ids and answers per id); the codes in the ids' order (1 or 2: acked here).
+local function xackdel_codes(stream, group, ids)
+  local codes = {}
+  for j = 1, #ids, 500 do
+    local hi = math.min(j + 499, #ids)
+    local r = redis.call('XACKDEL', stream, group, 'IDS', hi - j + 1, unpack(ids, j, hi))
+    for k = 1, #r do codes[#codes + 1] = r[k] end
+  end
+  return codes
+end
+
 -- delete_acked(stream, group, done, n): delete the n entries `done` this script XACKed (the
--- Redis 7.0 path; XACKDEL deletes as it acks).  Included by complete_batch and fail_batch
--- (`--#include delete_acked`).
+-- Redis 7.0 path; XACKDEL deletes as it acks).
 -- XDEL finds each id by walking its stream node from the start, tombstones included (~2 us an
 -- id, a third of complete_batch); trimming below an id is one walk.  Every entry older than the
 -- group's oldest pending entry was delivered to the group and, not being pending, acked; acked
