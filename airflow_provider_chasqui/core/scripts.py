@@ -130,7 +130,7 @@ _INCLUDE = re.compile(rb"^--#include ([a-z][a-z0-9_]*)\n", re.MULTILINE)
 def read_bodies(folder: Path | None = None) -> dict[str, bytes]:
     """Each ``lua/*.lua`` script's text (stem -> bytes), with every ``--#include <name>`` line
     replaced by ``lua/include/<name>.lua``: helpers two scripts need (acking and deleting a batch)
-    is written once, and each script still runs alone (``EVALSHA``) or in the library."""
+    are written once, and each script still runs alone (``EVALSHA``) or in the library."""
     folder = folder or lua_dir()
 
     def fragment(m: re.Match[bytes]) -> bytes:

@@ -5,9 +5,8 @@ latest value of the job here (thread-safe: one dict assignment under the GIL); a
 writes whatever was recorded every ``PROGRESS_FLUSH_SECS`` in one pipeline
 (``core/running.progress_calls``: the job's progress key and a ``progress`` event), and the
 worker's flusher writes it before any outcome, so a finished job's last report is in Redis when
-its result is.  So a handler
-reporting in a tight loop costs one dict store per call, and Redis at most four writes per
-second per job.
+its result is.  So a handler reporting in a tight loop costs one dict store per call, and Redis
+at most four writes per second per job.
 """
 
 from __future__ import annotations
