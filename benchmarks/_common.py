@@ -87,68 +87,74 @@ def private_redis(url: str | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def private_cluster(masters: int = 3) -> Iterator[list[int]]:
-    """Yield the ports of a fresh Redis Cluster of ``masters`` nodes (no replicas, no
-    persistence, every slot assigned, ``cluster_state:ok``) on free loopback ports; every node
+def private_cluster(
+    masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 5000
+) -> Iterator[dict[int, subprocess.Popen[bytes]]]:
+    """Yield a fresh Redis Cluster of ``masters`` nodes, each with ``replicas`` replicas (no
+    persistence, every slot assigned, ``cluster_state:ok``, replicas in sync) on free loopback
+    ports, as port -> process (the masters first, so a fault can kill one by pid); every node
     is stopped by its pid on exit."""
     exe = shutil.which("redis-server")
     if exe is None or shutil.which("redis-cli") is None:
         raise SystemExit("redis-server and redis-cli are needed on PATH")
     work = Path(tempfile.mkdtemp(prefix="chasqui-bench-cluster-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    ports: list[int] = []
+    nodes: dict[int, subprocess.Popen[bytes]] = {}
     try:
-        while len(ports) < masters:
+        while len(nodes) < masters * (1 + replicas):
             port = free_port()
-            if port > 55000 or port in ports or not _free(port + 10000):
+            if port > 55000 or port in nodes or not _free(port + 10000):
                 continue  # the cluster bus listens on port + 10000
-            ports.append(port)
-            procs.append(
-                subprocess.Popen(
-                    [
-                        exe,
-                        "--port",
-                        str(port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        str(work / f"nodes-{port}.conf"),
-                        "--dir",
-                        str(work),
-                        "--daemonize",
-                        "no",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+            nodes[port] = subprocess.Popen(
+                [
+                    exe,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    str(node_timeout_ms),
+                    "--cluster-config-file",
+                    str(work / f"nodes-{port}.conf"),
+                    "--dir",
+                    str(work),
+                    "--daemonize",
+                    "no",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
+        ports = list(nodes)
         deadline = time.monotonic() + 30
         while not all(_ping(p) for p in ports):
             if time.monotonic() > deadline:
                 raise SystemExit(f"cluster nodes {ports} did not start")
             time.sleep(0.05)
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"]
+            + (["--cluster-replicas", str(replicas)] if replicas else []),
             check=True,
             capture_output=True,
             timeout=60,
         )
         deadline = time.monotonic() + 60
-        while not all(b"cluster_state:ok" in _cluster_info(p) for p in ports):
+        while not all(b"cluster_state:ok" in _cluster_info(p) for p in ports) or not all(
+            b"master_link_status:up" in _info_replication(p) for p in ports if b"role:slave" in _info_replication(p)
+        ):
             if time.monotonic() > deadline:
-                raise SystemExit("the cluster did not reach cluster_state:ok")
+                raise SystemExit("the cluster did not reach cluster_state:ok with its replicas in sync")
             time.sleep(0.1)
-        yield ports
+        yield {p: nodes[p] for p in sorted(ports, key=lambda p: b"role:slave" in _info_replication(p))}
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
+        for proc in nodes.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in nodes.values():
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -168,6 +174,11 @@ def _free(port: int) -> bool:
 
 def _cluster_info(port: int) -> bytes:
     out = subprocess.run(["redis-cli", "-p", str(port), "cluster", "info"], capture_output=True, timeout=10)
+    return out.stdout
+
+
+def _info_replication(port: int) -> bytes:
+    out = subprocess.run(["redis-cli", "-p", str(port), "info", "replication"], capture_output=True, timeout=10)
     return out.stdout
 
 

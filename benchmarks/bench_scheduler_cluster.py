@@ -153,7 +153,8 @@ def main() -> int:
         if args.out
         else RESULTS / ("scheduler-cluster-smoke.json" if args.smoke else "scheduler-cluster.json")
     )
-    with private_cluster(SHARDS) as ports:
+    with private_cluster(SHARDS) as nodes:
+        ports = list(nodes)
         url = f"redis://127.0.0.1:{ports[0]}/0?cluster=true"
         with redis.RedisCluster(host="127.0.0.1", port=ports[0]) as rc:
             name, shard_ports = pick_queue(rc)

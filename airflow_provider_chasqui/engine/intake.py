@@ -195,7 +195,10 @@ class Intake:
                 if entries:
                     ready += await self._gate(*self.core.gate_fresh(entries))
             if ready:
-                ready = await self.flow.admit(ready)
+                # The gate holds the batch before it reads the controls: if that read fails (Redis
+                # went away just now), the gate hands it out later, so none of it goes out now too.
+                batch, ready = ready, []
+                ready = await self.flow.admit(batch)
                 await self._settle_to_cancel()
             self._backoff.reset()
             await self._housekeeping()

@@ -10,10 +10,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 from engine_support import consumer_core, pending_count
+from fault_support import FaultProxy
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from airflow_provider_chasqui.core.calls import str_reply
 from airflow_provider_chasqui.core.consumer import ConsumerCore
-from airflow_provider_chasqui.engine._driver import AsyncDriver
+from airflow_provider_chasqui.engine._driver import AsyncDriver, raw_client
 from airflow_provider_chasqui.engine.intake import Intake
 
 
@@ -177,3 +180,38 @@ async def test_a_cancelled_read_always_ends_the_task(path, redis_url, queue_name
     finally:
         await it.close()
     assert stuck == 0
+
+
+@pytest.mark.single_node("a proxy in front of one server")
+@pytest.mark.timeout(60)
+async def test_a_batch_whose_admission_fails_is_handed_out_once(redis_url, queue_name, queues) -> None:
+    """The flow gate holds a fresh batch before its controls are read; when that read fails
+    (Redis went away between the read and the admission) the batch goes out once, from the
+    gate, after Redis is back: never at once as well.  Handing it out both ways ran each job of
+    such a batch twice (``tests/faults/test_restart.py`` saw it after a crash of Redis)."""
+    q = queues(queue_name, redis_url)
+    host_port = redis_url.split("://", 1)[1].split("/", 1)[0]
+    async with FaultProxy(int(host_port.rsplit(":", 1)[1])) as proxy:
+        # the driver (controls, timeouts, settling) goes through the proxy; the reader goes direct
+        driver = AsyncDriver(redis_url.replace(host_port, f"127.0.0.1:{proxy.port}"), retry=Retry(NoBackoff(), 0))
+        reader = raw_client(redis_url, single_connection_client=True)
+        intake = Intake(driver, _core(queue_name, "a"), lease_ms=60_000, reader=reader)
+        try:
+            await intake.open()
+            first = await q.add("job", {"i": -1}, timeout_ms=60_000)  # its queue now reads timeouts
+            assert [dl.envelope.id for dl in await intake.next_batch(10, 10)] == [first.id]
+            ids = [(await q.add("job", {"i": i}, timeout_ms=60_000)).id for i in range(5)]
+            proxy.refuse()
+            proxy.cut()  # the driver's connections go; the reader's stay
+            handed = [dl.envelope.id for dl in await intake.next_batch(10, 10)]  # read, then admission fails
+            assert handed == [], "the batch went out although its admission failed"
+            assert len(intake.flow.held) == 5  # the gate has it
+            proxy.refuse(False)
+            deadline = time.monotonic() + 20
+            while len(handed) < 5 and time.monotonic() < deadline:
+                handed += [dl.envelope.id for dl in await intake.next_batch(10, 10)]
+            assert handed == ids  # each once, in order
+            assert await intake.next_batch(10, 10) == []
+        finally:
+            await intake.close()
+            await driver.close()
