@@ -20,13 +20,20 @@ from ..core.producer import ProducerCore
 
 __all__ = ["AddCoalescer"]
 
+_new_lock = threading.Lock
+
 
 class _Slot:
+    """One thread's add.  ``done`` is a raw lock taken at creation and released once the add is
+    written (or the thread must lead): a C-level wake-up, where ``threading.Event``'s Python
+    condition variable cost several times as much per add."""
+
     __slots__ = ("envelope", "name_bytes", "done", "lead", "error")
 
     def __init__(self, envelope: bytes, name_bytes: bytes) -> None:
         self.envelope, self.name_bytes = envelope, name_bytes
-        self.done = threading.Event()
+        self.done = _new_lock()
+        self.done.acquire()
         self.lead = False  # woken to send the next batch (its own job among them)
         self.error: BaseException | None = None
 
@@ -53,7 +60,7 @@ class AddCoalescer:
             lead = not self._busy
             self._busy = True
         if not lead:
-            slot.done.wait()
+            slot.done.acquire()  # released by the thread that wrote this add (or hands us the turn)
             if not slot.lead:
                 if slot.error is not None:
                     raise slot.error
@@ -72,12 +79,12 @@ class AddCoalescer:
         finally:
             for s in batch:  # answered first, so their next adds can join the next batch
                 if s is not slot:
-                    s.done.set()
+                    s.done.release()
             with self._lock:
                 if self._waiting:  # the next batch's first thread sends it
                     nxt = self._waiting[0]
                     nxt.lead = True
-                    nxt.done.set()
+                    nxt.done.release()
                 else:
                     self._busy = False
         if slot.error is not None:
