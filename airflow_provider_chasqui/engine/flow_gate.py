@@ -74,6 +74,7 @@ class FlowGate:
         self.driver, self.keys, self.label, self.lease_ms = driver, keys, label, lease_ms
         self._take_log, self._sleep = take_log, sleep
         self.held: list[Delivery] = []  # in the intake's flight, not handed out yet
+        self.unchecked: list[Delivery] = []  # held before their cancels and timeouts were read (an outage)
         self.slotted: set[bytes] = set()  # entries holding a concurrency slot until they settle
         self.grouped: dict[bytes, bytes] = {}  # entries of a job group -> the group (its slot, if limited)
         self.timed: dict[bytes, str] = {}  # entries whose job has its own timeout -> the job id
@@ -98,15 +99,13 @@ class FlowGate:
         """The part of a fresh batch that may start now; the rest is held.  Held first, so a
         failing read of the controls (raised) leaves nothing orphaned."""
         self.held += ready
+        self.unchecked += ready
         controls = await self.cached()
         if controls.grouped:  # a grouped job may hold its group's slot, taken when it was moved
             for dl in ready:
                 if dl.group:
                     self.grouped[dl.entry_id] = dl.group
-        if controls.cancels:
-            ready = await self._drop_cancelled(ready)
-        if controls.timeouts:
-            await self._read_timeouts(ready)
+        await self._check(controls, self.unchecked)
         if controls.paused:
             log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
             self.report()
@@ -130,6 +129,9 @@ class FlowGate:
             await (self._wait_for_slot(wait) if self._slot_bound else self._sleep(min(wait, PAUSE_POLL_SECS)))
             return []
         controls = await self.read()
+        if self.unchecked:  # a batch held when Redis went away before its checks were read
+            held = set(map(id, self.held))  # (those since released or lost need no check)
+            await self._check(controls, [dl for dl in self.unchecked if id(dl) in held])
         if controls.cancels and self.held:  # cancelled while held (a paused queue, a full slot)
             await self._drop_cancelled(list(self.held))
         if controls.paused or self.blocked_until > time.monotonic():
@@ -154,6 +156,15 @@ class FlowGate:
                 log.warning("%s: the cancel requests cannot be read (%s); ignoring them", self.label, exc)
             return set()
         return parse_cancels(job_ids, reply, now_ms())
+
+    async def _check(self, controls: Controls, ready: list[Delivery]) -> None:
+        """Read the cancels and own timeouts of ``ready``, the jobs held unchecked; they stay
+        unchecked if a read fails (raised), and are checked again before they are handed out."""
+        if controls.cancels:
+            ready = await self._drop_cancelled(ready)
+        if controls.timeouts:
+            await self._read_timeouts(ready)
+        self.unchecked = []
 
     async def _drop_cancelled(self, ready: list[Delivery]) -> list[Delivery]:
         """``ready`` without the jobs cancelled before they started (moved to :attr:`to_cancel`)."""

@@ -188,7 +188,8 @@ async def test_a_batch_whose_admission_fails_is_handed_out_once(redis_url, queue
     """The flow gate holds a fresh batch before its controls are read; when that read fails
     (Redis went away between the read and the admission) the batch goes out once, from the
     gate, after Redis is back: never at once as well.  Handing it out both ways ran each job of
-    such a batch twice (``tests/faults/test_restart.py`` saw it after a crash of Redis)."""
+    such a batch twice (``tests/faults/test_restart.py`` saw it after a crash of Redis).  The
+    checks the failure cut short (the jobs' own timeouts, cancels) are made before it goes."""
     q = queues(queue_name, redis_url)
     host_port = redis_url.split("://", 1)[1].split("/", 1)[0]
     async with FaultProxy(int(host_port.rsplit(":", 1)[1])) as proxy:
@@ -208,9 +209,11 @@ async def test_a_batch_whose_admission_fails_is_handed_out_once(redis_url, queue
             assert len(intake.flow.held) == 5  # the gate has it
             proxy.refuse(False)
             deadline = time.monotonic() + 20
-            while len(handed) < 5 and time.monotonic() < deadline:
-                handed += [dl.envelope.id for dl in await intake.next_batch(10, 10)]
-            assert handed == ids  # each once, in order
+            later = []
+            while len(later) < 5 and time.monotonic() < deadline:
+                later += await intake.next_batch(10, 10)
+            assert [dl.envelope.id for dl in later] == ids  # each once, in order
+            assert [dl.timeout_ms for dl in later] == [60_000] * 5  # their own timeouts, read before they go
             assert await intake.next_batch(10, 10) == []
         finally:
             await intake.close()
