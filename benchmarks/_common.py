@@ -40,6 +40,24 @@ def _ping(port: int) -> bool:
         return False
 
 
+def _server_args(exe: str, port: int, *extra: str) -> list[str]:
+    """A loopback redis-server in the foreground with no persistence, plus ``extra``."""
+    return [
+        exe,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        *extra,
+    ]
+
+
 @contextlib.contextmanager
 def private_redis(url: str | None = None) -> Iterator[str]:
     """Yield a Redis URL: ``url`` as given, else a fresh ``redis-server`` on a free loopback
@@ -52,21 +70,7 @@ def private_redis(url: str | None = None) -> Iterator[str]:
         raise SystemExit("redis-server not found on PATH; pass --redis-url")
     port = free_port()
     proc = subprocess.Popen(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--maxmemory",
-            "0",
-        ],
+        _server_args(exe, port, "--maxmemory", "0"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -105,16 +109,9 @@ def private_cluster(
             if port > 55000 or port in nodes or not _free(port + 10000):
                 continue  # the cluster bus listens on port + 10000
             nodes[port] = subprocess.Popen(
-                [
+                _server_args(
                     exe,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
+                    port,
                     "--cluster-enabled",
                     "yes",
                     "--cluster-node-timeout",
@@ -123,9 +120,7 @@ def private_cluster(
                     str(work / f"nodes-{port}.conf"),
                     "--dir",
                     str(work),
-                    "--daemonize",
-                    "no",
-                ],
+                ),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
