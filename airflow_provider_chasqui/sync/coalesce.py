@@ -1,6 +1,7 @@
 """Threads sharing one ``SyncQueue`` share round trips on their plain adds (issue 27): the blocking
 twin of ``engine/coalesce.py``.  Flask, Django and Airflow tasks call ``SyncQueue.add`` from
-many threads; a thread that finds no add in flight sends its job alone at once; threads that add
+many threads; a thread that finds no add in flight sends its job alone at once (after one GIL
+turn when the last call answered several threads, so their next adds join it); threads that add
 meanwhile queue up, and the first of them, woken when the call returns, sends every add queued
 by then (at most ``MAX_BATCH``) as one ``enqueue_batch`` call, then hands the turn to the next
 waiting thread.  Each thread returns when its own job is written, or raises the error of the call
@@ -50,6 +51,7 @@ class AddCoalescer:
         self._lock = threading.Lock()
         self._busy = False
         self._waiting: list[_Slot] = []
+        self._answered = 0  # threads the last batch answered: they are about to add again
 
     def add(self, envelope: bytes, name_bytes: bytes) -> None:
         if os.getpid() != self._pid:
@@ -66,6 +68,8 @@ class AddCoalescer:
                     raise slot.error
                 return
             time.sleep(0)  # let the threads the last batch just answered queue their next adds first
+        elif self._answered > 1:  # the threads just answered add again now: wait one GIL turn for them
+            time.sleep(0)  # (a lone thread never waits: its last call answered only itself)
         with self._lock:
             batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
         try:
@@ -87,5 +91,6 @@ class AddCoalescer:
                     nxt.done.release()
                 else:
                     self._busy = False
+                    self._answered = len(batch)
         if slot.error is not None:
             raise slot.error
