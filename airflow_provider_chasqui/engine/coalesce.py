@@ -4,7 +4,9 @@ A web app's handlers, a triggerer or a FastAPI service await ``Queue.add`` from 
 once; one call each cost Redis a script or XADD and the client ~10 us of Python per job.  Here
 the first add goes out alone at once (a lone caller still pays one round trip, no timer), and the
 adds made while a call is in flight wait together; when it returns they go as one
-``enqueue_batch`` call (at most ``MAX_BATCH``), while the next ones gather.  Each caller awaits
+``enqueue_batch`` call (at most ``MAX_BATCH``), while the next ones gather.  After a call that
+answered several callers they wait one loop turn more, so the next adds of those callers join
+them (sent at once, the add made during a call went alone and every other call carried one).  Each caller awaits
 its own job; validation happened in the caller (``ProducerCore.quick_parts``), so what can fail a
 batch is the connection, and it fails the callers of that batch (each gets the error).  A caller
 cancelled while it waits is like a cancelled ``add`` whose command went out: the job may be added.
@@ -41,10 +43,15 @@ class AddCoalescer:
         finally:
             self._next()
 
-    def _next(self) -> None:
+    def _next(self, answered: int = 1) -> None:
         """Send what gathered meanwhile; with nothing gathered, look once more after the callers
         just answered have run (one loop turn, no timer): the adds they make next go together
-        instead of one of them going alone."""
+        instead of one of them going alone.  After a call that answered several callers, wait
+        that turn even if some adds gathered: they go with the answered callers' next adds
+        (otherwise the one add made during a call goes alone, and every other call carries one)."""
+        if answered > 1:
+            asyncio.get_running_loop().call_soon(self._next)
+            return
         if self._waiting:
             batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
             self._sender = asyncio.ensure_future(self._send(batch))
@@ -71,4 +78,4 @@ class AddCoalescer:
                 if not fut.done():
                     fut.set_result(None)
         finally:
-            self._next()
+            self._next(len(batch))

@@ -18,6 +18,7 @@ import redis
 from airflow_provider_chasqui import ConfigError, Queue, SyncQueue
 from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.producer import ProducerCore
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -125,6 +126,36 @@ async def test_a_cancelled_waiting_caller_does_not_stall_the_others(redis_url: s
         done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
         assert sum(not isinstance(x, BaseException) for x in done) >= 80
         assert (await asyncio.wait_for(q.add("after", 1), 30)).name == "after"
+    finally:
+        await q.close()
+
+
+@pytest.mark.single_node("one server is enough: the calls are counted as the producer makes them")
+async def test_tasks_adding_in_step_go_together_each_round(
+    own_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 tasks adding in step: each round of their adds is one call.  The add a caller makes
+    while a call is in flight waits one loop turn for the callers that call answers; sent at
+    once it went alone, and the rounds alternated a call of 1 and a call of 99."""
+    sizes: list[int] = []
+    xadd_call, batch_call = ProducerCore.xadd_call, ProducerCore.batch_call
+    monkeypatch.setattr(ProducerCore, "xadd_call", lambda self, e, n: (sizes.append(1), xadd_call(self, e, n))[1])
+    monkeypatch.setattr(
+        ProducerCore, "batch_call", lambda self, rows: (sizes.append(len(rows)), batch_call(self, rows))[1]
+    )
+    q = Queue(queue_name, redis_url=own_url)
+    try:
+        await q.add("warm", 0)
+        sizes.clear()
+
+        async def task(t: int) -> None:
+            for i in range(20):
+                await q.add(f"t{t}", {"t": t, "i": i})
+
+        await asyncio.gather(*(task(t) for t in range(100)))
+        assert sum(sizes) == 2000
+        assert len(sizes) <= 25, sizes  # about one call per round of 100 (alternating 1 and 99: 40)
+        assert len(_stream(own_url, queue_name)) == 2001
     finally:
         await q.close()
 
