@@ -127,6 +127,7 @@ class Intake:
         self.history = MinuteCounts()  # settled jobs per minute, written with the beat (core/history.py)
         self.features = Features()  # replaced by open()
         self.in_flight: set[bytes] = set()  # handed out, neither settled nor released
+        self.settling: set[bytes] = set()  # in flight, their settling write under way
         self.lost: dict[bytes, bytes] = {}  # in-flight entries another consumer took over -> its name
         self.redeliver: dict[bytes, tuple[float, int]] = {}  # held: entry id -> (due at, deliveries so far)
         self.renewed_at = time.monotonic()  # when the last renewal that covered every in-flight entry began
@@ -440,7 +441,11 @@ class Intake:
 
     def lost_found(self, lost: dict[bytes, bytes]) -> None:
         """Entries a renewal found taken over (by this loop's renewal or the lease guard's)."""
-        lost = {eid: owner for eid, owner in lost.items() if eid in self.in_flight and eid not in self.lost}
+        lost = {
+            eid: owner
+            for eid, owner in lost.items()
+            if eid in self.in_flight and eid not in self.lost and not (owner == b"" and eid in self.settling)
+        }  # (an entry this consumer is settling right now is no longer pending: not lost, ours)
         if lost:
             self.metrics.lease_lost(self.core.keys.queue, len(lost))
             self.lost.update(lost)
@@ -542,23 +547,28 @@ class Intake:
             calls.append(self.core.fail(failed if isinstance(failed, list) else list(failed), self.features, now))
         if self.flow.timed:  # jobs with their own timeout: keep it for a retry, else remove it
             calls += settled_timeout_calls(self.core.keys, self.flow.timed, list(done), list(failed), now)
+        ids = [row[COMPLETE_ENTRY_ID] for row in done]
+        ids += [row[FAIL_ENTRY_ID] for row in failed]
         free = None  # a queue without a concurrency limit or groups holds no slots: nothing to build
         if self.flow.slotted or self.flow.grouped:
-            free = self.flow.free([row[COMPLETE_ENTRY_ID] for row in done] + [row[FAIL_ENTRY_ID] for row in failed])
+            free = self.flow.free(ids)
             calls += free
+        self.settling.update(ids)
         try:
             await self._write(calls)
             if free:
                 self.flow.freed()
             self.history.add(now, len(done), len(failed))
         finally:
-            self.in_flight.difference_update([row[COMPLETE_ENTRY_ID] for row in done])
-            self.in_flight.difference_update([row[FAIL_ENTRY_ID] for row in failed])
-            if self.lost:
-                for row in done:
-                    self.lost.pop(row[COMPLETE_ENTRY_ID], None)
-                for fail in failed:
-                    self.lost.pop(fail[FAIL_ENTRY_ID], None)
+            self._settled(ids)
+
+    def _settled(self, ids: list[bytes]) -> None:
+        """These entries leave the flight, written or not (see :meth:`settle`)."""
+        self.in_flight.difference_update(ids)
+        self.settling.difference_update(ids)
+        if self.lost:
+            for eid in ids:
+                self.lost.pop(eid, None)
 
     async def _settle_to_cancel(self) -> None:
         """End the jobs the gate found cancelled before they started."""
@@ -582,13 +592,12 @@ class Intake:
             calls += settled_timeout_calls(k, self.flow.timed, [(eid,) for eid in ids], [], now_ms())
         if self.flow.slotted or self.flow.grouped:
             calls += self.flow.free(ids)
+        self.settling.update(ids)
         try:
             await self._write(calls)
             self.flow.freed()
         finally:
-            self.in_flight.difference_update(ids)
-            for eid in ids:
-                self.lost.pop(eid, None)
+            self._settled(ids)
 
     async def _write(self, calls: list[Call]) -> None:
         """Run ``calls`` (one pipeline), retrying transient errors: ``write_tries`` times, or
@@ -622,11 +631,11 @@ class Intake:
         calls = requeue_grouped_calls(k, group, member, max(1, block_ms))
         calls += [command("XACK", k.stream, self.core.group, eid), command("XDEL", k.stream, eid)]
         calls += self.flow.free([eid])
+        self.settling.add(eid)
         try:
             await self._write(calls)
         finally:
-            self.in_flight.discard(eid)
-            self.lost.pop(eid, None)
+            self._settled([eid])
         self.flow.freed()
 
     def hold(self, counts: Mapping[bytes, int], until: float) -> None:

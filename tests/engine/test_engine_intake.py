@@ -218,3 +218,40 @@ async def test_a_batch_whose_admission_fails_is_handed_out_once(redis_url, queue
         finally:
             await intake.close()
             await driver.close()
+
+
+@pytest.mark.single_node("a proxy in front of one server")
+@pytest.mark.timeout(60)
+async def test_an_entry_this_consumer_is_settling_is_not_reported_lost(redis_url, queue_name, queues, clients) -> None:
+    """A renewal that runs after this consumer's own ack was applied, but before the ack's
+    reply came back (here: the reply is lost and the write is being retried), finds the entry
+    no longer pending.  That is the consumer's own settling, not a lease another worker took:
+    no ``on_lost``, no "lease lost" warning (a pooled job cancelled mid-renewal logged one)."""
+    q = queues(queue_name, redis_url)
+    r = clients(redis_url)
+    host_port = redis_url.split("://", 1)[1].split("/", 1)[0]
+    async with FaultProxy(int(host_port.rsplit(":", 1)[1])) as proxy:
+        driver = AsyncDriver(redis_url.replace(host_port, f"127.0.0.1:{proxy.port}"), retry=Retry(NoBackoff(), 0))
+        heard: list[dict[bytes, bytes]] = []
+        intake = Intake(driver, _core(queue_name, "a"), lease_ms=60_000, on_lost=heard.append)
+        try:
+            await intake.open()
+            hits = 0
+            for _ in range(5):  # the window is the write's first backoff (0.1 s): nearly always hit at once
+                await q.add("job", {})
+                [dl] = await intake.next_batch(10, 10)
+                proxy.drop_replies = 1  # the ack runs; its reply is lost, so the write is retried
+                settle = asyncio.ensure_future(intake.settle(done=[(dl.entry_id, dl.envelope.id, "job", 1, 0, b"")]))
+                deadline = time.monotonic() + 10
+                while await pending_count(r, queue_name) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.002)
+                if not settle.done():
+                    hits += 1
+                    await intake.renew()  # Redis: not pending any more
+                    assert not intake.lost and heard == []
+                await settle
+                assert not intake.in_flight and not intake.settling
+            assert hits >= 1, "the renewal never ran inside the settling write's window"
+        finally:
+            await intake.close()
+            await driver.close()
