@@ -6,10 +6,11 @@ the first add goes out alone at once (a lone caller still pays one round trip, n
 adds made while a call is in flight wait together; when it returns they go as one
 ``enqueue_batch`` call (at most ``MAX_BATCH``), while the next ones gather.  After a call that
 answered several callers they wait one loop turn more, so the next adds of those callers join
-them (sent at once, the add made during a call went alone and every other call carried one).  Each caller awaits
-its own job; validation happened in the caller (``ProducerCore.quick_parts``), so what can fail a
-batch is the connection, and it fails the callers of that batch (each gets the error).  A caller
-cancelled while it waits is like a cancelled ``add`` whose command went out: the job may be added.
+them (sent at once, the add made during a call went alone and every other call carried one).
+Each caller awaits its own job; validation happened in the caller (``ProducerCore.quick_parts``),
+so what can fail a batch is the connection, and it fails the callers of that batch (each gets
+the error).  A caller cancelled while it waits is like a cancelled ``add`` whose command went
+out: the job may be added.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class FlowGate:
             for dl in ready:
                 if dl.group:
                     self.grouped[dl.entry_id] = dl.group
-        await self._check(controls, self.unchecked)
+        await self._check(controls, self.unchecked if len(self.unchecked) == len(ready) else self._unchecked_held())
         if controls.paused:
             log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
             self.report()
@@ -130,8 +130,7 @@ class FlowGate:
             return []
         controls = await self.read()
         if self.unchecked:  # a batch held when Redis went away before its checks were read
-            held = set(map(id, self.held))  # (those since released or lost need no check)
-            await self._check(controls, [dl for dl in self.unchecked if id(dl) in held])
+            await self._check(controls, self._unchecked_held())
         if controls.cancels and self.held:  # cancelled while held (a paused queue, a full slot)
             await self._drop_cancelled(list(self.held))
         if controls.paused or self.blocked_until > time.monotonic():
@@ -156,6 +155,11 @@ class FlowGate:
                 log.warning("%s: the cancel requests cannot be read (%s); ignoring them", self.label, exc)
             return set()
         return parse_cancels(job_ids, reply, now_ms())
+
+    def _unchecked_held(self) -> list[Delivery]:
+        """The unchecked jobs still held (one released or lost since needs no check)."""
+        held = set(map(id, self.held))
+        return [dl for dl in self.unchecked if id(dl) in held]
 
     async def _check(self, controls: Controls, ready: list[Delivery]) -> None:
         """Read the cancels and own timeouts of ``ready``, the jobs held unchecked; they stay
