@@ -449,6 +449,13 @@ class Intake:
         if lost:
             self.metrics.lease_lost(self.core.keys.queue, len(lost))
             self.lost.update(lost)
+            if self.flow.held:  # held back by the gate, never handed out: released here, never run
+                gone = [dl.entry_id for dl in self.flow.held if dl.entry_id in lost]
+                if gone:
+                    self.flow.held = [dl for dl in self.flow.held if dl.entry_id not in lost]
+                    for eid in gone:
+                        self.release(eid)
+                    self.flow.report()
             if self.on_lost is not None:
                 self.on_lost(lost)
 

@@ -255,3 +255,28 @@ async def test_an_entry_this_consumer_is_settling_is_not_reported_lost(redis_url
         finally:
             await intake.close()
             await driver.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_held_job_whose_lease_is_lost_is_never_handed_out(redis_url, queue_name, queues, driver) -> None:
+    """A job the gate holds (a paused queue) is in flight and renewed; if another consumer takes
+    it over (this one stalled past its lease), the renewal that learns it releases the job from
+    the gate: once the queue resumes it is not handed out here, so it never runs twice."""
+    q = queues(queue_name, redis_url)
+    await q.pause()
+    await q.add("job", {})
+    a = Intake(driver, _core(queue_name, "a"), lease_ms=60_000)
+    b = Intake(driver, _core(queue_name, "b"), lease_ms=60_000)
+    await a.open()
+    assert await a.next_batch(10, 10) == []  # read and held: the queue is paused
+    [held] = a.flow.held
+    taken = await b.claim_idle(0, 10, skip=set())  # as if a had stalled past its lease
+    assert [row[0] for row in taken] == [held.entry_id]
+    await a.renew()
+    assert a.flow.held == [] and held.entry_id not in a.in_flight and not a.lost
+    await q.resume()
+    handed = []
+    deadline = time.monotonic() + 3  # past the gate's pause poll and its controls cache
+    while time.monotonic() < deadline:
+        handed += await a.next_batch(10, 10)
+    assert handed == []
