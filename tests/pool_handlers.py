@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from airflow_provider_chasqui import UnrecoverableError
+from airflow_provider_chasqui import RateLimited, UnrecoverableError
 
 
 def pid(job: Any) -> int:
@@ -81,6 +81,16 @@ def sums(jobs: list[Any]) -> list[Any]:
     return [ValueError(f"job {j.id} refused") if j.data == -1 else j.data * 2 for j in jobs]
 
 
+def limited(job: Any) -> str:
+    """Refused once with ``RateLimited`` (its first call creates the file ``job.data`` names), then runs."""
+    try:
+        with open(job.data, "x"):
+            pass
+    except FileExistsError:
+        return f"ran at attempt {job.attempt}"
+    raise RateLimited(300, "the partner said 429")
+
+
 sums.chasqui_batch_size = 100  # type: ignore[attr-defined]
 
 HANDLERS = {
@@ -96,6 +106,7 @@ HANDLERS = {
     "noop": noop,
     "nap": nap,
     "sums": sums,
+    "limited": limited,
 }
 
 

@@ -31,6 +31,7 @@ import traceback
 from collections import deque
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
+from types import CoroutineType
 from typing import Any
 
 from ..core.running import check_progress
@@ -46,6 +47,7 @@ FLUSH_COUNT = 32
 FLUSH_SECS = 0.002
 _MAX_TRACEBACK = 64 * 1024
 _PR_SET_PDEATHSIG = 1
+NONE_BLOB = pickle.dumps(None)  # most handlers return nothing: pickled once
 
 
 class RemoteTraceback(Exception):
@@ -143,15 +145,16 @@ class _Runner:
         self.lock = threading.Condition()
         self.progress = _Progress(conn, self.lock)
         self.pending: deque[tuple[int, str | None, bool, Any]] = deque()
-        self.done: list[tuple[int, bool, bytes]] = []  # outcomes not yet sent
+        self.done: deque[tuple[int, bool, bytes]] = deque()  # outcomes not yet sent
         self.first_done = 0.0
         self.running = False
         self.stop = False
 
-    def _flush(self) -> None:  # with self.lock held
-        if self.done:
-            self.conn.send(("done", self.done))
-            self.done = []
+    def _flush(self) -> None:  # with self.lock held: outcomes leave in order, each once
+        done = self.done
+        if done:
+            sent = [done.popleft() for _ in range(len(done))]
+            self.conn.send(("done", sent))
 
     def serve(self) -> None:
         """Run calls until told to stop: inside one event loop, so an ``async def`` handler is
@@ -164,31 +167,33 @@ class _Runner:
             loop.close()
 
     async def _serve(self) -> None:
-        lock = self.lock
-        ended: tuple[int, bool, bytes] | None = None
+        """The hot loop takes no lock per call: ``popleft`` starts a call (a ``skip`` that no
+        longer finds it in ``pending`` was too late), ``append`` records an outcome, both atomic
+        under the GIL; only sending, and waiting for work, hold ``lock`` (~1 us a call less)."""
+        lock, pending, done = self.lock, self.pending, self.done
+        monotonic = time.monotonic
         while True:
-            with lock:  # once per call: record the last outcome, take the next call
-                if ended is not None:
-                    if not self.done:
-                        self.first_done = time.monotonic()
-                    self.done.append(ended)
-                    if len(self.done) >= FLUSH_COUNT:
-                        self._flush()
-                self.running = False
-                while not self.pending and not self.stop:
-                    self._flush()  # nothing left to run: every outcome goes out now
-                    lock.wait()
-                if self.stop:
-                    self._flush()
-                    return
-                seq, key, batch, fields = self.pending.popleft()
-                self.running = True
-            ok, blob, out_of_memory = await self.run(seq, key, batch, fields)
-            ended = (seq, ok, blob)
-            if out_of_memory:
+            try:
+                seq, key, batch, fields = pending.popleft()
+            except IndexError:
                 with lock:
-                    self.done.append(ended)
+                    self.running = False
+                    while not pending and not self.stop:
+                        self._flush()  # nothing left to run: every outcome goes out now
+                        lock.wait()
+                    if self.stop:
+                        self._flush()
+                        return
+                    self.running = True
+                continue
+            ok, blob, out_of_memory = await self.run(seq, key, batch, fields)
+            if not done:
+                self.first_done = monotonic()
+            done.append((seq, ok, blob))
+            if out_of_memory or len(done) >= FLUSH_COUNT:
+                with lock:
                     self._flush()
+            if out_of_memory:
                 os._exit(70)  # a heap that ran out is not trusted with the next job: the parent replaces us
 
     def listen(self) -> None:
@@ -208,10 +213,8 @@ class _Runner:
                             self.pending.extend(msg[1])
                             lock.notify()
                         elif msg[0] == "skip":
-                            wanted = set(msg[1])
-                            taken = [c[0] for c in self.pending if c[0] in wanted]
+                            taken = self._take_back(set(msg[1]))
                             if taken:
-                                self.pending = deque(c for c in self.pending if c[0] not in wanted)
                                 conn.send(("skipped", taken))
                 with lock:
                     if self.done and time.monotonic() - self.first_done >= FLUSH_SECS:
@@ -219,18 +222,34 @@ class _Runner:
         except (EOFError, OSError):
             os._exit(0)  # the parent is gone: nobody is left to report to
 
+    def _take_back(self, wanted: set[int]) -> list[int]:
+        """Remove the calls ``wanted`` names that have not started (``serve`` pops a call, atomically,
+        to start it: a call it popped first is not found, and runs)."""
+        taken = []
+        for call in [c for c in self.pending if c[0] in wanted]:
+            with contextlib.suppress(ValueError):
+                self.pending.remove(call)  # the same tuple object: matched by identity, no __eq__ of the data
+                taken.append(call[0])
+        return taken
+
     async def run(self, seq: int, key: str | None, batch: bool, fields: Any) -> tuple[bool, bytes, bool]:
         """``(ok, the pickled outcome, whether the handler ran out of memory)``."""
-        jobs: list[Job] = [new_job(*f, None, self.progress) for f in (fields if batch else [fields])]
+        progress = self.progress
+        arg: Job | list[Job] = (
+            [new_job(*f, None, progress) for f in fields] if batch else new_job(*fields, None, progress)
+        )
         try:
             fn = self.handler if self.table is None else self.table[key]
-            result = fn(jobs if batch else jobs[0])
-            if inspect.isawaitable(result):
+            result = fn(arg)
+            if type(result) is CoroutineType or (result is not None and inspect.isawaitable(result)):
                 result = await result
             ok, value = True, result
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, none ends the child
             ok, value = False, _portable(exc)
-        self.progress.settle([j.id for j in jobs])
+        if progress.sent or progress.held:
+            progress.settle([j.id for j in arg] if isinstance(arg, list) else [arg.id])
+        if value is None:
+            return ok, NONE_BLOB, False
         try:
             blob = pickle.dumps(value)
         except Exception as exc:  # noqa: BLE001 - a result that does not pickle fails its job, no more

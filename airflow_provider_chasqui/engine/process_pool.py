@@ -3,7 +3,9 @@
 renewal nor other jobs, CPU-bound work scales with cores, and a stuck handler can be killed.
 
 Theory of operation.  The worker's event loop keeps reading, renewing and settling; a slot that
-would call a handler sends the call to the pool instead and awaits its outcome.  N children
+would call a handler sends the call to the pool instead (:meth:`ProcessPool.submit`), goes on to
+its next queued job, and settles its calls as they end: they report to the slot's
+:class:`Outcomes`, one wake-up for however many ended (a future per call cost a task step per job).  N children
 (``engine/pool_child.py``; spawned, never forked, since the parent runs threads) imported the
 handlers once; each runs the calls it is sent one after another and reports each outcome as
 it ends, so the parent always knows which call a child is running: the oldest one it has not
@@ -40,9 +42,9 @@ from typing import Any
 
 from ..errors import ChildProcessDied, ConfigError, JobTimeout
 from ..types import Job
-from .pool_child import RemoteTraceback, child_main
+from .pool_child import NONE_BLOB, RemoteTraceback, child_main
 
-__all__ = ["ProcessPool", "RUN_MAX", "MEMORY_CHECK_SECS", "check_picklable"]
+__all__ = ["ProcessPool", "Outcomes", "Call", "CallCancelled", "RUN_MAX", "MEMORY_CHECK_SECS", "check_picklable"]
 
 log = logging.getLogger(__name__)
 RUN_MAX = 32  # calls a child may hold at most (bounded so a kill re-queues few)
@@ -66,17 +68,77 @@ def check_picklable(handler: Any) -> bytes:
         ) from None
 
 
-@dataclass(eq=False)
-class _Call:
-    seq: int
-    key: str | None
-    batch: bool
-    fields: Any  # a job's (id, name, data, attempt, created_at_ms), or a list of them
-    timeout_ms: int
-    job_id: str
-    fut: asyncio.Future[tuple[bool, bytes]]
-    child: _Child | None = None
-    moving: bool = False  # asked back from its child (``skip``) to go to an idle one
+class CallCancelled(Exception):
+    """The outcome of a call ended by :meth:`ProcessPool.cancel` (``Queue.cancel``)."""
+
+
+class Outcomes:
+    """Where one submitter's calls report as they end: the calls ended since the last
+    :meth:`take`, and one wake-up for all of them (a future per call cost the worker a task
+    step per job, a third of a pooled no-op job's time)."""
+
+    __slots__ = ("ended", "open", "waiter")
+
+    def __init__(self) -> None:
+        self.ended: list[Call] = []
+        self.open = 0  # submitted, not yet taken
+        self.waiter: asyncio.Future[None] | None = None
+
+    def _add(self, call: Call) -> None:
+        self.ended.append(call)
+        self.nudge()
+
+    def nudge(self) -> None:
+        """End a :meth:`wait` early (its submitter has more to send)."""
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until at least one call has ended, or :meth:`nudge`."""
+        if not self.ended:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+    def take(self) -> list[Call]:
+        ended, self.ended = self.ended, []
+        self.open -= len(ended)
+        return ended
+
+
+class Call:
+    """One handler call: sent to a child, then ended once (a result, or ``error``).  A plain
+    class with slots: one is made per pooled job."""
+
+    __slots__ = (
+        "seq",
+        "key",
+        "batch",
+        "fields",
+        "timeout_ms",
+        "job_id",
+        "box",
+        "child",
+        "moving",
+        "finished",
+        "outcome",
+        "error",
+    )
+
+    def __init__(
+        self, seq: int, key: str | None, batch: bool, fields: Any, timeout_ms: int, job_id: str, box: Outcomes
+    ) -> None:
+        self.seq, self.key, self.batch = seq, key, batch
+        self.fields = fields  # a job's (id, name, data, attempt, created_at_ms), or a list of them
+        self.timeout_ms, self.job_id, self.box = timeout_ms, job_id, box
+        self.child: _Child | None = None
+        self.moving = False  # asked back from its child (``skip``) to go to an idle one
+        self.finished = False
+        self.outcome: tuple[bool, bytes] | None = None  # (ok, pickled result or (exception, traceback text))
+        self.error: BaseException | None = None  # ended by the pool: timeout, cancel, a dead child
 
 
 @dataclass(eq=False)
@@ -84,7 +146,7 @@ class _Child:
     number: int
     proc: Any  # multiprocessing.Process (spawn context)
     conn: Any  # its end of the pipe
-    calls: dict[int, _Call] = field(default_factory=dict)  # sent, not reported; the first one runs
+    calls: dict[int, Call] = field(default_factory=dict)  # sent, not reported; the first one runs
     ready: bool = False
     gone: bool = False
     timer: asyncio.TimerHandle | None = None
@@ -99,7 +161,7 @@ class ProcessPool:
         self._payload = check_picklable(handler)
         self._ctx = multiprocessing.get_context("spawn")
         self._children: list[_Child] = []
-        self._waiting: collections.deque[_Call] = collections.deque()
+        self._waiting: collections.deque[Call] = collections.deque()
         self._seq = 0
         self._dispatch_queued = False
         self._avg = HOLD_SECS  # seconds per call, recent average: starts slow (one call per child)
@@ -159,30 +221,50 @@ class ProcessPool:
             await self._loop.run_in_executor(None, child.proc.join, max(0.0, deadline - time.monotonic()))
             self._drop(child)
         for call in self._waiting:
-            if not call.fut.done():
-                call.fut.set_exception(ChildProcessDied(f"{self.label}: the pool closed before job {call.job_id} ran"))
+            self._end(call, error=ChildProcessDied(f"{self.label}: the pool closed before job {call.job_id} ran"))
 
     def pids(self) -> list[int]:
         return [c.proc.pid for c in self._children if not c.gone]
 
     # ---- calls --------------------------------------------------------------------------
+    def outcomes(self) -> Outcomes:
+        """A fresh box for :meth:`submit`."""
+        return Outcomes()
+
+    def submit(self, key: str | None, fields: Any, timeout_ms: int, box: Outcomes, batch: bool = False) -> Call:
+        """Send a job's ``(id, name, data, attempt, created_at_ms)`` (or, ``batch``, a list of
+        them) to a child; the call reports to ``box`` when it ends (read it with
+        :meth:`outcome`).  ``timeout_ms`` (0: none) is timed from its start."""
+        self._seq += 1
+        call = Call(self._seq, key, batch, fields, timeout_ms, fields[0][0] if batch else fields[0], box)
+        box.open += 1
+        self._waiting.append(call)
+        if not self._dispatch_queued:
+            self._dispatch_queued = True
+            self._loop.call_soon(self._dispatch)
+        return call
+
     async def run(self, key: str | None, job: Job | list[Job], timeout_ms: int = 0) -> Any:
         """The handler's outcome for ``job`` (or a batch's list) from a child: its result, or its
         exception re-raised (caused by the child's traceback); ``JobTimeout`` past ``timeout_ms``."""
-        batch = isinstance(job, list)
-        jobs = job if isinstance(job, list) else [job]
-        fields = [(j.id, j.name, j.data, j.attempt, j.created_at_ms) for j in jobs]
-        self._seq += 1
-        call = _Call(
-            self._seq, key, batch, fields if batch else fields[0], timeout_ms, jobs[0].id, self._loop.create_future()
-        )
-        self._waiting.append(call)
-        self._dispatch_soon()
+        box = Outcomes()
+        fields = [(j.id, j.name, j.data, j.attempt, j.created_at_ms) for j in (job if isinstance(job, list) else [job])]
+        call = self.submit(key, fields if isinstance(job, list) else fields[0], timeout_ms, box, isinstance(job, list))
         try:
-            ok, blob = await call.fut
+            await box.wait()
         except asyncio.CancelledError:
-            self._withdraw(call)
+            self.withdraw(call)
             raise
+        return self.outcome(call)
+
+    def outcome(self, call: Call) -> Any:
+        """An ended call's result, or its exception raised (``CallCancelled`` if it was cancelled)."""
+        if call.error is not None:
+            raise call.error
+        assert call.outcome is not None
+        ok, blob = call.outcome
+        if ok and blob == NONE_BLOB:
+            return None
         try:
             value = pickle.loads(blob)
         except Exception as err:  # noqa: BLE001 - a value the child made that cannot be rebuilt here
@@ -191,6 +273,17 @@ class ProcessPool:
             return value
         raised, text = value
         raise raised from RemoteTraceback(text)
+
+    def cancel(self, call: Call) -> None:
+        """End ``call`` as cancelled: taken back if not started, its child killed if running."""
+        if not call.finished:
+            self._end(call, error=CallCancelled(call.job_id))
+            self.withdraw(call)
+
+    def _end(self, call: Call, outcome: tuple[bool, bytes] | None = None, error: BaseException | None = None) -> None:
+        if not call.finished:
+            call.finished, call.outcome, call.error = True, outcome, error
+            call.box._add(call)
 
     def _dispatch_soon(self) -> None:
         if not self._dispatch_queued:
@@ -214,7 +307,7 @@ class ProcessPool:
             run: list[tuple[int, str | None, bool, Any]] = []
             while self._waiting and len(run) < n:
                 call = self._waiting.popleft()
-                if call.fut.done():  # withdrawn meanwhile
+                if call.finished:  # withdrawn meanwhile
                     continue
                 call.child = child
                 child.calls[call.seq] = call
@@ -231,7 +324,7 @@ class ProcessPool:
                     failed = child.calls.pop(seq)
                     failed.child = None
                     if len(run) == 1:
-                        failed.fut.set_exception(ChildProcessDied(f"job {failed.job_id} cannot be sent: {exc!r}"))
+                        self._end(failed, error=ChildProcessDied(f"job {failed.job_id} cannot be sent: {exc!r}"))
                     else:
                         self._waiting.appendleft(failed)
                 self._dispatch_soon()
@@ -279,13 +372,14 @@ class ProcessPool:
         if head is not None and head.timeout_ms:
             child.timer = self._loop.call_later(head.timeout_ms / 1000, self._expired, child, head)
 
-    def _expired(self, child: _Child, call: _Call) -> None:
-        if child.calls and next(iter(child.calls.values())) is call and not call.fut.done():
-            call.fut.set_exception(JobTimeout(call.timeout_ms, call.job_id))
+    def _expired(self, child: _Child, call: Call) -> None:
+        if child.calls and next(iter(child.calls.values())) is call and not call.finished:
+            self._end(call, error=JobTimeout(call.timeout_ms, call.job_id))
             self._kill(child, f"job {call.job_id} ran past its timeout")
 
-    def _withdraw(self, call: _Call) -> None:
-        """``call``'s awaiter was cancelled (``Queue.cancel``, the shutdown deadline)."""
+    def withdraw(self, call: Call) -> None:
+        """``call`` is no longer wanted (``Queue.cancel``, the shutdown deadline): taken back
+        if not started, its child killed if running."""
         child = call.child
         if child is None or child.gone:
             return  # still waiting: ``_dispatch`` drops it
@@ -302,10 +396,15 @@ class ProcessPool:
                 msg = child.conn.recv()
                 kind = msg[0]
                 if kind == "done":
-                    for seq, ok, blob in msg[1]:
-                        call = child.calls.pop(seq, None)
-                        if call is not None and not call.fut.done():
-                            call.fut.set_result((ok, blob))
+                    calls = child.calls
+                    for seq, ok, blob in msg[1]:  # self._end, inline: once per pooled job
+                        call = calls.pop(seq, None)
+                        if call is not None and not call.finished:
+                            call.finished, call.outcome = True, (ok, blob)
+                            box = call.box
+                            box.ended.append(call)
+                            if box.waiter is not None:
+                                box.nudge()
                     self._learn(child, len(msg[1]))
                     if child.calls:
                         self._head_changed(child)
@@ -347,7 +446,7 @@ class ProcessPool:
         back = [call for seq in seqs if (call := child.calls.pop(seq, None)) is not None]
         for call in reversed(back):
             call.child, call.moving = None, False
-            if not call.fut.done():
+            if not call.finished:
                 self._waiting.appendleft(call)
         self._dispatch_soon()
 
@@ -386,11 +485,11 @@ class ProcessPool:
     def _fail_head(self, child: _Child, error: BaseException) -> None:
         calls = list(child.calls.values())
         child.calls.clear()
-        if calls and not calls[0].fut.done():
-            calls[0].fut.set_exception(error)
+        if calls:
+            self._end(calls[0], error=error)
         for call in reversed(calls[1:]):  # not started: first in line again, for another child
             call.child, call.moving = None, False
-            if not call.fut.done():
+            if not call.finished:
                 self._waiting.appendleft(call)
 
     def _replace(self, child: _Child, why: str) -> None:

@@ -90,13 +90,14 @@ from .supervision import STOP_GRACE_SECS, Supervisor, settle_tasks
 from .worker_settings import DEFAULT_CONCURRENCY, WorkerSettings, options_to_fields
 
 if TYPE_CHECKING:
-    from .process_pool import ProcessPool
+    from .process_pool import Call, Outcomes, ProcessPool
 
 __all__ = ["Worker", "WorkerSettings", "Handler", "LogBudget"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+POOL_RUN = 32  # pool calls a slot has out at once (see _slot)
 _IO_MARGIN_SECS = 10.0  # socket timeout beyond the longest expected call (see Worker._run)
 
 
@@ -367,6 +368,8 @@ class Worker:
         self._abandoned = 0  # pool threads left running a timed-out or cancelled plain handler
         self._current: dict[Any, Delivery | None] = {}  # slot task -> the job whose handler it awaits
         self._cancel_target: dict[Any, Delivery] = {}  # slot task -> the job Queue.cancel stops in it
+        self._pooled: dict[Call, tuple[Delivery, int]] = {}  # pool calls out, not settled -> (job, start ns)
+        self._box_waiting: list[Outcomes] = []  # slots awaiting pool calls, with room for more
         self._flush_wanted = asyncio.Event()
         self._final_flush = False
         self._room_waiter: asyncio.Future[None] | None = None
@@ -579,8 +582,10 @@ class Worker:
     def _top_up(self) -> None:
         """Runs once the slot woken for a batch first yields: wakes a slot per job still queued.
         When handlers finish without suspending, that one slot runs the whole batch and the
-        others stay parked (waking every idle slot per batch cost ~1 us a job)."""
-        self._wake(len(self._deque))
+        others stay parked (waking every idle slot per batch cost ~1 us a job).  A slot sending
+        to a pool takes up to ``POOL_RUN`` jobs before it waits: a slot per ``POOL_RUN`` queued."""
+        queued = len(self._deque)
+        self._wake(queued if self._procs is None or self._tracer is not None else -(-queued // POOL_RUN))
 
     async def _emitted(self) -> None:
         """Wait for the ``active`` events still in flight (see :meth:`_admit`)."""
@@ -598,6 +603,12 @@ class Worker:
 
     # ---- handler slots ----------------------------------------------------------------
     def _wake(self, n: int) -> None:
+        """Wake ``n`` slots for new jobs: first those waiting on their pool calls with room for
+        more (one slot keeps many calls out; see ``_settle_pooled``), then parked ones."""
+        waiting = self._box_waiting
+        while n > 0 and waiting:
+            waiting.pop().nudge()
+            n -= 1
         while n > 0 and self._idle:
             fut = self._idle.pop()
             if not fut.done():
@@ -633,9 +644,16 @@ class Worker:
         monotonic = time.monotonic
         intake = self._intake
         flow = intake.flow
+        # pooled calls go out without waiting (up to POOL_RUN of them), and this slot settles them
+        # as the children report: one wake-up for many jobs (tracing keeps a call per slot: its spans)
+        box = procs.outcomes() if procs is not None and tracer is None else None
+        pooled = self._pooled
         while True:
             debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
             while queue:
+                if box is not None and box.open >= POOL_RUN:
+                    await self._settle_pooled(box)
+                    continue
                 dl = queue.popleft()
                 now = monotonic()
                 if now < flow.blocked_until:  # a handler raised RateLimited: start nothing until then
@@ -664,7 +682,6 @@ class Worker:
                     span, token = await self._start_span(tracer, dl)
                 start = clock()
                 try:  # everything that can raise before the outcome is buffered is in here
-                    job = new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, progress)
                     fn = handler if dispatch is None else dispatch.lookup(dl.name)
                     try:
                         is_async = async_fns[fn]
@@ -681,13 +698,19 @@ class Worker:
                             if batch:
                                 fn_batches[fn] = batch
                     limit = dl.timeout_ms or own or default_timeout
+                    if box is not None and not batch:  # to a child process; a timeout kills it (process_pool.py)
+                        fields = (env.id, dl.name, data, env.attempt, env.created_at_ms)
+                        call = procs.submit(dl.name if dispatch is not None else None, fields, limit, box)  # type: ignore[union-attr]
+                        pooled[call] = (dl, start)
+                        continue
+                    job = new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, progress)
                     if batch:  # a batch handler: this job and up to batch - 1 more of its name, settled each
                         outcome = await self._run_batch(fn, is_async, batch, dl, job, own or default_timeout, start)
                         if span is not None and tracer is not None:
                             tracer.end_consume(span, token, outcome)
                         continue
                     current[me] = dl  # only while suspended in the handler (no other await until cleared)
-                    if procs is not None:  # in a child process; a timeout kills it (engine/process_pool.py)
+                    if procs is not None:  # traced: one call at a time, as above
                         result = await procs.run(dl.name if dispatch is not None else None, job, limit)
                     elif limit:
                         result = await self._bounded(fn, job, is_async, limit)
@@ -713,12 +736,8 @@ class Worker:
                         if span is not None and tracer is not None:
                             tracer.end_consume(span, token, "cancelled")
                         raise
-                    if isinstance(exc, RateLimited):  # back without counting an attempt; the queue waits
-                        if dl.group:  # ... or only its group: the job goes back to its group's list
-                            await self._requeue_grouped(dl, exc.retry_after_ms)
-                        else:
-                            flow.requeue(dl)
-                            await flow.block(exc.retry_after_ms)
+                    if isinstance(exc, RateLimited):
+                        await self._rate_limited(dl, exc)
                         if span is not None and tracer is not None:
                             tracer.end_consume(span, token, "rate_limited")
                         continue
@@ -753,11 +772,59 @@ class Worker:
                     self.processed += 1
                 else:
                     self._count_processed()
+            if box is not None and box.open:
+                await self._settle_pooled(box)
+                continue
             if stopping.is_set():
                 return
             fut = loop.create_future()
             idle.append(fut)
             await fut
+
+    async def _settle_pooled(self, box: Outcomes) -> None:
+        """Wait until one or more of this slot's pool calls end (or, with room for more, new
+        jobs come), and settle those that ended.  At the shutdown deadline (this slot cancelled)
+        its calls not yet settled are taken back and their entries stay pending: reclaimed after
+        the lease, as an in-process job's would be."""
+        from .process_pool import CallCancelled
+
+        procs, pooled, waiting = self._procs, self._pooled, self._box_waiting
+        assert procs is not None
+        if box.open < POOL_RUN:
+            waiting.append(box)  # new jobs wake this slot too (``_wake``): it has room for them
+        try:
+            await box.wait()
+        except asyncio.CancelledError:
+            for call in [c for c in pooled if c.box is box]:
+                procs.withdraw(call)
+                self._release(pooled.pop(call)[0].entry_id)
+            box.take()
+            raise
+        finally:
+            if box in waiting:
+                waiting.remove(box)
+        clock = time.perf_counter_ns
+        for call in box.take():
+            dl, start = pooled.pop(call)
+            try:
+                result = procs.outcome(call)
+            except CallCancelled:
+                await self._job_cancelled(dl, True)
+            except RateLimited as exc:
+                await self._rate_limited(dl, exc)
+            except Exception as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
+                self._failed(dl, exc, (clock() - start) // 1000)
+            else:
+                self._completed(dl, result, (clock() - start) // 1000)
+
+    async def _rate_limited(self, dl: Delivery, exc: RateLimited) -> None:
+        """A handler raised ``RateLimited``: the job goes back without counting an attempt and
+        the queue waits (or only its group: the job goes back to its group's list)."""
+        if dl.group:
+            await self._requeue_grouped(dl, exc.retry_after_ms)
+        else:
+            self._intake.flow.requeue(dl)
+            await self._intake.flow.block(exc.retry_after_ms)
 
     async def _start_span(self, tracer: _tracing.Tracer, dl: Delivery) -> tuple[Any, Any]:
         """The CONSUMER span of one attempt.  A retried attempt (no ``tp`` field: it came back
@@ -887,14 +954,18 @@ class Worker:
                 return
         else:
             encoded = b""
-        env = dl.envelope
-        self._done_rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
+        env, rows = dl.envelope, self._done_rows
+        rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
         self._acking += 1
-        if len(self._done_rows) == 1 or len(self._done_rows) >= self.settings.ack_batch:
+        if len(rows) == 1 or len(rows) >= self.settings.ack_batch:
             self._flush_wanted.set()
         self._room()
-        self._sink.job_completed(self.name, dl.name, duration_us / 1e6)
-        self._count_processed()
+        if self._sink is not NO_METRICS:  # once per pooled job: the null sink is skipped, as in _slot
+            self._sink.job_completed(self.name, dl.name, duration_us / 1e6)
+        if self.settings.max_jobs is None:
+            self.processed += 1
+        else:
+            self._count_processed()
 
     async def _watch_cancels(self) -> None:
         """Every ``CANCEL_POLL_SECS`` while handlers run on a queue with cancel requests: look
@@ -903,18 +974,22 @@ class Worker:
         flow = self._intake.flow
         while True:
             await asyncio.sleep(CANCEL_POLL_SECS)
-            if not self._deque and not any(self._current.values()):
+            if not self._deque and not self._pooled and not any(self._current.values()):
                 continue
             try:
                 if not (await flow.cached()).cancels:
                     continue
                 running = {task: dl for task, dl in self._current.items() if dl is not None}
+                pooled = [(call, dl) for call, (dl, _start) in self._pooled.items() if not call.finished]
                 ids = [dl.envelope.id for dl in running.values()] + [dl.envelope.id for dl in self._deque]
-                hit = await flow.cancelled_ids(ids)
+                hit = await flow.cancelled_ids(ids + [dl.envelope.id for _call, dl in pooled])
             except TRANSIENT_ERRORS:
                 continue  # the reader waits the outage out and logs it
             if not hit:
                 continue
+            for call, dl in pooled:  # taken back, or its child killed; its slot ends it cancelled
+                if dl.envelope.id in hit and self._procs is not None:
+                    self._procs.cancel(call)
             for task, dl in running.items():
                 if dl.envelope.id in hit and self._current.get(task) is dl and task not in self._cancel_target:
                     self._cancel_target[task] = dl

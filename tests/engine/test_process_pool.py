@@ -110,7 +110,16 @@ def _pool_worker(queue: str, url: str, **kw: object) -> Worker:
     kw.setdefault("run_scheduler", False)
     kw.setdefault("read_block_ms", 500)
     kw.setdefault("store_results", True)
-    return Worker(queue, pool_handlers.HANDLERS, redis_url=url, processes=2, **kw)
+    kw.setdefault("processes", 2)
+    return Worker(queue, pool_handlers.HANDLERS, redis_url=url, **kw)
+
+
+def _pending(url: str, queue: str) -> int:
+    raw = redis.Redis.from_url(url)
+    try:
+        return int(raw.xpending(QueueKeys.for_queue(queue).stream, "default")["pending"])
+    finally:
+        raw.close()
 
 
 @pytest.mark.single_node("the pool does not depend on the server's topology")
@@ -192,6 +201,95 @@ async def test_quick_jobs_never_wait_behind_a_slow_one(redis_url: str, queue_nam
         assert slow_pid not in set(pids[-50:])  # the last ones ran beside the nap, not after it
         details = [await q.get_job_details(j.id) for j in quick[:20]]
         assert all([e.get("e") for e in d.events].count("completed") == 1 for d in details)
+
+
+@pytest.mark.single_node("the pool does not depend on the server's topology")
+async def test_pooled_jobs_waiting_behind_a_running_one_are_cancelled_before_they_start(
+    redis_url: str, queue_name: str, queues
+) -> None:
+    """One pool process runs a job that blocks it; five jobs wait behind it (one slot sends them
+    all: some held by the child, the rest by the pool).  Cancelling two of them ends each
+    ``cancelled`` within 2 s while the blocker still runs (never started, never retried, no
+    failure record); the other three run once the blocker is cancelled in turn."""
+    q = queues(queue_name, redis_url)
+    async with running(_pool_worker(queue_name, redis_url, processes=1)):
+        blocker = await q.add("block", None, attempts=1)
+        await wait_until(lambda: _progress(q, blocker.id), 30, what="the blocking handler to run")
+        behind = [await q.add("pid", i, attempts=3) for i in range(5)]
+        await wait_until(lambda: _pending(redis_url, queue_name) == 6, 30, what="all six read")
+        t0 = time.monotonic()
+        for job in (behind[0], behind[4]):
+            assert await q.cancel(job.id) == "requested"
+        for job in (behind[0], behind[4]):
+            await wait_until(lambda job=job: _state_is(q, job.id, "cancelled"), 10, what="the cancel")
+        assert time.monotonic() - t0 < 2.0
+        assert await _progress(q, blocker.id) and await q.get_failure(blocker.id) is None  # it still runs
+        assert await q.cancel(blocker.id) == "requested"
+        results = [await j.wait_for_result(timeout=60) for j in behind[1:4]]
+        assert all(isinstance(r, int) and r != os.getpid() for r in results), results
+        for job in (behind[0], behind[4]):
+            details = await q.get_job_details(job.id)
+            kinds = [e.get("e") for e in details.events]
+            assert details.state == "cancelled" and "completed" not in kinds and "retry-scheduled" not in kinds, kinds
+            assert await q.get_failure(job.id) is None
+
+
+async def _progress(q, job_id: str) -> bool:
+    return (await q.get_job_details(job_id)).progress == 1
+
+
+async def _state_is(q, job_id: str, state: str) -> bool:
+    return await q.get_job_state(job_id) == state
+
+
+@pytest.mark.single_node("the pool does not depend on the server's topology")
+async def test_a_pooled_handler_raising_rate_limited_runs_again_without_an_attempt(
+    redis_url: str, queue_name: str, queues, tmp_path: Path
+) -> None:
+    """``RateLimited`` raised in a pool process sends the job back as in process: no attempt
+    counted, no failure, and it runs again after the delay it named; jobs sent beside it run."""
+    q = queues(queue_name, redis_url)
+    async with running(_pool_worker(queue_name, redis_url)):
+        others = await q.add_bulk([{"name": "pid", "data": i} for i in range(50)])
+        job = await q.add("limited", str(tmp_path / "refused-once"), attempts=1)
+        t0 = time.monotonic()
+        assert await job.wait_for_result(timeout=30) == "ran at attempt 0"
+        assert time.monotonic() - t0 >= 0.3  # the delay it asked for
+        assert all(isinstance(p, int) for p in [await j.wait_for_result(timeout=30) for j in others])
+        kinds = [e.get("e") for e in (await q.get_job_details(job.id)).events]
+        assert "failed" not in kinds and "retry-scheduled" not in kinds and kinds.count("completed") == 1, kinds
+
+
+@pytest.mark.single_node("two plain clients watch the pending entries")
+async def test_pooled_jobs_out_at_the_shutdown_deadline_stay_pending_and_run_later(
+    redis_url: str, queue_name: str, queues
+) -> None:
+    """A pool worker stopped while its one process runs an 8 s job, three more sent behind it:
+    at the 1 s deadline the calls are taken back (the process killed), nothing is acked or
+    failed, the four entries stay pending, and a worker started later reclaims and runs each once."""
+    q = queues(queue_name, redis_url)
+    worker = _pool_worker(queue_name, redis_url, processes=1, shutdown_deadline_secs=1.0, claim_min_idle_ms=1000)
+    task = asyncio.ensure_future(worker.run())
+    try:
+        slow = await q.add("nap", 8)
+        quick = [await q.add("pid", i) for i in range(3)]
+        await wait_until(lambda: _pending(redis_url, queue_name) == 4, 30, what="all four read")
+        await asyncio.sleep(0.2)  # the nap has started in the child (a fixed pause is safe here: any moment will do)
+        t0 = time.monotonic()
+        await worker.close()
+        await asyncio.wait_for(task, 30)
+        assert time.monotonic() - t0 < 8, "the stop waited for the nap"
+    finally:
+        if not task.done():
+            task.cancel()
+    assert _pending(redis_url, queue_name) == 4
+    assert [await q.get_failure(j.id) for j in [slow, *quick]] == [None] * 4
+    async with running(_pool_worker(queue_name, redis_url, processes=1, claim_min_idle_ms=1000)):
+        pids = [await j.wait_for_result(timeout=60) for j in [*quick, slow]]
+        assert all(isinstance(p, int) for p in pids), pids
+        for job in [*quick, slow]:
+            kinds = [e.get("e") for e in (await q.get_job_details(job.id)).events]
+            assert kinds.count("completed") == 1, kinds
 
 
 @pytest.mark.parametrize(
