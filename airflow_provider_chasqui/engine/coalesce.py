@@ -2,65 +2,91 @@
 
 A web app's handlers, a triggerer or a FastAPI service await ``Queue.add`` from many tasks at
 once; one call each cost Redis a script or XADD and the client ~10 us of Python per job.  Here
-the first add goes out alone at once (a lone caller still pays one round trip, no timer), and the
-adds made while a call is in flight wait together; when it returns they go as one
-``enqueue_batch`` call (at most ``MAX_BATCH``), while the next ones gather.  After a call that
-answered several callers they wait one loop turn more, so the next adds of those callers join
-them (sent at once, the add made during a call went alone and every other call carried one).
-Each caller awaits its own job; validation happened in the caller (``ProducerCore.quick_parts``),
-so what can fail a batch is the connection, and it fails the callers of that batch (each gets
-the error).  A caller cancelled while it waits is like a cancelled ``add`` whose command went
-out: the job may be added.
+an add that finds nothing gathering and a call free goes out alone at once (a lone caller still
+pays one round trip, no timer); the adds made meanwhile gather and go as one ``enqueue_batch``
+call (at most ``MAX_BATCH``) at the end of the loop turn.
+
+Up to ``IN_FLIGHT`` (2) calls are out at once, each carrying about half of the callers: while
+Redis writes one half's jobs, the other half's callers, just answered, build their next adds.
+With one call at a time the client and Redis took turns (the client idle while Redis wrote the
+batch, Redis idle while the client built the next one).  After a call answers, the gathered adds
+go one loop turn later, once the answered callers have made their next adds.
+
+Each caller awaits its own job.  Validation happened in the caller (``ProducerCore.quick_parts``),
+so what can fail a batch is the connection, and it fails that batch's callers only (each gets
+the error).  A caller has one add in flight at a time, so its adds stay in order; calls share
+the driver's pinned connection, where Redis runs them in the order they were sent.  A caller
+cancelled while it waits is like a cancelled ``add`` whose command went out: the job may be added.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core.producer import ADD_BATCH as MAX_BATCH
 from ..core.producer import ProducerCore
 
-__all__ = ["AddCoalescer", "MAX_BATCH"]
+__all__ = ["AddCoalescer", "MAX_BATCH", "IN_FLIGHT"]
+
+IN_FLIGHT = 2  # calls out at once: one half of the callers at Redis, the other adding
 
 
 class AddCoalescer:
     def __init__(self, driver: Callable[[], Any], core: ProducerCore) -> None:
         self._driver, self._core = driver, core  # the queue's driver, asked at each call
-        self._busy = False
+        self._calls = 0  # calls out
+        self._carried = 0  # adds those calls carry
+        self._flush_soon = False
         self._waiting: list[tuple[bytes, bytes, asyncio.Future[None]]] = []
-        self._sender: asyncio.Task[None] | None = None  # a reference keeps the batch task alive
+        self._senders: set[asyncio.Task[None]] = set()  # references keep the batch tasks alive
 
-    async def add(self, envelope: bytes, name_bytes: bytes) -> None:
-        if self._busy:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.append((envelope, name_bytes, fut))
-            await fut
-            return
-        self._busy = True
+    def add(self, envelope: bytes, name_bytes: bytes) -> Awaitable[None]:
+        """What the caller awaits for its add: the future of the batch it joined, or (nothing
+        gathering, a call free) its own call.  A plain function, so that a gathered add costs
+        no coroutine of its own."""
+        if self._calls < IN_FLIGHT and not self._waiting and not self._flush_soon:
+            self._calls += 1
+            self._carried += 1
+            return self._alone(envelope, name_bytes)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((envelope, name_bytes, fut))
+        if self._calls < IN_FLIGHT:
+            self._flush_later()
+        return fut
+
+    async def _alone(self, envelope: bytes, name_bytes: bytes) -> None:
         try:
             await self._driver().run_call(self._core.xadd_call(envelope, name_bytes))
         finally:
-            self._next()
+            self._answered(1)
 
-    def _next(self, answered: int = 1) -> None:
-        """Send what gathered meanwhile; with nothing gathered, look once more after the callers
-        just answered have run (one loop turn, no timer): the adds they make next go together
-        instead of one of them going alone.  After a call that answered several callers, wait
-        that turn even if some adds gathered: they go with the answered callers' next adds
-        (otherwise the one add made during a call goes alone, and every other call carries one)."""
-        if answered > 1:
-            asyncio.get_running_loop().call_soon(self._next)
-            return
-        if self._waiting:
-            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
-            self._sender = asyncio.ensure_future(self._send(batch))
-        elif self._sender is not None:
-            self._sender = None
-            asyncio.get_running_loop().call_soon(self._next)
-        else:
-            self._busy = False
+    def _flush_later(self) -> None:
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _answered(self, n: int) -> None:
+        """A call returned: its callers are about to add again.  The gathered adds go one loop
+        turn later, with theirs (a lone caller's next add goes straight out: nothing gathered)."""
+        self._calls -= 1
+        self._carried -= n
+        if self._waiting or n > 1:
+            self._flush_later()
+
+    def _flush(self) -> None:
+        """Send what gathered, in calls of about half the callers each (``IN_FLIGHT``)."""
+        self._flush_soon = False
+        while self._waiting and self._calls < IN_FLIGHT:
+            callers = len(self._waiting) + self._carried
+            size = min(MAX_BATCH, max(1, -(-callers // IN_FLIGHT)))
+            batch, self._waiting = self._waiting[:size], self._waiting[size:]
+            self._calls += 1
+            self._carried += len(batch)
+            sender = asyncio.ensure_future(self._send(batch))
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
 
     async def _send(self, batch: list[tuple[bytes, bytes, asyncio.Future[None]]]) -> None:
         try:
@@ -79,4 +105,4 @@ class AddCoalescer:
                 if not fut.done():
                     fut.set_result(None)
         finally:
-            self._next(len(batch))
+            self._answered(len(batch))
