@@ -10,6 +10,8 @@ stopped at the end.  Workloads (jobs are tiny: ``{"i": n}`` named ``noop``):
 * limits: raw redis-py XADD one by one (sync and asyncio) and sync pipelined XADD (1,000 per
   pipeline), sending exactly the command ``Queue.add`` sends, with a pre-encoded envelope;
   plus one EVALSHA of ``enqueue_batch`` per 1,000 pre-encoded jobs (the batch path's server cost);
+  plus ``limit_thread_handoff_16``: 16 threads passing a baton with no Redis at all (the
+  interpreter's floor for threads that each wait for their own answer, as ``SyncQueue.add`` does);
   plus ``ref_redis_floor``: a plain client doing a worker's Redis commands for N queued jobs
   (read, ``active`` events, ack, delete, ``completed`` events; pipelined), Redis's floor per job;
 * ``Queue.add`` / ``SyncQueue.add`` one by one, ``Queue.add_bulk`` / ``SyncQueue.add_bulk`` in
@@ -161,6 +163,32 @@ def _event_xadds(pipe: Any, key: str, count: int, now: str, kind: str, *extra: A
     """``count`` events of ``kind`` as a worker's scripts write them, queued on ``pipe``."""
     for i in range(count):
         pipe.execute_command("XADD", key, "*", "e", kind, "id", f"j{i}", "ts", now, "n", NAME, "attempt", 1, *extra)
+
+
+def limit_thread_handoff_16(url: str, n: int) -> dict[str, Any]:
+    """The interpreter's own floor for threads that each wait for their own answer: 16 threads
+    in a ring pass one baton (a raw lock each), no Redis at all.  A ``SyncQueue.add`` from a
+    thread that must wait until its job is written costs at least one such hand-off."""
+    locks = [threading.Lock() for _ in range(16)]
+    for lock in locks:
+        lock.acquire()
+    per = max(1, n // 16)
+
+    def ring(i: int) -> None:
+        mine, theirs = locks[i], locks[(i + 1) % 16]
+        for _ in range(per):
+            mine.acquire()
+            theirs.release()
+
+    def body() -> None:
+        threads = [threading.Thread(target=ring, args=(i,)) for i in range(16)]
+        for th in threads:
+            th.start()
+        locks[0].release()
+        for th in threads:
+            th.join()
+
+    return _timed(body, per * 16)
 
 
 def ref_redis_floor(url: str, n: int) -> dict[str, Any]:
@@ -582,6 +610,11 @@ WORKLOADS: dict[str, tuple[Callable[[str, int], dict[str, Any]], str, str | None
     ),
     "ref_async_xadd_single": (ref_async_xadd_single, "redis.asyncio XADD, one by one (reference)", None),
     "ref_sync_lua_batch": (ref_sync_lua_batch, "EVALSHA enqueue_batch per 1,000 pre-encoded jobs (reference)", None),
+    "limit_thread_handoff_16": (
+        limit_thread_handoff_16,
+        "16 threads passing a baton, no Redis: one blocked thread woken per step (limit)",
+        None,
+    ),
     "ref_redis_floor": (
         ref_redis_floor,
         "plain redis-py doing a worker's Redis commands, pipelined (Redis's floor per job)",

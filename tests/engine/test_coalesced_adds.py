@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -222,4 +223,45 @@ def test_a_child_forked_mid_add_adds_on_its_own(own_url: str, queue_name: str) -
         q._adds._busy = False
         assert [e[1] for e in _stream(own_url, queue_name)] == ["warm", "child"]
     finally:
+        q.close()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.single_node("pauses one server's writes")
+def test_a_thread_interrupted_while_it_waits_leaves_the_line_and_hangs_nobody(own_url: str, queue_name: str) -> None:
+    """The main thread, waiting behind another thread's add (the server's writes paused), is
+    interrupted (a signal handler raising, as Ctrl-C does): its add leaves the line unsent, and
+    the threads adding after it all finish, their jobs written once each."""
+    r = redis.Redis.from_url(own_url)
+    q = SyncQueue(queue_name, redis_url=own_url)
+    q.add("warm", 0)
+    first = threading.Thread(target=q.add, args=("first", 1))
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Interrupted()))
+    try:
+        r.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+        first.start()
+        deadline = time.monotonic() + 30
+        while not q._adds._busy:  # the first thread's add is out, held by the pause
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Interrupted):
+            q.add("main", 1)
+        others = [threading.Thread(target=lambda t=t: [q.add(f"t{t}", i) for i in range(20)]) for t in range(4)]
+        for th in others:
+            th.start()
+        for th in [first, *others]:
+            th.join(60)
+        assert not any(th.is_alive() for th in [first, *others])
+        names = [e[1] for e in _stream(own_url, queue_name)]
+        assert names.count("first") == 1 and "main" not in names  # interrupted before it was sent
+        assert all(names.count(f"t{t}") == 20 for t in range(4)), names
+        assert q.add("after", 1).name == "after"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        r.execute_command("CLIENT", "UNPAUSE")
         q.close()
