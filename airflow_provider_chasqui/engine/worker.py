@@ -1132,14 +1132,19 @@ class Worker:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             # Wait up to ack_idle_ms for more rows only while handlers are queued or running;
-            # with none left, waiting would only delay the acks.
+            # with none left, waiting would only delay the acks.  The wait ends early when a
+            # batch fills (or the final flush): sleeping it out held the finished entries, the
+            # reading window filled, and the reader stood idle (a third of a no-op worker's rate).
             if (
                 len(self._done_rows) < s.ack_batch
                 and len(self._fail_rows) < s.ack_batch
                 and not self._final_flush
                 and (self._deque or len(intake.in_flight) > self._acking)
             ):
-                await asyncio.sleep(s.ack_idle_ms / 1000)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(s.ack_idle_ms / 1000):
+                        await self._flush_wanted.wait()
+                self._flush_wanted.clear()
             if intake.in_flight and time.monotonic() - intake.renewed_at > lease_check:  # inline: once per flush
                 await intake.check_lease()
             await self._emitted()  # a job's `active` event before its outcome

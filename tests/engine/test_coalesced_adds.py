@@ -264,4 +264,5 @@ def test_a_thread_interrupted_while_it_waits_leaves_the_line_and_hangs_nobody(ow
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         r.execute_command("CLIENT", "UNPAUSE")
+        r.close()
         q.close()

@@ -269,6 +269,42 @@ async def test_concurrency_is_a_hard_cap(redis_url, queue_name, queues, worker_f
     assert peak == 2
 
 
+async def test_a_full_ack_batch_is_written_without_waiting_out_ack_idle_ms(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
+    """With a handler still running the flusher waits up to ``ack_idle_ms`` for more rows, but a
+    batch that fills ends the wait: 10 finished jobs (``ack_batch=10``) are acked while a slow
+    one runs, long before the 60 s ``ack_idle_ms``.  Sleeping it out held the finished entries
+    until the reading window filled and the reader stood idle."""
+    r = clients(redis_url)
+    q = queues(queue_name, redis_url)
+    release = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        if job.data == "slow":
+            await release.wait()
+        else:
+            await asyncio.sleep(0.02)  # the quick ones end one by one: the first row starts the wait
+
+    await q.add("s", "slow")
+    await q.add_bulk([{"name": "f", "data": i} for i in range(10)])
+    w = worker_factory(queue_name, handler, redis_url, concurrency=2, ack_batch=10, ack_idle_ms=60_000)
+    async with running(w):
+        started = time.monotonic()
+        await wait_until(lambda: w.processed >= 10, what="ten quick jobs", timeout=30)
+        left = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            left = await pending_count(r, queue_name)
+            if left == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert left == 1, left  # only the slow job is still pending: the full batch was acked
+        assert time.monotonic() - started < 30
+        release.set()
+        await wait_until(lambda: w.processed == 11, what="the slow job")
+
+
 # ---- lifecycle ------------------------------------------------------------------------------------
 
 
