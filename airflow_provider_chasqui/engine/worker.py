@@ -786,6 +786,7 @@ class Worker:
         jobs come), and settle those that ended.  At the shutdown deadline (this slot cancelled)
         its calls not yet settled are taken back and their entries stay pending: reclaimed after
         the lease, as an in-process job's would be."""
+        from .pool_child import NONE_BLOB
         from .process_pool import CallCancelled
 
         procs, pooled, waiting = self._procs, self._pooled, self._box_waiting
@@ -803,9 +804,14 @@ class Worker:
         finally:
             if box in waiting:
                 waiting.remove(box)
-        clock = time.perf_counter_ns
+        now = time.perf_counter_ns()
+        done: list[tuple[Delivery, Any, int]] = []
         for call in box.take():
             dl, start = pooled.pop(call)
+            outcome = call.outcome
+            if outcome is not None and outcome[1] == NONE_BLOB and outcome[0]:  # most handlers return nothing
+                done.append((dl, None, (now - start) // 1000))
+                continue
             try:
                 result = procs.outcome(call)
             except CallCancelled:
@@ -813,9 +819,11 @@ class Worker:
             except RateLimited as exc:
                 await self._rate_limited(dl, exc)
             except Exception as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
-                self._failed(dl, exc, (clock() - start) // 1000)
+                self._failed(dl, exc, (now - start) // 1000)
             else:
-                self._completed(dl, result, (clock() - start) // 1000)
+                done.append((dl, result, (now - start) // 1000))
+        if done:
+            self._completed(done)
 
     async def _rate_limited(self, dl: Delivery, exc: RateLimited) -> None:
         """A handler raised ``RateLimited``: the job goes back without counting an attempt and
@@ -937,35 +945,42 @@ class Worker:
                 self._failed(dl, exc, duration_us)
             return "failed"
         duration_us = (time.perf_counter_ns() - start) // 1000
+        done = []
         for dl, result in zip(dls, results):
             if isinstance(result, BaseException):
                 self._failed(dl, result, duration_us)
             else:
-                self._completed(dl, result, duration_us)
+                done.append((dl, result, duration_us))
+        self._completed(done)
         return "completed"
 
-    def _completed(self, dl: Delivery, result: Any, duration_us: int) -> None:
-        """Buffer one job's success (the batch path; single jobs do this inline in ``_slot``)."""
-        if self.settings.store_results:
-            try:
-                encoded = _packb(result)
-            except Exception as exc:  # noqa: BLE001 - the handler ran: never run it again for this
-                self._failed(dl, UnrecoverableError(f"handler result cannot be stored: {exc!r}"), duration_us)
-                return
-        else:
-            encoded = b""
-        env, rows = dl.envelope, self._done_rows
-        rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
-        self._acking += 1
-        if len(rows) == 1 or len(rows) >= self.settings.ack_batch:
+    def _completed(self, done: list[tuple[Delivery, Any, int]]) -> None:
+        """Buffer the successes ``(job, result, duration us)`` of a batch call or of a slot's
+        ended pool calls (single in-process jobs do this inline in ``_slot``): one pass for all."""
+        s, rows, sink = self.settings, self._done_rows, self._sink
+        metrics = None if sink is NO_METRICS else sink  # once per pooled job: the null sink is skipped
+        was_empty = not rows
+        for dl, result, duration_us in done:
+            if s.store_results:
+                try:
+                    encoded = _packb(result)
+                except Exception as exc:  # noqa: BLE001 - the handler ran: never run it again for this
+                    self._failed(dl, UnrecoverableError(f"handler result cannot be stored: {exc!r}"), duration_us)
+                    continue
+            else:
+                encoded = b""
+            env = dl.envelope
+            rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
+            self._acking += 1
+            if metrics is not None:
+                metrics.job_completed(self.name, dl.name, duration_us / 1e6)
+            if s.max_jobs is None:
+                self.processed += 1
+            else:
+                self._count_processed()
+        if rows and (was_empty or len(rows) >= s.ack_batch):
             self._flush_wanted.set()
         self._room()
-        if self._sink is not NO_METRICS:  # once per pooled job: the null sink is skipped, as in _slot
-            self._sink.job_completed(self.name, dl.name, duration_us / 1e6)
-        if self.settings.max_jobs is None:
-            self.processed += 1
-        else:
-            self._count_processed()
 
     async def _watch_cancels(self) -> None:
         """Every ``CANCEL_POLL_SECS`` while handlers run on a queue with cancel requests: look
