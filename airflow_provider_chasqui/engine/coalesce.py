@@ -3,14 +3,14 @@
 A web app's handlers, a triggerer or a FastAPI service await ``Queue.add`` from many tasks at
 once; one call each cost Redis a script or XADD and the client ~10 us of Python per job.  Here
 an add that finds nothing gathering and a call free goes out alone at once (a lone caller still
-pays one round trip, no timer); the adds made meanwhile gather and go as one ``enqueue_batch``
-call (at most ``MAX_BATCH``) at the end of the loop turn.
+pays one round trip, no timer); the adds made meanwhile gather and go as ``enqueue_batch`` calls
+(at most ``MAX_BATCH`` each) a little later, two loop turns, no timer.
 
 Up to ``IN_FLIGHT`` (2) calls are out at once, each carrying about half of the callers: while
 Redis writes one half's jobs, the other half's callers, just answered, build their next adds.
 With one call at a time the client and Redis took turns (the client idle while Redis wrote the
 batch, Redis idle while the client built the next one).  After a call answers, the gathered adds
-go one loop turn later, once the answered callers have made their next adds.
+go once the answered callers have made their next adds (``AddCoalescer._flush_later``).
 
 Each caller awaits its own job.  Validation happened in the caller (``ProducerCore.quick_parts``),
 so what can fail a batch is the connection, and it fails that batch's callers only (each gets
@@ -63,13 +63,18 @@ class AddCoalescer:
             self._answered(1)
 
     def _flush_later(self) -> None:
+        """Flush two loop turns from now: the callers a call answered run in the next turn, and
+        when both calls' replies arrive in one read their two halves are woken one after the
+        other, the second half's callers a turn after the first call's flush was asked.  One turn
+        sent the first half alone and split it again (calls of 25 and fewer under load)."""
         if not self._flush_soon:
             self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._flush)
 
     def _answered(self, n: int) -> None:
-        """A call returned: its callers are about to add again.  The gathered adds go one loop
-        turn later, with theirs (a lone caller's next add goes straight out: nothing gathered)."""
+        """A call returned: its callers are about to add again.  The gathered adds go once they
+        have (``_flush_later``), with theirs; a lone caller's next add goes straight out."""
         self._calls -= 1
         self._carried -= n
         if self._waiting or n > 1:

@@ -145,7 +145,7 @@ class Queue:
         ):  # the plain add: one call, shared with the adds made meanwhile (engine/coalesce.py)
             envelope, name_bytes, jid, created = self._flows.quick_parts(name, data)
             await self._adds.add(envelope, name_bytes)
-            return new_job(jid, name, data, 0, created, _queue=self)
+            return self._job(jid, created, name, data)
         if dedup_id is not None and repeat is None:  # with repeat: every fire is deduplicated
             others = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
             others.update(priority=priority, group=group, missed_fires=missed_fires)

@@ -125,6 +125,23 @@ class SyncQueue:
         (repeats within ``dedup_ttl_ms`` add nothing and return the first job) or
         ``"debounce"`` (the job waits ``dedup_ttl_ms``; a repeat meanwhile replaces it):
         ``core/dedup.py``."""
+        if (
+            self._tracer is None
+            and dedup_id is None
+            and delay is None
+            and delay_ms is None
+            and attempts is None
+            and backoff is None
+            and job_id is None
+            and repeat is None
+            and missed_fires is None
+            and priority is None
+            and group is None
+            and timeout_ms is None
+        ):  # the plain add: one call, shared with other threads' adds meanwhile (sync/coalesce.py)
+            envelope, name_bytes, jid, created = self._flows.quick_parts(name, data)
+            self._adds.add(envelope, name_bytes)
+            return self._job(jid, created, name, data)
         if dedup_id is not None and repeat is None:  # with repeat: every fire is deduplicated
             others = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
             others.update(priority=priority, group=group, missed_fires=missed_fires)
@@ -153,20 +170,6 @@ class SyncQueue:
                 job_id=job_id,
                 timeout_ms=timeout_ms,
             )
-        if (
-            delay is None
-            and delay_ms is None
-            and attempts is None
-            and backoff is None
-            and job_id is None
-            and repeat is None
-            and missed_fires is None
-            and not side
-            and timeout_ms is None
-        ):  # the plain add: one call, shared with other threads' adds meanwhile (sync/coalesce.py)
-            envelope, name_bytes, jid, created = self._flows.quick_parts(name, data)
-            self._adds.add(envelope, name_bytes)
-            return self._job(jid, created, name, data)
         if repeat is not None:
             if delay is not None or delay_ms is not None:
                 raise ConfigError(

@@ -137,8 +137,8 @@ async def test_tasks_adding_in_step_go_together_each_round(
 ) -> None:
     """100 tasks adding in step: each round of their adds is two calls of about half the callers
     (``IN_FLIGHT``: one half at Redis while the other adds).  The add a caller makes while calls
-    are out waits one loop turn for the callers a call answers; sent at once it went alone, and
-    the calls alternated sizes 1 and 99."""
+    are out waits for the callers a call answers; sent at once it went alone, and the calls
+    alternated sizes 1 and 99."""
     sizes: list[int] = []
     xadd_call, batch_call = ProducerCore.xadd_call, ProducerCore.batch_call
     monkeypatch.setattr(ProducerCore, "xadd_call", lambda self, e, n: (sizes.append(1), xadd_call(self, e, n))[1])
@@ -156,7 +156,7 @@ async def test_tasks_adding_in_step_go_together_each_round(
 
         await asyncio.gather(*(task(t) for t in range(100)))
         assert sum(sizes) == 2000
-        assert len(sizes) <= 2 * 20 + 5, sizes  # two calls per round of 100
+        assert len(sizes) <= 2 * 20 + 10, sizes  # two calls per round of 100
         assert sorted(sizes)[len(sizes) // 2] >= 40, sizes  # halves (alternating 1 and 99: a median of 1)
         assert len(_stream(own_url, queue_name)) == 2001
     finally:

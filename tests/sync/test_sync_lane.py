@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -98,6 +99,9 @@ def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue_name:
                 assert r.client_kill_filter(_id=lane["id"]) == 1
             else:
                 assert r.client_kill_filter(addr=lane["addr"]) == 1
+        # the server closes a killed client after answering CLIENT KILL: wait for the close to
+        # arrive (under load it came after the next add had gone out, and that add failed)
+        wait_until_sync(lambda: select.select([sock], [], [], 0)[0], what="the server's close of the lane")
         jobs.append(q.add("k", {"i": 1}))  # the lane finds its socket closed: redis-py re-runs it
         assert driver._lane._sock is not sock
         jobs += [q.add("k", {"i": i}) for i in range(2, 20)]
