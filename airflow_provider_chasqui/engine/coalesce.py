@@ -39,7 +39,8 @@ class AddCoalescer:
         self._calls = 0  # calls out
         self._carried = 0  # adds those calls carry
         self._flush_soon = False
-        self._waiting: list[tuple[bytes, bytes, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[bytes, bytes]] = []  # gathered adds: (envelope, name bytes) ...
+        self._futures: list[asyncio.Future[None]] = []  # ... and their callers' futures, in step
         self._senders: set[asyncio.Task[None]] = set()  # references keep the batch tasks alive
 
     def add(self, envelope: bytes, name_bytes: bytes) -> Awaitable[None]:
@@ -51,7 +52,8 @@ class AddCoalescer:
             self._carried += 1
             return self._alone(envelope, name_bytes)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((envelope, name_bytes, fut))
+        self._waiting.append((envelope, name_bytes))
+        self._futures.append(fut)
         if self._calls < IN_FLIGHT:
             self._flush_later()
         return fut
@@ -86,28 +88,29 @@ class AddCoalescer:
         while self._waiting and self._calls < IN_FLIGHT:
             callers = len(self._waiting) + self._carried
             size = min(MAX_BATCH, max(1, -(-callers // IN_FLIGHT)))
-            batch, self._waiting = self._waiting[:size], self._waiting[size:]
+            rows, self._waiting = self._waiting[:size], self._waiting[size:]
+            futures, self._futures = self._futures[:size], self._futures[size:]
             self._calls += 1
-            self._carried += len(batch)
-            sender = asyncio.ensure_future(self._send(batch))
+            self._carried += len(rows)
+            sender = asyncio.ensure_future(self._send(rows, futures))
             self._senders.add(sender)
             sender.add_done_callback(self._senders.discard)
 
-    async def _send(self, batch: list[tuple[bytes, bytes, asyncio.Future[None]]]) -> None:
+    async def _send(self, rows: list[tuple[bytes, bytes]], futures: list[asyncio.Future[None]]) -> None:
         try:
-            if len(batch) == 1:
-                await self._driver().run_call(self._core.xadd_call(batch[0][0], batch[0][1]))
+            if len(rows) == 1:
+                await self._driver().run_call(self._core.xadd_call(*rows[0]))
             else:
-                await self._driver().run_call(self._core.batch_call([(e, n) for e, n, _ in batch]))
+                await self._driver().run_call(self._core.batch_call(rows))
         except BaseException as exc:
-            for _e, _n, fut in batch:
+            for fut in futures:
                 if not fut.done():
                     fut.set_exception(exc)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
         else:
-            for _e, _n, fut in batch:
+            for fut in futures:
                 if not fut.done():
                     fut.set_result(None)
         finally:
-            self._answered(len(batch))
+            self._answered(len(rows))
