@@ -226,6 +226,51 @@ def test_a_child_forked_mid_add_adds_on_its_own(own_url: str, queue_name: str) -
         q.close()
 
 
+@pytest.mark.single_node("kills the connections of one server")
+def test_threads_whose_batch_loses_its_connection_each_get_an_answer(own_url: str, queue_name: str) -> None:
+    """16 threads adding while the server drops every client, again and again: each add returns
+    its job (written once) or raises the connection error of the call that carried it; the
+    threads woken in a chain all wake, none hangs, and adds work afterwards."""
+    q = SyncQueue(queue_name, redis_url=own_url)
+    q.add("warm", 0)
+    added: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def adder(t: int) -> None:
+        for i in range(150):
+            try:
+                added.append(q.add(f"t{t}", i).id)
+            except Exception as exc:  # noqa: BLE001 - recorded and checked below
+                errors.append(exc)
+
+    def killer() -> None:
+        with redis.Redis.from_url(own_url) as r:
+            while not stop.wait(0.01):
+                r.client_kill_filter(_type="normal", skipme=True)
+
+    threads = [threading.Thread(target=adder, args=(t,)) for t in range(16)]
+    chaos = threading.Thread(target=killer)
+    try:
+        chaos.start()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert not any(th.is_alive() for th in threads)  # nobody left waiting on a chain
+    finally:
+        stop.set()
+        chaos.join(30)
+    assert len(added) + len(errors) == 16 * 150 and errors  # the kills did cut batches
+    assert all(type(e).__name__ == "ChasquiConnectionError" for e in errors), {type(e) for e in errors}
+    ids = [e[0] for e in _stream(own_url, queue_name)]
+    assert len(ids) == len(set(ids))  # none written twice
+    assert set(added) <= set(ids)  # every add that returned a job is there
+    print(f"{len(added)} adds written, {len(errors)} failed with the connection")
+    assert q.add("after", 1).name == "after"
+    q.close()
+
+
 class _Interrupted(Exception):
     pass
 
