@@ -115,9 +115,14 @@ def _pool_worker(queue: str, url: str, **kw: object) -> Worker:
 
 
 def _pending(url: str, queue: str) -> int:
+    """Entries read and not acked; 0 before the worker has made its consumer group (NOGROUP)."""
     raw = redis.Redis.from_url(url)
     try:
         return int(raw.xpending(QueueKeys.for_queue(queue).stream, "default")["pending"])
+    except redis.ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+        return 0
     finally:
         raw.close()
 

@@ -102,7 +102,17 @@ def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue_name:
         # the server closes a killed client after answering CLIENT KILL: wait for the close to
         # arrive (under load it came after the next add had gone out, and that add failed)
         wait_until_sync(lambda: select.select([sock], [], [], 0)[0], what="the server's close of the lane")
-        jobs.append(q.add("k", {"i": 1}))  # the lane finds its socket closed: redis-py re-runs it
+        # the lane finds its socket closed and opens a new one.  With redis-py 5.0 (the lowest
+        # pin) the fresh connection was itself closed under the first add about one time in ten
+        # (also before this session's changes); a write whose bytes went out is not re-sent (it
+        # may have run: the caller decides), so that add reports the connection error and the
+        # caller adds again.  At most one entry more than the jobs returned, never a job twice.
+        unsure = 0
+        try:
+            jobs.append(q.add("k", {"i": 1}))
+        except ChasquiConnectionError:
+            unsure = 1
+            jobs.append(q.add("k", {"i": 1}))
         assert driver._lane._sock is not sock
         jobs += [q.add("k", {"i": i}) for i in range(2, 20)]
         jobs += q.add_bulk([{"name": "k", "data": {"i": i}} for i in range(20, 520)])
@@ -116,8 +126,8 @@ def test_killed_lane_connection_falls_back_and_reopens(own_url: str, queue_name:
         jobs += q.add_bulk([{"name": "k", "data": {"i": i}} for i in range(520, 620)])
         assert driver._lane._sock is not None and driver._lane._sock is not sock
     ids = stream_job_ids(own_url, queue_name)
-    assert sorted(ids) == sorted(j.id for j in jobs)  # all there, none twice, the failed bulk not written
-    assert len(set(ids)) == len(ids) == 620
+    assert {j.id for j in jobs} <= set(ids)  # every job returned is there
+    assert len(set(ids)) == len(ids) and 620 <= len(ids) <= 620 + unsure  # none twice, the failed bulk not written
 
 
 def test_silent_server_times_out_then_recovers(own_url: str, own_server: RunningServer, queue_name: str) -> None:
