@@ -31,6 +31,7 @@ class ProgressReporter:
     def __init__(self, driver: AsyncDriver, keys: QueueKeys, events_max: int, label: str) -> None:
         self.driver, self.keys, self.events_max, self.label = driver, keys, events_max, label
         self._latest: dict[str, Any] = {}
+        self._writing: asyncio.Future[None] | None = None  # a write in flight (the periodic one, say)
 
     def update(self, job_id: str, value: Any) -> None:
         # checked (ConfigError to the handler, naming the problem) and packed once, here
@@ -44,14 +45,23 @@ class ProgressReporter:
 
     @property
     def pending(self) -> bool:
-        """Whether a value waits to be written."""
-        return bool(self._latest)
+        """Whether a value waits to be written, or is being written."""
+        return bool(self._latest) or self._writing is not None
 
     async def flush(self) -> None:
+        """Write what was recorded; returns once every value recorded before the call is written.
+        A write already in flight (the periodic one) is awaited too: it took the values from
+        ``_latest``, and an outcome written meanwhile (on another connection) could land first."""
+        while self._writing is not None:
+            await asyncio.shield(self._writing)
         if not self._latest:
             return
         latest, self._latest = self._latest, {}
+        writing = self._writing = asyncio.get_running_loop().create_future()
         try:
             await self.driver.pipeline(progress_calls(self.keys, latest, self.events_max, now_ms()))
         except Exception as exc:  # noqa: BLE001 - progress is best effort, like events
             log.warning("%s: progress of %d jobs not written: %s", self.label, len(latest), exc)
+        finally:
+            self._writing = None
+            writing.set_result(None)
