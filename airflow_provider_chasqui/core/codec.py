@@ -104,24 +104,6 @@ def new_job_id(ms: int | None = None) -> str:
     return _time_digits(ms) + _random_part()
 
 
-def fresh_envelope(data: Any) -> tuple[bytes, str, int]:
-    """``(envelope, job id, created ms)`` of a new job carrying ``data``: :func:`new_job_id`,
-    :func:`encode_data` and :func:`encode_new_envelope` in one call, the same bytes (the plain
-    add's hot path, where each call cost about 5% of the add)."""
-    ms = time.time_ns() // 1_000_000
-    cached = _id_prefix
-    prefix = cached[1] if cached[0] == ms else _time_digits(ms)
-    try:
-        jid = prefix + _random_parts.popleft()
-    except IndexError:
-        jid = prefix + _random_part()
-    try:
-        inner = _packb(data)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(f"job data cannot be encoded as msgpack: {exc}") from exc
-    return _packb([jid, inner, ms, 0]), jid, ms
-
-
 def new_job_ids(n: int, ms: int | None = None) -> list[str]:
     """``n`` ids as :func:`new_job_id` makes them for one millisecond, with one read of the
     system's randomness for all of them (``add_bulk``'s hot path)."""

@@ -40,7 +40,6 @@ from .codec import (
     encode_envelope,
     encode_member,
     encode_new_envelope,
-    fresh_envelope,
     new_job_id,
     new_job_ids,
     now_ms,
@@ -187,9 +186,10 @@ class ProducerCore:
         one-by-one ``add`` hot path (about 2 us instead of 7).  Same checks, same bytes.
         ``trace``: a W3C traceparent, written as the extra field ``tp`` (see ``tracing``).
         Returns ``(call, job_id, created_at_ms)``."""
-        hit = self._names.get(name) if type(name) is str else None
-        name_bytes, tail = self._name(name) if hit is None else hit
-        envelope, jid, now = fresh_envelope(data)
+        name_bytes, tail = self._name(name)
+        now = now_ms()
+        jid = new_job_id(now)
+        envelope = encode_new_envelope(jid, encode_data(data), now)
         if len(envelope) > self.settings.max_payload_bytes:
             self.prepare(name, data, now=now)  # raises prepare()'s own error
         if trace:  # tracing on: not the hot path
@@ -201,9 +201,10 @@ class ProducerCore:
         """A plain add's ``(envelope, name bytes, job id, created ms)``, checked as ``prepare``
         checks (its own error when the payload is too big): what :meth:`xadd_call` sends alone
         and :meth:`batch_call` with others (the coalesced adds, ``engine/coalesce.py``)."""
-        hit = self._names.get(name) if type(name) is str else None
-        name_bytes = (self._name(name) if hit is None else hit)[0]
-        envelope, jid, now = fresh_envelope(data)
+        name_bytes = self._name(name)[0]
+        now = now_ms()
+        jid = new_job_id(now)
+        envelope = encode_new_envelope(jid, encode_data(data), now)
         if len(envelope) > self.settings.max_payload_bytes:
             self.prepare(name, data, now=now)  # raises prepare()'s own error
         return envelope, name_bytes, jid, now
