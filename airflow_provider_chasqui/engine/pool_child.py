@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -199,10 +200,12 @@ class _Runner:
     def listen(self) -> None:
         """The parent's messages, and outcomes held too long; exits the process with the parent."""
         conn, lock = self.conn, self.lock
+        poller = select.poll()  # once: Connection.poll() builds and registers a selector per call
+        poller.register(conn.fileno(), select.POLLIN)
         try:
             while True:
                 busy = self.running or self.pending or self.done
-                if conn.poll(FLUSH_SECS if busy else None):
+                if poller.poll(FLUSH_SECS * 1000 if busy else None):
                     msg = conn.recv()
                     with lock:
                         if msg is None:

@@ -35,6 +35,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import time
 from dataclasses import dataclass, field
@@ -151,6 +152,7 @@ class _Child:
     gone: bool = False
     timer: asyncio.TimerHandle | None = None
     busy_since: float = 0.0  # when its current call (or the last report) began
+    poller: Any = None  # select.poll() on its pipe: Connection.poll() builds a selector per call
 
 
 class ProcessPool:
@@ -203,7 +205,8 @@ class ProcessPool:
         )
         proc.start()
         theirs.close()
-        child = _Child(number, proc, mine)
+        child = _Child(number, proc, mine, poller=select.poll())
+        child.poller.register(mine.fileno(), select.POLLIN)
         self._loop.add_reader(mine.fileno(), self._readable, child)
         return child
 
@@ -392,7 +395,7 @@ class ProcessPool:
     # ---- children's words -----------------------------------------------------------------
     def _readable(self, child: _Child) -> None:
         try:
-            while not child.gone and child.conn.poll():
+            while not child.gone and child.poller.poll(0):
                 msg = child.conn.recv()
                 kind = msg[0]
                 if kind == "done":
