@@ -19,7 +19,11 @@ from pathlib import Path
 
 import pytest
 from airflow_support import WorkerProcess, conn_json
-from services import airflow_services  # noqa: F401 - one definition: one set of services per session
+from services import (
+    airflow_services,  # noqa: F401 - one definition: one set of services per session
+    last_user,
+    stop_after_last_user,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -32,6 +36,20 @@ AIRFLOW_ENV = {
 }
 os.environ.update(AIRFLOW_ENV)  # for Airflow imported in-process by the unit tests
 atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: the last test that will run
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    last_user(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """The session's Airflow services stop once the last test that uses them is torn down."""
+    try:
+        return (yield)
+    finally:
+        stop_after_last_user(item)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,9 @@ at parse time (``CHASQUI_EVENTS_QUEUE``, ``CHASQUI_EXAMPLES_QUEUE``, ``CHASQUI_S
 drops their keys at the end.  Tasks get ``spark-submit`` on PATH and ``SPARK_LOCAL_IP``.
 The ``chasqui_default`` connection is stored in the metadata DB (``airflow connections add``),
 never given to the services as an ``AIRFLOW_CONN_*`` variable.
-Services are stopped by pid (their process groups) when the session ends.
+Services are stopped by pid (their process groups) once the last test that uses them has run
+(``stop_after_last_user``, hooked in ``tests/airflow/conftest.py``: idle, they cost the rest of
+the run about a third of a core), and again, a no-op then, when the session ends.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from airflow_support import conn_json, delete_queue_keys
 from cryptography.fernet import Fernet
 from redis_topologies import free_port
 
-__all__ = ["AirflowServices", "airflow_services"]
+__all__ = ["AirflowServices", "airflow_services", "last_user", "stop_after_last_user"]
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = {
@@ -280,12 +282,29 @@ def airflow_services(airflow_home: dict[str, str], redis_url: str) -> Iterator[A
             services.start(name)
         services.wait_for("the api-server", services.healthy, 180, interval=0.5)
         print(f"airflow services: up in {time.monotonic() - started:.1f} s ({json.dumps(services.starts)})")
+        _running.append(services)
         yield services
     finally:
         try:
             services.stop()
         finally:
             _cleanup(services, redis_url, root)
+
+
+_running: list[AirflowServices] = []  # the session's services, once started
+_last: list[str] = []  # the node id of the last test to run that uses them
+
+
+def last_user(items: list[pytest.Item]) -> None:
+    """Remember the last of the collected (and selected) ``items`` that uses the services."""
+    users = [item.nodeid for item in items if "airflow_services" in getattr(item, "fixturenames", ())]
+    _last[:] = users[-1:]
+
+
+def stop_after_last_user(item: pytest.Item) -> None:
+    """After ``item``'s teardown: if it was the last test that uses the services, stop them."""
+    if _running and _last and item.nodeid == _last[0]:
+        _running[0].stop()
 
 
 def _cleanup(services: AirflowServices, redis_url: str, root: Path) -> None:
