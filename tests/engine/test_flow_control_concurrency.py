@@ -2,7 +2,7 @@
 
 Real servers (Redis 7.0 and Valkey 8.1) and worker *processes* that record each handler's start
 and end with its wall-clock time: at no instant do more than ``n`` handlers run, over all
-workers; a worker SIGKILLed while it holds every slot gives them back within one lease.
+workers; a worker SIGKILLed while it holds every slot gives them back about a lease later.
 ``take_starts.lua`` is also driven directly: slots, their lapse, the rate limit beside them,
 and hostile values in the controls and in the running set.
 """
@@ -120,7 +120,10 @@ def test_a_killed_worker_gives_its_slots_back_within_a_lease(matrix_url, queue_n
                 b.stop()
     rows = [line.split() for line in (tmp_path / "b.starts").read_text().splitlines()]
     short = sorted(float(r[3]) for r in rows if int(r[0]) >= 2)
-    assert short[0] - killed <= lease_ms / 1000 + 1.5, short[0] - killed
+    # the lease, then B's next grant and its handler's start: 4.0-4.3 s on an idle machine (this
+    # and the tree before the worker split alike), 4.52-4.55 s under CI's load; a lapse that never
+    # came would take the whole 60 s wait above
+    assert short[0] - killed <= lease_ms / 1000 + 2.5, short[0] - killed
     rec = read_records([tmp_path / "b.rec"])
     assert sorted(rec.counts) == list(range(22))
     ends = {r[0]: float(r[3]) for r in (line.split() for line in (tmp_path / "b.rec").read_text().splitlines())}
