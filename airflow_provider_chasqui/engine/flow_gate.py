@@ -101,10 +101,7 @@ class FlowGate:
         self.held += ready
         self.unchecked += ready
         controls = await self.cached()
-        if controls.grouped:  # a grouped job may hold its group's slot, taken when it was moved
-            for dl in ready:
-                if dl.group:
-                    self.grouped[dl.entry_id] = dl.group
+        self._note_groups(controls, ready)
         await self._check(controls, self.unchecked if len(self.unchecked) == len(ready) else self._unchecked_held())
         if controls.paused:
             log.info("%s: the queue is paused; holding %d jobs until it resumes", self.label, len(self.held))
@@ -120,6 +117,22 @@ class FlowGate:
         if self.held or self._reported:
             self.report()
         return out
+
+    async def hold_first(self, reclaimed: list[Delivery]) -> None:
+        """Entries reclaimed from a dead consumer while jobs are held: held ahead of them (they
+        are older; one whose slot has not lapsed keeps it), checked before they are handed out."""
+        if not reclaimed:
+            return
+        self.held[:0] = reclaimed
+        self.unchecked += reclaimed
+        self._note_groups(await self.cached(), reclaimed)
+        self.report()
+
+    def _note_groups(self, controls: Controls, ready: list[Delivery]) -> None:
+        if controls.grouped:  # a grouped job may hold its group's slot, taken when it was moved
+            for dl in ready:
+                if dl.group:
+                    self.grouped[dl.entry_id] = dl.group
 
     async def release_held(self, room: int) -> list[Delivery]:
         """Up to ``room`` held jobs, once the controls allow them (``PAUSE_POLL_SECS`` apart

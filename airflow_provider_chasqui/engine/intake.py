@@ -213,13 +213,26 @@ class Intake:
         return ready
 
     async def _release_held(self, room: int) -> list[Delivery]:
+        """What the gate lets go of the jobs it holds.  The recovery pass goes on meanwhile:
+        a dead consumer's entries join the held jobs, ahead of them (they are older), rather
+        than wait until this consumer holds nothing (under a concurrency limit, its whole
+        read-ahead run a slot at a time)."""
         try:
+            if time.monotonic() >= self._next_recovery:
+                reclaimed = await self._recover(room)
+                if reclaimed:
+                    await self.flow.hold_first(await self._gate(*self.core.gate_rows(reclaimed)))
             ready = await self.flow.release_held(room)
             await self._settle_to_cancel()
             return ready
+        except NoGroupError:  # the stream (and its group) was deleted under us
+            try:
+                await self.ensure_group()
+            except TRANSIENT_ERRORS as exc:
+                await self._wait_out(exc)
         except TRANSIENT_ERRORS as exc:
             await self._wait_out(exc)
-            return []
+        return []
 
     async def _wait_out(self, exc: BaseException) -> None:
         self._reader_id = None  # a new connection has a new id
@@ -238,12 +251,17 @@ class Intake:
             due = [eid for eid, (at, _) in self.redeliver.items() if at <= now][: room - len(rows)]
             rows += await self._claim(0, {eid: self.redeliver.pop(eid)[1] for eid in due})
         if len(rows) < room and time.monotonic() >= self._next_recovery:
-            self._next_recovery = time.monotonic() + max(0.05, self.lease_ms / 2000)
-            idle = await self.claim_idle(self.hold_ms, room - len(rows), self.holding())
-            if idle:
-                log.info("%s reclaimed %d idle entries", self.label, len(idle))
-            rows += idle
+            rows += await self._recover(room - len(rows))
         return rows
+
+    async def _recover(self, want: int) -> list[Row]:
+        """The recovery pass (every half lease): entries of a dead or stuck consumer, idle for
+        a hold (``hold_ms``)."""
+        self._next_recovery = time.monotonic() + max(0.05, self.lease_ms / 2000)
+        idle = await self.claim_idle(self.hold_ms, want, self.holding())
+        if idle:
+            log.info("%s reclaimed %d idle entries", self.label, len(idle))
+        return idle
 
     def holding(self) -> Collection[bytes]:
         """Entries in flight or held for redelivery: a claim must not deliver them again."""

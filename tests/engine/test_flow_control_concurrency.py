@@ -11,6 +11,7 @@ and hostile values in the controls and in the running set.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 
@@ -102,11 +103,7 @@ def test_a_killed_worker_gives_its_slots_back_within_a_lease(matrix_url, queue_n
             read_count=1,  # A's read-ahead: concurrency + read_count = 3 entries, the third held for a slot
         )
         b = None
-
-        def pending_of(consumer: str) -> set[bytes]:
-            rows = r.xpending_range(keys.stream, DEFAULT_GROUP, min="-", max="+", count=100, consumername=consumer)
-            return {row["message_id"] for row in rows}
-
+        pending_of = functools.partial(_pending_of, r, keys)
         try:
             wait_until_sync(lambda: _lines(tmp_path / "a.starts") == 2, 60, what="A to start both slow jobs")
             q.add_bulk([{"name": "s", "data": {"i": i}} for i in range(2, 22)])
@@ -146,6 +143,76 @@ def test_a_killed_worker_gives_its_slots_back_within_a_lease(matrix_url, queue_n
     assert sorted(rec.counts) == list(range(22)) and max(rec.counts.values()) == 1
     ends = {r[0]: float(r[3]) for r in (line.split() for line in (tmp_path / "b.rec").read_text().splitlines())}
     assert most_at_once([(float(r[3]), ends[r[0]]) for r in rows]) <= 2
+
+
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
+@pytest.mark.parametrize("compat_mode", [False], indirect=True)
+@pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
+def test_a_dead_workers_jobs_do_not_wait_behind_a_survivors_held_backlog(
+    matrix_url, queue_name: str, tmp_path: Path
+) -> None:
+    """A queue limited to 1: worker A runs a slow job and has read one more ahead; worker B
+    holds the other 19 jobs (400 ms each) for the slot.  A is SIGKILLed.  B's recovery runs
+    while it holds jobs: A's two jobs are reclaimed a hold after A's last renewal and start
+    next, not after B's 7.6 s backlog (before the fix they waited for B to hold nothing)."""
+    url, lease_ms = matrix_url.url, 3000
+    hold = lease_ms * 1.1 / 1000
+    keys = QueueKeys.for_queue(queue_name)
+    with SyncQueue(queue_name, redis_url=url) as q, redis.Redis.from_url(url) as r:
+        pending_of = functools.partial(_pending_of, r, keys)
+        q.set_concurrency(1)
+        q.add("s", {"i": 0, "slow": True})
+        a = spawn_worker(
+            url,
+            queue_name,
+            tmp_path / "a.rec",
+            "back-a",
+            starts=tmp_path / "a.starts",
+            slow_ms=120_000,
+            claim_min_idle_ms=lease_ms,
+            read_count=1,
+        )
+        b = None
+        try:
+            wait_until_sync(lambda: _lines(tmp_path / "a.starts") == 1, 60, what="A to start the slow job")
+            q.add_bulk([{"name": "s", "data": {"i": i}} for i in range(1, 21)])
+            wait_until_sync(lambda: len(pending_of("back-a")) == 2, 60, what="A to read one job ahead")
+            b = spawn_worker(
+                url,
+                queue_name,
+                tmp_path / "b.rec",
+                "back-b",
+                starts=tmp_path / "b.starts",
+                handler_sleep_ms=400,
+                claim_min_idle_ms=lease_ms,
+            )
+            wait_until_sync(lambda: len(pending_of("back-b")) == 19, 60, what="B to read the other 19")
+            index = _job_indexes(r, keys)
+            a_jobs = {index[eid] for eid in pending_of("back-a")}
+            assert a_jobs == {0, 1}, a_jobs
+            killed = time.time()
+            a.kill()
+            wait_until_sync(lambda: _lines(tmp_path / "b.rec") >= 21, 90, what="B to run every job")
+        finally:
+            a.kill()
+            if b is not None:
+                b.stop()
+    rows = [line.split() for line in (tmp_path / "b.starts").read_text().splitlines()]
+    starts = {int(row[0]): float(row[3]) - killed for row in rows}
+    # reclaimed a hold after A's last renewal, at B's next recovery pass (every half lease), and
+    # started as B's running job ends: 4.75-4.91 s idle; after B's backlog it was 10.8-11.2 s
+    assert min(starts[i] for i in a_jobs) <= hold + lease_ms / 2000 + 1.5, {i: starts[i] for i in a_jobs}
+    assert max(starts[i] for i in a_jobs) < max(starts.values()), starts  # not last either
+    rec = read_records([tmp_path / "b.rec"])
+    assert sorted(rec.counts) == list(range(21)) and max(rec.counts.values()) == 1
+    ends = {r[0]: float(r[3]) for r in (line.split() for line in (tmp_path / "b.rec").read_text().splitlines())}
+    assert most_at_once([(float(r[3]), ends[r[0]]) for r in rows]) <= 1
+
+
+def _pending_of(r: redis.Redis, keys: QueueKeys, consumer: str) -> set[bytes]:
+    """The entries pending to ``consumer``."""
+    rows = r.xpending_range(keys.stream, DEFAULT_GROUP, min="-", max="+", count=100, consumername=consumer)
+    return {row["message_id"] for row in rows}
 
 
 def _job_indexes(r: redis.Redis, keys: QueueKeys) -> dict[bytes, int]:
