@@ -19,7 +19,8 @@ leave them does not, and lives here once:
 * **flow controls** (:attr:`flow`, ``flow_gate.py``): a batch about to be handed out obeys
   the queue's pause, concurrency and rate limits and ``RateLimited`` block; what may not start
   yet is held (in flight, leases renewed, no attempt counted) and handed out first once it
-  may.  Concurrency slots are renewed with the leases and freed with the settling writes.
+  may; nothing new is read meanwhile, but the recovery pass goes on, and what it reclaims is
+  held ahead.  Concurrency slots are renewed with the leases and freed with the settling writes.
 * **leases**: every entry handed out is in :attr:`in_flight` until settled or released, and
   :meth:`run_leases` renews them ``RENEWALS_PER_LEASE`` times per lease (``renew_lease``).  An
   entry another consumer took over meanwhile is *lost*: ``on_lost`` hears of it, and its
