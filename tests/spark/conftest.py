@@ -5,6 +5,7 @@ PySpark is imported only here and in these tests, so the rest of the suite never
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Iterator
@@ -31,6 +32,9 @@ def spark() -> Iterator[Any]:
             .getOrCreate()
         )
     session.sparkContext.setLogLevel("ERROR")
+    # py4j logs "Closing down clientserver connection" at INFO from a __del__ at interpreter
+    # exit, when the stream a test harness's handler wrote to is closed: a "Logging error" trace
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
 
