@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -76,73 +77,98 @@ def test_three_workers_never_run_more_than_the_limit(matrix_url, queue_name: str
         assert r.zcard(keys.running) == 0  # every slot freed with its job's ack
 
 
-@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
-@pytest.mark.parametrize("compat_mode", [False], indirect=True)
-@pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
-def test_a_killed_worker_gives_its_slots_back_within_a_lease(matrix_url, queue_name: str, tmp_path: Path) -> None:
-    """Worker A holds both slots of a queue limited to 2 (two slow jobs) and has read one short
-    job ahead; worker B holds the other 19 short jobs and starts none.  A is SIGKILLed.  Two
-    things come back, each measured from the kill: the slots, one hold (the lease and a tenth,
-    ``Intake.hold_ms``) after A's last renewal, when B starts its own held jobs; and the three
-    jobs A had read, once they were idle that long, at B's next recovery pass (every half
-    lease).  Never more than 2 run at once, and every job completes once."""
-    url, lease_ms = matrix_url.url, 3000
-    hold = lease_ms * 1.1 / 1000
+LEASE_MS = 3000
+HOLD_SECS = LEASE_MS * 1.1 / 1000  # Intake.hold_ms: how long a slot or an entry outlives its last renewal
+
+
+@dataclass
+class KilledHolder:
+    """What B started after A was killed: each job's start, seconds after the kill; the jobs A
+    had read (running or held); and how many ran at once at most."""
+
+    starts: dict[int, float]
+    a_jobs: set[int]
+    most_at_once: int
+
+
+def kill_the_slot_holder(url: str, queue_name: str, tmp_path: Path, limit: int, short_ms: int) -> KilledHolder:
+    """A queue limited to ``limit``: worker A runs ``limit`` slow jobs and has read one of 20
+    short jobs ahead (``read_count=1``); worker B holds the other 19 (``short_ms`` each) for a
+    slot and starts none in a second.  A is SIGKILLed and B runs every job, each once."""
     keys = QueueKeys.for_queue(queue_name)
+    total = limit + 20
     with SyncQueue(queue_name, redis_url=url) as q, redis.Redis.from_url(url) as r:
-        q.set_concurrency(2)
-        q.add_bulk([{"name": "s", "data": {"i": i, "slow": True}} for i in range(2)])
+        pending_of = functools.partial(_pending_of, r, keys)
+        q.set_concurrency(limit)
+        q.add_bulk([{"name": "s", "data": {"i": i, "slow": True}} for i in range(limit)])
         a = spawn_worker(
             url,
             queue_name,
             tmp_path / "a.rec",
-            "kill-a",
+            "holder-a",
             starts=tmp_path / "a.starts",
             slow_ms=120_000,
-            claim_min_idle_ms=lease_ms,
-            read_count=1,  # A's read-ahead: concurrency + read_count = 3 entries, the third held for a slot
+            claim_min_idle_ms=LEASE_MS,
+            read_count=1,  # A's read-ahead: concurrency + read_count entries, the last held for a slot
         )
         b = None
-        pending_of = functools.partial(_pending_of, r, keys)
         try:
-            wait_until_sync(lambda: _lines(tmp_path / "a.starts") == 2, 60, what="A to start both slow jobs")
-            q.add_bulk([{"name": "s", "data": {"i": i}} for i in range(2, 22)])
-            wait_until_sync(lambda: len(pending_of("kill-a")) == 3, 60, what="A to read one short job ahead")
+            wait_until_sync(lambda: _lines(tmp_path / "a.starts") == limit, 60, what="A to start the slow jobs")
+            q.add_bulk([{"name": "s", "data": {"i": i}} for i in range(limit, total)])
+            wait_until_sync(lambda: len(pending_of("holder-a")) == limit + 1, 60, what="A to read one job ahead")
             b = spawn_worker(
                 url,
                 queue_name,
                 tmp_path / "b.rec",
-                "kill-b",
+                "holder-b",
                 starts=tmp_path / "b.starts",
-                handler_sleep_ms=20,
-                claim_min_idle_ms=lease_ms,
+                handler_sleep_ms=short_ms,
+                claim_min_idle_ms=LEASE_MS,
             )
-            wait_until_sync(lambda: len(pending_of("kill-b")) == 19, 60, what="B to read the other 19")
-            time.sleep(1.0)  # B holds the short jobs for a while: the slots are A's  # noqa: fixed on purpose
+            wait_until_sync(lambda: len(pending_of("holder-b")) == 19, 60, what="B to read the other 19")
+            time.sleep(1.0)  # B holds its jobs for a while: the slots are A's  # noqa: fixed on purpose
             assert _lines(tmp_path / "b.starts") == 0
             index = _job_indexes(r, keys)
-            a_jobs = {index[eid] for eid in pending_of("kill-a")}
-            assert 0 in a_jobs and 1 in a_jobs and len(a_jobs) == 3, a_jobs
+            a_jobs = {index[eid] for eid in pending_of("holder-a")}
+            assert set(range(limit)) < a_jobs and len(a_jobs) == limit + 1, a_jobs
             killed = time.time()
             a.kill()
-            wait_until_sync(lambda: _lines(tmp_path / "b.rec") >= 22, 60, what="B to run every job")
+            wait_until_sync(lambda: _lines(tmp_path / "b.rec") >= total, 90, what="B to run every job")
         finally:
             a.kill()
             if b is not None:
                 b.stop()
     rows = [line.split() for line in (tmp_path / "b.starts").read_text().splitlines()]
-    starts = {int(row[0]): float(row[3]) - killed for row in rows}
-    own = sorted(t for i, t in starts.items() if i not in a_jobs)
+    rec = read_records([tmp_path / "b.rec"])
+    assert sorted(rec.counts) == list(range(total)) and max(rec.counts.values()) == 1
+    ends = {r[0]: float(r[3]) for r in (line.split() for line in (tmp_path / "b.rec").read_text().splitlines())}
+    return KilledHolder(
+        starts={int(row[0]): float(row[3]) - killed for row in rows},
+        a_jobs=a_jobs,
+        most_at_once=most_at_once([(float(r[3]), ends[r[0]]) for r in rows]),
+    )
+
+
+@pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
+@pytest.mark.parametrize("compat_mode", [False], indirect=True)
+@pytest.mark.parametrize("server_matrix", ["redis7", "valkey8"], indirect=True)
+def test_a_killed_worker_gives_its_slots_back_within_a_lease(matrix_url, queue_name: str, tmp_path: Path) -> None:
+    """A queue limited to 2: worker A holds both slots (two slow jobs) and has read one short
+    job ahead; worker B holds the other 19 short jobs (20 ms).  A is SIGKILLed.  Two things come
+    back, each measured from the kill: the slots, one hold (the lease and a tenth,
+    ``Intake.hold_ms``) after A's last renewal, when B starts its own held jobs; and the three
+    jobs A had read, once they were idle that long, at B's next recovery pass (every half
+    lease).  Never more than 2 run at once, and every job completes once."""
+    run = kill_the_slot_holder(matrix_url.url, queue_name, tmp_path, limit=2, short_ms=20)
+    own = sorted(t for i, t in run.starts.items() if i not in run.a_jobs)
     # the slots: A's lapse a hold after its last renewal (at most a tenth of a lease before the
     # kill), then B's next poll (50 ms) grants them: 3.0-3.35 s idle; a slot that never lapsed
-    # would take the whole 60 s wait above
-    assert own[0] <= hold + 1.0, own[0]
+    # would take the whole 90 s wait
+    assert own[0] <= HOLD_SECS + 1.0, own[0]
     # A's three jobs: idle for a hold, then reclaimed by B's next recovery pass (half a lease)
-    assert max(starts[i] for i in a_jobs) <= hold + lease_ms / 2000 + 1.5, {i: starts[i] for i in a_jobs}
-    rec = read_records([tmp_path / "b.rec"])
-    assert sorted(rec.counts) == list(range(22)) and max(rec.counts.values()) == 1
-    ends = {r[0]: float(r[3]) for r in (line.split() for line in (tmp_path / "b.rec").read_text().splitlines())}
-    assert most_at_once([(float(r[3]), ends[r[0]]) for r in rows]) <= 2
+    a_starts = {i: run.starts[i] for i in run.a_jobs}
+    assert max(a_starts.values()) <= HOLD_SECS + LEASE_MS / 2000 + 1.5, a_starts
+    assert run.most_at_once <= 2
 
 
 @pytest.mark.slow  # worker processes on two servers: the main run has them, the matrix skips them
@@ -155,58 +181,13 @@ def test_a_dead_workers_jobs_do_not_wait_behind_a_survivors_held_backlog(
     holds the other 19 jobs (400 ms each) for the slot.  A is SIGKILLed.  B's recovery runs
     while it holds jobs: A's two jobs are reclaimed a hold after A's last renewal and start
     next, not after B's 7.6 s backlog (before the fix they waited for B to hold nothing)."""
-    url, lease_ms = matrix_url.url, 3000
-    hold = lease_ms * 1.1 / 1000
-    keys = QueueKeys.for_queue(queue_name)
-    with SyncQueue(queue_name, redis_url=url) as q, redis.Redis.from_url(url) as r:
-        pending_of = functools.partial(_pending_of, r, keys)
-        q.set_concurrency(1)
-        q.add("s", {"i": 0, "slow": True})
-        a = spawn_worker(
-            url,
-            queue_name,
-            tmp_path / "a.rec",
-            "back-a",
-            starts=tmp_path / "a.starts",
-            slow_ms=120_000,
-            claim_min_idle_ms=lease_ms,
-            read_count=1,
-        )
-        b = None
-        try:
-            wait_until_sync(lambda: _lines(tmp_path / "a.starts") == 1, 60, what="A to start the slow job")
-            q.add_bulk([{"name": "s", "data": {"i": i}} for i in range(1, 21)])
-            wait_until_sync(lambda: len(pending_of("back-a")) == 2, 60, what="A to read one job ahead")
-            b = spawn_worker(
-                url,
-                queue_name,
-                tmp_path / "b.rec",
-                "back-b",
-                starts=tmp_path / "b.starts",
-                handler_sleep_ms=400,
-                claim_min_idle_ms=lease_ms,
-            )
-            wait_until_sync(lambda: len(pending_of("back-b")) == 19, 60, what="B to read the other 19")
-            index = _job_indexes(r, keys)
-            a_jobs = {index[eid] for eid in pending_of("back-a")}
-            assert a_jobs == {0, 1}, a_jobs
-            killed = time.time()
-            a.kill()
-            wait_until_sync(lambda: _lines(tmp_path / "b.rec") >= 21, 90, what="B to run every job")
-        finally:
-            a.kill()
-            if b is not None:
-                b.stop()
-    rows = [line.split() for line in (tmp_path / "b.starts").read_text().splitlines()]
-    starts = {int(row[0]): float(row[3]) - killed for row in rows}
+    run = kill_the_slot_holder(matrix_url.url, queue_name, tmp_path, limit=1, short_ms=400)
+    a_starts = {i: run.starts[i] for i in run.a_jobs}
     # reclaimed a hold after A's last renewal, at B's next recovery pass (every half lease), and
     # started as B's running job ends: 4.75-4.91 s idle; after B's backlog it was 10.8-11.2 s
-    assert min(starts[i] for i in a_jobs) <= hold + lease_ms / 2000 + 1.5, {i: starts[i] for i in a_jobs}
-    assert max(starts[i] for i in a_jobs) < max(starts.values()), starts  # not last either
-    rec = read_records([tmp_path / "b.rec"])
-    assert sorted(rec.counts) == list(range(21)) and max(rec.counts.values()) == 1
-    ends = {r[0]: float(r[3]) for r in (line.split() for line in (tmp_path / "b.rec").read_text().splitlines())}
-    assert most_at_once([(float(r[3]), ends[r[0]]) for r in rows]) <= 1
+    assert min(a_starts.values()) <= HOLD_SECS + LEASE_MS / 2000 + 1.5, a_starts
+    assert max(a_starts.values()) < max(run.starts.values()), run.starts  # not last either
+    assert run.most_at_once <= 1
 
 
 def _pending_of(r: redis.Redis, keys: QueueKeys, consumer: str) -> set[bytes]:
