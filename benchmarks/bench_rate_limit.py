@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import re
 import subprocess
 import sys
 import tempfile
@@ -33,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import log, private_redis, queue_events, write_json
 
 from airflow_provider_chasqui import SyncQueue
+from airflow_provider_chasqui.engine.flow_gate import GRANT_LOGGED
 
 RESULTS = Path(__file__).resolve().parent / "results"
-GRANT = re.compile(r"(\d+) of \d+ starts granted at server time (\d+) ms")
 WORKER = """
 import asyncio, logging, sys
 from airflow_provider_chasqui import Worker
@@ -71,7 +70,7 @@ def one(url: str, limit: int, seconds: float) -> dict[str, Any]:
                         p.kill()
             granted = collections.Counter()
             for log_path in logs:
-                for m in GRANT.finditer(log_path.read_text(errors="replace")):
+                for m in GRANT_LOGGED.finditer(log_path.read_text(errors="replace")):
                     granted[int(m.group(2)) // 1000] += int(m.group(1))
         starts = [ms for ms, fields in queue_events(url, name) if fields.get(b"e") == b"active"]
         q.obliterate(force=True)

@@ -16,7 +16,6 @@ import asyncio
 import collections
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -174,12 +173,13 @@ class WorkerGroup:
 
     def grants(self) -> list[tuple[int, int]]:
         """``(granted, server ms)`` of every flow-limit grant the workers logged (``grant_log=1``)."""
-        pattern = re.compile(r"(\d+) of \d+ starts granted at server time (\d+) ms")
+        from airflow_provider_chasqui.engine.flow_gate import GRANT_LOGGED
+
         return [
             (int(m.group(1)), int(m.group(2)))
             for w in self.workers
             if w.log.exists()
-            for m in pattern.finditer(w.log.read_text(errors="replace"))
+            for m in GRANT_LOGGED.finditer(w.log.read_text(errors="replace"))
         ]
 
     def end_rows(self) -> list[list[str]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -47,7 +48,7 @@ from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
 from .metrics import NO_METRICS, WorkerMetrics
 
-__all__ = ["FlowGate", "CONTROLS_MAX_AGE_SECS", "PAUSE_POLL_SECS", "SLOT_POLL_SECS"]
+__all__ = ["FlowGate", "CONTROLS_MAX_AGE_SECS", "GRANT_LOGGED", "PAUSE_POLL_SECS", "SLOT_POLL_SECS"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ PAUSE_POLL_SECS = 0.25  # how often a worker holding jobs of a paused or blocked
 CONTROLS_MAX_AGE_SECS = CONTROLS_MAX_AGE_MS / 1000
 SLOT_POLL_SECS = 0.05  # how often a worker holding jobs for a concurrency slot asks again
 RENEW_CHUNK = 1000  # entry ids per renew_slots call
+# FlowGate.grant's DEBUG line, (granted, server ms): what the rate limit's tests and
+# benchmarks/bench_rate_limit.py add up per window
+GRANT_LOGGED = re.compile(r"(\d+) of \d+ starts granted at server time (\d+) ms")
 
 
 class FlowGate:
@@ -254,7 +258,7 @@ class FlowGate:
                 log.warning("%s: the flow limits cannot be taken (%s); obeying none", self.label, exc)
             return len(ids)
         granted, wait_ms, slotted, server_ms = parse_take(reply, len(ids))
-        if granted and log.isEnabledFor(logging.DEBUG):  # what the rate limit's tests add up per window
+        if granted and log.isEnabledFor(logging.DEBUG):  # parsed by GRANT_LOGGED
             log.debug("%s: %d of %d starts granted at server time %d ms", self.label, granted, len(ids), server_ms)
         if slotted:
             self.slotted.update(ids[:granted])

@@ -73,6 +73,8 @@ RENEWALS_PER_LEASE = 10
 # lease_held() renews before a job starts when the last renewal began longer ago than this share
 # of the lease (two renewals missed: a paused process, a blocked loop).
 START_CHECK_FRACTION = 0.2
+# what a read survives (Intake._weather): a deleted stream's NOGROUP, and the transient errors
+READ_ERRORS: tuple[type[BaseException], ...] = (NoGroupError, *TRANSIENT_ERRORS)
 REAP_EVERY_LEASES = 5  # how often idle consumers are removed (REAP_IDLE_LEASES: core/liveness.py)
 PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
 PRIORITY_POLL_MS = 100  # the longest blocking read on a queue that uses priorities
@@ -204,13 +206,8 @@ class Intake:
                 await self._settle_to_cancel()
             self._backoff.reset()
             await self._housekeeping()
-        except NoGroupError:  # the stream (and its group) was deleted under us
-            try:
-                await self.ensure_group()
-            except TRANSIENT_ERRORS as exc:
-                await self._wait_out(exc)
-        except TRANSIENT_ERRORS as exc:
-            await self._wait_out(exc)
+        except READ_ERRORS as exc:
+            await self._weather(exc)
         return ready
 
     async def _release_held(self, room: int) -> list[Delivery]:
@@ -226,14 +223,20 @@ class Intake:
             ready = await self.flow.release_held(room)
             await self._settle_to_cancel()
             return ready
-        except NoGroupError:  # the stream (and its group) was deleted under us
+        except READ_ERRORS as exc:
+            await self._weather(exc)
+        return []
+
+    async def _weather(self, exc: BaseException) -> None:
+        """A read's failure: a NOGROUP (the stream and its group were deleted under us)
+        recreates the group; a transient error is waited out."""
+        if isinstance(exc, NoGroupError):
             try:
                 await self.ensure_group()
-            except TRANSIENT_ERRORS as exc:
-                await self._wait_out(exc)
-        except TRANSIENT_ERRORS as exc:
-            await self._wait_out(exc)
-        return []
+                return
+            except TRANSIENT_ERRORS as again:
+                exc = again
+        await self._wait_out(exc)
 
     async def _wait_out(self, exc: BaseException) -> None:
         self._reader_id = None  # a new connection has a new id
