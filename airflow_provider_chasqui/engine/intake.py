@@ -7,7 +7,8 @@ leave them does not, and lives here once:
 
 * **reading** (:meth:`Intake.next_batch`): what is owed first -- this consumer's own pending
   entries left by an earlier run, entries :meth:`hold`-ed for redelivery that are due, idle
-  entries of dead consumers (every half lease) -- then new entries, optionally lingering while
+  entries of dead consumers (a pass every half lease, and again as the entries it saw lapse) --
+  then new entries, optionally lingering while
   more arrive; on a queue that uses priorities, the most urgent prioritized jobs are moved to
   the stream when it runs dry (``core/priorities.py``).  The blocking read runs on ``reader``
   (a single-connection client that :meth:`unblock` can interrupt) or on the driver.  A NOGROUP
@@ -76,7 +77,10 @@ START_CHECK_FRACTION = 0.2
 # what a read survives (Intake._weather): a deleted stream's NOGROUP, and the transient errors
 READ_ERRORS: tuple[type[BaseException], ...] = (NoGroupError, *TRANSIENT_ERRORS)
 REAP_EVERY_LEASES = 5  # how often idle consumers are removed (REAP_IDLE_LEASES: core/liveness.py)
-PENDING_ID, PENDING_COUNT = 0, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
+PENDING_ID, PENDING_IDLE, PENDING_COUNT = 0, 2, 3  # an XPENDING row: entry id, consumer, idle ms, deliveries
+# a recovery pass coming back for entries that lapse before the next pass is due waits this much
+# past their lapse (the server's idle clock and ours differ by the round trip), and at least this
+RECOVERY_MARGIN_SECS, RECOVERY_MIN_GAP_SECS = 0.01, 0.01
 PRIORITY_POLL_MS = 100  # the longest blocking read on a queue that uses priorities
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
 
@@ -260,9 +264,26 @@ class Intake:
 
     async def _recover(self, want: int) -> list[Row]:
         """The recovery pass (every half lease): entries of a dead or stuck consumer, idle for
-        a hold (``hold_ms``)."""
-        self._next_recovery = time.monotonic() + max(0.05, self.lease_ms / 2000)
-        idle = await self.claim_idle(self.hold_ms, want, self.holding())
+        a hold (``hold_ms``).  It also lists the entries idle for all but half a lease of the
+        hold, which lapse before the next pass, and comes back for them as they lapse: a dead
+        consumer's entries return a hold after its last renewal, not up to half a lease later.
+        A live consumer's entries never show (renewed every tenth of a lease); the XCLAIM
+        takes only what the server still finds idle for the hold, whenever the pass runs."""
+        half = max(0.05, self.lease_ms / 2000)
+        rows = await self.driver.call(self.core.idle_pending(max(0, self.hold_ms - int(half * 1000)), want))
+        skip = self.holding()
+        counts: dict[bytes, int] = {}
+        soonest = half
+        for row in rows or []:
+            if row[PENDING_ID] in skip:
+                continue
+            idle_ms = int_reply(row[PENDING_IDLE])
+            if idle_ms >= self.hold_ms:
+                counts[row[PENDING_ID]] = int_reply(row[PENDING_COUNT])
+            else:
+                soonest = min(soonest, (self.hold_ms - idle_ms) / 1000 + RECOVERY_MARGIN_SECS)
+        self._next_recovery = time.monotonic() + max(RECOVERY_MIN_GAP_SECS, soonest)
+        idle = await self._claim(self.hold_ms, counts)
         if idle:
             log.info("%s reclaimed %d idle entries", self.label, len(idle))
         return idle

@@ -144,6 +144,31 @@ async def test_leases_are_renewed_while_held(redis_url, queue_name, queues, driv
     assert not holder.lost and dl.entry_id in holder.in_flight
 
 
+@pytest.mark.timeout(60)
+async def test_a_dead_consumers_entries_come_back_a_hold_after_its_last_renewal(
+    redis_url, queue_name, queues, driver
+) -> None:
+    """The recovery pass runs every half lease, but one that sees entries about to lapse comes
+    back for them as they do.  The survivor starts its passes as the dead consumer reads, so
+    passes every half lease alone would land at 1.0 lease (too early: the hold is 1.1) and then
+    1.5: the entries must come back at the hold (2.2 s), within 0.4 s (2.23-2.30 s seen, 3.06 s before)."""
+    lease_ms = 2000
+    await queues(queue_name, redis_url).add_bulk([{"name": "job", "data": {"i": i}} for i in range(3)])
+    dead = Intake(driver, _core(queue_name, "dead"), lease_ms=lease_ms)
+    survivor = Intake(driver, _core(queue_name, "survivor"), lease_ms=lease_ms)
+    await dead.open()
+    taken = await dead.next_batch(3, 10)  # read, then never renewed: the last renewal is the read
+    read_at = time.monotonic()
+    assert len(taken) == 3
+    back: list[object] = []
+    while not back and time.monotonic() - read_at < 5:
+        back = await survivor.next_batch(10, 50)
+    after = time.monotonic() - read_at
+    assert sorted(dl.entry_id for dl in back) == sorted(dl.entry_id for dl in taken)
+    assert [dl.delivery_count for dl in back] == [2, 2, 2]
+    assert survivor.hold_ms / 1000 <= after + 0.05 and after <= survivor.hold_ms / 1000 + 0.4, after
+
+
 def _queue(url: str, name: str):  # type: ignore[no-untyped-def]
     from airflow_provider_chasqui.engine.queue import Queue
 
