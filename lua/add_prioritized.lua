@@ -12,8 +12,9 @@ for j, want in ipairs({'hash', 'zset'}) do
     redis.call('DEL', KEYS[j])
   end
 end
+--#include prio_seq
 local n = tonumber(ARGV[1])
-local last = redis.call('HINCRBY', KEYS[1], 'prio_seq', n)
+local last = take_seq(KEYS[1], KEYS[2], n)
 local first = last - n + 1
 local args = {}
 for i = 1, n do

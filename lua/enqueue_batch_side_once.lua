@@ -25,9 +25,10 @@ for i = 4, #ARGV, 4 do
     urgent = urgent + 1
   end
 end
+--#include prio_seq
 local seq = 0
 if urgent > 0 then
-  seq = redis.call('HINCRBY', KEYS[2], 'prio_seq', urgent) - urgent
+  seq = take_seq(KEYS[2], KEYS[3], urgent) - urgent
 end
 local turn = nil
 local function member(name, env)

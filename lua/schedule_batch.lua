@@ -90,6 +90,8 @@ local function side_keys()
   end
 end
 
+--#include prio_seq
+
 local function member_of(name, env)
   local len = #name
   return string.char(len % 256, math.floor(len / 256) % 256, math.floor(len / 65536) % 256,
@@ -100,7 +102,7 @@ end
 local function emit_side(name, env, priority, list, group)
   side_keys()
   if priority > 0 then
-    local seq = redis.call('HINCRBY', KEYS[5], 'prio_seq', 1)
+    local seq = take_seq(KEYS[5], KEYS[6], 1)
     redis.call('ZADD', KEYS[6], priority * 137438953472 + seq, member_of(name, env))
   else
     redis.call('HSET', KEYS[5], 'grouped', '1')

@@ -21,6 +21,8 @@ from sched_support import fires
 from test_sched_hostile import run_tick
 
 from airflow_provider_chasqui import ConfigError, Job, MissedFiresPolicy, RepeatPattern, SyncQueue, Worker
+from airflow_provider_chasqui.core.calls import script_call
+from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
 from airflow_provider_chasqui.core.groups import MAX_GROUP_BYTES
 from airflow_provider_chasqui.core.repeat import StoredSpec
 from airflow_provider_chasqui.core.scheduler import fire_job_id
@@ -141,6 +143,42 @@ def test_side_keys_of_another_type_are_replaced(
         assert r.type(k.group_jobs("acme")) == b"list" and r.llen(k.group_jobs("acme")) == 1
         assert r.type(k.groups) == b"zset" and r.zscore(k.groups, "acme") is not None
         assert r.hget(k.controls, "grouped") == b"1"
+
+
+@pytest.mark.parametrize("seq", [b"junk", b"-5", b"9223372036854775807", str(2**40).encode()])
+def test_a_hostile_priority_sequence_is_rebuilt_by_every_writer(
+    q: SyncQueue, r: redis.Redis, url: str, queue_name: str, seq: bytes
+) -> None:
+    """A ``prio_seq`` HINCRBY rejects, or one outside the room a score leaves it (hostile or
+    foreign).  The tick used to fail after it had written the fires of the specs before (the
+    next tick fired them again), an add raised, and a Spark chunk failed after its marker was
+    set (its retry wrote nothing).  Every writer now rebuilds it from the set, in order."""
+    k, every = q.keys, RepeatPattern.every(SECOND)
+    first = q.add("first", 1, priority=3)
+    q.upsert_repeatable_job("plain", 1, repeat=every, key="N")  # fired before P in one script call
+    q.upsert_repeatable_job("urgent", 1, repeat=every, key="P", priority=3)
+    at = {key: int(r.zscore(k.repeat, key)) for key in "NP"}
+    r.hset(k.controls, "prio_seq", seq)
+    result = run_tick(q.driver, queue_name, max(at.values()) + 10)
+    assert result.fired == 2 and not result.quarantined, result
+    assert run_tick(q.driver, queue_name, max(at.values()) + 10).fired == 0  # each fire once
+    assert [f.envelope.id for f in fires(r, queue_name)] == [fire_job_id("N", at["N"])]
+
+    r.hset(k.controls, "prio_seq", seq)
+    second = q.add("second", 1, priority=3)
+    r.hset(k.controls, "prio_seq", seq)  # the Spark data source's chunk script (priority_col)
+    envelope = encode_envelope(Envelope("third", msgpack.packb(1), 0, 0, None))
+    chunk = script_call(
+        "enqueue_batch_side_once",
+        (k.stream, k.controls, k.prioritized, k.groups, k.unique("chunk-0")),
+        (60_000, 1_000_000, k.prefix, 3, "", envelope, b"third"),
+    )
+    assert q.driver.call(chunk) == 1
+
+    members = _members(r, k.prioritized)
+    assert [_job_id(m) for m, _s in members] == [first.id, fire_job_id("P", at["P"]), second.id, "third"]
+    assert all(3 * PRIO_UNIT < s < 4 * PRIO_UNIT for _m, s in members), members
+    assert int(r.hget(k.controls, "prio_seq")) == 4
 
 
 def test_bad_side_options_on_specs_are_config_errors(q: SyncQueue, url: str, queue_name: str) -> None:
