@@ -10,6 +10,11 @@
 -- ARGV    = [mode, ttl_ms, job_id, max_stream_len, envelope, name, member, events_max (0 = off),
 --            dedup_id]
 -- Reply   = {1, job_id} added, {0, first_job_id} throttled, {2, job_id} added replacing a waiting one
+--#include key_types
+local refused = wrong_type('add_dedup', {KEYS[2], 'stream', KEYS[3], 'zset'})
+if refused then
+  return refused
+end
 local mode, ttl, jid = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local events_max = tonumber(ARGV[8])
 local kt = redis.call('TYPE', KEYS[1])['ok']

@@ -4,7 +4,13 @@
 -- KEYS[2] = stream         KEYS[3] = delayed
 -- ARGV    = [window_ms, job_id, run_at_ms (0 = now), max_stream_len, envelope, name, member, [traceparent]]
 -- (traceparent, when given and immediate: the extra field `tp`, which ChasquiMQ readers ignore)
--- Reply   = {1, job_id} when added, {0, first_job_id} when suppressed
+-- Reply   = {1, job_id} when added, {0, first_job_id} when suppressed; an error, nothing written
+--           (no marker left to suppress a retry), when the stream or delayed set is of another type
+--#include key_types
+local refused = wrong_type('add_unique', {KEYS[2], 'stream', KEYS[3], 'zset'})
+if refused then
+  return refused
+end
 local ok = redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1])
 if not ok then
   return {0, redis.call('GET', KEYS[1])}

@@ -4,7 +4,13 @@
 -- ARGV    = [marker_ttl_ms, max_stream_len, then 3 per job: run_at, payload, name]
 --           run_at "0": payload = envelope, XADD (name "" = no `n` field);
 --           else payload = delayed member (u32le name length + name + envelope), ZADD at run_at
--- Reply   = number of jobs added, or -1 when the marker was there (nothing written)
+-- Reply   = number of jobs added, or -1 when the marker was there (nothing written); an error,
+--           nothing written, when the stream or the delayed set is of another type
+--#include key_types
+local refused = wrong_type('enqueue_batch_once', {KEYS[1], 'stream', KEYS[2], 'zset'})
+if refused then
+  return refused
+end
 if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[1]) then
   return -1
 end

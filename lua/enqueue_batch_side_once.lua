@@ -8,7 +8,13 @@
 -- ARGV    = [marker_ttl_ms, max_stream_len, key prefix ({chasqui:<queue>}),
 --            then 4 per job: priority, group, envelope, name]
 --           priority "0" = none, group "" = none (never both); name "" = no `n` field
--- Reply   = number of jobs added, or -1 when the marker was there (nothing written)
+-- Reply   = number of jobs added, or -1 when the marker was there (nothing written); an error,
+--           nothing written, when the stream is of another type (the side keys are replaced)
+--#include key_types
+local refused = wrong_type('enqueue_batch_side_once', {KEYS[1], 'stream'})
+if refused then
+  return refused
+end
 if not redis.call('SET', KEYS[5], '1', 'NX', 'PX', ARGV[1]) then
   return -1
 end

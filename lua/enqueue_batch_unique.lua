@@ -3,7 +3,13 @@
 -- KEYS[1] = stream   KEYS[2] = delayed   KEYS[2 + i] = marker of job i
 -- ARGV    = [marker_ttl_ms, max_stream_len, then 4 per job: job_id, run_at, payload, name]
 --           run_at "0": payload = envelope, XADD; else payload = delayed member, ZADD at run_at
--- Reply   = number of jobs added (the others were suppressed by a live marker)
+-- Reply   = number of jobs added (the others were suppressed by a live marker); an error, nothing
+--           written, when the stream or delayed set is of another type
+--#include key_types
+local refused = wrong_type('enqueue_batch_unique', {KEYS[1], 'stream', KEYS[2], 'zset'})
+if refused then
+  return refused
+end
 local maxlen = ARGV[2]
 local n = 0
 local k = 3

@@ -34,11 +34,10 @@
 -- No command that can fail runs after a spec's first write: the hash commands are
 -- redis.pcall'd and each counter is raised before its fire is written, so the rescoring ZADD
 -- at the end, the fence of every fire, always runs (a script's writes are not rolled back).
-for j, want in ipairs({'stream', 'zset', 'zset', 'hash'}) do
-  local t = redis.call('TYPE', KEYS[j]).ok
-  if t ~= want and t ~= 'none' then
-    return redis.error_reply('schedule_batch: ' .. KEYS[j] .. ' is a ' .. t .. ', not a ' .. want)
-  end
+--#include key_types
+local refused = wrong_type('schedule_batch', {KEYS[1], 'stream', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash'})
+if refused then
+  return refused
 end
 local now = tonumber(ARGV[1])
 local maxlen = ARGV[2]

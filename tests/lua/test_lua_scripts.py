@@ -7,6 +7,7 @@ ships its own Lua libraries.  Script arguments are built by hand here, from the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -575,6 +576,61 @@ def test_enqueue_batch_and_delay_batch(lua: Lua) -> None:
     assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")], [("d", V3)]]
     assert lua("delay_batch", [k.delayed], [10, V7, 20, V8]) == 2
     assert lua.r.zrange(k.delayed, 0, -1, withscores=True) == [(V7, 10), (V8, 20)]
+
+
+MARKED_WRITES = [  # (script, the key spoiled): every script that sets a marker before it writes that key
+    ("enqueue_batch_once", "stream"),
+    ("enqueue_batch_once", "delayed"),
+    ("enqueue_batch_side_once", "stream"),
+    ("enqueue_batch_unique", "stream"),
+    ("enqueue_batch_unique", "delayed"),
+    ("add_unique", "stream"),
+    ("add_unique", "delayed"),
+    ("add_dedup", "stream"),
+    ("add_dedup", "delayed"),
+    ("schedule_delayed_idempotent", "delayed"),
+]
+
+
+@pytest.mark.parametrize(("script", "spoiled"), MARKED_WRITES)
+def test_a_write_behind_a_marker_refuses_a_key_of_another_type_before_the_marker(
+    lua: Lua, script: str, spoiled: str
+) -> None:
+    """A script that sets a marker (a Spark chunk's, a unique job's, a dedup or idempotent
+    delayed add's) and then found the stream or the delayed set of another type failed after
+    the marker was set: a retry found the marker and wrote nothing, so the jobs were lost while
+    the caller was told they were there.  Now the key is checked first: an error naming it and
+    no marker; once the key is fixed, the same call adds the jobs."""
+    k = lua.k
+    member = encode_member(NAME.encode(), V2)
+    marker = k.unique("m-1")
+    keys, argv = {
+        "enqueue_batch_once": ([k.stream, k.delayed, marker], [60_000, 1_000_000, 0, V2, NAME, 5, member, ""]),
+        "enqueue_batch_side_once": (
+            [k.stream, k.controls, k.prioritized, k.groups, marker],
+            [60_000, 1_000_000, k.prefix, 0, "", V2, NAME],
+        ),
+        "enqueue_batch_unique": (
+            [k.stream, k.delayed, marker, k.unique("m-2")],
+            [60_000, 1_000_000, "m-1", 0, V2, NAME, "m-2", 5, member, ""],
+        ),
+        "add_unique": ([marker, k.stream, k.delayed], [60_000, "m-1", 0, 1_000_000, V2, NAME, member]),
+        "add_dedup": (
+            [marker, k.stream, k.delayed, k.events],
+            ["throttle", 60_000, "m-1", 1_000_000, V2, NAME, member, 0, "d"],
+        ),
+        "schedule_delayed_idempotent": ([marker, k.delayed, k.unique("m-2")], [3600, 5, member]),
+    }[script]
+    key = k.stream if spoiled == "stream" else k.delayed
+    lua.r.set(key, "junk")
+    with pytest.raises(redis.ResponseError, match=f"{script}: {re.escape(key)} is a string, not a"):
+        lua(script, keys, argv)
+    assert not lua.r.exists(marker), "the marker was left behind"
+    lua.r.delete(key)
+    lua(script, keys, argv)
+    assert lua.r.exists(marker)
+    written = lua.r.xlen(k.stream) + lua.r.zcard(k.delayed)
+    assert written >= 1
 
 
 def test_emit_events_writes_each_event_in_order(lua: Lua) -> None:

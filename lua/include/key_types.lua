@@ -1,0 +1,14 @@
+-- key_types: the keys a script writes, checked before its first write (`--#include key_types`).
+--
+-- wrong_type(script, {key, type, ...}): an error reply naming the first key that exists with
+-- another type than the one given, or nil.  A script that sets a marker first (the Spark
+-- chunks) must not fail after it: its retry would find the marker and write nothing.
+local function wrong_type(script, want)
+  for j = 1, #want, 2 do
+    local t = redis.call('TYPE', want[j]).ok
+    if t ~= want[j + 1] and t ~= 'none' then
+      return redis.error_reply(script .. ': ' .. want[j] .. ' is a ' .. t .. ', not a ' .. want[j + 1])
+    end
+  end
+  return nil
+end
