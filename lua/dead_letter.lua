@@ -8,7 +8,14 @@
 --            dlq_name (the DLQ's `n` when it is not `name`: an entry's original bytes; "" = name),
 --            traceback (the handler's formatted traceback; "" = none: the DLQ's `detail` when there
 --            is no other detail, and the failure record's 4th element)]
--- Reply   = 1 dead-lettered, 0 the entry was no longer pending
+-- Reply   = 1 dead-lettered, 0 the entry was no longer pending; an error, nothing acked, when the
+--           stream or the DLQ is of another type (an acked entry must reach the DLQ); an events
+--           key or a failures index of another type is skipped
+--#include key_types
+local refused = wrong_type('dead_letter', {KEYS[1], 'stream', KEYS[2], 'stream'})
+if refused then
+  return refused
+end
 -- an oversize entry's call carries no payload: its `d` is copied from the entry, before the ack
 local payload = ARGV[7]
 if payload == '' and ARGV[9] == 'oversize_payload' then
@@ -37,7 +44,7 @@ if ARGV[10] ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = ARGV[10]
 elseif tb ~= '' then d[#d + 1] = 'detail'; d[#d + 1] = tb end
 redis.call(unpack(d))
 local job_id = ARGV[11]
-local events_max = tonumber(ARGV[5])
+local events_max = events_max_for(KEYS[3], tonumber(ARGV[5]))
 if events_max > 0 then
   local function event(kind, extra)
     local a = {'XADD', KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', kind, 'id', job_id, 'ts', ARGV[6]}
@@ -60,12 +67,15 @@ if tonumber(ARGV[15]) > 0 and job_id ~= '' then
   redis.call('SET', ARGV[16] .. ':failure:' .. job_id, record, 'PX', ARGV[15])
   -- capped by count too, as in fail_batch.lua (one record here: trim at most a few)
   local index = ARGV[16] .. ':failures'
-  redis.call('ZADD', index, ARGV[6], job_id)
-  local over = redis.call('ZCARD', index) - tonumber(ARGV[17])
-  if over > 0 then
-    local gone = redis.call('ZPOPMIN', index, math.min(over, 64))
-    for k = 1, #gone, 2 do redis.call('DEL', ARGV[16] .. ':failure:' .. gone[k]) end
+  local it = redis.call('TYPE', index).ok
+  if it == 'zset' or it == 'none' then
+    redis.call('ZADD', index, ARGV[6], job_id)
+    local over = redis.call('ZCARD', index) - tonumber(ARGV[17])
+    if over > 0 then
+      local gone = redis.call('ZPOPMIN', index, math.min(over, 64))
+      for k = 1, #gone, 2 do redis.call('DEL', ARGV[16] .. ':failure:' .. gone[k]) end
+    end
+    redis.call('PEXPIRE', index, ARGV[15])
   end
-  redis.call('PEXPIRE', index, ARGV[15])
 end
 return 1

@@ -6,7 +6,9 @@
 -- A member shorter than its 4-byte name prefix, or whose prefix runs past its end, has no
 -- envelope to promote: it goes to the DLQ whole (`d` = every byte of the member, reason
 -- decode_failed, a detail saying why) instead of failing the script, which would stall every
--- due member for ever.
+-- due member for ever.  A stream or DLQ of another type is an error before any write (a member
+-- written to the stream and not removed would be promoted again at every tick); an events key
+-- of another type turns the events off.
 -- The envelope's id, read by hand: Redis' cmsgpack cannot decode the bin payload that follows
 -- it, so unpacking the whole envelope fails.  Envelope = array header (fixarray, array16,
 -- array32) then the id as fixstr/str8/str16/str32.  Returns nil for anything else.
@@ -33,10 +35,15 @@ local function envelope_id(env)
   return string.sub(env, start, start + len - 1)
 end
 
+--#include key_types
+local refused = wrong_type('promote', {KEYS[2], 'stream', KEYS[4], 'stream'})
+if refused then
+  return refused
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local events_max = tonumber(ARGV[3])
+local events_max = events_max_for(KEYS[3], tonumber(ARGV[3]))
 -- The ZREMs, the side-index DELs and the events' MAXLEN ~ trim are done once per batch after
 -- the loop (in chunks of 500 arguments), not per member: the same effects inside this atomic
 -- script, at a fraction of the per-call cost.

@@ -6,7 +6,12 @@
 -- KEYS[1] = prioritized set, KEYS[2] = stream
 -- ARGV    = [n, max_stream_len]
 -- Reply   = the number of jobs moved
+-- A set or a stream of another type moves nothing (a popped member must reach the stream).
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
+  return 0
+end
+local st = redis.call('TYPE', KEYS[2]).ok
+if st ~= 'stream' and st ~= 'none' then
   return 0
 end
 local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))

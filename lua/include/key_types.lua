@@ -12,3 +12,16 @@ local function wrong_type(script, want)
   end
   return nil
 end
+
+-- events_max_for(key, max): `max`, or 0 when the events key is of another type: events are
+-- best effort, so a spoiled events stream turns them off rather than failing the script after
+-- its first write.
+local function events_max_for(key, max)
+  if max > 0 then
+    local t = redis.call('TYPE', key).ok
+    if t ~= 'stream' and t ~= 'none' then
+      return 0
+    end
+  end
+  return max
+end

@@ -144,6 +144,33 @@ async def test_an_unencodable_result_never_reruns_the_handler(
 
 
 @pytest.mark.timeout(60)
+async def test_a_spoiled_events_key_never_makes_the_promoter_repeat_a_job(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
+    """The events key holds another type: the promoter used to write the first due job to the
+    stream, fail on its `waiting` event before removing it from the delayed set, and write it
+    again at every tick (every 20 ms here).  Now the events are skipped: each of 10 delayed
+    jobs runs once, and the key is left as it was."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    runs: list[int] = []
+
+    async def count(job: Job) -> None:
+        runs.append(job.data["i"])
+
+    await r.set(k.events, "not a stream")
+    await queues(queue_name, redis_url).add_bulk(
+        [{"name": "later", "data": {"i": i}, "delay_ms": 200} for i in range(10)]
+    )
+    w = worker_factory(queue_name, count, redis_url, concurrency=4, promoter_poll_ms=20)
+    async with running(w):
+        await wait_until(lambda: len(runs) >= 10, 20, what="the delayed jobs")
+        await asyncio.sleep(0.5)  # 25 more promoter ticks: a repeated job would run again meanwhile
+    assert sorted(runs) == list(range(10)), runs
+    assert await r.zcard(k.delayed) == 0 and await r.get(k.events) == b"not a stream"
+
+
+@pytest.mark.timeout(60)
 async def test_a_failing_reader_is_restarted_and_reported(
     redis_url, queue_name, clients, queues, worker_factory, caplog
 ) -> None:

@@ -402,6 +402,68 @@ def test_replay_moves_each_entry_once(lua: Lua) -> None:
     assert lua.r.xlen(k.stream) == 2
 
 
+def test_spoiled_keys_never_make_a_move_lose_or_repeat_a_job(lua: Lua) -> None:
+    """The scripts that take a job from one key and write it to another (promote, replay_dlq,
+    dead_letter, take_prioritized) check the key they write first.  Before, a promoter facing
+    an events key of another type wrote the first due job to the stream and failed before
+    removing it, so it promoted that job again at every tick; a DLQ replay into a spoiled
+    stream, or a dead-lettering into a spoiled DLQ, deleted the job and lost it."""
+    k, r = lua.k, lua.r
+    promote_keys = [k.delayed, k.stream, k.events, k.dlq]
+    promote_argv = [256, 1_000_000, 100_000, k.prefix, 1_000]
+    r.zadd(k.delayed, {encode_member(NAME.encode(), V2): 1, encode_member(b"", V3): 2})
+
+    # an events key of another type: the events are skipped, each job promoted once
+    r.set(k.events, "junk")
+    assert lua("promote", promote_keys, promote_argv)[0] == 2
+    assert lua("promote", promote_keys, promote_argv)[0] == 0
+    assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")], [("d", V3)]]
+    assert r.get(k.events) == b"junk"
+
+    # a stream or a DLQ of another type: refused before any write, the members stay due
+    r.delete(k.stream)
+    r.zadd(k.delayed, {encode_member(b"", V2): 3, b"\x01": 4})  # the second goes to the DLQ
+    for spoiled in (k.stream, k.dlq):
+        r.set(spoiled, "junk")
+        with pytest.raises(redis.ResponseError, match=f"promote: {re.escape(spoiled)} is a string"):
+            lua("promote", promote_keys, promote_argv)
+        assert r.zcard(k.delayed) == 2
+        r.delete(spoiled)
+    assert lua("promote", promote_keys, promote_argv)[0] == 2
+    assert r.xlen(k.stream) == 1 and r.xlen(k.dlq) == 1
+
+    # replaying into a stream of another type: the DLQ entry stays
+    r.delete(k.stream)
+    ((dlq_id, _f),) = r.xrange(k.dlq)
+    r.set(k.stream, "junk")
+    with pytest.raises(redis.ResponseError, match=f"replay_dlq: {re.escape(k.stream)} is a string"):
+        lua("replay_dlq", [k.dlq, k.stream], [1_000_000, dlq_id, V2, ""])
+    assert r.xlen(k.dlq) == 1
+    r.delete(k.stream, k.dlq)
+
+    # dead-lettering into a DLQ of another type: nothing acked, the entry stays pending
+    eid = lua.pending_entry({"d": V3, "n": NAME})
+    dl_keys = [k.stream, k.dlq, k.events]
+    r.set(k.dlq, "junk")
+    with pytest.raises(redis.ResponseError, match=f"dead_letter: {re.escape(k.dlq)} is a string"):
+        lua("dead_letter", dl_keys, dead_letter_args(lua, eid, failure_ttl=60_000))
+    assert lua.pending() == 1 and r.xlen(k.stream) == 1
+    r.delete(k.dlq)
+    r.set(f"{k.prefix}:failures", "junk")  # a failures index of another type is skipped, like the events
+    assert lua("dead_letter", dl_keys, dead_letter_args(lua, eid, failure_ttl=60_000)) == 1
+    assert lua.pending() == 0 and r.xlen(k.dlq) == 1 and r.exists(f"{k.prefix}:failure:{JOB_ID}")
+
+    # moving prioritized jobs into a stream of another type: nothing popped
+    r.delete(k.stream)
+    r.zadd(k.prioritized, {encode_member(NAME.encode(), V2): 1})
+    r.set(k.stream, "junk")
+    assert lua("take_prioritized", [k.prioritized, k.stream], [10, 1_000_000]) == 0
+    assert r.zcard(k.prioritized) == 1
+    r.delete(k.stream)
+    assert lua("take_prioritized", [k.prioritized, k.stream], [10, 1_000_000]) == 1
+    assert r.zcard(k.prioritized) == 0 and r.xlen(k.stream) == 1
+
+
 # ---- 11.4 / 11.5 locks -----------------------------------------------------------------------------
 
 
