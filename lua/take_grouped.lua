@@ -10,11 +10,16 @@
 --   rate: `r:<group>` else `dr`, "max:per_ms", fixed windows on the server clock (as take_starts).
 -- Each entry carries its group in the field `g` (ChasquiMQ ignores it).  A member that does not
 -- split into name and envelope reaches the stream whole (the workers' gate dead-letters it).
--- Limits that are not positive integers are no limits; keys of another type are replaced.
+-- Limits that are not positive integers are no limits; keys of another type are replaced, but a
+-- stream of another type moves nothing (a popped member must reach the stream).
 -- KEYS[1] = groups (zset), KEYS[2] = stream, KEYS[3] = group limits hash
 -- ARGV    = [n, max_stream_len, lease_ms, key prefix ({chasqui:<queue>})]
 -- Reply   = the number of jobs moved
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
+  return 0
+end
+local st = redis.call('TYPE', KEYS[2]).ok
+if st ~= 'stream' and st ~= 'none' then
   return 0
 end
 local n, maxlen, lease, prefix = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]) or 0, ARGV[4]

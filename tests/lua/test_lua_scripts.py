@@ -404,7 +404,7 @@ def test_replay_moves_each_entry_once(lua: Lua) -> None:
 
 def test_spoiled_keys_never_make_a_move_lose_or_repeat_a_job(lua: Lua) -> None:
     """The scripts that take a job from one key and write it to another (promote, replay_dlq,
-    dead_letter, take_prioritized) check the key they write first.  Before, a promoter facing
+    dead_letter, take_prioritized, take_grouped) check the key they write first.  Before, a promoter facing
     an events key of another type wrote the first due job to the stream and failed before
     removing it, so it promoted that job again at every tick; a DLQ replay into a spoiled
     stream, or a dead-lettering into a spoiled DLQ, deleted the job and lost it."""
@@ -462,6 +462,18 @@ def test_spoiled_keys_never_make_a_move_lose_or_repeat_a_job(lua: Lua) -> None:
     r.delete(k.stream)
     assert lua("take_prioritized", [k.prioritized, k.stream], [10, 1_000_000]) == 1
     assert r.zcard(k.prioritized) == 0 and r.xlen(k.stream) == 1
+
+    # and a group's jobs: nothing popped from its list
+    r.delete(k.stream)
+    r.rpush(k.group_jobs("acme"), encode_member(NAME.encode(), V2))
+    r.zadd(k.groups, {"acme": 1})
+    grouped = ([k.groups, k.stream, k.group_limits], [10, 1_000_000, 30_000, k.prefix])
+    r.set(k.stream, "junk")
+    assert lua("take_grouped", *grouped) == 0
+    assert r.llen(k.group_jobs("acme")) == 1
+    r.delete(k.stream)
+    assert lua("take_grouped", *grouped) == 1
+    assert r.llen(k.group_jobs("acme")) == 0 and r.xlen(k.stream) == 1
 
 
 # ---- 11.4 / 11.5 locks -----------------------------------------------------------------------------
