@@ -8,12 +8,11 @@ leave them does not, and lives here once:
 * **reading** (:meth:`Intake.next_batch`): what is owed first -- this consumer's own pending
   entries left by an earlier run, entries :meth:`hold`-ed for redelivery that are due, idle
   entries of dead consumers (a pass every half lease, and again as the entries it saw lapse) --
-  then new entries, optionally lingering while
-  more arrive; on a queue that uses priorities, the most urgent prioritized jobs are moved to
-  the stream when it runs dry (``core/priorities.py``).  The blocking read runs on ``reader``
-  (a single-connection client that :meth:`unblock` can interrupt) or on the driver.  A NOGROUP
-  (the stream was deleted) recreates the group; a transient error is logged and waited out
-  with one :class:`Backoff`.
+  then new entries, optionally lingering while more arrive; on a queue that uses priorities,
+  the most urgent prioritized jobs are moved to the stream when it runs dry
+  (``core/priorities.py``).  The blocking read runs on ``reader`` (a single-connection client
+  that :meth:`unblock` can interrupt) or on the driver.  A NOGROUP (the stream was deleted)
+  recreates the group; a transient error is logged and waited out with one :class:`Backoff`.
 * **the arrival gate** (``core.consumer``) and **one dead-letter path**: refused entries go to
   ``fail_batch`` (``reject_row``), within a failure-log budget.  With ``decode=True`` the data
   of every admitted job is decoded here (bounded; undecodable: ``decode_failed``).

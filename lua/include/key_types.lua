@@ -1,8 +1,10 @@
 -- key_types: the keys a script writes, checked before its first write (`--#include key_types`).
+-- A script's writes are not rolled back when a later command fails: a marker set first would
+-- make the retry write nothing, a job taken from one key and not written to the other would be
+-- lost, one written and not taken would be moved again.
 --
 -- wrong_type(script, {key, type, ...}): an error reply naming the first key that exists with
--- another type than the one given, or nil.  A script that sets a marker first (the Spark
--- chunks) must not fail after it: its retry would find the marker and write nothing.
+-- another type than the one given, or nil.
 local function wrong_type(script, want)
   for j = 1, #want, 2 do
     local t = redis.call('TYPE', want[j]).ok
