@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 
 import msgpack
 import pytest
@@ -143,6 +144,15 @@ async def test_an_unencodable_result_never_reruns_the_handler(
     assert await r.zcard(k.delayed) == 0
 
 
+def _noting(into: list[int]) -> Callable[[Job], Awaitable[None]]:
+    """A handler that notes each job's ``data["i"]``."""
+
+    async def note(job: Job) -> None:
+        into.append(job.data["i"])
+
+    return note
+
+
 @pytest.mark.timeout(60)
 async def test_a_spoiled_events_key_never_makes_the_promoter_repeat_a_job(
     redis_url, queue_name, clients, queues, worker_factory
@@ -154,10 +164,7 @@ async def test_a_spoiled_events_key_never_makes_the_promoter_repeat_a_job(
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     runs: list[int] = []
-
-    async def count(job: Job) -> None:
-        runs.append(job.data["i"])
-
+    count = _noting(runs)
     await r.set(k.events, "not a stream")
     await queues(queue_name, redis_url).add_bulk(
         [{"name": "later", "data": {"i": i}, "delay_ms": 200} for i in range(10)]
@@ -182,10 +189,7 @@ async def test_a_failing_reader_is_restarted_and_reported(
     k = QueueKeys.for_queue(queue_name)
     r = clients(redis_url)
     done: list[int] = []
-
-    async def ok(job: Job) -> None:
-        done.append(job.data["i"])
-
+    ok = _noting(done)
     await r.set(k.dlq, "not a stream")
     w = worker_factory(queue_name, ok, redis_url, concurrency=4, claim_min_idle_ms=1000)
     async with running(w):
