@@ -4,6 +4,13 @@
 -- KEYS[1] = repeat   KEYS[2] = repeat:paused   KEYS[3] = repeat:spec:<key>
 -- ARGV    = [spec_key]
 -- Reply   = 1 paused now, 2 already paused, 0 no such spec
+-- Both sets are checked before the move: a spec taken out of `repeat` and not written to a
+-- `repeat:paused` of another type would stop firing with no way to resume it.
+--#include key_types
+local refused = wrong_type('pause_repeatable', {KEYS[1], 'zset', KEYS[2], 'zset'})
+if refused then
+  return refused
+end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score then
   redis.call('ZREM', KEYS[1], ARGV[1])

@@ -12,6 +12,13 @@
 -- across re-upserts, as ChasquiMQ does.  A key of another type where a spec hash goes (hostile
 -- or foreign data in the queue's keyspace) is replaced rather than failing the whole batch.  The hash keys are built here rather than passed as
 -- KEYS: one argument less per spec (fetch_due does the same; same slot as KEYS[1]).
+-- `repeat` of another type is an error before any write (specs written and never scheduled); a
+-- `repeat:paused` of another type holds no paused spec and is skipped.
+--#include key_types
+local refused = wrong_type('upsert_repeatable', {KEYS[1], 'zset'})
+if refused then
+  return refused
+end
 local base, width = ARGV[1], tonumber(ARGV[2])
 local scored, m, n = {}, 0, 0
 for i = 3, #ARGV, width do
@@ -43,7 +50,7 @@ end
 if m > 0 then
   redis.call('ZADD', KEYS[1], unpack(scored, 1, m))
 end
-if n > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+if n > 0 and redis.call('TYPE', KEYS[2]).ok == 'zset' then
   local keys = {}
   for i = 3, #ARGV, width do
     keys[#keys + 1] = ARGV[i + 1]

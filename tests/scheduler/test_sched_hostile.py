@@ -25,6 +25,7 @@ from airflow_provider_chasqui.core.scheduler import SchedulerCore, fire_job_id
 from airflow_provider_chasqui.engine import scheduler as engine_scheduler
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.scheduler import Scheduler
+from airflow_provider_chasqui.errors import ScriptError
 from airflow_provider_chasqui.sync._driver import SyncDriver
 
 SECOND = 1000
@@ -413,3 +414,33 @@ async def test_a_running_scheduler_on_redis_time_isolates_hostile_entries_plante
     assert s.quarantined_total == len(moved)
     assert r.zscore(q.keys.repeat, b"late-\xff") is None  # no spec hash: dropped as dangling
     assert set(r.zrange(q.keys.repeat, 0, -1)) == {k.encode() for k in good}
+
+
+@pytest.mark.timeout(60)
+def test_a_spoiled_paused_set_never_takes_a_spec_off_its_schedule(q: SyncQueue, r: redis.Redis) -> None:
+    """``pause_repeatable`` took the spec out of ``repeat`` and then failed on a ``repeat:paused``
+    of another type: the spec stopped firing and could not be resumed.  Now the pause is refused
+    before the move; a re-upsert and a removal skip the spoiled set (it holds no paused spec);
+    an upsert into a ``repeat`` of another type is refused before any spec hash is written."""
+    key = q.upsert_repeatable_job("tick", 1, repeat=RepeatPattern.every(SECOND), key="tick").id
+    assert r.zscore(q.keys.repeat, key) is not None
+    r.set(q.keys.repeat_paused, b"\xff junk")
+    with pytest.raises(ScriptError, match="pause_repeatable: .*repeat:paused is a string, not a zset"):
+        q.pause_repeatable(key)
+    assert r.zscore(q.keys.repeat, key) is not None, "the refused pause took the spec off its schedule"
+    again = q.upsert_repeatable_job("tick", 2, repeat=RepeatPattern.every(SECOND), key="tick").id
+    assert again == key and r.zscore(q.keys.repeat, key) is not None
+    assert q.remove_repeatable_by_key(key) is True
+    assert r.zscore(q.keys.repeat, key) is None and not r.exists(spec_hash(q, key.encode()))
+    assert r.get(q.keys.repeat_paused) == b"\xff junk"  # foreign data is left alone
+
+    r.delete(q.keys.repeat_paused)
+    r.set(q.keys.repeat, b"junk")
+    with pytest.raises(ScriptError, match="upsert_repeatable: .*repeat is a string, not a zset"):
+        q.upsert_repeatable_job("tick", 3, repeat=RepeatPattern.every(SECOND), key="tick")
+    assert not r.exists(spec_hash(q, key.encode())), "a spec hash was written that no scheduler will fire"
+    r.delete(q.keys.repeat)
+    q.upsert_repeatable_job("tick", 3, repeat=RepeatPattern.every(SECOND), key="tick")
+    assert q.pause_repeatable(key) is True
+    assert r.zscore(q.keys.repeat, key) is None and r.zscore(q.keys.repeat_paused, key) is not None
+    assert q.resume_repeatable(key) is True and r.zscore(q.keys.repeat, key) is not None
