@@ -501,7 +501,7 @@ def test_queue_pause_and_resume_from_the_queue_page(
     limits = page.locator("table.queues tr", has_text=q.name).locator("td").nth(10).inner_text()
     assert limits == "paused\n0/3 running", limits
     job = q.add("square", {"x": 3})
-    time.sleep(1.5)  # longer than the workers' 100 ms controls cache and a few pause polls  # noqa: fixed on purpose
+    time.sleep(1.5)  # longer than the workers' 100 ms controls cache and a few pause polls (a hold, not a wait)
     assert q.get_job_state(job.id) != "completed"
     page.goto(server["url"] + f"/queue?queue={q.name}")
     page.locator("table.kv button", has_text="Resume queue").click()

@@ -126,7 +126,7 @@ def kill_the_slot_holder(url: str, queue_name: str, tmp_path: Path, limit: int, 
                 claim_min_idle_ms=LEASE_MS,
             )
             wait_until_sync(lambda: len(pending_of("holder-b")) == 19, 60, what="B to read the other 19")
-            time.sleep(1.0)  # B holds its jobs for a while: the slots are A's  # noqa: fixed on purpose
+            time.sleep(1.0)  # B holds its jobs for a while: the slots are A's (a hold, not a wait)
             assert _lines(tmp_path / "b.starts") == 0
             index = _job_indexes(r, keys)
             a_jobs = {index[eid] for eid in pending_of("holder-a")}

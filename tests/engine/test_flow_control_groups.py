@@ -121,7 +121,7 @@ def test_a_killed_worker_gives_its_group_slot_back_within_a_lease(matrix_url, qu
             b = spawn_worker(
                 url, queue_name, tmp_path / "b.rec", "gb", starts=tmp_path / "b.starts", claim_min_idle_ms=lease_ms
             )
-            time.sleep(2.0)  # B polls the group's turn meanwhile; the slot is A's  # noqa: fixed on purpose
+            time.sleep(2.0)  # B polls the group's turn meanwhile; the slot is A's (a hold, not a wait)
             assert starts(tmp_path / "b.starts") == [] and len(starts(tmp_path / "a.starts")) == 1
             killed = time.time()
             a.kill()
