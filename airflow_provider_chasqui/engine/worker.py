@@ -159,7 +159,11 @@ class Worker(SlotRunner):
         return self._closed
 
     async def run(self) -> None:
-        """Consume until ``close()`` (or a signal, max_jobs, idle_exit); returns after the drain."""
+        """Consume until ``close()`` (or a signal, max_jobs, idle_exit); returns after the drain.
+
+        Cancelling the task running it stops the worker as ``close()`` does (running handlers
+        get ``shutdown_deadline_secs``), then re-raises ``CancelledError``; a second cancel
+        cuts the drain short (the unfinished jobs stay pending and are reclaimed)."""
         if self._running:
             assert self._done is not None
             await self._done.wait()
@@ -345,6 +349,24 @@ class Worker(SlotRunner):
         return [(lp, self._tasks.start(lp.role, lp.run)) for lp in loops]
 
     async def _shutdown(
+        self,
+        reader: asyncio.Task[None],
+        slots: list[asyncio.Task[None]],
+        flusher: asyncio.Task[None],
+        background: list[tuple[Any, asyncio.Task[None]]],
+        leaser: asyncio.Task[None],
+    ) -> None:
+        """The stop, after close() or a cancel of run(): a cancelled run() stops as close() does
+        (without this it waited out every deadline of the stop, 40 s for an idle worker, with its
+        reader and slots still on); a second cancel cuts it short but no lease outlives it."""
+        assert self._stopping is not None
+        self._stopping.set()
+        try:
+            await self._drain(reader, slots, flusher, background, leaser)
+        finally:
+            self._guard.stop()
+
+    async def _drain(
         self,
         reader: asyncio.Task[None],
         slots: list[asyncio.Task[None]],

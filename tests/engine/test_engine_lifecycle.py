@@ -202,3 +202,48 @@ async def test_the_stream_deleted_under_a_running_worker(
         await wait_until(lambda: seen == [1, 2], what="a job after the stream was recreated")
         assert not task.done()
     assert await r.xlen(k.stream) == 0
+
+
+@pytest.mark.timeout(90)
+async def test_cancelling_run_stops_the_worker_as_close_does(redis_url, queue_name, clients, queues) -> None:
+    """Cancelling the task that runs ``Worker.run()`` (``asyncio.run`` ending on an error, a
+    TaskGroup, a web server's lifespan) used to leave the reader and slots running and wait out
+    every deadline of the stop: 40 s for an idle worker.  Now it stops as ``close()`` does: the
+    running handler finishes, its job is acked once, nothing stays pending, the heartbeat and the
+    promoter lock are gone, and the task ends cancelled well before the 30 s shutdown deadline."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    q = queues(queue_name, redis_url)
+    runs: list[str] = []
+    started = asyncio.Event()
+
+    async def slow(job: Job) -> None:
+        runs.append(job.id)
+        started.set()
+        await asyncio.sleep(1.0)
+
+    w = Worker(queue_name, slow, redis_url=redis_url, shutdown_deadline_secs=30)
+    task = asyncio.create_task(w.run())
+    await q.add("slow", 1)
+    await asyncio.wait_for(started.wait(), 30)
+    begun = time.monotonic()
+    task.cancel()
+    await asyncio.wait([task], timeout=60)
+    stop_secs = time.monotonic() - begun
+    assert task.cancelled(), "run() swallowed the cancel"
+    assert stop_secs < 10, f"a cancelled run() took {stop_secs:.1f} s to stop (the bug: 30 s and more)"
+    assert len(runs) == 1 and await pending_count(r, queue_name) == 0 and await r.xlen(k.stream) == 0
+    assert await r.exists(k.promoter_lock, k.scheduler_lock) == 0
+    assert await r.zcard(k.beats) == 0
+
+    # an idle worker, cancelled: it stops at once and runs nothing afterwards
+    idle = Worker(queue_name, slow, redis_url=redis_url, shutdown_deadline_secs=30)
+    task = asyncio.create_task(idle.run())
+    await wait_until(lambda: idle.health().get("ok"), 30, what="the idle worker consuming")
+    begun = time.monotonic()
+    task.cancel()
+    await asyncio.wait([task], timeout=60)
+    stop_secs = time.monotonic() - begun
+    assert task.cancelled() and stop_secs < 10, f"an idle worker took {stop_secs:.1f} s to stop"
+    await q.add("slow", 2)
+    assert await r.xlen(k.stream) == 1 and len(runs) == 1, "a cancelled worker still consumed"
