@@ -27,11 +27,20 @@ local stream, delayed, dlq, ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 -- Scripts do not roll back: a write that fails after an entry was acked would lose it.  So a
 -- wrong-typed retry or DLQ key refuses the whole call before any write (the entries stay
 -- pending, and the error names the key); wrong-typed events or index keys are only skipped.
+-- Only the keys this batch writes are checked: a spoiled DLQ does not hold up retries, nor a
+-- spoiled delayed set the dead-lettering.
 local function type_of(key) return redis.call('TYPE', key)['ok'] end
-local dt, qt = type_of(delayed), type_of(dlq)
-if (dt ~= 'zset' and dt ~= 'none') or (qt ~= 'stream' and qt ~= 'none') then
-  return redis.error_reply('WRONGTYPE chasqui fail_batch: ' .. delayed .. ' is a ' .. dt .. ' and ' .. dlq ..
-    ' a ' .. qt .. ' (expected a zset and a stream); nothing was acked')
+local kinds = {}
+for i = 9, #ARGV, 12 do kinds[ARGV[i]] = true end
+local dt = kinds['r'] and type_of(delayed) or 'none'
+local qt = kinds['d'] and type_of(dlq) or 'none'
+if dt ~= 'zset' and dt ~= 'none' then
+  return redis.error_reply('WRONGTYPE chasqui fail_batch: ' .. delayed .. ' is a ' .. dt ..
+    ' (expected a zset); nothing was acked')
+end
+if qt ~= 'stream' and qt ~= 'none' then
+  return redis.error_reply('WRONGTYPE chasqui fail_batch: ' .. dlq .. ' is a ' .. qt ..
+    ' (expected a stream); nothing was acked')
 end
 local et = type_of(ev)
 if et ~= 'stream' and et ~= 'none' then events_max = 0 end

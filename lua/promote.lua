@@ -6,9 +6,10 @@
 -- A member shorter than its 4-byte name prefix, or whose prefix runs past its end, has no
 -- envelope to promote: it goes to the DLQ whole (`d` = every byte of the member, reason
 -- decode_failed, a detail saying why) instead of failing the script, which would stall every
--- due member for ever.  A stream or DLQ of another type is an error before any write (a member
--- written to the stream and not removed would be promoted again at every tick); an events key
--- of another type turns the events off.
+-- due member for ever.  A stream of another type is an error before any write (a member
+-- written to the stream and not removed would be promoted again at every tick); with a DLQ of
+-- another type the members that would go there stay in the delayed set and the others are
+-- promoted; an events key of another type turns the events off.
 -- The envelope's id, read by hand: Redis' cmsgpack cannot decode the bin payload that follows
 -- it, so unpacking the whole envelope fails.  Envelope = array header (fixarray, array16,
 -- array32) then the id as fixstr/str8/str16/str32.  Returns nil for anything else.
@@ -36,10 +37,14 @@ local function envelope_id(env)
 end
 
 --#include key_types
-local refused = wrong_type('promote', {KEYS[2], 'stream', KEYS[4], 'stream'})
+local refused = wrong_type('promote', {KEYS[2], 'stream'})
 if refused then
   return refused
 end
+-- a DLQ of another type: the members that would go there stay in the delayed set (the others
+-- are promoted; before, a spoiled DLQ stopped every promotion)
+local dlq_type = redis.call('TYPE', KEYS[4]).ok
+local dlq_ok = dlq_type == 'stream' or dlq_type == 'none'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
@@ -47,12 +52,14 @@ local events_max = events_max_for(KEYS[3], tonumber(ARGV[3]))
 -- The ZREMs, the side-index DELs and the events' MAXLEN ~ trim are done once per batch after
 -- the loop (in chunks of 500 arguments), not per member: the same effects inside this atomic
 -- script, at a fraction of the per-call cost.
-local didx, waiting = {}, 0
+local didx, waiting, moved = {}, 0, {}
 for _, member in ipairs(due) do
   local b1, b2, b3, b4 = string.byte(member, 1, 4)
   local n = b4 and (b1 + b2 * 256 + b3 * 65536 + b4 * 16777216)
   local env
-  if not n or 4 + n > #member then
+  if (not n or 4 + n > #member) and not dlq_ok then
+    member = nil  -- stays where it is
+  elseif not n or 4 + n > #member then
     local why = n and ('name length ' .. n .. ' runs past the member (' .. #member .. ' bytes)')
       or ('member of ' .. #member .. ' bytes is shorter than its 4-byte name prefix')
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'd', member, 'source_id', '',
@@ -64,6 +71,7 @@ for _, member in ipairs(due) do
     env = string.sub(member, 5 + n)
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'd', env, 'n', string.sub(member, 5, 4 + n))
   end
+  if member then moved[#moved + 1] = member end
   local id = env and envelope_id(env)
   if id then
     didx[#didx + 1] = ARGV[4] .. ':didx:' .. id
@@ -73,8 +81,8 @@ for _, member in ipairs(due) do
     end
   end
 end
-for i = 1, #due, 500 do
-  redis.call('ZREM', KEYS[1], unpack(due, i, math.min(i + 499, #due)))
+for i = 1, #moved, 500 do
+  redis.call('ZREM', KEYS[1], unpack(moved, i, math.min(i + 499, #moved)))
 end
 for i = 1, #didx, 500 do
   redis.call('DEL', unpack(didx, i, math.min(i + 499, #didx)))
@@ -88,4 +96,4 @@ if depth > 0 then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   lag = math.max(0, now - tonumber(first[2]))
 end
-return {#due, depth, lag, now}
+return {#moved, depth, lag, now}

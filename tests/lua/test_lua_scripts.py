@@ -420,17 +420,22 @@ def test_spoiled_keys_never_make_a_move_lose_or_repeat_a_job(lua: Lua) -> None:
     assert [f for _e, f in lua.stream()] == [[("d", V2), ("n", b"send-email")], [("d", V3)]]
     assert r.get(k.events) == b"junk"
 
-    # a stream or a DLQ of another type: refused before any write, the members stay due
+    # a stream of another type: refused before any write, the members stay due
     r.delete(k.stream)
     r.zadd(k.delayed, {encode_member(b"", V2): 3, b"\x01": 4})  # the second goes to the DLQ
-    for spoiled in (k.stream, k.dlq):
-        r.set(spoiled, "junk")
-        with pytest.raises(redis.ResponseError, match=f"promote: {re.escape(spoiled)} is a string"):
-            lua("promote", promote_keys, promote_argv)
-        assert r.zcard(k.delayed) == 2
-        r.delete(spoiled)
-    assert lua("promote", promote_keys, promote_argv)[0] == 2
-    assert r.xlen(k.stream) == 1 and r.xlen(k.dlq) == 1
+    r.set(k.stream, "junk")
+    with pytest.raises(redis.ResponseError, match=f"promote: {re.escape(k.stream)} is a string"):
+        lua("promote", promote_keys, promote_argv)
+    assert r.zcard(k.delayed) == 2
+    r.delete(k.stream)
+    # a DLQ of another type: the member bound for it stays due, the other one is promoted (a
+    # spoiled DLQ used to stop every promotion)
+    r.set(k.dlq, "junk")
+    assert lua("promote", promote_keys, promote_argv)[0] == 1
+    assert r.xlen(k.stream) == 1 and r.zrange(k.delayed, 0, -1) == [b"\x01"] and r.get(k.dlq) == b"junk"
+    r.delete(k.dlq)
+    assert lua("promote", promote_keys, promote_argv)[0] == 1
+    assert r.xlen(k.stream) == 1 and r.xlen(k.dlq) == 1 and r.zcard(k.delayed) == 0
 
     # replaying into a stream of another type: the DLQ entry stays
     r.delete(k.stream)
@@ -1012,6 +1017,39 @@ def test_fail_batch_with_events_off_writes_no_events(lua: Lua) -> None:
     assert lua.events() == [] and lua.r.zcard(k.delayed) == 2 and lua.r.xlen(k.dlq) == 3
     assert lua.r.xlen(k.stream) == 0 and lua.pending() == 0
     assert lua.r.get(k.failure("J-unrec")) is None  # failure_ttl_ms 0: no records
+
+
+def test_fail_batch_checks_only_the_keys_its_rows_write(lua: Lua) -> None:
+    """A retry writes the delayed set, a dead-lettering the DLQ.  A DLQ of another type used to
+    refuse every retry as well (nothing acked: the worker's task crashed and restarted, and each
+    failing job ran again every lease); now a retry goes through a spoiled DLQ and a
+    dead-lettering through a spoiled delayed set, while a row whose own key is spoiled is
+    refused with that key named and nothing acked."""
+    k, r = lua.k, lua.r
+    keys = [k.stream, k.delayed, k.dlq, k.events]
+    head: list[Any] = ["default", lua.flag, 100_000, 100_000, 0, k.prefix, NOW, 10_000]
+
+    def dead(eid: bytes) -> list[Any]:
+        return ["d", eid, "J-d", NAME, 3, REASON, 9, V3, "retries_exhausted", "", "", ""]
+
+    r.set(k.dlq, "junk")
+    eid = lua.pending_entry({"d": V2, "n": NAME})
+    assert retry(lua, eid, 5, V8, NAME) == 1
+    assert r.zrange(k.delayed, 0, -1) == [V8] and lua.pending() == 0
+    eid = lua.pending_entry({"d": V3, "n": NAME})
+    with pytest.raises(redis.ResponseError, match=f"fail_batch: {re.escape(k.dlq)} is a string .*nothing was acked"):
+        lua("fail_batch", keys, head + dead(eid))
+    assert lua.pending() == 1
+    r.delete(k.dlq)
+    r.delete(k.delayed)
+    r.set(k.delayed, "junk")
+    assert lua("fail_batch", keys, head + dead(eid)) == [1]
+    assert r.xlen(k.dlq) == 1 and lua.pending() == 0
+    eid = lua.pending_entry({"d": V2, "n": NAME})
+    refused = f"fail_batch: {re.escape(k.delayed)} is a string .*nothing was acked"
+    with pytest.raises(redis.ResponseError, match=refused):
+        retry(lua, eid, 5, V8, NAME)
+    assert lua.pending() == 1 and r.get(k.delayed) == b"junk"
 
 
 def test_fail_batch_keeps_original_name_bytes_and_caps_failure_records(lua: Lua) -> None:
