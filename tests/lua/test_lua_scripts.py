@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
-from engine_support import kv
+from engine_support import kv, wait_until_sync
 from wire_vectors import JOB_ID, NAME, V1, V2, V3, V7, V8
 
 from airflow_provider_chasqui.core.codec import Envelope, encode_envelope, encode_member
@@ -497,6 +497,22 @@ def test_locks_acquire_renew_and_compare_and_delete(lua: Lua) -> None:
     assert lua("release_lock", [lock], ["c-a"]) == 1
     assert lua.r.exists(lock) == 0
     assert lua("acquire_lock", [lock], ["c-b", 5]) == 1
+
+
+def test_a_spoiled_lock_never_keeps_every_leader_out(lua: Lua) -> None:
+    """A lock key of another type made every acquire fail (GET on a list), and a foreign holder
+    that set no expiry kept the lock for ever: no promoter promoted, no scheduler fired.  Now
+    the first is replaced and the second given the lock's TTL (a holder that renews keeps it)."""
+    r, lock = lua.r, lua.k.promoter_lock
+    r.rpush(lock, "junk")
+    assert lua("release_lock", [lock], ["c-a"]) == 0 and r.type(lock) == b"list"
+    assert lua("acquire_lock", [lock], ["c-a", 5]) == 1
+    assert r.get(lock) == b"c-a" and 0 < r.ttl(lock) <= 5
+    r.set(lock, "foreign")  # no expiry
+    assert lua("acquire_lock", [lock], ["c-a", 1]) == 0
+    assert r.get(lock) == b"foreign" and 0 < r.pttl(lock) <= 1000
+    wait_until_sync(lambda: not r.exists(lock), 10, what="the foreign holder's lapse")
+    assert lua("acquire_lock", [lock], ["c-a", 5]) == 1 and r.get(lock) == b"c-a"
 
 
 def test_scheduler_lock_is_independent(lua: Lua) -> None:
