@@ -348,21 +348,15 @@ class Worker(SlotRunner):
             )
         return [(lp, self._tasks.start(lp.role, lp.run)) for lp in loops]
 
-    async def _shutdown(
-        self,
-        reader: asyncio.Task[None],
-        slots: list[asyncio.Task[None]],
-        flusher: asyncio.Task[None],
-        background: list[tuple[Any, asyncio.Task[None]]],
-        leaser: asyncio.Task[None],
-    ) -> None:
-        """The stop, after close() or a cancel of run(): a cancelled run() stops as close() does
-        (without this it waited out every deadline of the stop, 40 s for an idle worker, with its
-        reader and slots still on); a second cancel cuts it short but no lease outlives it."""
+    async def _shutdown(self, *tasks: Any) -> None:
+        """The stop (``_drain``'s steps), after close() or a cancel of run(): a cancelled run()
+        stops as close() does (without this it waited out every deadline of the stop, 40 s for
+        an idle worker, with its reader and slots still on); a second cancel cuts it short but
+        no lease outlives it."""
         assert self._stopping is not None
         self._stopping.set()
         try:
-            await self._drain(reader, slots, flusher, background, leaser)
+            await self._drain(*tasks)
         finally:
             self._guard.stop()
 
