@@ -28,6 +28,7 @@ from .errors import (
     RateLimited,
     ScriptError,
     UnrecoverableError,
+    WrongTypeError,
 )
 
 if TYPE_CHECKING:  # what ``__getattr__`` below imports on first use
@@ -154,6 +155,7 @@ __all__ = [
     "SyncQueue",
     "SyncShardedQueue",
     "UnrecoverableError",
+    "WrongTypeError",
     "Worker",
     "WorkerSettings",
     "version",

@@ -33,6 +33,7 @@ from .errors import (
     NoScriptError,
     ReadOnlyReplicaError,
     ScriptError,
+    WrongTypeError,
 )
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "REDIS_ERRORS",
     "RESEND_SAFE",
     "already_loaded",
+    "wrong_type_named",
     "call_args",
     "evalsha_denied",
     "function_missing",
@@ -200,6 +202,24 @@ def stream_read_slot(encoder: Any, args: tuple[Any, ...]) -> int | None:
 # read them (the script-loading dance, FUNCTION LOAD, EVALSHA refused by an ACL).
 
 
+def wrong_type_named(c: Call, error: Exception) -> Exception:
+    """A plain command's ``WRONGTYPE`` reply, with the key it is about named (Redis' own text
+    names none, so an operator could not tell which of a view's keys is spoiled)."""
+    if c.script is not None or not c.args or not str(error).startswith("WRONGTYPE"):
+        return error
+    name = str(c.args[0]).upper()
+    args = [a.decode("utf-8", "backslashreplace") if isinstance(a, bytes) else str(a) for a in c.args]
+    if name in ("XREAD", "XREADGROUP") and "STREAMS" in (u := [a.upper() for a in args]):
+        key = args[u.index("STREAMS") + 1] if u.index("STREAMS") + 1 < len(args) else "?"
+    elif name in ("XINFO", "XGROUP", "OBJECT") and len(args) > 2:
+        key = args[2]
+    else:
+        key = args[1] if len(args) > 1 else "?"
+    return rexc.ResponseError(
+        f"WRONGTYPE {key} holds another type than {name} needs (foreign or hostile data in the queue's keyspace)"
+    )
+
+
 def function_missing(error: BaseException) -> bool:
     """The reply of an FCALL whose function is not loaded on that server (or cluster node)."""
     return str(error).startswith("Function not found")
@@ -226,6 +246,7 @@ REDIS_ERRORS = (rexc.RedisError, RedisClusterException)
 # Error-reply codes redis-py has no class for (it keeps the code in the message).
 # UNBLOCKED: a blocked XREADGROUP whose stream (and so its group) was deleted meanwhile
 _REPLY_CODES: dict[str, type[ScriptError]] = {
+    "WRONGTYPE": WrongTypeError,
     "BUSYGROUP": BusyGroupError,
     "NOGROUP": NoGroupError,
     "UNBLOCKED": NoGroupError,

@@ -63,6 +63,11 @@ class ScriptError(ChasquiError):
     """
 
 
+class WrongTypeError(ScriptError):
+    """A key holds another type than the command or script needs (Redis' ``WRONGTYPE``): foreign
+    or hostile data in the queue's keyspace.  The message names the key."""
+
+
 class BusyGroupError(ScriptError):
     """``XGROUP CREATE`` of a consumer group that exists (Redis' ``BUSYGROUP``)."""
 

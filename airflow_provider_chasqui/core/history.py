@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from .calls import Call, Flow, command
+from .key_types import read_types
 from .keys import QueueKeys
 
 __all__ = [
@@ -158,8 +159,11 @@ def _text(value: object) -> str:
 
 
 def history_flow(queue: str, now_ms: int, span_ms: int, step_ms: int) -> Flow[Series]:
-    """The queue's counts over the last ``span_ms`` in ``step_ms`` buckets: one pipeline of
-    at most ``MAX_HOURS_READ`` HGETALLs of listpack hashes (a bounded read)."""
+    """The queue's counts over the last ``span_ms`` in ``step_ms`` buckets: the hours' types,
+    then one pipeline of at most ``MAX_HOURS_READ`` HGETALLs of listpack hashes (a bounded
+    read); an hour key of another type counts nothing."""
     hours, calls = read_calls(QueueKeys.for_queue(queue), now_ms, span_ms)
-    replies = yield calls
-    return parse_hours(hours, list(replies or []), now_ms, span_ms, step_ms)
+    types = yield from read_types([str(c.args[1]) for c in calls])  # another type (hostile): no counts
+    kept = [(h, c) for h, c in zip(hours, calls) if types[str(c.args[1])] == "hash"]
+    replies = (yield [c for _h, c in kept]) if kept else []
+    return parse_hours([h for h, _c in kept], list(replies or []), now_ms, span_ms, step_ms)

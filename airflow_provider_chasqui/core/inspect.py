@@ -25,6 +25,7 @@ from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
 from .codec import now_ms as current_ms
 from .consumer import RETRIES_EXHAUSTED, ROUTING_FAILED, UNRECOVERABLE
 from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
+from .key_types import Reads, read_types, spoiled_keys, spoiled_note
 from .keys import QueueKeys
 from .liveness import REAP_IDLE_LEASES, WorkerRecord, live_consumers, read_workers
 from .maintenance import glob_escape
@@ -89,6 +90,8 @@ class QueueSnapshot:
     job_group_rows: list[tuple[str, int, int]] = field(default_factory=list)
     workers: list[WorkerRecord] = field(default_factory=list)  # the heartbeats (core/liveness.py), newest first
     reap_idle_ms: int = REAP_IDLE_LEASES * 30_000  # a consumer that does not beat counts as alive below this idle
+    # keys holding another type than their role needs (key -> the type found): read as empty
+    spoiled: dict[str, str] = field(default_factory=dict)
 
     @property
     def consumer_max_idle_ms(self) -> int:
@@ -125,67 +128,79 @@ def _group_row(flat: list[Any]) -> dict[str, Any]:
 JOB_GROUP_ROWS = 10  # the job groups a snapshot details (the next ones in turn)
 
 
+def _group_rows(k: QueueKeys, names: list[str], spoiled: dict[str, str]) -> Flow[list[tuple[str, int, int]]]:
+    """(group, waiting jobs, running jobs under its limit) of each named job group; a group key
+    of another type counts as empty and is added to ``spoiled``."""
+    want = {key: t for g in names for key, t in ((k.group_jobs(g), "list"), (k.group_running(g), "zset"))}
+    types = yield from read_types(list(want))
+    spoiled.update(spoiled_keys(types, want))
+    reads = Reads(types)
+    for g in names:
+        reads.add("w" + g, k.group_jobs(g), "list", command("LLEN", k.group_jobs(g)))
+        reads.add("r" + g, k.group_running(g), "zset", command("ZCARD", k.group_running(g)))
+    got = yield from reads.run()
+    return [(g, int_reply(got.get("w" + g, 0)), int_reply(got.get("r" + g, 0))) for g in names]
+
+
+def _counters(k: QueueKeys, now_ms: int, next_fires: int) -> Flow[tuple[Reads, dict[str, str], dict[str, Any]]]:
+    """The snapshot's counters: the keys' types, then each count whose key holds its type."""
+    want = {
+        k.stream: "stream",
+        k.delayed: "zset",
+        k.dlq: "stream",
+        k.repeat: "zset",
+        k.repeat_paused: "zset",
+        k.repeat_quarantine: "hash",
+        k.promoter_lock: "string",
+        k.scheduler_lock: "string",
+        k.controls: "hash",
+        k.running: "zset",
+        k.prioritized: "zset",
+        k.groups: "zset",
+        k.events: "stream",  # not read here: its readers (the dashboard's rates) skip it when spoiled
+    }
+    types = yield from read_types(list(want))
+    spoiled = spoiled_keys(types, want)
+    reads = Reads(types)
+    reads.add("stream", k.stream, "stream", command("XLEN", k.stream))
+    reads.add("delayed", k.delayed, "zset", command("ZCARD", k.delayed))
+    reads.add("oldest", k.delayed, "zset", command("ZRANGE", k.delayed, 0, 0, "WITHSCORES"))
+    reads.add("overdue", k.delayed, "zset", command("ZCOUNT", k.delayed, "-inf", now_ms))
+    reads.add("dlq", k.dlq, "stream", command("XLEN", k.dlq))
+    reads.add("specs", k.repeat, "zset", command("ZCARD", k.repeat))
+    reads.add("fires", k.repeat, "zset", command("ZRANGE", k.repeat, 0, max(0, next_fires - 1), "WITHSCORES"))
+    reads.add("paused", k.repeat_paused, "zset", command("ZCARD", k.repeat_paused))
+    reads.add("quarantined", k.repeat_quarantine, "hash", command("HLEN", k.repeat_quarantine))
+    reads.add("promoter", k.promoter_lock, "string", command("GET", k.promoter_lock))
+    reads.add("scheduler", k.scheduler_lock, "string", command("GET", k.scheduler_lock))
+    reads.add("prioritized", k.prioritized, "zset", command("ZCARD", k.prioritized))
+    reads.add("job_groups", k.groups, "zset", command("ZCARD", k.groups))
+    got = yield from reads.run()
+    return reads, spoiled, got
+
+
 def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int = 5) -> Flow[QueueSnapshot]:
-    """A :class:`QueueSnapshot`: the counters in one pipeline, then the groups, the group's
-    consumers and the oldest waiting entry only where they exist (XINFO on a missing stream or
-    group is an error, not an empty list)."""
+    """A :class:`QueueSnapshot`: the keys' types in one pipeline and the counters in a second
+    (a key of another type is named in ``spoiled`` and reads as empty: core/key_types.py), then
+    the groups, the group's consumers and the oldest waiting entry only where they exist (XINFO
+    on a missing stream or group is an error, not an empty list)."""
     k = QueueKeys.for_queue(queue)
-    (
-        stream,
-        delayed,
-        oldest,
-        dlq,
-        specs,
-        paused,
-        fires,
-        promoter,
-        scheduler,
-        exists,
-        overdue,
-        quarantined,
-        ctl,
-        slots_type,
-        prioritized,
-        job_groups,
-    ) = yield [
-        command("XLEN", k.stream),
-        command("ZCARD", k.delayed),
-        command("ZRANGE", k.delayed, 0, 0, "WITHSCORES"),
-        command("XLEN", k.dlq),
-        command("ZCARD", k.repeat),
-        command("ZCARD", k.repeat_paused),
-        command("ZRANGE", k.repeat, 0, max(0, next_fires - 1), "WITHSCORES"),
-        command("GET", k.promoter_lock),
-        command("GET", k.scheduler_lock),
-        command("EXISTS", k.stream),
-        command("ZCOUNT", k.delayed, "-inf", now_ms),
-        command("HLEN", k.repeat_quarantine),
-        command("TYPE", k.controls),
-        command("TYPE", k.running),
-        command("ZCARD", k.prioritized),
-        command("ZCARD", k.groups),
-    ]
-    controls = parse_controls((yield controls_call(k))) if str_reply(ctl) == "hash" else NO_CONTROLS
+    reads, spoiled, got = yield from _counters(k, now_ms, next_fires)
+    stream, oldest, fires = got.get("stream", 0), got.get("oldest") or [], got.get("fires") or []
+    promoter, scheduler = got.get("promoter"), got.get("scheduler")
+    controls = parse_controls((yield controls_call(k))) if reads.holds(k.controls, "hash") else NO_CONTROLS
     group_rows: list[tuple[str, int, int]] = []
-    if int_reply(job_groups):
+    if int_reply(got.get("job_groups", 0)):
         names = [str_reply(g) for g in (yield command("ZRANGE", k.groups, 0, JOB_GROUP_ROWS - 1)) or []]
-        counts = (
-            []
-            if not names
-            else (
-                yield [
-                    c for g in names for c in (command("LLEN", k.group_jobs(g)), command("ZCARD", k.group_running(g)))
-                ]
-            )
-        )
-        group_rows = [(g, int_reply(counts[2 * i]), int_reply(counts[2 * i + 1])) for i, g in enumerate(names)]
+        group_rows = yield from _group_rows(k, names, spoiled)
     held = 0  # slots not past their lease (a dead worker's lapse; take_starts.lua purges them)
-    if controls.concurrency is not None and str_reply(slots_type) == "zset":
+    if controls.concurrency is not None and reads.holds(k.running, "zset"):
         held = int_reply((yield command("ZCOUNT", k.running, f"({now_ms}", "+inf")))
     workers = yield from read_workers(k, now_ms)  # another type (hostile): none, consumers judged by idle
     live = {w.consumer: w.live for w in workers}
     consumers: list[ConsumerInfo] = []
-    groups = [_group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if int_reply(exists) else []) or []]
+    exists = reads.holds(k.stream, "stream")
+    groups = [_group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if exists else []) or []]
     mine = next((g for g in groups if g["name"] == group), None)
     if mine is not None:
         for row in (yield command("XINFO", "CONSUMERS", k.stream, group)) or []:
@@ -204,16 +219,16 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         elif waiting is None:
             waiting = 0
     first_due = score_ms(oldest[1]) if oldest else None
-    pairs = [(show_key(fires[i]), score_ms(fires[i + 1])) for i in range(0, len(fires or []), 2)]
+    pairs = [(show_key(fires[i]), score_ms(fires[i + 1])) for i in range(0, len(fires), 2)]
     return QueueSnapshot(
         queue=queue,
         stream=int_reply(stream),
         pending=mine["pending"] if mine is not None else 0,
-        delayed=int_reply(delayed),
+        delayed=int_reply(got.get("delayed", 0)),
         oldest_delayed_lag_ms=max(0, now_ms - first_due) if isinstance(first_due, int) else None,
-        dlq=int_reply(dlq),
-        specs=int_reply(specs),
-        paused_specs=int_reply(paused),
+        dlq=int_reply(got.get("dlq", 0)),
+        specs=int_reply(got.get("specs", 0)),
+        paused_specs=int_reply(got.get("paused", 0)),
         next_fires=pairs,
         promoter_leader=str_reply(promoter) if promoter else None,
         scheduler_leader=str_reply(scheduler) if scheduler else None,
@@ -222,16 +237,17 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         workers=workers,
         waiting=waiting,
         oldest_waiting_ms=oldest_waiting,
-        overdue=int_reply(overdue),
-        quarantined=int_reply(quarantined),
+        overdue=int_reply(got.get("overdue", 0)),
+        quarantined=int_reply(got.get("quarantined", 0)),
         groups=groups,
         paused=controls.paused,
         rate_limit=controls.rate,
         concurrency=controls.concurrency,
         slots_held=held,
-        prioritized=int_reply(prioritized),
-        job_groups=int_reply(job_groups),
+        prioritized=int_reply(got.get("prioritized", 0)),
+        job_groups=int_reply(got.get("job_groups", 0)),
         job_group_rows=group_rows,
+        spoiled=spoiled,
     )
 
 
@@ -256,6 +272,7 @@ class QueueSummary:
     concurrency: int | None = None  # Queue.set_concurrency()
     prioritized: int = 0  # jobs added with a priority, not in the stream yet
     workers: int = 0  # workers whose heartbeat says alive (core/liveness.py)
+    spoiled: dict[str, str] = field(default_factory=dict)  # keys of another type (key -> type): read as empty
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -330,70 +347,66 @@ def list_queues(
     return QueueListing(queues=summaries, truncated=truncated, cursor=cursor, scan_calls=calls)
 
 
-_PER_QUEUE = 8  # calls per queue in queue_summaries' first pipeline
+# The keys of a queue ``queue_summaries`` reads, and the type each must hold.
+_SUMMARY_KEYS = (
+    ("stream", "stream"),
+    ("delayed", "zset"),
+    ("dlq", "stream"),
+    ("repeat", "zset"),
+    ("repeat_paused", "zset"),
+    ("controls", "hash"),
+    ("prioritized", "zset"),
+    ("beats", "zset"),
+)
 
 
 def queue_summaries(queues: list[str]) -> Flow[list[QueueSummary]]:
-    """The counts of each queue, in two pipelines whatever their number."""
+    """The counts of each queue, in two pipelines whatever their number: the keys' types, then
+    the counts of the keys holding their type (another type is named in ``spoiled``)."""
     if not queues:
         return []
     keys = [QueueKeys.for_queue(q) for q in queues]
-    calls = []
-    for k in keys:
-        calls += [
-            command("TYPE", k.stream),
-            command("ZCARD", k.delayed),
-            command("EXISTS", k.dlq),
-            command("ZCARD", k.repeat),
-            command("ZCARD", k.repeat_paused),
-            command("TYPE", k.controls),
-            command("ZCARD", k.prioritized),
-            command("TYPE", k.beats),
-        ]
-    first = yield calls
+    want = [{getattr(k, role): t for role, t in _SUMMARY_KEYS} for k in keys]
+    types = yield from read_types([key for w in want for key in w])
     now = current_ms()
-    streams = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i]) == "stream"]
-    dlqs = [i for i, _ in enumerate(keys) if int_reply(first[_PER_QUEUE * i + 2])]
-    ctls = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i + 5]) == "hash"]
-    beating = [i for i, _ in enumerate(keys) if str_reply(first[_PER_QUEUE * i + 7]) == "zset"]
-    second: list[Any] = []
-    if streams or dlqs or ctls or beating:
-        second = yield (
-            [c for i in streams for c in (command("XLEN", keys[i].stream), command("XINFO", "GROUPS", keys[i].stream))]
-            + [command("XLEN", keys[i].dlq) for i in dlqs]
-            + [controls_call(keys[i]) for i in ctls]
-            + [command("ZCOUNT", keys[i].beats, f"({now}", "+inf") for i in beating]
-        )
-    counts: dict[int, tuple[int, list[Any]]] = {
-        i: (int_reply(second[2 * n]), second[2 * n + 1] or []) for n, i in enumerate(streams)
-    }
-    dlq_len = {i: int_reply(second[2 * len(streams) + n]) for n, i in enumerate(dlqs)}
-    ctl = {i: parse_controls(second[2 * len(streams) + len(dlqs) + n]) for n, i in enumerate(ctls)}
-    live = {i: int_reply(second[2 * len(streams) + len(dlqs) + len(ctls) + n]) for n, i in enumerate(beating)}
+    reads = Reads(types)
+    for i, k in enumerate(keys):
+        reads.add(f"{i} stream", k.stream, "stream", command("XLEN", k.stream))
+        reads.add(f"{i} groups", k.stream, "stream", command("XINFO", "GROUPS", k.stream))
+        reads.add(f"{i} delayed", k.delayed, "zset", command("ZCARD", k.delayed))
+        reads.add(f"{i} dlq", k.dlq, "stream", command("XLEN", k.dlq))
+        reads.add(f"{i} specs", k.repeat, "zset", command("ZCARD", k.repeat))
+        reads.add(f"{i} paused", k.repeat_paused, "zset", command("ZCARD", k.repeat_paused))
+        reads.add(f"{i} controls", k.controls, "hash", controls_call(k))
+        reads.add(f"{i} prioritized", k.prioritized, "zset", command("ZCARD", k.prioritized))
+        reads.add(f"{i} workers", k.beats, "zset", command("ZCOUNT", k.beats, f"({now}", "+inf"))
+    got = yield from reads.run()
     out = []
     for i, q in enumerate(queues):
-        length, groups = counts.get(i, (0, []))
         pending = consumers = 0
+        groups = got.get(f"{i} groups") or []
         for g in groups:
             info = reply_pairs(g)
             pending += int_reply(info.get("pending", 0))
             consumers += int_reply(info.get("consumers", 0))
+        ctl = parse_controls(got[f"{i} controls"]) if f"{i} controls" in got else NO_CONTROLS
         out.append(
             QueueSummary(
                 queue=q,
-                waiting=max(0, length - pending),
+                waiting=max(0, int_reply(got.get(f"{i} stream", 0)) - pending),
                 pending=pending,
-                delayed=int_reply(first[_PER_QUEUE * i + 1]),
-                dlq=dlq_len.get(i, 0),
-                specs=int_reply(first[_PER_QUEUE * i + 3]),
-                paused_specs=int_reply(first[_PER_QUEUE * i + 4]),
+                delayed=int_reply(got.get(f"{i} delayed", 0)),
+                dlq=int_reply(got.get(f"{i} dlq", 0)),
+                specs=int_reply(got.get(f"{i} specs", 0)),
+                paused_specs=int_reply(got.get(f"{i} paused", 0)),
                 consumers=consumers,
                 groups=len(groups),
-                paused=ctl[i].paused if i in ctl else False,
-                rate_limit=ctl[i].rate if i in ctl else None,
-                concurrency=ctl[i].concurrency if i in ctl else None,
-                prioritized=int_reply(first[_PER_QUEUE * i + 6]),
-                workers=live.get(i, 0),
+                paused=ctl.paused,
+                rate_limit=ctl.rate,
+                concurrency=ctl.concurrency,
+                prioritized=int_reply(got.get(f"{i} prioritized", 0)),
+                workers=int_reply(got.get(f"{i} workers", 0)),
+                spoiled=spoiled_keys(types, want[i]),
             )
         )
     return out
@@ -504,14 +517,28 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
         raise ConfigError("job id must be a non-empty str of at most 1024 characters")
     k = QueueKeys.for_queue(queue)
     d = JobDetails(queue=queue, id=job_id, state="unknown")
-    result, failure, didx, rows, progress, origin = yield [
-        command("GET", k.result(job_id)),
-        command("GET", k.failure(job_id)),
-        command("GET", k.didx(job_id)),
-        command("XREVRANGE", k.events, "+", "-", "COUNT", events_window),
-        command("GET", k.progress(job_id)),
-        command("GET", k.origin(job_id)),
-    ]
+    want = {
+        k.result(job_id): "string",
+        k.failure(job_id): "string",
+        k.didx(job_id): "string",
+        k.events: "stream",
+        k.progress(job_id): "string",
+        k.origin(job_id): "string",
+        k.delayed: "zset",
+        k.stream: "stream",
+        k.dlq: "stream",
+    }
+    types = yield from read_types(list(want))
+    d.notes.extend(spoiled_note(key, found, want[key]) for key, found in spoiled_keys(types, want).items())
+    reads = Reads(types)
+    for name, of in (("result", k.result), ("failure", k.failure), ("didx", k.didx), ("progress", k.progress)):
+        reads.add(name, of(job_id), "string", command("GET", of(job_id)))
+    reads.add("origin", k.origin(job_id), "string", command("GET", k.origin(job_id)))
+    reads.add("rows", k.events, "stream", command("XREVRANGE", k.events, "+", "-", "COUNT", events_window))
+    got = yield from reads.run()
+    result, failure, didx, rows = got.get("result"), got.get("failure"), got.get("didx"), got.get("rows")
+    progress, origin = got.get("progress"), got.get("origin")
+    delayed_ok, stream_ok, dlq_ok = (reads.holds(key, want[key]) for key in (k.delayed, k.stream, k.dlq))
     d.progress = parse_progress(progress)
     d.origin = parse_origin(origin)
     d.events_truncated = len(rows or []) >= events_window
@@ -541,8 +568,8 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
     attempts_seen = d.attempt
     where = None
     # 1. delayed, by its index (a caller id) or by a bounded scan of the set
-    member = didx
-    if member is None and result is None:
+    member = didx if delayed_ok else None
+    if member is None and result is None and delayed_ok:
         member = yield from _scan_delayed(k, job_id, search_pages, d)
     if member is not None:
         score = yield command("ZSCORE", k.delayed, member)
@@ -556,7 +583,7 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
                 _take(d, env, name)
             d.run_at_ms, where = int(float(score)), "delayed"
     # 2. the stream: waiting or running
-    if where is None and result is None:
+    if where is None and result is None and stream_ok:
         start = hints.get("waiting") or ulid_ms(job_id)
         found = yield from _search_stream(k.stream, job_id, start, search_pages, d, "stream")
         if found is not None:
@@ -571,7 +598,7 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
                     d.consumer, d.idle_ms, d.deliveries = str_reply(consumer), int_reply(idle), int_reply(count)
                     where = "active"
     # 3. the DLQ
-    if where is None and (d.failure is not None or "dlq" in hints or result is None):
+    if where is None and dlq_ok and (d.failure is not None or "dlq" in hints or result is None):
         start = hints.get("dlq") or (d.failure or {}).get("finished_at_ms")
         found = yield from _search_stream(
             k.dlq, job_id, start if isinstance(start, int) else None, search_pages, d, "DLQ"

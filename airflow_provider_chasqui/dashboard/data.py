@@ -139,7 +139,11 @@ def queue_flow(queue: str, group: str, now: int, event_window: int = EVENT_WINDO
     k = QueueKeys.for_queue(queue)
     snap: QueueSnapshot = yield from snapshot(queue, group=group, now_ms=now)
     since = now - RATE_MINUTES * 60_000
-    events = yield command("XREVRANGE", k.events, "+", f"{since}-0", "COUNT", event_window)
+    events = (
+        []
+        if k.events in snap.spoiled  # another type (hostile): no rates, the page says why
+        else (yield command("XREVRANGE", k.events, "+", f"{since}-0", "COUNT", event_window))
+    )
     completed = [0] * RATE_MINUTES
     failed = [0] * RATE_MINUTES
     for entry_id, flat in events or []:

@@ -35,7 +35,7 @@ def queues_page(c: Ctx) -> Response:
         s = r.snap
         rows.append(
             [
-                f'<a href="{c.url("/queue", queue=name)}">{h(name)}</a>',
+                f'<a href="{c.url("/queue", queue=name)}">{h(name)}</a>' + _spoiled_mark(s.spoiled),
                 h(s.stream),
                 h(r.waiting),
                 h(s.pending),
@@ -192,10 +192,23 @@ def queue_page(c: Ctx) -> Response:
         '<label class="live"><input type="checkbox" id="live" checked> live (every 5 s)</label>'
         f'<div data-live="queue"><div class="charts">{charts}</div>'
         + table(["what", "value"], stats, "kv")
+        + spoiled_notes(s.spoiled)
         + "</div>"
         + job_form(c, [queue], queue)
     )
     return c.page(f"Queue {queue}", body, "queues")
+
+
+def _spoiled_mark(spoiled: dict[str, str]) -> str:
+    return f' <span class="error" title="{h(", ".join(spoiled))}">(spoiled keys)</span>' if spoiled else ""
+
+
+def spoiled_notes(spoiled: dict[str, str]) -> str:
+    """The keys the read model counted as empty because they hold another type (``core/key_types.py``)."""
+    return "".join(
+        f'<p class="error spoiled">{h(key)} holds a {h(found)} (foreign or hostile data): counted as empty</p>'
+        for key, found in spoiled.items()
+    )
 
 
 def attempt_text(attempt: int | None, state: str) -> str:

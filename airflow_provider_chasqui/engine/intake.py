@@ -47,13 +47,14 @@ from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Reject
 from ..core.features import Features
 from ..core.groups import requeue_grouped_calls, take_grouped_call
 from ..core.history import MinuteCounts
+from ..core.key_types import replace_spoiled, written_types
 from ..core.liveness import REAP_IDLE_LEASES, beat_calls, leave_calls
 from ..core.pacing import Backoff, LogBudget
 from ..core.priorities import take_prioritized_call
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
 from ..core.running import cancel_jobs_call, settled_timeout_calls
 from ..drivers_common import translate_error
-from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
+from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError, WrongTypeError
 from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
 from .flow_gate import FlowGate
@@ -455,18 +456,27 @@ class Intake:
         interval = self.lease_ms / 1000 / RENEWALS_PER_LEASE
         if self.identity is not None:  # listed at once, not one renewal period later
             with contextlib.suppress(*TRANSIENT_ERRORS):
-                await self.driver.pipeline(self.beat_calls())
+                await self.send_beat(self.beat_calls())
         while True:
             await asyncio.sleep(max(0.0, self.renewed_at + interval - time.monotonic()))
             try:
                 await self.renew()
                 beat = self.beat_calls() + self.history.take_calls(self.core.keys)
                 if beat:
-                    await self.driver.pipeline(beat)
+                    await self.send_beat(beat)
             except TRANSIENT_ERRORS as exc:
                 raise_if_cancelling()
                 log.warning("%s: lease renewal failed (%s); retrying", self.label, exc)
                 await asyncio.sleep(min(interval, 1.0))
+
+    async def send_beat(self, calls: list[Call]) -> None:
+        """The heartbeat and history counts.  A beats or history key of another type (hostile or
+        foreign) is replaced and the beat goes on; it used to stop the lease renewals in a loop."""
+        try:
+            await self.driver.pipeline(calls)
+        except WrongTypeError as exc:
+            replaced = await self.driver.run(replace_spoiled(written_types(calls)))
+            log.warning("%s: %s: replaced %s (the counts of that beat are lost)", self.label, exc, sorted(replaced))
 
     async def renew(self) -> None:
         """One ``renew_lease`` call (per 1,000 entries) for all in-flight entries; entries

@@ -135,6 +135,7 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
     ]
     out.write(f"queue {s.queue}\n")
     table(rows, ("what", "value"), out)
+    write_spoiled(s.spoiled, out)
     if s.consumers:
         out.write("\n")
         said = {True: "alive", False: "gone", None: "no heartbeat"}
@@ -149,6 +150,12 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
     if s.next_fires:
         out.write("\n")
         table([(k, iso_ms(ms)) for k, ms in s.next_fires], ("next fires", "at (UTC)"), out)
+
+
+def write_spoiled(spoiled: dict[str, str], out: TextIO) -> None:
+    """The keys a view read as empty because they hold another type (core/key_types.py)."""
+    for key, found in spoiled.items():
+        out.write(f"warning: {key} holds a {found} (foreign or hostile data): counted as empty\n")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

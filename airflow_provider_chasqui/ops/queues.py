@@ -15,7 +15,7 @@ from ..cli_common import DEFAULT_URL, resolve_url
 from ..cli_common import positive_int as _positive
 from ..core.controls import read_controls
 from ..sync.queue import list_queues
-from .commands import EXIT_FAILED, EXIT_OK, _queue, add_target, confirm, emit, table
+from .commands import EXIT_FAILED, EXIT_OK, _queue, add_target, confirm, emit, table, write_spoiled
 
 __all__ = ["register"]
 
@@ -47,6 +47,8 @@ def cmd_queues(args: argparse.Namespace) -> int:
         )
         if not listing.queues:
             out.write(f"no queue matches {args.match!r}\n")
+        for q in listing.queues:
+            write_spoiled(q.spoiled, out)
         if listing.truncated:
             more = f" --cursor {listing.cursor}" if listing.cursor != "0" else " a higher --limit"
             out.write(

@@ -86,11 +86,12 @@ print(json.dumps({{"bare": bare, "names": names, "alias": AsyncQueue is Queue, "
     assert got["bare"] == []  # the package alone: no redis, asyncio or sockets either
     assert got["alias"] and got["same"] and got["engine"] == f"{PKG}.engine" and got["dir"] == []
     assert (
-        len(got["names"]) == 37
+        len(got["names"]) == 38
         and got["names"]["RateLimit"]
         == got["names"]["RateLimited"]
         == got["names"]["JobTimeout"]
         == got["names"]["ChildProcessDied"]
+        == got["names"]["WrongTypeError"]
         == "type"
         and got["names"]["Queue"] == "type"
         and got["names"]["version"] == "function"

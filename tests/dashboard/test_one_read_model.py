@@ -108,3 +108,65 @@ def test_cli_dashboard_and_metrics_agree(redis_url: str, queue_name: str, seeded
     finally:
         sampler.close()
         src.close()
+
+
+def test_a_spoiled_key_never_fails_a_view(redis_url: str, queue_name: str, seeded: dict[str, str]) -> None:
+    """Keys of another type (hostile or foreign data) in the keyspace: before, each view failed
+    whole on Redis' bare ``WRONGTYPE`` (``chasqui inspect``, the dashboard's queue row and the
+    worker's depth gauges on one queue; ``chasqui queues`` on every queue of the server, for one
+    spoiled key anywhere; ``job show`` for a spoiled events key).  Now the views count a spoiled
+    key as empty and name it in ``spoiled`` (``job show`` in its notes), every other figure is
+    the same as before, and a command that reads one key itself says which key is spoiled."""
+    r = redis.Redis.from_url(redis_url)
+    k = QueueKeys.for_queue(queue_name)
+    other = QueueKeys.for_queue(queue_name + "-other")
+    before = chasqui("inspect", queue_name, "--redis-url", redis_url)
+    assert before["spoiled"] == {}
+    r.delete(k.events)
+    r.set(k.repeat_paused, b"\xff junk")
+    r.rpush(k.events, b"junk")
+    r.hset(k.prioritized, b"x", b"y")
+    r.sadd(k.group_jobs("acme"), b"x")
+    r.zadd(k.groups, {"acme": 1})
+    r.set(other.stream, b"junk")
+    src = Source("t", redis_url)
+    sampler = DepthSampler(redis_url, queue_name)
+    try:
+        cli = chasqui("inspect", queue_name, "--redis-url", redis_url)
+        spoiled = {k.repeat_paused: "string", k.events: "list", k.prioritized: "hash", k.group_jobs("acme"): "set"}
+        assert cli["spoiled"] == spoiled
+        assert cli["job_group_rows"] == [["acme", 0, 0]]
+        for key in ("stream", "pending", "delayed", "dlq", "waiting", "overdue", "specs", "quarantined"):
+            assert cli[key] == before[key], key
+        board = src.queue_row(queue_name)
+        assert board.snap.spoiled == spoiled and board.completed == [0] * len(board.completed)
+        board_view = json.loads(json.dumps(board.snap.to_dict(), default=str))  # tuples as the CLI's lists
+        for key in set(cli) - CLOCKED:
+            assert board_view[key] == cli[key], key
+        assert sampler.sample()["stream"] == cli["stream"]
+
+        listing = chasqui("queues", "--match", queue_name + "*", "--redis-url", redis_url)
+        rows = {q["queue"]: q for q in listing["queues"]}
+        assert set(rows) == {queue_name, queue_name + "-other"}
+        assert rows[queue_name + "-other"]["spoiled"] == {other.stream: "string"}
+        assert rows[queue_name]["spoiled"] == {k.repeat_paused: "string", k.prioritized: "hash"}
+        assert (rows[queue_name]["dlq"], rows[queue_name]["delayed"]) == (before["dlq"], before["delayed"])
+
+        shown = chasqui("job", "show", seeded["waiting"], "-q", queue_name, "--redis-url", redis_url)
+        assert shown["state"] == "waiting" and shown["events"] == []
+        assert any(k.events in note and "holds a list" in note for note in shown["notes"]), shown["notes"]
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow_provider_chasqui.cli", "events", queue_name, "--redis-url", redis_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert proc.returncode == 1 and f"WRONGTYPE {k.events} holds another type than XREAD" in proc.stderr
+    finally:
+        sampler.close()
+        src.close()
+        r.delete(other.stream)
+        r.close()

@@ -6,6 +6,7 @@ through the public driver API (``call``, ``pipeline``, ``run``)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import uuid
 
@@ -21,6 +22,7 @@ from airflow_provider_chasqui.errors import (
     NoGroupError,
     NoScriptError,
     ScriptError,
+    WrongTypeError,
 )
 from airflow_provider_chasqui.sync._driver import SyncDriver
 
@@ -91,9 +93,16 @@ def test_sync_other_error_replies_are_script_errors(redis_url: str, stream_key: 
     d = SyncDriver(redis_url)
     try:
         d.call(command("SET", stream_key, "x"))
-        with pytest.raises(ScriptError, match="WRONGTYPE") as info:
-            d.call(command("XLEN", stream_key))
+        with pytest.raises(ScriptError, match="value is not an integer") as info:
+            d.call(command("INCR", stream_key))
         assert type(info.value) is ScriptError
+        # WRONGTYPE: its own class, naming the key (Redis' text names none), on every path
+        with pytest.raises(WrongTypeError, match=f"WRONGTYPE {re.escape(stream_key)} holds another type than XLEN"):
+            d.call(command("XLEN", stream_key))
+        with pytest.raises(WrongTypeError, match=f"WRONGTYPE {re.escape(stream_key)} holds another type than ZCARD"):
+            d.pipeline([command("GET", stream_key), command("ZCARD", stream_key)])
+        with pytest.raises(WrongTypeError, match=f"{re.escape(stream_key)} holds another type than XREADGROUP"):
+            d.run(_flow(_read_missing_group(stream_key)))
         with pytest.raises(ChasquiError):  # ScriptError; a cluster client cannot route it: ChasquiError
             d.call(command("NO-SUCH-COMMAND"))
     finally:
@@ -148,9 +157,16 @@ async def test_async_other_error_replies_are_script_errors(redis_url: str, strea
     d = AsyncDriver(redis_url)
     try:
         await d.call(command("SET", stream_key, "x"))  # the lane
-        with pytest.raises(ScriptError, match="WRONGTYPE") as info:
-            await d.call(command("XLEN", stream_key))
+        with pytest.raises(ScriptError, match="value is not an integer") as info:
+            await d.call(command("INCR", stream_key))
         assert type(info.value) is ScriptError
+        # WRONGTYPE: its own class, naming the key (Redis' text names none), on every path
+        with pytest.raises(WrongTypeError, match=f"WRONGTYPE {re.escape(stream_key)} holds another type than XLEN"):
+            await d.call(command("XLEN", stream_key))
+        with pytest.raises(WrongTypeError, match=f"WRONGTYPE {re.escape(stream_key)} holds another type than ZCARD"):
+            await d.pipeline([command("GET", stream_key), command("ZCARD", stream_key)])
+        with pytest.raises(WrongTypeError, match=f"{re.escape(stream_key)} holds another type than XREADGROUP"):
+            await d.run(_flow(_read_missing_group(stream_key)))
         with pytest.raises(ChasquiError):  # redis.asyncio: ScriptError, or ChasquiError on a cluster
             await d.call(command("NO-SUCH-COMMAND"))
     finally:

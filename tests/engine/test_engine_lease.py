@@ -205,7 +205,7 @@ async def test_a_failing_reader_is_restarted_and_reported(
         await queues(queue_name, redis_url).add_bulk([{"name": "ok", "data": {"i": i}} for i in range(20)])
         await wait_until(lambda: len(done) == 20, 20, what="the later jobs")
         health = await wait_until(lambda: (h := w.health())["ok"] and h, 10, what="health to recover")
-        assert health["reader"].startswith("restarted 1 times; last error: ScriptError")  # the driver's typed error
+        assert health["reader"].startswith("restarted 1 times; last error: WrongTypeError")  # the driver's typed error
         assert "WRONGTYPE" in health["reader"]
         assert health["flusher"] is True and health["slots"] is True and health["lease"] is True
         assert await r.xrange(k.stream, eid, eid), "the malformed entry was lost"

@@ -45,3 +45,63 @@ async def test_the_history_outlives_the_worker_and_the_dashboard(
             assert len(hour.completed) == 60
         finally:
             src.close()
+
+
+async def test_a_spoiled_beats_or_history_key_is_replaced_and_the_lease_loop_goes_on(
+    redis_url: str, queue_name: str, clients, queues, worker_factory
+) -> None:
+    """The beat pipeline (heartbeat and history counts) rides on the lease loop.  A beats or
+    history key of another type (hostile) made every beat fail: the lease task crashed and
+    restarted in a loop and ``health()`` said not ok for as long as the key stayed.  Now the
+    spoiled keys are replaced (the counts of that one beat are lost), the worker is listed and
+    healthy, its jobs are counted, and a dashboard reading a spoiled hour sees no counts instead
+    of failing."""
+    import time
+
+    from airflow_provider_chasqui.core.keys import QueueKeys
+
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    q = queues(queue_name, redis_url)
+    hour_key = k.history(int(time.time() * 1000) // HOUR_MS)
+    await r.rpush(k.beats, "junk")
+    await r.set(hour_key, "junk")
+    done: list[int] = []
+
+    async def h(job):
+        done.append(job.data)
+
+    w = worker_factory(queue_name, h, redis_url, claim_min_idle_ms=1500)
+    async with running(w):
+        await wait_until(lambda: w.health().get("ok"), 30, what="the worker consuming")
+
+        async def listed() -> bool:
+            return await r.type(k.beats) == b"zset" and await r.zscore(k.beats, w.consumer_id) is not None
+
+        await wait_until(listed, 30, what="the beats key replaced and the worker listed")
+        await q.add_bulk([{"name": "n", "data": i} for i in range(10)])
+        await wait_until(lambda: len(done) == 10, 30, what="the first jobs")
+
+        async def replaced() -> bool:  # by the first beat that counts jobs (its counts are lost)
+            return not await r.exists(hour_key) or await r.type(hour_key) == b"hash"
+
+        await wait_until(replaced, 30, what="the history hour replaced")
+        await q.add_bulk([{"name": "n", "data": i} for i in range(10, 20)])
+        await wait_until(lambda: len(done) == 20, 30, what="the later jobs")
+
+        async def counted() -> bool:
+            return await r.type(hour_key) == b"hash" and int(sum(map(int, (await r.hgetall(hour_key)).values()))) >= 10
+
+        await wait_until(counted, 30, what="the later jobs counted")
+        health = w.health()
+        assert health["ok"] and health["lease"] is True, health
+    src = Source("t", redis_url)
+    try:
+        hour = await asyncio.to_thread(src.history, queue_name, HOUR_MS, MINUTE_MS)
+        assert 10 <= hour.total_completed <= 20, hour.completed  # the later jobs at least
+        await r.delete(hour_key)
+        await r.set(hour_key, "junk again")
+        hour = await asyncio.to_thread(src.history, queue_name, HOUR_MS, MINUTE_MS)
+        assert hour.total_completed == 0
+    finally:
+        src.close()
