@@ -10,8 +10,10 @@
 -- ARGV    = [mode, ttl_ms, job_id, max_stream_len, envelope, name, member, events_max (0 = off),
 --            dedup_id]
 -- Reply   = {1, job_id} added, {0, first_job_id} throttled, {2, job_id} added replacing a waiting one
+-- The key this mode writes (throttle: the stream, debounce: the delayed set) of another type is an
+-- error before the marker is touched.
 --#include key_types
-local refused = wrong_type('add_dedup', {KEYS[2], 'stream', KEYS[3], 'zset'})
+local refused = wrong_type('add_dedup', ARGV[1] == 'throttle' and {KEYS[2], 'stream'} or {KEYS[3], 'zset'})
 if refused then
   return refused
 end

@@ -5,9 +5,10 @@
 -- ARGV    = [window_ms, job_id, run_at_ms (0 = now), max_stream_len, envelope, name, member, [traceparent]]
 -- (traceparent, when given and immediate: the extra field `tp`, which ChasquiMQ readers ignore)
 -- Reply   = {1, job_id} when added, {0, first_job_id} when suppressed; an error, nothing written
---           (no marker left to suppress a retry), when the stream or delayed set is of another type
+--           (no marker left to suppress a retry), when the key this add writes (the stream, or
+--           the delayed set for a delayed add) is of another type
 --#include key_types
-local refused = wrong_type('add_unique', {KEYS[2], 'stream', KEYS[3], 'zset'})
+local refused = wrong_type('add_unique', ARGV[3] == '0' and {KEYS[2], 'stream'} or {KEYS[3], 'zset'})
 if refused then
   return refused
 end

@@ -709,10 +709,14 @@ def test_a_write_behind_a_marker_refuses_a_key_of_another_type_before_the_marker
             [k.stream, k.delayed, marker, k.unique("m-2")],
             [60_000, 1_000_000, "m-1", 0, V2, NAME, "m-2", 5, member, ""],
         ),
-        "add_unique": ([marker, k.stream, k.delayed], [60_000, "m-1", 0, 1_000_000, V2, NAME, member]),
+        # (the one-job adds check the key they write: the stream now, the delayed set later)
+        "add_unique": (
+            [marker, k.stream, k.delayed],
+            [60_000, "m-1", 0 if spoiled == "stream" else 5, 1_000_000, V2, NAME, member],
+        ),
         "add_dedup": (
             [marker, k.stream, k.delayed, k.events],
-            ["throttle", 60_000, "m-1", 1_000_000, V2, NAME, member, 0, "d"],
+            ["throttle" if spoiled == "stream" else "debounce", 60_000, "m-1", 1_000_000, V2, NAME, member, 0, "d"],
         ),
         "schedule_delayed_idempotent": ([marker, k.delayed, k.unique("m-2")], [3600, 5, member]),
     }[script]
@@ -726,6 +730,28 @@ def test_a_write_behind_a_marker_refuses_a_key_of_another_type_before_the_marker
     assert lua.r.exists(marker)
     written = lua.r.xlen(k.stream) + lua.r.zcard(k.delayed)
     assert written >= 1
+
+
+def test_a_one_job_add_goes_through_a_spoiled_key_it_does_not_write(lua: Lua) -> None:
+    """An immediate unique add or a throttled one writes the stream only, a delayed unique add or
+    a debounced one the delayed set only: a spoiled other key used to refuse them all."""
+    k, r = lua.k, lua.r
+    member = encode_member(NAME.encode(), V2)
+    r.set(k.delayed, "junk")
+    assert (
+        lua("add_unique", [k.unique("u1"), k.stream, k.delayed], [60_000, "J1", 0, 1_000_000, V2, NAME, member])[0] == 1
+    )
+    dedup = [k.unique("u2"), k.stream, k.delayed, k.events]
+    assert lua("add_dedup", dedup, ["throttle", 60_000, "J2", 1_000_000, V2, NAME, member, 0, "d"])[0] == 1
+    assert r.xlen(k.stream) == 2 and r.get(k.delayed) == b"junk"
+    r.delete(k.delayed, k.stream)
+    r.set(k.stream, "junk")
+    assert (
+        lua("add_unique", [k.unique("u3"), k.stream, k.delayed], [60_000, "J3", 5, 1_000_000, V2, NAME, member])[0] == 1
+    )
+    dedup = [k.unique("u4"), k.stream, k.delayed, k.events]
+    assert lua("add_dedup", dedup, ["debounce", 60_000, "J4", 1_000_000, V2, NAME, member, 0, "d"])[0] == 1
+    assert r.zcard(k.delayed) == 1 and r.get(k.stream) == b"junk"  # (one member: the same bytes twice)
 
 
 def test_emit_events_writes_each_event_in_order(lua: Lua) -> None:
