@@ -57,13 +57,15 @@ for _, member in ipairs(due) do
   local b1, b2, b3, b4 = string.byte(member, 1, 4)
   local n = b4 and (b1 + b2 * 256 + b3 * 65536 + b4 * 16777216)
   local env
-  if (not n or 4 + n > #member) and not dlq_ok then
-    member = nil  -- stays where it is
-  elseif not n or 4 + n > #member then
-    local why = n and ('name length ' .. n .. ' runs past the member (' .. #member .. ' bytes)')
-      or ('member of ' .. #member .. ' bytes is shorter than its 4-byte name prefix')
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'd', member, 'source_id', '',
-      'reason', 'decode_failed', 'detail', 'delayed member: ' .. why)
+  if not n or 4 + n > #member then
+    if dlq_ok then
+      local why = n and ('name length ' .. n .. ' runs past the member (' .. #member .. ' bytes)')
+        or ('member of ' .. #member .. ' bytes is shorter than its 4-byte name prefix')
+      redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'd', member, 'source_id', '',
+        'reason', 'decode_failed', 'detail', 'delayed member: ' .. why)
+    else
+      member = nil  -- stays where it is
+    end
   elseif n == 0 then
     env = string.sub(member, 5)
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'd', env)

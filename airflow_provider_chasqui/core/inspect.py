@@ -531,9 +531,9 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
     types = yield from read_types(list(want))
     d.notes.extend(spoiled_note(key, found, want[key]) for key, found in spoiled_keys(types, want).items())
     reads = Reads(types)
-    for name, of in (("result", k.result), ("failure", k.failure), ("didx", k.didx), ("progress", k.progress)):
+    per_job = {"result": k.result, "failure": k.failure, "didx": k.didx, "progress": k.progress, "origin": k.origin}
+    for name, of in per_job.items():
         reads.add(name, of(job_id), "string", command("GET", of(job_id)))
-    reads.add("origin", k.origin(job_id), "string", command("GET", k.origin(job_id)))
     reads.add("rows", k.events, "stream", command("XREVRANGE", k.events, "+", "-", "COUNT", events_window))
     got = yield from reads.run()
     result, failure, didx, rows = got.get("result"), got.get("failure"), got.get("didx"), got.get("rows")
