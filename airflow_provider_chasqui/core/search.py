@@ -1,6 +1,6 @@
 """Job search by name, state and a data field, within bounded reads (sans-I/O; issue 28).
 
-A look up by id is ``core/inspect.job_details``.  A search looks where each state lives, each
+A look up by id is ``core/job_details.job_details``.  A search looks where each state lives, each
 look bounded in entries and bytes, and says what it did not search:
 
 * waiting and active: the stream, oldest first, through ``scan_entries.lua`` (filtered by

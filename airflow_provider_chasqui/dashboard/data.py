@@ -22,7 +22,8 @@ from redis.cluster import RedisCluster
 from ..core.calls import Flow, command, int_reply, reply_pairs, script_call, str_reply
 from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms
 from ..core.history import Series, history_flow
-from ..core.inspect import JobDetails, QueueSnapshot, job_details, latest_attempt, snapshot
+from ..core.inspect import QueueSnapshot, snapshot
+from ..core.job_details import JobDetails, job_details, latest_attempt
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.liveness import read_workers
 from ..core.origin import Origin, parse_origin
@@ -271,7 +272,7 @@ class Source:
         return self.run(history_flow(queue, now_ms(), span_ms, step_ms))
 
     def job(self, queue: str, job_id: str) -> JobDetails | None:
-        """The job as ``chasqui job show`` sees it (``core.inspect.job_details``), None if no trace."""
+        """The job as ``chasqui job show`` sees it (``core.job_details.job_details``), None if no trace."""
         try:
             return self.run(job_details(queue, job_id, group=self.group))
         except JobNotFound:
@@ -395,7 +396,7 @@ def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
     f = {key: bytes(v) for key, v in reply_pairs(flat).items()}
     row = _dlq_row(str_reply(entry_id), f, len(f.get("d", b"")))
     row["payload"] = p = _decode_payload(f.get("d", b""))
-    if isinstance(p.get("attempt"), int):  # the job page's numbering (core.inspect.latest_attempt)
+    if isinstance(p.get("attempt"), int):  # the job page's numbering (core.job_details.latest_attempt)
         p["attempt"] = latest_attempt(p["attempt"], "failed", row.get("reason"))
     return row
 

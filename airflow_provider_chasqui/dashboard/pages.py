@@ -212,7 +212,7 @@ def spoiled_notes(spoiled: dict[str, str]) -> str:
 
 
 def attempt_text(attempt: int | None, state: str) -> str:
-    """The one attempt numbering (``core.inspect.latest_attempt``: 1-indexed, as in events)."""
+    """The one attempt numbering (``core.job_details.latest_attempt``: 1-indexed, as in events)."""
     if not attempt:
         return "none yet" if state in ("waiting", "delayed") else "-"
     if state in ("waiting", "delayed"):

@@ -17,8 +17,9 @@ from .. import tracing as _tracing
 from ..core import controls, groups
 from ..core.codec import now_ms
 from ..core.event_hub import JobOutcome
-from ..core.inspect import JobDetails, QueueListing, QueueSnapshot, job_details, snapshot
+from ..core.inspect import QueueListing, QueueSnapshot, snapshot
 from ..core.inspect import list_queues as list_queues_flow
+from ..core.job_details import JobDetails, job_details
 from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.producer import QueueFlows, single_outcome

@@ -1,7 +1,7 @@
 """``chasqui job show ID --queue Q``: one job's state, data, attempts, outcome and events;
 ``chasqui job cancel ID --queue Q``: ``SyncQueue.cancel`` (docs/running-jobs.md).
 
-The lookup is ``SyncQueue.get_job_details`` (``core/inspect.py``): bounded reads only, and
+The lookup is ``SyncQueue.get_job_details`` (``core/job_details.py``): bounded reads only, and
 what a bound may have hidden is printed as a note.  The data is shown as indented JSON cut at
 ``--max-data-bytes``; a failure shows every field its record and DLQ entry carry (reason,
 detail, a traceback when the worker kept one).  Exit 4 when nothing at all is known of the id

@@ -29,7 +29,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from .. import tracing
 from ..core.event_hub import Failed, JobOutcome
-from ..core.inspect import JobDetails
+from ..core.job_details import JobDetails
 from ..core.outcomes import outcome_line
 from ..engine.queue import Queue
 from ..errors import ChasquiConnectionError, ChasquiError

@@ -177,6 +177,40 @@ async def test_a_spoiled_events_key_never_makes_the_promoter_repeat_a_job(
     assert await r.zcard(k.delayed) == 0 and await r.get(k.events) == b"not a stream"
 
 
+@pytest.mark.timeout(90)
+async def test_a_spoiled_delayed_set_still_bounds_a_failing_job_by_its_attempts(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
+    """The delayed set holds another type, so no retry can be written: ``fail_batch`` refuses
+    the call before acking and the entry stays pending.  Each reclaim counts a delivery, and
+    the arrival gate counts deliveries as attempts: the job runs ``max_attempts`` times, never
+    two at once, then is dead-lettered as ``retries_exhausted`` (no retry key needed), and the
+    spoiled key is left as it was."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    runs: list[int] = []
+    busy: list[int] = []
+
+    async def fail(job: Job) -> None:
+        busy.append(1)
+        assert len(busy) == 1, "two runs at once"
+        runs.append(job.attempt)
+        await asyncio.sleep(0.05)
+        busy.pop()
+        raise ValueError("always fails")
+
+    await r.set(k.delayed, "not a zset")
+    w = worker_factory(queue_name, fail, redis_url, max_attempts=3, claim_min_idle_ms=300)
+    async with running(w):
+        await queues(queue_name, redis_url).add("doomed", {})
+        await wait_until(lambda: _xlen_is(r, k.dlq, 1), 40, what="the job to be dead-lettered")
+        await wait_until(lambda: _settled(r, queue_name), 20, what="the entry to be acked")
+    assert len(runs) == 3, runs
+    (entry,) = await r.xrange(k.dlq)
+    assert _reason(entry) == "retries_exhausted"
+    assert await r.get(k.delayed) == b"not a zset"
+
+
 @pytest.mark.timeout(60)
 async def test_a_failing_reader_is_restarted_and_reported(
     redis_url, queue_name, clients, queues, worker_factory, caplog
