@@ -54,8 +54,9 @@ from .repeat import (
     plan_fires,
 )
 from .running import timeout_calls
-from .schedules import _NO_EXT, SpecExt, show_key
+from .schedules import show_key
 from .settings import QueueSettings
+from .spec_ext import NO_EXT, SpecExt
 
 __all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "DEFAULT_BATCH"]
 
@@ -480,7 +481,7 @@ class SchedulerCore:
                 if type(raw_spec) is list:  # fetch_due found the entry corrupt and says why
                     raise _Corrupt(str_reply(raw_spec[0]))
                 spec = decode(raw_spec)
-                ext = SpecExt.decode(raw_ext) if raw_ext else _NO_EXT
+                ext = SpecExt.decode(raw_ext) if raw_ext else NO_EXT
                 fire_at = _fire_at(raw_score)  # a -inf or negative score re-anchors the spec
                 ck = (spec.ident, fire_at)
                 if ck in cache:

@@ -33,7 +33,7 @@ from airflow_provider_chasqui.core.consumer import (
 )
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.core.retry import MAX_BACKOFF_MS, RetryPolicy, backoff_ms
-from airflow_provider_chasqui.core.schedules import SpecExt
+from airflow_provider_chasqui.core.spec_ext import SpecExt
 from airflow_provider_chasqui.errors import CodecError, ConfigError
 
 NOW = 1_700_000_000_000

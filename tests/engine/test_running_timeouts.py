@@ -317,7 +317,7 @@ async def test_a_spec_with_a_timeout_gives_every_fire_its_timeout(
 
 def test_a_spec_ext_with_a_timeout_round_trips_and_a_hostile_one_is_refused() -> None:
     from airflow_provider_chasqui.core.scheduler import _skips_while_paused
-    from airflow_provider_chasqui.core.schedules import SpecExt
+    from airflow_provider_chasqui.core.spec_ext import SpecExt
     from airflow_provider_chasqui.errors import CodecError
 
     both = SpecExt(None, None, True, 900)
