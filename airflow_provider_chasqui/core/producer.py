@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
 from typing import Any
 
-from ..errors import CodecError, ConfigError, ConfigTypeError, JobFailed
+from ..errors import ConfigError, ConfigTypeError
 from .backoff import build_retry_override
 from .calls import (
     Call,
@@ -34,10 +33,7 @@ from .calls import (
 from .codec import (
     MAX_JOB_ID_CHARS,
     RetryOverride,
-    decode_data,
-    decode_envelope,
     encode_data,
-    encode_envelope,
     encode_member,
     encode_new_envelope,
     new_job_id,
@@ -46,27 +42,14 @@ from .codec import (
     validate_job_name,
 )
 from .dedup import check_dedup, dedup_call
-from .event_follow import EventCursor, stream_id
-from .event_hub import (
-    Failed,
-    JobOutcome,
-    Outcome,
-    backfill_call,
-    backfill_hits,
-    completed,
-    failed,
-    outcome_calls,
-    parse_outcomes,
-)
-from .failure import JobFailure
-from .failure import failure_record as _failure_record
+from .dlq import DlqFlows, positive
 from .fast import fast_constructor
 from .groups import add_grouped_call, check_group
 from .keys import QueueKeys
 from .priorities import add_prioritized_call, check_priority
+from .results import ResultFlows
 from .running import FIRST_MARK_WAIT_SECS, check_timeout_ms, timeout_calls
 from .settings import QueueSettings
-from .urls import WAIT_BLOCK_MS
 
 __all__ = ["ProducerCore", "PreparedJob", "coerce_delay", "JOB_STATES", "parse_fields"]
 
@@ -151,7 +134,7 @@ parse_fields = reply_pairs  # the name the producer's readers have always used
 ADD_BATCH = 1000  # concurrent plain adds one batch call carries (engine/coalesce.py, sync/coalesce.py)
 
 
-class ProducerCore:
+class ProducerCore(DlqFlows, ResultFlows):
     """Pure producer logic for one queue; safe to share between tasks and threads."""
 
     def __init__(self, queue: str, settings: QueueSettings | None = None) -> None:
@@ -350,229 +333,6 @@ class ProducerCore:
         reply = yield script_call("cancel_delayed", (k.delayed, k.didx(job_id), k.dlid(job_id)), ())
         return int_reply(reply) == 1
 
-    # ---- dead-letter queue -------------------------------------------------------------
-    def peek_dlq(self, limit: int = 20) -> Flow[list[dict[str, Any]]]:
-        _positive(limit, "limit")
-        rows = yield command("XRANGE", self.keys.dlq, "-", "+", "COUNT", limit)
-        out: list[dict[str, Any]] = []
-        for entry_id, flat in rows or []:
-            f = parse_fields(flat or [])
-            payload = bytes(f.get("d", b""))
-            try:
-                job_id: str | None = decode_envelope(payload).id
-            except CodecError:  # an undecodable entry has no job id to show
-                job_id = None
-            out.append(
-                {
-                    "dlq_id": str_reply(entry_id),
-                    "job_id": job_id,
-                    "source_id": str_reply(f.get("source_id", b"")),
-                    "reason": str_reply(f.get("reason", b"")),
-                    "detail": str_reply(f["detail"]) if "detail" in f else None,
-                    "error": None,
-                    "traceback": None,
-                    "payload": payload,
-                    "name": str_reply(f.get("n", b"")),
-                }
-            )
-        # The handler's error lives in the job's failure record (written by workers that store
-        # results, as `chasqui worker` does by default): a failed task is matched to its row.
-        known = [r for r in out if r["job_id"]]
-        if known:
-            records = yield [command("GET", self.keys.failure(r["job_id"])) for r in known]
-            for row, raw in zip(known, records):
-                record = _failure_record(str(row["job_id"]), raw)
-                if record is not None:
-                    row["error"], row["traceback"] = record.error, record.traceback
-        for row in out:  # without a record: a handler failure's `detail` is its traceback (our workers)
-            if row["traceback"] is None and row["reason"] in _HANDLER_REASONS and row["detail"]:
-                row["traceback"] = row["detail"]
-        return out
-
-    def replay_dlq(self, limit: int = 100) -> Flow[int]:
-        """Reset ``attempt`` to 0 and move up to ``limit`` entries back; the number moved."""
-        report = yield from self.replay_dlq_report(limit)
-        return report["replayed"]
-
-    def replay_dlq_report(self, limit: int = 100) -> Flow[dict[str, int]]:
-        """``replay_dlq`` that pages past undecodable entries: ``{"replayed": n, "skipped": k}``.
-
-        Entries are read oldest first, a page at a time, until ``limit`` were replayed or the
-        DLQ ends; entries whose payload does not decode stay in the DLQ (as ChasquiMQ) and are
-        counted in ``skipped``, so a head of corrupt entries no longer hides the good ones
-        behind it.  The name is replayed byte for byte.
-        """
-        _positive(limit, "limit")
-        k = self.keys
-        replayed = skipped = 0
-        start = "-"
-        while replayed < limit:
-            rows = (yield command("XRANGE", k.dlq, start, "+", "COUNT", DLQ_PAGE)) or []
-            argv: list[Any] = [self.settings.max_stream_len]
-            taken, full = 0, False
-            for entry_id, flat in rows:
-                if taken == limit - replayed:
-                    full = True
-                    break
-                start = "(" + str_reply(entry_id)
-                f = parse_fields(flat or [])
-                try:
-                    env = decode_envelope(bytes(f.get("d", b"")))
-                except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
-                    skipped += 1
-                    continue
-                argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))  # a rows.ReplayRow
-                taken += 1
-            if taken:  # fewer than taken when a concurrent replay moved some first
-                replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
-            if len(rows) < DLQ_PAGE and not full:
-                break
-        return {"replayed": replayed, "skipped": skipped}
-
-    def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow[int]:
-        """Delete DLQ entries by id; the number that existed."""
-        ids = list(dlq_ids) if not isinstance(dlq_ids, str) else [dlq_ids]
-        bad = [i for i in ids if not isinstance(i, str) or not _STREAM_ID.fullmatch(i)]
-        if bad:
-            raise ConfigError(f"DLQ ids look like 1700000000000-0; got {bad[:5]!r}")
-        if not ids:
-            return 0
-        removed = 0
-        for i in range(0, len(ids), DLQ_PAGE):
-            removed += int_reply((yield command("XDEL", self.keys.dlq, *ids[i : i + DLQ_PAGE])))
-        return removed
-
-    def purge_dlq(self, *, reason: str | None = None, name: str | None = None) -> Flow[int]:
-        """Delete every DLQ entry there now (entries dead-lettered meanwhile stay), or only
-        those with this ``reason`` and/or job ``name``; the number deleted."""
-        for what, value in (("reason", reason), ("name", name)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{what} must be a str, got {value!r}")
-        k = self.keys
-        last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
-        if not last:
-            return 0
-        last_id = str_reply(last[0][0])
-        if reason is None and name is None:
-            ms, seq = stream_id(last_id)
-            return int_reply((yield command("XTRIM", k.dlq, "MINID", f"{ms}-{seq + 1}")))
-        removed, start = 0, "-"
-        while True:
-            rows = (yield command("XRANGE", k.dlq, start, last_id, "COUNT", DLQ_PAGE)) or []
-            doomed = []
-            for entry_id, flat in rows:
-                f = parse_fields(flat or [])
-                if (reason is None or str_reply(f.get("reason", b"")) == reason) and (
-                    name is None or str_reply(f.get("n", b"")) == name
-                ):
-                    doomed.append(entry_id)
-            if doomed:
-                removed += int_reply((yield command("XDEL", k.dlq, *doomed)))
-            if len(rows) < DLQ_PAGE:
-                return removed
-            start = "(" + str_reply(rows[-1][0])
-
-    # ---- results and state (our extension keys) ----------------------------------------
-    def get_result(self, job_id: str) -> Flow[Any]:
-        raw = yield command("GET", self.keys.result(job_id))
-        return None if raw is None else decode_data(raw)
-
-    def get_results(self, job_ids: list[str]) -> Flow[list[Any]]:
-        if not job_ids:
-            return []
-        raws = yield [command("GET", self.keys.result(j)) for j in job_ids]
-        return [None if r is None else decode_data(r) for r in raws]
-
-    def get_failure(self, job_id: str) -> Flow[JobFailure | None]:
-        """The job's failure record as a :class:`JobFailure`, or None (no record: the job did
-        not end in the DLQ, the record expired, or the worker did not store results)."""
-        raw = yield command("GET", self.keys.failure(job_id))
-        return _failure_record(job_id, raw)
-
-    def get_job_state(self, job_id: str) -> Flow[str]:
-        k = self.keys
-        done, failed, cancelled, delayed = yield [
-            command("EXISTS", k.result(job_id)),
-            command("EXISTS", k.failure(job_id)),
-            command("EXISTS", k.cancelled(job_id)),
-            command("EXISTS", k.didx(job_id)),
-        ]
-        if int_reply(done):
-            return "completed"
-        if int_reply(failed):
-            return "failed"
-        if int_reply(cancelled):
-            return "cancelled"
-        return "delayed" if int_reply(delayed) else "unknown"
-
-    def wait_for_jobs(
-        self, job_ids: Iterable[str], timeout_ms: int, clock: Any, *, stop_on_failure: bool = False
-    ) -> Flow[dict[str, Outcome]]:
-        """Block on the events stream until every id completed or failed.
-
-        Returns ``{id: ("completed", result) | ("failed", reason, detail, traceback)}``; ids still
-        running at the deadline are absent.  ``clock()`` gives monotonic ms.  With
-        ``stop_on_failure`` it returns as soon as one job is known to have failed.
-        """
-        pending = set(job_ids)
-        k = self.keys
-        deadline = clock() + timeout_ms
-        failed_ids: list[str] = []
-        cursor = EventCursor(k, count=1000)  # the event hub's position, reads and decisions
-        cursor.pin((yield cursor.pin_call()))
-        outcomes = yield from self._stored_outcomes(sorted(pending))
-        pending -= set(outcomes)
-        by_job = {j.encode(): j for j in pending}
-
-        def ended(hits: dict[str, tuple[str, str]]) -> None:
-            for jid, (kind, reason) in hits.items():
-                if jid not in pending:
-                    continue
-                pending.discard(jid)
-                del by_job[jid.encode()]
-                if kind != "completed":  # dead-lettered, or cancelled
-                    failed_ids.append(jid)
-                    outcomes[jid] = failed(reason)
-                else:
-                    outcomes[jid] = completed()
-
-        back = backfill_call(k, sorted(pending)) if pending else None
-        if back is not None:  # ended before the pin, with no stored outcome: only the event tells
-            ended(backfill_hits((yield back), sorted(pending)))
-        while pending and not (stop_on_failure and any(o[0] == "failed" for o in outcomes.values())):
-            remaining = deadline - clock()
-            if remaining <= 0:
-                break
-            block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
-            ended(cursor.hits((yield cursor.read_call(block_ms=block)), by_job))
-        if failed_ids:  # the failure records carry the handler's error as detail
-            outcomes.update((yield from self._stored_outcomes(failed_ids)))
-        done = [j for j, o in outcomes.items() if o[0] == "completed" and o[1] is None]
-        if done:
-            values = yield from self.get_results(done)
-            for jid, value in zip(done, values):
-                outcomes[jid] = completed(value)
-        return outcomes
-
-    def _stored_outcomes(self, job_ids: list[str]) -> Flow[dict[str, Outcome]]:
-        if not job_ids:
-            return {}
-        return parse_outcomes(job_ids, (yield outcome_calls(self.keys, job_ids)))
-
-
-# DLQ reasons of a handler that raised: our workers put its traceback in the entry's `detail`.
-_HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
-
-
-def single_outcome(job_id: str, outcomes: Mapping[str, JobOutcome], timeout: float) -> Any:
-    """Turn a ``wait_for_jobs`` answer for one id into a value or an exception."""
-    if job_id not in outcomes:
-        raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
-    outcome = outcomes[job_id]
-    if isinstance(outcome, Failed):
-        raise JobFailed(job_id, outcome.value, outcome.detail, traceback=outcome.traceback)
-    return outcome.value
-
 
 def bulk_item(item: Mapping[str, Any]) -> dict[str, Any]:
     """Validate one ``add_bulk`` dict (chasquimq's keys)."""
@@ -608,16 +368,6 @@ def _row(job_id: str, created_at_ms: int, name: str, data: Any) -> tuple[str, in
 def unique_key_for(name: str, inner: bytes) -> str:
     """Default ``add_unique`` key when the caller gives neither key nor job id."""
     return hashlib.sha1(name.encode() + b"\0" + inner).hexdigest()
-
-
-#: Entries read (or deleted) per round trip by the DLQ tools.
-DLQ_PAGE = 500
-_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
-
-
-def _positive(value: Any, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{what} must be a positive int, got {value!r}")
 
 
 class QueueFlows(ProducerCore):
@@ -716,7 +466,7 @@ class QueueFlows(ProducerCore):
         trace: str | None = None,
         timeout_ms: Any = None,
     ) -> Flow[tuple[str, int]]:
-        _positive(window_ms, "window")
+        positive(window_ms, "window")
         limit = None if timeout_ms is None else check_timeout_ms(timeout_ms)
         job = self.prepare(
             name, data, delay=delay, delay_ms=delay_ms, retry=build_retry_override(attempts, backoff), job_id=job_id

@@ -22,8 +22,9 @@ from ..core.inspect import list_queues as list_queues_flow
 from ..core.job_details import JobDetails, job_details
 from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
-from ..core.producer import QueueFlows, single_outcome
+from ..core.producer import QueueFlows
 from ..core.repeat import RepeatableMeta
+from ..core.results import single_outcome
 from ..core.running import cancel as cancel_job
 from ..core.schedules import RepeatableInfo, SpecFlows
 from ..core.settings import QueueSettings, window_to_ms

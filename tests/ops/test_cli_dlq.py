@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from airflow_provider_chasqui import Queue, SyncQueue
+from airflow_provider_chasqui.core.dlq import DLQ_PAGE
 from airflow_provider_chasqui.core.keys import QueueKeys
-from airflow_provider_chasqui.core.producer import DLQ_PAGE
 from airflow_provider_chasqui.errors import ConfigError
 
 HOSTILE_PAYLOADS = [

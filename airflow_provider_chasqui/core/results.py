@@ -1,0 +1,134 @@
+"""What became of jobs, as flows: a result, a failure record, a state, and the wait on the
+events stream until jobs end (``Queue.get_result``, ``get_job_state``, ``wait_for_results``
+and their twins).  Results and failure records are this project's keys (ChasquiMQ keeps
+neither); the wait pins the events stream before it reads the stored outcomes, so a job that
+ends in between is found by one or the other (``core/event_hub.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import JobFailed
+from .calls import Flow, command, int_reply
+from .codec import decode_data
+from .event_follow import EventCursor
+from .event_hub import (
+    Failed,
+    JobOutcome,
+    Outcome,
+    backfill_call,
+    backfill_hits,
+    completed,
+    failed,
+    outcome_calls,
+    parse_outcomes,
+)
+from .failure import JobFailure, failure_record
+from .keys import QueueKeys
+from .urls import WAIT_BLOCK_MS
+
+__all__ = ["ResultFlows", "single_outcome"]
+
+
+class ResultFlows:
+    """``ProducerCore``'s result and state methods (a mixin: it needs the queue's ``keys``)."""
+
+    keys: QueueKeys
+
+    def get_result(self, job_id: str) -> Flow[Any]:
+        raw = yield command("GET", self.keys.result(job_id))
+        return None if raw is None else decode_data(raw)
+
+    def get_results(self, job_ids: list[str]) -> Flow[list[Any]]:
+        if not job_ids:
+            return []
+        raws = yield [command("GET", self.keys.result(j)) for j in job_ids]
+        return [None if r is None else decode_data(r) for r in raws]
+
+    def get_failure(self, job_id: str) -> Flow[JobFailure | None]:
+        """The job's failure record as a :class:`JobFailure`, or None (no record: the job did
+        not end in the DLQ, the record expired, or the worker did not store results)."""
+        raw = yield command("GET", self.keys.failure(job_id))
+        return failure_record(job_id, raw)
+
+    def get_job_state(self, job_id: str) -> Flow[str]:
+        k = self.keys
+        done, failed, cancelled, delayed = yield [
+            command("EXISTS", k.result(job_id)),
+            command("EXISTS", k.failure(job_id)),
+            command("EXISTS", k.cancelled(job_id)),
+            command("EXISTS", k.didx(job_id)),
+        ]
+        if int_reply(done):
+            return "completed"
+        if int_reply(failed):
+            return "failed"
+        if int_reply(cancelled):
+            return "cancelled"
+        return "delayed" if int_reply(delayed) else "unknown"
+
+    def wait_for_jobs(
+        self, job_ids: Iterable[str], timeout_ms: int, clock: Any, *, stop_on_failure: bool = False
+    ) -> Flow[dict[str, Outcome]]:
+        """Block on the events stream until every id completed or failed.
+
+        Returns ``{id: ("completed", result) | ("failed", reason, detail, traceback)}``; ids still
+        running at the deadline are absent.  ``clock()`` gives monotonic ms.  With
+        ``stop_on_failure`` it returns as soon as one job is known to have failed.
+        """
+        pending = set(job_ids)
+        k = self.keys
+        deadline = clock() + timeout_ms
+        failed_ids: list[str] = []
+        cursor = EventCursor(k, count=1000)  # the event hub's position, reads and decisions
+        cursor.pin((yield cursor.pin_call()))
+        outcomes = yield from self._stored_outcomes(sorted(pending))
+        pending -= set(outcomes)
+        by_job = {j.encode(): j for j in pending}
+
+        def ended(hits: dict[str, tuple[str, str]]) -> None:
+            for jid, (kind, reason) in hits.items():
+                if jid not in pending:
+                    continue
+                pending.discard(jid)
+                del by_job[jid.encode()]
+                if kind != "completed":  # dead-lettered, or cancelled
+                    failed_ids.append(jid)
+                    outcomes[jid] = failed(reason)
+                else:
+                    outcomes[jid] = completed()
+
+        back = backfill_call(k, sorted(pending)) if pending else None
+        if back is not None:  # ended before the pin, with no stored outcome: only the event tells
+            ended(backfill_hits((yield back), sorted(pending)))
+        while pending and not (stop_on_failure and any(o[0] == "failed" for o in outcomes.values())):
+            remaining = deadline - clock()
+            if remaining <= 0:
+                break
+            block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
+            ended(cursor.hits((yield cursor.read_call(block_ms=block)), by_job))
+        if failed_ids:  # the failure records carry the handler's error as detail
+            outcomes.update((yield from self._stored_outcomes(failed_ids)))
+        done = [j for j, o in outcomes.items() if o[0] == "completed" and o[1] is None]
+        if done:
+            values = yield from self.get_results(done)
+            for jid, value in zip(done, values):
+                outcomes[jid] = completed(value)
+        return outcomes
+
+    def _stored_outcomes(self, job_ids: list[str]) -> Flow[dict[str, Outcome]]:
+        if not job_ids:
+            return {}
+        return parse_outcomes(job_ids, (yield outcome_calls(self.keys, job_ids)))
+
+
+def single_outcome(job_id: str, outcomes: Mapping[str, JobOutcome], timeout: float) -> Any:
+    """Turn a ``wait_for_jobs`` answer for one id into a value or an exception."""
+    if job_id not in outcomes:
+        raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
+    outcome = outcomes[job_id]
+    if isinstance(outcome, Failed):
+        raise JobFailed(job_id, outcome.value, outcome.detail, traceback=outcome.traceback)
+    return outcome.value
