@@ -34,7 +34,7 @@ from .errors import (
 if TYPE_CHECKING:  # what ``__getattr__`` below imports on first use
     from .core.controls import RateLimit
     from .core.repeat import MissedFiresPolicy, RepeatableMeta, RepeatPattern
-    from .core.schedules import RepeatableInfo
+    from .core.spec_reads import RepeatableInfo
     from .engine.events import QueueEvents
     from .engine.promoter import Promoter
     from .engine.queue import Queue
@@ -58,7 +58,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "MissedFiresPolicy": (".core.repeat", "MissedFiresPolicy"),
     "RepeatableMeta": (".core.repeat", "RepeatableMeta"),
     "RepeatPattern": (".core.repeat", "RepeatPattern"),
-    "RepeatableInfo": (".core.schedules", "RepeatableInfo"),
+    "RepeatableInfo": (".core.spec_reads", "RepeatableInfo"),
     "QueueEvents": (".engine.events", "QueueEvents"),
     "Promoter": (".engine.promoter", "Promoter"),
     "Queue": (".engine.queue", "Queue"),

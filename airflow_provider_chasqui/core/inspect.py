@@ -24,7 +24,7 @@ from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
 from .key_types import Reads, read_types, spoiled_keys
 from .keys import QueueKeys
 from .liveness import REAP_IDLE_LEASES, WorkerRecord, live_consumers, read_workers
-from .schedules import show_key
+from .spec_reads import show_key
 
 __all__ = [
     "QueueSnapshot",

@@ -54,9 +54,9 @@ from .repeat import (
     plan_fires,
 )
 from .running import timeout_calls
-from .schedules import show_key
 from .settings import QueueSettings
 from .spec_ext import NO_EXT, SpecExt
+from .spec_reads import show_key
 
 __all__ = ["SchedulerCore", "TickResult", "DueSpec", "fire_job_id", "DEFAULT_BATCH"]
 

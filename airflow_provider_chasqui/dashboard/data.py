@@ -28,7 +28,8 @@ from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.liveness import read_workers
 from ..core.origin import Origin, parse_origin
 from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
-from ..core.schedules import SpecFlows, spec_row
+from ..core.schedules import SpecFlows
+from ..core.spec_reads import spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
 from ..errors import CodecError, ConfigError, JobNotFound
 from ..sync import SyncDriver

@@ -23,8 +23,9 @@ from ..core.producer import QueueFlows
 from ..core.repeat import RepeatableMeta
 from ..core.results import single_outcome
 from ..core.running import cancel as cancel_job
-from ..core.schedules import RepeatableInfo, SpecFlows
+from ..core.schedules import SpecFlows
 from ..core.settings import QueueSettings, window_to_ms
+from ..core.spec_reads import RepeatableInfo
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job

@@ -12,7 +12,7 @@ from typing import Any
 from ..core.controls import RateLimit, sum_rate_limits
 from ..core.groups import GroupLimits, check_group
 from ..core.repeat import RepeatableMeta
-from ..core.schedules import RepeatableInfo, bulk_spec_key, sharded_spec_key
+from ..core.schedules import bulk_spec_key, sharded_spec_key
 from ..core.settings import QueueSettings
 from ..core.sharding import (
     decode_cursor,
@@ -22,6 +22,7 @@ from ..core.sharding import (
     split_by_shard,
     split_limit,
 )
+from ..core.spec_reads import RepeatableInfo
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..types import Job
 from ._driver import SyncDriver

@@ -19,9 +19,9 @@ from airflow_provider_chasqui import BackoffSpec, MissedFiresPolicy, Queue, Repe
 from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.repeat import RepeatableMeta, StoredSpec
-from airflow_provider_chasqui.core.schedules import RepeatableInfo
 from airflow_provider_chasqui.core.sharding import shard_of
 from airflow_provider_chasqui.core.spec_ext import SpecExt
+from airflow_provider_chasqui.core.spec_reads import RepeatableInfo
 from airflow_provider_chasqui.engine.sharded import ShardedQueue
 from airflow_provider_chasqui.errors import CodecError, ConfigError
 from airflow_provider_chasqui.sync.sharded import SyncShardedQueue
