@@ -80,15 +80,17 @@ async def test_which_timeout_applies_job_then_handler_then_worker(
 
     setattr(sleeper, TIMEOUT_ATTR, 300)  # the handler's own
     table = {"own": sleeper, "handler": sleeper, "default": patient}
-    worker = worker_factory(queue_name, table, redis_url, store_results=True, job_timeout_ms=600, concurrency=10)
+    # Margins of a second or more each way: a loaded CI machine (two suites on two cores, a
+    # cluster) once stalled a 0.2 s sleep past a 0.6 s default.
+    worker = worker_factory(queue_name, table, redis_url, store_results=True, job_timeout_ms=1500, concurrency=10)
     async with running(worker):
-        own = await q.add("own", {"secs": 0.5}, timeout_ms=2000, attempts=1)  # 2 s beats the handler's 0.3 s
-        by_handler = await q.add("handler", {"secs": 0.5}, attempts=1)  # 0.3 s: times out
-        by_default = await q.add("default", {"secs": 1.5}, attempts=1)  # 0.6 s: times out
-        within = await q.add("default", {"secs": 0.2}, attempts=1)
+        own = await q.add("own", {"secs": 0.5}, timeout_ms=5000, attempts=1)  # 5 s beats the handler's 0.3 s
+        by_handler = await q.add("handler", {"secs": 10}, attempts=1)  # 0.3 s: times out
+        by_default = await q.add("default", {"secs": 10}, attempts=1)  # 1.5 s: times out
+        within = await q.add("default", {"secs": 0.05}, attempts=1)
         assert await own.wait_for_result(timeout=30) == "done"
         assert await within.wait_for_result(timeout=30) == "done"
-        for job, ms in ((by_handler, 300), (by_default, 600)):
+        for job, ms in ((by_handler, 300), (by_default, 1500)):
             failure = await wait_until(lambda j=job: q.get_failure(j.id), 30, what=f"{job.id} to fail")
             assert failure.error.startswith("timeout:") and f"{ms} ms" in failure.error, failure
 
