@@ -1,4 +1,5 @@
-"""Producer operations as flows: every decision of ``Queue`` and ``SyncQueue`` lives here.
+"""Producer operations as flows: every decision of ``Queue`` and ``SyncQueue`` lives here, the
+DLQ tools in ``core/dlq.py`` and results, states and waits in ``core/results.py`` (mixed in).
 
 Each public method returns a generator (see :mod:`.calls`) that the asyncio or the blocking
 driver runs.  Inputs are validated before anything is sent, so a bad call never leaves a
