@@ -19,11 +19,11 @@ from .dedup import check_dedup
 from .groups import check_group
 from .priorities import check_priority
 from .running import MAX_TIMEOUT_MS
+from .spec_options import U64_MAX
 
 __all__ = ["SpecExt", "NO_EXT", "EXT_VERSION", "side_options", "dedup_option"]
 
 EXT_VERSION = 1
-_U64 = 2**64 - 1
 _packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
@@ -84,7 +84,7 @@ class SpecExt:
         if arr[1] is not None:  # validated by the envelope codec, the field's real home
             retry = decode_envelope(_packb(["", b"", 0, 0, arr[1]])).retry
         deadline = arr[2]
-        if deadline is not None and (type(deadline) is not int or not 0 < deadline <= _U64):
+        if deadline is not None and (type(deadline) is not int or not 0 < deadline <= U64_MAX):
             raise CodecError(f"spec ext deadline_ms must be a positive int or nil, got {deadline!r}")
         timeout = arr[4] if len(arr) > 4 else None
         if timeout is not None and (type(timeout) is not int or not 0 < timeout <= MAX_TIMEOUT_MS):

@@ -26,10 +26,11 @@ __all__ = [
     "spec_limit",
     "SKIP",
     "check_spec_key",
+    "U64_MAX",
 ]
 
 SKIP = MissedFiresPolicy.skip()
-_U64 = 2**64 - 1
+U64_MAX = 2**64 - 1  # the largest instant, deadline or count a spec stores (msgpack u64)
 
 
 def coerce_pattern(repeat: Any) -> RepeatPattern:
@@ -115,7 +116,7 @@ def epoch_ms(value: Any, what: str) -> int | None:
         raise ConfigError(f"{what} must be finite, got {value!r}")
     else:
         ms = int(value)
-    if not 0 <= ms <= _U64:
+    if not 0 <= ms <= U64_MAX:
         raise ConfigError(f"{what} must be at or after the epoch, got {value!r}")
     return ms
 
@@ -154,7 +155,7 @@ def deadline_ms(value: Any) -> int | None:
 def spec_limit(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _U64:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= U64_MAX:
         raise ConfigError(f"limit must be a positive int (the number of fires) or None, got {value!r}")
     return value
 
