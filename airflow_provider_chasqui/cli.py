@@ -18,7 +18,9 @@ __all__ = ["main", "build_parser", "COMMANDS"]
 #: Modules (under ``airflow_provider_chasqui``) whose ``register(sub)`` adds subcommands, in help order.
 COMMANDS: tuple[str, ...] = (
     ".ops.queues",  # queues, queue drain | obliterate
-    ".ops.commands",  # inspect, watch, dlq, repeatable, events, functions
+    ".ops.commands",  # inspect, workers, watch, events, functions
+    ".ops.dlq",  # dlq peek | replay | remove | purge
+    ".ops.repeatable",  # repeatable list | get | pause | resume | remove | import
     ".ops.jobs",  # job show
     ".ops.standalone",  # scheduler, promoter
     ".ops.completion",  # completion bash

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from ..core.text import printable
 from ..errors import JobNotFound
-from .commands import EXIT_OK, NotFound, _queue, add_target, emit, iso_ms, table
+from .commands import EXIT_OK, NotFound, add_target, emit, iso_ms, open_queue, table
 
 __all__ = ["register", "pretty"]
 
@@ -38,7 +38,7 @@ def _block(out: TextIO, title: str, text: str) -> None:
 
 def cmd_job_show(args: argparse.Namespace) -> int:  # noqa: C901 - one printed line per optional field of a job
     try:
-        d = _queue(args).get_job_details(args.job_id, group=args.group, events_window=args.events)
+        d = open_queue(args).get_job_details(args.job_id, group=args.group, events_window=args.events)
     except JobNotFound as exc:
         raise NotFound(str(exc)) from None
     data = d.to_dict()
@@ -107,7 +107,7 @@ _CANCEL_SAID = {
 
 def cmd_job_cancel(args: argparse.Namespace) -> int:
     """``SyncQueue.cancel``: a delayed job ends now, a waiting or running one when a worker meets it."""
-    state = _queue(args).cancel(args.job_id, group=args.group)
+    state = open_queue(args).cancel(args.job_id, group=args.group)
     emit(
         args,
         {"job_id": args.job_id, "queue": args.queue, "state": state},

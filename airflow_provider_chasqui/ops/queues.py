@@ -15,7 +15,7 @@ from ..cli_common import DEFAULT_URL, resolve_url
 from ..cli_common import positive_int as _positive
 from ..core.controls import read_controls
 from ..sync.queue import list_queues
-from .commands import EXIT_FAILED, EXIT_OK, _queue, add_target, confirm, emit, table, write_spoiled
+from .commands import EXIT_FAILED, EXIT_OK, add_target, confirm, emit, open_queue, table, write_spoiled
 
 __all__ = ["register"]
 
@@ -61,7 +61,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    q = _queue(args)
+    q = open_queue(args)
     what = "waiting jobs" if args.keep_delayed else "waiting and delayed jobs"
     if not confirm(args, f"delete the {what} of {args.queue}? (running jobs stay)", "drain"):
         return EXIT_FAILED
@@ -75,7 +75,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_obliterate(args: argparse.Namespace) -> int:
-    q = _queue(args)
+    q = open_queue(args)
     if not confirm(args, f"delete EVERY key of queue {args.queue} (jobs, DLQ, events, results, specs)?", "obliterate"):
         return EXIT_FAILED
     report = q.obliterate(force=args.force)
@@ -103,7 +103,7 @@ def _state(paused: bool, rate: Any, concurrency: int | None = None) -> str:
 def cmd_limits(args: argparse.Namespace) -> int:
     """``chasqui queue limits Q``: show the limits; ``--rate N/MS`` and ``--concurrency N``
     set them, ``--clear`` removes both."""
-    q = _queue(args)
+    q = open_queue(args)
     if args.clear:
         q.clear_rate_limit()
         q.clear_concurrency()
@@ -142,7 +142,7 @@ def _rate(text: str) -> tuple[int, int]:
 
 def cmd_pause(args: argparse.Namespace) -> int:
     """``Queue.pause()``/``resume()``: every worker obeys it within 100 ms (``engine/flow_gate.py``)."""
-    q = _queue(args)
+    q = open_queue(args)
     if args.queue_cmd == "pause":
         q.pause()
     else:

@@ -613,10 +613,8 @@ def test_streaming_read_of_events_with_trigger_available_now(ds, redis_url: str,
     new ones.  The reader alone: after prepareForTriggerAvailableNow it never goes past that id."""
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-    from airflow_provider_chasqui.spark.datasource.reader import (
-        ChasquiStreamReader,
-        read_plan,
-    )
+    from airflow_provider_chasqui.spark.datasource.reader import read_plan
+    from airflow_provider_chasqui.spark.datasource.stream import ChasquiStreamReader
 
     events = QueueKeys.for_queue(queue_name).events
     r = redis.Redis.from_url(redis_url)

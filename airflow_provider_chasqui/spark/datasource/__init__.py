@@ -27,9 +27,9 @@ from .reader import (
     SCHEMAS,
     ChasquiFilteringReader,
     ChasquiReader,
-    ChasquiStreamReader,
     read_plan,
 )
+from .stream import ChasquiStreamReader
 from .writer import ChasquiArrowWriter, ChasquiStreamWriter, load_report
 
 __all__ = ["ENV_URL", "PUSHDOWN_CONF", "ChasquiDataSource", "load_report", "register"]
