@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from airflow_provider_chasqui.core.codec import BackoffWire, RetryOverride, new_job_id, ulid_ms
 from airflow_provider_chasqui.core.repeat import MissedFiresPolicy, RepeatPattern, StoredSpec
-from airflow_provider_chasqui.core.scheduler import SchedulerCore, SpecDecoder, fire_job_id
+from airflow_provider_chasqui.core.scheduler import SchedulerCore, fire_job_id
 from airflow_provider_chasqui.core.schedules import SpecFlows, _encode_spec
 from airflow_provider_chasqui.core.sharding import decode_cursor, encode_cursor, shard_of, shard_queue_names
+from airflow_provider_chasqui.core.spec_decode import SpecDecoder
 from airflow_provider_chasqui.core.spec_ext import SpecExt
 from airflow_provider_chasqui.core.spec_options import coerce_pattern, coerce_policy
 from airflow_provider_chasqui.core.urls import split_cluster_flag
