@@ -1,7 +1,8 @@
 """The dead-letter queue's tools as flows (``Queue.peek_dlq``, ``replay_dlq``, ``remove_dlq``,
-``purge_dlq`` and their twins, ``chasqui dlq``): a page of entries at a time, never the whole
-stream in one reply.  A replay moves entries back to the stream with ``attempt`` reset inside
-one script (``lua/replay_dlq.lua``), so a concurrent replay never moves an entry twice;
+``purge_dlq`` and their twins, ``chasqui dlq``; the dashboard's filtered pages and replays,
+``dlq_page``, ``replay_ids``, ``replay_matching``): a page of entries at a time, never the
+whole stream in one reply.  A replay moves entries back to the stream with ``attempt`` reset
+inside one script (``lua/replay_dlq.lua``), so a concurrent replay never moves an entry twice;
 undecodable entries stay where they are and are counted.
 """
 
@@ -12,17 +13,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CodecError, ConfigError
-from .calls import Flow, command, int_reply, reply_pairs, script_call, str_reply
+from .calls import Call, Flow, command, int_reply, reply_pairs, script_call, str_reply
 from .codec import decode_envelope, encode_envelope
 from .event_follow import stream_id
 from .failure import failure_record
 from .keys import QueueKeys
+from .scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 from .settings import QueueSettings
 
-__all__ = ["DlqFlows", "DLQ_PAGE", "positive"]
+__all__ = ["DlqFlows", "DLQ_PAGE", "positive", "dlq_page", "dlq_row", "replay_ids", "replay_matching"]
 
 #: Entries read (or deleted) per round trip by the DLQ tools.
 DLQ_PAGE = 500
+PAGE_WINDOW = 200  # DLQ summaries read per scan while filling a filtered page
+MAX_WINDOWS = 10  # scans one filtered page may read before it hands back a cursor
+REPLAY_BATCH = 16  # DLQ entries read whole per round trip when replaying by id
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 # DLQ reasons of a handler that raised: our workers put its traceback in the entry's `detail`.
 _HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
@@ -96,25 +101,15 @@ class DlqFlows:
         replayed = skipped = 0
         start = "-"
         while replayed < limit:
-            rows = (yield command("XRANGE", k.dlq, start, "+", "COUNT", DLQ_PAGE)) or []
-            argv: list[Any] = [self.settings.max_stream_len]
-            taken, full = 0, False
-            for entry_id, flat in rows:
-                if taken == limit - replayed:
-                    full = True
-                    break
-                start = "(" + str_reply(entry_id)
-                f = reply_pairs(flat or [])
-                try:
-                    env = decode_envelope(bytes(f.get("d", b"")))
-                except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
-                    skipped += 1
-                    continue
-                argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))  # a rows.ReplayRow
-                taken += 1
-            if taken:  # fewer than taken when a concurrent replay moved some first
+            count = min(DLQ_PAGE, limit - replayed)
+            rows = (yield command("XRANGE", k.dlq, start, "+", "COUNT", count)) or []
+            if rows:
+                start = "(" + str_reply(rows[-1][0])
+            argv, bad = _replay_argv(rows, self.settings.max_stream_len)
+            skipped += bad
+            if len(argv) > 1:  # fewer moved than sent when a concurrent replay moved some first
                 replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
-            if len(rows) < DLQ_PAGE and not full:
+            if len(rows) < count:
                 break
         return {"replayed": replayed, "skipped": skipped}
 
@@ -151,12 +146,125 @@ class DlqFlows:
             doomed = []
             for entry_id, flat in rows:
                 f = reply_pairs(flat or [])
-                if (reason is None or str_reply(f.get("reason", b"")) == reason) and (
-                    name is None or str_reply(f.get("n", b"")) == name
-                ):
+                if _matches(str_reply(f.get("reason", b"")), str_reply(f.get("n", b"")), reason, name):
                     doomed.append(entry_id)
             if doomed:
                 removed += int_reply((yield command("XDEL", k.dlq, *doomed)))
             if len(rows) < DLQ_PAGE:
                 return removed
             start = "(" + str_reply(rows[-1][0])
+
+
+def _matches(entry_reason: str, entry_name: str, reason: str | None, name: str | None) -> bool:
+    """Whether an entry passes the ``reason`` and ``name`` filters (None: any)."""
+    return (reason is None or entry_reason == reason) and (name is None or entry_name == name)
+
+
+def _replay_argv(rows: list[Any], max_len: int) -> tuple[list[Any], int]:
+    """``replay_dlq.lua``'s argv for these whole DLQ entries (each a ``rows.ReplayRow``: id, the
+    envelope with ``attempt`` reset to 0, the name byte for byte), and how many were skipped
+    because their payload does not decode (they stay in the DLQ, as ChasquiMQ leaves them)."""
+    argv: list[Any] = [max_len]
+    skipped = 0
+    for entry_id, flat in rows:
+        f = reply_pairs(flat or [])
+        try:
+            env = decode_envelope(bytes(f.get("d", b"")))
+        except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
+            skipped += 1
+            continue
+        argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))
+    return argv, skipped
+
+
+def dlq_row(entry_id: str, f: dict[str, bytes], size: int) -> dict[str, Any]:
+    """One row of a filtered page from a scan match: fields cut to ``ENVELOPE_ID_PREFIX``
+    bytes (the job id is read from the envelope's first bytes), ``size`` the whole payload's."""
+    return {
+        "dlq_id": entry_id,
+        "job_id": envelope_id(f.get("d", b"")),
+        "name": str_reply(f.get("n", b"")),
+        "reason": str_reply(f.get("reason", b"")),
+        "detail": str_reply(f["detail"]) if "detail" in f else None,
+        "bytes": max(size, 0),
+        "source_id": str_reply(f.get("source_id", b"")),
+    }
+
+
+def _scan(k: QueueKeys, start: str, end: str = "+") -> Call:
+    """Summaries of up to ``PAGE_WINDOW`` entries from ``start`` (payloads cut to their id)."""
+    return scan_call(
+        k.dlq, start, end, count=PAGE_WINDOW, clip=ENVELOPE_ID_PREFIX, max_matches=PAGE_WINDOW, step=PAGE_WINDOW
+    )
+
+
+def dlq_page(queue: str, cursor: str | None, count: int, reason: str | None, name: str | None) -> Flow[dict[str, Any]]:
+    """One page of DLQ entries oldest first, filtered by reason and/or name: at most
+    ``MAX_WINDOWS`` scans of ``PAGE_WINDOW`` entries per page; ``next`` continues.  Each row
+    with a job id carries the handler's ``error`` from its failure record (None without one)."""
+    k = QueueKeys.for_queue(queue)
+    start = f"({cursor}" if cursor else "-"
+    rows: list[dict[str, Any]] = []
+    nxt: str | None = None
+    total = yield command("XLEN", k.dlq)
+    for _ in range(MAX_WINDOWS):
+        window = parse_scan((yield _scan(k, start)))
+        for entry_id, fields, size in window.matches:
+            row = dlq_row(entry_id, fields, size)
+            nxt = row["dlq_id"]
+            if _matches(row["reason"], row["name"], reason, name):
+                rows.append(row)
+                if len(rows) == count:
+                    break
+        if len(rows) == count or window.done:
+            break
+        start = f"({nxt}"
+    more = False
+    if nxt is not None:
+        more = bool((yield command("XRANGE", k.dlq, f"({nxt}", "+", "COUNT", 1)))
+    known = [r for r in rows if r["job_id"]]
+    if known:
+        records = yield [command("GET", k.failure(r["job_id"])) for r in known]
+        for row, raw in zip(known, records):
+            record = failure_record(row["job_id"], raw)
+            row["error"] = record.error if record is not None else None
+    return {"rows": rows, "next": nxt if more else None, "total": int_reply(total)}
+
+
+def replay_ids(queue: str, ids: list[str], max_len: int) -> Flow[tuple[int, int]]:
+    """Replay these DLQ entries, read whole ``REPLAY_BATCH`` at a time (a round trip carries at
+    most that many payloads): ``(replayed, undecodable skipped)``; an entry another replay
+    moved first is not counted twice."""
+    k = QueueKeys.for_queue(queue)
+    replayed = skipped = 0
+    for at in range(0, len(ids), REPLAY_BATCH):
+        replies = yield [command("XRANGE", k.dlq, i, i) for i in ids[at : at + REPLAY_BATCH]]
+        argv, bad = _replay_argv([r[0] for r in replies if r], max_len)
+        skipped += bad
+        if len(argv) > 1:
+            replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
+    return replayed, skipped
+
+
+def replay_matching(queue: str, reason: str | None, name: str | None, max_len: int) -> Flow[dict[str, int]]:
+    """Replay every entry there now with this reason and/or name, a scan window at a time
+    (matching is decided on summaries; only chosen entries are read whole)."""
+    k = QueueKeys.for_queue(queue)
+    last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
+    if not last:
+        return {"replayed": 0, "skipped": 0}
+    last_id = str_reply(last[0][0])
+    replayed = skipped = 0
+    start = "-"
+    while True:
+        window = parse_scan((yield _scan(k, start, last_id)))
+        chosen = [
+            e
+            for e, f, _size in window.matches
+            if _matches(str_reply(f.get("reason", b"")), str_reply(f.get("n", b"")), reason, name)
+        ]
+        done, bad = yield from replay_ids(queue, chosen, max_len)
+        replayed, skipped = replayed + done, skipped + bad
+        if window.done or not window.last:
+            return {"replayed": replayed, "skipped": skipped}
+        start = "(" + window.last

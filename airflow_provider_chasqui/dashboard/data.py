@@ -1,5 +1,6 @@
-"""What the dashboard reads and changes, on the engine's blocking API (``SyncQueue``,
-``core/inspect.py``) wherever it has the call, and bounded reads everywhere.
+"""What the dashboard reads and changes, on the engine's blocking API (``SyncQueue``) and the
+core's read flows (``core/inspect.py``, ``core/job_details.py``, ``core/dlq.py``: the same
+reads the CLI makes) wherever they have the call, and bounded reads everywhere.
 
 No KEYS and no whole-stream reads per page view: queues are found by a cursor SCAN in a
 background thread (its result cached), events and DLQ pages are XRANGE/XREVRANGE windows
@@ -19,15 +20,15 @@ from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 
-from ..core.calls import Flow, command, int_reply, reply_pairs, script_call, str_reply
-from ..core.codec import decode_data, decode_envelope, encode_envelope, now_ms
+from ..core.calls import Flow, command, int_reply, reply_pairs, str_reply
+from ..core.codec import decode_data, decode_envelope, now_ms
+from ..core.dlq import dlq_page, dlq_row, replay_ids, replay_matching
 from ..core.history import Series, history_flow
 from ..core.inspect import QueueSnapshot, snapshot
 from ..core.job_details import JobDetails, job_details, latest_attempt
 from ..core.keys import DEFAULT_GROUP, QueueKeys, validate_queue_name
 from ..core.liveness import read_workers
 from ..core.origin import Origin, parse_origin
-from ..core.scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 from ..core.schedules import SpecFlows
 from ..core.spec_reads import spec_row
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, redact_url
@@ -45,13 +46,6 @@ audit_log = logging.getLogger("airflow_provider_chasqui.dashboard.audit")
 EVENT_WINDOW = 2000  # newest events read for the per-minute rates of one queue's page, and per job lookup
 OVERVIEW_EVENT_WINDOW = 1000  # and per queue on the Queues page (up to 50 queues a page)
 RATE_MINUTES = 10
-PAGE_WINDOW = 200  # DLQ entries read per XRANGE while filling a filtered page
-MAX_WINDOWS = 10  # XRANGE windows one DLQ page may read before it hands back a cursor
-REPLAY_BATCH = 16  # DLQ entries read whole per round trip when replaying
-JOB_WINDOW = 1000  # stream / DLQ entries searched around a job's creation time
-# a job search reads at most 64 MiB inside Redis per range and sends back only entries whose
-# payload holds the id (at most 4, each field but the payload cut to 4 KiB): core/scan.py
-_JOB_SEARCH: dict[str, Any] = {"clip": 4096, "whole_d": True, "max_bytes": 64 * 1024 * 1024, "max_matches": 4}
 DATA_CAP = 64 * 1024  # characters of a payload shown
 SCAN_COUNT = 5000
 QUEUE_CACHE = 256  # queue objects a Source keeps (see Source.queue)
@@ -282,20 +276,21 @@ class Source:
     def dlq_page(
         self, queue: str, cursor: str | None, count: int, reason: str | None, name: str | None
     ) -> dict[str, Any]:
-        return self.run(dlq_page_flow(queue, cursor, count, reason, name))
+        return self.run(dlq_page(queue, cursor, count, reason, name))
 
     def dlq_entry(self, queue: str, dlq_id: str) -> dict[str, Any] | None:
         return self.run(dlq_entry_flow(queue, dlq_id))
 
     def replay_ids(self, queue: str, ids: list[str]) -> int:
-        return self.run(replay_ids_flow(queue, ids, self.queue(queue)._flows.settings.max_stream_len))
+        replayed, _skipped = self.run(replay_ids(queue, ids, self.queue(queue)._flows.settings.max_stream_len))
+        return replayed
 
     def replay_matching(self, queue: str, reason: str | None, name: str | None) -> dict[str, int]:
         if reason is None and name is None:
             q = self.queue(queue)
             total = int_reply(self.run(_one(command("XLEN", q.keys.dlq))))
             return q.replay_dlq_report(max(1, total))
-        return self.run(replay_matching_flow(queue, reason, name, self.queue(queue)._flows.settings.max_stream_len))
+        return self.run(replay_matching(queue, reason, name, self.queue(queue)._flows.settings.max_stream_len))
 
     def spec_search(self, queue: str, prefix: str, cursor: str | None, count: int) -> tuple[list[Any], str | None]:
         return self.run(spec_prefix_flow(queue, prefix, cursor, count))
@@ -326,68 +321,6 @@ def _one(call: Any) -> Flow[Any]:
     return reply
 
 
-def _dlq_row(entry_id: str, f: dict[str, bytes], size: int) -> dict[str, Any]:
-    """One DLQ page row from a ``scan_entries`` match: fields cut to ``ENVELOPE_ID_PREFIX``
-    bytes (the job id is read from the envelope's first bytes), ``size`` the whole payload's."""
-    return {
-        "dlq_id": entry_id,
-        "job_id": envelope_id(f.get("d", b"")),
-        "name": str_reply(f.get("n", b"")),
-        "reason": str_reply(f.get("reason", b"")),
-        "detail": str_reply(f["detail"]) if "detail" in f else None,
-        "bytes": max(size, 0),
-        "source_id": str_reply(f.get("source_id", b"")),
-    }
-
-
-def _matches(row: dict[str, Any], reason: str | None, name: str | None) -> bool:
-    return (reason is None or row["reason"] == reason) and (name is None or row["name"] == name)
-
-
-def dlq_page_flow(
-    queue: str, cursor: str | None, count: int, reason: str | None, name: str | None
-) -> Flow[dict[str, Any]]:
-    """One page of DLQ entries oldest first, filtered by reason and/or name: at most
-    ``MAX_WINDOWS`` XRANGE windows of ``PAGE_WINDOW`` entries per page; ``next`` continues."""
-    k = QueueKeys.for_queue(queue)
-    start = f"({cursor}" if cursor else "-"
-    rows: list[dict[str, Any]] = []
-    nxt: str | None = None
-    total = yield command("XLEN", k.dlq)
-    for _ in range(MAX_WINDOWS):
-        window = parse_scan(
-            (
-                yield scan_call(
-                    k.dlq, start, count=PAGE_WINDOW, clip=ENVELOPE_ID_PREFIX, max_matches=PAGE_WINDOW, step=PAGE_WINDOW
-                )
-            )
-        )
-        for entry_id, fields, size in window.matches:
-            row = _dlq_row(entry_id, fields, size)
-            nxt = row["dlq_id"]
-            if _matches(row, reason, name):
-                rows.append(row)
-                if len(rows) == count:
-                    break
-        if len(rows) == count or window.done:
-            break
-        start = f"({nxt}"
-    more = False
-    if nxt is not None:
-        more = bool((yield command("XRANGE", k.dlq, f"({nxt}", "+", "COUNT", 1)))
-    known = [r for r in rows if r["job_id"]]
-    if known:
-        records = yield [command("GET", k.failure(r["job_id"])) for r in known]
-        for row, raw in zip(known, records):
-            row["error"] = None
-            if raw is not None:
-                try:
-                    row["error"] = str(decode_data(bytes(raw))[1])
-                except Exception:  # noqa: BLE001
-                    row["error"] = None
-    return {"rows": rows, "next": nxt if more else None, "total": int_reply(total)}
-
-
 def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
     k = QueueKeys.for_queue(queue)
     rows = yield command("XRANGE", k.dlq, dlq_id, dlq_id)
@@ -395,76 +328,11 @@ def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
         return None
     entry_id, flat = rows[0]
     f = {key: bytes(v) for key, v in reply_pairs(flat).items()}
-    row = _dlq_row(str_reply(entry_id), f, len(f.get("d", b"")))
+    row = dlq_row(str_reply(entry_id), f, len(f.get("d", b"")))
     row["payload"] = p = _decode_payload(f.get("d", b""))
     if isinstance(p.get("attempt"), int):  # the job page's numbering (core.job_details.latest_attempt)
         p["attempt"] = latest_attempt(p["attempt"], "failed", row.get("reason"))
     return row
-
-
-def _replay_argv(rows: list[Any], max_len: int) -> tuple[list[Any], int]:
-    argv: list[Any] = [max_len]
-    skipped = 0
-    for entry_id, flat in rows:
-        f = reply_pairs(flat)
-        try:
-            env = decode_envelope(bytes(f.get("d", b"")))
-        except CodecError:  # undecodable entries stay, as replay_dlq leaves them
-            skipped += 1
-            continue
-        argv += (entry_id, encode_envelope(env.with_attempt(0)), bytes(f.get("n", b"")))
-    return argv, skipped
-
-
-def replay_ids_flow(queue: str, ids: list[str], max_len: int) -> Flow[int]:
-    """Replay these DLQ entries (attempt reset to 0) with the engine's replay script; the
-    number moved (an entry another replay moved first is not counted twice)."""
-    replayed, _skipped = yield from _replay_entries(QueueKeys.for_queue(queue), ids, max_len)
-    return replayed
-
-
-def _replay_entries(k: QueueKeys, ids: list[str], max_len: int) -> Flow[tuple[int, int]]:
-    """Read these DLQ entries whole, ``REPLAY_BATCH`` at a time (a round trip carries at most
-    that many payloads), and replay them; ``(replayed, undecodable skipped)``."""
-    replayed = skipped = 0
-    for at in range(0, len(ids), REPLAY_BATCH):
-        replies = yield [command("XRANGE", k.dlq, i, i) for i in ids[at : at + REPLAY_BATCH]]
-        argv, bad = _replay_argv([r[0] for r in replies if r], max_len)
-        skipped += bad
-        if len(argv) > 1:
-            replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
-    return replayed, skipped
-
-
-def replay_matching_flow(queue: str, reason: str | None, name: str | None, max_len: int) -> Flow[dict[str, int]]:
-    """Replay every entry there now with this reason and/or name, a window at a time."""
-    k = QueueKeys.for_queue(queue)
-    last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
-    if not last:
-        return {"replayed": 0, "skipped": 0}
-    last_id = str_reply(last[0][0])
-    replayed = skipped = 0
-    start = "-"
-    while True:  # matching is decided on summaries (core/scan.py); only chosen entries are read whole
-        window = parse_scan(
-            (
-                yield scan_call(
-                    k.dlq,
-                    start,
-                    last_id,
-                    count=PAGE_WINDOW,
-                    clip=ENVELOPE_ID_PREFIX,
-                    max_matches=PAGE_WINDOW,
-                    step=PAGE_WINDOW,
-                )
-            )
-        )
-        chosen = [e for e, fields, size in window.matches if _matches(_dlq_row(e, fields, size), reason, name)]
-        done, bad = yield from _replay_entries(k, chosen, max_len)
-        replayed, skipped = replayed + done, skipped + bad
-        if window.done or not window.last:
-            return {"replayed": replayed, "skipped": skipped}
-        start = "(" + window.last
 
 
 def _glob_escape(text: str) -> str:
