@@ -22,6 +22,7 @@ import pytest
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.examples.spark_handlers import generate_sales_csv
 from airflow_provider_chasqui.worker import spark as spark_entry
+from airflow_provider_chasqui.worker import spark_session
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -91,26 +92,26 @@ def _conf(**pairs: str) -> Any:
 
 
 def test_session_defaults_give_way_to_the_users_settings(spark: Any) -> None:
-    defaults = spark_entry._session_defaults(_conf(), {})
+    defaults = spark_session.session_defaults(_conf(), {})
     assert defaults == {
         "spark.scheduler.mode": "FAIR",
         "spark.log.level": "WARN",
-        "spark.scheduler.allocation.file": Path(spark_entry.POOL_FILE).as_uri(),
+        "spark.scheduler.allocation.file": Path(spark_session.POOL_FILE).as_uri(),
     }
     # spark-submit --conf (the JVM's properties) or --spark-conf: the user's value wins
     mine = {"spark.log.level": "INFO", "spark.scheduler.allocation.file": "file:///etc/spark/pools.xml"}
-    assert spark_entry._session_defaults(_conf(), mine) == {"spark.scheduler.mode": "FAIR"}
-    assert spark_entry._session_defaults(_conf(spark_log_level="DEBUG"), {})["spark.scheduler.mode"] == "FAIR"
-    assert "spark.log.level" not in spark_entry._session_defaults(_conf(spark_log_level="DEBUG"), {})
+    assert spark_session.session_defaults(_conf(), mine) == {"spark.scheduler.mode": "FAIR"}
+    assert spark_session.session_defaults(_conf(spark_log_level="DEBUG"), {})["spark.scheduler.mode"] == "FAIR"
+    assert "spark.log.level" not in spark_session.session_defaults(_conf(spark_log_level="DEBUG"), {})
     # FIFO has no pools: no allocation file then
-    assert spark_entry._session_defaults(_conf(), {"spark.scheduler.mode": "FIFO"}) == {"spark.log.level": "WARN"}
-    assert "spark.scheduler.allocation.file" not in spark_entry._session_defaults(
+    assert spark_session.session_defaults(_conf(), {"spark.scheduler.mode": "FIFO"}) == {"spark.log.level": "WARN"}
+    assert "spark.scheduler.allocation.file" not in spark_session.session_defaults(
         _conf(spark_scheduler_mode="FIFO"), {}
     )
 
 
 def test_the_pool_file_declares_every_pool_the_worker_uses(spark: Any) -> None:
-    root = ET.parse(spark_entry.POOL_FILE).getroot()
+    root = ET.parse(spark_session.POOL_FILE).getroot()
     pools = {p.get("name"): p.findtext("schedulingMode") for p in root.iter("pool")}
     assert pools == {f"chasqui-{i}": "FAIR" for i in range(spark_entry.POOLS)}
 
