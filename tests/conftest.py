@@ -29,8 +29,17 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from fault_support import free_port, make_tls_files  # noqa: E402
-from servers import CLUSTER_KIND, KINDS, Cluster, RunningServer, attach_server, start_cluster, start_server  # noqa: E402
+from fault_support import make_tls_files  # noqa: E402
+from servers import (  # noqa: E402
+    CLUSTER_KIND,
+    KINDS,
+    Cluster,
+    RunningServer,
+    attach_server,
+    free_port,
+    start_cluster,
+    start_server,
+)
 
 from airflow_provider_chasqui.core.keys import QueueKeys  # noqa: E402
 from airflow_provider_chasqui.core.urls import split_cluster_flag  # noqa: E402

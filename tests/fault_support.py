@@ -17,7 +17,6 @@ import collections
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,14 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servers import free_port
+
 HOST = "127.0.0.1"
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 # ---- records of processed jobs --------------------------------------------------------------

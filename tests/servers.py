@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ __all__ = [
     "ServerStartError",
     "attach_server",
     "binary_for",
+    "free_port",
     "server_version",
     "start_cluster",
     "start_server",
@@ -83,10 +85,42 @@ def server_version(info: dict) -> str:
     return str(info.get("valkey_version") or info["redis_version"])
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Ports the tests' servers listen on are drawn from here: below the kernel's ephemeral range.
+PORT_RANGE = (16500, _ephemeral_low() - 1)
+_draw = random.Random()  # seeded from the OS: processes drawing at once draw different ports
+
+
+def _bindable(*ports: int) -> bool:
+    try:
+        for p in ports:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((HOST, p))
+    except OSError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    """A port on ``HOST`` that nothing holds, for a server a test starts.
+
+    Drawn below the ephemeral range on purpose: a port ``bind(0)`` finds is one the kernel
+    also hands to the local end of any outgoing connection, so between the probe and the
+    server's own bind a client connection (the suite opens thousands, the matrix runs beside
+    it) could take it, and the server fails to start (seen: Airflow's api-server exiting 3 on
+    "address already in use").  Below the range only another draw can collide."""
+    low, high = PORT_RANGE
+    for _ in range(500):
+        port = _draw.randint(low, high)
+        if _bindable(port):
+            return port
+    raise ServerStartError(f"no free port in {low}-{high}")
 
 
 @dataclass(eq=False)
@@ -229,7 +263,7 @@ def start_server(
     binary = binary_for(kind)
     attempts = 1 if port is not None else 5
     for attempt in range(attempts):
-        p = port if port is not None else _free_port()
+        p = port if port is not None else free_port()
         server = RunningServer(
             url=f"redis://{HOST}:{p}/0",
             port=p,
@@ -267,18 +301,12 @@ def attach_server(url: str, kind: str) -> RunningServer:
 
 
 def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
-    import random
-
-    for _ in range(200):
-        port = random.randint(20000, 55000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind((HOST, p))
-        except OSError:
-            continue
-        return port
+    """A free port whose cluster bus port (+10000) is free too, both below the ephemeral range."""
+    high = PORT_RANGE[1] - 10000
+    for _ in range(500):
+        port = _draw.randint(10000, high)
+        if _bindable(port, port + 10000):
+            return port
     raise ServerStartError("no free port pair for a cluster node")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,17 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from servers import RunningServer, start_server
+from servers import RunningServer, free_port, start_server
 
-__all__ = ["free_port", "acl_server", "tls_server", "sentinel", "cluster", "TlsServer"]
+__all__ = ["acl_server", "tls_server", "sentinel", "cluster", "TlsServer"]
 
 ALICE = ("alice", "p@ss:w/rd?x%")  # a password that needs URL quoting
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(cond, timeout: float, what: str) -> None:

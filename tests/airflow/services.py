@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 from airflow_support import conn_json, delete_queue_keys
 from cryptography.fernet import Fernet
-from redis_topologies import free_port
+from servers import free_port
 
 __all__ = ["AirflowServices", "airflow_services", "last_user", "stop_after_last_user"]
 

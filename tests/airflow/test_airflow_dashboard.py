@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from airflow_support import conn_json
+from servers import free_port
 
 from airflow_provider_chasqui.core.history import MinuteCounts
 from airflow_provider_chasqui.sync.queue import SyncQueue
@@ -50,14 +51,6 @@ with DAG("chasqui_dash_links", schedule=None, start_date=datetime(2024, 1, 1), c
     ChasquiUpsertRepeatableOperator(task_id="spec", job_name="tick", cron="0 9 * * *", tz="Asia/Tokyo",
                                     key="dash-link-spec", queue_name="{queue}", chasqui_conn_id="chasqui_a")
 """
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry_point_shim(tmp: Path) -> list[str]:
@@ -110,7 +103,7 @@ def af(
     (home / "dags").mkdir()
     passwords = {u: secrets.token_urlsafe(12) for u in USERS}
     (home / "passwords.json").write_text(json.dumps(passwords))
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in airflow_home.items() if not k.startswith("AIRFLOW_CONN_")}
     env.update(
         {

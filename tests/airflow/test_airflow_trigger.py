@@ -17,6 +17,7 @@ import redis
 from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import TriggerEvent
 from engine_support import running, wait_until
+from servers import free_port
 from test_airflow_sensor import _task_log
 
 from airflow_provider_chasqui import Queue, Worker
@@ -204,9 +205,7 @@ async def test_on_kill_cancels_delayed_jobs_only_when_asked(queue_name: str, red
 
 
 async def test_unreachable_redis_is_retried_until_the_deadline(queue_name: str, monkeypatch) -> None:
-    with __import__("socket").socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     monkeypatch.setenv("AIRFLOW_CONN_DEAD", json.dumps({"conn_type": "chasqui", "host": "127.0.0.1", "port": port}))
     trigger = ChasquiJobTrigger(job_ids=["x"], queue_name=queue_name, chasqui_conn_id="dead", deadline=time.time() + 2)
     payload = await _first_event(trigger)

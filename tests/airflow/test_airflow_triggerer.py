@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from airflow_support import WorkerProcess, delete_queue_keys, stop_services
 from cryptography.fernet import Fernet
-from redis_topologies import free_port
+from servers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 DAG_ID = "chasqui_enqueue_and_wait"
@@ -34,15 +34,15 @@ def _query(db: Path, sql: str, *args: object) -> list[tuple]:
         return conn.execute(sql, args).fetchall()
 
 
-def _wait_for(what: str, cond, timeout: float, procs: dict[str, subprocess.Popen]) -> object:
+def _wait_for(what: str, cond, timeout: float, procs: dict[str, subprocess.Popen], logs: Path) -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
         dead = {name: p.returncode for name, p in procs.items() if p.poll() is not None}
-        assert not dead, f"Airflow services exited while waiting for {what}: {dead}"
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        assert not dead, f"Airflow services exited while waiting for {what}: {dead}\n{_tail(logs)}"
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}\n{_tail(logs)}"
         time.sleep(0.5)
 
 
@@ -104,7 +104,7 @@ def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], r
     try:
         start("api-server", "api-server", "--port", str(port))  # tasks call its execution API: up first
         start("triggerer", "triggerer", "--skip-serve-logs")
-        _wait_for("the api-server", healthy, 180, procs)
+        _wait_for("the api-server", healthy, 180, procs, tmp_path)
         start("scheduler", "scheduler", "--skip-serve-logs")
         airflow("dags", "trigger", DAG_ID, "-c", json.dumps({"queue": queue}))
         triggered = time.monotonic()
@@ -119,6 +119,7 @@ def test_real_triggerer_runs_the_chasqui_trigger(airflow_home: dict[str, str], r
             ),
             300,
             procs,
+            tmp_path,
         )
         finished = time.monotonic()
         tis = dict(_query(db, "select task_id, state from task_instance where dag_id = ?", DAG_ID))

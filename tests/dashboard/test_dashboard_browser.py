@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+from servers import free_port
 
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.repeat import RepeatPattern
@@ -66,14 +67,6 @@ def _env(redis_url: str) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -101,7 +94,7 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(shared_redis_url: str, queue: str, tmp: Path) -> Iterator[dict[str, Any]]:
-    port = _free_port()
+    port = free_port()
     log = tmp / "dashboard.log"
     env = _env(shared_redis_url) | {"CHASQUI_DASHBOARD_TOKEN": TOKEN}
     with open(log, "wb") as out:
@@ -221,7 +214,7 @@ def test_refuses_a_public_address_without_credentials(shared_redis_url: str) -> 
             "--host",
             "0.0.0.0",
             "--port",
-            str(_free_port()),
+            str(free_port()),
         ],
         env=env,
         capture_output=True,
@@ -243,7 +236,7 @@ def test_short_token_is_refused(shared_redis_url: str) -> None:
             "--host",
             "0.0.0.0",
             "--port",
-            str(_free_port()),
+            str(free_port()),
         ],
         env=env,
         capture_output=True,
@@ -582,7 +575,7 @@ def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: A
 
 
 def test_basic_auth_server(shared_redis_url: str, browser: Any, tmp: Path, q: SyncQueue) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in _env(shared_redis_url).items() if not k.startswith("CHASQUI_DASHBOARD_")}
     env["CHASQUI_DASHBOARD_BASIC_AUTH"] = "ana:s3cret-pass"
     with open(tmp / "basic.log", "wb") as out:

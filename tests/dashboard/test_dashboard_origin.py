@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from engine_support import running, wait_until
+from servers import free_port
 
 from airflow_provider_chasqui import Queue, UnrecoverableError, Worker
 from airflow_provider_chasqui.core.calls import command
@@ -35,14 +36,6 @@ pytestmark = [pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIL = "evil.example"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _request(
@@ -70,7 +63,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 @pytest.fixture(scope="module")
 def dashboard(shared_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("origin") / "dashboard.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -7,11 +7,11 @@ through the public driver API (``call``, ``pipeline``, ``run``)."""
 from __future__ import annotations
 
 import re
-import socket
 import uuid
 
 import pytest
 import redis
+from servers import free_port
 
 from airflow_provider_chasqui.core.calls import command
 from airflow_provider_chasqui.engine._driver import AsyncDriver
@@ -38,12 +38,6 @@ def stream_key(redis_url: str):
         d.call(command("DEL", key))
     finally:
         d.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _create(key: str):
@@ -110,7 +104,7 @@ def test_sync_other_error_replies_are_script_errors(redis_url: str, stream_key: 
 
 
 def test_sync_connection_refused(redis_url: str) -> None:
-    d = SyncDriver(f"redis://127.0.0.1:{_free_port()}")
+    d = SyncDriver(f"redis://127.0.0.1:{free_port()}")
     try:
         for attempt in (
             lambda: d.call(command("PING")),
@@ -174,7 +168,7 @@ async def test_async_other_error_replies_are_script_errors(redis_url: str, strea
 
 
 async def test_async_connection_refused(redis_url: str) -> None:
-    d = AsyncDriver(f"redis://127.0.0.1:{_free_port()}")
+    d = AsyncDriver(f"redis://127.0.0.1:{free_port()}")
     try:
         with pytest.raises(ChasquiConnectionError, match="unreachable"):
             await d.call(command("PING"))

@@ -24,18 +24,13 @@ import redis.asyncio as aioredis
 from redis import exceptions as rexc
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from servers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _params(fn: object) -> list[str]:
     return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the error boundary and the lanes' reply parser (drivers_common.py) --------------------
@@ -215,7 +210,7 @@ def test_async_cluster_client_internals() -> None:
     assert inspect.iscoroutinefunction(AsyncRedisCluster.initialize)
     assert inspect.iscoroutinefunction(AsyncRedisCluster.execute_command)
     assert "target_nodes" in inspect.getsource(AsyncRedisCluster.execute_command)
-    client = AsyncRedisCluster(host="127.0.0.1", port=_free_port())
+    client = AsyncRedisCluster(host="127.0.0.1", port=free_port())
     assert client._initialize is True
     assert isinstance(client.command_flags, dict)  # joined two-word names are looked up here
     assert hasattr(client.encoder, "encode")

@@ -44,8 +44,7 @@ import msgpack
 import pytest
 import redis
 from engine_support import wait_until_sync
-from fault_support import free_port
-from servers import start_server
+from servers import free_port, start_server
 
 from airflow_provider_chasqui import MissedFiresPolicy, RepeatPattern, SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys

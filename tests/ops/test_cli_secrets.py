@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from servers import start_server
+from servers import free_port, start_server
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.urls import REDACTED, redact_text, redact_url
@@ -26,14 +26,6 @@ from airflow_provider_chasqui.engine.scheduler import run_standalone
 from airflow_provider_chasqui.errors import ChasquiConnectionError
 
 HOSTILE = "p@ss:w/rd%40x@"  # unescaped @ : / and a percent escape, as people paste them
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _urls(password: str, port: int) -> dict[str, str]:
@@ -101,7 +93,7 @@ def test_redact_url_keeps_what_is_not_secret() -> None:
 @pytest.mark.parametrize("kind", ["plain", "plain-raw", "sentinel", "cluster"])
 @pytest.mark.parametrize("how", ["argv", "env"])
 def test_unreachable_url_is_reported_without_its_password(kind: str, how: str) -> None:
-    url = _urls(HOSTILE, _free_port())[kind]
+    url = _urls(HOSTILE, free_port())[kind]
     args, env = (["--redis-url", url], None) if how == "argv" else ([], {"CHASQUI_REDIS_URL": url})
     proc = chasqui("inspect", "q", *args, env=env)
     if kind == "plain-raw":  # an unescaped '/' ends the authority: redis-py would read a bad port
@@ -170,7 +162,7 @@ def test_conn_id_reads_redis_from_an_airflow_connection(tmp_path) -> None:
 
 
 def test_env_url_is_used_and_argv_wins(redis_url: str, queue_name: str) -> None:
-    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    dead = f"redis://127.0.0.1:{free_port()}/0"
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         q.add("x", 1)
     from_env = chasqui("inspect", queue_name, "--json", env={"CHASQUI_REDIS_URL": redis_url})
@@ -188,7 +180,7 @@ def test_worker_logs_hold_no_password(kind: str, tmp_path) -> None:
     import signal
     import time
 
-    url = _urls(HOSTILE, _free_port())[kind]
+    url = _urls(HOSTILE, free_port())[kind]
     log_path = tmp_path / "worker.log"
     handlers = tmp_path / "secret_test_handlers.py"
     handlers.write_text("HANDLERS = {'noop': lambda job: None}\n")
@@ -225,7 +217,7 @@ def test_worker_logs_hold_no_password(kind: str, tmp_path) -> None:
 
 
 def test_worker_refuses_an_unparsable_url_without_quoting_it() -> None:
-    url = f"redis://app:{HOSTILE}@127.0.0.1:{_free_port()}/0"
+    url = f"redis://app:{HOSTILE}@127.0.0.1:{free_port()}/0"
     proc = subprocess.run(
         [
             sys.executable,
@@ -260,7 +252,7 @@ def test_version_from_package_metadata() -> None:
 # ---- in process: exceptions and log records ------------------------------------------------------
 @pytest.mark.parametrize("kind", ["plain", "sentinel", "cluster"])
 def test_connection_errors_and_logs_hold_no_password(kind: str, caplog: pytest.LogCaptureFixture) -> None:
-    url = _urls(HOSTILE, _free_port())[kind]
+    url = _urls(HOSTILE, free_port())[kind]
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ChasquiConnectionError) as info, SyncQueue("q", redis_url=url) as q:
         q.add("x", 1)
@@ -270,7 +262,7 @@ def test_connection_errors_and_logs_hold_no_password(kind: str, caplog: pytest.L
 
 def test_standalone_scheduler_logs_no_sentinel_password(caplog: pytest.LogCaptureFixture) -> None:
     """The issue's reproduction: the INFO line printed ``?sentinel_password=...`` whole."""
-    url = _urls(HOSTILE, _free_port())["sentinel"]
+    url = _urls(HOSTILE, free_port())["sentinel"]
     caplog.set_level(logging.DEBUG, logger="airflow_provider_chasqui")
 
     async def run() -> None:

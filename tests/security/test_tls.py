@@ -16,8 +16,8 @@ from urllib.parse import quote
 import pytest
 import redis
 from engine_support import running, wait_until
-from fault_support import free_port, make_tls_files
-from servers import start_server
+from fault_support import make_tls_files
+from servers import free_port, start_server
 
 from airflow_provider_chasqui import Queue, QueueEvents, SyncQueue, Worker
 from airflow_provider_chasqui.engine.sharded import ShardedQueue

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from servers import free_port
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, as scripts/test.sh sets it
 
@@ -37,14 +38,6 @@ def spark() -> Iterator[Any]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +66,7 @@ def spark_connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
             importlib.import_module(module)
         except ImportError as exc:
             pytest.fail(f"Spark Connect's client needs {module} (pyspark[connect]): {exc}")
-    port = _free_port()
+    port = free_port()
     logs = tmp_path_factory.mktemp("spark-connect")
     root = str(Path(__file__).resolve().parents[2])
     env = dict(

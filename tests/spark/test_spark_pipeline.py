@@ -36,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WORKER_TESTS = HERE.parent / "worker"
 sys.path.insert(0, str(WORKER_TESTS))
-from worker_support import WorkerProc, free_port, http_get, metric_value  # noqa: E402
+from servers import free_port  # noqa: E402
+from worker_support import WorkerProc, http_get, metric_value  # noqa: E402
 
 ROWS = 20_000
 

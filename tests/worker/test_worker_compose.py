@@ -23,7 +23,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 import yaml
+from servers import free_port
 
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.worker.cli import build_parser
@@ -305,12 +305,6 @@ def test_the_image_is_airflow_33_with_java_and_the_spark_entry() -> None:
 
 
 # ---- the local run ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _psql(sql: str, database: str = "postgres") -> str:
     proc = subprocess.run(
         [
@@ -394,7 +388,7 @@ class LocalStack:
         self.ports: dict[tuple[str, int], int] = {("postgres", 5432): 5432}
         for name, svc in self.services.items():
             for port in self._container_ports(svc):
-                self.ports.setdefault((name, port), _free_port())
+                self.ports.setdefault((name, port), free_port())
         self.volumes: dict[str, Path] = {}
         self.home_mounts: list[tuple[str, str]] = []
         self.mounts: dict[str, list[tuple[str, Path]]] = {n: self._mount(n, s) for n, s in self.services.items()}
@@ -488,8 +482,8 @@ class LocalStack:
             # each container has its own network: the ports Airflow binds by default get their own here
             env.update(
                 {
-                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-                    "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                    "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
                     "AIRFLOW__API__HOST": "127.0.0.1",
                     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
                 }

@@ -18,8 +18,8 @@ import pytest
 import redis
 from engine_support import wait_until_sync
 from fault_support import start_sentinel
-from servers import binary_for, start_server
-from worker_support import free_port, http_get, metric_value, subprocess_env
+from servers import binary_for, free_port, start_server
+from worker_support import http_get, metric_value, subprocess_env
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys

@@ -108,14 +108,6 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
             return exc.code, exc.read().decode()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def metric_value(text: str, metric: str, /, **labels: str) -> float | None:
     """The value of one sample in Prometheus text output (labels must match exactly)."""
     from prometheus_client.parser import text_string_to_metric_families
