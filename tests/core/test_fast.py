@@ -11,13 +11,13 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from airflow_provider_chasqui.core import calls, codec, producer, scheduler
+from airflow_provider_chasqui.core import calls, codec, producer, spec_decode
 from airflow_provider_chasqui.core.calls import Call
 from airflow_provider_chasqui.core.codec import Envelope, RetryOverride
 from airflow_provider_chasqui.core.fast import fast_constructor
 from airflow_provider_chasqui.core.producer import PreparedJob, QueueFlows
 from airflow_provider_chasqui.core.repeat import MissedFiresPolicy, RepeatPattern, StoredSpec
-from airflow_provider_chasqui.core.scheduler import DueSpec
+from airflow_provider_chasqui.core.spec_decode import DueSpec
 from airflow_provider_chasqui.types import Job, new_job
 
 pytestmark = pytest.mark.timeout(30)
@@ -107,7 +107,7 @@ def test_defaults_of_trailing_and_left_out_fields() -> None:
 
 def test_due_spec_builder_equals_the_named_tuple() -> None:
     values = ("k", "job", EVERY, b"inner", None, None, None, POLICY, (("Every", 1000), None, ""))
-    fast = scheduler._new_due_spec(values)
+    fast = spec_decode._new_due_spec(values)
     assert_tuple_same(fast, DueSpec(*values))
     assert fast._fields == tuple(DueSpec.__annotations__)
 
@@ -132,10 +132,10 @@ def test_hot_paths_build_what_the_constructors_build() -> None:
     assert call.packed is not None
     stored = StoredSpec(key="k", job_name="job", pattern=EVERY, payload_inner=b"\x01")
     raw = stored.encode()
-    decoder = scheduler.SpecDecoder()
+    decoder = spec_decode.SpecDecoder()
     decoder.decode(raw)  # the first decode fills the pattern cache
     spec = decoder.decode(raw)  # the second takes the fast path
-    slow = scheduler._slow(raw)
+    slow = spec_decode._slow(raw)
     assert spec[:8] == slow[:8] and type(spec) is DueSpec
 
 
