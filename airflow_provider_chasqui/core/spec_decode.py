@@ -17,11 +17,11 @@ import msgpack
 
 from .fast import fast_constructor
 from .repeat import MissedFiresPolicy, RepeatPattern, StoredSpec
+from .spec_options import U64_MAX
 
 __all__ = ["DueSpec", "SpecDecoder"]
 
 _unpackb = msgpack.unpackb
-_U64 = 2**64 - 1
 _PLAIN = (int, str, type(None))
 _SKIP_POLICY = MissedFiresPolicy.skip()
 
@@ -129,7 +129,7 @@ class SpecDecoder:
         ):
             return _slow(raw)
         for v in (limit, start, end):
-            if v is not None and (type(v) is not int or not 0 <= v <= _U64):
+            if v is not None and (type(v) is not int or not 0 <= v <= U64_MAX):
                 return _slow(raw)
         if type(fired) is not int or fired < 0:
             return _slow(raw)
