@@ -52,7 +52,24 @@ trap '[ -z "$OWN_PID" ] || kill "$OWN_PID" 2>/dev/null || true; rm -rf "$WORK"' 
 # without the two sharing a server (the interop tests still use 6379, as ChasquiMQ's parity
 # suite is written for it).
 if [ "${CHASQUI_MATRIX_REDIS:-shared}" = own ]; then
-  port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # below the ephemeral range, as tests/servers.py's free_port draws (a port bind(0) finds can be
+  # taken by an outgoing connection of the suite running beside this before redis-server binds it)
+  port=$("$PYTHON" - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(500):
+    port = random.randint(16500, low - 1)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break
+else:
+    raise SystemExit("no free port below the ephemeral range")
+PY
+)
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/own-redis.log" 2>&1 &
   OWN_PID=$!
   deadline=$(( $(date +%s) + 30 ))
