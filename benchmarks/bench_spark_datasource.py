@@ -87,7 +87,7 @@ def plain_read_rate(url: str, queue: str, page: int = 10_000) -> tuple[int, floa
     """One process: XRANGE pages of ``page`` through the whole events stream, each entry decoded
     into the row the data source yields.  Returns (rows, rows/s)."""
     from airflow_provider_chasqui.core.calls import command, str_reply
-    from airflow_provider_chasqui.spark.datasource.reader import _event_row
+    from airflow_provider_chasqui.spark.datasource.reader import event_row
     from airflow_provider_chasqui.sync._driver import SyncDriver
 
     key = QueueKeys.for_queue(queue).events
@@ -97,7 +97,7 @@ def plain_read_rate(url: str, queue: str, page: int = 10_000) -> tuple[int, floa
         while True:
             entries = driver.call(command("XRANGE", key, start, "+", "COUNT", page)) or []
             for eid, flat in entries:
-                _event_row(eid, flat)
+                event_row(eid, flat)
             n += len(entries)
             if len(entries) < page:
                 break

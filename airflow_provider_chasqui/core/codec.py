@@ -39,6 +39,8 @@ __all__ = [
     "MAX_JOB_NAME_BYTES",
     "MAX_JOB_ID_CHARS",
     "validate_job_name",
+    "U32_MAX",
+    "U64_MAX",
 ]
 
 MAX_JOB_NAME_BYTES = 256
@@ -233,18 +235,18 @@ def encode_new_envelope(job_id: str, inner: bytes, created_at_ms: int, retry: Re
     return _packb([job_id, inner, created_at_ms, 0, retry.to_wire()])
 
 
-_U32_MAX = 2**32 - 1
-_U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1  # msgpack u32: attempts, retry counts
+U64_MAX = 2**64 - 1  # msgpack u64: instants, deadlines, intervals
 
 
-def _uint(value: Any, what: str, top: int = _U64_MAX) -> int:
+def _uint(value: Any, what: str, top: int = U64_MAX) -> int:
     """An unsigned integer that fits the Rust field (``u64`` unless ``top`` says ``u32``)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
         raise CodecError(f"{what} must be an unsigned integer up to {top}, got {value!r}")
     return value
 
 
-def _opt_uint(value: Any, what: str, top: int = _U64_MAX) -> int | None:
+def _opt_uint(value: Any, what: str, top: int = U64_MAX) -> int | None:
     return None if value is None else _uint(value, what, top)
 
 
@@ -286,7 +288,7 @@ def _decode_retry(raw: Any) -> RetryOverride | None:
         raw = _fields(raw, ("max_attempts", "backoff"), "retry override")
     if not isinstance(raw, list) or len(raw) != 2:
         raise CodecError("retry override must be an array of exactly 2 elements")
-    return RetryOverride(_opt_uint(raw[0], "retry max_attempts", _U32_MAX), _decode_backoff(raw[1]))
+    return RetryOverride(_opt_uint(raw[0], "retry max_attempts", U32_MAX), _decode_backoff(raw[1]))
 
 
 _RETRY_MEMO: dict[tuple[Any, ...], RetryOverride] = {}
@@ -335,8 +337,8 @@ def decode_envelope(raw: bytes) -> Envelope:
             and type(inner) is bytes
             and type(created) is int
             and type(attempt) is int
-            and 0 <= created <= _U64_MAX
-            and 0 <= attempt <= _U32_MAX
+            and 0 <= created <= U64_MAX
+            and 0 <= attempt <= U32_MAX
             and len(job_id) <= MAX_JOB_ID_CHARS
         ):  # a 5th element: the job's retry override (``attempts=``, ``backoff=``), remembered
             return _new_envelope(job_id, inner, created, attempt, decode_retry(arr[4]) if len(arr) == 5 else None)
@@ -356,7 +358,7 @@ def decode_envelope(raw: bytes) -> Envelope:
     if not isinstance(inner, bytes):
         raise CodecError("envelope payload must be msgpack bin")
     created = _uint(arr[2], "created_at_ms")
-    attempt = _uint(arr[3], "attempt", _U32_MAX) if len(arr) > 3 else 0
+    attempt = _uint(arr[3], "attempt", U32_MAX) if len(arr) > 3 else 0
     retry = decode_retry(arr[4]) if len(arr) > 4 else None
     return Envelope(job_id, inner, created, attempt, retry)
 

@@ -14,10 +14,10 @@ import msgpack
 from ..errors import JobTimeout
 from .calls import Call, command, script_call
 from .codec import (
-    _U32_MAX,
-    _U64_MAX,
     MAX_JOB_ID_CHARS,
     MAX_JOB_NAME_BYTES,
+    U32_MAX,
+    U64_MAX,
     Envelope,
     _new_envelope,
     decode_data,
@@ -207,7 +207,7 @@ class ConsumerCore:
         self.keys = QueueKeys.for_queue(queue)
         self.group = group
         self.consumer_id = consumer_id
-        self.max_attempts = min(max_attempts, _U32_MAX)  # an attempt past u32 cannot be encoded
+        self.max_attempts = min(max_attempts, U32_MAX)  # an attempt past u32 cannot be encoded
         self.settings = settings
         self.retry_policy = retry
         self.events_max = settings.events_max_len if events else 0
@@ -321,9 +321,9 @@ class ConsumerCore:
                             and type(inner) is bytes
                             and type(created) is int
                             and type(attempt) is int
-                            and 0 <= created <= _U64_MAX
+                            and 0 <= created <= U64_MAX
                             and 0 <= attempt < top
-                            and attempt <= _U32_MAX
+                            and attempt <= U32_MAX
                             and len(job_id) <= MAX_JOB_ID_CHARS
                         ):
                             # small data decodes here, in this loop (the hot path); larger data

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from ..errors import CodecError, ConfigError
+from .codec import U32_MAX, U64_MAX
 from .cron import compile_cron, first_fire_after_now, next_fire_after
 
 __all__ = [
@@ -35,13 +36,10 @@ __all__ = [
 FIRE_ALL_LIST_CAP = 10_000
 """FireAll never dispatches more than this many fires in one tick."""
 
-_U32 = 2**32 - 1
-_U64 = 2**64 - 1
-
 _T = TypeVar("_T")
 
 
-def _is_uint(value: object, top: int = _U64) -> bool:
+def _is_uint(value: object, top: int = U64_MAX) -> bool:
     return type(value) is int and 0 <= value <= top  # bool is rejected by the type check
 
 
@@ -66,7 +64,7 @@ class RepeatPattern:
 
     def __post_init__(self) -> None:
         if self.kind == "every":
-            if type(self.interval_ms) is not int or not 0 < self.interval_ms <= _U64:
+            if type(self.interval_ms) is not int or not 0 < self.interval_ms <= U64_MAX:
                 raise ConfigError(f"every interval_ms must be an int > 0, got {self.interval_ms!r}")
             if self.expression is not None or self.tz is not None:
                 raise ConfigError("an every pattern takes no expression or tz")
@@ -111,7 +109,7 @@ class MissedFiresPolicy:
 
     def __post_init__(self) -> None:
         if self.kind == "fire-all":
-            if not _is_uint(self.max_catchup, _U32) or self.max_catchup < 1:  # type: ignore[operator]
+            if not _is_uint(self.max_catchup, U32_MAX) or self.max_catchup < 1:  # type: ignore[operator]
                 raise ConfigError(f"max_catchup must be an int in 1..2**32-1, got {self.max_catchup!r}")
         elif self.kind in ("skip", "fire-once"):
             if self.max_catchup is not None:
@@ -215,7 +213,7 @@ def policy_from_wire(obj: object) -> MissedFiresPolicy:
         return MissedFiresPolicy.skip() if name == "Skip" else MissedFiresPolicy.fire_once()
     if name == "FireAll":
         (cap,) = _fields(body, 1, "FireAll")
-        if not _is_uint(cap, _U32):
+        if not _is_uint(cap, U32_MAX):
             raise CodecError(f"FireAll max_catchup must be a uint32, got {cap!r}")
         return _build(MissedFiresPolicy, "missed_fires", kind="fire-all", max_catchup=cap)
     raise CodecError(f"unknown missed_fires variant {name!r}")

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..errors import ConfigError
+from .codec import U64_MAX  # the largest instant, deadline or count a spec stores
 from .cron import compile_cron
 from .repeat import MissedFiresPolicy, RepeatPattern
 
@@ -30,7 +31,6 @@ __all__ = [
 ]
 
 SKIP = MissedFiresPolicy.skip()
-U64_MAX = 2**64 - 1  # the largest instant, deadline or count a spec stores (msgpack u64)
 
 
 def coerce_pattern(repeat: Any) -> RepeatPattern:

@@ -420,14 +420,14 @@ async def test_batch_reads_of_events_dlq_results_and_specs(ds, redis_url: str, q
         assert len(events) == r.xlen(QueueKeys.for_queue(queue_name).events) > 0
     assert len({e.event_id for e in events}) == len(events)
     # The Arrow batches the reader builds hold what the row-by-row decoding gives, value for value.
-    from airflow_provider_chasqui.spark.datasource.reader import _event_row
+    from airflow_provider_chasqui.spark.datasource.reader import event_row
 
     def ms(row: tuple[Any, ...]) -> tuple[Any, ...]:
         return (row[0], round(row[1].timestamp() * 1000), *row[2:])
 
     with redis.Redis.from_url(redis_url) as r:
         expected = [
-            ms(_event_row(eid, [x for kv in fields.items() for x in kv]))
+            ms(event_row(eid, [x for kv in fields.items() for x in kv]))
             for eid, fields in r.xrange(QueueKeys.for_queue(queue_name).events)
         ]
     assert sorted(ms(tuple(e)) for e in events) == sorted(expected)

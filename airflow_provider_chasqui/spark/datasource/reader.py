@@ -253,12 +253,14 @@ class RankRange(InputPartition):
         self.lo, self.hi = lo, hi
 
 
-def _stream_key(plan: ReadPlan) -> str:
+def events_or_dlq_key(plan: ReadPlan) -> str:
+    """The stream a plan of ``what="events"`` or ``"dlq"`` reads (the batch and the streaming readers)."""
     k = QueueKeys.for_queue(plan.queue)
     return k.events if plan.what == "events" else k.dlq
 
 
-def _event_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
+def event_row(entry_id: Any, flat: list[Any]) -> tuple[Any, ...]:
+    """One stream entry as a row of ``_EVENT_COLUMNS`` (the row-at-a-time path; Arrow batches below)."""
     f = {k: str_reply(v) for k, v in parse_fields(flat or []).items()}
     eid = str_reply(entry_id)
     kind, jid, ts, name, attempt = (
@@ -284,7 +286,7 @@ _MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: Spark's (and Arrow
 
 
 def _event_batches(schema: Any, entries: Iterator[tuple[Any, list[Any]]], size: int, pushed: Pushed) -> Iterator[Any]:
-    """The rows :func:`_event_row` makes, as Arrow record batches of up to ``size`` rows."""
+    """The rows :func:`event_row` makes, as Arrow record batches of up to ``size`` rows."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -367,7 +369,7 @@ class ChasquiReader(DataSourceReader):
         with plan.queue_obj() as q:
             call = q.driver.call
             if plan.what in ("events", "dlq"):
-                key = _stream_key(plan)
+                key = events_or_dlq_key(plan)
                 first = call(command("XRANGE", key, "-", "+", "COUNT", 1))
                 last = call(command("XREVRANGE", key, "+", "-", "COUNT", 1))
                 if not first or not last:
@@ -417,11 +419,11 @@ class ChasquiReader(DataSourceReader):
         plan, pushed = self.plan, self.pushed
         with plan.queue_obj() as q:
             if isinstance(partition, StreamRange):
-                entries = _xrange(q, _stream_key(plan), partition.start, partition.end, plan.page)
+                entries = xrange_pages(q, events_or_dlq_key(plan), partition.start, partition.end, plan.page)
                 if plan.what == "events" and self.schema is not None:
                     yield from _event_batches(self.schema, entries, plan.page, pushed)
                 elif plan.what == "events":
-                    rows: Iterator[tuple[Any, ...]] = (_event_row(eid, flat) for eid, flat in entries)
+                    rows: Iterator[tuple[Any, ...]] = (event_row(eid, flat) for eid, flat in entries)
                     if pushed.names is not None or pushed.kinds is not None:
                         rows = (r for r in rows if pushed.keeps(r[4], r[2]))
                     yield from rows
@@ -453,7 +455,8 @@ def _field(flat: list[Any], name: bytes) -> Any:
     return None
 
 
-def _xrange(q: Any, key: str, start: str, end: str, page: int) -> Iterator[tuple[Any, list[Any]]]:
+def xrange_pages(q: Any, key: str, start: str, end: str, page: int) -> Iterator[tuple[Any, list[Any]]]:
+    """The entries of ``key`` from ``start`` to ``end``, read ``page`` at a time."""
     call = q.driver.call
     while True:
         rows = call(command("XRANGE", key, start, end, "COUNT", page)) or []

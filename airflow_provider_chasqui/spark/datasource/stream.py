@@ -26,7 +26,7 @@ from ...core.calls import command, str_reply
 from ...core.event_follow import stream_id
 from ...core.producer import parse_fields
 from ...errors import ChasquiError, ConfigError
-from .reader import ReadPlan, StreamRange, _event_row, _stream_key, _xrange
+from .reader import ReadPlan, StreamRange, event_row, events_or_dlq_key, xrange_pages
 
 __all__ = ["ChasquiStreamReader", "StreamBatch", "TrimmedError"]
 
@@ -57,7 +57,7 @@ class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _last(self) -> dict[str, Any]:
         with self.plan.queue_obj() as q:
-            info = _stream_info(q, _stream_key(self.plan))
+            info = _stream_info(q, events_or_dlq_key(self.plan))
         # the last id ever added, even if deleted since: offsets never go back
         return {"id": str_reply(info.get("last-generated-id") or b"0-0"), "seq": int(info.get("entries-added") or 0)}
 
@@ -82,7 +82,7 @@ class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         plan = self.plan
         assert isinstance(partition, StreamRange)
-        key = _stream_key(plan)
+        key = events_or_dlq_key(plan)
         with plan.queue_obj() as q:
             if isinstance(partition, StreamBatch):
                 _check_trim(
@@ -91,8 +91,8 @@ class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     {"id": partition.start[1:], "seq": partition.start_seq},
                     {"id": partition.end, "seq": partition.end_seq},
                 )
-            for eid, flat in _xrange(q, key, partition.start, partition.end, plan.page):
-                yield _event_row(eid, flat)
+            for eid, flat in xrange_pages(q, key, partition.start, partition.end, plan.page):
+                yield event_row(eid, flat)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
@@ -118,7 +118,7 @@ def _check_trim(plan: ReadPlan, q: Any, start: dict[str, Any], end: dict[str, An
     after, seq = start["id"], start.get("seq")
     if after == "0-0" or seq is None:  # start=earliest: whatever the stream holds is the beginning
         return
-    info = _stream_info(q, _stream_key(plan))
+    info = _stream_info(q, events_or_dlq_key(plan))
     if not info:
         return
     first = info.get("first-entry")
