@@ -28,6 +28,7 @@ DLQ_PAGE = 500
 PAGE_WINDOW = 200  # DLQ summaries read per scan while filling a filtered page
 MAX_WINDOWS = 10  # scans one filtered page may read before it hands back a cursor
 REPLAY_BATCH = 16  # DLQ entries read whole per round trip when replaying by id
+REPLAY_BYTES = 8 * 1024 * 1024  # field bytes a replay reads per round trip (and one entry past it)
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 # DLQ reasons of a handler that raised: our workers put its traceback in the entry's `detail`.
 _HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
@@ -102,15 +103,20 @@ class DlqFlows:
         start = "-"
         while replayed < limit:
             count = min(DLQ_PAGE, limit - replayed)
-            rows = (yield command("XRANGE", k.dlq, start, "+", "COUNT", count)) or []
-            if rows:
-                start = "(" + str_reply(rows[-1][0])
+            # whole entries, but at most REPLAY_BYTES of them a round trip (1 MiB payloads would
+            # otherwise make a page of 500 a half-gigabyte reply)
+            read = scan_call(
+                k.dlq, start, "+", count=count, whole_d=True, step=64, max_bytes=REPLAY_BYTES, max_matches=count
+            )
+            window = parse_scan((yield read))
+            rows = [(e, f) for e, f, _size in window.matches]
             argv, bad = _replay_argv(rows, self.settings.max_stream_len)
             skipped += bad
             if len(argv) > 1:  # fewer moved than sent when a concurrent replay moved some first
                 replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
-            if len(rows) < count:
+            if window.done or not window.last:
                 break
+            start = "(" + window.last
         return {"replayed": replayed, "skipped": skipped}
 
     def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow[int]:
@@ -141,18 +147,18 @@ class DlqFlows:
             ms, seq = stream_id(last_id)
             return int_reply((yield command("XTRIM", k.dlq, "MINID", f"{ms}-{seq + 1}")))
         removed, start = 0, "-"
-        while True:
-            rows = (yield command("XRANGE", k.dlq, start, last_id, "COUNT", DLQ_PAGE)) or []
-            doomed = []
-            for entry_id, flat in rows:
-                f = reply_pairs(flat or [])
-                if _matches(str_reply(f.get("reason", b"")), str_reply(f.get("n", b"")), reason, name):
-                    doomed.append(entry_id)
+        while True:  # matched on summaries (payloads cut to their id), deleted by id
+            window = parse_scan((yield _scan(k, start, last_id, reason, name)))
+            doomed = [
+                e
+                for e, f, _size in window.matches
+                if _matches(str_reply(f.get("reason", b"")), str_reply(f.get("n", b"")), reason, name)
+            ]
             if doomed:
                 removed += int_reply((yield command("XDEL", k.dlq, *doomed)))
-            if len(rows) < DLQ_PAGE:
+            if window.done or not window.last:
                 return removed
-            start = "(" + str_reply(rows[-1][0])
+            start = "(" + window.last
 
 
 def _matches(entry_reason: str, entry_name: str, reason: str | None, name: str | None) -> bool:
@@ -160,14 +166,13 @@ def _matches(entry_reason: str, entry_name: str, reason: str | None, name: str |
     return (reason is None or entry_reason == reason) and (name is None or entry_name == name)
 
 
-def _replay_argv(rows: list[Any], max_len: int) -> tuple[list[Any], int]:
-    """``replay_dlq.lua``'s argv for these whole DLQ entries (each a ``rows.ReplayRow``: id, the
+def _replay_argv(rows: list[tuple[Any, dict[str, Any]]], max_len: int) -> tuple[list[Any], int]:
+    """``replay_dlq.lua``'s argv for these whole DLQ entries (``(id, fields)``: id, the
     envelope with ``attempt`` reset to 0, the name byte for byte), and how many were skipped
     because their payload does not decode (they stay in the DLQ, as ChasquiMQ leaves them)."""
     argv: list[Any] = [max_len]
     skipped = 0
-    for entry_id, flat in rows:
-        f = reply_pairs(flat or [])
+    for entry_id, f in rows:
         try:
             env = decode_envelope(bytes(f.get("d", b"")))
         except Exception:  # noqa: BLE001 - malformed entries stay in the DLQ by design
@@ -191,11 +196,13 @@ def dlq_row(entry_id: str, f: dict[str, bytes], size: int) -> dict[str, Any]:
     }
 
 
-def _scan(k: QueueKeys, start: str, end: str = "+") -> Call:
-    """Summaries of up to ``PAGE_WINDOW`` entries from ``start`` (payloads cut to their id)."""
-    return scan_call(
-        k.dlq, start, end, count=PAGE_WINDOW, clip=ENVELOPE_ID_PREFIX, max_matches=PAGE_WINDOW, step=PAGE_WINDOW
-    )
+def _scan(k: QueueKeys, start: str, end: str = "+", reason: str | None = None, name: str | None = None) -> Call:
+    """Summaries of up to ``PAGE_WINDOW`` entries from ``start``: every field cut to
+    ``ENVELOPE_ID_PREFIX`` bytes, or longer when a filter is longer, so a cut field is always
+    longer than the filter and a match stays exact (a UTF-8 decode never shortens bytes)."""
+    longest = max((len(f) for f in (reason, name) if f is not None), default=0)
+    clip = max(ENVELOPE_ID_PREFIX, 4 * longest + 1)
+    return scan_call(k.dlq, start, end, count=PAGE_WINDOW, clip=clip, max_matches=PAGE_WINDOW, step=PAGE_WINDOW)
 
 
 def dlq_page(queue: str, cursor: str | None, count: int, reason: str | None, name: str | None) -> Flow[dict[str, Any]]:
@@ -208,7 +215,7 @@ def dlq_page(queue: str, cursor: str | None, count: int, reason: str | None, nam
     nxt: str | None = None
     total = yield command("XLEN", k.dlq)
     for _ in range(MAX_WINDOWS):
-        window = parse_scan((yield _scan(k, start)))
+        window = parse_scan((yield _scan(k, start, "+", reason, name)))
         for entry_id, fields, size in window.matches:
             row = dlq_row(entry_id, fields, size)
             nxt = row["dlq_id"]
@@ -239,7 +246,7 @@ def replay_ids(queue: str, ids: list[str], max_len: int) -> Flow[tuple[int, int]
     replayed = skipped = 0
     for at in range(0, len(ids), REPLAY_BATCH):
         replies = yield [command("XRANGE", k.dlq, i, i) for i in ids[at : at + REPLAY_BATCH]]
-        argv, bad = _replay_argv([r[0] for r in replies if r], max_len)
+        argv, bad = _replay_argv([(r[0][0], reply_pairs(r[0][1] or [])) for r in replies if r], max_len)
         skipped += bad
         if len(argv) > 1:
             replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
@@ -257,7 +264,7 @@ def replay_matching(queue: str, reason: str | None, name: str | None, max_len: i
     replayed = skipped = 0
     start = "-"
     while True:
-        window = parse_scan((yield _scan(k, start, last_id)))
+        window = parse_scan((yield _scan(k, start, last_id, reason, name)))
         chosen = [
             e
             for e, f, _size in window.matches

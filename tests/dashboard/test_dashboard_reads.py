@@ -1,8 +1,8 @@
-"""The dashboard's reads are bounded in bytes, not only in entries (issue 26, item 3), tested
-without a browser on a private Redis 7 whose ``total_net_output_bytes`` counts every byte a
-request pulled.  The queue holds 1 MiB payloads: ``/job?id=<any ULID>`` used to read up to
-2,000 stream and 1,000 DLQ entries whole (900 MB sent for one request), ``/dlq?reason=<no
-match>`` ten windows of 200.
+"""The dashboard's reads are bounded in bytes, not only in entries (issue 26, item 3), and so
+are the DLQ tools' (a purge by reason, a replay), tested without a browser on a private Redis 7
+whose ``total_net_output_bytes`` counts every byte a request pulled.  The queue holds 1 MiB
+payloads: ``/job?id=<any ULID>`` used to read up to 2,000 stream and 1,000 DLQ entries whole
+(900 MB sent for one request), ``/dlq?reason=<no match>`` ten windows of 200.
 """
 
 from __future__ import annotations
@@ -115,6 +115,58 @@ def test_replaying_matches_reads_only_the_chosen_entries(server: RunningServer, 
             assert r.xlen(k.dlq) == 38 and r.xlen(k.stream) == 2
     finally:
         src.close()
+
+
+def _dead(server: RunningServer, name: str, n: int, reason_of) -> QueueKeys:
+    """``n`` 1 MiB DLQ entries of queue ``name``, entry ``i`` with reason ``reason_of(i)``."""
+    k = QueueKeys.for_queue(name)
+    with server.client() as r:
+        for i in range(n):
+            env = encode_envelope(Envelope(f"J{i:03d}", msgpack.packb("z" * (MB - 100)), 1700000000000, 3, None))
+            r.xadd(k.dlq, {"d": env, "n": "big", "reason": reason_of(i)})
+    return k
+
+
+def test_purging_by_reason_reads_summaries_not_payloads(server: RunningServer) -> None:
+    """``purge_dlq(reason=...)`` read whole pages of 500 entries to match them: half a gigabyte a
+    round trip with these payloads.  It matches on the scan's summaries and deletes by id."""
+    k = _dead(server, "purge-bounds", 40, lambda i: "timeout" if i % 10 == 3 else "retries_exhausted")
+    with SyncQueue("purge-bounds", redis_url=server.url) as q:
+        # the newest entry is read whole (XREVRANGE COUNT 1 fixes where the purge ends), then
+        # summaries of 1,100 bytes an entry
+        removed, pulled = _pulled(server, lambda: q.purge_dlq(reason="timeout"))
+        assert removed == 4 and pulled < 2 * MB, pulled
+        removed, pulled = _pulled(server, lambda: q.purge_dlq(name="big", reason="nope"))
+        assert removed == 0 and pulled < 2 * MB, pulled
+        with server.client() as r:
+            left = r.xrange(k.dlq)
+        assert len(left) == 36 and {f[b"reason"] for _e, f in left} == {b"retries_exhausted"}
+
+
+def test_a_replay_reads_a_bounded_slice_per_round_trip(server: RunningServer) -> None:
+    """``replay_dlq`` must read entries whole (it re-encodes them), but no round trip brings back
+    more than ``REPLAY_BYTES`` and the entry that crossed it; every entry is replayed once."""
+    from airflow_provider_chasqui.core.dlq import REPLAY_BYTES
+
+    k = _dead(server, "replay-slices", 30, lambda i: "retries_exhausted")
+    with SyncQueue("replay-slices", redis_url=server.url) as q:
+        flow = q._flows.replay_dlq_report(1000)
+        step, sizes = next(flow), []
+        try:
+            while True:
+                reply, pulled = _pulled(server, lambda call=step: q.driver.call(call))
+                sizes.append(pulled)
+                step = flow.send(reply)
+        except StopIteration as done:
+            report = done.value
+        assert report == {"replayed": 30, "skipped": 0}
+        assert max(sizes) < REPLAY_BYTES + 2 * MB, sizes
+        assert len(sizes) <= 10, sizes  # a read and a replay per 8 MiB slice, not per entry
+        assert sum(sizes) > 30 * MB  # the payloads did come over, in slices
+        with server.client() as r:
+            assert r.xlen(k.dlq) == 0 and r.xlen(k.stream) == 30
+            ids = sorted(msgpack.unpackb(f[b"d"])[0] for _e, f in r.xrange(k.stream))
+        assert ids == [f"J{i:03d}" for i in range(30)]
 
 
 def test_the_scan_script_filters_cuts_and_stops(server: RunningServer) -> None:

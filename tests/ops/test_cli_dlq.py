@@ -214,3 +214,21 @@ def test_peek_shows_the_job_id_and_the_handlers_error(redis_url: str, queue_name
     assert rows[None]["reason"] == "malformed" and rows[None]["error"] is None
     table = chasqui("dlq", "peek", queue_name, "--redis-url", redis_url)
     assert failing_id in table.stdout and "no such account 4711" in table.stdout, table.stdout
+
+
+def test_filters_longer_than_the_scan_cut_still_match_exactly(redis_url: str, queue_name: str) -> None:
+    """Filters are matched on summaries whose fields are cut; a filter longer than the cut must
+    neither miss its own entries nor take an entry whose reason merely starts like it, invalid
+    UTF-8 reasons (each byte shown as U+FFFD) included."""
+    k = QueueKeys.for_queue(queue_name)
+    long_reason, longer = "r" * 2000, "r" * 2001
+    with redis.Redis.from_url(redis_url) as r:
+        for reason in (long_reason, longer, b"\xff" * 1500, b"\xff" * 1501, "r" * 1100):
+            r.xadd(k.dlq, {"d": _envelope("L", 1), "n": "long", "reason": reason})
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        assert q.purge_dlq(reason="r" * 1100) == 1
+        assert q.purge_dlq(reason=long_reason) == 1
+        assert q.purge_dlq(reason="\ufffd" * 1500) == 1
+        assert q.replay_dlq_report(10) == {"replayed": 2, "skipped": 0}  # what is left: the two longer
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.xlen(k.dlq) == 0 and r.xlen(k.stream) == 2
