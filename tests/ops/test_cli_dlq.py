@@ -139,6 +139,20 @@ def test_purge_keeps_entries_dead_lettered_after_it_started(redis_url: str, queu
             flow.send(q.driver.call(trim))
         assert done.value.value == 5
         assert [e[0] for e in r.xrange(q.keys.dlq)] == [late]
+        # filtered: entries matching the filter that arrive while it runs stay too
+        _seed(redis_url, queue_name, bad=0, good=DLQ_PAGE + 10)
+        flow = q._flows.purge_dlq(reason="retries_exhausted")
+        step = next(flow)
+        reply = q.driver.call(step)
+        later = r.xadd(q.keys.dlq, {"d": _envelope("LATER", 1), "n": "late", "reason": "retries_exhausted"})
+        try:
+            while True:
+                step = flow.send(reply)
+                reply = q.driver.call(step)
+        except StopIteration as finished:
+            assert finished.value == DLQ_PAGE + 11  # the seeded ones and `late`, not `later`
+        assert [e[0] for e in r.xrange(q.keys.dlq)] == [later]
+        r.close()
 
 
 def test_cli_remove_purge_and_replay_report(redis_url: str, queue_name: str) -> None:
