@@ -1,6 +1,6 @@
 """``Queue``: the asyncio producer, a superset of chasquimq's ``Queue``.
 
-Every method validates and encodes through :class:`~..core.producer.QueueFlows` and runs the
+Every method validates and encodes through :class:`~..core.enqueue.QueueFlows` and runs the
 resulting flow on the asyncio driver; ``sync/queue.py`` is the same shell without ``await``.
 Units follow chasquimq: ``delay`` int = ms, float = seconds (or a timedelta/datetime);
 ``delay_ms`` = ms.  Safe to share between tasks.
@@ -16,13 +16,13 @@ from typing import Any
 from .. import tracing as _tracing
 from ..core import controls, groups
 from ..core.codec import now_ms
+from ..core.enqueue import QueueFlows
 from ..core.event_hub import JobOutcome
 from ..core.inspect import QueueListing, QueueSnapshot, snapshot
 from ..core.inspect import list_queues as list_queues_flow
 from ..core.job_details import JobDetails, job_details
 from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
-from ..core.producer import QueueFlows
 from ..core.repeat import RepeatableMeta
 from ..core.results import single_outcome
 from ..core.running import cancel as cancel_job

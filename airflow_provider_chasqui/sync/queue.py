@@ -13,13 +13,13 @@ from typing import Any
 from .. import tracing as _tracing
 from ..core import controls, groups
 from ..core.codec import now_ms
+from ..core.enqueue import QueueFlows
 from ..core.event_hub import JobOutcome
 from ..core.inspect import QueueListing, QueueSnapshot, snapshot
 from ..core.inspect import list_queues as list_queues_flow
 from ..core.job_details import JobDetails, job_details
 from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
-from ..core.producer import QueueFlows
 from ..core.repeat import RepeatableMeta
 from ..core.results import single_outcome
 from ..core.running import cancel as cancel_job

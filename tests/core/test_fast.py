@@ -14,8 +14,9 @@ import pytest
 from airflow_provider_chasqui.core import calls, codec, producer, spec_decode
 from airflow_provider_chasqui.core.calls import Call
 from airflow_provider_chasqui.core.codec import Envelope, RetryOverride
+from airflow_provider_chasqui.core.enqueue import QueueFlows
 from airflow_provider_chasqui.core.fast import fast_constructor
-from airflow_provider_chasqui.core.producer import PreparedJob, QueueFlows
+from airflow_provider_chasqui.core.producer import PreparedJob
 from airflow_provider_chasqui.core.repeat import MissedFiresPolicy, RepeatPattern, StoredSpec
 from airflow_provider_chasqui.core.spec_decode import DueSpec
 from airflow_provider_chasqui.types import Job, new_job

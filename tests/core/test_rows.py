@@ -13,8 +13,8 @@ from engine_support import consumer_core
 from wire_vectors import NAME, V2
 
 from airflow_provider_chasqui.core.consumer import ConsumerCore, Delivery, Rejected
+from airflow_provider_chasqui.core.enqueue import QueueFlows
 from airflow_provider_chasqui.core.features import Features
-from airflow_provider_chasqui.core.producer import QueueFlows
 from airflow_provider_chasqui.core.rows import (
     COMPLETE_ROW,
     DELAY_ROW,
