@@ -12,21 +12,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from .backoff import build_retry_override
-from .calls import (
-    Call,
-    Flow,
-    Pause,
-    Stream,
-    script_call,
-    str_reply,
-)
-from .codec import (
-    encode_data,
-    encode_member,
-    encode_new_envelope,
-    new_job_ids,
-    now_ms,
-)
+from .calls import Call, Flow, Pause, Stream, script_call, str_reply
+from .codec import encode_data, encode_member, encode_new_envelope, new_job_ids, now_ms
 from .dedup import check_dedup, dedup_call
 from .dlq import positive
 from .groups import add_grouped_call, check_group
