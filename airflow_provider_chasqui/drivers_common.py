@@ -203,12 +203,21 @@ def stream_read_slot(encoder: Any, args: tuple[Any, ...]) -> int | None:
 
 
 def wrong_type_named(c: Call, error: Exception) -> Exception:
-    """A plain command's ``WRONGTYPE`` reply, with the key it is about named (Redis' own text
-    names none, so an operator could not tell which of a view's keys is spoiled)."""
-    if c.script is not None or not c.args or not str(error).startswith("WRONGTYPE"):
+    """A ``WRONGTYPE`` reply with the key it is about named: the command's key, or a script's
+    keys (Redis' own text names none, so an operator could not tell which of a view's keys is
+    spoiled; a script's names only its generated function and line)."""
+    if not str(error).startswith("WRONGTYPE"):
+        return error
+    if c.script is not None:
+        keys = ", ".join(_text(k) for k in c.keys) or "?"
+        return rexc.ResponseError(
+            f"WRONGTYPE a key of {keys} holds another type than the script {c.script.name} needs"
+            " (foreign or hostile data in the queue's keyspace)"
+        )
+    if not c.args:
         return error
     name = str(c.args[0]).upper()
-    args = [a.decode("utf-8", "backslashreplace") if isinstance(a, bytes) else str(a) for a in c.args]
+    args = [_text(a) for a in c.args]
     if name in ("XREAD", "XREADGROUP") and "STREAMS" in (u := [a.upper() for a in args]):
         key = args[u.index("STREAMS") + 1] if u.index("STREAMS") + 1 < len(args) else "?"
     elif name in ("XINFO", "XGROUP", "OBJECT") and len(args) > 2:
@@ -218,6 +227,10 @@ def wrong_type_named(c: Call, error: Exception) -> Exception:
     return rexc.ResponseError(
         f"WRONGTYPE {key} holds another type than {name} needs (foreign or hostile data in the queue's keyspace)"
     )
+
+
+def _text(arg: Any) -> str:
+    return arg.decode("utf-8", "backslashreplace") if isinstance(arg, bytes) else str(arg)
 
 
 def function_missing(error: BaseException) -> bool:

@@ -14,6 +14,7 @@ import redis
 from servers import free_port
 
 from airflow_provider_chasqui.core.calls import command
+from airflow_provider_chasqui.core.scan import scan_call
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import (
     BusyGroupError,
@@ -97,6 +98,12 @@ def test_sync_other_error_replies_are_script_errors(redis_url: str, stream_key: 
             d.pipeline([command("GET", stream_key), command("ZCARD", stream_key)])
         with pytest.raises(WrongTypeError, match=f"{re.escape(stream_key)} holds another type than XREADGROUP"):
             d.run(_flow(_read_missing_group(stream_key)))
+        # a script's WRONGTYPE names its keys and the script (Redis' names a generated function)
+        script, said = scan_call(stream_key, "-", count=1), f"WRONGTYPE a key of {re.escape(stream_key)} holds"
+        with pytest.raises(WrongTypeError, match=said + " another type than the script scan_entries needs"):
+            d.call(script)
+        with pytest.raises(WrongTypeError, match=said):
+            d.pipeline([command("GET", stream_key), script])
         with pytest.raises(ChasquiError):  # ScriptError; a cluster client cannot route it: ChasquiError
             d.call(command("NO-SUCH-COMMAND"))
     finally:
@@ -161,6 +168,12 @@ async def test_async_other_error_replies_are_script_errors(redis_url: str, strea
             await d.pipeline([command("GET", stream_key), command("ZCARD", stream_key)])
         with pytest.raises(WrongTypeError, match=f"{re.escape(stream_key)} holds another type than XREADGROUP"):
             await d.run(_flow(_read_missing_group(stream_key)))
+        # a script's WRONGTYPE names its keys and the script (Redis' names a generated function)
+        script, said = scan_call(stream_key, "-", count=1), f"WRONGTYPE a key of {re.escape(stream_key)} holds"
+        with pytest.raises(WrongTypeError, match=said + " another type than the script scan_entries needs"):
+            await d.call(script)
+        with pytest.raises(WrongTypeError, match=said):
+            await d.pipeline([command("GET", stream_key), script])
         with pytest.raises(ChasquiError):  # redis.asyncio: ScriptError, or ChasquiError on a cluster
             await d.call(command("NO-SUCH-COMMAND"))
     finally:
