@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from .codec import U64_MAX
 from .fast import fast_constructor
 from .repeat import MissedFiresPolicy, RepeatPattern, StoredSpec
-from .spec_options import U64_MAX
 
 __all__ = ["DueSpec", "SpecDecoder"]
 

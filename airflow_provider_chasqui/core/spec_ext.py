@@ -14,12 +14,11 @@ from typing import Any
 import msgpack
 
 from ..errors import CodecError, ConfigError
-from .codec import RetryOverride, decode_envelope
+from .codec import U64_MAX, RetryOverride, decode_envelope
 from .dedup import check_dedup
 from .groups import check_group
 from .priorities import check_priority
 from .running import MAX_TIMEOUT_MS
-from .spec_options import U64_MAX
 
 __all__ = ["SpecExt", "NO_EXT", "EXT_VERSION", "side_options", "dedup_option"]
 

@@ -27,7 +27,6 @@ __all__ = [
     "spec_limit",
     "SKIP",
     "check_spec_key",
-    "U64_MAX",
 ]
 
 SKIP = MissedFiresPolicy.skip()

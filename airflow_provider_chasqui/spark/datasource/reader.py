@@ -7,9 +7,9 @@ into ``partitions`` ranges of stream-id milliseconds; each task pages through it
 XRANGE.  ``results`` splits the stored-results index by rank; ``repeatable`` is one task
 paging through the specs.
 
-Filter pushdown (``pushFilters``, folded in ``pushdown.py``): comparisons of the time column (``ts``; ``stored_at`` for
-results) with a timestamp narrow what is read: the XRANGE bounds (stream ids are Redis-clock
-milliseconds) or the results' score range.  For ``dlq`` (``ts`` is the entry id's time) and
+Filter pushdown (``pushFilters``, folded in ``pushdown.py``): comparisons of the time column
+(``ts``; ``stored_at`` for results) with a timestamp narrow what is read: the XRANGE bounds
+(stream ids are Redis-clock milliseconds) or the results' score range.  For ``dlq`` (``ts`` is the entry id's time) and
 ``results`` (``stored_at`` is the score) that is exact and Spark does not filter again; an
 event's ``ts`` is the worker's clock when the event happened, which may differ from the id's
 time by clock skew and event batching, so for ``events`` the bounds are widened by
@@ -38,7 +38,7 @@ from ...errors import CodecError, ConfigError
 from .options import redis_url
 from .pushdown import NO_FILTERS, Pushed, push
 
-__all__ = ["SCHEMAS", "ChasquiReader", "ChasquiFilteringReader", "Pushed", "ReadPlan", "StreamRange", "read_plan"]
+__all__ = ["SCHEMAS", "ChasquiReader", "ChasquiFilteringReader", "ReadPlan", "StreamRange", "read_plan"]
 
 SCHEMAS: dict[str, str] = {
     "events": "event_id STRING, ts TIMESTAMP, event STRING, job_id STRING, name STRING, attempt INT, fields STRING",
