@@ -18,7 +18,7 @@ from .codec import decode_envelope, encode_envelope
 from .event_follow import stream_id
 from .failure import failure_record
 from .keys import QueueKeys
-from .scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
+from .scan import ENVELOPE_ID_PREFIX, ends_call, envelope_id, parse_ends, parse_scan, scan_call
 from .settings import QueueSettings
 
 __all__ = ["DlqFlows", "DLQ_PAGE", "positive", "dlq_page", "dlq_row", "replay_ids", "replay_matching"]
@@ -139,10 +139,10 @@ class DlqFlows:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{what} must be a str, got {value!r}")
         k = self.keys
-        last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
-        if not last:
+        ends = parse_ends((yield ends_call(k.dlq)))
+        if ends is None:
             return 0
-        last_id = str_reply(last[0][0])
+        last_id = ends[1]
         if reason is None and name is None:
             ms, seq = stream_id(last_id)
             return int_reply((yield command("XTRIM", k.dlq, "MINID", f"{ms}-{seq + 1}")))
@@ -257,10 +257,10 @@ def replay_matching(queue: str, reason: str | None, name: str | None, max_len: i
     """Replay every entry there now with this reason and/or name, a scan window at a time
     (matching is decided on summaries; only chosen entries are read whole)."""
     k = QueueKeys.for_queue(queue)
-    last = yield command("XREVRANGE", k.dlq, "+", "-", "COUNT", 1)
-    if not last:
+    ends = parse_ends((yield ends_call(k.dlq)))
+    if ends is None:
         return {"replayed": 0, "skipped": 0}
-    last_id = str_reply(last[0][0])
+    last_id = ends[1]
     replayed = skipped = 0
     start = "-"
     while True:

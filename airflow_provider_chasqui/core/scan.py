@@ -17,7 +17,7 @@ import msgpack
 
 from .calls import Call, int_reply, script_call, str_reply
 
-__all__ = ["ScanReply", "scan_call", "parse_scan", "envelope_id", "ENVELOPE_ID_PREFIX"]
+__all__ = ["ScanReply", "scan_call", "parse_scan", "ends_call", "parse_ends", "envelope_id", "ENVELOPE_ID_PREFIX"]
 
 # Bytes of an envelope that always hold its job id (array header, str header, <= 1024 chars of
 # up to 4 UTF-8 bytes... in practice ids are ASCII ULIDs; a longer id is simply not shown).
@@ -64,6 +64,19 @@ def parse_scan(reply: Any) -> ScanReply:
             fields = {str_reply(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
             matches.append((str_reply(m[0]), fields, int_reply(m[2])))
     return ScanReply(str_reply(reply[0]), int_reply(reply[1]), int_reply(reply[2]) == 1, matches)
+
+
+def ends_call(stream: str) -> Call:
+    """The ids of a stream's first and last entries (``stream_ends.lua``), without their
+    fields: ``XREVRANGE ... COUNT 1`` would bring the newest payload along, whatever its size."""
+    return script_call("stream_ends", (stream,), ())
+
+
+def parse_ends(reply: Any) -> tuple[str, str] | None:
+    """``(first id, last id)`` from ``ends_call``'s reply; None for an empty stream."""
+    if not isinstance(reply, list) or len(reply) != 2:
+        return None
+    return str_reply(reply[0]), str_reply(reply[1])
 
 
 def envelope_id(prefix: bytes) -> str | None:

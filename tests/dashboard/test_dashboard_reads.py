@@ -16,6 +16,7 @@ from servers import RunningServer, start_server
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
+from airflow_provider_chasqui.core.dlq import replay_matching
 from airflow_provider_chasqui.core.keys import QueueKeys
 from airflow_provider_chasqui.core.scan import envelope_id, parse_scan, scan_call
 from airflow_provider_chasqui.sync._driver import SyncDriver
@@ -132,15 +133,22 @@ def test_purging_by_reason_reads_summaries_not_payloads(server: RunningServer) -
     round trip with these payloads.  It matches on the scan's summaries and deletes by id."""
     k = _dead(server, "purge-bounds", 40, lambda i: "timeout" if i % 10 == 3 else "retries_exhausted")
     with SyncQueue("purge-bounds", redis_url=server.url) as q:
-        # the newest entry is read whole (XREVRANGE COUNT 1 fixes where the purge ends), then
-        # summaries of 1,100 bytes an entry
+        # where the purge ends comes as an id alone (stream_ends.lua), then summaries of 1,100
+        # bytes an entry: 40 of them, against 1 MiB for any one payload read whole
         removed, pulled = _pulled(server, lambda: q.purge_dlq(reason="timeout"))
-        assert removed == 4 and pulled < 2 * MB, pulled
+        assert removed == 4 and pulled < MB // 4, pulled
         removed, pulled = _pulled(server, lambda: q.purge_dlq(name="big", reason="nope"))
-        assert removed == 0 and pulled < 2 * MB, pulled
+        assert removed == 0 and pulled < MB // 4, pulled
+        flow = replay_matching("purge-bounds", "nope", None, 1000)  # the dashboard's replay by reason
+        report, pulled = _pulled(server, lambda: q.driver.run(flow))
+        assert report == {"replayed": 0, "skipped": 0} and pulled < MB // 4, (report, pulled)
         with server.client() as r:
             left = r.xrange(k.dlq)
         assert len(left) == 36 and {f[b"reason"] for _e, f in left} == {b"retries_exhausted"}
+        removed, pulled = _pulled(server, q.purge_dlq)  # the whole DLQ: one XTRIM below the last id
+        assert removed == 36 and pulled < 64 * 1024, pulled
+        removed, pulled = _pulled(server, q.purge_dlq)
+        assert removed == 0 and pulled < 64 * 1024, pulled
 
 
 def test_a_replay_reads_a_bounded_slice_per_round_trip(server: RunningServer) -> None:

@@ -34,6 +34,7 @@ from ...core.calls import command, str_reply
 from ...core.codec import decode_data, decode_envelope
 from ...core.keys import QueueKeys, validate_queue_name
 from ...core.producer import parse_fields
+from ...core.scan import ends_call, parse_ends
 from ...errors import CodecError, ConfigError
 from .options import redis_url
 from .pushdown import NO_FILTERS, Pushed, push
@@ -273,11 +274,10 @@ class ChasquiReader(DataSourceReader):
             call = q.driver.call
             if plan.what in ("events", "dlq"):
                 key = events_or_dlq_key(plan)
-                first = call(command("XRANGE", key, "-", "+", "COUNT", 1))
-                last = call(command("XREVRANGE", key, "+", "-", "COUNT", 1))
-                if not first or not last:
+                ends = parse_ends(call(ends_call(key)))  # ids only: no payload comes back
+                if ends is None:
                     return [StreamRange("0-1", "0-0")]  # empty
-                lo, hi = str_reply(first[0][0]), str_reply(last[0][0])
+                lo, hi = ends
                 n = plan.partitions or max(1, min(16, int(call(command("XLEN", key))) // 100_000 + 1))
                 lo_ms, hi_ms = _id_ms(lo), _id_ms(hi)
                 slack = plan.ts_slack_ms if plan.what == "events" else 0
