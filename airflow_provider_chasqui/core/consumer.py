@@ -5,13 +5,11 @@ Lua calls that complete, retry or dead-letter it.  The asyncio worker only moves
 from __future__ import annotations
 
 import random
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from ..errors import JobTimeout
 from .calls import Call, command, script_call
 from .codec import (
     MAX_JOB_ID_CHARS,
@@ -26,6 +24,7 @@ from .codec import (
     encode_envelope,
     encode_member,
 )
+from .failure import clip_head, clip_text, handler_failure_reason, handler_traceback, safe_repr
 from .features import Features
 from .groups import MAX_GROUP_BYTES
 from .keys import QueueKeys
@@ -34,17 +33,7 @@ from .rows import CompleteRow as CompleteRow  # re-exported: the drivers import 
 from .rows import FailRow as FailRow
 from .settings import QueueSettings
 
-__all__ = [
-    "ConsumerCore",
-    "Delivery",
-    "Rejected",
-    "handler_failure_reason",
-    "handler_traceback",
-    "clip_text",
-    "clip_head",
-    "MAX_REASON_BYTES",
-    "MAX_TRACEBACK_BYTES",
-]
+__all__ = ["ConsumerCore", "Delivery", "Rejected"]
 
 # DLQ reason strings, exactly as ChasquiMQ writes them (wire spec 7.2).
 RETRIES_EXHAUSTED = "retries_exhausted"
@@ -54,16 +43,6 @@ OVERSIZE = "oversize_payload"
 MALFORMED = "malformed"
 # Ours, not ChasquiMQ's: routing a handler's failure raised (see ConsumerCore.routing_failed_row).
 ROUTING_FAILED = "routing_failed"
-
-MAX_REASON_BYTES = 4096
-"""Longest failure reason or detail written to an event, a failure record or the DLQ (UTF-8)."""
-MAX_TRACEBACK_BYTES = 4096
-"""Longest handler traceback kept in a failure record and a DLQ entry's ``detail`` (UTF-8); a
-longer one loses its outermost frames (the innermost, where it raised, are the useful ones)."""
-_MAX_TRACEBACK_LINE = 1024  # bytes of one traceback line (the exception's message, a source line)
-TRACEBACK_FRAMES = 40
-"""Innermost frames formatted per exception of a chain: a deep recursion is not walked in full."""
-
 
 UNDECODED: Any = object()
 """``Delivery.data`` until :meth:`Delivery.payload` decodes it."""
@@ -121,71 +100,6 @@ def _utf8(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def clip_text(text: str, limit: int = MAX_REASON_BYTES) -> str:
-    """``text`` as at most ``limit`` UTF-8 bytes, cut with a marker saying how long it was;
-    unencodable characters (lone surrogates) become U+FFFD, so the result always encodes."""
-    if len(text) <= limit // 4 and text.isascii():
-        return text
-    raw = text.encode("utf-8", "replace")
-    if len(raw) <= limit:
-        return raw.decode("utf-8")
-    marker = f"... [truncated: {len(raw)} bytes]"
-    return raw[: limit - len(marker)].decode("utf-8", "ignore") + marker
-
-
-def clip_head(text: str, limit: int = MAX_TRACEBACK_BYTES) -> str:
-    """``text`` as at most ``limit`` UTF-8 bytes, keeping its *end* (cut at a line start, after
-    a marker line saying how long it was); unencodable characters become U+FFFD."""
-    raw = text.encode("utf-8", "replace")
-    if len(raw) <= limit:
-        return raw.decode("utf-8")
-    marker = f"[traceback truncated: {len(raw)} bytes; the innermost frames follow]\n"
-    tail = raw[len(raw) - (limit - len(marker)) :].decode("utf-8", "ignore")
-    cut = tail.find("\n")
-    if 0 <= cut < len(tail) - 1:
-        tail = tail[cut + 1 :]
-    return marker + tail
-
-
-def handler_traceback(exc: BaseException) -> str:
-    """The formatted traceback of a handler's exception (chained causes included), at most
-    ``MAX_TRACEBACK_BYTES`` with the innermost frames kept; ``""`` for an exception that was
-    never raised (nothing to add to its reason) or one that cannot be formatted.  Called on
-    failures only: a successful job never pays for it."""
-    tb = getattr(exc, "__traceback__", None)
-    if tb is None:
-        return ""
-    try:
-        text = "".join(traceback.format_exception(type(exc), exc, tb, limit=-TRACEBACK_FRAMES))
-    except Exception:  # noqa: BLE001 - a hostile __str__ or a broken frame: no traceback, not a crash
-        return ""
-    if len(text) > MAX_TRACEBACK_BYTES // 4:  # a huge message (or source line) must not push out every frame
-        text = "".join(
-            clip_text(line.rstrip("\n"), _MAX_TRACEBACK_LINE) + "\n" * line.endswith("\n")
-            if len(line) > _MAX_TRACEBACK_LINE // 4
-            else line
-            for line in text.splitlines(keepends=True)
-        )
-    return clip_head(text)
-
-
-def handler_failure_reason(exc: BaseException) -> str:
-    """The ``failed`` event reason ChasquiMQ's Python shim writes, clipped to
-    ``MAX_REASON_BYTES`` (an exception's repr is unbounded, and may itself raise)."""
-    if isinstance(exc, JobTimeout):  # the worker stopped it: reason ``timeout`` (core/running.py)
-        return clip_text(f"timeout: {exc}")
-    return clip_text(f"handler: Python handler raised: {_safe_repr(exc)}")
-
-
-def _safe_repr(exc: BaseException) -> str:
-    """``repr(exc)``, or a stand-in when a hostile ``__repr__`` raises or returns a non-str."""
-    try:
-        text = repr(exc)
-    except Exception:  # noqa: BLE001 - a broken __repr__ must not break the failure path
-        return f"<{type(exc).__name__}: repr() failed>"
-    return text if isinstance(text, str) else "<unprintable exception>"
 
 
 class ConsumerCore:
@@ -558,7 +472,7 @@ class ConsumerCore:
             duration_us,
             dl.raw,
             ROUTING_FAILED,
-            clip_text("routing the failure raised: " + _safe_repr(err)),
+            clip_text("routing the failure raised: " + safe_repr(err)),
             dl.raw_name or "",
             handler_traceback(exc),
         )

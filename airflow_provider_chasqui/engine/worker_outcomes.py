@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from ..core.codec import now_ms
-from ..core.consumer import DECODE_FAILED, ROUTING_FAILED, Delivery, handler_traceback
+from ..core.consumer import DECODE_FAILED, ROUTING_FAILED, Delivery
+from ..core.failure import handler_traceback
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, FAIL_REASON, FAIL_TRACEBACK
 from ..errors import CodecError, UnrecoverableError
 from .metrics import NO_METRICS

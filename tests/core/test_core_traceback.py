@@ -8,14 +8,8 @@ import sys
 import pytest
 from wire_vectors import NAME, V2
 
-from airflow_provider_chasqui.core.consumer import (
-    MAX_TRACEBACK_BYTES,
-    TRACEBACK_FRAMES,
-    ConsumerCore,
-    Delivery,
-    clip_head,
-    handler_traceback,
-)
+from airflow_provider_chasqui.core.consumer import ConsumerCore, Delivery
+from airflow_provider_chasqui.core.failure import MAX_TRACEBACK_BYTES, TRACEBACK_FRAMES, clip_head, handler_traceback
 from airflow_provider_chasqui.core.retry import RetryPolicy
 from airflow_provider_chasqui.core.settings import QueueSettings
 

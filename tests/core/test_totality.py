@@ -24,13 +24,11 @@ from airflow_provider_chasqui.core.codec import (
     encode_envelope,
 )
 from airflow_provider_chasqui.core.consumer import (
-    MAX_REASON_BYTES,
     ConsumerCore,
     Delivery,
     Rejected,
-    clip_text,
-    handler_failure_reason,
 )
+from airflow_provider_chasqui.core.failure import MAX_REASON_BYTES, clip_text, handler_failure_reason
 from airflow_provider_chasqui.core.producer import ProducerCore
 from airflow_provider_chasqui.core.retry import MAX_BACKOFF_MS, RetryPolicy, backoff_ms
 from airflow_provider_chasqui.core.spec_ext import SpecExt
