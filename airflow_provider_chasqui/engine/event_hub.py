@@ -47,7 +47,8 @@ from ..core.keys import QueueKeys
 from ..core.urls import WAIT_BLOCK_MS, read_timeout, split_cluster_flag
 from ..drivers_common import translate_error
 from ..errors import ChasquiConnectionError, ChasquiError
-from ._driver import CLUSTER, AsyncDriver, raw_client
+from ._clients import CLUSTER, raw_client
+from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
 from .leader import TRANSIENT
 

@@ -59,7 +59,8 @@ from ..errors import (
     TRANSIENT_ERRORS,
 )
 from ..types import Job
-from ._driver import AsyncDriver, raw_client
+from ._clients import raw_client
+from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
 from .identity import consumer_name, identity, package_version
 from .intake import Intake

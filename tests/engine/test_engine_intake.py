@@ -16,7 +16,8 @@ from redis.backoff import NoBackoff
 
 from airflow_provider_chasqui.core.calls import str_reply
 from airflow_provider_chasqui.core.consumer import ConsumerCore
-from airflow_provider_chasqui.engine._driver import AsyncDriver, raw_client
+from airflow_provider_chasqui.engine._clients import raw_client
+from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.engine.intake import Intake
 
 
@@ -181,7 +182,7 @@ async def test_a_cancelled_read_always_ends_the_task(path, redis_url, queue_name
     """redis-py can swallow a cancel that lands as a blocking read returns (redis-py#2028; about
     1 in 100 here): a task looping on ``next_batch`` must end anyway, or a triggerer could never
     stop its watcher.  150 cancels at shifting moments of a 30 ms read, each must end within 2 s."""
-    from airflow_provider_chasqui.engine._driver import raw_client
+    from airflow_provider_chasqui.engine._clients import raw_client
 
     reader = raw_client(redis_url, single_connection_client=True) if path == "reader" else None
     it = Intake(driver, _core(queue_name, "c"), lease_ms=60_000, reader=reader)

@@ -158,7 +158,7 @@ async def test_async_connection_reader_writer_transport(shared_redis_url: str) -
     """``AsyncLane._connect`` takes ``conn._writer.transport`` (with ``set_protocol``), checks
     ``conn._reader._buffer`` is empty, then sets both to None; ``is_connected`` follows them."""
     from airflow_provider_chasqui.drivers_common import supported
-    from airflow_provider_chasqui.engine._driver import raw_client
+    from airflow_provider_chasqui.engine._clients import raw_client
 
     client = raw_client(shared_redis_url)
     try:
@@ -182,7 +182,8 @@ async def test_async_connection_reader_writer_transport(shared_redis_url: str) -
 
 
 async def test_async_pool_and_connection_methods_the_driver_uses(shared_redis_url: str) -> None:
-    from airflow_provider_chasqui.engine._driver import _get_connection, raw_client
+    from airflow_provider_chasqui.engine._clients import raw_client
+    from airflow_provider_chasqui.engine._driver import _get_connection
 
     client = raw_client(shared_redis_url)
     try:
