@@ -21,12 +21,12 @@ leave them does not, and lives here once:
   yet is held (in flight, leases renewed, no attempt counted) and handed out first once it
   may; nothing new is read meanwhile, but the recovery pass goes on, and what it reclaims is
   held ahead.  Concurrency slots are renewed with the leases and freed with the settling writes.
-* **leases**: every entry handed out is in :attr:`in_flight` until settled or released, and
+* **leases** (``intake_leases.py``): every entry handed out is in :attr:`in_flight` until settled or released, and
   :meth:`run_leases` renews them ``RENEWALS_PER_LEASE`` times per lease (``renew_lease``).  An
   entry another consumer took over meanwhile is *lost*: ``on_lost`` hears of it, and its
   outcome is never written (XACK does not check ownership).  :meth:`lease_held` renews first
   when the last renewal is late (a paused process must not start a job someone else runs).
-* **settling** (:meth:`settle`): finished entries (``complete_batch``) and failed or refused
+* **settling** (:meth:`settle`, ``intake_settling.py``): finished entries (``complete_batch``) and failed or refused
   ones (``fail_batch``) in one round trip, retried through outages, the lost ones dropped.
 * **housekeeping**: removing consumers idle for 10 leases, every 5 (:meth:`next_batch`), and
   this consumer at a clean stop (:meth:`leave`).
@@ -35,45 +35,33 @@ leave them does not, and lives here once:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from ..core.calls import Call, command, int_reply, str_reply
-from ..core.codec import encode_member, now_ms
-from ..core.consumer import CompleteRow, ConsumerCore, Delivery, FailRow, Rejected
+from ..core.calls import int_reply, str_reply
+from ..core.codec import now_ms
+from ..core.consumer import ConsumerCore, Delivery, Rejected
 from ..core.features import Features
-from ..core.groups import requeue_grouped_calls, take_grouped_call
+from ..core.groups import take_grouped_call
 from ..core.history import MinuteCounts
-from ..core.key_types import replace_spoiled, written_types
-from ..core.liveness import REAP_IDLE_LEASES, beat_calls, leave_calls
+from ..core.liveness import REAP_IDLE_LEASES, leave_calls
 from ..core.pacing import Backoff, LogBudget
 from ..core.priorities import take_prioritized_call
-from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID
-from ..core.running import cancel_jobs_call, settled_timeout_calls
 from ..drivers_common import translate_error
-from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError, WrongTypeError
+from ..errors import TRANSIENT_ERRORS, BusyGroupError, ChasquiError, CodecError, NoGroupError
 from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
 from .flow_gate import FlowGate
+from .intake_leases import RENEWALS_PER_LEASE, IntakeLeases
+from .intake_settling import IntakeSettling
 from .metrics import NO_METRICS, WorkerMetrics
 
-__all__ = ["Intake", "Row", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION", "lost_pairs"]
+__all__ = ["Intake", "Row"]
 
 log = logging.getLogger(__name__)
 Row = tuple[bytes, Any, int]  # entry id, stream fields, deliveries so far (this one included)
-RENEW_CHUNK = 1000  # entries per renew_lease call
-# The lease is renewed this many times per term, and another consumer takes an entry over only
-# once it was idle for a lease plus one renewal interval (``Intake.hold_ms``): a consumer's last
-# renewal began at most one interval before it stopped, so a pause (or a blocked loop: see
-# engine/lease_guard.py) shorter than the whole lease never loses a held entry
-# (tests/faults/test_lease_pause.py, tests/faults/test_lease_whole.py).
-RENEWALS_PER_LEASE = 10
-# lease_held() renews before a job starts when the last renewal began longer ago than this share
-# of the lease (two renewals missed: a paused process, a blocked loop).
-START_CHECK_FRACTION = 0.2
 # what a read survives (Intake._weather): a deleted stream's NOGROUP, and the transient errors
 READ_ERRORS: tuple[type[BaseException], ...] = (NoGroupError, *TRANSIENT_ERRORS)
 REAP_EVERY_LEASES = 5  # how often idle consumers are removed (REAP_IDLE_LEASES: core/liveness.py)
@@ -85,17 +73,7 @@ PRIORITY_POLL_MS = 100  # the longest blocking read on a queue that uses priorit
 MAX_LINGER_SECS = 1.0  # a lingering batch stops growing after this long, even if jobs keep arriving
 
 
-def lost_pairs(reply: list[Any]) -> dict[bytes, bytes]:
-    """``renew_lease``'s replies, concatenated: entry id -> its new owner (``b""``: not pending)."""
-    return {reply[i]: reply[i + 1] for i in range(0, len(reply) - 1, 2)}
-
-
-def _retrieved(f: asyncio.Future[Any]) -> None:
-    if not f.cancelled():
-        f.exception()
-
-
-class Intake:
+class Intake(IntakeLeases, IntakeSettling):
     """The consumer ``core.consumer_id`` of group ``core.group``.  Build it anywhere; every
     method but the constructor runs on the event loop.  Not thread-safe."""
 
@@ -450,253 +428,6 @@ class Intake:
         except TimeoutError:  # on 3.11 a cancel racing the timeout can end up here: not swallowed
             raise_if_cancelling()
 
-    # ---- leases -------------------------------------------------------------------------
-    async def run_leases(self) -> None:
-        """Renew every in-flight entry ``RENEWALS_PER_LEASE`` times per lease, until cancelled."""
-        interval = self.lease_ms / 1000 / RENEWALS_PER_LEASE
-        if self.identity is not None:  # listed at once, not one renewal period later
-            with contextlib.suppress(*TRANSIENT_ERRORS):
-                await self.send_beat(self.beat_calls())
-        while True:
-            await asyncio.sleep(max(0.0, self.renewed_at + interval - time.monotonic()))
-            try:
-                await self.renew()
-                beat = self.beat_calls() + self.history.take_calls(self.core.keys)
-                if beat:
-                    await self.send_beat(beat)
-            except TRANSIENT_ERRORS as exc:
-                raise_if_cancelling()
-                log.warning("%s: lease renewal failed (%s); retrying", self.label, exc)
-                await asyncio.sleep(min(interval, 1.0))
-
-    async def send_beat(self, calls: list[Call]) -> None:
-        """The heartbeat and history counts.  A beats or history key of another type (hostile or
-        foreign) is replaced and the beat goes on; it used to stop the lease renewals in a loop."""
-        try:
-            await self.driver.pipeline(calls)
-        except WrongTypeError as exc:
-            replaced = await self.driver.run(replace_spoiled(written_types(calls)))
-            log.warning("%s: %s: replaced %s (the counts of that beat are lost)", self.label, exc, sorted(replaced))
-
-    async def renew(self) -> None:
-        """One ``renew_lease`` call (per 1,000 entries) for all in-flight entries; entries
-        another consumer took over are marked lost."""
-        started = time.monotonic()
-        ids = [eid for eid in self.in_flight if eid not in self.lost] if self.lost else list(self.in_flight)
-        lost = await self.renew_ids(ids)
-        if self.flow.slotted or self.flow.grouped:
-            await self.flow.renew_slots([eid for eid in ids if eid not in lost])
-        self.renewed_at = max(self.renewed_at, started)
-        if ids:
-            self.metrics.lease_renewed(self.core.keys.queue, len(ids) - len(lost))
-        self.lost_found(lost)
-
-    def lost_found(self, lost: dict[bytes, bytes]) -> None:
-        """Entries a renewal found taken over (by this loop's renewal or the lease guard's)."""
-        lost = {
-            eid: owner
-            for eid, owner in lost.items()
-            if eid in self.in_flight and eid not in self.lost and not (owner == b"" and eid in self.settling)
-        }  # (an entry this consumer is settling right now is no longer pending: not lost, ours)
-        if lost:
-            self.metrics.lease_lost(self.core.keys.queue, len(lost))
-            self.lost.update(lost)
-            if self.flow.held:  # held back by the gate, never handed out: released here, never run
-                gone = [dl.entry_id for dl in self.flow.held if dl.entry_id in lost]
-                if gone:
-                    self.flow.held = [dl for dl in self.flow.held if dl.entry_id not in lost]
-                    for eid in gone:
-                        self.release(eid)
-                    self.flow.report()
-            if self.on_lost is not None:
-                self.on_lost(lost)
-
-    async def renew_ids(self, entry_ids: list[bytes]) -> dict[bytes, bytes]:
-        """Renew the lease on ``entry_ids``; returns those this consumer no longer owns, each
-        with its new owner (``b""``: settled, no longer pending)."""
-        lost: list[Any] = []
-        for call in self.lease_renewals(entry_ids):
-            lost += await self.driver.call(call) or []
-        return lost_pairs(lost)
-
-    def beat_calls(self) -> list[Call]:
-        """This consumer's heartbeat (``core/liveness.py``), sent with the lease renewals."""
-        if self.identity is None:
-            return []
-        keys, name = self.core.keys, self.core.consumer_id
-        return beat_calls(keys, name, self.identity, self.lease_ms, now_ms(), self.healthy())
-
-    def lease_renewals(self, entry_ids: list[bytes]) -> list[Call]:
-        """The ``renew_lease`` calls of :meth:`renew_ids` (also sent by the lease guard's thread)."""
-        return [self.core.renew_lease(entry_ids[i : i + RENEW_CHUNK]) for i in range(0, len(entry_ids), RENEW_CHUNK)]
-
-    async def lease_held(self, entry_id: bytes, job_id: str) -> bool:
-        """Whether ``entry_id`` may start, asked when the last renewal is late (the process was
-        paused or its loop blocked, maybe past the whole lease while another consumer ran the
-        job): renew now (one renewal shared by every asker) and say yes only if this consumer
-        still owns the entry.  If Redis cannot be reached the answer is no: the entry stays
-        pending and is reclaimed after the lease.  A "no" releases the entry."""
-        try:
-            renewal = self._renewal
-            if renewal is None or renewal.done():  # after a pause every slot asks at once: one call
-                renewal = self._renewal = asyncio.ensure_future(self.renew())
-                renewal.add_done_callback(_retrieved)  # its error is logged below, even if every asker left
-            await asyncio.shield(renewal)
-        except Exception as exc:  # noqa: BLE001 - unknown ownership: do not start, the entry stays pending
-            log.warning(
-                "%s: lease of job %s unknown (%s): not started, it is reclaimed after the lease",
-                self.label,
-                job_id,
-                exc,
-            )
-            self.release(entry_id)
-            return False
-        if entry_id in self.lost:  # on_lost dropped the queued ones; this one was already taken
-            owner = self.lost.pop(entry_id)
-            log.warning(
-                "%s: job %s not started: its lease was lost to %r", self.label, job_id, owner or "nobody (done)"
-            )
-            self.release(entry_id)
-            return False
-        return True
-
-    async def check_lease(self) -> None:
-        """Before settling: if no renewal began within half a lease (a pause, an outage), renew
-        first, so an entry taken over meanwhile is known lost."""
-        if self.in_flight and time.monotonic() - self.renewed_at > self.lease_ms / 2000:
-            try:
-                await self.renew()
-            except Exception as exc:  # noqa: BLE001 - the writes' own retries handle an outage
-                log.warning("%s: lease check before settling failed: %s", self.label, exc)
-
-    # ---- settling -----------------------------------------------------------------------
-    def owned(self, rows: list[Any], at: int) -> list[Any]:
-        """The rows (entry id at index ``at``: ``COMPLETE_ENTRY_ID`` or ``FAIL_ENTRY_ID``) whose
-        entry this consumer still owns; the lost
-        ones are released unwritten, each logged."""
-        if not self.lost:
-            return rows
-        keep = []
-        for row in rows:
-            owner = self.lost.pop(row[at], None)
-            if owner is None:
-                keep.append(row)
-                continue
-            log.warning(
-                "%s: entry %s finished after its lease was lost to %r: outcome not recorded",
-                self.label,
-                str_reply(row[at]),
-                owner or "nobody (done)",
-            )
-            self.in_flight.discard(row[at])
-            self.flow.forget(row[at])
-        return keep
-
-    async def settle(self, done: Sequence[CompleteRow] = (), failed: Sequence[FailRow] = ()) -> None:
-        """Write finished entries (one ``complete_batch``) and failed or refused ones (one
-        ``fail_batch``) in one round trip, retried through outages; the rows must come from
-        :meth:`owned`.  Every call is idempotent (an entry no longer pending is neither acked
-        nor dead-lettered twice).  The entries leave :attr:`in_flight` whether or not the write
-        succeeded: one that failed for good stays pending and is reclaimed after the lease."""
-        now = now_ms()
-        calls = []
-        if done:
-            calls.append(self.core.complete(done if isinstance(done, list) else list(done), self.features, now))
-        if failed:
-            calls.append(self.core.fail(failed if isinstance(failed, list) else list(failed), self.features, now))
-        if self.flow.timed:  # jobs with their own timeout: keep it for a retry, else remove it
-            calls += settled_timeout_calls(self.core.keys, self.flow.timed, list(done), list(failed), now)
-        ids = [row[COMPLETE_ENTRY_ID] for row in done]
-        ids += [row[FAIL_ENTRY_ID] for row in failed]
-        free = None  # a queue without a concurrency limit or groups holds no slots: nothing to build
-        if self.flow.slotted or self.flow.grouped:
-            free = self.flow.free(ids)
-            calls += free
-        self.settling.update(ids)
-        try:
-            await self._write(calls)
-            if free:
-                self.flow.freed()
-            self.history.add(now, len(done), len(failed))
-        finally:
-            self._settled(ids)
-
-    def _settled(self, ids: list[bytes]) -> None:
-        """These entries leave the flight, written or not (see :meth:`settle`)."""
-        self.in_flight.difference_update(ids)
-        self.settling.difference_update(ids)
-        if self.lost:
-            for eid in ids:
-                self.lost.pop(eid, None)
-
-    async def _settle_to_cancel(self) -> None:
-        """End the jobs the gate found cancelled before they started."""
-        if self.flow.to_cancel:
-            gone, self.flow.to_cancel = self.flow.to_cancel, []
-            await self.settle_cancelled(gone)
-
-    async def settle_cancelled(self, cancelled: list[Delivery]) -> None:
-        """End these entries' jobs cancelled (``lua/cancel_jobs.lua``: acked, never retried nor
-        dead-lettered), freeing what they held; like :meth:`settle`, they leave the flight
-        whatever happens (an unwritten one is reclaimed after the lease, and cancelled then)."""
-        ids = [dl.entry_id for dl in cancelled]
-        k = self.core.keys
-        rows = [(dl.entry_id, dl.envelope.id, dl.name) for dl in cancelled]
-        calls = [
-            cancel_jobs_call(
-                k, rows, group=self.core.group, xackdel=self.features.xackdel, events_max=self.core.events_max
-            )
-        ]
-        if self.flow.timed:
-            calls += settled_timeout_calls(k, self.flow.timed, [(eid,) for eid in ids], [], now_ms())
-        if self.flow.slotted or self.flow.grouped:
-            calls += self.flow.free(ids)
-        self.settling.update(ids)
-        try:
-            await self._write(calls)
-            self.flow.freed()
-        finally:
-            self._settled(ids)
-
-    async def _write(self, calls: list[Call]) -> None:
-        """Run ``calls`` (one pipeline), retrying transient errors: ``write_tries`` times, or
-        until ``stopping`` and three more failures."""
-        if not calls:
-            return
-        backoff = Backoff()
-        while True:
-            try:
-                await (self.driver.call(calls[0]) if len(calls) == 1 else self.driver.pipeline(calls))
-                return
-            except TRANSIENT_ERRORS as exc:
-                raise_if_cancelling()
-                failures = backoff.failures + 1
-                if (self.write_tries is not None and failures >= self.write_tries) or (
-                    self.stopping.is_set() and failures > 3
-                ):
-                    raise
-                delay = backoff.next()
-                log.warning("%s: writing failed (%s); retry in %.2fs", self.label, exc, delay)
-                await asyncio.sleep(delay)
-
-    async def requeue_grouped(self, dl: Delivery, block_ms: int) -> None:
-        """A grouped job whose handler raised ``RateLimited``: back at the head of its group's
-        list (no attempt counted) and its group blocked for ``block_ms``, the other groups
-        going on; its stream entry is acked and deleted after that, in the same round trip
-        (a failure in between runs it twice, never loses it)."""
-        k, eid = self.core.keys, dl.entry_id
-        group = dl.group.decode("utf-8")  # the gate kept UTF-8 group names only
-        member = encode_member(dl.raw_name or dl.name.encode("utf-8"), dl.raw)
-        calls = requeue_grouped_calls(k, group, member, max(1, block_ms))
-        calls += [command("XACK", k.stream, self.core.group, eid), command("XDEL", k.stream, eid)]
-        calls += self.flow.free([eid])
-        self.settling.add(eid)
-        try:
-            await self._write(calls)
-        finally:
-            self._settled([eid])
-        self.flow.freed()
-
     def hold(self, counts: Mapping[bytes, int], until: float) -> None:
         """Deliver these in-flight entries again at ``until`` (``time.monotonic()``), each a new
         delivery after the given deliveries so far.  Their lease is not renewed meanwhile: hold
@@ -704,13 +435,6 @@ class Intake:
         for eid, count in counts.items():
             self.in_flight.discard(eid)
             self.redeliver[eid] = (until, count)
-
-    def release(self, entry_id: bytes) -> None:
-        """Stop holding ``entry_id`` without settling it: it stays pending, unrenewed, and is
-        reclaimed after the lease (by this consumer or another)."""
-        self.in_flight.discard(entry_id)
-        self.lost.pop(entry_id, None)
-        self.flow.forget(entry_id)
 
     async def leave(self) -> None:
         """At a clean stop, remove this consumer's heartbeat, and the consumer from the group if

@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from ._driver import AsyncDriver
-from .intake import RENEWALS_PER_LEASE, Intake, lost_pairs
+from .intake import Intake
+from .intake_leases import RENEWALS_PER_LEASE, lost_pairs
 
 __all__ = ["LeaseGuard"]
 

@@ -21,7 +21,7 @@ from ..core.consumer import UNDECODED, Delivery
 from ..core.running import CANCEL_POLL_SECS, handler_batch, handler_timeout
 from ..errors import TRANSIENT_ERRORS, CodecError, JobTimeout, RateLimited, UnrecoverableError
 from ..types import Job, new_job
-from .intake import START_CHECK_FRACTION
+from .intake_leases import START_CHECK_FRACTION
 from .metrics import NO_METRICS
 from .worker_base import POOL_RUN, _Dispatch, _is_async, _packb, log
 from .worker_outcomes import OutcomeWriter
