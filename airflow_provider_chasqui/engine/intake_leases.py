@@ -29,7 +29,8 @@ from .metrics import WorkerMetrics
 
 __all__ = ["IntakeLeases", "RENEWALS_PER_LEASE", "START_CHECK_FRACTION", "lost_pairs"]
 
-log = logging.getLogger("airflow_provider_chasqui.engine.intake")
+log = logging.getLogger("airflow_provider_chasqui.engine.intake")  # the intake's own records
+
 RENEW_CHUNK = 1000  # entries per renew_lease call
 # The lease is renewed this many times per term, and another consumer takes an entry over only
 # once it was idle for a lease plus one renewal interval (``Intake.hold_ms``): a consumer's last

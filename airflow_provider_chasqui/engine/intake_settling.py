@@ -28,7 +28,7 @@ from .flow_gate import FlowGate
 
 __all__ = ["IntakeSettling"]
 
-log = logging.getLogger("airflow_provider_chasqui.engine.intake")
+log = logging.getLogger("airflow_provider_chasqui.engine.intake")  # the intake's own records
 
 
 class IntakeSettling:
