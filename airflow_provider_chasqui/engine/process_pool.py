@@ -43,9 +43,10 @@ from typing import Any
 
 from ..errors import ChildProcessDied, ConfigError, JobTimeout
 from ..types import Job
+from .pool_calls import Call, CallCancelled, Outcomes, check_picklable
 from .pool_child import NONE_BLOB, RemoteTraceback, child_main
 
-__all__ = ["ProcessPool", "Outcomes", "Call", "CallCancelled", "RUN_MAX", "MEMORY_CHECK_SECS", "check_picklable"]
+__all__ = ["ProcessPool", "RUN_MAX", "MEMORY_CHECK_SECS"]
 
 log = logging.getLogger(__name__)
 RUN_MAX = 32  # calls a child may hold at most (bounded so a kill re-queues few)
@@ -55,91 +56,6 @@ MEMORY_CHECK_SECS = 0.25
 RESPAWN_SECS = 5.0  # a replacement that could not load the handlers is tried again this much later
 START_TIMEOUT_SECS = 120.0  # importing the handlers (Spark, pandas...) can be slow on a busy box
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def check_picklable(handler: Any) -> bytes:
-    """The handler as its children load it: module-level functions (or a mapping of them)
-    pickle by name.  ``ConfigError`` naming the problem otherwise (a lambda, a closure)."""
-    try:
-        return pickle.dumps(handler)
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing here
-        raise ConfigError(
-            "handlers that run in child processes (processes=N) must be importable by name "
-            f"(module-level functions, or a mapping of them): {type(exc).__name__}: {exc}"
-        ) from None
-
-
-class CallCancelled(Exception):
-    """The outcome of a call ended by :meth:`ProcessPool.cancel` (``Queue.cancel``)."""
-
-
-class Outcomes:
-    """Where one submitter's calls report as they end: the calls ended since the last
-    :meth:`take`, and one wake-up for all of them (a future per call cost the worker a task
-    step per job, a third of a pooled no-op job's time)."""
-
-    __slots__ = ("ended", "open", "waiter")
-
-    def __init__(self) -> None:
-        self.ended: list[Call] = []
-        self.open = 0  # submitted, not yet taken
-        self.waiter: asyncio.Future[None] | None = None
-
-    def _add(self, call: Call) -> None:
-        self.ended.append(call)
-        self.nudge()
-
-    def nudge(self) -> None:
-        """End a :meth:`wait` early (its submitter has more to send)."""
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def wait(self) -> None:
-        """Until at least one call has ended, or :meth:`nudge`."""
-        if not self.ended:
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-
-    def take(self) -> list[Call]:
-        ended, self.ended = self.ended, []
-        self.open -= len(ended)
-        return ended
-
-
-class Call:
-    """One handler call: sent to a child, then ended once (a result, or ``error``).  A plain
-    class with slots: one is made per pooled job."""
-
-    __slots__ = (
-        "seq",
-        "key",
-        "batch",
-        "fields",
-        "timeout_ms",
-        "job_id",
-        "box",
-        "child",
-        "moving",
-        "finished",
-        "outcome",
-        "error",
-    )
-
-    def __init__(
-        self, seq: int, key: str | None, batch: bool, fields: Any, timeout_ms: int, job_id: str, box: Outcomes
-    ) -> None:
-        self.seq, self.key, self.batch = seq, key, batch
-        self.fields = fields  # a job's (id, name, data, attempt, created_at_ms), or a list of them
-        self.timeout_ms, self.job_id, self.box = timeout_ms, job_id, box
-        self.child: _Child | None = None
-        self.moving = False  # asked back from its child (``skip``) to go to an idle one
-        self.finished = False
-        self.outcome: tuple[bool, bytes] | None = None  # (ok, pickled result or (exception, traceback text))
-        self.error: BaseException | None = None  # ended by the pool: timeout, cancel, a dead child
 
 
 @dataclass(eq=False)

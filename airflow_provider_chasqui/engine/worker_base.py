@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from ._driver import AsyncDriver
     from .intake import Intake
     from .metrics import WorkerMetrics
-    from .process_pool import Call, Outcomes, ProcessPool
+    from .pool_calls import Call, Outcomes
+    from .process_pool import ProcessPool
     from .progress import ProgressReporter
     from .supervision import Supervisor
     from .worker_settings import WorkerSettings

@@ -27,7 +27,7 @@ from .worker_base import POOL_RUN, _Dispatch, _is_async, _packb, log
 from .worker_outcomes import OutcomeWriter
 
 if TYPE_CHECKING:
-    from .process_pool import Outcomes
+    from .pool_calls import Outcomes
 
 __all__ = ["SlotRunner"]
 
@@ -219,8 +219,8 @@ class SlotRunner(OutcomeWriter):
         jobs come), and settle those that ended.  At the shutdown deadline (this slot cancelled)
         its calls not yet settled are taken back and their entries stay pending: reclaimed after
         the lease, as an in-process job's would be."""
+        from .pool_calls import CallCancelled
         from .pool_child import NONE_BLOB
-        from .process_pool import CallCancelled
 
         procs, pooled, waiting = self._procs, self._pooled, self._box_waiting
         assert procs is not None
