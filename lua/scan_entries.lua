@@ -44,6 +44,10 @@ while scanned < count and seen < budget and #out < max_matches do
     if #out < max_matches and seen < budget then done = 1 end
     break
   end
+  if last == '18446744073709551615-18446744073709551615' then  -- nothing can follow the largest id
+    done = 1
+    break
+  end
   start = '(' .. last
 end
 local reply = {last, scanned, done}

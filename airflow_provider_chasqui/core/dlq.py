@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import CodecError, ConfigError
 from .calls import Call, Flow, command, int_reply, reply_pairs, script_call, str_reply
 from .codec import decode_envelope, encode_envelope
-from .event_follow import stream_id
+from .event_follow import after
 from .failure import failure_record
 from .keys import QueueKeys
 from .scan import ENVELOPE_ID_PREFIX, ends_call, envelope_id, parse_ends, parse_scan, scan_call
@@ -114,9 +114,10 @@ class DlqFlows:
             skipped += bad
             if len(argv) > 1:  # fewer moved than sent when a concurrent replay moved some first
                 replayed += int_reply((yield script_call("replay_dlq", (k.dlq, k.stream), argv)))
-            if window.done or not window.last:
+            nxt = after(window.last) if window.last and not window.done else None
+            if nxt is None:
                 break
-            start = "(" + window.last
+            start = nxt
         return {"replayed": replayed, "skipped": skipped}
 
     def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow[int]:
@@ -143,9 +144,11 @@ class DlqFlows:
         if ends is None:
             return 0
         last_id = ends[1]
-        if reason is None and name is None:
-            ms, seq = stream_id(last_id)
-            return int_reply((yield command("XTRIM", k.dlq, "MINID", f"{ms}-{seq + 1}")))
+        if reason is None and name is None:  # everything below the last entry, then the last:
+            # no "next id" to compute (the last may end in the largest sequence), and an entry
+            # dead-lettered meanwhile has a larger id than both
+            trimmed, deleted = yield [command("XTRIM", k.dlq, "MINID", last_id), command("XDEL", k.dlq, last_id)]
+            return int_reply(trimmed) + int_reply(deleted)
         removed, start = 0, "-"
         while True:  # matched on summaries (payloads cut to their id), deleted by id
             window = parse_scan((yield _scan(k, start, last_id, reason, name)))
@@ -156,9 +159,10 @@ class DlqFlows:
             ]
             if doomed:
                 removed += int_reply((yield command("XDEL", k.dlq, *doomed)))
-            if window.done or not window.last:
+            nxt = after(window.last) if window.last and not window.done else None
+            if nxt is None:
                 return removed
-            start = "(" + window.last
+            start = nxt
 
 
 def _matches(entry_reason: str, entry_name: str, reason: str | None, name: str | None) -> bool:
@@ -210,10 +214,12 @@ def dlq_page(queue: str, cursor: str | None, count: int, reason: str | None, nam
     ``MAX_WINDOWS`` scans of ``PAGE_WINDOW`` entries per page; ``next`` continues.  Each row
     with a job id carries the handler's ``error`` from its failure record (None without one)."""
     k = QueueKeys.for_queue(queue)
-    start = f"({cursor}" if cursor else "-"
+    start = after(cursor) if cursor else "-"
     rows: list[dict[str, Any]] = []
     nxt: str | None = None
     total = yield command("XLEN", k.dlq)
+    if start is None:  # a cursor at the largest id: nothing follows
+        return {"rows": rows, "next": None, "total": int_reply(total)}
     for _ in range(MAX_WINDOWS):
         window = parse_scan((yield _scan(k, start, "+", reason, name)))
         for entry_id, fields, size in window.matches:
@@ -223,12 +229,12 @@ def dlq_page(queue: str, cursor: str | None, count: int, reason: str | None, nam
                 rows.append(row)
                 if len(rows) == count:
                     break
-        if len(rows) == count or window.done:
+        following = after(nxt) if nxt is not None else None
+        if len(rows) == count or window.done or following is None:
             break
-        start = f"({nxt}"
-    more = False
-    if nxt is not None:
-        more = bool((yield command("XRANGE", k.dlq, f"({nxt}", "+", "COUNT", 1)))
+        start = following
+    following = after(nxt) if nxt is not None else None
+    more = bool((yield command("XRANGE", k.dlq, following, "+", "COUNT", 1))) if following is not None else False
     known = [r for r in rows if r["job_id"]]
     if known:
         records = yield [command("GET", k.failure(r["job_id"])) for r in known]
@@ -272,6 +278,7 @@ def replay_matching(queue: str, reason: str | None, name: str | None, max_len: i
         ]
         done, bad = yield from replay_ids(queue, chosen, max_len)
         replayed, skipped = replayed + done, skipped + bad
-        if window.done or not window.last:
+        nxt = after(window.last) if window.last and not window.done else None
+        if nxt is None:
             return {"replayed": replayed, "skipped": skipped}
-        start = "(" + window.last
+        start = nxt

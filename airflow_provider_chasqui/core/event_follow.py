@@ -20,7 +20,7 @@ from .calls import Call, command, reply_pairs, str_reply
 from .event_hub import event_hits
 from .keys import QueueKeys
 
-__all__ = ["START", "EventCursor", "is_stream_id", "stream_id"]
+__all__ = ["START", "EventCursor", "is_stream_id", "stream_id", "after", "LAST_STREAM_ID"]
 
 #: The position meaning "only entries added from now on"; ``pin`` turns it into an id.
 START = "$"
@@ -41,6 +41,17 @@ def is_stream_id(value: Any) -> bool:
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     return isinstance(value, str) and _STREAM_ID.fullmatch(value) is not None
+
+
+#: The largest stream id: nothing can follow it, and ``XRANGE`` refuses ``(`` before it.
+LAST_STREAM_ID = "18446744073709551615-18446744073709551615"
+
+
+def after(entry_id: str) -> str | None:
+    """The exclusive start (``(id``) of what follows ``entry_id`` in a range read; None after
+    the largest id, where Redis refuses the range ("invalid start ID for the interval") and
+    nothing can follow anyway (a hostile or foreign writer may have added it)."""
+    return None if entry_id == LAST_STREAM_ID else "(" + entry_id
 
 
 def stream_id(value: str) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import now_ms as current_ms
 from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
+from .event_follow import after
 from .key_types import Reads, read_types, spoiled_keys
 from .keys import QueueKeys
 from .liveness import REAP_IDLE_LEASES, WorkerRecord, live_consumers, read_workers
@@ -201,8 +202,9 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
     waiting = mine["lag"] if mine is not None else int_reply(stream)
     oldest_waiting = None
     if int_reply(stream):
-        after = mine["last_delivered"] if mine is not None else "0-0"
-        first = yield command("XRANGE", k.stream, f"({after}" if after != "0-0" else "-", "+", "COUNT", 1)
+        delivered = mine["last_delivered"] if mine is not None else "0-0"
+        start = after(delivered) if delivered != "0-0" else "-"
+        first = (yield command("XRANGE", k.stream, start, "+", "COUNT", 1)) if start is not None else None
         if first:
             oldest_waiting = max(0, now_ms - int(str_reply(first[0][0]).partition("-")[0] or 0))
         elif waiting is None:

@@ -43,6 +43,7 @@ from typing import Any
 from ..core.calls import int_reply, str_reply
 from ..core.codec import now_ms
 from ..core.consumer import ConsumerCore, Delivery, Rejected
+from ..core.event_follow import after
 from ..core.features import Features
 from ..core.groups import take_grouped_call
 from ..core.history import MinuteCounts
@@ -316,7 +317,7 @@ class Intake(IntakeLeases, IntakeSettling):
         first, each a new delivery; the backlog is done once a page comes back short."""
         assert self._own_after is not None
         rows = await self.driver.call(self.core.own_pending(self._own_after, want)) or []
-        self._own_after = "(" + str_reply(rows[-1][0]) if len(rows) == want else None
+        self._own_after = after(str_reply(rows[-1][0])) if len(rows) == want else None
         held = self.holding()
         counts = {row[PENDING_ID]: int_reply(row[PENDING_COUNT]) for row in rows if row[PENDING_ID] not in held}
         batch = await self._claim(0, counts)

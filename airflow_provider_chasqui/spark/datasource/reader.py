@@ -31,7 +31,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from ...core.calls import command, str_reply
-from ...core.codec import decode_data, decode_envelope
+from ...core.codec import U64_MAX, decode_data, decode_envelope
+from ...core.event_follow import after
 from ...core.keys import QueueKeys, validate_queue_name
 from ...core.producer import parse_fields
 from ...core.scan import ends_call, parse_ends
@@ -57,7 +58,6 @@ _READ_KEYS = {"queue", "redis_url", "what", "partitions", "page", "path", "on_tr
 _PAGE = 5000
 #: How far an event's ``ts`` (the worker's clock) may be from its stream id's time (Redis's clock).
 DEFAULT_TS_SLACK_MS = 300_000
-_MAX_SEQ = 18446744073709551615
 
 
 def _ts(ms: Any) -> _dt.datetime | None:
@@ -286,7 +286,7 @@ class ChasquiReader(DataSourceReader):
                     lo = f"{lo_ms}-0"
                 if pushed.hi_ms is not None and pushed.hi_ms + slack < hi_ms:
                     hi_ms = pushed.hi_ms + slack
-                    hi = f"{hi_ms}-{_MAX_SEQ}"
+                    hi = f"{hi_ms}-{U64_MAX}"
                 if lo_ms > hi_ms:
                     return [StreamRange("0-1", "0-0")]
                 step = max(1, (hi_ms - lo_ms + 1 + n - 1) // n)
@@ -295,7 +295,7 @@ class ChasquiReader(DataSourceReader):
                 while ms <= hi_ms:
                     top = min(hi_ms, ms + step - 1)
                     out.append(
-                        StreamRange(lo if ms == lo_ms else f"{ms}-0", hi if top == hi_ms else f"{top}-{_MAX_SEQ}")
+                        StreamRange(lo if ms == lo_ms else f"{ms}-0", hi if top == hi_ms else f"{top}-{U64_MAX}")
                     )
                     ms = top + 1
                 return out
@@ -364,9 +364,10 @@ def xrange_pages(q: Any, key: str, start: str, end: str, page: int) -> Iterator[
     while True:
         rows = call(command("XRANGE", key, start, end, "COUNT", page)) or []
         yield from rows
-        if len(rows) < page:
+        nxt = after(str_reply(rows[-1][0])) if len(rows) == page else None
+        if nxt is None:
             return
-        start = "(" + str_reply(rows[-1][0])
+        start = nxt
 
 
 def _results(q: Any, part: RankRange, page: int, pushed: Pushed = NO_FILTERS) -> Iterator[tuple[Any, ...]]:

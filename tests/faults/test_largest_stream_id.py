@@ -1,0 +1,117 @@
+"""A stream entry at the largest id (``18446744073709551615-18446744073709551615``, which any
+writer may add with an explicit id) ends every range read that reaches it: Redis refuses an
+exclusive start after it ("invalid start ID for the interval"), and the cursors of the DLQ tools,
+the stream scan, the status snapshot, a restarted consumer's own backlog and the Spark reader's
+pages used to ask exactly that once a page ended on it, failing the tool (or, for the consumer,
+its every read)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import redis
+
+from airflow_provider_chasqui import SyncQueue
+from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
+from airflow_provider_chasqui.core.dlq import PAGE_WINDOW, dlq_page
+from airflow_provider_chasqui.core.event_follow import LAST_STREAM_ID, after
+from airflow_provider_chasqui.core.keys import QueueKeys
+
+pytestmark = pytest.mark.timeout(120)
+
+U64 = 18446744073709551615
+
+
+def _fields(job_id: str, reason: str = "") -> dict[str, bytes | str]:
+    env = encode_envelope(Envelope(job_id, msgpack.packb({"id": job_id}), 1700000000000, 0, None))
+    return {"d": env, "n": "job", **({"reason": reason, "source_id": "1-0"} if reason else {})}
+
+
+def _dlq_ending_at_the_largest_id(r: redis.Redis, k: QueueKeys, n: int) -> None:
+    """``n`` entries, the last at the largest id and the one before it at the largest sequence."""
+    r.delete(k.dlq)
+    for i in range(n - 2):
+        r.xadd(k.dlq, _fields(f"J{i}", "a" if i % 2 else "b"), id=f"1-{i + 1}")
+    r.xadd(k.dlq, _fields("J-seq", "a"), id=f"5-{U64}")
+    r.xadd(k.dlq, _fields("J-last", "a"), id=LAST_STREAM_ID)
+
+
+def test_after_the_largest_id_nothing_follows() -> None:
+    assert after("5-7") == "(5-7" and after(f"5-{U64}") == f"(5-{U64}" and after(LAST_STREAM_ID) is None
+
+
+def test_dlq_tools_reach_the_largest_id_without_failing(redis_url: str, queue_name: str) -> None:
+    k = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r, SyncQueue(queue_name, redis_url=redis_url) as q:
+        # a purge by reason scans PAGE_WINDOW summaries a round trip: the first window ends on it
+        _dlq_ending_at_the_largest_id(r, k, PAGE_WINDOW)
+        odd = sum(1 for i in range(PAGE_WINDOW - 2) if i % 2)
+        assert q.purge_dlq(reason="a") == odd + 2
+        assert r.xlen(k.dlq) == PAGE_WINDOW - 2 - odd
+        assert q.purge_dlq() == PAGE_WINDOW - 2 - odd and r.xlen(k.dlq) == 0  # no "next id" after it
+        _dlq_ending_at_the_largest_id(r, k, 5)
+        assert q.purge_dlq() == 5 and r.xlen(k.dlq) == 0
+
+        # a page that ends on it says there is no next page; a cursor at it is an empty page
+        _dlq_ending_at_the_largest_id(r, k, 6)
+        page = q.driver.run(dlq_page(queue_name, None, 6, None, None))
+        assert [row["dlq_id"] for row in page["rows"]][-2:] == [f"5-{U64}", LAST_STREAM_ID]
+        assert page["next"] is None and page["total"] == 6
+        assert q.driver.run(dlq_page(queue_name, LAST_STREAM_ID, 10, None, None))["rows"] == []
+        page = q.driver.run(dlq_page(queue_name, None, 5, None, None))  # ends one before it
+        assert page["next"] == f"5-{U64}" and len(page["rows"]) == 5
+        assert [row["dlq_id"] for row in q.driver.run(dlq_page(queue_name, page["next"], 5, None, None))["rows"]] == [
+            LAST_STREAM_ID
+        ]
+
+        # a replay reads 64 entries a step inside the scan script: the first step ends on it
+        _dlq_ending_at_the_largest_id(r, k, 64)
+        r.delete(k.stream)
+        assert q.replay_dlq(500) == 64
+        assert r.xlen(k.dlq) == 0 and r.xlen(k.stream) == 64
+
+
+def test_the_snapshot_and_a_restarted_consumer_pass_the_largest_id(redis_url: str, queue_name: str) -> None:
+    """Both entries delivered, the last at the largest id: the snapshot's "oldest waiting" read
+    starts after the group's last delivered id, and a consumer restarted under the same name
+    pages through its own backlog from after the last entry of a full page."""
+    import asyncio
+
+    from engine_support import consumer_core
+
+    from airflow_provider_chasqui.engine._driver import AsyncDriver
+    from airflow_provider_chasqui.engine.intake import Intake
+
+    k = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r, SyncQueue(queue_name, redis_url=redis_url) as q:
+        q.add("job", {"i": 0})
+        r.xadd(k.stream, _fields("J-last"), id=LAST_STREAM_ID)
+
+        async def crash_then_restart() -> list[int]:
+            driver = AsyncDriver(redis_url)
+            try:
+                first = Intake(driver, consumer_core(queue_name, consumer_id="same"), lease_ms=60_000)
+                await first.open()
+                assert len(await first.next_batch(2, 10)) == 2  # then "crashes": nothing settled
+                again = Intake(driver, consumer_core(queue_name, consumer_id="same"), lease_ms=60_000)
+                await again.open()
+                # a full page of its own backlog ends on the largest id; the next reads go on
+                return [len(await again.next_batch(2, 10)) for _ in range(3)]
+            finally:
+                await driver.close()
+
+        assert asyncio.run(crash_then_restart()) == [2, 0, 0]
+        snap = q.inspect()
+        assert snap.oldest_waiting_ms is None
+
+
+def test_the_spark_readers_pages_end_on_the_largest_id(redis_url: str, queue_name: str) -> None:
+    pytest.importorskip("pyspark")
+    from airflow_provider_chasqui.spark.datasource.reader import xrange_pages
+
+    k = QueueKeys.for_queue(queue_name)
+    with redis.Redis.from_url(redis_url) as r, SyncQueue(queue_name, redis_url=redis_url) as q:
+        _dlq_ending_at_the_largest_id(r, k, 6)
+        for page in (1, 2, 3, 6, 7):
+            ids = [entry[0] for entry in xrange_pages(q, k.dlq, "-", "+", page)]
+            assert len(ids) == 6 and ids[-1] == LAST_STREAM_ID.encode(), (page, ids)
