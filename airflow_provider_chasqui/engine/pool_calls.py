@@ -1,33 +1,16 @@
 """What a process pool's user holds (``engine/process_pool.py``): a :class:`Call` per pooled
 job (sent to a child, ended once: a result, or an error of the pool's), the :class:`Outcomes`
-box its slot waits on (one wake-up for however many calls ended), ``CallCancelled`` for a call
-ended by ``Queue.cancel``, and the check that a handler can reach the children at all.
+box its slot waits on (one wake-up for however many calls ended) and ``CallCancelled`` for a
+call ended by ``Queue.cancel``.  No pickling here: that stays in the two pool modules
+(``tests/security/test_no_code_execution.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .process_pool import _Child as Child
-
-__all__ = ["Call", "CallCancelled", "Outcomes", "check_picklable"]
-
-
-def check_picklable(handler: Any) -> bytes:
-    """The handler as its children load it: module-level functions (or a mapping of them)
-    pickle by name.  ``ConfigError`` naming the problem otherwise (a lambda, a closure)."""
-    try:
-        return pickle.dumps(handler)
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing here
-        raise ConfigError(
-            "handlers that run in child processes (processes=N) must be importable by name "
-            f"(module-level functions, or a mapping of them): {type(exc).__name__}: {exc}"
-        ) from None
+__all__ = ["Call", "CallCancelled", "Outcomes"]
 
 
 class CallCancelled(Exception):
@@ -96,7 +79,7 @@ class Call:
         self.seq, self.key, self.batch = seq, key, batch
         self.fields = fields  # a job's (id, name, data, attempt, created_at_ms), or a list of them
         self.timeout_ms, self.job_id, self.box = timeout_ms, job_id, box
-        self.child: Child | None = None
+        self.child: Any = None  # the pool's child holding it (process_pool._Child), or None
         self.moving = False  # asked back from its child (``skip``) to go to an idle one
         self.finished = False
         self.outcome: tuple[bool, bytes] | None = None  # (ok, pickled result or (exception, traceback text))

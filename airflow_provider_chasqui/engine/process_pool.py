@@ -43,10 +43,10 @@ from typing import Any
 
 from ..errors import ChildProcessDied, ConfigError, JobTimeout
 from ..types import Job
-from .pool_calls import Call, CallCancelled, Outcomes, check_picklable
+from .pool_calls import Call, CallCancelled, Outcomes
 from .pool_child import NONE_BLOB, RemoteTraceback, child_main
 
-__all__ = ["ProcessPool", "RUN_MAX", "MEMORY_CHECK_SECS"]
+__all__ = ["ProcessPool", "RUN_MAX", "MEMORY_CHECK_SECS", "check_picklable"]
 
 log = logging.getLogger(__name__)
 RUN_MAX = 32  # calls a child may hold at most (bounded so a kill re-queues few)
@@ -56,6 +56,18 @@ MEMORY_CHECK_SECS = 0.25
 RESPAWN_SECS = 5.0  # a replacement that could not load the handlers is tried again this much later
 START_TIMEOUT_SECS = 120.0  # importing the handlers (Spark, pandas...) can be slow on a busy box
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def check_picklable(handler: Any) -> bytes:
+    """The handler as its children load it: module-level functions (or a mapping of them)
+    pickle by name.  ``ConfigError`` naming the problem otherwise (a lambda, a closure)."""
+    try:
+        return pickle.dumps(handler)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing here
+        raise ConfigError(
+            "handlers that run in child processes (processes=N) must be importable by name "
+            f"(module-level functions, or a mapping of them): {type(exc).__name__}: {exc}"
+        ) from None
 
 
 @dataclass(eq=False)
