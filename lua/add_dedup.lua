@@ -13,7 +13,8 @@
 -- The key this mode writes (throttle: the stream, debounce: the delayed set) of another type is an
 -- error before the marker is touched.
 --#include key_types
-local refused = wrong_type('add_dedup', ARGV[1] == 'throttle' and {KEYS[2], 'stream'} or {KEYS[3], 'zset'})
+--#include events
+local refused = wrong_type('add_dedup', ARGV[1] == 'throttle' and {KEYS[2], 'stream+'} or {KEYS[3], 'zset'})
 if refused then
   return refused
 end
@@ -28,10 +29,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function deduplicated(old, extra)
   if events_max > 0 then
     if extra then
-      redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_max, '*', 'e', 'deduplicated', 'id', old, 'ts', now,
+      emit(KEYS[4], 'MAXLEN', '~', events_max, '*', 'e', 'deduplicated', 'id', old, 'ts', now,
         'dedup_id', ARGV[9], 'mode', mode, 'replaced_by', extra)
     else
-      redis.call('XADD', KEYS[4], 'MAXLEN', '~', events_max, '*', 'e', 'deduplicated', 'id', old, 'ts', now,
+      emit(KEYS[4], 'MAXLEN', '~', events_max, '*', 'e', 'deduplicated', 'id', old, 'ts', now,
         'dedup_id', ARGV[9], 'mode', mode)
     end
   end

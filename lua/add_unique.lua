@@ -8,7 +8,7 @@
 --           (no marker left to suppress a retry), when the key this add writes (the stream, or
 --           the delayed set for a delayed add) is of another type
 --#include key_types
-local refused = wrong_type('add_unique', ARGV[3] == '0' and {KEYS[2], 'stream'} or {KEYS[3], 'zset'})
+local refused = wrong_type('add_unique', ARGV[3] == '0' and {KEYS[2], 'stream+'} or {KEYS[3], 'zset'})
 if refused then
   return refused
 end

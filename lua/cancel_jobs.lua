@@ -7,6 +7,7 @@
 -- ARGV    = [group, use_xackdel (0|1), events_max_len (0 = off), key_prefix, marker_ttl_ms, now_ms,
 --            then 3 per job: entry_id, job_id, name]   (entry_id '' = no entry: a delayed job)
 -- Reply   = per job, 1 ended cancelled here, 0 its entry was no longer pending (nothing written)
+--#include events
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, prefix, ttl, now = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local function type_of(key) return redis.call('TYPE', key)['ok'] end
@@ -32,9 +33,9 @@ for i = 7, #ARGV, 3 do
     if requests_ok then redis.call('HDEL', KEYS[3], id) end
     if events_max > 0 then
       if name == '' then
-        redis.call('XADD', KEYS[2], 'MAXLEN', '~', events_max, '*', 'e', 'cancelled', 'id', id, 'ts', now)
+        emit(KEYS[2], 'MAXLEN', '~', events_max, '*', 'e', 'cancelled', 'id', id, 'ts', now)
       else
-        redis.call('XADD', KEYS[2], 'MAXLEN', '~', events_max, '*', 'e', 'cancelled', 'id', id, 'ts', now, 'n', name)
+        emit(KEYS[2], 'MAXLEN', '~', events_max, '*', 'e', 'cancelled', 'id', id, 'ts', now, 'n', name)
       end
     end
   end

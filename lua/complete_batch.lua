@@ -11,6 +11,7 @@
 -- stored) indexes them, and the oldest beyond results_max_len are deleted here, a few more
 -- than this call stored at most (amortised: a lowered limit is reached over a few calls).
 --#include acks
+--#include events
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, now, results_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
@@ -57,10 +58,10 @@ for i = row0, last, 6 do
     -- MAXLEN ~ once per batch (below), not per XADD: the same whole nodes go, for less.
     if events_max > 0 then
       if name == '' then
-        redis.call('XADD', events, '*', 'e', 'completed', 'id', id, 'ts', now,
+        emit(events, '*', 'e', 'completed', 'id', id, 'ts', now,
           'attempt', ARGV[i + 3], 'duration_us', ARGV[i + 4])
       else
-        redis.call('XADD', events, '*', 'e', 'completed', 'id', id, 'ts', now,
+        emit(events, '*', 'e', 'completed', 'id', id, 'ts', now,
           'n', name, 'attempt', ARGV[i + 3], 'duration_us', ARGV[i + 4])
       end
     end

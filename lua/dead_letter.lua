@@ -12,7 +12,8 @@
 --           stream or the DLQ is of another type (an acked entry must reach the DLQ); an events
 --           key or a failures index of another type is skipped
 --#include key_types
-local refused = wrong_type('dead_letter', {KEYS[1], 'stream', KEYS[2], 'stream'})
+--#include events
+local refused = wrong_type('dead_letter', {KEYS[1], 'stream', KEYS[2], 'stream+'})
 if refused then
   return refused
 end
@@ -47,10 +48,10 @@ local job_id = ARGV[11]
 local events_max = events_max_for(KEYS[3], tonumber(ARGV[5]))
 if events_max > 0 then
   local function event(kind, extra)
-    local a = {'XADD', KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', kind, 'id', job_id, 'ts', ARGV[6]}
+    local a = {KEYS[3], 'MAXLEN', '~', events_max, '*', 'e', kind, 'id', job_id, 'ts', ARGV[6]}
     if ARGV[8] ~= '' and job_id ~= '' then a[#a + 1] = 'n'; a[#a + 1] = ARGV[8] end
     for _, v in ipairs(extra) do a[#a + 1] = v end
-    redis.call(unpack(a))
+    emit(unpack(a))
   end
   if ARGV[13] ~= '' then
     event('failed', {'attempt', ARGV[12], 'reason', ARGV[13], 'duration_us', ARGV[14]})

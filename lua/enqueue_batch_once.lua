@@ -7,7 +7,7 @@
 -- Reply   = number of jobs added, or -1 when the marker was there (nothing written); an error,
 --           nothing written, when the stream or the delayed set is of another type
 --#include key_types
-local refused = wrong_type('enqueue_batch_once', {KEYS[1], 'stream', KEYS[2], 'zset'})
+local refused = wrong_type('enqueue_batch_once', {KEYS[1], 'stream+', KEYS[2], 'zset'})
 if refused then
   return refused
 end

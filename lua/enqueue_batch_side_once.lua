@@ -11,7 +11,7 @@
 -- Reply   = number of jobs added, or -1 when the marker was there (nothing written); an error,
 --           nothing written, when the stream is of another type (the side keys are replaced)
 --#include key_types
-local refused = wrong_type('enqueue_batch_side_once', {KEYS[1], 'stream'})
+local refused = wrong_type('enqueue_batch_side_once', {KEYS[1], 'stream+'})
 if refused then
   return refused
 end

@@ -6,7 +6,7 @@
 -- Reply   = number of jobs added (the others were suppressed by a live marker); an error, nothing
 --           written, when the stream or delayed set is of another type
 --#include key_types
-local refused = wrong_type('enqueue_batch_unique', {KEYS[1], 'stream', KEYS[2], 'zset'})
+local refused = wrong_type('enqueue_batch_unique', {KEYS[1], 'stream+', KEYS[2], 'zset'})
 if refused then
   return refused
 end

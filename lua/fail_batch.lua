@@ -19,14 +19,17 @@
 -- Failure records are capped by count as well as TTL, like results in complete_batch.lua
 -- (index `<prefix>:failures`).
 --#include acks
+--#include events
+--#include key_types
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local events_max, dlq_max = tonumber(ARGV[3]), ARGV[4]
 local ttl, prefix, now = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local failures_max = tonumber(ARGV[8])
 local stream, delayed, dlq, ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 -- Scripts do not roll back: a write that fails after an entry was acked would lose it.  So a
--- wrong-typed retry or DLQ key refuses the whole call before any write (the entries stay
--- pending, and the error names the key); wrong-typed events or index keys are only skipped.
+-- wrong-typed retry or DLQ key, or a full DLQ (include/key_types.lua), refuses the whole call
+-- before any write (the entries stay pending, and the error names the key); wrong-typed
+-- events or index keys are only skipped, and a full events stream ends the events.
 -- Only the keys this batch writes are checked: a spoiled DLQ does not hold up retries, nor a
 -- spoiled delayed set the dead-lettering.
 local function type_of(key) return redis.call('TYPE', key)['ok'] end
@@ -41,6 +44,10 @@ end
 if qt ~= 'stream' and qt ~= 'none' then
   return redis.error_reply('WRONGTYPE chasqui fail_batch: ' .. dlq .. ' is a ' .. qt ..
     ' (expected a stream); nothing was acked')
+end
+if qt == 'stream' and stream_full(dlq) then
+  return redis.error_reply('chasqui fail_batch: ' .. dlq .. ' is full (its last id is the largest a ' ..
+    'stream can hold, so XADD cannot add to it); nothing was acked')
 end
 local et = type_of(ev)
 if et ~= 'stream' and et ~= 'none' then events_max = 0 end
@@ -91,14 +98,14 @@ for i = 9, #ARGV, 12 do
       retries[#retries + 1] = ARGV[i + 7]; retries[#retries + 1] = ARGV[i + 8]  -- one ZADD below
       if events_max > 0 then
         if name == '' then
-          redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now,
+          emit(ev, '*', 'e', 'failed', 'id', id, 'ts', now,
             'attempt', attempt, 'reason', failed, 'duration_us', dur)
-          redis.call('XADD', ev, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
+          emit(ev, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
             'attempt', ARGV[i + 9], 'backoff_ms', ARGV[i + 10])
         else
-          redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
+          emit(ev, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
             'attempt', attempt, 'reason', failed, 'duration_us', dur)
-          redis.call('XADD', ev, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
+          emit(ev, '*', 'e', 'retry-scheduled', 'id', id, 'ts', now,
             'n', name, 'attempt', ARGV[i + 9], 'backoff_ms', ARGV[i + 10])
         end
       end
@@ -116,18 +123,18 @@ for i = 9, #ARGV, 12 do
         local named = name ~= '' and id ~= ''
         if failed ~= '' then
           if named then
-            redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
+            emit(ev, '*', 'e', 'failed', 'id', id, 'ts', now, 'n', name,
               'attempt', attempt, 'reason', failed, 'duration_us', dur)
           else
-            redis.call('XADD', ev, '*', 'e', 'failed', 'id', id, 'ts', now,
+            emit(ev, '*', 'e', 'failed', 'id', id, 'ts', now,
               'attempt', attempt, 'reason', failed, 'duration_us', dur)
           end
         end
         if named then
-          redis.call('XADD', ev, '*', 'e', 'dlq', 'id', id, 'ts', now, 'n', name,
+          emit(ev, '*', 'e', 'dlq', 'id', id, 'ts', now, 'n', name,
             'attempt', attempt, 'reason', reason)
         else
-          redis.call('XADD', ev, '*', 'e', 'dlq', 'id', id, 'ts', now,
+          emit(ev, '*', 'e', 'dlq', 'id', id, 'ts', now,
             'attempt', attempt, 'reason', reason)
         end
       end

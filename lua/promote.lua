@@ -7,9 +7,10 @@
 -- envelope to promote: it goes to the DLQ whole (`d` = every byte of the member, reason
 -- decode_failed, a detail saying why) instead of failing the script, which would stall every
 -- due member for ever.  A stream of another type is an error before any write (a member
--- written to the stream and not removed would be promoted again at every tick); with a DLQ of
--- another type the members that would go there stay in the delayed set and the others are
--- promoted; an events key of another type turns the events off.
+-- written to the stream and not removed would be promoted again at every tick), and so is a
+-- full stream (include/key_types.lua); with a DLQ of another type, or full, the members that
+-- would go there stay in the delayed set and the others are promoted; an events key of another
+-- type turns the events off, and a full one the rest of this call's events (include/events.lua).
 -- The envelope's id, read by hand: Redis' cmsgpack cannot decode the bin payload that follows
 -- it, so unpacking the whole envelope fails.  Envelope = array header (fixarray, array16,
 -- array32) then the id as fixstr/str8/str16/str32.  Returns nil for anything else.
@@ -37,7 +38,8 @@ local function envelope_id(env)
 end
 
 --#include key_types
-local refused = wrong_type('promote', {KEYS[2], 'stream'})
+--#include events
+local refused = wrong_type('promote', {KEYS[2], 'stream+'})
 if refused then
   return refused
 end
@@ -45,6 +47,7 @@ end
 -- are promoted; before, a spoiled DLQ stopped every promotion)
 local dlq_type = redis.call('TYPE', KEYS[4]).ok
 local dlq_ok = dlq_type == 'stream' or dlq_type == 'none'
+local dlq_checked = dlq_type ~= 'stream'  -- whether a full DLQ was ruled out (only when needed)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
@@ -58,6 +61,10 @@ for _, member in ipairs(due) do
   local n = b4 and (b1 + b2 * 256 + b3 * 65536 + b4 * 16777216)
   local env
   if not n or 4 + n > #member then
+    if not dlq_checked then
+      dlq_checked = true
+      dlq_ok = not stream_full(KEYS[4])
+    end
     if dlq_ok then
       local why = n and ('name length ' .. n .. ' runs past the member (' .. #member .. ' bytes)')
         or ('member of ' .. #member .. ' bytes is shorter than its 4-byte name prefix')
@@ -78,7 +85,7 @@ for _, member in ipairs(due) do
   if id then
     didx[#didx + 1] = ARGV[4] .. ':didx:' .. id
     if events_max > 0 then
-      redis.call('XADD', KEYS[3], '*', 'e', 'waiting', 'id', id, 'ts', now)
+      emit(KEYS[3], '*', 'e', 'waiting', 'id', id, 'ts', now)
       waiting = waiting + 1
     end
   end

@@ -5,7 +5,7 @@
 -- Reply   = number replayed; an error, nothing moved, when either key is of another type (an
 --           entry deleted from the DLQ must reach the stream)
 --#include key_types
-local refused = wrong_type('replay_dlq', {KEYS[1], 'stream', KEYS[2], 'stream'})
+local refused = wrong_type('replay_dlq', {KEYS[1], 'stream', KEYS[2], 'stream+'})
 if refused then
   return refused
 end

@@ -35,7 +35,8 @@
 -- redis.pcall'd and each counter is raised before its fire is written, so the rescoring ZADD
 -- at the end, the fence of every fire, always runs (a script's writes are not rolled back).
 --#include key_types
-local refused = wrong_type('schedule_batch', {KEYS[1], 'stream', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash'})
+--#include events
+local refused = wrong_type('schedule_batch', {KEYS[1], 'stream+', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash'})
 if refused then
   return refused
 end
@@ -133,7 +134,7 @@ local function deduplicated(d, old, by)
     fields[#fields + 1] = 'replaced_by'
     fields[#fields + 1] = by
   end
-  redis.call('XADD', KEYS[8], 'MAXLEN', '~', events_max, '*', unpack(fields))
+  emit(KEYS[8], 'MAXLEN', '~', events_max, '*', unpack(fields))
 end
 
 -- the job holding a throttle's window, or nil (a marker of another type is replaced first)

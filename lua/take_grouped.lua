@@ -11,15 +11,17 @@
 -- Each entry carries its group in the field `g` (ChasquiMQ ignores it).  A member that does not
 -- split into name and envelope reaches the stream whole (the workers' gate dead-letters it).
 -- Limits that are not positive integers are no limits; keys of another type are replaced, but a
--- stream of another type moves nothing (a popped member must reach the stream).
+-- stream of another type, or a full one (include/key_types.lua), moves nothing (a popped member
+-- must reach the stream).
 -- KEYS[1] = groups (zset), KEYS[2] = stream, KEYS[3] = group limits hash
 -- ARGV    = [n, max_stream_len, lease_ms, key prefix ({chasqui:<queue>})]
 -- Reply   = the number of jobs moved
+--#include key_types
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
   return 0
 end
 local st = redis.call('TYPE', KEYS[2]).ok
-if st ~= 'stream' and st ~= 'none' then
+if (st ~= 'stream' and st ~= 'none') or (st == 'stream' and stream_full(KEYS[2])) then
   return 0
 end
 local n, maxlen, lease, prefix = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]) or 0, ARGV[4]

@@ -6,12 +6,14 @@
 -- KEYS[1] = prioritized set, KEYS[2] = stream
 -- ARGV    = [n, max_stream_len]
 -- Reply   = the number of jobs moved
--- A set or a stream of another type moves nothing (a popped member must reach the stream).
+-- A set or a stream of another type, or a full stream (include/key_types.lua), moves nothing
+-- (a popped member must reach the stream).
+--#include key_types
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
   return 0
 end
 local st = redis.call('TYPE', KEYS[2]).ok
-if st ~= 'stream' and st ~= 'none' then
+if (st ~= 'stream' and st ~= 'none') or (st == 'stream' and stream_full(KEYS[2])) then
   return 0
 end
 local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))

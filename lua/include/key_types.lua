@@ -3,13 +3,40 @@
 -- make the retry write nothing, a job taken from one key and not written to the other would be
 -- lost, one written and not taken would be moved again.
 --
+-- stream_full(key): whether `key` is a stream that can take no more entries.  Any writer may
+-- add the largest id (18446744073709551615-18446744073709551615) explicitly; after it `XADD *`
+-- fails, so half a move into that stream loses or repeats a job as a key of another type would.
+-- (XINFO STREAM's last-generated-id: the largest id stays even when its entry is deleted.)
+local function stream_full(key)
+  local info = redis.pcall('XINFO', 'STREAM', key)
+  if type(info) ~= 'table' or info.err then
+    return false
+  end
+  for j = 1, #info - 1, 2 do
+    if info[j] == 'last-generated-id' then
+      return info[j + 1] == '18446744073709551615-18446744073709551615'
+    end
+  end
+  return false
+end
+
 -- wrong_type(script, {key, type, ...}): an error reply naming the first key that exists with
--- another type than the one given, or nil.
+-- another type than the one given, or nil.  Type 'stream+' is a stream the script adds entries
+-- to: one that is full (stream_full) is refused as well.
 local function wrong_type(script, want)
   for j = 1, #want, 2 do
+    local need = want[j + 1]
+    local adds = need == 'stream+'
+    if adds then
+      need = 'stream'
+    end
     local t = redis.call('TYPE', want[j]).ok
-    if t ~= want[j + 1] and t ~= 'none' then
-      return redis.error_reply(script .. ': ' .. want[j] .. ' is a ' .. t .. ', not a ' .. want[j + 1])
+    if t ~= need and t ~= 'none' then
+      return redis.error_reply(script .. ': ' .. want[j] .. ' is a ' .. t .. ', not a ' .. need)
+    end
+    if adds and t == 'stream' and stream_full(want[j]) then
+      return redis.error_reply(script .. ': ' .. want[j] .. ' is full (its last id is the largest ' ..
+        'a stream can hold, so XADD cannot add to it); nothing was written')
     end
   end
   return nil

@@ -115,3 +115,46 @@ def test_the_spark_readers_pages_end_on_the_largest_id(redis_url: str, queue_nam
         for page in (1, 2, 3, 6, 7):
             ids = [entry[0] for entry in xrange_pages(q, k.dlq, "-", "+", page)]
             assert len(ids) == 6 and ids[-1] == LAST_STREAM_ID.encode(), (page, ids)
+
+
+def test_a_worker_settles_every_job_once_beside_a_full_events_stream(redis_url: str, queue_name: str) -> None:
+    """An events stream whose last id is the largest refuses every event.  The worker's acks
+    were written by scripts that failed at their first event: no job was ever acknowledged,
+    and each ran again after every lease.  Events are best effort: the jobs settle once."""
+    import asyncio
+    import collections
+    import time
+
+    from airflow_provider_chasqui import Queue, Worker
+
+    k = QueueKeys.for_queue(queue_name)
+    runs: collections.Counter[str] = collections.Counter()
+
+    async def handler(job) -> None:
+        runs[job.id] += 1
+        if job.data["i"] % 7 == 3 and runs[job.id] == 1:
+            raise ValueError("fails once")
+
+    async def scenario() -> tuple[list[str], int, int]:
+        async with Queue(queue_name, redis_url=redis_url) as q:
+            with redis.Redis.from_url(redis_url) as r:
+                r.xadd(k.events, {"junk": "x"}, id=LAST_STREAM_ID)
+                ids = [(await q.add("job", {"i": i}, attempts=3, backoff=1)).id for i in range(40)]
+                w = Worker(queue_name, handler, redis_url=redis_url, concurrency=8, claim_min_idle_ms=2_000)
+                task = asyncio.create_task(w.run())
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    info = r.xinfo_groups(k.stream) if r.exists(k.stream) else []
+                    pending = sum(g["pending"] for g in info)
+                    if r.xlen(k.stream) == 0 and pending == 0 and r.zcard(k.delayed) == 0 and len(runs) == 40:
+                        break
+                    await asyncio.sleep(0.05)
+                await w.close()
+                await asyncio.wait_for(task, 30)
+                return ids, r.xlen(k.stream) + r.zcard(k.delayed), r.xlen(k.events)
+
+    ids, left, events = asyncio.run(scenario())
+    assert left == 0 and sorted(runs) == sorted(ids)
+    failing = {ids[i] for i in range(40) if i % 7 == 3}
+    assert all(runs[j] == (2 if j in failing else 1) for j in ids), runs  # once each, twice for a retry
+    assert events == 1  # the events stream took nothing

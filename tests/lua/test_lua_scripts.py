@@ -1109,3 +1109,144 @@ def test_fail_batch_keeps_original_name_bytes_and_caps_failure_records(lua: Lua)
     kept = [f"F{b}-{i}" for b in range(4) for i in range(5) if lua.r.exists(k.failure(f"F{b}-{i}"))]
     assert kept == ["F2-3", "F2-4"] + [f"F3-{i}" for i in range(5)]
     assert 0 < lua.r.pttl(index) <= 60_000
+
+
+# ---- full streams: the largest id -------------------------------------------------------------
+LAST_ID = "18446744073709551615-18446744073709551615"
+
+
+def _fill(r: redis.Redis, key: str, *, delete_it: bool = False) -> None:
+    """``key`` can take no more entries: its last id is the largest (any writer may add it).
+    With ``delete_it`` that entry is deleted again: the stream's last id stays the largest."""
+    r.xadd(key, {"junk": "x"}, id=LAST_ID)
+    if delete_it:
+        r.xdel(key, LAST_ID)
+
+
+@pytest.mark.parametrize("delete_it", [False, True], ids=["entry", "deleted"])
+def test_a_full_events_stream_never_fails_a_script_after_its_writes(lua: Lua, delete_it: bool) -> None:
+    """Events are best effort (wire spec 9.1).  An events stream whose last id is the largest
+    refuses every ``XADD *``; the scripts failed there after their acks or moves, so a worker's
+    acks never landed and every job ran again each lease, for ever.  Now the events of that
+    call stop and the rest is written."""
+    k, r = lua.k, lua.r
+    _fill(r, k.events, delete_it=delete_it)
+    events_before = r.xlen(k.events)
+    e1, e2 = lua.pending_entry({"d": V2, "n": NAME}), lua.pending_entry({"d": V2})
+    done = ["default", lua.flag, 100_000, 60_000, k.prefix, NOW, 10_000]
+    done += [e1, "J1", NAME, 1, 842, msgpack.packb({"ok": 1}), e2, "J2", "", 2, 7, ""]
+    assert lua("complete_batch", [k.stream, k.events], done) == 2
+    assert lua.pending() == 0 and r.xlen(k.stream) == 0 and r.exists(k.result("J1"))
+
+    eid = lua.pending_entry({"d": V2, "n": NAME})
+    assert retry(lua, eid, 5, V8, NAME) == 1  # failed + retry-scheduled events: refused
+    assert r.zrange(k.delayed, 0, -1) == [V8] and lua.pending() == 0
+    eid = lua.pending_entry({"d": V3, "n": NAME})
+    head: list[Any] = ["default", lua.flag, 100_000, 100_000, 0, k.prefix, NOW, 10_000]
+    dead = ["d", eid, "J-d", NAME, 3, REASON, 9, V3, "retries_exhausted", "", "", ""]
+    assert lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], head + dead) == [1]
+    assert r.xlen(k.dlq) == 1 and lua.pending() == 0
+    eid = lua.pending_entry({"d": V3, "n": NAME})
+    assert lua("dead_letter", [k.stream, k.dlq, k.events], dead_letter_args(lua, eid)) == 1
+    assert r.xlen(k.dlq) == 2 and lua.pending() == 0
+
+    # the promoter moves each due job once (its `waiting` event refused)
+    r.zadd(k.delayed, {encode_member(b"", V2): 1})
+    assert lua("promote", [k.delayed, k.stream, k.events, k.dlq], [256, 1_000_000, 100_000, k.prefix, 1_000])[0] == 2
+    assert r.zcard(k.delayed) == 0 and r.xlen(k.stream) == 2
+
+    # a cancel ends its job; emit_events says it wrote nothing
+    eid = lua.pending_entry({"d": V2, "n": NAME})
+    cancel = ["default", lua.flag, 100_000, k.prefix, 60_000, NOW, eid, "J-c", NAME]
+    assert lua("cancel_jobs", [k.stream, k.events, k.cancel_requests], cancel) == [1]
+    assert r.exists(f"{k.prefix}:cancelled:J-c")
+    assert lua("emit_events", [k.events], [100_000, 0, "active", NOW, JOB_ID, NAME, 1, "J2", "", 3]) == 0
+    assert lua("emit_events", [k.events], [100_000, 1, "e", "drained"]) == 0
+    assert r.xlen(k.events) == events_before  # nothing was added, and nothing failed
+
+
+@pytest.mark.parametrize(("script", "spoiled"), [(s, w) for s, w in MARKED_WRITES if w == "stream"])
+def test_a_write_behind_a_marker_refuses_a_full_stream_before_the_marker(lua: Lua, script: str, spoiled: str) -> None:
+    """A full stream (its last id the largest) refuses ``XADD *`` as a key of another type
+    refuses every write: the marker set before it would outlive the refused job."""
+    k, r = lua.k, lua.r
+    member = encode_member(NAME.encode(), V2)
+    marker = k.unique("m-1")
+    keys, argv = {
+        "enqueue_batch_once": ([k.stream, k.delayed, marker], [60_000, 1_000_000, 0, V2, NAME, 5, member, ""]),
+        "enqueue_batch_side_once": (
+            [k.stream, k.controls, k.prioritized, k.groups, marker],
+            [60_000, 1_000_000, k.prefix, 0, "", V2, NAME],
+        ),
+        "enqueue_batch_unique": (
+            [k.stream, k.delayed, marker, k.unique("m-2")],
+            [60_000, 1_000_000, "m-1", 0, V2, NAME, "m-2", 5, member, ""],
+        ),
+        "add_unique": ([marker, k.stream, k.delayed], [60_000, "m-1", 0, 1_000_000, V2, NAME, member]),
+        "add_dedup": (
+            [marker, k.stream, k.delayed, k.events],
+            ["throttle", 60_000, "m-1", 1_000_000, V2, NAME, member, 0, "d"],
+        ),
+    }[script]
+    _fill(r, k.stream, delete_it=True)
+    with pytest.raises(redis.ResponseError, match=f"{script}: {re.escape(k.stream)} is full"):
+        lua(script, keys, argv)
+    assert not r.exists(marker), "the marker was left behind"
+    r.delete(k.stream)
+    lua(script, keys, argv)
+    assert r.exists(marker) and r.xlen(k.stream) >= 1
+
+
+def test_a_full_stream_or_dlq_never_makes_a_move_lose_or_repeat_a_job(lua: Lua) -> None:
+    """The moves into a stream (promote, replay_dlq, take_prioritized, take_grouped) and into
+    the DLQ (fail_batch, dead_letter, promote's malformed members) treat a full target as one
+    of another type.  Before, take_prioritized popped the jobs and then failed to add them
+    (lost), and fail_batch and dead_letter acked and deleted the entry before their DLQ XADD
+    failed (lost)."""
+    k, r = lua.k, lua.r
+    promote = ([k.delayed, k.stream, k.events, k.dlq], [256, 1_000_000, 100_000, k.prefix, 1_000])
+    r.zadd(k.delayed, {encode_member(b"", V2): 3, b"\x01": 4})  # the second is bound for the DLQ
+    _fill(r, k.stream)
+    with pytest.raises(redis.ResponseError, match=f"promote: {re.escape(k.stream)} is full"):
+        lua("promote", *promote)
+    assert r.zcard(k.delayed) == 2
+    r.delete(k.stream)
+    _fill(r, k.dlq, delete_it=True)  # the malformed member stays due, the other is promoted
+    assert lua("promote", *promote)[0] == 1
+    assert r.xlen(k.stream) == 1 and r.zrange(k.delayed, 0, -1) == [b"\x01"] and r.xlen(k.dlq) == 0
+
+    # dead-lettering into a full DLQ: refused, nothing acked, the entry stays pending
+    r.delete(k.stream)
+    eid = lua.pending_entry({"d": V3, "n": NAME})
+    with pytest.raises(redis.ResponseError, match=f"dead_letter: {re.escape(k.dlq)} is full"):
+        lua("dead_letter", [k.stream, k.dlq, k.events], dead_letter_args(lua, eid))
+    assert lua.pending() == 1 and r.xlen(k.stream) == 1
+    head: list[Any] = ["default", lua.flag, 100_000, 100_000, 0, k.prefix, NOW, 10_000]
+    dead = ["d", eid, "J-d", NAME, 3, REASON, 9, V3, "retries_exhausted", "", "", ""]
+    with pytest.raises(redis.ResponseError, match=f"fail_batch: {re.escape(k.dlq)} is full .*nothing was acked"):
+        lua("fail_batch", [k.stream, k.delayed, k.dlq, k.events], head + dead)
+    assert lua.pending() == 1 and r.xlen(k.stream) == 1
+    assert retry(lua, eid, 5, V8, NAME) == 1  # a retry does not write the DLQ: it goes through
+    r.delete(k.dlq)
+
+    # replaying into a full stream: the DLQ entry stays
+    dlq_id = r.xadd(k.dlq, {"d": V2, "n": NAME, "source_id": "1-0", "reason": "retries_exhausted"})
+    r.delete(k.stream)
+    _fill(r, k.stream, delete_it=True)
+    with pytest.raises(redis.ResponseError, match=f"replay_dlq: {re.escape(k.stream)} is full"):
+        lua("replay_dlq", [k.dlq, k.stream], [1_000_000, dlq_id, V2, NAME])
+    assert r.xlen(k.dlq) == 1
+
+    # prioritized and grouped jobs: nothing popped while the stream is full
+    r.zadd(k.prioritized, {encode_member(NAME.encode(), V2): 1})
+    assert lua("take_prioritized", [k.prioritized, k.stream], [10, 1_000_000]) == 0
+    assert r.zcard(k.prioritized) == 1
+    r.rpush(k.group_jobs("acme"), encode_member(NAME.encode(), V2))
+    r.zadd(k.groups, {"acme": 1})
+    grouped = ([k.groups, k.stream, k.group_limits], [10, 1_000_000, 30_000, k.prefix])
+    assert lua("take_grouped", *grouped) == 0
+    assert r.llen(k.group_jobs("acme")) == 1
+    r.delete(k.stream)
+    assert lua("take_prioritized", [k.prioritized, k.stream], [10, 1_000_000]) == 1
+    assert lua("take_grouped", *grouped) == 1
+    assert r.xlen(k.stream) == 2 and r.zcard(k.prioritized) == 0 and r.llen(k.group_jobs("acme")) == 0

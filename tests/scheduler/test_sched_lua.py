@@ -239,6 +239,21 @@ def test_schedule_refuses_queue_keys_of_the_wrong_type_before_any_write(lua: Lua
     assert lua.r.zscore(k.repeat, "a") == 1000 and lua.r.hget(k.repeat_spec("a"), "fired") is None
 
 
+def test_schedule_refuses_a_full_stream_before_any_write(lua: Lua) -> None:
+    """A stream whose last id is the largest refuses ``XADD *``: the spec's next fire was written
+    before that XADD failed, so the fire was lost.  Now the call is refused first; the spec
+    fires once the stream can take entries again."""
+    k = lua.k
+    lua.upsert((1000, "a", SPEC, b""))
+    lua.r.xadd(k.stream, {"junk": "x"}, id="18446744073709551615-18446744073709551615")
+    with pytest.raises(redis.ResponseError, match="is full"):
+        lua.schedule(1500, ("F", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]))
+    assert lua.r.zscore(k.repeat, "a") == 1000 and lua.r.hget(k.repeat_spec("a"), "fired") is None
+    lua.r.delete(k.stream)
+    assert lua.schedule(1500, ("F", "a", "1000", 2000, 0, 0, "rep", [(1000, b"A")]))[0] == 1
+    assert [f[b"d"] for _i, f in lua.r.xrange(k.stream)] == [b"A"]
+
+
 def test_fetch_due_reports_corrupt_entries_instead_of_failing(lua: Lua) -> None:
     k = lua.k
     lua.upsert((1000, "ok", SPEC, b""), (1000, "n", SPEC, b""))
