@@ -17,12 +17,14 @@ import logging
 import uuid
 
 from ..core.calls import int_reply, script_call
+from ..core.pacing import LogBudget
 from ..errors import TRANSIENT_ERRORS, ChasquiError
 from ._driver import AsyncDriver
 
 __all__ = ["LeaderLoop", "TRANSIENT"]
 
 log = logging.getLogger(__name__)
+TICK_ERRORS_LOGGED, TICK_ERRORS_WINDOW_SECS = 3, 60.0  # failed ticks logged per window
 # What a leader-locked loop waits out: the drivers' typed transient errors (a lost connection,
 # a write on a replica, a cluster failing over) and a raw socket error (an OSError).
 TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, OSError)
@@ -69,6 +71,9 @@ class LeaderLoop:
         failures = 0
         failing_since: float | None = None  # first of the ticks in a row that failed right after a renewal
         loop = asyncio.get_running_loop()
+        # a tick refused every time (a spoiled or full stream) is said a few times a minute, not
+        # at every tick, with the count of those not logged
+        said = LogBudget(TICK_ERRORS_LOGGED, TICK_ERRORS_WINDOW_SECS)
         try:
             while not self._stop.is_set():
                 again: bool | float = False
@@ -96,7 +101,11 @@ class LeaderLoop:
                     await self._sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
                     continue
                 except ChasquiError as exc:
-                    log.error("%s %s tick failed: %s", self.role, self.holder, exc)
+                    may, before = said.take()
+                    if before:
+                        log.error("%s %s: %d more failed ticks were not logged", self.role, self.holder, before)
+                    if may:
+                        log.error("%s %s tick failed: %s", self.role, self.holder, exc)
                 if isinstance(again, (int, float)) and not isinstance(again, bool):
                     await self._sleep(max(0.0, min(float(again), self.interval)))
                 elif again is not True:

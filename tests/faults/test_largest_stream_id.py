@@ -158,3 +158,51 @@ def test_a_worker_settles_every_job_once_beside_a_full_events_stream(redis_url: 
     failing = {ids[i] for i in range(40) if i % 7 == 3}
     assert all(runs[j] == (2 if j in failing else 1) for j in ids), runs  # once each, twice for a retry
     assert events == 1  # the events stream took nothing
+
+
+def test_a_full_stream_keeps_its_delayed_jobs_until_cleared(
+    redis_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full stream: a plain add is refused with Redis' reason, the promoter keeps every
+    delayed job where it is (its tick refused before any write) and says so a few times, not
+    at each of its ticks; once the stream is deleted the jobs run, each once."""
+    import asyncio
+    import collections
+    import logging
+    import time
+
+    from airflow_provider_chasqui import Queue, Worker
+    from airflow_provider_chasqui.errors import ChasquiError
+
+    k = QueueKeys.for_queue(queue_name)
+    runs: collections.Counter[str] = collections.Counter()
+
+    async def handler(job) -> None:
+        runs[job.id] += 1
+
+    async def scenario() -> list[str]:
+        async with Queue(queue_name, redis_url=redis_url) as q:
+            with redis.Redis.from_url(redis_url) as r:
+                ids = [(await q.add("job", {"i": i}, delay_ms=1)).id for i in range(5)]
+                r.xadd(k.stream, {"junk": "x"}, id=LAST_STREAM_ID)
+                with pytest.raises(ChasquiError, match="exhausted the last possible ID"):
+                    await q.add("job", {"i": 9})
+                w = Worker(queue_name, handler, redis_url=redis_url, concurrency=4, claim_min_idle_ms=2_000)
+                task = asyncio.create_task(w.run())
+                try:
+                    await asyncio.sleep(2.0)  # about 20 promoter ticks
+                    assert r.zcard(k.delayed) == 5 and not runs
+                    r.delete(k.stream)  # the way out: the group is made again on the next read
+                    deadline = time.monotonic() + 30
+                    while len(runs) < 5 and time.monotonic() < deadline:
+                        await asyncio.sleep(0.05)
+                finally:
+                    await w.close()
+                    await asyncio.wait_for(task, 30)
+                return ids
+
+    with caplog.at_level(logging.ERROR, logger="airflow_provider_chasqui.engine.leader"):
+        ids = asyncio.run(scenario())
+    assert sorted(runs) == sorted(ids) and set(runs.values()) == {1}
+    refused = [rec for rec in caplog.records if "is full" in rec.getMessage()]
+    assert 1 <= len(refused) <= 3, [rec.getMessage() for rec in refused]
