@@ -45,7 +45,7 @@ class _RedactingSentinel(Sentinel):
 
     def discover_master(self, service_name: str) -> Any:
         try:
-            return super().discover_master(service_name)  # type: ignore[no-untyped-call]
+            return super().discover_master(service_name)  # type: ignore[no-untyped-call, unused-ignore]
         except MasterNotFoundError as exc:
             raise MasterNotFoundError(redact_text(exc)) from None
 
@@ -77,8 +77,8 @@ def make_client(url: str, **kwargs: Any) -> redis.Redis:
     merged = {**kwargs, **options, "connection_class": _SSLConnection if ssl else _Connection}
     sentinel_kwargs: dict[str, Any] = {k: v for k, v in merged.items() if k.startswith("socket_") or k == "protocol"}
     sentinel_kwargs.update(target.sentinel_kwargs)
-    # redis-py's Sentinel and SentinelConnectionPool constructors are unannotated
-    sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)  # type: ignore[no-untyped-call]
+    # redis-py's SentinelConnectionPool constructor is unannotated (Sentinel's too before redis-py 8)
+    sentinel = _RedactingSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **merged)  # type: ignore[no-untyped-call, unused-ignore]
     pool = _OwnedSentinelPool(target.service, sentinel, is_master=True, **sentinel.connection_kwargs)  # type: ignore[no-untyped-call]
     client = redis.Redis(connection_pool=pool, single_connection_client=single)
     client.auto_close_connection_pool = True
