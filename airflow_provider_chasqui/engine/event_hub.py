@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from redis import exceptions as rexc
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ..core.calls import Flow, command, int_reply
 from ..core.event_follow import EventCursor
