@@ -43,7 +43,7 @@ __all__ = [
     "REDIS_ERRORS",
     "RESEND_SAFE",
     "already_loaded",
-    "wrong_type_named",
+    "reply_named",
     "call_args",
     "evalsha_denied",
     "function_missing",
@@ -202,11 +202,29 @@ def stream_read_slot(encoder: Any, args: tuple[Any, ...]) -> int | None:
 # read them (the script-loading dance, FUNCTION LOAD, EVALSHA refused by an ACL).
 
 
-def wrong_type_named(c: Call, error: Exception) -> Exception:
-    """A ``WRONGTYPE`` reply with the key it is about named: the command's key, or a script's
-    keys (Redis' own text names none, so an operator could not tell which of a view's keys is
-    spoiled; a script's names only its generated function and line)."""
-    if not str(error).startswith("WRONGTYPE"):
+#: Redis' (and Valkey's) reply to an ``XADD *`` once a stream's last id is the largest one
+STREAM_FULL = "exhausted the last possible ID"
+
+
+def reply_named(c: Call, error: Exception) -> Exception:
+    """An error reply about a key, with the key named: ``WRONGTYPE`` (the command's key, or a
+    script's keys) and a full stream's refused ``XADD``.  Redis' own text names none, so an
+    operator could not tell which of a view's keys is spoiled (a script's names only its
+    generated function and line)."""
+    text = str(error)
+    if STREAM_FULL in text:
+        if c.script is not None:
+            what = f"a key of {', '.join(_text(k) for k in c.keys) or '?'} is full"
+            how = f"the script {c.script.name} cannot add to it"
+        else:
+            what = f"{_text(c.args[1]) if len(c.args) > 1 else '?'} is full"
+            how = f"{_text(c.args[0]).upper() if c.args else 'XADD'} cannot add to it"
+        return rexc.ResponseError(
+            f"{what} (its last id is the largest a stream can hold, so {how}; foreign or hostile data in the"
+            " queue's keyspace): delete the stream (Redis 7.0 also lets XSETID lower its last id once that entry"
+            " is deleted)"
+        )
+    if not text.startswith("WRONGTYPE"):
         return error
     if c.script is not None:
         keys = ", ".join(_text(k) for k in c.keys) or "?"

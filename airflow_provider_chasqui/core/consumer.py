@@ -162,6 +162,11 @@ class ConsumerCore:
         (``core/liveness.py``); the reply lists the names removed."""
         return script_call("reap_consumers", (self.keys.stream, self.keys.beats), (self.group, min_idle_ms, name))
 
+    def rewind_group(self) -> Call:
+        """Move the group's cursor back if it is past the stream's last id (``rewind_group.lua``:
+        nothing new could ever be read); the reply is the id it was moved to, or empty."""
+        return script_call("rewind_group", (self.keys.stream,), (self.group,))
+
     def gate(self, entry_id: bytes, fields: Any, delivery_count: int) -> Delivery | Rejected:
         """Arrival gate, in ChasquiMQ's order: malformed, oversize, decode, attempts."""
         tp = g = None

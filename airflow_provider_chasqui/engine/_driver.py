@@ -42,9 +42,9 @@ from ..drivers_common import (
     evalsha_denied,
     lane_ok,
     pack_call,
+    reply_named,
     resend_ok,
     translate_error,
-    wrong_type_named,
 )
 from ..drivers_common import call_args as _args
 from ..drivers_common import script_missing as _missing
@@ -139,7 +139,7 @@ class AsyncDriver:
             try:
                 return await self.client.execute_command(*c.args)
             except rexc.ResponseError as exc:
-                raise wrong_type_named(c, exc) from exc
+                raise reply_named(c, exc) from exc
         if self._fn is None:
             await self._detect_functions()
         for attempt in range(3):  # FCALL -> library loaded, or EVALSHA -> SCRIPT LOAD -> EVALSHA
@@ -213,7 +213,7 @@ class AsyncDriver:
         if c.script is not None and evalsha_denied(exc):
             self._fn = None  # learn again on the next script call (the library may be loaded meanwhile)
             return rexc.ResponseError(scripts_denied(c.script.name))
-        return wrong_type_named(c, exc)
+        return reply_named(c, exc)
 
     async def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""

@@ -121,6 +121,7 @@ class Intake(IntakeLeases, IntakeSettling):
         self._own_after: str | None = "-"  # cursor in our own pending list; None once it was re-read
         self._next_recovery = 0.0
         self._next_reap = time.monotonic() + REAP_EVERY_LEASES * lease_ms / 1000
+        self._next_cursor_check = time.monotonic() + lease_ms / 1000
         self._reader_id: int | None = None
         self._longest_block_ms = 0  # a consumer blocked in a read looks idle that long: never reaped for it
         self._renewal: asyncio.Future[None] | None = None  # one renewal shared by every lease_held()
@@ -187,6 +188,8 @@ class Intake(IntakeLeases, IntakeSettling):
                 batch, ready = ready, []
                 ready = await self.flow.admit(batch)
                 await self._settle_to_cancel()
+            else:
+                await self._check_cursor()
             self._backoff.reset()
             await self._housekeeping()
         except READ_ERRORS as exc:
@@ -408,6 +411,27 @@ class Intake(IntakeLeases, IntakeSettling):
             return
         if gone:
             log.info("%s removed %d idle consumers: %s", self.label, len(gone), gone)
+
+    async def _check_cursor(self) -> None:
+        """Once a lease while reads bring nothing: a group cursor past the stream's last id
+        reads nothing ever again (a full stream let out with ``XSETID``, a foreign ``SETID``);
+        ``rewind_group.lua`` moves it back to where nothing delivered is read twice."""
+        if time.monotonic() < self._next_cursor_check:
+            return
+        self._next_cursor_check = time.monotonic() + self.lease_ms / 1000
+        try:
+            to = str_reply(await self.driver.call(self.core.rewind_group()))
+        except ChasquiError as exc:  # tried again next time
+            log.warning("%s: checking the group's cursor failed: %s", self.label, exc)
+            return
+        if to:
+            log.warning(
+                "%s: the group's cursor was past the stream's last id, so no new job could be read;"
+                " moved back to %s (the largest id it holds pending)",
+                self.label,
+                to,
+                extra={"queue": self.core.keys.queue},
+            )
 
     async def reap(self, min_idle_ms: int, name: str = "") -> list[Any]:
         """Remove consumers (or only ``name``) with nothing pending, idle ``min_idle_ms``."""

@@ -38,10 +38,10 @@ from ..drivers_common import (
     evalsha_denied,
     lane_ok,
     pack_call,
+    reply_named,
     resend_ok,
     stream_read_slot,
     translate_error,
-    wrong_type_named,
 )
 from ..drivers_common import call_args as _args
 from ..drivers_common import script_missing as _missing
@@ -200,7 +200,7 @@ class SyncDriver:
             try:
                 return self.client.execute_command(*c.args)
             except rexc.ResponseError as exc:
-                raise wrong_type_named(c, exc) from exc
+                raise reply_named(c, exc) from exc
         if self._fn is None:
             self._detect_functions()
         for attempt in range(3):  # FCALL -> library loaded, or EVALSHA -> SCRIPT LOAD -> EVALSHA
@@ -254,7 +254,7 @@ class SyncDriver:
         if c.script is not None and evalsha_denied(exc):
             self._fn = None
             return rexc.ResponseError(scripts_denied(c.script.name))
-        return wrong_type_named(c, exc)
+        return reply_named(c, exc)
 
     def pipeline(self, calls: list[Call]) -> list[Any]:
         """One round trip; scripts missing from the server are loaded and only they re-run."""

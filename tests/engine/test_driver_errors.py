@@ -13,7 +13,7 @@ import pytest
 import redis
 from servers import free_port
 
-from airflow_provider_chasqui.core.calls import command
+from airflow_provider_chasqui.core.calls import command, script_call
 from airflow_provider_chasqui.core.scan import scan_call
 from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import (
@@ -47,6 +47,20 @@ def _create(key: str):
 
 def _read_missing_group(key: str):
     return command("XREADGROUP", "GROUP", "no-such-group", "c", "COUNT", 1, "STREAMS", key, ">")
+
+
+#: the largest stream id: once a stream's last id is this, ``XADD *`` fails (a full stream)
+_LAST_ID = "18446744073709551615-18446744073709551615"
+
+
+def _full_stream_calls(key: str) -> list:
+    """A plain ``XADD *`` and the bulk producer's script, each refused by a full ``key``."""
+    return [command("XADD", key, "*", "d", b"x"), script_call("enqueue_batch", (key,), (100, b"x", "job"))]
+
+
+def _full(key: str) -> str:
+    """What a refused add says: the key, why, and the way out (Redis' text names none)."""
+    return re.escape(key) + r" is full \(its last id is the largest a stream can hold.*: delete the stream"
 
 
 def _flow(call):
@@ -106,6 +120,25 @@ def test_sync_other_error_replies_are_script_errors(redis_url: str, stream_key: 
             d.pipeline([command("GET", stream_key), script])
         with pytest.raises(ChasquiError):  # ScriptError; a cluster client cannot route it: ChasquiError
             d.call(command("NO-SUCH-COMMAND"))
+    finally:
+        d.close()
+
+
+def test_sync_an_add_to_a_full_stream_names_the_stream(redis_url: str, stream_key: str) -> None:
+    d = SyncDriver(redis_url)
+    try:
+        d.call(command("XADD", stream_key, _LAST_ID, "d", b"junk"))
+        plain, script = _full_stream_calls(stream_key)
+        with pytest.raises(ScriptError, match=_full(stream_key)) as info:
+            d.call(plain)
+        assert "XADD cannot add to it" in str(info.value)
+        with pytest.raises(ScriptError, match=_full(stream_key)) as info:
+            d.call(script)
+        assert "the script enqueue_batch cannot add to it" in str(info.value)
+        for call in (plain, script):
+            with pytest.raises(ScriptError, match=_full(stream_key)):
+                d.pipeline([command("XLEN", stream_key), call])
+        assert d.call(command("XLEN", stream_key)) == 1  # nothing was added
     finally:
         d.close()
 
@@ -176,6 +209,25 @@ async def test_async_other_error_replies_are_script_errors(redis_url: str, strea
             await d.pipeline([command("GET", stream_key), script])
         with pytest.raises(ChasquiError):  # redis.asyncio: ScriptError, or ChasquiError on a cluster
             await d.call(command("NO-SUCH-COMMAND"))
+    finally:
+        await d.close()
+
+
+async def test_async_an_add_to_a_full_stream_names_the_stream(redis_url: str, stream_key: str) -> None:
+    d = AsyncDriver(redis_url)
+    try:
+        await d.call(command("XADD", stream_key, _LAST_ID, "d", b"junk"))
+        plain, script = _full_stream_calls(stream_key)
+        with pytest.raises(ScriptError, match=_full(stream_key)) as info:
+            await d.call(plain)
+        assert "XADD cannot add to it" in str(info.value)
+        with pytest.raises(ScriptError, match=_full(stream_key)) as info:
+            await d.call(script)
+        assert "the script enqueue_batch cannot add to it" in str(info.value)
+        for call in (plain, script):
+            with pytest.raises(ScriptError, match=_full(stream_key)):
+                await d.pipeline([command("XLEN", stream_key), call])
+        assert await d.call(command("XLEN", stream_key)) == 1  # nothing was added
     finally:
         await d.close()
 

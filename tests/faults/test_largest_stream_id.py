@@ -7,6 +7,8 @@ its every read)."""
 
 from __future__ import annotations
 
+import re
+
 import msgpack
 import pytest
 import redis
@@ -163,7 +165,7 @@ def test_a_worker_settles_every_job_once_beside_a_full_events_stream(redis_url: 
 def test_a_full_stream_keeps_its_delayed_jobs_until_cleared(
     redis_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A full stream: a plain add is refused with Redis' reason, the promoter keeps every
+    """A full stream: a plain add is refused with an error naming it, the promoter keeps every
     delayed job where it is (its tick refused before any write) and says so a few times, not
     at each of its ticks; once the stream is deleted the jobs run, each once."""
     import asyncio
@@ -185,7 +187,7 @@ def test_a_full_stream_keeps_its_delayed_jobs_until_cleared(
             with redis.Redis.from_url(redis_url) as r:
                 ids = [(await q.add("job", {"i": i}, delay_ms=1)).id for i in range(5)]
                 r.xadd(k.stream, {"junk": "x"}, id=LAST_STREAM_ID)
-                with pytest.raises(ChasquiError, match="exhausted the last possible ID"):
+                with pytest.raises(ChasquiError, match=re.escape(k.stream) + " is full"):
                     await q.add("job", {"i": 9})
                 w = Worker(queue_name, handler, redis_url=redis_url, concurrency=4, claim_min_idle_ms=2_000)
                 task = asyncio.create_task(w.run())
@@ -206,3 +208,75 @@ def test_a_full_stream_keeps_its_delayed_jobs_until_cleared(
     assert sorted(runs) == sorted(ids) and set(runs.values()) == {1}
     refused = [rec for rec in caplog.records if "is full" in rec.getMessage()]
     assert 1 <= len(refused) <= 3, [rec.getMessage() for rec in refused]
+
+
+def test_a_group_cursor_past_the_streams_end_is_moved_back_by_the_workers(
+    redis_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two racing workers read an entry at the largest id (it is dead-lettered as malformed), so
+    the group's cursor is the largest id; the operator lets the stream out of being full the
+    way Redis 7.0 allows (``XSETID`` lower: Redis 8.2 and Valkey refuse it, and there a foreign
+    ``XGROUP SETID`` does the same).  Every id added next is below the cursor: before, no job
+    was ever read again.  An idle worker moves the cursor back within a lease: each job runs
+    once."""
+    import asyncio
+    import collections
+    import logging
+    import time
+
+    from airflow_provider_chasqui import Queue, Worker
+    from airflow_provider_chasqui.core.keys import DEFAULT_GROUP
+
+    k = QueueKeys.for_queue(queue_name)
+    runs: collections.Counter[str] = collections.Counter()
+
+    async def handler(job) -> None:
+        runs[job.id] += 1
+
+    def cursor(r: redis.Redis) -> bytes:
+        return next(g["last-delivered-id"] for g in r.xinfo_groups(k.stream) if g["name"] == DEFAULT_GROUP.encode())
+
+    async def until(what, deadline_s: float = 30.0) -> None:
+        deadline = time.monotonic() + deadline_s
+        while not what() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert what()
+
+    async def scenario() -> list[str]:
+        async with Queue(queue_name, redis_url=redis_url) as q:
+            with redis.Redis.from_url(redis_url) as r:
+                workers = [
+                    Worker(queue_name, handler, redis_url=redis_url, concurrency=4, claim_min_idle_ms=1_000)
+                    for _ in range(2)
+                ]
+                tasks = [asyncio.create_task(w.run()) for w in workers]
+                try:
+                    ids = [(await q.add("job", {"i": i})).id for i in range(5)]
+                    await until(lambda: len(runs) == 5)
+                    r.xadd(k.stream, {"junk": "x"}, id=LAST_STREAM_ID)
+                    await until(lambda: r.xlen(k.dlq) == 1 and r.xlen(k.stream) == 0)
+                    assert cursor(r) == LAST_STREAM_ID.encode()
+                    try:
+                        r.execute_command("XSETID", k.stream, "1-1")  # Redis 7.0: the stream takes entries again
+                    except redis.ResponseError as exc:
+                        assert "max_deleted_entry_id" in str(exc), exc
+                        with r.pipeline() as p:  # the stream stays full there: made anew, its cursor set ahead
+                            p.delete(k.stream)
+                            p.xgroup_create(k.stream, DEFAULT_GROUP, id="0", mkstream=True)
+                            p.xgroup_setid(k.stream, DEFAULT_GROUP, LAST_STREAM_ID)
+                            p.execute()
+                    ids += [(await q.add("job", {"i": i})).id for i in range(5, 25)]
+                    await until(lambda: len(runs) == 25)
+                    assert cursor(r) != LAST_STREAM_ID.encode()
+                    await until(lambda: r.xlen(k.stream) == 0)  # every one acked
+                finally:
+                    for w in workers:
+                        await w.close()
+                    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+                return ids
+
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_chasqui.engine.intake"):
+        ids = asyncio.run(scenario())
+    assert sorted(runs) == sorted(ids) and set(runs.values()) == {1}
+    moved = [rec for rec in caplog.records if "cursor was past the stream's last id" in rec.getMessage()]
+    assert 1 <= len(moved) <= 2, [rec.getMessage() for rec in moved]
