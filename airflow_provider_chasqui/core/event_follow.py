@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError
-from .calls import Call, command, reply_pairs, str_reply
+from .calls import Call, command, reply_pairs, script_call, str_reply
 from .event_hub import event_hits
 from .keys import QueueKeys
 
@@ -45,6 +45,8 @@ def is_stream_id(value: Any) -> bool:
 
 #: The largest stream id: nothing can follow it, and ``XRANGE`` refuses ``(`` before it.
 LAST_STREAM_ID = "18446744073709551615-18446744073709551615"
+#: A read at the largest id waits at most this long: see ``EventCursor.stuck``.
+STUCK_POLL_MS = 1_000
 
 
 def after(entry_id: str) -> str | None:
@@ -68,7 +70,7 @@ class EventCursor:
     slips between two reads.  A position that is neither is ``ConfigError``.
     """
 
-    __slots__ = ("keys", "position", "_count", "_block_ms", "_read", "_read_at")
+    __slots__ = ("keys", "position", "_count", "_block_ms", "_read", "_read_at", "_below")
 
     def __init__(
         self, keys: QueueKeys, position: str = START, *, count: int = 100, block_ms: int | None = None
@@ -79,6 +81,7 @@ class EventCursor:
         self._block_ms = block_ms
         self._read: Call | None = None  # the default read_call, while the position stays
         self._read_at = ""
+        self._below: str | None = None  # the position before it reached the largest id
 
     @property
     def count(self) -> int:
@@ -141,6 +144,8 @@ class EventCursor:
         return self._xread(self.count if count is None else count, block)
 
     def _xread(self, count: int, block_ms: int | None) -> Call:
+        if self.stuck and block_ms is not None:
+            block_ms = min(block_ms, STUCK_POLL_MS)
         if block_ms is None:
             return command("XREAD", "COUNT", count, "STREAMS", self.keys.events, self.position)
         return command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", self.keys.events, self.position)
@@ -168,6 +173,8 @@ class EventCursor:
                     pass
                 else:
                     continue
+                if entry_id == LAST_STREAM_ID and not self.stuck:
+                    self._below = self.position
                 self.position = entry_id
                 yield entry_id, flat if type(flat) is list else []
 
@@ -181,8 +188,32 @@ class EventCursor:
         except (TypeError, ValueError, IndexError):  # a malformed entry: the well-formed ones count
             return event_hits([(b"", list(self.consume(reply)))], by_job)[1]
         if last is not None and last != self.position and is_stream_id(last):
+            if last == LAST_STREAM_ID:
+                self._below = _id_before_last(reply) or self.position
             self.position = last
         return found
+
+    # ---- the largest id ----------------------------------------------------------------------
+    @property
+    def stuck(self) -> bool:
+        """At the largest id, which any writer may add: nothing can follow it (the stream is
+        full), and once the stream is deleted or its last id lowered, every new id is below it.
+        A read here waits at most ``STUCK_POLL_MS``; after one that brought nothing, a follower
+        runs ``end_call`` and gives ``unstick`` its reply."""
+        return self.position == LAST_STREAM_ID
+
+    def end_call(self) -> Call:
+        """The stream's last id, or ``''`` without a stream (``stream_last_id.lua``)."""
+        return script_call("stream_last_id", (self.keys.events,), ())
+
+    def unstick(self, reply: Any) -> bool:
+        """Once the stream no longer ends at the largest id (made again, or its last id lowered),
+        read on after the entry before that one.  True if the position moved."""
+        if not self.stuck or str_reply(reply or b"") == LAST_STREAM_ID:
+            return False
+        self.seek(self._below or "0-0")
+        self._below = None
+        return True
 
     # ---- trimming ----------------------------------------------------------------------------
     def trim_call(self) -> Call:
@@ -213,4 +244,13 @@ class EventCursor:
         last = f.get("last-generated-id")  # every entry removed: lost up to the last one added
         if length == 0 and is_stream_id(last) and stream_id(str_reply(last)) > at:
             return f"({self.position}, {str_reply(last)}]"
+        return None
+
+
+def _id_before_last(reply: Any) -> str | None:
+    """The id of the next-to-last entry of a one-stream XREAD reply, if it has one."""
+    try:
+        entries = reply[-1][1]
+        return str_reply(entries[-2][0]) if len(entries) > 1 else None
+    except (TypeError, IndexError, KeyError):
         return None

@@ -108,7 +108,15 @@ class ResultFlows:
             if remaining <= 0:
                 break
             block = max(1, int(min(remaining, WAIT_BLOCK_MS)))  # within the client's socket timeout
-            ended(cursor.hits((yield cursor.read_call(block_ms=block)), by_job))
+            reply = yield cursor.read_call(block_ms=block)
+            ended(cursor.hits(reply, by_job))
+            if not reply and cursor.stuck:  # a full events stream: no event comes, the records may
+                stored = yield from self._stored_outcomes(sorted(pending))
+                outcomes.update(stored)
+                for jid in stored:
+                    pending.discard(jid)
+                    del by_job[jid.encode()]
+                cursor.unstick((yield cursor.end_call()))
         if failed_ids:  # the failure records carry the handler's error as detail
             outcomes.update((yield from self._stored_outcomes(failed_ids)))
         done = [j for j, o in outcomes.items() if o[0] == "completed" and o[1] is None]

@@ -56,6 +56,7 @@ _READS = frozenset(
         "XRANGE",
         "XREVRANGE",
         "XPENDING",
+        "XINFO",
         "TIME",
         "TYPE",
     }

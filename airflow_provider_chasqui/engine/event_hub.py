@@ -248,6 +248,7 @@ class EventHub:
                     if self.closing:  # redis-py may swallow a cancel that lands as a reply arrives
                         return
                     if not rows:
+                        await self._read_nothing()
                         continue
                     self.reads += 1
                     hits = cursor.hits(rows, self._index.by_job)
@@ -309,6 +310,14 @@ class EventHub:
             self._fail_jobs(ids, exc)
             return
         self._wake(settle_hits(self._index, outcomes))
+
+    async def _read_nothing(self) -> None:
+        """A read that brought nothing.  At the largest id (a full events stream) no event can
+        come: the stored records may still answer the waiters, and once the stream moved on
+        (made again, its last id lowered) the reader reads on."""
+        if self.cursor.stuck:
+            await self._recheck()
+            self.cursor.unstick(await self.lookup.call(self.cursor.end_call()))
 
     async def _recheck(self) -> None:
         ids = self._index.pending_ids()

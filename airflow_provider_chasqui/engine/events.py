@@ -102,6 +102,8 @@ class QueueEvents:
         while not self._closed:
             try:
                 rows = await self._driver.call(self.cursor.read_call())
+                if not rows and self.cursor.stuck:  # at the largest id: read on once the stream moved on
+                    self.cursor.unstick(await self._driver.call(self.cursor.end_call()))
             except TRANSIENT as exc:
                 log.warning("events of %s: Redis unavailable (%s); retrying", self.name, exc)
                 await asyncio.sleep(0.5)

@@ -258,6 +258,8 @@ def cmd_events(args: argparse.Namespace) -> int:
                     return EXIT_OK
             if not args.follow and not rows:
                 return EXIT_OK
+            if not rows and cursor.stuck:  # at the largest id: read on once the stream moved on
+                cursor.unstick(q.driver.call(cursor.end_call()))
     except KeyboardInterrupt:
         return EXIT_OK
 

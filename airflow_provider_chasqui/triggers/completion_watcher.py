@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.calls import command, str_reply
-from ..core.event_follow import EventCursor, is_stream_id, stream_id
+from ..core.event_follow import LAST_STREAM_ID, EventCursor, is_stream_id, stream_id
 from ..core.keys import QueueKeys, validate_queue_name
 from ..core.urls import WAIT_BLOCK_MS
 from ..engine.cancellation import raise_if_cancelling
@@ -170,6 +170,8 @@ class CompletionModeProducer(SharedStreamProducer):
         while len(out) < self.max_batch:
             rows = await self._queue.driver.call(self.events.read_call(self.max_batch - len(out), block))
             raise_if_cancelling()  # redis-py can swallow a cancel that lands in a blocking read (redis-py#2028)
+            if not rows and self.events.stuck:  # at the largest id: read on once the stream moved on
+                self.events.unstick(await self._queue.driver.call(self.events.end_call()))
             read = 0
             for entry_id, flat in self.events.consume(rows):
                 read += 1
@@ -244,7 +246,10 @@ class CompletionModeProducer(SharedStreamProducer):
                 self._seek_at = time.monotonic() + self.reread_after_ms / 1000
                 break
             through = item.broker_payload
-        if through is not None and stream_id(through) > stream_id(self.committed):
+        if through is not None and (
+            stream_id(through) > stream_id(self.committed)
+            or self.committed == LAST_STREAM_ID  # nothing follows it: what came next was read after a new stream began
+        ):
             await self._commit(through)
         self.flow.release(len(batch))
 

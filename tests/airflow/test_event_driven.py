@@ -646,6 +646,32 @@ async def test_completion_cursor_resumes_without_replay_or_skip(redis_url: str, 
 
 
 @pytest.mark.timeout(60)
+async def test_completion_watcher_reads_on_once_a_full_events_stream_is_made_again(
+    redis_url: str, queue_name: str
+) -> None:
+    """An entry at the largest id (any writer may add it) is read and committed: the events
+    stream is full, and once it is deleted every new id is below the saved cursor.  The watcher
+    read nothing ever again; now it reads on from before that entry, in the same run."""
+    from airflow_provider_chasqui.core.event_follow import LAST_STREAM_ID
+
+    r, keys = _r(redis_url), QueueKeys.for_queue(queue_name)
+    worker = make_worker(queue_name, redis_url)
+    async with running(worker), reading(completion_producer(queue_name, block_ms=200)) as rd:
+        await rd.nothing_within(0.3)
+        r.xadd(keys.events, {"e": "completed", "id": "junk", "n": "square", "ts": "1"}, id=LAST_STREAM_ID)
+        junk = await completion_batch(rd)
+        assert [c.job_id for c in junk.completions] == ["junk"] and junk.through == LAST_STREAM_ID
+        await rd.producer.advance([AdvanceItem(junk.through, CLEAN)])
+        assert r.get(keys.cursor("airflow:square")) == LAST_STREAM_ID.encode()
+        r.delete(keys.events)  # the way out of a full stream
+        [j1] = await complete(redis_url, queue_name, 5)
+        batch = await completion_batch(rd)
+        assert [c.job_id for c in batch.completions] == [j1]
+        await rd.producer.advance([AdvanceItem(batch.through, CLEAN)])
+        assert r.get(keys.cursor("airflow:square")) == batch.through.encode()
+
+
+@pytest.mark.timeout(60)
 async def test_completion_reports_trimmed_events_and_refuses_a_bad_cursor(
     redis_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -157,3 +157,43 @@ def test_trimmed_tells_whether_entries_after_the_position_are_gone() -> None:
     for reply in hostile:
         assert c.trimmed(reply) is None, reply
     assert _cursor("$").trimmed(_info(deleted=b"12-3")) is None  # not pinned: nothing read could be lost
+
+
+LAST = "18446744073709551615-18446744073709551615"
+
+
+@pytest.mark.parametrize("read", ["consume", "hits"])
+def test_at_the_largest_id_the_cursor_reads_on_once_the_stream_moved_on(read: str) -> None:
+    """An entry at the largest id (any writer may add it) leaves the position where nothing can
+    follow: ``stuck``, reads wait at most ``STUCK_POLL_MS``, and ``unstick`` moves back to the
+    entry before it once the stream's last id is another (made again, or lowered)."""
+    from airflow_provider_chasqui.core.event_follow import LAST_STREAM_ID, STUCK_POLL_MS
+
+    assert LAST == LAST_STREAM_ID
+    c = _cursor("5-0", count=10, block_ms=10_000)
+    reply = _reply([b"6-0", [b"e", b"completed", b"id", b"a"]], [LAST.encode(), [b"e", b"completed", b"id", b"x"]])
+    if read == "consume":
+        assert [eid for eid, _f in c.consume(reply)] == ["6-0", LAST]
+    else:
+        assert set(c.hits(reply, {b"a": None, b"x": None})) == {"a", "x"}
+    assert c.position == LAST and c.stuck
+    assert c.read_call().args[:5] == ("XREAD", "COUNT", 10, "BLOCK", STUCK_POLL_MS)
+    assert c.end_call().script is not None and c.end_call().script.name == "stream_last_id"
+    assert c.end_call().keys == (KEYS.events,)
+    assert not c.unstick(LAST.encode()) and c.stuck  # still full: stay
+    assert c.unstick(b"") and c.position == "6-0" and not c.stuck  # deleted: read on after 6-0
+    assert c.read_call().args[:5] == ("XREAD", "COUNT", 10, "BLOCK", 10_000)
+    assert not c.unstick(b"")  # not stuck: nothing to do
+
+
+def test_a_cursor_that_starts_at_the_largest_id_reads_a_new_stream_from_its_start() -> None:
+    for start in (LAST, "$"):
+        c = _cursor(start)
+        if start == "$":
+            c.pin([[LAST.encode(), [b"e", b"x"]]])
+        assert c.stuck
+        assert c.unstick(b"1700000000000-0") and c.position == "0-0"
+    c = _cursor("7-0")
+    assert list(c.consume(_reply([LAST.encode(), []]))) == [(LAST, [])]
+    assert list(c.consume(_reply([LAST.encode(), []]))) == [(LAST, [])]  # read again: still 7-0 before it
+    assert c.unstick(b"8-0") and c.position == "7-0"

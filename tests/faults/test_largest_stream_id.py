@@ -280,3 +280,61 @@ def test_a_group_cursor_past_the_streams_end_is_moved_back_by_the_workers(
     assert sorted(runs) == sorted(ids) and set(runs.values()) == {1}
     moved = [rec for rec in caplog.records if "cursor was past the stream's last id" in rec.getMessage()]
     assert 1 <= len(moved) <= 2, [rec.getMessage() for rec in moved]
+
+
+def test_followers_and_waiters_carry_on_beside_a_full_events_stream(redis_url: str, queue_name: str) -> None:
+    """An entry at the largest id in the events stream: no event can be written after it, and
+    once the stream is deleted every new id is below the followers' positions.  Before, a
+    waiter timed out on a job that completed with its result stored, and a ``QueueEvents``
+    follower never read another event.  Now waiters (the async hub and the blocking wait) read
+    the stored records while the stream is full, and the follower reads on once it is deleted."""
+    import asyncio
+    import time
+
+    from airflow_provider_chasqui import Queue, QueueEvents, Worker
+
+    k = QueueKeys.for_queue(queue_name)
+    seen: list[tuple[str, str]] = []
+
+    async def handler(job) -> int:
+        await asyncio.sleep(0.3)  # still running when its waiter joins
+        return job.data["i"] * 2
+
+    async def follow(ev: QueueEvents) -> None:
+        async for e in ev:
+            seen.append((e.event_id, e.name))
+
+    async def until(what, deadline_s: float = 30.0) -> None:
+        deadline = time.monotonic() + deadline_s
+        while not what() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert what()
+
+    async def scenario() -> None:
+        w = Worker(queue_name, handler, redis_url=redis_url, concurrency=4, store_results=True)
+        ev = QueueEvents(queue_name, redis_url=redis_url, block_ms=500)
+        tasks = [asyncio.create_task(w.run()), asyncio.create_task(follow(ev))]
+        try:
+            async with Queue(queue_name, redis_url=redis_url) as q:
+                with redis.Redis.from_url(redis_url) as r, SyncQueue(queue_name, redis_url=redis_url) as sq:
+                    assert await q.wait_for_result((await q.add("job", {"i": 1})).id, timeout=10) == 2
+                    await until(lambda: "completed" in {n for _e, n in seen})
+                    r.xadd(k.events, {"e": "junk"}, id=LAST_STREAM_ID)
+                    await until(lambda: (LAST_STREAM_ID, "junk") in seen)
+                    t0 = time.monotonic()
+                    assert await q.wait_for_result((await q.add("job", {"i": 2})).id, timeout=10) == 4
+                    job3 = (await q.add("job", {"i": 3})).id
+                    assert await asyncio.to_thread(sq.wait_for_result, job3, 10) == 6
+                    assert time.monotonic() - t0 < 8  # polled each second, not waited out
+                    assert seen[-1] == (LAST_STREAM_ID, "junk")  # no event could follow it
+                    r.delete(k.events)  # the way out
+                    job4 = (await q.add("job", {"i": 4})).id
+                    assert await q.wait_for_result(job4, timeout=10) == 8
+                    await until(lambda: seen[-1][1] == "completed")
+                    assert seen[-1][0] != LAST_STREAM_ID and seen[-2][1] == "active"
+        finally:
+            await ev.close()
+            await w.close()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+    asyncio.run(scenario())

@@ -79,7 +79,12 @@ def test_library_is_generated_from_the_scripts_with_a_stable_name() -> None:
     for stem, body in bodies.items():  # each script's text, verbatim, as a function of KEYS and ARGV
         assert f"local function f_{stem}(KEYS, ARGV)\n".encode() + body.rstrip(b"\n") + b"\nend\n" in LIBRARY.source
         assert SCRIPTS[stem].function == f"{LIBRARY.name}_{stem}" and SCRIPTS[stem].fcall == fcalls[stem]
-    assert {s for s, f in fcalls.items() if f == "FCALL_RO"} == {"fetch_due", "scan_entries", "stream_ends"}
+    assert {s for s, f in fcalls.items() if f == "FCALL_RO"} == {
+        "fetch_due",
+        "scan_entries",
+        "stream_ends",
+        "stream_last_id",
+    }
     assert {s for s in bodies if f"callback=f_{s}, flags={{'allow-oom'}}".encode() in LIBRARY.source} == {
         "complete_batch",
         "fail_batch",
@@ -105,7 +110,7 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
         funcs = _libraries(r)[LIBRARY.name]
         assert set(funcs) == {s.function for s in SCRIPTS.values()} | {LIBRARY.probe}
         acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "cancel_jobs")}
-        reads = ("_fetch_due", "_scan_entries", "_stream_ends", "_probe")
+        reads = ("_fetch_due", "_scan_entries", "_stream_ends", "_stream_last_id", "_probe")
         for name, flags in funcs.items():
             expected = ["no-writes"] if name.endswith(reads) else ["allow-oom"] if name in acks else []
             assert flags == expected, (name, flags)
