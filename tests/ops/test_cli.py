@@ -119,6 +119,29 @@ def test_events_follow_sees_new_events(redis_url: str, queue_name: str) -> None:
     assert [line.split()[3] for line in out.splitlines()] == ["id=A", "id=B"]
 
 
+def test_events_follow_reads_on_once_a_full_events_stream_is_made_again(redis_url: str, queue_name: str) -> None:
+    """It reads an entry at the largest id (nothing can follow it); the stream is deleted and
+    written again, every new id below that one: it reads the new stream (before, it waited
+    forever)."""
+    k = QueueKeys.for_queue(queue_name)
+    r = redis.Redis.from_url(redis_url)
+    r.xadd(k.events, {"e": "junk", "id": "X", "ts": "1"}, id="18446744073709551615-18446744073709551615")
+    args = ["events", queue_name, "--follow", "--from", "0-0", "--max-events", "3", "--block-ms", "200"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "airflow_provider_chasqui.cli", *args, "--redis-url", redis_url],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().split()[2:4] == ["junk", "id=X"]
+    r.delete(k.events)
+    r.xadd(k.events, {"e": "waiting", "id": "A", "ts": "1"})
+    r.xadd(k.events, {"e": "waiting", "id": "B", "ts": "2"})
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert [line.split()[3] for line in out.splitlines()] == ["id=A", "id=B"]
+
+
 def test_watch_refreshes_with_deltas(seeded: SyncQueue, redis_url: str) -> None:
     out = chasqui("watch", seeded.name, "--iterations", "2", "--interval-ms", "10", "--redis-url", redis_url).stdout
     assert out.count("\x1b[H\x1b[2J") == 2
