@@ -1078,3 +1078,42 @@ def test_register_names_a_worker_python_without_the_package(tmp_path) -> None:
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path
     )
     assert "REGISTERED" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_streaming_read_fails_when_the_events_stream_goes_back(ds, redis_url: str, queue_name: str, tmp_path) -> None:
+    """An entry at the largest id is read (the query's offset is that id), then the events
+    stream is deleted and written again, every new id below the offset: the query stopped
+    reading, silently, for good.  It now fails naming the queue, both ids and what to do."""
+    from airflow_provider_chasqui.core.event_follow import LAST_STREAM_ID
+
+    events = QueueKeys.for_queue(queue_name).events
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "ck")
+    r = redis.Redis.from_url(redis_url)
+    for i in range(3):
+        r.xadd(events, {"e": "completed", "id": f"j{i}", "ts": 1_700_000_000_000 + i, "n": "x"})
+    r.xadd(events, {"e": "completed", "id": "junk", "ts": 1, "n": "x"}, id=LAST_STREAM_ID)
+    query = (
+        ds.readStream.format("chasqui")
+        .option("queue", queue_name)
+        .option("redis_url", redis_url)
+        .option("what", "events")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        assert sorted(row.job_id for row in ds.read.parquet(out).collect()) == ["j0", "j1", "j2", "junk"]
+        r.delete(events)
+        new = r.xadd(events, {"e": "completed", "id": "j3", "ts": 1_700_000_000_003, "n": "x"}).decode()
+        with pytest.raises(
+            Exception,
+            match=rf"(?s)events stream of queue '{queue_name}' now ends at {new}, before this query's offset "
+            rf"{LAST_STREAM_ID}.*new checkpoint",
+        ):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+        r.close()

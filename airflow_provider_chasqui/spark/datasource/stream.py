@@ -67,6 +67,13 @@ class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
         # availableNow: never past the target (the last event when the query started)
         last = self._target if self._target is not None else self._last()
+        if _newer(start["id"], last["id"]) and last["seq"] > 0:
+            raise ChasquiError(
+                f"chasqui: the events stream of queue {self.plan.queue!r} now ends at {last['id']}, before this"
+                f" query's offset {start['id']}: it was deleted and made again after an entry at that id (the"
+                " largest id any writer may add), or its last id was lowered (XSETID), so no new event would ever"
+                " be read; start the query from a new checkpoint"
+            )
         return last if _newer(last["id"], start["id"]) else start
 
     def prepareForTriggerAvailableNow(self) -> None:
