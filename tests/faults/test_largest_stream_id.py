@@ -12,6 +12,7 @@ import re
 import msgpack
 import pytest
 import redis
+from engine_support import wait_until
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
@@ -222,7 +223,6 @@ def test_a_group_cursor_past_the_streams_end_is_moved_back_by_the_workers(
     import asyncio
     import collections
     import logging
-    import time
 
     from airflow_provider_chasqui import Queue, Worker
     from airflow_provider_chasqui.core.keys import DEFAULT_GROUP
@@ -236,12 +236,6 @@ def test_a_group_cursor_past_the_streams_end_is_moved_back_by_the_workers(
     def cursor(r: redis.Redis) -> bytes:
         return next(g["last-delivered-id"] for g in r.xinfo_groups(k.stream) if g["name"] == DEFAULT_GROUP.encode())
 
-    async def until(what, deadline_s: float = 30.0) -> None:
-        deadline = time.monotonic() + deadline_s
-        while not what() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert what()
-
     async def scenario() -> list[str]:
         async with Queue(queue_name, redis_url=redis_url) as q:
             with redis.Redis.from_url(redis_url) as r:
@@ -252,9 +246,9 @@ def test_a_group_cursor_past_the_streams_end_is_moved_back_by_the_workers(
                 tasks = [asyncio.create_task(w.run()) for w in workers]
                 try:
                     ids = [(await q.add("job", {"i": i})).id for i in range(5)]
-                    await until(lambda: len(runs) == 5)
+                    await wait_until(lambda: len(runs) == 5, 30)
                     r.xadd(k.stream, {"junk": "x"}, id=LAST_STREAM_ID)
-                    await until(lambda: r.xlen(k.dlq) == 1 and r.xlen(k.stream) == 0)
+                    await wait_until(lambda: r.xlen(k.dlq) == 1 and r.xlen(k.stream) == 0, 30)
                     assert cursor(r) == LAST_STREAM_ID.encode()
                     try:
                         r.execute_command("XSETID", k.stream, "1-1")  # Redis 7.0: the stream takes entries again
@@ -266,9 +260,9 @@ def test_a_group_cursor_past_the_streams_end_is_moved_back_by_the_workers(
                             p.xgroup_setid(k.stream, DEFAULT_GROUP, LAST_STREAM_ID)
                             p.execute()
                     ids += [(await q.add("job", {"i": i})).id for i in range(5, 25)]
-                    await until(lambda: len(runs) == 25)
+                    await wait_until(lambda: len(runs) == 25, 30)
                     assert cursor(r) != LAST_STREAM_ID.encode()
-                    await until(lambda: r.xlen(k.stream) == 0)  # every one acked
+                    await wait_until(lambda: r.xlen(k.stream) == 0, 30)  # every one acked
                 finally:
                     for w in workers:
                         await w.close()
@@ -304,12 +298,6 @@ def test_followers_and_waiters_carry_on_beside_a_full_events_stream(redis_url: s
         async for e in ev:
             seen.append((e.event_id, e.name))
 
-    async def until(what, deadline_s: float = 30.0) -> None:
-        deadline = time.monotonic() + deadline_s
-        while not what() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert what()
-
     async def scenario() -> None:
         w = Worker(queue_name, handler, redis_url=redis_url, concurrency=4, store_results=True)
         ev = QueueEvents(queue_name, redis_url=redis_url, block_ms=500)
@@ -318,9 +306,9 @@ def test_followers_and_waiters_carry_on_beside_a_full_events_stream(redis_url: s
             async with Queue(queue_name, redis_url=redis_url) as q:
                 with redis.Redis.from_url(redis_url) as r, SyncQueue(queue_name, redis_url=redis_url) as sq:
                     assert await q.wait_for_result((await q.add("job", {"i": 1})).id, timeout=10) == 2
-                    await until(lambda: "completed" in {n for _e, n in seen})
+                    await wait_until(lambda: "completed" in {n for _e, n in seen}, 30)
                     r.xadd(k.events, {"e": "junk"}, id=LAST_STREAM_ID)
-                    await until(lambda: (LAST_STREAM_ID, "junk") in seen)
+                    await wait_until(lambda: (LAST_STREAM_ID, "junk") in seen, 30)
                     t0 = time.monotonic()
                     assert await q.wait_for_result((await q.add("job", {"i": 2})).id, timeout=10) == 4
                     job3 = (await q.add("job", {"i": 3})).id
@@ -330,7 +318,7 @@ def test_followers_and_waiters_carry_on_beside_a_full_events_stream(redis_url: s
                     r.delete(k.events)  # the way out
                     job4 = (await q.add("job", {"i": 4})).id
                     assert await q.wait_for_result(job4, timeout=10) == 8
-                    await until(lambda: seen[-1][1] == "completed")
+                    await wait_until(lambda: seen[-1][1] == "completed", 30)
                     assert seen[-1][0] != LAST_STREAM_ID and seen[-2][1] == "active"
         finally:
             await ev.close()
