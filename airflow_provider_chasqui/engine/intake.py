@@ -427,7 +427,7 @@ class Intake(IntakeLeases, IntakeSettling):
         if to:
             log.warning(
                 "%s: the group's cursor was past the stream's last id, so no new job could be read;"
-                " moved back to %s (the largest id it holds pending)",
+                " moved back to %s (the largest id it holds pending, or 0-0 with none)",
                 self.label,
                 to,
                 extra={"queue": self.core.keys.queue},

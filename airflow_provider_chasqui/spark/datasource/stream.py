@@ -70,9 +70,9 @@ class ChasquiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if _newer(start["id"], last["id"]) and last["seq"] > 0:
             raise ChasquiError(
                 f"chasqui: the events stream of queue {self.plan.queue!r} now ends at {last['id']}, before this"
-                f" query's offset {start['id']}: it was deleted and made again after an entry at that id (the"
-                " largest id any writer may add), or its last id was lowered (XSETID), so no new event would ever"
-                " be read; start the query from a new checkpoint"
+                f" query's offset {start['id']}: it was deleted and made again, or its last id lowered (XSETID), as"
+                " after an entry at the largest id (which any writer may add), so no new event would ever be read;"
+                " start the query from a new checkpoint"
             )
         return last if _newer(last["id"], start["id"]) else start
 
