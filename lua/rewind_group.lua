@@ -12,6 +12,7 @@
 -- Reply   = '' (nothing done: no stream, no group, or the cursor where it should be), or the
 --           id the cursor was moved back to
 local stream, group = KEYS[1], ARGV[1]
+--#include key_types
 
 -- whether canonical stream id a sorts before b (both parts are u64: compared as digit strings)
 local function before(a, b)
@@ -30,9 +31,8 @@ local function field(flat, name)
   return nil
 end
 
-local info = redis.pcall('XINFO', 'STREAM', stream)
-if type(info) ~= 'table' or info.err then return '' end
-local last = field(info, 'last-generated-id')
+local last = stream_last_id(stream)
+if last == nil then return '' end
 local cursor = nil
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
   if field(g, 'name') == group then cursor = field(g, 'last-delivered-id') end

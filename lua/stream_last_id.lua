@@ -4,9 +4,5 @@
 -- the largest id asks it to learn when the stream was made again or its last id lowered.
 -- KEYS[1] = stream
 -- Reply   = the id, or ''
-local info = redis.pcall('XINFO', 'STREAM', KEYS[1])
-if type(info) ~= 'table' or info.err then return '' end
-for j = 1, #info - 1, 2 do
-  if info[j] == 'last-generated-id' then return info[j + 1] end
-end
-return ''
+--#include key_types
+return stream_last_id(KEYS[1]) or ''

@@ -88,17 +88,20 @@ class ResultFlows:
         pending -= set(outcomes)
         by_job = {j.encode(): j for j in pending}
 
+        def settle(jid: str, outcome: Outcome) -> None:
+            pending.discard(jid)
+            del by_job[jid.encode()]
+            outcomes[jid] = outcome
+
         def ended(hits: dict[str, tuple[str, str]]) -> None:
             for jid, (kind, reason) in hits.items():
                 if jid not in pending:
                     continue
-                pending.discard(jid)
-                del by_job[jid.encode()]
                 if kind != "completed":  # dead-lettered, or cancelled
                     failed_ids.append(jid)
-                    outcomes[jid] = failed(reason)
+                    settle(jid, failed(reason))
                 else:
-                    outcomes[jid] = completed()
+                    settle(jid, completed())
 
         back = backfill_call(k, sorted(pending)) if pending else None
         if back is not None:  # ended before the pin, with no stored outcome: only the event tells
@@ -111,11 +114,8 @@ class ResultFlows:
             reply = yield cursor.read_call(block_ms=block)
             ended(cursor.hits(reply, by_job))
             if not reply and cursor.stuck:  # a full events stream: no event comes, the records may
-                stored = yield from self._stored_outcomes(sorted(pending))
-                outcomes.update(stored)
-                for jid in stored:
-                    pending.discard(jid)
-                    del by_job[jid.encode()]
+                for jid, outcome in (yield from self._stored_outcomes(sorted(pending))).items():
+                    settle(jid, outcome)
                 cursor.unstick((yield cursor.end_call()))
         if failed_ids:  # the failure records carry the handler's error as detail
             outcomes.update((yield from self._stored_outcomes(failed_ids)))

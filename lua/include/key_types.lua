@@ -2,22 +2,27 @@
 -- A script's writes are not rolled back when a later command fails: a marker set first would
 -- make the retry write nothing, a job taken from one key and not written to the other would be
 -- lost, one written and not taken would be moved again.
---
--- stream_full(key): whether `key` is a stream that can take no more entries.  Any writer may
--- add the largest id (18446744073709551615-18446744073709551615) explicitly; after it `XADD *`
--- fails, so half a move into that stream loses or repeats a job as a key of another type would.
--- (XINFO STREAM's last-generated-id: the largest id stays even when its entry is deleted.)
-local function stream_full(key)
+
+-- stream_last_id(key): XINFO STREAM's last-generated-id (it stays when that entry is deleted),
+-- or nil when `key` is no stream.
+local function stream_last_id(key)
   local info = redis.pcall('XINFO', 'STREAM', key)
   if type(info) ~= 'table' or info.err then
-    return false
+    return nil
   end
   for j = 1, #info - 1, 2 do
     if info[j] == 'last-generated-id' then
-      return info[j + 1] == '18446744073709551615-18446744073709551615'
+      return info[j + 1]
     end
   end
-  return false
+  return nil
+end
+
+-- stream_full(key): whether `key` is a stream that can take no more entries.  Any writer may
+-- add the largest id (18446744073709551615-18446744073709551615) explicitly; after it `XADD *`
+-- fails, so half a move into that stream loses or repeats a job as a key of another type would.
+local function stream_full(key)
+  return stream_last_id(key) == '18446744073709551615-18446744073709551615'
 end
 
 -- wrong_type(script, {key, type, ...}): an error reply naming the first key that exists with
