@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import math
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from airflow_provider_chasqui import ConfigError, RateLimit, SyncQueue
 from airflow_provider_chasqui.core.calls import command
 from airflow_provider_chasqui.core.controls import parse_controls, parse_take, take_starts_call
 from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.engine.flow_gate import GRANT_LOGGED
 from airflow_provider_chasqui.sync._driver import SyncDriver
 
 pytestmark = pytest.mark.timeout(300)
@@ -149,15 +151,22 @@ def test_bad_limits_are_config_errors(redis_url: str, queue_name: str, max_jobs,
         q.set_rate_limit(max_jobs, per_ms)
 
 
-async def test_a_limit_set_while_workers_run_is_obeyed(redis_url: str, queue_name: str, queues, worker_factory) -> None:
+async def test_a_limit_set_while_workers_run_is_obeyed(
+    redis_url: str, queue_name: str, queues, worker_factory, caplog: pytest.LogCaptureFixture
+) -> None:
     """An in-process worker drains fast until the limit is set; from then on (within the
-    controls' 100 ms), at most the limit per window starts."""
+    controls' 100 ms), every start is granted by the limit, at most the limit per window.
+
+    As in the worker-process test above, the windows are counted from the grants the worker
+    logs with the server's time: a grant at the very end of a window shows its handler start
+    in the next one, so the handler starts bound two windows' grants."""
     q = queues(queue_name, redis_url)
     started: list[float] = []
 
     async def handler(job):
         started.append(time.time())
 
+    caplog.set_level(logging.DEBUG, logger="airflow_provider_chasqui.engine.flow_gate")
     async with running(worker_factory(queue_name, handler, redis_url, concurrency=10)):
         await q.add_bulk([{"name": "a", "data": i} for i in range(50)])
         await asyncio.wait_for(_until(lambda: len(started) >= 50), 60)
@@ -166,8 +175,13 @@ async def test_a_limit_set_while_workers_run_is_obeyed(redis_url: str, queue_nam
         added_at = time.time()
         await q.add_bulk([{"name": "b", "data": i} for i in range(30)])
         await asyncio.wait_for(_until(lambda: len(started) >= 80), 60)
+    granted: collections.Counter[int] = collections.Counter()
+    for m in GRANT_LOGGED.finditer(caplog.text):
+        granted[int(m.group(2)) // 500] += int(m.group(1))
+    assert sum(granted.values()) == 30  # every start after the limit was set was granted by it
+    assert max(granted.values()) <= 5, sorted(granted.items())
     windows = collections.Counter(math.floor(t * 1000 / 500) for t in started[50:])
-    assert max(windows.values()) <= 5, windows
+    assert max(windows.values()) <= 2 * 5, windows
     assert started[-1] - added_at >= 2.0  # 30 jobs at 10/s: three seconds, give or take a window
 
 
