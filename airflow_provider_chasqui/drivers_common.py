@@ -29,6 +29,7 @@ from .errors import (
     ChasquiConnectionError,
     ChasquiError,
     ClusterBusyError,
+    ConfigError,
     NoGroupError,
     NoScriptError,
     ReadOnlyReplicaError,
@@ -40,6 +41,7 @@ __all__ = [
     "FCALLS",
     "IDLE_CHECK_S",
     "LANE_COMMANDS",
+    "BOUNDARY_ERRORS",
     "REDIS_ERRORS",
     "RESEND_SAFE",
     "already_loaded",
@@ -271,8 +273,11 @@ def evalsha_denied(error: BaseException) -> bool:
     return isinstance(error, rexc.NoPermissionError) and "'evalsha'" in str(error)
 
 
-#: What a driver's boundary catches: redis-py's errors (its cluster client's are not RedisErrors).
+#: redis-py's errors (its cluster client's are not RedisErrors)
 REDIS_ERRORS = (rexc.RedisError, RedisClusterException)
+#: What a driver's boundary catches: redis-py's errors, and a str argument with no UTF-8 (a lone
+#: surrogate) that an entry point's check let through, refused as it is packed, before it is sent
+BOUNDARY_ERRORS = (*REDIS_ERRORS, UnicodeEncodeError)
 
 # Error-reply codes redis-py has no class for (it keeps the code in the message).
 # UNBLOCKED: a blocked XREADGROUP whose stream (and so its group) was deleted meanwhile
@@ -307,6 +312,8 @@ def translate_error(exc: BaseException) -> BaseException:
             return NoScriptError(text)
         code = text.split(" ", 1)[0]
         return _REPLY_CODES.get(code, ScriptError)(text)
+    if isinstance(exc, UnicodeEncodeError):
+        return ConfigError(f"a command argument is not text that encodes as UTF-8 (a lone surrogate): {exc}")
     if isinstance(exc, RedisClusterException) and isinstance(exc.__cause__, (rexc.ConnectionError, OSError)):
         return ChasquiConnectionError(f"Redis is unreachable: {exc}")  # no seed node answered
     if isinstance(exc, REDIS_ERRORS):  # DataError, a keyless command on a cluster...: a call built wrong

@@ -117,10 +117,23 @@ def new_job_ids(n: int, ms: int | None = None) -> list[str]:
     return [prefix + digits[i : i + 16] for i in range(0, size, 16)]
 
 
+def utf8_text(value: str, what: str) -> bytes:
+    """``value`` as UTF-8, or a ``ConfigError`` naming ``what``: a str may hold a lone
+    surrogate (what Python makes of undecodable bytes in argv, the environment or file names),
+    which has no UTF-8 and so can name no key, field or argument."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{what} must be text that encodes as UTF-8 (it holds a lone surrogate, as undecodable bytes give),"
+            f" got {value!r}"
+        ) from None
+
+
 def validate_job_name(name: object) -> bytes:
     if not isinstance(name, str):
         raise ConfigError(f"job name must be a str, got {type(name).__name__}")
-    raw = name.encode("utf-8")
+    raw = utf8_text(name, "job name")
     if len(raw) > MAX_JOB_NAME_BYTES:
         raise LimitError(f"job name is {len(raw)} bytes; the limit is {MAX_JOB_NAME_BYTES}")
     return raw

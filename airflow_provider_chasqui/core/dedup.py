@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .calls import Call, script_call
-from .codec import MAX_JOB_ID_CHARS
+from .codec import MAX_JOB_ID_CHARS, utf8_text
 from .keys import QueueKeys
 from .running import MAX_TIMEOUT_MS, check_timeout_ms
 
@@ -37,6 +37,7 @@ def check_dedup(dedup_id: object, mode: object, ttl_ms: object) -> tuple[str, st
         raise ConfigError(
             f"dedup_id must be a non-empty str of at most {MAX_JOB_ID_CHARS} characters, got {dedup_id!r}"
         )
+    utf8_text(dedup_id, "dedup_id")
     if mode not in DEDUP_MODES:
         raise ConfigError(f"unknown dedup_mode {mode!r}; use one of {', '.join(DEDUP_MODES)}")
     return dedup_id, str(mode), check_timeout_ms(ttl_ms, "dedup_ttl_ms")  # the same bounds: (0, a week]

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import CodecError, ConfigError
 from .calls import Call, Flow, command, int_reply, reply_pairs, script_call, str_reply
-from .codec import decode_envelope, encode_envelope
+from .codec import decode_envelope, encode_envelope, utf8_text
 from .event_follow import after
 from .failure import failure_record
 from .keys import QueueKeys
@@ -139,6 +139,8 @@ class DlqFlows:
         for what, value in (("reason", reason), ("name", name)):
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{what} must be a str, got {value!r}")
+            if value is not None:
+                utf8_text(value, what)
         k = self.keys
         ends = parse_ends((yield ends_call(k.dlq)))
         if ends is None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .calls import Call, Flow, command, script_call
+from .codec import utf8_text
 from .controls import MAX_CONCURRENCY, MAX_RATE_JOBS, MAX_RATE_PER_MS, block_calls, check_count, positive_int
 from .keys import QueueKeys
 
@@ -51,10 +52,7 @@ def check_group(value: Any) -> str:
     """A group name: a non-empty str of at most ``MAX_GROUP_BYTES`` UTF-8 bytes."""
     if not isinstance(value, str):
         raise ConfigError(f"group must be a str, got {type(value).__name__} {value!r}")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ConfigError(f"group must be text that encodes as UTF-8, got {value!r}") from None
+    size = len(utf8_text(value, "group"))
     if not 0 < size <= MAX_GROUP_BYTES:
         raise ConfigError(f"group must be 1 to {MAX_GROUP_BYTES} bytes of UTF-8, got {size} bytes")
     return value
@@ -123,10 +121,12 @@ def set_group_limits(
 
 def get_group_limits(keys: QueueKeys, group: str | None = None) -> Flow[GroupLimits]:
     """The limits ``group`` obeys (its own, else the default), as the workers read them."""
+    if group is not None:
+        check_group(group)
     kind = yield command("TYPE", keys.group_limits)
     if kind not in (b"hash", "hash"):
         return GroupLimits()
-    fields = ["dc", "dr"] if group is None else ["c:" + check_group(group), "dc", "r:" + group, "dr"]
+    fields = ["dc", "dr"] if group is None else ["c:" + group, "dc", "r:" + group, "dr"]
     raw = yield command("HMGET", keys.group_limits, *fields)
     conc_raw, rate_raw = (raw[0], raw[1]) if group is None else (raw[0] or raw[1], raw[2] or raw[3])
     concurrency = positive_int(conc_raw)

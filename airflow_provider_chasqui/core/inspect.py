@@ -20,10 +20,11 @@ from typing import Any
 from ..errors import ConfigError
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import now_ms as current_ms
+from .codec import utf8_text
 from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
 from .event_follow import after
 from .key_types import Reads, read_types, spoiled_keys
-from .keys import QueueKeys
+from .keys import QueueKeys, check_consumer_name
 from .liveness import REAP_IDLE_LEASES, WorkerRecord, live_consumers, read_workers
 from .spec_reads import show_key
 
@@ -175,6 +176,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
     the groups, the group's consumers and the oldest waiting entry only where they exist (XINFO
     on a missing stream or group is an error, not an empty list)."""
     k = QueueKeys.for_queue(queue)
+    check_consumer_name(group)
     reads, spoiled, got = yield from _counters(k, now_ms, next_fires)
     stream, oldest, fires = got.get("stream", 0), got.get("oldest") or [], got.get("fires") or []
     promoter, scheduler = got.get("promoter"), got.get("scheduler")
@@ -319,6 +321,7 @@ def list_queues(
             raise ConfigError(f"{what} must be a positive int, got {value!r}")
     if not isinstance(match, str) or not match or any(c in match for c in "{}\r\n\0"):
         raise ConfigError(f"match must be a non-empty glob without braces or control characters, got {match!r}")
+    utf8_text(match, "match")
     pattern = "{chasqui:" + match + "}*"
     names: set[str] = set()
     calls = 0

@@ -12,10 +12,10 @@ from typing import Any
 
 from ..errors import CodecError, ConfigError, JobNotFound
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
-from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
+from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms, utf8_text
 from .consumer import RETRIES_EXHAUSTED, ROUTING_FAILED, UNRECOVERABLE
 from .key_types import Reads, read_types, spoiled_keys, spoiled_note
-from .keys import QueueKeys
+from .keys import QueueKeys, check_consumer_name
 from .maintenance import glob_escape
 from .origin import Origin, parse_origin
 from .running import parse_progress
@@ -125,6 +125,8 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
     holds a trace of the id (its message names the bounds that may have hidden one)."""
     if not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
         raise ConfigError("job id must be a non-empty str of at most 1024 characters")
+    utf8_text(job_id, "job id")
+    check_consumer_name(group)
     k = QueueKeys.for_queue(queue)
     d = JobDetails(queue=queue, id=job_id, state="unknown")
     want = {

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .codec import utf8_text
 
-__all__ = ["QueueKeys", "validate_queue_name", "MAX_QUEUE_NAME_BYTES", "DEFAULT_GROUP"]
+__all__ = ["QueueKeys", "validate_queue_name", "check_consumer_name", "MAX_QUEUE_NAME_BYTES", "DEFAULT_GROUP"]
 
 MAX_QUEUE_NAME_BYTES = 256
+MAX_CONSUMER_NAME_BYTES = 256  # a consumer group's or a consumer's name
 DEFAULT_GROUP = "default"
 _FORBIDDEN = set("{}\r\n\0")
 
@@ -30,9 +32,20 @@ def validate_queue_name(name: object) -> str:
             f"queue name {name!r} contains {''.join(sorted(bad))!r}: braces and control "
             "characters would break the {chasqui:<queue>} hash tag"
         )
-    if len(name.encode("utf-8")) > MAX_QUEUE_NAME_BYTES:
+    if len(utf8_text(name, "queue name")) > MAX_QUEUE_NAME_BYTES:
         raise ConfigError(f"queue name is longer than {MAX_QUEUE_NAME_BYTES} bytes")
     return name
+
+
+def check_consumer_name(value: object, what: str = "group") -> str:
+    """A consumer group's (or consumer's) name: a non-empty str of at most
+    ``MAX_CONSUMER_NAME_BYTES`` UTF-8 bytes.  Checked where a user gives one, so a bad name is
+    a ``ConfigError`` at the call, not a worker failing every read."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what} must be a non-empty str, got {value!r}")
+    if len(utf8_text(value, what)) > MAX_CONSUMER_NAME_BYTES:
+        raise ConfigError(f"{what} is longer than {MAX_CONSUMER_NAME_BYTES} bytes")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from .codec import (
     encode_new_envelope,
     new_job_id,
     now_ms,
+    utf8_text,
     validate_job_name,
 )
 from .dlq import DlqFlows
@@ -206,6 +207,8 @@ class ProducerCore(DlqFlows, ResultFlows):
         name_bytes = self._name(name)[0]
         if job_id is not None and (not isinstance(job_id, str) or not job_id.strip() or len(job_id) > MAX_JOB_ID_CHARS):
             raise ConfigError(f"job_id must be a non-empty string of at most {MAX_JOB_ID_CHARS} characters")
+        if job_id is not None:
+            utf8_text(job_id, "job_id")
         run_at = coerce_delay(delay, delay_ms, now=now)
         limit = self.settings.max_delay_secs
         if run_at is not None and limit and (run_at - now) // 1000 > limit:

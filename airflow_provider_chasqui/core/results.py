@@ -7,10 +7,11 @@ ends in between is found by one or the other (``core/event_hub.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import JobFailed
+from ..errors import ConfigError, JobFailed
 from .calls import Flow, command, int_reply
 from .codec import decode_data
 from .event_follow import EventCursor
@@ -27,9 +28,10 @@ from .event_hub import (
 )
 from .failure import JobFailure, failure_record
 from .keys import QueueKeys
+from .running import check_job_ids
 from .urls import WAIT_BLOCK_MS
 
-__all__ = ["ResultFlows", "single_outcome"]
+__all__ = ["ResultFlows", "check_wait", "single_outcome"]
 
 
 class ResultFlows:
@@ -130,6 +132,15 @@ class ResultFlows:
         if not job_ids:
             return {}
         return parse_outcomes(job_ids, (yield outcome_calls(self.keys, job_ids)))
+
+
+def check_wait(job_ids: object, timeout: object) -> tuple[list[str], int]:
+    """A wait's job ids (``running.check_job_ids``) and its timeout in ms: ``ConfigError``
+    unless the timeout is a finite, non-negative number of seconds (NaN waited forever)."""
+    ids = check_job_ids(job_ids)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
+        raise ConfigError(f"timeout must be a finite, non-negative number of seconds, got {timeout!r}")
+    return ids, int(timeout * 1000)
 
 
 def single_outcome(job_id: str, outcomes: Mapping[str, JobOutcome], timeout: float) -> Any:

@@ -29,13 +29,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CodecError, ConfigError
 from .calls import Call, Flow, Pause, command, int_reply, script_call
-from .codec import MAX_JOB_ID_CHARS, decode_data, decode_envelope, encode_data, now_ms, split_member
+from .codec import MAX_JOB_ID_CHARS, decode_data, decode_envelope, encode_data, now_ms, split_member, utf8_text
 from .controls import CANCELS_FIELD, CONTROLS_MAX_AGE_MS, TIMEOUTS_FIELD, positive_int
-from .keys import QueueKeys
+from .keys import QueueKeys, check_consumer_name
 from .maintenance import glob_escape
 from .rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, CancelRow
 
@@ -174,7 +175,16 @@ _MS = re.compile(rb"[1-9][0-9]{0,15}")  # a request's lapse time, as cancel() wr
 def check_job_id(job_id: object) -> str:
     if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID_CHARS:
         raise ConfigError(f"job_id must be a non-empty str of at most {MAX_JOB_ID_CHARS} characters, got {job_id!r}")
+    utf8_text(job_id, "job_id")
     return job_id
+
+
+def check_job_ids(job_ids: object) -> list[str]:
+    """A sequence of job ids (one str is refused: it would be taken letter by letter), each as
+    :func:`check_job_id` wants it."""
+    if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Iterable):
+        raise ConfigError(f"job_ids must be a sequence of job ids, got {type(job_ids).__name__} {job_ids!r:.80}")
+    return [check_job_id(j) for j in job_ids]
 
 
 def cancel(keys: QueueKeys, job_id: str, *, group: str, xackdel: bool, events_max: int) -> Flow[str]:
@@ -183,6 +193,7 @@ def cancel(keys: QueueKeys, job_id: str, *, group: str, xackdel: bool, events_ma
     (``"completed"``, ``"failed"``, ``"cancelled"``: nothing to do).  The request is written
     first, so a delayed job promoted while this runs is still cancelled by its worker."""
     check_job_id(job_id)
+    check_consumer_name(group)
     cancelled, done, failed = yield [
         command("EXISTS", keys.cancelled(job_id)),
         command("EXISTS", keys.result(job_id)),

@@ -39,6 +39,7 @@ from .codec import (
     encode_envelope,
     new_job_id,
     now_ms,
+    utf8_text,
     validate_job_name,
 )
 from .cron import first_fire_after_now, next_fire_after
@@ -238,7 +239,7 @@ class SpecFlows(SpecReads):
         pattern = coerce_pattern(repeat)
         policy = coerce_policy(missed_fires)
         spec_key = derive_spec_key(name, pattern, key)
-        if len(spec_key.encode("utf-8")) > 1024:
+        if len(utf8_text(spec_key, "spec key")) > 1024:
             raise ConfigError("spec key is longer than 1024 bytes")
         start = epoch_ms(one_of(start_after, start_after_ms, "start_after"), "start_after")
         end = epoch_ms(one_of(end_before, end_before_ms, "end_before"), "end_before")

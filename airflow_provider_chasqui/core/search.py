@@ -28,8 +28,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from .calls import Flow, command, reply_pairs, str_reply
-from .codec import decode_data, decode_envelope, split_member
-from .keys import DEFAULT_GROUP, QueueKeys
+from .codec import decode_data, decode_envelope, split_member, utf8_text
+from .keys import DEFAULT_GROUP, QueueKeys, check_consumer_name
 from .maintenance import glob_escape
 from .scan import ENVELOPE_ID_PREFIX, envelope_id, parse_scan, scan_call
 
@@ -64,6 +64,7 @@ def _text(what: str, value: object) -> str | None:
         raise ConfigError(f"search {what} must be text, got {type(value).__name__}")
     if len(value) > MAX_TEXT or "\x00" in value:
         raise ConfigError(f"search {what} must be at most {MAX_TEXT} characters without NUL")
+    utf8_text(value, f"search {what}")
     return value
 
 
@@ -121,6 +122,7 @@ def search_jobs(  # noqa: C901, PLR0915 - one look per state, in a fixed order
 ) -> Flow[SearchResult]:
     """Jobs of ``queue`` matching every criterion given (see the module docstring)."""
     name, data_field, value = _text("name", name), _text("field", data_field), _text("value", value)
+    check_consumer_name(group)
     state = _text("state", state)
     if state is not None and state not in STATES:
         raise ConfigError(f"search state must be one of {', '.join(STATES)}, got {state!r}")

@@ -37,7 +37,7 @@ from ..core.features import (
 )
 from ..core.urls import DEFAULT_URL
 from ..drivers_common import (
-    REDIS_ERRORS,
+    BOUNDARY_ERRORS,
     already_loaded,
     evalsha_denied,
     lane_ok,
@@ -62,7 +62,7 @@ async def translate_errors() -> AsyncIterator[None]:
     """Redis errors of the block as the package's errors (for code holding a raw client)."""
     try:
         yield
-    except REDIS_ERRORS as exc:
+    except BOUNDARY_ERRORS as exc:
         raise translate_error(exc) from exc
 
 
@@ -128,7 +128,7 @@ class AsyncDriver:
                         elif c.script is None or not _missing(reply):
                             raise self._explain(c, reply)
             return await self._call(c)
-        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+        except BOUNDARY_ERRORS as exc:  # the error boundary (see drivers_common)
             raise translate_error(exc) from exc
 
     #: ``call``: kept for the callers of the days ``call`` let redis-py errors out
@@ -236,7 +236,7 @@ class AsyncDriver:
                             return await self._settle(calls, replies)
                         lane.close()
             return await self._settle(calls, await self._pipe(calls))
-        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+        except BOUNDARY_ERRORS as exc:  # the error boundary (see drivers_common)
             raise translate_error(exc) from exc
 
     async def stream(self, calls: Iterable[Call]) -> list[Any]:
@@ -283,7 +283,7 @@ class AsyncDriver:
             if failed is not None:
                 raise failed
             return settled
-        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+        except BOUNDARY_ERRORS as exc:  # the error boundary (see drivers_common)
             raise translate_error(exc) from exc
 
     async def _stream_lane(self, proto: Any, calls: Iterable[Call]) -> list[Any]:

@@ -24,8 +24,9 @@ from ..core.job_details import JobDetails, job_details
 from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.repeat import RepeatableMeta
-from ..core.results import single_outcome
+from ..core.results import check_wait, single_outcome
 from ..core.running import cancel as cancel_job
+from ..core.running import check_job_ids
 from ..core.schedules import SpecFlows
 from ..core.settings import QueueSettings, window_to_ms
 from ..core.spec_reads import RepeatableInfo
@@ -425,7 +426,7 @@ class Queue:
         return await self.driver.run(self._flows.get_result(job_id))
 
     async def get_job_result_bulk(self, job_ids: Sequence[str]) -> list[Any]:
-        return await self.driver.run(self._flows.get_results(list(job_ids)))
+        return await self.driver.run(self._flows.get_results(check_job_ids(job_ids)))
 
     async def get_failure(self, job_id: str) -> JobFailure | None:
         """The failure record of a dead-lettered job (reason, error, ``traceback``), or None."""
@@ -444,9 +445,10 @@ class Queue:
         one connection per queue however many waiters); a Queue made with its own ``driver=``
         follows the stream on that driver instead.
         """
+        ids, ms = check_wait(job_ids, timeout)
         if self._own_driver:
-            return await wait_for_jobs(self._url, self.name, job_ids, timeout, stop_on_failure=stop_on_failure)
-        flow = self._flows.wait_for_jobs(job_ids, int(timeout * 1000), _monotonic_ms, stop_on_failure=stop_on_failure)
+            return await wait_for_jobs(self._url, self.name, ids, ms / 1000, stop_on_failure=stop_on_failure)
+        flow = self._flows.wait_for_jobs(ids, ms, _monotonic_ms, stop_on_failure=stop_on_failure)
         return await self.driver.run(flow)
 
     async def wait_for_result(self, job_id: str, timeout: float = 30.0) -> Any:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
 
+from ..core.codec import validate_job_name
 from ..core.consumer import ConsumerCore, Delivery
 from ..core.pacing import LogBudget
 from ..errors import ConfigError, HandlerNotFound
@@ -50,6 +51,7 @@ def _resolve_handler(handler: Any) -> Callable[[Job], Any] | _Dispatch:
     if isinstance(handler, Mapping):
         table = dict(handler)
         for key, fn in table.items():
+            validate_job_name(key)  # a key no job name can equal (not a str, no UTF-8) would never run
             if not callable(fn):
                 raise ConfigError(f"handler for job name {key!r} is not callable")
         return _Dispatch(table)

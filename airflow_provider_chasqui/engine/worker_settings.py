@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.keys import check_consumer_name
 from ..core.retry import RetryPolicy
 from ..core.running import check_timeout_ms
 from ..core.settings import QueueSettings
@@ -75,6 +76,9 @@ class WorkerSettings:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if self.process_memory_mb is not None and self.processes is None:
             raise ConfigError("process_memory_mb limits pool processes: it needs processes=N")
+        check_consumer_name(self.group)
+        if self.consumer_id is not None:
+            check_consumer_name(self.consumer_id, "consumer_id")
         if self.job_timeout_ms is not None:
             object.__setattr__(self, "job_timeout_ms", check_timeout_ms(self.job_timeout_ms, "job_timeout_ms"))
         w = self.fail_log_window_secs

@@ -32,8 +32,8 @@ from ..core.features import (
 )
 from ..core.urls import connection_options, split_cluster_flag
 from ..drivers_common import (
+    BOUNDARY_ERRORS,
     FCALLS,
-    REDIS_ERRORS,
     already_loaded,
     evalsha_denied,
     lane_ok,
@@ -108,7 +108,7 @@ def translate_errors() -> Iterator[None]:
     """Redis errors of the block as the package's errors (for code holding a raw client)."""
     try:
         yield
-    except REDIS_ERRORS as exc:
+    except BOUNDARY_ERRORS as exc:
         raise translate_error(exc) from exc
 
 
@@ -189,7 +189,7 @@ class SyncDriver:
                     if isinstance(reply, rexc.ReadOnlyError):  # a demoted master: reconnect via redis-py
                         lane.close()
             return self._call(c)
-        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+        except BOUNDARY_ERRORS as exc:  # the error boundary (see drivers_common)
             raise translate_error(exc) from exc
 
     #: ``call``: kept for the callers of the days ``call`` let redis-py errors out
@@ -275,7 +275,7 @@ class SyncDriver:
                         return self._settle(calls, replies)
                     lane.close()
             return self._settle(calls, self._pipe(calls))
-        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+        except BOUNDARY_ERRORS as exc:  # the error boundary (see drivers_common)
             raise translate_error(exc) from exc
 
     def stream(self, calls: Iterable[Call]) -> list[Any]:  # noqa: PLR0915 - the blocking lane's send/read loop, inline as in the asyncio twin
@@ -332,7 +332,7 @@ class SyncDriver:
             if failed is not None:
                 raise failed
             return settled
-        except REDIS_ERRORS as exc:  # the error boundary (see drivers_common)
+        except BOUNDARY_ERRORS as exc:  # the error boundary (see drivers_common)
             raise translate_error(exc) from exc
 
     def _settle(self, calls: list[Call], replies: list[Any]) -> list[Any]:

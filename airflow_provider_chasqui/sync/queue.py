@@ -21,8 +21,9 @@ from ..core.job_details import JobDetails, job_details
 from ..core.keys import QueueKeys
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.repeat import RepeatableMeta
-from ..core.results import single_outcome
+from ..core.results import check_wait, single_outcome
 from ..core.running import cancel as cancel_job
+from ..core.running import check_job_ids
 from ..core.schedules import SpecFlows
 from ..core.settings import QueueSettings, window_to_ms
 from ..core.spec_reads import RepeatableInfo
@@ -415,7 +416,7 @@ class SyncQueue:
         return self.driver.run(self._flows.get_result(job_id))
 
     def get_job_result_bulk(self, job_ids: Sequence[str]) -> list[Any]:
-        return self.driver.run(self._flows.get_results(list(job_ids)))
+        return self.driver.run(self._flows.get_results(check_job_ids(job_ids)))
 
     def get_failure(self, job_id: str) -> JobFailure | None:
         """The failure record of a dead-lettered job (reason, error, ``traceback``), or None."""
@@ -429,7 +430,8 @@ class SyncQueue:
         self, job_ids: Sequence[str], timeout: float = 30.0, *, stop_on_failure: bool = False
     ) -> dict[str, JobOutcome]:
         """Block on the events stream until the jobs end (or one failed, with ``stop_on_failure``)."""
-        flow = self._flows.wait_for_jobs(job_ids, int(timeout * 1000), _monotonic_ms, stop_on_failure=stop_on_failure)
+        ids, ms = check_wait(job_ids, timeout)
+        flow = self._flows.wait_for_jobs(ids, ms, _monotonic_ms, stop_on_failure=stop_on_failure)
         return self.driver.run(flow)
 
     def wait_for_result(self, job_id: str, timeout: float = 30.0) -> Any:
