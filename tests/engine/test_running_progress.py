@@ -14,7 +14,7 @@ import time
 
 import pytest
 import redis
-from engine_support import events_of, running, wait_until
+from engine_support import events_of, raw_sync, running, wait_until
 
 from airflow_provider_chasqui import ConfigError
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -114,6 +114,51 @@ async def test_a_jobs_last_report_is_written_before_its_outcome(
         for job in jobs:
             i = await job.wait_for_result(timeout=30)
             assert (await q.get_job_details(job.id)).progress == {"step": 2, "i": i}, job.id
+
+
+async def test_the_last_reports_of_jobs_ending_together_are_written_before_their_outcomes(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """600 jobs at once, half in threads, each reporting twice and ending at once: jobs start,
+    report and end while the flusher writes earlier outcomes, so every batch of outcomes
+    must wait for the reports (and ``active`` events) of its own jobs, not only those pending
+    when the pass began.  Each job's stored progress is its last report."""
+    q = queues(queue_name, redis_url)
+
+    async def a(job):
+        await job.update_progress({"step": 1})
+        await job.update_progress({"step": 2, "i": job.data["i"]})
+        return job.data["i"]
+
+    def t(job):
+        job.update_progress_sync({"step": 1})
+        job.update_progress_sync({"step": 2, "i": job.data["i"]})
+        return job.data["i"]
+
+    w = worker_factory(queue_name, {"a": a, "t": t}, redis_url, store_results=True, concurrency=32)
+    n = 600
+    async with running(w):
+        jobs = await q.add_bulk([{"name": "a" if i % 2 else "t", "data": {"i": i}} for i in range(n)])
+        outcomes = await q.wait_for_results([j.id for j in jobs], timeout=60)
+        assert len(outcomes) == n
+    r = raw_sync(redis_url)
+    try:
+        events = r.xrange(QueueKeys.for_queue(queue_name).events)
+    finally:
+        r.close()
+    last_report: dict[str, dict[str, object]] = {}
+    active: set[str] = set()
+    late = []  # jobs whose outcome is in the events stream before their `active` event or last report
+    for _eid, fields in events:
+        kind, jid = fields[b"e"].decode(), fields[b"id"].decode()
+        if kind == "active":
+            active.add(jid)
+        elif kind == "progress":
+            last_report[jid] = json.loads(fields[b"progress"])
+        elif kind == "completed" and (jid not in active or last_report.get(jid, {}).get("step") != 2):
+            late.append((jid, jid in active, last_report.get(jid)))
+    assert late == [], f"{len(late)} of {n} jobs' outcomes were written before their last report: {late[:5]}"
+    assert sorted(last_report) == sorted(j.id for j in jobs)
 
 
 @pytest.mark.parametrize(
