@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .core.settings import check_flag
+
 __all__ = ["ENV", "wanted", "available", "Tracer", "tracer", "TRACE_KEY_TTL_MS"]
 
 ENV = "CHASQUI_OTEL"
@@ -34,8 +36,9 @@ _api: Any = None  # the resolved module namespace, False when OpenTelemetry is m
 
 def wanted(flag: bool | None) -> bool:
     """The explicit ``tracing=`` argument, else ``CHASQUI_OTEL``."""
+    check_flag("tracing", flag)
     if flag is not None:
-        return bool(flag)
+        return flag
     return os.environ.get(ENV, "").strip().lower() in _TRUE
 
 

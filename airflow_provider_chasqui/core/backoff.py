@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, ConfigTypeError
-from .codec import BackoffWire, RetryOverride
+from .codec import U32_MAX, U64_MAX, BackoffWire, RetryOverride
 
 __all__ = ["BACKOFF_KINDS", "BackoffSpec", "build_retry_override", "coerce_backoff"]
 
@@ -34,8 +34,8 @@ class BackoffSpec:
             value = getattr(self, name)
             if value is None and name != "delay_ms":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"backoff {name} must be a non-negative int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U64_MAX:
+                raise ConfigError(f"backoff {name} must be an int from 0 to {U64_MAX} (ms), got {value!r}")
         m = self.multiplier
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
             raise ConfigError(f"backoff multiplier must be a finite positive number, got {m!r}")
@@ -84,8 +84,10 @@ def coerce_backoff(value: int | BackoffSpec | Mapping[str, Any] | None) -> Backo
 def build_retry_override(attempts: int | None, backoff: Any) -> RetryOverride | None:
     """The envelope's 5th element, or None when neither option is set."""
     spec = coerce_backoff(backoff)
-    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0):
-        raise ConfigError(f"attempts must be a non-negative int, got {attempts!r}")
+    if attempts is not None and (
+        isinstance(attempts, bool) or not isinstance(attempts, int) or not 0 <= attempts <= U32_MAX
+    ):
+        raise ConfigError(f"attempts must be an int from 0 to {U32_MAX}, got {attempts!r}")
     if attempts is None and spec is None:
         return None
     return RetryOverride(attempts, None if spec is None else spec.to_wire())

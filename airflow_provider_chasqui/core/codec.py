@@ -13,13 +13,13 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from ..errors import CodecError, ConfigError, LimitError
+from ..errors import CodecError, ConfigError, ConfigTypeError, LimitError
 from .fast import fast_constructor
 
 __all__ = [
@@ -128,6 +128,16 @@ def utf8_text(value: str, what: str) -> bytes:
             f"{what} must be text that encodes as UTF-8 (it holds a lone surrogate, as undecodable bytes give),"
             f" got {value!r}"
         ) from None
+
+
+def items_list(value: object, what: str) -> list[Any]:
+    """A bulk call's items as a list: any iterable but a str, bytes or a mapping (one item
+    given alone, or a typo), which is a ``ConfigTypeError`` naming ``what``."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigTypeError(f"{what} must be a list (or another iterable) of items, got {type(value).__name__}")
+    return list(value)
 
 
 def validate_job_name(name: object) -> bytes:

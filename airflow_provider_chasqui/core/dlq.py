@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import CodecError, ConfigError
 from .calls import Call, Flow, command, int_reply, reply_pairs, script_call, str_reply
-from .codec import decode_envelope, encode_envelope, utf8_text
+from .codec import decode_envelope, encode_envelope, items_list, utf8_text
 from .event_follow import after
 from .failure import failure_record
 from .keys import QueueKeys
@@ -122,7 +122,7 @@ class DlqFlows:
 
     def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow[int]:
         """Delete DLQ entries by id; the number that existed."""
-        ids = list(dlq_ids) if not isinstance(dlq_ids, str) else [dlq_ids]
+        ids = [dlq_ids] if isinstance(dlq_ids, str) else items_list(dlq_ids, "dlq_ids")
         bad = [i for i in ids if not isinstance(i, str) or not _STREAM_ID.fullmatch(i)]
         if bad:
             raise ConfigError(f"DLQ ids look like 1700000000000-0; got {bad[:5]!r}")

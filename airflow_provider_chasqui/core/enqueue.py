@@ -6,14 +6,14 @@ producer core's paths (``core/producer.py``) each add takes.  Shared by both twi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import repeat
 from typing import Any
 
 from ..errors import ConfigError
 from .backoff import build_retry_override
 from .calls import Call, Flow, Pause, Stream, script_call, str_reply
-from .codec import encode_data, encode_member, encode_new_envelope, new_job_ids, now_ms
+from .codec import encode_data, encode_member, encode_new_envelope, items_list, new_job_ids, now_ms
 from .dedup import check_dedup, dedup_call
 from .dlq import positive
 from .groups import add_grouped_call, check_group
@@ -184,9 +184,10 @@ class QueueFlows(ProducerCore):
         jid = yield from self.add_unique(job, key or job_id or unique_key_for(name, inner), window_ms, trace)
         return jid, job.created_at_ms
 
-    def enqueue_bulk(self, items: list[Mapping[str, Any]], make: Any = None) -> Flow[list[Any]]:
+    def enqueue_bulk(self, items: Iterable[Mapping[str, Any]], make: Any = None) -> Flow[list[Any]]:
         """Returns ``make(job_id, created_at_ms, name, data)`` of each item, in order (by default
         that tuple); caller ids go in one pipeline."""
+        items = items_list(items, "jobs")
         make = make or _row
         if not items:
             return []

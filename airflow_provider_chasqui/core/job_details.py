@@ -10,20 +10,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import CodecError, ConfigError, JobNotFound
+from ..errors import CodecError, JobNotFound
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
-from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms, utf8_text
+from .codec import Envelope, decode_data, decode_envelope, split_member, ulid_ms
 from .consumer import RETRIES_EXHAUSTED, ROUTING_FAILED, UNRECOVERABLE
+from .controls import check_count
 from .key_types import Reads, read_types, spoiled_keys, spoiled_note
 from .keys import QueueKeys, check_consumer_name
 from .maintenance import glob_escape
 from .origin import Origin, parse_origin
-from .running import parse_progress
+from .running import check_job_id, parse_progress
 from .scan import parse_scan, scan_call
 
 __all__ = ["JobDetails", "job_details", "latest_attempt"]
 
 EVENTS_WINDOW = 1000
+MAX_EVENTS_WINDOW = 100_000  # a job lookup reads at most this many events (XREVRANGE COUNT)
 PAGE = 500
 SEARCH_PAGES = 20
 
@@ -123,10 +125,9 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
     DLQ are searched ``search_pages`` pages of 500 at most, from the job's creation time
     (ULID ids) or its last ``waiting`` / ``dlq`` event on.  ``JobNotFound`` when none of them
     holds a trace of the id (its message names the bounds that may have hidden one)."""
-    if not isinstance(job_id, str) or not job_id or len(job_id) > 1024:
-        raise ConfigError("job id must be a non-empty str of at most 1024 characters")
-    utf8_text(job_id, "job id")
+    check_job_id(job_id)
     check_consumer_name(group)
+    check_count("events_window", events_window, MAX_EVENTS_WINDOW)
     k = QueueKeys.for_queue(queue)
     d = JobDetails(queue=queue, id=job_id, state="unknown")
     want = {

@@ -42,6 +42,7 @@ from .dlq import DlqFlows
 from .fast import fast_constructor
 from .keys import QueueKeys
 from .results import ResultFlows
+from .running import check_job_id
 from .settings import QueueSettings
 
 __all__ = ["ProducerCore", "PreparedJob", "coerce_delay", "JOB_STATES", "parse_fields"]
@@ -308,6 +309,7 @@ class ProducerCore(DlqFlows, ResultFlows):
         return [j.id for j in jobs]
 
     def cancel_delayed(self, job_id: str) -> Flow[bool]:
+        check_job_id(job_id)
         k = self.keys
         reply = yield script_call("cancel_delayed", (k.delayed, k.didx(job_id), k.dlid(job_id)), ())
         return int_reply(reply) == 1

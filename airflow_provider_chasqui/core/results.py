@@ -28,7 +28,7 @@ from .event_hub import (
 )
 from .failure import JobFailure, failure_record
 from .keys import QueueKeys
-from .running import check_job_ids
+from .running import check_job_id, check_job_ids
 from .urls import WAIT_BLOCK_MS
 
 __all__ = ["ResultFlows", "check_wait", "single_outcome"]
@@ -40,10 +40,11 @@ class ResultFlows:
     keys: QueueKeys
 
     def get_result(self, job_id: str) -> Flow[Any]:
-        raw = yield command("GET", self.keys.result(job_id))
+        raw = yield command("GET", self.keys.result(check_job_id(job_id)))
         return None if raw is None else decode_data(raw)
 
-    def get_results(self, job_ids: list[str]) -> Flow[list[Any]]:
+    def get_results(self, job_ids: Iterable[str]) -> Flow[list[Any]]:
+        job_ids = check_job_ids(job_ids)
         if not job_ids:
             return []
         raws = yield [command("GET", self.keys.result(j)) for j in job_ids]
@@ -52,10 +53,11 @@ class ResultFlows:
     def get_failure(self, job_id: str) -> Flow[JobFailure | None]:
         """The job's failure record as a :class:`JobFailure`, or None (no record: the job did
         not end in the DLQ, the record expired, or the worker did not store results)."""
-        raw = yield command("GET", self.keys.failure(job_id))
+        raw = yield command("GET", self.keys.failure(check_job_id(job_id)))
         return failure_record(job_id, raw)
 
     def get_job_state(self, job_id: str) -> Flow[str]:
+        check_job_id(job_id)
         k = self.keys
         done, failed, cancelled, delayed = yield [
             command("EXISTS", k.result(job_id)),

@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import CodecError, ConfigError
+from ..errors import CodecError, ConfigError, ConfigTypeError
 from .calls import Call, Flow, Pause, command, int_reply, script_call
 from .codec import MAX_JOB_ID_CHARS, decode_data, decode_envelope, encode_data, now_ms, split_member, utf8_text
 from .controls import CANCELS_FIELD, CONTROLS_MAX_AGE_MS, TIMEOUTS_FIELD, positive_int
@@ -173,7 +173,11 @@ _MS = re.compile(rb"[1-9][0-9]{0,15}")  # a request's lapse time, as cancel() wr
 
 
 def check_job_id(job_id: object) -> str:
-    if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+    """A job id as a user gives one: a non-empty str of at most ``MAX_JOB_ID_CHARS`` characters
+    that encodes as UTF-8 (another type is a ``ConfigTypeError``)."""
+    if not isinstance(job_id, str):
+        raise ConfigTypeError(f"job_id must be a str, got {type(job_id).__name__} {job_id!r:.80}")
+    if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
         raise ConfigError(f"job_id must be a non-empty str of at most {MAX_JOB_ID_CHARS} characters, got {job_id!r}")
     utf8_text(job_id, "job_id")
     return job_id
@@ -187,13 +191,18 @@ def check_job_ids(job_ids: object) -> list[str]:
     return [check_job_id(j) for j in job_ids]
 
 
+def check_cancel(job_id: object, group: object) -> None:
+    """``Queue.cancel``'s arguments, checked before the queue asks the server's features."""
+    check_job_id(job_id)
+    check_consumer_name(group)
+
+
 def cancel(keys: QueueKeys, job_id: str, *, group: str, xackdel: bool, events_max: int) -> Flow[str]:
     """``Queue.cancel``: returns ``"cancelled"`` (it was delayed: ended now), ``"requested"``
     (waiting or running: the worker that meets it ends it), or the state it already ended in
     (``"completed"``, ``"failed"``, ``"cancelled"``: nothing to do).  The request is written
     first, so a delayed job promoted while this runs is still cancelled by its worker."""
-    check_job_id(job_id)
-    check_consumer_name(group)
+    check_cancel(job_id, group)
     cancelled, done, failed = yield [
         command("EXISTS", keys.cancelled(job_id)),
         command("EXISTS", keys.result(job_id)),

@@ -37,6 +37,7 @@ from .codec import (
     decode_data,
     encode_data,
     encode_envelope,
+    items_list,
     new_job_id,
     now_ms,
     utf8_text,
@@ -393,7 +394,7 @@ class SpecFlows(SpecReads):
         Redis writes the previous one.  A bad item fails the call before its chunk is sent
         (the chunks before it are written, except on a cluster client, which sends nothing;
         upserts are idempotent).  Returns ``(keys, now_ms)``."""
-        items = items if isinstance(items, list) else list(items)
+        items = items_list(items, "specs")
         now = now_ms()
         keys: list[str] = []
         caches: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})

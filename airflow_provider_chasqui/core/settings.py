@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigTypeError
 
-__all__ = ["QueueSettings", "window_to_ms"]
+__all__ = ["QueueSettings", "check_flag", "window_to_ms"]
+
+I64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,14 +41,41 @@ class QueueSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            if value > I64_MAX:  # a MAXLEN or a PX Redis parses as a long long
+                raise ConfigError(f"{name} must be at most {I64_MAX}, got {value!r}")
         if isinstance(self.max_delay_secs, bool) or not isinstance(self.max_delay_secs, int) or self.max_delay_secs < 0:
             raise ConfigError(f"max_delay_secs must be a non-negative int, got {self.max_delay_secs!r}")
 
+    @classmethod
+    def given(cls, settings: object, **limits: object) -> QueueSettings:
+        """A queue's settings as its constructor got them: ``settings=`` or the individual
+        limits (None: the default), not both."""
+        chosen = {k: v for k, v in limits.items() if v is not None}
+        if settings is None:
+            return cls(**chosen)  # type: ignore[arg-type]  # each field checks its own type
+        if not isinstance(settings, cls):
+            raise ConfigTypeError(f"settings must be a QueueSettings, got {type(settings).__name__}")
+        if chosen:
+            raise ConfigError("pass settings= or the individual limits, not both")
+        return settings
+
+
+def check_flag(name: str, value: object) -> None:
+    """An on/off argument whose None means "decide for me": True, False or None."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True, False or None, got {value!r}")
+
+
+MAX_WINDOW_MS = 3650 * 86_400_000  # ten years: far inside what SET PX accepts
+
 
 def window_to_ms(window: timedelta | float) -> int:
-    """A deduplication window (seconds or a timedelta) in ms; both queue twins use it."""
-    if isinstance(window, timedelta):
-        return int(window.total_seconds() * 1000)
-    if isinstance(window, bool) or not isinstance(window, (int, float)) or window <= 0:
-        raise ConfigError(f"window must be a positive number of seconds or a timedelta, got {window!r}")
-    return int(window * 1000)
+    """A deduplication window (seconds or a timedelta) in ms, from 1 ms to ``MAX_WINDOW_MS``;
+    both queue twins use it."""
+    secs = window.total_seconds() if isinstance(window, timedelta) else window
+    if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not 0.001 <= secs <= MAX_WINDOW_MS / 1000:
+        raise ConfigError(
+            f"window must be a number of seconds or a timedelta from 1 ms to {MAX_WINDOW_MS // 86_400_000} days,"
+            f" got {window!r}"
+        )
+    return int(secs * 1000)

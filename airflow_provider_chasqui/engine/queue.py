@@ -26,9 +26,9 @@ from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.repeat import RepeatableMeta
 from ..core.results import check_wait, single_outcome
 from ..core.running import cancel as cancel_job
-from ..core.running import check_job_ids
+from ..core.running import check_cancel
 from ..core.schedules import SpecFlows
-from ..core.settings import QueueSettings, window_to_ms
+from ..core.settings import QueueSettings, check_flag, window_to_ms
 from ..core.spec_reads import RepeatableInfo
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError, NotSupportedError
@@ -60,12 +60,8 @@ class Queue:
         driver: AsyncDriver | None = None,
         tracing: bool | None = None,
     ) -> None:
-        overrides = {
-            k: v for k, v in (("max_stream_len", max_stream_len), ("max_delay_secs", max_delay_secs)) if v is not None
-        }
-        if settings is not None and overrides:
-            raise ConfigError("pass settings= or the individual limits, not both")
-        settings = settings or QueueSettings(**overrides)
+        settings = QueueSettings.given(settings, max_stream_len=max_stream_len, max_delay_secs=max_delay_secs)
+        check_flag("fast_paths", fast_paths)
         self._flows = QueueFlows(name, settings)
         self._specs = SpecFlows(name, settings)
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
@@ -270,7 +266,7 @@ class Queue:
         """Enqueue many jobs in one round trip: every item is validated and encoded before
         anything is sent, then script calls of 250 jobs stream out as their ids and envelopes
         are made (of 1,000 when items carry options)."""
-        return await self.driver.run(self._flows.enqueue_bulk(list(jobs), self._job))
+        return await self.driver.run(self._flows.enqueue_bulk(jobs, self._job))
 
     async def cancel(self, job_id: str, *, group: str = "default") -> str:
         """Cancel job ``job_id``: a delayed one is removed now and ends ``"cancelled"``; a
@@ -279,6 +275,7 @@ class Queue:
         dead-lettered; its waiters see it fail with reason ``cancelled``.  Returns
         ``"cancelled"``, ``"requested"`` (a worker will end it), or the state it had already
         ended in (``"completed"``, ``"failed"``, ``"cancelled"``).  docs/running-jobs.md."""
+        check_cancel(job_id, group)
         xackdel = (await self.driver.features()).xackdel
         events_max = self._flows.settings.events_max_len
         return await self.driver.run(cancel_job(self.keys, job_id, group=group, xackdel=xackdel, events_max=events_max))
@@ -362,7 +359,7 @@ class Queue:
         and ``data``); returns their keys.  One script call per 1,000 specs, streamed: each
         chunk is validated and encoded while Redis writes the previous one, and a bad item
         fails the call before its chunk is sent (earlier chunks stay written)."""
-        keys, _created = await self.driver.run(self._specs.upsert_bulk(list(specs)))
+        keys, _created = await self.driver.run(self._specs.upsert_bulk(specs))
         return keys
 
     async def get_repeatable_job(self, key: str) -> RepeatableInfo | None:
@@ -426,7 +423,7 @@ class Queue:
         return await self.driver.run(self._flows.get_result(job_id))
 
     async def get_job_result_bulk(self, job_ids: Sequence[str]) -> list[Any]:
-        return await self.driver.run(self._flows.get_results(check_job_ids(job_ids)))
+        return await self.driver.run(self._flows.get_results(job_ids))
 
     async def get_failure(self, job_id: str) -> JobFailure | None:
         """The failure record of a dead-lettered job (reason, error, ``traceback``), or None."""

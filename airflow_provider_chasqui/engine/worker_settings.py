@@ -4,8 +4,10 @@ validated once, and how chasquimq's keyword arguments map onto it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from ..core.codec import U32_MAX
 from ..core.keys import check_consumer_name
 from ..core.retry import RetryPolicy
 from ..core.running import check_timeout_ms
@@ -51,29 +53,22 @@ class WorkerSettings:
     queue: QueueSettings = QueueSettings()
 
     def __post_init__(self) -> None:
-        for name in (
-            "concurrency",
-            "read_block_ms",
-            "read_count",
-            "claim_min_idle_ms",
-            "ack_batch",
-            "scheduler_tick_ms",
-            "promoter_poll_ms",
-            "result_ttl_ms",
-            "failure_ttl_ms",
-            "fail_log_burst",
-        ):
+        for name, most in _POSITIVE_INTS.items():
+            _positive_int(name, getattr(self, name), most)
+        for name, most in _OPTIONAL_POSITIVE_INTS.items():
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name), most)
+        for name, least, most in (("max_attempts", 0, U32_MAX), ("ack_idle_ms", 0, MAX_ACK_IDLE_MS)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 0:
-            raise ConfigError(f"max_attempts must be a non-negative int, got {self.max_attempts!r}")
-        if self.max_jobs is not None and self.max_jobs <= 0:
-            raise ConfigError("max_jobs must be positive")
-        for name in ("processes", "process_memory_mb"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+                raise ConfigError(f"{name} must be an int from {least} to {most:,}, got {value!r}")
+        for name in ("store_results", "events_enabled", "delayed_enabled", "run_scheduler"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        _seconds("shutdown_deadline_secs", self.shutdown_deadline_secs, zero=True)
+        if self.idle_exit_secs is not None:
+            _seconds("idle_exit_secs", self.idle_exit_secs, zero=True)
+        _seconds("fail_log_window_secs", self.fail_log_window_secs, zero=False)
         if self.process_memory_mb is not None and self.processes is None:
             raise ConfigError("process_memory_mb limits pool processes: it needs processes=N")
         check_consumer_name(self.group)
@@ -81,9 +76,40 @@ class WorkerSettings:
             check_consumer_name(self.consumer_id, "consumer_id")
         if self.job_timeout_ms is not None:
             object.__setattr__(self, "job_timeout_ms", check_timeout_ms(self.job_timeout_ms, "job_timeout_ms"))
-        w = self.fail_log_window_secs
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
-            raise ConfigError(f"fail_log_window_secs must be a positive number of seconds, got {w!r}")
+
+
+MAX_MS = 3650 * 86_400_000  # ten years: the longest wait, lease or TTL a worker takes
+MAX_COUNT = 1_000_000  # the largest count (jobs at once, entries per read, rows per ack batch)
+MAX_ACK_IDLE_MS = 60_000
+# field -> the largest value; each must be an int from 1 to it
+_POSITIVE_INTS = {
+    "concurrency": MAX_COUNT,
+    "read_count": MAX_COUNT,
+    "ack_batch": MAX_COUNT,
+    "fail_log_burst": MAX_COUNT,
+    "read_block_ms": MAX_MS,
+    "claim_min_idle_ms": MAX_MS,
+    "scheduler_tick_ms": MAX_MS,
+    "promoter_poll_ms": MAX_MS,
+    "result_ttl_ms": MAX_MS,
+    "failure_ttl_ms": MAX_MS,
+}
+_OPTIONAL_POSITIVE_INTS = {"sync_threads": 4096, "max_jobs": 2**63 - 1, "processes": 1024, "process_memory_mb": 2**30}
+
+
+def _positive_int(name: str, value: Any, most: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    if value > most:
+        raise ConfigError(f"{name} must be at most {most:,}, got {value!r}")
+
+
+def _seconds(name: str, value: Any, *, zero: bool) -> None:
+    """A finite number of seconds up to ``MAX_MS``, above 0 (or from 0, with ``zero``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_MS / 1000:
+        raise ConfigError(f"{name} must be a finite number of seconds from 0 to {MAX_MS // 1000:,}, got {value!r}")
+    if value == 0 and not zero:
+        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 _OPTION_FIELDS = {
@@ -133,9 +159,9 @@ def options_to_fields(options: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if key == "result_ttl":
-            out["result_ttl_ms"] = (
-                int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value * 1000)
-            )
+            secs = value.total_seconds() if isinstance(value, timedelta) else value
+            _seconds("result_ttl", secs, zero=False)  # NaN raised ValueError; a str was repeated 1,000 times
+            out["result_ttl_ms"] = max(1, int(secs * 1000))
         elif key in _QUEUE_FIELDS:
             queue[_QUEUE_FIELDS[key]] = value
         elif key in _OPTION_FIELDS:

@@ -6,6 +6,7 @@ the task-log line that says what a wait found.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -58,9 +59,16 @@ def as_seconds(value: timedelta | float | None, what: str) -> float | None:
         seconds = float(value)
     else:
         raise ValueError(f"{what} must be a timedelta or seconds, got {value!r}")
-    if seconds < 0:
-        raise ValueError(f"{what} must not be negative, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:  # NaN passed `< 0` and became a NaN deadline
+        raise ValueError(f"{what} must be a finite, non-negative number of seconds, got {value!r}")
     return seconds
+
+
+def chunk_seconds(value: object, what: str = "wait_chunk_secs") -> float:
+    """The longest single blocking wait on Redis: a finite positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{what} must be a finite, positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def as_datetime(value: datetime | str | None, what: str) -> datetime | None:

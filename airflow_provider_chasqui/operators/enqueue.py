@@ -20,6 +20,7 @@ from ..types import BackoffSpec, Job, build_retry_override
 from ._common import (
     as_datetime,
     as_seconds,
+    chunk_seconds,
     default_deferrable,
     log_outcome,
     log_resumed,
@@ -187,7 +188,7 @@ class ChasquiEnqueueOperator(BaseOperator):
         self.wait_timeout = as_seconds(wait_timeout, "wait_timeout")
         self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.cancel_on_kill = cancel_on_kill
-        self.wait_chunk_secs = wait_chunk_secs
+        self.wait_chunk_secs = chunk_seconds(wait_chunk_secs)
         self._queue: SyncQueue | None = None
         self._job_id: str | None = None
 

@@ -14,6 +14,7 @@ from .. import tracing
 from ..core.outcomes import ids_text
 from ..hooks.chasqui import ChasquiHook
 from ..operators._common import (
+    chunk_seconds,
     default_deferrable,
     failure_message,
     log_outcome,
@@ -84,7 +85,7 @@ class ChasquiJobSensor(BaseSensorOperator):
         self.queue_name = queue_name
         self.chasqui_conn_id = chasqui_conn_id
         self.deferrable = default_deferrable() if deferrable is None else deferrable
-        self.wait_chunk_secs = wait_chunk_secs
+        self.wait_chunk_secs = chunk_seconds(wait_chunk_secs)
         self._queue: SyncQueue | None = None
         self._started: float | None = None  # time.monotonic() when this process began waiting
 

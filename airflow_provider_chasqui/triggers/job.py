@@ -34,6 +34,7 @@ from ..core.outcomes import outcome_line
 from ..engine.queue import Queue
 from ..errors import ChasquiConnectionError, ChasquiError
 from ..hooks.chasqui import ChasquiHook
+from ..operators._common import chunk_seconds
 
 __all__ = ["ChasquiJobTrigger", "first_error", "json_safe_problem"]
 
@@ -151,8 +152,7 @@ class ChasquiJobTrigger(BaseTrigger):
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
             raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
-        if wait_chunk_secs <= 0:
-            raise ValueError(f"wait_chunk_secs must be positive, got {wait_chunk_secs!r}")
+        chunk_seconds(wait_chunk_secs)
         if (
             isinstance(state_log_secs, bool)
             or not isinstance(state_log_secs, (int, float))

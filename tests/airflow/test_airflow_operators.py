@@ -60,6 +60,16 @@ def _delayed(redis_url: str, queue_name: str) -> int:
         ({"dedup_id": "d", "dedup_ttl_ms": 1000, "job_id": "j"}, "dedup_id cannot be combined with job_id"),
         ({"dedup_id": "d", "dedup_ttl_ms": 1000, "unique": True}, "dedup_id cannot be combined with unique"),
         ({"dedup_ttl_ms": 1000}, "need dedup_id"),
+        (
+            {"wait_for_result": True, "wait_timeout": float("nan")},
+            "wait_timeout must be a finite",
+        ),  # was a NaN deadline
+        ({"wait_for_result": True, "wait_timeout": float("inf")}, "wait_timeout must be a finite"),
+        ({"delay": float("nan")}, "delay must be a finite"),
+        ({"unique": True, "unique_window": float("inf")}, "unique_window must be a finite"),
+        ({"wait_chunk_secs": 0}, "wait_chunk_secs must be a finite, positive"),
+        ({"wait_chunk_secs": float("nan")}, "wait_chunk_secs must be a finite, positive"),
+        ({"wait_chunk_secs": "10"}, "wait_chunk_secs must be a finite, positive"),
     ],
 )
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:

@@ -71,6 +71,12 @@ def test_needs_exactly_one_source_of_ids(kwargs: dict) -> None:
         sensor(**kwargs)
 
 
+@pytest.mark.parametrize("bad", [0, float("nan"), float("inf"), "5"])
+def test_wait_chunk_secs_is_checked_when_the_dag_is_parsed(bad: object) -> None:
+    with pytest.raises(ValueError, match="wait_chunk_secs"):
+        sensor(job_id="a", wait_chunk_secs=bad)
+
+
 def test_defers_when_the_job_is_not_done(queue: SyncQueue, queue_name: str) -> None:
     job = queue.add("square", {"x": 3})
     op = sensor(job_id=job.id, queue_name=queue_name, timeout=120, wait_chunk_secs=5)

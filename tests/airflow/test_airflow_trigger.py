@@ -291,3 +291,10 @@ def test_state_log_secs_is_checked() -> None:
     for bad in (-1, float("nan"), float("inf"), True, "5"):
         with pytest.raises(ValueError, match="state_log_secs"):
             ChasquiJobTrigger(job_ids=["a"], queue_name="q", state_log_secs=bad)  # type: ignore[arg-type]
+
+
+def test_wait_chunk_secs_is_checked() -> None:
+    """NaN passed the old ``<= 0`` check and reached the wait; a str raised ``TypeError``."""
+    for bad in (0, -1, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="wait_chunk_secs"):
+            ChasquiJobTrigger(job_ids=["a"], queue_name="q", wait_chunk_secs=bad)  # type: ignore[arg-type]

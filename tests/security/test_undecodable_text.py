@@ -85,7 +85,11 @@ def _sync_calls(q: SyncQueue, bad: str) -> list[tuple[str, str, Callable[[], Any
         ),
         ("cancel", "job_id", lambda: q.cancel(bad)),
         ("cancel group", "group", lambda: q.cancel("j", group=bad)),
-        ("get_job_details", "job id", lambda: q.get_job_details(bad)),
+        ("get_job_details", "job_id", lambda: q.get_job_details(bad)),
+        ("get_job_state", "job_id", lambda: q.get_job_state(bad)),
+        ("get_job_result", "job_id", lambda: q.get_job_result(bad)),
+        ("get_failure", "job_id", lambda: q.get_failure(bad)),
+        ("cancel_delayed", "job_id", lambda: q.cancel_delayed(bad)),
         ("get_job_details group", "group", lambda: q.get_job_details("j", group=bad)),
         ("inspect group", "group", lambda: q.inspect(group=bad)),
         ("get_job_result_bulk", "job_id", lambda: q.get_job_result_bulk(["j", bad])),
@@ -115,13 +119,9 @@ def test_every_sync_call_names_the_argument_without_utf8_and_writes_nothing(
 def test_calls_no_entry_point_checks_by_name_are_refused_as_they_are_packed(
     redis_url: str, queue_name: str, bad: str
 ) -> None:
-    """Lookups by id or key: nothing to write, the driver's boundary refuses the packed call."""
+    """Lookups by spec key, a unique key: the driver's boundary refuses the packed call."""
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         for call in (
-            lambda: q.get_job_result(bad),
-            lambda: q.get_job_state(bad),
-            lambda: q.get_failure(bad),
-            lambda: q.cancel_delayed(bad),
             lambda: q.get_repeatable_job(bad),
             lambda: q.pause_repeatable(bad),
             lambda: q.trigger_repeatable(bad),
@@ -149,7 +149,7 @@ async def test_the_async_twins_refuse_text_without_utf8(redis_url: str, queue_na
             with pytest.raises(ConfigError, match=_no_utf8(what)):
                 await coro()
         with pytest.raises(ConfigError, match="not text that encodes as UTF-8"):
-            await q.get_job_state(bad)
+            await q.get_repeatable_job(bad)
         job = await q.add("n", 1)  # the coalesced adds and the connection work on
         assert job.id
     finally:

@@ -1,0 +1,192 @@
+"""Wrong types and out-of-range numbers in the queues' arguments: a ``ConfigError`` naming the
+argument, raised before any I/O (the queues here point at a port where nothing listens, so a
+call that reached the network would fail differently), never a bare ``TypeError``,
+``OverflowError`` or ``ValueError`` from deep inside (``'float' object is not iterable``,
+``can only concatenate str (not "int") to str``, msgpack's ``Integer value out of range``).
+A wrong type is a ``ConfigTypeError``: a ``ConfigError`` and a ``TypeError`` both, as
+chasquimq raises a ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from airflow_provider_chasqui import ConfigError, Queue, SyncQueue
+from airflow_provider_chasqui.core.codec import U32_MAX, U64_MAX
+from airflow_provider_chasqui.errors import ConfigTypeError
+
+pytestmark = pytest.mark.timeout(60)
+
+UNREACHABLE = "redis://127.0.0.1:1/0"
+NOT_A_STR = [5, 1.5, float("nan"), None, True, b"id", ["id"], {"id": 1}]
+NOT_A_LIST = [5, float("inf"), None, True, "abc", b"abc", {"name": "n", "data": 1}]
+
+
+def _lookups(q: SyncQueue) -> dict[str, Callable[[Any], Any]]:
+    return {
+        "get_job_state": q.get_job_state,
+        "get_job_result": q.get_job_result,
+        "get_failure": q.get_failure,
+        "cancel_delayed": q.cancel_delayed,
+        "cancel": q.cancel,
+        "get_job_details": q.get_job_details,
+        "wait_for_result": lambda v: q.wait_for_result(v, timeout=1),
+        "get_job_result_bulk": lambda v: q.get_job_result_bulk([v]),
+    }
+
+
+@pytest.mark.parametrize("value", NOT_A_STR, ids=repr)
+def test_a_job_id_of_another_type_is_a_config_type_error_before_io(value: Any) -> None:
+    with SyncQueue("types", redis_url=UNREACHABLE) as q:
+        for label, call in _lookups(q).items():
+            with pytest.raises(ConfigTypeError, match="job_id must be a str") as info:
+                call(value)
+            assert isinstance(info.value, TypeError), label
+
+
+@pytest.mark.parametrize(
+    ("options", "what"),
+    [
+        ({"attempts": U32_MAX + 1}, "attempts"),
+        ({"attempts": 10**30}, "attempts"),
+        ({"backoff": U64_MAX + 1}, "backoff delay_ms"),
+        ({"backoff": {"kind": "exponential", "delay_ms": 10, "max_delay_ms": 10**30}}, "backoff max_delay_ms"),
+        ({"backoff": {"kind": "fixed", "delay_ms": 10, "jitter_ms": 2**64}}, "backoff jitter_ms"),
+    ],
+    ids=repr,
+)
+def test_numbers_past_their_wire_fields_are_config_errors_not_overflow(options: dict[str, Any], what: str) -> None:
+    """They were ``OverflowError: Integer value out of range`` from msgpack."""
+    with SyncQueue("types", redis_url=UNREACHABLE) as q:
+        with pytest.raises(ConfigError, match=what):
+            q.add("n", 1, **options)
+        with pytest.raises(ConfigError, match=what):
+            q.add_bulk([{"name": "n", "data": 1, **options}])
+
+
+def test_numbers_at_their_wire_fields_limits_are_accepted(redis_url: str, queue_name: str) -> None:
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        job = q.add("n", 1, attempts=U32_MAX, backoff={"kind": "fixed", "delay_ms": 1, "jitter_ms": U64_MAX})
+        assert q.get_job_state(job.id) == "unknown"  # added: waiting in the stream
+
+
+@pytest.mark.parametrize(
+    "window",
+    [float("nan"), float("inf"), 0, -1, 0.0001, timedelta(0), timedelta(seconds=-5), timedelta(days=4000), "30"],
+    ids=repr,
+)
+def test_a_unique_window_out_of_range_is_a_config_error(window: Any) -> None:
+    """NaN raised ``ValueError``, inf ``OverflowError``; a zero or negative timedelta went to Redis."""
+    with SyncQueue("types", redis_url=UNREACHABLE) as q, pytest.raises(ConfigError, match="window must be"):
+        q.add_unique("n", 1, window=window)
+
+
+@pytest.mark.parametrize("value", NOT_A_LIST, ids=repr)
+def test_a_bulk_call_given_no_list_is_a_config_type_error(value: Any) -> None:
+    """A number was ``'int' object is not iterable``; a str, bytes or a single job dict would
+    have been taken item by item (letters, bytes, the dict's keys)."""
+    with SyncQueue("types", redis_url=UNREACHABLE) as q:
+        for what, call in (("jobs", q.add_bulk), ("specs", q.upsert_repeatable_bulk), ("dlq_ids", q.remove_dlq)):
+            if what == "dlq_ids" and isinstance(value, str):
+                continue  # one DLQ id given alone is accepted (it must still look like one)
+            with pytest.raises(ConfigTypeError, match=what):
+                call(value)
+
+
+@pytest.mark.parametrize("window", [0, -1, 100_001, 1.5, "10", None, True], ids=repr)
+def test_a_job_lookups_events_window_out_of_range_is_a_config_error(window: Any) -> None:
+    with SyncQueue("types", redis_url=UNREACHABLE) as q, pytest.raises(ConfigError, match="events_window"):
+        q.get_job_details("j", events_window=window)
+
+
+def test_the_async_queue_checks_the_same_arguments() -> None:
+    async def main() -> None:
+        q = Queue("types", redis_url=UNREACHABLE)
+        try:
+            with pytest.raises(ConfigTypeError, match="job_id must be a str"):
+                await q.get_job_state(5)  # type: ignore[arg-type]
+            with pytest.raises(ConfigTypeError, match="jobs"):
+                await q.add_bulk(5)  # type: ignore[arg-type]
+            with pytest.raises(ConfigError, match="attempts"):
+                await q.add("n", 1, attempts=10**30)
+            with pytest.raises(ConfigError, match="window must be"):
+                await q.add_unique("n", 1, window=float("nan"))
+            with pytest.raises(ConfigError, match="events_window"):
+                await q.get_job_details("j", events_window=0)
+        finally:
+            await q.close()
+
+    asyncio.run(main())
+
+
+WORKER_BAD = [
+    ("concurrency", 10**30),
+    ("read_count", 10**7),
+    ("read_block_ms", 10**30),
+    ("claim_min_idle_ms", 10**30),
+    ("result_ttl_ms", 10**30),
+    ("max_attempts", 2**32),
+    ("ack_idle_ms", -1),
+    ("ack_idle_ms", float("nan")),
+    ("ack_idle_ms", "5"),
+    ("shutdown_deadline_secs", float("nan")),
+    ("shutdown_deadline_secs", float("inf")),
+    ("shutdown_deadline_secs", -1),
+    ("shutdown_deadline_secs", "30"),
+    ("sync_threads", 0),
+    ("sync_threads", 1.5),
+    ("sync_threads", "8"),
+    ("max_jobs", 1.5),
+    ("max_jobs", "5"),
+    ("max_jobs", float("inf")),
+    ("idle_exit_secs", float("nan")),
+    ("idle_exit_secs", -1),
+    ("idle_exit_secs", [1]),
+    ("fail_log_window_secs", 10**30),
+    ("store_results", "yes"),
+    ("events_enabled", 1),
+    ("delayed_enabled", None),
+    ("run_scheduler", [True]),
+    ("result_ttl", float("nan")),
+    ("result_ttl", "60"),
+    ("result_ttl", timedelta(0)),
+    ("fast_paths", "no"),
+    ("tracing", 1),
+]
+
+
+@pytest.mark.parametrize(("option", "value"), WORKER_BAD, ids=repr)
+def test_a_worker_option_of_a_wrong_type_or_out_of_range_is_a_config_error(option: str, value: Any) -> None:
+    """Each was accepted (a NaN deadline, a str of threads, a truthy str for a bool...) or
+    raised ``TypeError``/``ValueError`` from inside; ``delayed_enabled=None`` keeps its default
+    (None is "the default" for every chasquimq keyword), so it is the one that must pass."""
+    from airflow_provider_chasqui import Worker
+
+    if value is None:
+        Worker("q", lambda job: None, redis_url=UNREACHABLE, **{option: value})
+        return
+    with pytest.raises(ConfigError, match=option):
+        Worker("q", lambda job: None, redis_url=UNREACHABLE, **{option: value})
+
+
+@pytest.mark.parametrize(
+    ("options", "what"),
+    [
+        ({"settings": 5}, "settings must be a QueueSettings"),
+        ({"settings": 0}, "settings must be a QueueSettings"),  # was taken as "no settings"
+        ({"settings": {"max_stream_len": 5}}, "settings must be a QueueSettings"),
+        ({"max_stream_len": 2**63}, "max_stream_len must be at most"),
+        ({"fast_paths": "yes"}, "fast_paths must be True, False or None"),
+        ({"tracing": 1}, "tracing must be True, False or None"),
+    ],
+    ids=repr,
+)
+def test_a_queue_constructor_refuses_wrong_settings_and_flags(options: dict[str, Any], what: str) -> None:
+    for make in (Queue, SyncQueue):
+        with pytest.raises(ConfigError, match=what):
+            make("types", redis_url=UNREACHABLE, **options)
