@@ -90,6 +90,21 @@ async def test_a_thread_handler_reports_progress(redis_url: str, queue_name: str
         assert (await q.get_job_details(job.id)).progress == 42
 
 
+async def _two_reports(job):
+    await job.update_progress({"step": 1})
+    await job.update_progress({"step": 2, "i": job.data["i"]})
+    return job.data["i"]
+
+
+def _two_reports_in_a_thread(job):
+    job.update_progress_sync({"step": 1})
+    job.update_progress_sync({"step": 2, "i": job.data["i"]})
+    return job.data["i"]
+
+
+TWO_REPORTS = {"a": _two_reports, "t": _two_reports_in_a_thread}  # report twice, return at once
+
+
 async def test_a_jobs_last_report_is_written_before_its_outcome(
     redis_url: str, queue_name: str, queues, worker_factory
 ) -> None:
@@ -98,17 +113,7 @@ async def test_a_jobs_last_report_is_written_before_its_outcome(
     writes pending progress before the outcomes, not up to ``PROGRESS_FLUSH_SECS`` later)."""
     q = queues(queue_name, redis_url)
 
-    async def a(job):
-        await job.update_progress({"step": 1})
-        await job.update_progress({"step": 2, "i": job.data["i"]})
-        return job.data["i"]
-
-    def t(job):
-        job.update_progress_sync({"step": 1})
-        job.update_progress_sync({"step": 2, "i": job.data["i"]})
-        return job.data["i"]
-
-    w = worker_factory(queue_name, {"a": a, "t": t}, redis_url, store_results=True, concurrency=8)
+    w = worker_factory(queue_name, TWO_REPORTS, redis_url, store_results=True, concurrency=8)
     async with running(w):
         jobs = [await q.add("a" if i % 2 else "t", {"i": i}) for i in range(40)]
         for job in jobs:
@@ -125,17 +130,7 @@ async def test_the_last_reports_of_jobs_ending_together_are_written_before_their
     when the pass began.  Each job's stored progress is its last report."""
     q = queues(queue_name, redis_url)
 
-    async def a(job):
-        await job.update_progress({"step": 1})
-        await job.update_progress({"step": 2, "i": job.data["i"]})
-        return job.data["i"]
-
-    def t(job):
-        job.update_progress_sync({"step": 1})
-        job.update_progress_sync({"step": 2, "i": job.data["i"]})
-        return job.data["i"]
-
-    w = worker_factory(queue_name, {"a": a, "t": t}, redis_url, store_results=True, concurrency=32)
+    w = worker_factory(queue_name, TWO_REPORTS, redis_url, store_results=True, concurrency=32)
     n = 600
     async with running(w):
         jobs = await q.add_bulk([{"name": "a" if i % 2 else "t", "data": {"i": i}} for i in range(n)])
