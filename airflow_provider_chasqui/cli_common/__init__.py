@@ -14,7 +14,15 @@ from ..core.urls import DEFAULT_URL, check_url, redact_text
 from ..errors import ConfigError
 from .logs import formatter_spec
 
-__all__ = ["DEFAULT_URL", "LOG_LEVELS", "positive_int", "resolve_url", "configure_logging"]
+__all__ = [
+    "DEFAULT_URL",
+    "LOG_LEVELS",
+    "non_negative_int",
+    "positive_int",
+    "tcp_port",
+    "resolve_url",
+    "configure_logging",
+]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -27,6 +35,28 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer from 0 (for options where 0 means "no limit"), or argparse's usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def tcp_port(text: str) -> int:
+    """A TCP port (0: any free one), or argparse's usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port in 0..65535, got {text!r}")
     return value
 
 

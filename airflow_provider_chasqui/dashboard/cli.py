@@ -14,6 +14,7 @@ import logging
 import os
 from typing import Any
 
+from ..cli_common import tcp_port
 from ..errors import ConfigError
 
 __all__ = ["register", "cmd_dashboard", "check_bind", "served_hosts"]
@@ -104,7 +105,7 @@ def register(sub: Any) -> None:
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1; any other needs --token or --basic-auth)",
     )
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument(
         "--allowed-host",
         action="append",

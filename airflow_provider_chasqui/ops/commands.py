@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from ..cli_common import DEFAULT_URL, resolve_url
+from ..cli_common import DEFAULT_URL, non_negative_int, positive_int, resolve_url
 from ..core.calls import str_reply
 from ..core.codec import now_ms
 from ..core.event_follow import EventCursor
@@ -300,16 +300,18 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--group", default="default", help="consumer group whose pending entries to count (default: default)"
     )
-    p.add_argument("--interval-ms", type=int, default=1000, help="refresh period in ms (default 1000)")
-    p.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
+    p.add_argument("--interval-ms", type=positive_int, default=1000, help="refresh period in ms (default 1000)")
+    p.add_argument("--iterations", type=positive_int, default=None, help="stop after N refreshes")
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("events", help="print the events stream")
     add_common(p)
     p.add_argument("--from", dest="from_id", default="0-0", help="start id ('$' = only new events)")
     p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
-    p.add_argument("--block-ms", type=int, default=5000, help="with --follow: how long one read waits (default 5000)")
-    p.add_argument("--max-events", type=int, default=0, help="stop after N events (0 = no limit)")
+    p.add_argument(
+        "--block-ms", type=positive_int, default=5000, help="with --follow: how long one read waits (default 5000)"
+    )
+    p.add_argument("--max-events", type=non_negative_int, default=0, help="stop after N events (0 = no limit)")
     p.set_defaults(func=cmd_events)
 
     from .functions import register as register_functions  # it imports this module

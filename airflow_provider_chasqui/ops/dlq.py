@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
+from ..cli_common import positive_int
 from ..core.calls import command
 from .commands import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, add_common, confirm, emit, open_queue, table
 
@@ -108,14 +109,16 @@ def register(sub: Any) -> None:
     dlq = sub.add_parser("dlq", help="dead-letter queue").add_subparsers(dest="dlq_cmd", required=True)
     p = dlq.add_parser("peek", help="show DLQ entries (payloads not decoded)")
     add_common(p)
-    p.add_argument("--limit", type=int, default=20, help="entries shown, oldest first (default 20)")
+    p.add_argument("--limit", type=positive_int, default=20, help="entries shown, oldest first (default 20)")
     p.set_defaults(func=cmd_dlq_peek)
     p = dlq.add_parser(
         "replay",
         help="move DLQ entries back to the stream (attempt reset to 0); undecodable ones are skipped, counted and stay",
     )
     add_common(p)
-    p.add_argument("--limit", type=int, default=100, help="entries replayed at most, oldest first (default 100)")
+    p.add_argument(
+        "--limit", type=positive_int, default=100, help="entries replayed at most, oldest first (default 100)"
+    )
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_dlq_replay)
     p = dlq.add_parser("remove", help="delete DLQ entries by id (the 'dlq id' column of peek)")

@@ -14,6 +14,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from ..cli_common import positive_int
 from ..core.text import printable
 from ..errors import JobNotFound
 from .commands import EXIT_OK, NotFound, add_target, emit, iso_ms, open_queue, table
@@ -127,11 +128,14 @@ def register(sub: Any) -> None:
     p.add_argument("--queue", "-q", required=True, help="the job's queue")
     p.add_argument("--group", default="default", help="consumer group that runs it (default: default)")
     p.add_argument(
-        "--events", type=int, default=1000, help="read the newest N events of the queue for this job's (default 1000)"
+        "--events",
+        type=positive_int,
+        default=1000,
+        help="read the newest N events of the queue for this job's (default 1000)",
     )
     p.add_argument(
         "--max-data-bytes",
-        type=int,
+        type=positive_int,
         default=4096,
         help="show at most this many bytes of the data and of the result (default 4096)",
     )

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
+from ..cli_common import positive_int
 from ..core.codec import now_ms
 from ..errors import ChasquiError, ConfigError
 from .commands import EXIT_OK, NotFound, add_common, emit, iso_ms, open_queue, table
@@ -227,7 +228,7 @@ def register(sub: Any) -> None:
         help="list specs one page at a time (active, then paused; pages follow a ZSCAN cursor, so they are not sorted)",
     )
     add_common(p)
-    p.add_argument("--limit", type=int, default=100, help="specs per page (default 100)")
+    p.add_argument("--limit", type=positive_int, default=100, help="specs per page (default 100)")
     p.add_argument("--cursor", default=None, help="the cursor a previous page printed, for the next page")
     p.set_defaults(func=cmd_repeatable_list)
     for verb, helptext in (
@@ -248,7 +249,7 @@ def register(sub: Any) -> None:
     )
     add_common(p)
     p.add_argument("file", help="a .csv or .parquet file")
-    p.add_argument("--batch", type=int, default=1000, help="specs per upsert call (default 1000)")
+    p.add_argument("--batch", type=positive_int, default=1000, help="specs per upsert call (default 1000)")
     p.add_argument("--dry-run", action="store_true", help="validate every row, write nothing")
     p.add_argument(
         "--skip-invalid",

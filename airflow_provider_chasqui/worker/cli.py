@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cli_common import DEFAULT_URL, LOG_LEVELS, configure_logging, resolve_url
+from ..cli_common import DEFAULT_URL, LOG_LEVELS, configure_logging, resolve_url, tcp_port
 from ..cli_common import positive_int as _positive_int
 from ..cli_common.logs import LOG_FORMATS, RedactingFormatter, set_log_context
 from ..core.urls import redact_text
@@ -77,16 +77,6 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite, non-negative number of seconds, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
-    if not 0 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"expected a TCP port in 0..65535, got {text!r}")
     return value
 
 
@@ -206,7 +196,7 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
     )
     p.add_argument(
         "--metrics-port",
-        type=_port,
+        type=tcp_port,
         help="serve /metrics, /livez, /readyz (and /healthz = /readyz) on this port (0: any free port)",
     )
     p.add_argument(

@@ -148,6 +148,28 @@ def test_watch_refreshes_with_deltas(seeded: SyncQueue, redis_url: str) -> None:
     assert "3 (+0)" in out
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["watch", "q", "--interval-ms", "0"], "--interval-ms"),  # was a refresh loop without a pause
+        (["watch", "q", "--iterations", "-1"], "--iterations"),
+        (["events", "q", "--follow", "--block-ms", "0"], "--block-ms"),
+        (["events", "q", "--max-events", "-1"], "--max-events"),
+        (["dlq", "peek", "q", "--limit", "0"], "--limit"),
+        (["dlq", "replay", "q", "--limit", "-5", "--yes"], "--limit"),
+        (["job", "show", "j", "--queue", "q", "--events", "0"], "--events"),
+        (["job", "show", "j", "--queue", "q", "--max-data-bytes", "-1"], "--max-data-bytes"),
+        (["repeatable", "list", "q", "--limit", "0"], "--limit"),
+        (["dashboard", "--port", "70000"], "--port"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
+)
+def test_numeric_flags_out_of_range_are_usage_errors(redis_url: str, args: list[str], flag: str) -> None:
+    proc = chasqui(*args, "--redis-url", redis_url, check=False)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert f"argument {flag}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_errors_name_the_problem_and_exit_codes(redis_url: str) -> None:
     bad = chasqui("inspect", "bad{name", "--redis-url", redis_url, check=False)
     assert bad.returncode == 2 and "hash tag" in bad.stderr
