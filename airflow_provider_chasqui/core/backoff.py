@@ -84,10 +84,10 @@ def coerce_backoff(value: int | BackoffSpec | Mapping[str, Any] | None) -> Backo
 def build_retry_override(attempts: int | None, backoff: Any) -> RetryOverride | None:
     """The envelope's 5th element, or None when neither option is set."""
     spec = coerce_backoff(backoff)
-    if attempts is not None and (
-        isinstance(attempts, bool) or not isinstance(attempts, int) or not 0 <= attempts <= U32_MAX
-    ):
-        raise ConfigError(f"attempts must be an int from 0 to {U32_MAX}, got {attempts!r}")
+    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0):
+        raise ConfigError(f"attempts must be a non-negative int, got {attempts!r}")
+    if attempts is not None and attempts > U32_MAX:  # msgpack raised OverflowError
+        raise ConfigError(f"attempts must be at most {U32_MAX} (a u32 on the wire), got {attempts!r}")
     if attempts is None and spec is None:
         return None
     return RetryOverride(attempts, None if spec is None else spec.to_wire())

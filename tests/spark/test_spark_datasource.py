@@ -289,8 +289,14 @@ def test_spec_rows_take_a_priority_or_a_group(ds, redis_url: str, queue_name: st
         ({"name_col": "n"}, r"column 'n' \(name_col\) is int; expected string"),
         ({"name": "x", "id_col": "missing"}, "option id_col='missing' is not a column"),
         ({"name": "x", "delay_ms_col": "n", "run_at_col": "n"}, "delay_ms_col or run_at_col, not both"),
-        ({"name": "x", "chunk_size": "0"}, "chunk_size must be >= 1"),
-        ({"name": "x", "attempts": "-1"}, "attempts must be >= 0"),
+        ({"name": "x", "chunk_size": "0"}, "chunk_size must be from 1 to"),
+        ({"name": "x", "attempts": "-1"}, "attempts must be from 0 to"),
+        ({"name": "x", "attempts": str(2**32)}, "attempts must be at most 4294967295"),  # msgpack overflowed
+        (
+            {"name": "x", "dedup_ttl_s": str(10**20)},
+            "dedup_ttl_s must be from 1 to",
+        ),  # was a PX Redis refuses, per task
+        ({"name": "x", "max_stream_len": str(2**63)}, "max_stream_len must be from 1 to"),
         ({"name": "x", "backoff": "soon"}, "backoff must be ms or a JSON object"),
         ({"name": "x", "queue": "a{b}"}, "would break the"),
         ({"name": "x", "redis_url": "redis://:s3cret@"}, "not a valid Redis URL"),
@@ -1029,7 +1035,10 @@ def test_filtered_reads_and_read_stream_over_spark_connect(spark_connect, redis_
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"ts_slack_ms": "-1"}, "ts_slack_ms must be >= 0"),
+        ({"ts_slack_ms": "-1"}, "ts_slack_ms must be from 0 to"),
+        ({"ts_slack_ms": str(10**12)}, "ts_slack_ms must be from 0 to"),
+        ({"partitions": str(10**9)}, "partitions must be at most 10,000"),  # was a billion tasks planned
+        ({"page": str(10**7)}, "page must be at most 100,000"),
         ({"ts_slack_ms": "soon"}, "must be integers"),
         ({"on_trim": "ignore"}, "on_trim must be fail or skip"),
         ({"what": "jobs"}, "option what must be one of"),

@@ -22,7 +22,7 @@ from ...core.urls import DEFAULT_URL, check_url, redact_url
 from ...errors import ConfigError
 from ...types import build_retry_override
 
-__all__ = ["DEFAULT_CHUNK", "DEFAULT_DEDUP_TTL_S", "ENV_URL", "WritePlan", "redis_url", "write_plan"]
+__all__ = ["DEFAULT_CHUNK", "DEFAULT_DEDUP_TTL_S", "ENV_URL", "MAX_DEDUP_TTL_S", "WritePlan", "redis_url", "write_plan"]
 
 #: Environment variable read (on the driver) when no ``redis_url`` option is given.
 ENV_URL = "CHASQUI_REDIS_URL"
@@ -30,6 +30,7 @@ ENV_URL = "CHASQUI_REDIS_URL"
 DEFAULT_CHUNK = 500
 #: How long a written chunk's (or id's) marker suppresses a re-run: one day.
 DEFAULT_DEDUP_TTL_S = 24 * 3600
+MAX_DEDUP_TTL_S = 3650 * 86_400  # ten years: the marker's PX must fit Redis' long long
 
 _WRITE_KEYS = {
     "queue",
@@ -66,7 +67,9 @@ def redis_url(options: Mapping[str, str]) -> str:
         raise ConfigError(f"chasqui: bad redis_url {redact_url(url)}: {exc}") from None
 
 
-def _int(options: Mapping[str, str], key: str, default: int | None, *, minimum: int = 1) -> int | None:
+def _int(
+    options: Mapping[str, str], key: str, default: int | None, *, minimum: int = 1, maximum: int = 2**63 - 1
+) -> int | None:
     raw = options.get(key)
     if raw is None or raw == "":
         return default
@@ -74,8 +77,8 @@ def _int(options: Mapping[str, str], key: str, default: int | None, *, minimum: 
         value = int(str(raw).strip())
     except ValueError:
         raise ConfigError(f"chasqui: option {key} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"chasqui: option {key} must be >= {minimum}, got {value}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"chasqui: option {key} must be from {minimum} to {maximum:,}, got {value}")
     return value
 
 
@@ -199,7 +202,7 @@ def write_plan(options: Mapping[str, str], schema: Any, *, load_id: str | None =
     assert chunk is not None
     if chunk > 10_000:
         raise ConfigError(f"chasqui: chunk_size is at most 10000 rows per script call, got {chunk}")
-    ttl = _int(options, "dedup_ttl_s", DEFAULT_DEDUP_TTL_S)
+    ttl = _int(options, "dedup_ttl_s", DEFAULT_DEDUP_TTL_S, maximum=MAX_DEDUP_TTL_S)
     assert ttl is not None
     timeout = _timeout(options.get("timeout_ms"))
     return WritePlan(

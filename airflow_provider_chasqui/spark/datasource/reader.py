@@ -58,6 +58,9 @@ _READ_KEYS = {"queue", "redis_url", "what", "partitions", "page", "path", "on_tr
 _PAGE = 5000
 #: How far an event's ``ts`` (the worker's clock) may be from its stream id's time (Redis's clock).
 DEFAULT_TS_SLACK_MS = 300_000
+MAX_TS_SLACK_MS = 7 * 86_400_000
+MAX_PARTITIONS = 10_000
+MAX_PAGE = 100_000  # entries per XRANGE call
 
 
 def _ts(ms: Any) -> _dt.datetime | None:
@@ -117,8 +120,11 @@ def read_plan(options: Mapping[str, str]) -> ReadPlan:
         raise ConfigError("chasqui: options partitions, page and ts_slack_ms must be integers") from None
     if (n_parts is not None and n_parts < 1) or page < 1:
         raise ConfigError("chasqui: options partitions and page must be >= 1")
-    if slack < 0:
-        raise ConfigError(f"chasqui: option ts_slack_ms must be >= 0, got {slack}")
+    for what_, value, most in (("partitions", n_parts or 1, MAX_PARTITIONS), ("page", page, MAX_PAGE)):
+        if value > most:  # a billion partitions was a billion tasks planned on the driver
+            raise ConfigError(f"chasqui: option {what_} must be at most {most:,}, got {value:,}")
+    if not 0 <= slack <= MAX_TS_SLACK_MS:
+        raise ConfigError(f"chasqui: option ts_slack_ms must be from 0 to {MAX_TS_SLACK_MS:,}, got {slack}")
     on_trim = opts.get("on_trim", "fail")
     if on_trim not in ("fail", "skip"):
         raise ConfigError(f"chasqui: option on_trim must be fail or skip, got {on_trim!r}")

@@ -25,7 +25,7 @@ from ...core.settings import QueueSettings
 from ...errors import ChasquiError, ConfigError
 from ...types import coerce_backoff
 from .encode import PartitionReport, plain_column
-from .options import _backoff, _int, redis_url
+from .options import MAX_DEDUP_TTL_S, _backoff, _int, redis_url
 from .writer import _task, finish
 
 __all__ = ["SpecPlan", "spec_plan", "ChasquiSpecWriter"]
@@ -126,7 +126,7 @@ def spec_plan(options: Mapping[str, str], schema: Any) -> SpecPlan:
         for k, v in (("attempts", attempts), ("backoff", backoff), ("missed_fires", options.get("missed_fires")))
         if v is not None
     )
-    ttl = _int(options, "dedup_ttl_s", 24 * 3600)
+    ttl = _int(options, "dedup_ttl_s", 24 * 3600, maximum=MAX_DEDUP_TTL_S)
     assert ttl is not None
     return SpecPlan(
         queue=queue,
