@@ -22,8 +22,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .core.settings import check_flag
-
 __all__ = ["ENV", "wanted", "available", "Tracer", "tracer", "TRACE_KEY_TTL_MS"]
 
 ENV = "CHASQUI_OTEL"
@@ -36,9 +34,8 @@ _api: Any = None  # the resolved module namespace, False when OpenTelemetry is m
 
 def wanted(flag: bool | None) -> bool:
     """The explicit ``tracing=`` argument, else ``CHASQUI_OTEL``."""
-    check_flag("tracing", flag)
-    if flag is not None:
-        return flag
+    if flag is not None:  # checked by the constructors (core.settings.check_flags): this module imports none
+        return bool(flag)
     return os.environ.get(ENV, "").strip().lower() in _TRUE
 
 

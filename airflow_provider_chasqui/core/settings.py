@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from ..errors import ConfigError, ConfigTypeError
 
-__all__ = ["QueueSettings", "check_flag", "window_to_ms"]
+__all__ = ["QueueSettings", "check_flags", "window_to_ms"]
 
 I64_MAX = 2**63 - 1
 
@@ -60,10 +60,12 @@ class QueueSettings:
         return settings
 
 
-def check_flag(name: str, value: object) -> None:
-    """An on/off argument whose None means "decide for me": True, False or None."""
-    if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"{name} must be True, False or None, got {value!r}")
+def check_flags(**flags: object) -> None:
+    """On/off arguments whose None means "decide for me" (``fast_paths``, ``tracing``): each
+    True, False or None."""
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True, False or None, got {value!r}")
 
 
 MAX_WINDOW_MS = 3650 * 86_400_000  # ten years: far inside what SET PX accepts

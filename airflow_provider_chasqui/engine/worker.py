@@ -54,7 +54,7 @@ from ..core.consumer import (
     Delivery,
 )
 from ..core.pacing import Backoff, LogBudget
-from ..core.settings import check_flag
+from ..core.settings import check_flags
 from ..core.urls import DEFAULT_URL, with_tls
 from ..errors import (
     TRANSIENT_ERRORS,
@@ -122,7 +122,7 @@ class Worker(WorkerStop):
             )
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
         self._url = redis_url
-        check_flag("fast_paths", fast_paths)
+        check_flags(fast_paths=fast_paths, tracing=tracing)
         self._fast_paths = fast_paths
         self.metrics = metrics  # the sink as given; the engine reports through self._sink
         self._sink = metrics_sink(metrics)

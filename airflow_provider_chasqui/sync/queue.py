@@ -25,7 +25,7 @@ from ..core.results import check_wait, single_outcome
 from ..core.running import cancel as cancel_job
 from ..core.running import check_cancel
 from ..core.schedules import SpecFlows
-from ..core.settings import QueueSettings, check_flag, window_to_ms
+from ..core.settings import QueueSettings, check_flags, window_to_ms
 from ..core.spec_reads import RepeatableInfo
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
 from ..errors import ConfigError, NotSupportedError
@@ -57,7 +57,7 @@ class SyncQueue:
         tracing: bool | None = None,
     ) -> None:
         settings = QueueSettings.given(settings, max_stream_len=max_stream_len, max_delay_secs=max_delay_secs)
-        check_flag("fast_paths", fast_paths)
+        check_flags(fast_paths=fast_paths, tracing=tracing)
         self._flows = QueueFlows(name, settings)
         self._specs = SpecFlows(name, settings)
         redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
