@@ -27,37 +27,30 @@ __all__ = [
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def positive_int(text: str) -> int:
-    """A strictly positive integer, or argparse's usage error naming the bad text."""
+def _int_arg(text: str, low: int, high: int | None, expected: str) -> int:
+    """``text`` as an int from ``low`` to ``high``, or argparse's usage error naming it."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """A strictly positive integer."""
+    return _int_arg(text, 1, None, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
-    """An integer from 0 (for options where 0 means "no limit"), or argparse's usage error."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+    """An integer from 0 (for options where 0 means "no limit")."""
+    return _int_arg(text, 0, None, "a non-negative integer")
 
 
 def tcp_port(text: str) -> int:
-    """A TCP port (0: any free one), or argparse's usage error."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
-    if not 0 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"expected a TCP port in 0..65535, got {text!r}")
-    return value
+    """A TCP port (0: any free one)."""
+    return _int_arg(text, 0, 65535, "a TCP port in 0..65535")
 
 
 def resolve_url(redis_url: str | None, conn_id: str | None, default: str = DEFAULT_URL) -> tuple[str, str | None]:

@@ -29,12 +29,20 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError
 from .calls import Call, Flow, Pause, command, int_reply, script_call
-from .codec import MAX_JOB_ID_CHARS, decode_data, decode_envelope, encode_data, now_ms, split_member, utf8_text
+from .codec import (
+    MAX_JOB_ID_CHARS,
+    decode_data,
+    decode_envelope,
+    encode_data,
+    items_list,
+    now_ms,
+    split_member,
+    utf8_text,
+)
 from .controls import CANCELS_FIELD, CONTROLS_MAX_AGE_MS, TIMEOUTS_FIELD, positive_int
 from .keys import QueueKeys, check_consumer_name
 from .maintenance import glob_escape
@@ -186,9 +194,7 @@ def check_job_id(job_id: object) -> str:
 def check_job_ids(job_ids: object) -> list[str]:
     """A sequence of job ids (one str is refused: it would be taken letter by letter), each as
     :func:`check_job_id` wants it."""
-    if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Iterable):
-        raise ConfigError(f"job_ids must be a sequence of job ids, got {type(job_ids).__name__} {job_ids!r:.80}")
-    return [check_job_id(j) for j in job_ids]
+    return [check_job_id(j) for j in items_list(job_ids, "job_ids")]
 
 
 def check_cancel(job_id: object, group: object) -> None:
