@@ -8,20 +8,19 @@ undecodable entries stay where they are and are counted.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CodecError, ConfigError
 from .calls import Call, Flow, command, int_reply, reply_pairs, script_call, str_reply
 from .codec import decode_envelope, encode_envelope, items_list, utf8_text
-from .event_follow import after
+from .event_follow import after, is_stream_id
 from .failure import failure_record
 from .keys import QueueKeys
 from .scan import ENVELOPE_ID_PREFIX, ends_call, envelope_id, parse_ends, parse_scan, scan_call
 from .settings import QueueSettings
 
-__all__ = ["DlqFlows", "DLQ_PAGE", "positive", "dlq_page", "dlq_row", "replay_ids", "replay_matching"]
+__all__ = ["DlqFlows", "DLQ_PAGE", "check_dlq_ids", "positive", "dlq_page", "dlq_row", "replay_ids", "replay_matching"]
 
 #: Entries read (or deleted) per round trip by the DLQ tools.
 DLQ_PAGE = 500
@@ -29,7 +28,6 @@ PAGE_WINDOW = 200  # DLQ summaries read per scan while filling a filtered page
 MAX_WINDOWS = 10  # scans one filtered page may read before it hands back a cursor
 REPLAY_BATCH = 16  # DLQ entries read whole per round trip when replaying by id
 REPLAY_BYTES = 8 * 1024 * 1024  # field bytes a replay reads per round trip (and one entry past it)
-_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 # DLQ reasons of a handler that raised: our workers put its traceback in the entry's `detail`.
 _HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
 
@@ -38,6 +36,15 @@ def positive(value: Any, what: str) -> None:
     """A ``ConfigError`` naming ``what`` unless ``value`` is a positive int (bool is not)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{what} must be a positive int, got {value!r}")
+
+
+def check_dlq_ids(ids: list[Any], what: str = "DLQ ids") -> list[str]:
+    """``ids`` if each is a whole stream id (``<ms>-<seq>``, each part a u64), else a
+    ``ConfigError`` naming them: Redis would refuse the call with a bare "Invalid stream ID"."""
+    bad = [i for i in ids if not isinstance(i, str) or "-" not in i or not is_stream_id(i)]
+    if bad:
+        raise ConfigError(f"{what} look like 1700000000000-0; got {bad[:5]!r}")
+    return ids
 
 
 class DlqFlows:
@@ -122,10 +129,7 @@ class DlqFlows:
 
     def remove_dlq(self, dlq_ids: Iterable[str]) -> Flow[int]:
         """Delete DLQ entries by id; the number that existed."""
-        ids = [dlq_ids] if isinstance(dlq_ids, str) else items_list(dlq_ids, "dlq_ids")
-        bad = [i for i in ids if not isinstance(i, str) or not _STREAM_ID.fullmatch(i)]
-        if bad:
-            raise ConfigError(f"DLQ ids look like 1700000000000-0; got {bad[:5]!r}")
+        ids = check_dlq_ids([dlq_ids] if isinstance(dlq_ids, str) else items_list(dlq_ids, "dlq_ids"))
         if not ids:
             return 0
         removed = 0
@@ -216,6 +220,8 @@ def dlq_page(queue: str, cursor: str | None, count: int, reason: str | None, nam
     ``MAX_WINDOWS`` scans of ``PAGE_WINDOW`` entries per page; ``next`` continues.  Each row
     with a job id carries the handler's ``error`` from its failure record (None without one)."""
     k = QueueKeys.for_queue(queue)
+    if cursor:
+        check_dlq_ids([cursor], "a DLQ page cursor must")
     start = after(cursor) if cursor else "-"
     rows: list[dict[str, Any]] = []
     nxt: str | None = None
@@ -250,6 +256,7 @@ def replay_ids(queue: str, ids: list[str], max_len: int) -> Flow[tuple[int, int]
     """Replay these DLQ entries, read whole ``REPLAY_BATCH`` at a time (a round trip carries at
     most that many payloads): ``(replayed, undecodable skipped)``; an entry another replay
     moved first is not counted twice."""
+    check_dlq_ids(ids)
     k = QueueKeys.for_queue(queue)
     replayed = skipped = 0
     for at in range(0, len(ids), REPLAY_BATCH):

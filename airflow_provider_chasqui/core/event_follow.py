@@ -27,6 +27,7 @@ START = "$"
 # what XREAD takes as a position: ``<ms>-<seq>``, or ``<ms>`` (seq 0)
 _STREAM_ID = re.compile(r"[0-9]+(?:-[0-9]+)?")
 _STREAM_ID_BYTES = re.compile(rb"[0-9]+(?:-[0-9]+)?")
+_U64_MAX = 2**64 - 1
 
 
 class _Default:
@@ -40,7 +41,9 @@ def is_stream_id(value: Any) -> bool:
     """True for a stream id as str or bytes (``<ms>-<seq>``, or ``<ms>``)."""
     if isinstance(value, bytes):
         value = value.decode("latin-1")
-    return isinstance(value, str) and _STREAM_ID.fullmatch(value) is not None
+    if not isinstance(value, str) or _STREAM_ID.fullmatch(value) is None:
+        return False
+    return all(len(part) <= 20 and int(part) <= _U64_MAX for part in value.split("-"))  # Redis refuses more
 
 
 #: The largest stream id: nothing can follow it, and ``XRANGE`` refuses ``(`` before it.

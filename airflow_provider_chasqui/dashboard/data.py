@@ -22,7 +22,7 @@ from redis.cluster import RedisCluster
 
 from ..core.calls import Flow, command, int_reply, reply_pairs, str_reply
 from ..core.codec import decode_data, decode_envelope, now_ms
-from ..core.dlq import dlq_page, dlq_row, replay_ids, replay_matching
+from ..core.dlq import check_dlq_ids, dlq_page, dlq_row, replay_ids, replay_matching
 from ..core.history import Series, history_flow
 from ..core.inspect import QueueSnapshot, snapshot
 from ..core.job_details import JobDetails, job_details, latest_attempt
@@ -322,6 +322,7 @@ def _one(call: Any) -> Flow[Any]:
 
 
 def dlq_entry_flow(queue: str, dlq_id: str) -> Flow[dict[str, Any] | None]:
+    check_dlq_ids([dlq_id], "a DLQ entry id must")
     k = QueueKeys.for_queue(queue)
     rows = yield command("XRANGE", k.dlq, dlq_id, dlq_id)
     if not rows:

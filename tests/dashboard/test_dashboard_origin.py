@@ -1,6 +1,7 @@
-"""The dashboard against hostile browsers, without a browser: a real ``chasqui dashboard`` on
-loopback with no auth (the default a DNS-rebinding page targets), the shared Redis, and raw HTTP
-requests carrying the headers such pages make browsers send (issue 26, item 4).
+"""The dashboard against hostile browsers and requests, without a browser: a real ``chasqui
+dashboard`` on loopback with no auth (the default a DNS-rebinding page targets), the shared Redis,
+and raw HTTP requests carrying the headers such pages make browsers send (issue 26, item 4) or
+hostile query values.
 
 The replays: a page whose name rebinds to 127.0.0.1 reads the form's check value and purges the
 DLQ (its requests carry ``Host: evil.example``); a page on another site posts the purge form
@@ -198,3 +199,43 @@ def test_the_check_value_is_shared_by_processes_that_share_the_secret() -> None:
     assert CsrfKey().token("ann") != CsrfKey().token("ann")  # no secret: per process
     with pytest.raises(ValueError, match="empty"):
         CsrfKey("")
+
+
+HOSTILE_VALUES = [
+    "", "-1", "0", "1e309", "nan", "99999999999999999999999", "%ff", "%00", "%ED%A0%80", "a" * 5000,
+    "0-0", "18446744073709551615-18446744073709551615", "99999999999999999999999-0", "-", "+", "(", "1-", "%e2%80%ae",
+]  # fmt: skip
+PARAMS = ["queue", "id", "cursor", "count", "reason", "name", "prefix", "src", "msg", "group"]
+ROUTES = ["/", "/api/queues", "/queue", "/job", "/search", "/dlq", "/dlq/entry", "/schedules", "/workers"]
+
+
+def test_hostile_query_values_get_a_page_or_a_400_never_a_server_error(
+    dashboard: dict[str, Any], shared_redis_url: str, queue_name: str
+) -> None:
+    """Every page, every parameter a page reads, values Redis or Python refuse: a bad DLQ
+    cursor or entry id was a 502 carrying Redis' "Invalid stream ID" (the read model now
+    refuses it by name), and nothing a read sends may change the DLQ."""
+    _dead_letter(shared_redis_url, queue_name, 3)
+    url = dashboard["url"]
+    failures = []
+    for route in ROUTES:
+        for param in PARAMS:
+            for value in HOSTILE_VALUES:
+                raw = value if value.startswith("%") else urllib.parse.quote(value)
+                status, _, body = _request(f"{url}{route}?queue={queue_name}&{param}={raw}")
+                if status not in (200, 303, 400, 404):  # 303: a search for an id goes to its job
+                    failures.append((route, param, value[:30], status, body[:200]))
+    assert not failures, failures[:10]
+    for path, what in (
+        ("/dlq?cursor=x", "a DLQ page cursor must look like 1700000000000-0"),
+        ("/dlq?cursor=99999999999999999999999-0", "a DLQ page cursor must look like 1700000000000-0"),
+        ("/dlq/entry?id=", "a DLQ entry id must look like 1700000000000-0"),
+        ("/dlq/entry?id=1-", "a DLQ entry id must look like 1700000000000-0"),
+    ):
+        status, _, body = _request(f"{url}{path}&queue={queue_name}")
+        assert status == 400 and what in body, (path, status, body[:500])
+    _, _, page = _request(f"{url}/dlq?queue={queue_name}")
+    form = {"queue": queue_name, "action": "replay", "confirmed": "1", "csrf": _check_value(page), "ids": ["x", "1-0"]}
+    status, _, body = _request(f"{url}/dlq/action", data=form, headers={"Origin": url})
+    assert status == 400 and "DLQ ids look like 1700000000000-0; got [&#x27;x&#x27;]" in body, body[:500]
+    assert _dlq_len(shared_redis_url, queue_name) == 3

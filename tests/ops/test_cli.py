@@ -177,3 +177,13 @@ def test_errors_name_the_problem_and_exit_codes(redis_url: str) -> None:
     assert down.returncode == 3 and "--redis-url" in down.stderr
     usage = chasqui("dlq", check=False)
     assert usage.returncode == 2
+
+
+@pytest.mark.parametrize("position", ["99999999999999999999999-0", "1-18446744073709551616", "abc", "1-"])
+def test_an_events_position_past_a_stream_id_is_a_usage_error(redis_url: str, queue_name: str, position: str) -> None:
+    """Each part of a stream id is a u64: a position past one was Redis' "Invalid stream ID"
+    (exit 3, as if the server failed), and is the user's error now."""
+    proc = chasqui("events", queue_name, "--from", position, "--redis-url", redis_url, check=False)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert f"an events position must be a stream id (<ms>-<seq>) or '$', got {position!r}" in proc.stderr
+    assert "Traceback" not in proc.stderr
