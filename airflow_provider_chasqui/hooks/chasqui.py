@@ -17,13 +17,14 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from ..core.codec import utf8_text
 from ..engine.queue import Queue
 from ..errors import ConfigError
 from ..sync import translate_errors
 from ..sync.queue import SyncQueue
 from ._connection import ChasquiConnectionSettings
 
-__all__ = ["ChasquiHook", "settings_outside_task"]
+__all__ = ["ChasquiHook", "check_conn_id", "settings_outside_task"]
 
 
 def _settings(conn: Any, extra: dict[str, Any]) -> ChasquiConnectionSettings:
@@ -85,6 +86,16 @@ def settings_outside_task(conn_id: str) -> ChasquiConnectionSettings:
         ) from None
 
 
+def check_conn_id(conn_id: object) -> str:
+    """A connection id as Airflow stores one: a non-empty str that encodes as UTF-8; else a
+    ``ConfigError`` (a ``ValueError``) naming it, where the task or trigger is made rather than
+    as a lookup error (or an encoding crash in the triggerer) later."""
+    if not isinstance(conn_id, str) or not conn_id:
+        raise ConfigError(f"chasqui_conn_id must be a connection id (a non-empty str), got {conn_id!r}")
+    utf8_text(conn_id, "chasqui_conn_id")
+    return conn_id
+
+
 class ChasquiHook(BaseHook):
     """Opens Chasqui queues on the Redis an Airflow connection describes.
 
@@ -105,7 +116,7 @@ class ChasquiHook(BaseHook):
 
     def __init__(self, chasqui_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.chasqui_conn_id = chasqui_conn_id
+        self.chasqui_conn_id = check_conn_id(chasqui_conn_id)
 
     # ---- settings ---------------------------------------------------------------------
     def get_settings(self) -> ChasquiConnectionSettings:

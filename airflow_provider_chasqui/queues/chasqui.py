@@ -68,16 +68,20 @@ class ChasquiMessageQueueProvider(BaseMessageQueueProvider):
         parts = urlsplit(queue)
         if parts.scheme != SCHEME:
             raise ValueError(f"not a chasqui queue URI: {queue!r}")
-        name = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        try:  # %ff was taken as U+FFFD (unquote replaces what does not decode): a queue never meant
+            name = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path, errors="strict")
+            query = parse_qs(parts.query, keep_blank_values=False, strict_parsing=False, errors="strict")
+            host = unquote(parts.netloc, errors="strict")
+        except UnicodeDecodeError:
+            raise ValueError(f"{queue!r} holds percent-escapes that are not UTF-8") from None
         if not name:
             raise ValueError(f"{queue!r} names no queue: use chasqui://[<conn id>]/<queue name>")
-        query = parse_qs(parts.query, keep_blank_values=False, strict_parsing=False)
         unknown = set(query) - _URI_KEYS
         if unknown:
             raise ValueError(f"unknown chasqui URI parameters {sorted(unknown)}; known: {sorted(_URI_KEYS)}")
         out: dict[str, Any] = {"queue_name": name}
-        if parts.netloc:
-            out["chasqui_conn_id"] = unquote(parts.netloc)
+        if host:
+            out["chasqui_conn_id"] = host
         for key in ("mode", "cursor"):
             if key in query:
                 if len(query[key]) != 1:
@@ -85,7 +89,7 @@ class ChasquiMessageQueueProvider(BaseMessageQueueProvider):
                 out[key] = query[key][0]
         for key in _INT_KEYS:
             if key in query:
-                if len(query[key]) != 1 or not query[key][0].isdigit():
+                if len(query[key]) != 1 or not (query[key][0].isascii() and query[key][0].isdigit()):
                     raise ValueError(f"{key} must be given once, as a whole number, in {queue!r}")
                 out[key] = int(query[key][0])
         if "job_names" in query:

@@ -20,6 +20,7 @@ Outcomes are read from the result/failure records, so the worker must run with
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
@@ -30,10 +31,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from .. import tracing
 from ..core.event_hub import Failed, JobOutcome
 from ..core.job_details import JobDetails
+from ..core.keys import validate_queue_name
 from ..core.outcomes import outcome_line
+from ..core.running import check_job_ids
 from ..engine.queue import Queue
 from ..errors import ChasquiConnectionError, ChasquiError
-from ..hooks.chasqui import ChasquiHook
+from ..hooks.chasqui import ChasquiHook, check_conn_id
 from ..operators._common import chunk_seconds
 
 __all__ = ["ChasquiJobTrigger", "first_error", "json_safe_problem"]
@@ -152,6 +155,17 @@ class ChasquiJobTrigger(BaseTrigger):
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ is unannotated
         if isinstance(job_ids, str) or not job_ids or not all(isinstance(j, str) and j for j in job_ids):
             raise ValueError(f"job_ids must be a non-empty list of job id strings, got {job_ids!r}")
+        check_job_ids(job_ids)
+        validate_queue_name(queue_name)
+        check_conn_id(chasqui_conn_id)
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)
+        ):  # NaN compared false with every clock reading: the wait never timed out
+            raise ValueError(f"deadline must be None or a finite Unix time in seconds, got {deadline!r}")
+        if not isinstance(cancel_on_kill, bool):
+            raise ValueError(f"cancel_on_kill must be True or False, got {cancel_on_kill!r}")
+        if traceparent is not None and not isinstance(traceparent, str):
+            raise ValueError(f"traceparent must be None or a W3C traceparent str, got {traceparent!r}")
         chunk_seconds(wait_chunk_secs)
         if (
             isinstance(state_log_secs, bool)

@@ -75,9 +75,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from ..core.codec import utf8_text
 from ..core.keys import validate_queue_name
 from ..errors import ConfigError
-from ..hooks.chasqui import ChasquiHook
+from ..hooks.chasqui import ChasquiHook, check_conn_id
 from ._batching import (
     DEFAULT_LINGER_MS,
     DEFAULT_MAX_BATCH,
@@ -121,10 +122,11 @@ def _names(job_names: Any) -> list[str] | None:
         return None
     if isinstance(job_names, str) or not isinstance(job_names, (list, tuple, set, frozenset)):
         raise ValueError(f"job_names must be a list of job names or None, got {job_names!r}")
-    names = sorted(set(job_names))
-    if not names or not all(isinstance(n, str) and n for n in names):
+    if not job_names or not all(isinstance(n, str) and n for n in job_names):  # before sorting: 1 < "a" raises
         raise ValueError(f"job_names must hold non-empty strings, got {job_names!r}")
-    return names
+    for name in job_names:
+        utf8_text(name, "job_names")
+    return sorted(set(job_names))
 
 
 class ChasquiQueueEventTrigger(BaseEventTrigger):
@@ -175,8 +177,8 @@ class ChasquiQueueEventTrigger(BaseEventTrigger):
                 raise ValueError(
                     f"cursor must be a non-empty name without braces or control characters, got {cursor!r}"
                 )
-        if not isinstance(chasqui_conn_id, str) or not chasqui_conn_id:
-            raise ValueError(f"chasqui_conn_id must be a connection id, got {chasqui_conn_id!r}")
+            utf8_text(cursor, "cursor")
+        check_conn_id(chasqui_conn_id)
         check_batching(max_batch, linger_ms, event_gap_ms)
         self.queue_name = queue_name
         self.mode = mode

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -291,6 +292,30 @@ def test_state_log_secs_is_checked() -> None:
     for bad in (-1, float("nan"), float("inf"), True, "5"):
         with pytest.raises(ValueError, match="state_log_secs"):
             ChasquiJobTrigger(job_ids=["a"], queue_name="q", state_log_secs=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"deadline": float("nan")}, "deadline must be None or a finite"),  # compared false: never timed out
+        ({"deadline": float("inf")}, "deadline must be None or a finite"),
+        ({"deadline": "soon"}, "deadline must be None or a finite"),  # a TypeError in the triggerer
+        ({"job_ids": ["\udcff"]}, "job_id must be text that encodes as UTF-8"),
+        ({"job_ids": ["a" * 10_000]}, "job_id must be a non-empty str of at most"),
+        ({"job_ids": [5]}, "job_ids must be a non-empty list of job id strings"),
+        ({"queue_name": "q{x"}, "hash tag"),
+        ({"queue_name": "\udcff"}, "queue name must be text that encodes as UTF-8"),
+        ({"chasqui_conn_id": 5}, "chasqui_conn_id must be a connection id"),
+        ({"chasqui_conn_id": "\udcff"}, "chasqui_conn_id must be text that encodes as UTF-8"),
+        ({"cancel_on_kill": "yes"}, "cancel_on_kill must be True or False"),
+        ({"traceparent": 5}, "traceparent must be None or a W3C traceparent str"),
+    ],
+)
+def test_bad_arguments_are_refused_where_the_trigger_is_made(kwargs: dict[str, Any], match: str) -> None:
+    """Each was taken and failed later in the triggerer (an encoding crash, a TypeError) or,
+    a NaN deadline, waited forever."""
+    with pytest.raises(ValueError, match=match):
+        ChasquiJobTrigger(**{"job_ids": ["a"], "queue_name": "q", **kwargs})
 
 
 def test_wait_chunk_secs_is_checked() -> None:

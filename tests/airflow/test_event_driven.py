@@ -328,11 +328,31 @@ def test_uri_form() -> None:
         ("chasqui:///q?colour=red", "unknown chasqui URI"),
         ("chasqui:///q?mode=queue&mode=completion", "given 2 times"),
         ("kafka:///q", "not a chasqui"),
+        ("chasqui:///q?max_batch=\u00b2", "whole number"),  # '²'.isdigit(): int() raised its own error
+        ("chasqui:///%ff", "percent-escapes that are not UTF-8"),  # was the queue '\ufffd'
+        ("chasqui://%ff/q", "percent-escapes that are not UTF-8"),
+        ("chasqui:///q?job_names=a,%ff", "percent-escapes that are not UTF-8"),
     ]:
         with pytest.raises(ValueError, match=match):
             provider.trigger_kwargs(bad)
     with pytest.raises(ValueError, match="both in the URI"):
         provider.trigger_kwargs("chasqui:///q?mode=completion", mode="queue")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"job_names": [1, "a"]}, "job_names must hold non-empty strings"),  # was a TypeError from sorting
+        ({"job_names": [["a"]]}, "job_names must hold non-empty strings"),
+        ({"job_names": ["\udcff"]}, "job_names must be text that encodes as UTF-8"),
+        ({"mode": "completion", "cursor": "\udcff"}, "cursor must be text that encodes as UTF-8"),
+        ({"chasqui_conn_id": "\udcff"}, "chasqui_conn_id must be text that encodes as UTF-8"),
+        ({"chasqui_conn_id": ""}, "chasqui_conn_id must be a connection id"),
+    ],
+)
+def test_bad_trigger_arguments_are_value_errors_naming_them(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ChasquiQueueEventTrigger(**{"queue_name": "q", **kwargs})
 
 
 # ---- queue mode against Redis ---------------------------------------------------------------------
