@@ -18,7 +18,7 @@ from .event_follow import after, is_stream_id
 from .failure import failure_record
 from .keys import QueueKeys
 from .scan import ENVELOPE_ID_PREFIX, ends_call, envelope_id, parse_ends, parse_scan, scan_call
-from .settings import QueueSettings
+from .settings import I64_MAX, QueueSettings
 
 __all__ = ["DlqFlows", "DLQ_PAGE", "check_dlq_ids", "positive", "dlq_page", "dlq_row", "replay_ids", "replay_matching"]
 
@@ -33,9 +33,10 @@ _HANDLER_REASONS = frozenset({"retries_exhausted", "unrecoverable"})
 
 
 def positive(value: Any, what: str) -> None:
-    """A ``ConfigError`` naming ``what`` unless ``value`` is a positive int (bool is not)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{what} must be a positive int, got {value!r}")
+    """A ``ConfigError`` naming ``what`` unless ``value`` is a positive int (bool is not) that
+    Redis takes as a count (a signed 64-bit one: 2**64 came back as Redis' "out of range")."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= I64_MAX:
+        raise ConfigError(f"{what} must be a positive int up to 2**63 - 1, got {value!r}")
 
 
 def check_dlq_ids(ids: list[Any], what: str = "DLQ ids") -> list[str]:

@@ -7,11 +7,10 @@ ends in between is found by one or the other (``core/event_hub.py``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import ConfigError, JobFailed
+from ..errors import ConfigError, ConfigTypeError, JobFailed
 from .calls import Flow, command, int_reply
 from .codec import decode_data
 from .event_follow import EventCursor
@@ -29,6 +28,7 @@ from .event_hub import (
 from .failure import JobFailure, failure_record
 from .keys import QueueKeys
 from .running import check_job_id, check_job_ids
+from .settings import MAX_WINDOW_MS
 from .urls import WAIT_BLOCK_MS
 
 __all__ = ["ResultFlows", "check_wait", "single_outcome"]
@@ -136,12 +136,18 @@ class ResultFlows:
         return parse_outcomes(job_ids, (yield outcome_calls(self.keys, job_ids)))
 
 
-def check_wait(job_ids: object, timeout: object) -> tuple[list[str], int]:
+_MAX_WAIT_S = MAX_WINDOW_MS // 1000
+
+
+def check_wait(job_ids: object, timeout: object, stop_on_failure: object = False) -> tuple[list[str], int]:
     """A wait's job ids (``running.check_job_ids``) and its timeout in ms: ``ConfigError``
-    unless the timeout is a finite, non-negative number of seconds (NaN waited forever)."""
+    unless the timeout is a non-negative number of seconds up to ten years (NaN waited forever;
+    1e308 s overflowed the conversion to ms) and ``stop_on_failure`` a bool."""
     ids = check_job_ids(job_ids)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
-        raise ConfigError(f"timeout must be a finite, non-negative number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= _MAX_WAIT_S:
+        raise ConfigError(f"timeout must be a number of seconds from 0 to {_MAX_WAIT_S:,} (ten years), got {timeout!r}")
+    if not isinstance(stop_on_failure, bool):
+        raise ConfigTypeError(f"stop_on_failure must be True or False, got {stop_on_failure!r}")
     return ids, int(timeout * 1000)
 
 

@@ -442,7 +442,7 @@ class Queue:
         one connection per queue however many waiters); a Queue made with its own ``driver=``
         follows the stream on that driver instead.
         """
-        ids, ms = check_wait(job_ids, timeout)
+        ids, ms = check_wait(job_ids, timeout, stop_on_failure)
         if self._own_driver:
             return await wait_for_jobs(self._url, self.name, ids, ms / 1000, stop_on_failure=stop_on_failure)
         flow = self._flows.wait_for_jobs(ids, ms, _monotonic_ms, stop_on_failure=stop_on_failure)

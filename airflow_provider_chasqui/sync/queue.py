@@ -427,7 +427,7 @@ class SyncQueue:
         self, job_ids: Sequence[str], timeout: float = 30.0, *, stop_on_failure: bool = False
     ) -> dict[str, JobOutcome]:
         """Block on the events stream until the jobs end (or one failed, with ``stop_on_failure``)."""
-        ids, ms = check_wait(job_ids, timeout)
+        ids, ms = check_wait(job_ids, timeout, stop_on_failure)
         flow = self._flows.wait_for_jobs(ids, ms, _monotonic_ms, stop_on_failure=stop_on_failure)
         return self.driver.run(flow)
 

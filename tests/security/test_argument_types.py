@@ -190,3 +190,22 @@ def test_a_queue_constructor_refuses_wrong_settings_and_flags(options: dict[str,
     for make in (Queue, SyncQueue):
         with pytest.raises(ConfigError, match=what):
             make("types", redis_url=UNREACHABLE, **options)
+
+
+@pytest.mark.parametrize("limit", [2**63, 2**64, 10**30, 0, -1, True, 1.5], ids=repr)
+def test_a_dlq_limit_past_a_redis_count_is_a_config_error(limit: Any) -> None:
+    """``peek_dlq(2**64)`` reached Redis and came back as a ``ScriptError`` ("value is not an
+    integer or out of range")."""
+    with SyncQueue("types", redis_url=UNREACHABLE) as q:
+        for call in (q.peek_dlq, q.replay_dlq, q.replay_dlq_report):
+            with pytest.raises(ConfigError, match="limit must be a positive int up to 2"):
+                call(limit)
+
+
+@pytest.mark.parametrize("flag", [None, 1, "yes", [1]], ids=repr)
+def test_stop_on_failure_must_be_a_bool(flag: Any) -> None:
+    with (
+        SyncQueue("types", redis_url=UNREACHABLE) as q,
+        pytest.raises(ConfigTypeError, match="stop_on_failure must be True or False"),
+    ):
+        q.wait_for_results(["j"], timeout=1, stop_on_failure=flag)

@@ -217,6 +217,8 @@ def test_a_worker_refuses_a_handler_table_key_no_job_name_can_equal(key: Any) ->
         (["j"], "1", "timeout"),  # "1" * 1000 was a wait of 10**999 ms
         (["j"], None, "timeout"),
         (["j"], True, "timeout"),
+        (["j"], 1e308, "timeout"),  # finite, but OverflowError converting to ms
+        (["j"], 2**64, "timeout"),  # waited 584 million years
         ("abc", 1, "job_ids"),  # was a wait for "a", "b" and "c"
         (b"abc", 1, "job_ids"),
         (5, 1, "job_ids"),
