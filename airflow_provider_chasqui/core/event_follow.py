@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from .calls import Call, command, reply_pairs, script_call, str_reply
 from .event_hub import event_hits
 from .keys import QueueKeys
+from .settings import MAX_COUNT, MAX_MS, check_int
 
 __all__ = ["START", "EventCursor", "is_stream_id", "stream_id", "after", "LAST_STREAM_ID"]
 
@@ -59,6 +60,12 @@ def after(entry_id: str) -> str | None:
     return None if entry_id == LAST_STREAM_ID else "(" + entry_id
 
 
+def _block(block_ms: object) -> int | None:
+    """A read's BLOCK: None (return at once) or 1 ms to ten years (0 would be XREAD's forever,
+    past every socket timeout)."""
+    return None if block_ms is None else check_int("block_ms", block_ms, 1, MAX_MS)
+
+
 def stream_id(value: str) -> tuple[int, int]:
     """``(ms, seq)`` of a stream id, for comparing two (``is_stream_id`` must hold)."""
     ms, _, seq = value.partition("-")
@@ -80,8 +87,8 @@ class EventCursor:
     ) -> None:
         self.keys = keys
         self.position = self._checked(position)
-        self._count = count
-        self._block_ms = block_ms
+        self._count = check_int("count", count, 1, MAX_COUNT)
+        self._block_ms = _block(block_ms)
         self._read: Call | None = None  # the default read_call, while the position stays
         self._read_at = ""
         self._below: str | None = None  # the position before it reached the largest id
@@ -93,7 +100,7 @@ class EventCursor:
 
     @count.setter
     def count(self, value: int) -> None:
-        self._count, self._read = value, None
+        self._count, self._read = check_int("count", value, 1, MAX_COUNT), None
 
     @property
     def block_ms(self) -> int | None:
@@ -102,7 +109,7 @@ class EventCursor:
 
     @block_ms.setter
     def block_ms(self, value: int | None) -> None:
-        self._block_ms, self._read = value, None
+        self._block_ms, self._read = _block(value), None
 
     @staticmethod
     def _checked(position: Any) -> str:

@@ -37,7 +37,6 @@ from typing import Any
 
 import msgpack
 
-from ..errors import ConfigError
 from .calls import Call, Flow, Stream, script_call, str_reply
 from .codec import Envelope, encode_envelope
 from .controls import read_controls
@@ -45,7 +44,7 @@ from .cron import next_fire_after
 from .keys import QueueKeys
 from .repeat import FIRE_ALL_LIST_CAP, catchup_fires, catchup_next, plan_fires
 from .running import timeout_calls
-from .settings import QueueSettings
+from .settings import MAX_COUNT, QueueSettings, check_int
 from .spec_decode import DueSpec, SpecDecoder
 from .spec_ext import NO_EXT, SpecExt
 from .spec_reads import show_key
@@ -216,11 +215,10 @@ class SchedulerCore:
         chunk: int = DEFAULT_CHUNK,
     ) -> None:
         for name, value in (("batch", batch), ("chunk", chunk)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value, 1, MAX_COUNT)
         self.chunk = chunk
         self.keys = QueueKeys.for_queue(queue)
-        self.settings = settings or QueueSettings()
+        self.settings = QueueSettings.given(settings)
         self.batch = batch
         self._spec_base = self.keys.repeat_spec("")
         self._decoder = SpecDecoder()  # its caches are this scheduler's own

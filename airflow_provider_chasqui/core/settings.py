@@ -7,9 +7,23 @@ from datetime import timedelta
 
 from ..errors import ConfigError, ConfigTypeError
 
-__all__ = ["QueueSettings", "check_flags", "window_to_ms"]
+__all__ = ["QueueSettings", "check_flags", "check_int", "window_to_ms", "MAX_MS", "MAX_COUNT"]
 
 I64_MAX = 2**63 - 1
+MAX_MS = 3650 * 86_400_000  # ten years: the longest wait, lease, interval or TTL taken; far inside SET PX
+MAX_COUNT = 1_000_000  # the largest count (jobs at once, entries per read, rows per batch)
+
+
+def check_int(name: str, value: object, least: int, most: int) -> int:
+    """``value`` if an int (a bool is not) from ``least`` to ``most``, else a ``ConfigError``
+    naming ``name``: a NaN, None or str interval, count or TTL failed later, in a loop."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        if least == 1:
+            raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        raise ConfigError(f"{name} must be an int from {least:,} to {most:,}, got {value!r}")
+    if value > most:
+        raise ConfigError(f"{name} must be at most {most:,}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +82,7 @@ def check_flags(**flags: object) -> None:
             raise ConfigError(f"{name} must be True, False or None, got {value!r}")
 
 
-MAX_WINDOW_MS = 3650 * 86_400_000  # ten years: far inside what SET PX accepts
+MAX_WINDOW_MS = MAX_MS
 
 
 def window_to_ms(window: timedelta | float) -> int:

@@ -12,7 +12,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigTypeError
 
 __all__ = ["split_cluster_flag", "redact_url", "redact_text", "check_url", "REDACTED", "DEFAULT_URL"]
 
@@ -112,12 +112,16 @@ def redact_text(text: object) -> str:
     return _SECRET_KV.sub(lambda m: m.group("key") + REDACTED, out)
 
 
-def check_url(url: str) -> str:
+def check_url(url: object) -> str:
     """``url`` if redis-py (or the Sentinel parser) can read it, else a ``ConfigError`` that
-    shows it redacted: a parser's own message may quote a piece of a mis-escaped password."""
+    shows it redacted: a parser's own message may quote a piece of a mis-escaped password.
+    A path that is not a database number is refused too: redis-py ignores it (db 0)."""
     from .sentinel_url import is_sentinel_url, parse_sentinel_url
 
+    if not isinstance(url, str):
+        raise ConfigTypeError(f"a Redis URL must be a str, got {type(url).__name__}")
     try:
+        url.encode("utf-8")
         if is_sentinel_url(url):
             parse_sentinel_url(url)
         else:
@@ -125,7 +129,9 @@ def check_url(url: str) -> str:
             if parts.scheme not in ("redis", "rediss", "unix") or (parts.scheme != "unix" and not parts.hostname):
                 raise ValueError("scheme or host")
             parts.port  # noqa: B018 - raises on a non-numeric port
-    except ValueError:
+            if parts.scheme != "unix" and not unquote(parts.path).replace("/", "").isdigit() and parts.path.strip("/"):
+                raise ValueError("db")
+    except (ValueError, UnicodeEncodeError):
         raise ConfigError(
             f"not a valid Redis URL: {redact_url(url)} (redis[s]://[[user]:password@]host[:port]"
             "[/db][?options] or redis[s]+sentinel://...; percent-encode @ : / % in the password, "
@@ -137,7 +143,7 @@ def check_url(url: str) -> str:
 # ---- the options every client of this package is opened with -------------------------------------
 __all__ += [
     "connection_options",
-    "with_tls",
+    "client_url",
     "read_timeout",
     "PROTOCOL",
     "CONNECT_TIMEOUT_SECS",
@@ -157,10 +163,13 @@ def read_timeout(block_ms: float = 0) -> float:
     return block_ms / 1000 + IO_MARGIN_SECS
 
 
-def with_tls(url: str, tls: object) -> str:
-    """``url`` with TLS when ``tls`` is true: ``redis://`` -> ``rediss://`` and
-    ``redis+sentinel://`` -> ``rediss+sentinel://`` (TLS to the master); a unix socket
-    cannot be upgraded (ConfigError, never a silent plain connection)."""
+def client_url(url: object, tls: object) -> str:
+    """A constructor's ``redis_url`` checked (:func:`check_url`: a URL of another type or
+    redis-py cannot read was its ``AttributeError`` or ``ValueError`` at the first call), with
+    TLS when ``tls`` is true: ``redis://`` -> ``rediss://`` and ``redis+sentinel://`` ->
+    ``rediss+sentinel://`` (TLS to the master); a unix socket cannot be upgraded (ConfigError,
+    never a silent plain connection)."""
+    url = check_url(url)
     if not isinstance(tls, bool):
         raise ConfigError(f"tls must be a bool, got {type(tls).__name__}")
     if not tls:
@@ -187,6 +196,7 @@ def connection_options(url: str, kwargs: dict[str, Any]) -> tuple[str, dict[str,
     verification (``ssl_cert_reqs=required``, ``ssl_check_hostname=True``: redis-py 5 leaves
     the hostname unchecked by default).  Pure: the drivers add redis-py's own objects.
     """
+    check_url(url)
     out = dict(kwargs)
     if "protocol" in out and str(out["protocol"]) != str(PROTOCOL):
         raise ConfigError(f"protocol={out['protocol']!r}: Chasqui speaks RESP2 only (protocol=2)")

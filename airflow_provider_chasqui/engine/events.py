@@ -17,7 +17,8 @@ from typing import Any
 from ..core.calls import reply_pairs, str_reply
 from ..core.event_follow import EventCursor
 from ..core.keys import QueueKeys
-from ..core.urls import read_timeout
+from ..core.settings import MAX_MS, check_int
+from ..core.urls import check_url, read_timeout
 from ..types import QueueEvent
 from ._driver import AsyncDriver
 from .leader import TRANSIENT
@@ -57,8 +58,9 @@ class QueueEvents:
         driver: AsyncDriver | None = None,
     ) -> None:
         self.keys = QueueKeys.for_queue(queue_name)
+        check_int("block_ms", block_ms, 1, MAX_MS)  # None would be a loop of reads that return at once
         self.cursor = EventCursor(self.keys, last_event_id, count=count, block_ms=block_ms)
-        self._driver = driver or AsyncDriver(redis_url, socket_timeout=read_timeout(block_ms))
+        self._driver = driver or AsyncDriver(check_url(redis_url), socket_timeout=read_timeout(block_ms))
         self._closed = False
 
     @property

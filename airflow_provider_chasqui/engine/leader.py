@@ -17,7 +17,9 @@ import logging
 import uuid
 
 from ..core.calls import int_reply, script_call
+from ..core.keys import check_consumer_name
 from ..core.pacing import LogBudget
+from ..core.settings import MAX_MS, check_int
 from ..errors import TRANSIENT_ERRORS, ChasquiError
 from ._driver import AsyncDriver
 
@@ -28,6 +30,9 @@ TICK_ERRORS_LOGGED, TICK_ERRORS_WINDOW_SECS = 3, 60.0  # failed ticks logged per
 # What a leader-locked loop waits out: the drivers' typed transient errors (a lost connection,
 # a write on a replica, a cluster failing over) and a raw socket error (an OSError).
 TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, OSError)
+
+
+_INTERVAL_ARG = {"scheduler": "tick_ms", "promoter": "poll_interval_ms"}  # what each loop calls it
 
 
 class LeaderLoop:
@@ -47,9 +52,9 @@ class LeaderLoop:
     ) -> None:
         self.driver = driver
         self.lock_key = lock_key
-        self.holder = holder or f"{self.role[0]}-{uuid.uuid4()}"
-        self.interval = interval_ms / 1000
-        self.lock_ttl_secs = lock_ttl_secs
+        self.holder = f"{self.role[0]}-{uuid.uuid4()}" if holder is None else check_consumer_name(holder, "holder")
+        self.interval = check_int(_INTERVAL_ARG.get(self.role, "interval_ms"), interval_ms, 1, MAX_MS) / 1000
+        self.lock_ttl_secs = check_int("lock_ttl_secs", lock_ttl_secs, 1, MAX_MS // 1000)
         self.is_leader = False
         self._stop = asyncio.Event()
 

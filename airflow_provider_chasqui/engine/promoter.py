@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core.calls import int_reply, script_call
 from ..core.keys import QueueKeys
-from ..core.settings import QueueSettings
+from ..core.settings import MAX_COUNT, QueueSettings, check_flags, check_int
 from ._driver import AsyncDriver
 from .leader import LeaderLoop
 from .metrics import metrics_sink
@@ -35,12 +35,13 @@ class Promoter(LeaderLoop):
         events: bool = True,
         metrics: Any = None,
     ) -> None:
+        check_flags(events=events)
         self.keys = QueueKeys.for_queue(queue)
         super().__init__(
             driver, self.keys.promoter_lock, holder=holder, interval_ms=poll_interval_ms, lock_ttl_secs=lock_ttl_secs
         )
-        self.settings = settings or QueueSettings()
-        self.batch = batch
+        self.settings = QueueSettings.given(settings)
+        self.batch = check_int("batch", batch, 1, MAX_COUNT)
         self.events_max = self.settings.events_max_len if events else 0
         self.metrics = metrics_sink(metrics)
         self.promoted_total = 0

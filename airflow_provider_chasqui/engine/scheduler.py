@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from ..core.calls import Flow, Stream
 from ..core.keys import QueueKeys
 from ..core.scheduler import DEFAULT_BATCH, SchedulerCore, TickResult
-from ..core.settings import QueueSettings
+from ..core.settings import MAX_MS, QueueSettings, check_int
 from ..core.urls import redact_url
 from ..errors import ChasquiError
 from ._driver import AsyncDriver
@@ -69,7 +69,7 @@ class Scheduler(LeaderLoop):
         self.core = SchedulerCore(queue, settings, batch=batch)
         self.metrics = metrics_sink(metrics)
         self.now_fn = now_fn
-        self.min_sleep = min_sleep_ms / 1000
+        self.min_sleep = check_int("min_sleep_ms", min_sleep_ms, 0, MAX_MS) / 1000
         self.fired_total = 0
         self.skipped_total = 0
         self.lost_total = 0

@@ -33,7 +33,7 @@ from ..core.sharding import (
     split_limit,
 )
 from ..core.spec_reads import RepeatableInfo
-from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
+from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, client_url, read_timeout
 from ..errors import ConfigError
 from ..types import Job
 from ._driver import AsyncDriver
@@ -57,7 +57,7 @@ class ShardedQueue:
         driver: AsyncDriver | None = None,
     ) -> None:
         names = shard_queue_names(name, shards)
-        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
+        redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://
         self._name = name
         self._url = redis_url
         self._fast_paths = fast_paths

@@ -55,10 +55,8 @@ from ..core.consumer import (
 )
 from ..core.pacing import Backoff, LogBudget
 from ..core.settings import check_flags
-from ..core.urls import DEFAULT_URL, with_tls
-from ..errors import (
-    TRANSIENT_ERRORS,
-)
+from ..core.urls import DEFAULT_URL, client_url
+from ..errors import TRANSIENT_ERRORS, ConfigTypeError
 from ..types import Job
 from ._clients import raw_client
 from ._driver import AsyncDriver
@@ -106,6 +104,8 @@ class Worker(WorkerStop):
             # chasquimq's signature (default 100, visible to inspect); a given ``settings`` keeps
             # its own concurrency unless this argument is passed with another value
             options["concurrency"] = concurrency
+        if settings is not None and not isinstance(settings, WorkerSettings):
+            raise ConfigTypeError(f"settings must be a WorkerSettings, got {type(settings).__name__}")
         settings = settings or WorkerSettings()
         self.settings = replace(settings, **options_to_fields(options))
         # handlers in child processes: checked here (they must pickle by name), spawned by run();
@@ -120,7 +120,7 @@ class Worker(WorkerStop):
                 memory_mb=self.settings.process_memory_mb,
                 label=f"worker of {queue_name!r}",
             )
-        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
+        redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://
         self._url = redis_url
         check_flags(fast_paths=fast_paths, tracing=tracing)
         self._fast_paths = fast_paths

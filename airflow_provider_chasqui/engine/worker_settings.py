@@ -11,7 +11,7 @@ from ..core.codec import U32_MAX
 from ..core.keys import check_consumer_name
 from ..core.retry import RetryPolicy
 from ..core.running import check_timeout_ms
-from ..core.settings import QueueSettings
+from ..core.settings import MAX_COUNT, MAX_MS, QueueSettings, check_int
 from ..errors import ConfigError
 
 __all__ = ["WorkerSettings", "DEFAULT_CONCURRENCY", "options_to_fields"]
@@ -54,14 +54,12 @@ class WorkerSettings:
 
     def __post_init__(self) -> None:
         for name, most in _POSITIVE_INTS.items():
-            _positive_int(name, getattr(self, name), most)
+            check_int(name, getattr(self, name), 1, most)
         for name, most in _OPTIONAL_POSITIVE_INTS.items():
             if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name), most)
+                check_int(name, getattr(self, name), 1, most)
         for name, least, most in (("max_attempts", 0, U32_MAX), ("ack_idle_ms", 0, MAX_ACK_IDLE_MS)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-                raise ConfigError(f"{name} must be an int from {least} to {most:,}, got {value!r}")
+            check_int(name, getattr(self, name), least, most)
         for name in ("store_results", "events_enabled", "delayed_enabled", "run_scheduler"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -78,8 +76,6 @@ class WorkerSettings:
             object.__setattr__(self, "job_timeout_ms", check_timeout_ms(self.job_timeout_ms, "job_timeout_ms"))
 
 
-MAX_MS = 3650 * 86_400_000  # ten years: the longest wait, lease or TTL a worker takes
-MAX_COUNT = 1_000_000  # the largest count (jobs at once, entries per read, rows per ack batch)
 MAX_ACK_IDLE_MS = 60_000
 # field -> the largest value; each must be an int from 1 to it
 _POSITIVE_INTS = {
@@ -95,13 +91,6 @@ _POSITIVE_INTS = {
     "failure_ttl_ms": MAX_MS,
 }
 _OPTIONAL_POSITIVE_INTS = {"sync_threads": 4096, "max_jobs": 2**63 - 1, "processes": 1024, "process_memory_mb": 2**30}
-
-
-def _positive_int(name: str, value: Any, most: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive int, got {value!r}")
-    if value > most:
-        raise ConfigError(f"{name} must be at most {most:,}, got {value!r}")
 
 
 def _seconds(name: str, value: Any, *, zero: bool) -> None:

@@ -27,7 +27,7 @@ from ..core.running import check_cancel
 from ..core.schedules import SpecFlows
 from ..core.settings import QueueSettings, check_flags, window_to_ms
 from ..core.spec_reads import RepeatableInfo
-from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
+from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, client_url, read_timeout
 from ..errors import ConfigError, NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import SyncDriver
@@ -60,7 +60,7 @@ class SyncQueue:
         check_flags(fast_paths=fast_paths, tracing=tracing)
         self._flows = QueueFlows(name, settings)
         self._specs = SpecFlows(name, settings)
-        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
+        redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://
         self._url = redis_url
         self._fast_paths = fast_paths
         self._driver = driver

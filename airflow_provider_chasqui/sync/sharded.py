@@ -23,7 +23,7 @@ from ..core.sharding import (
     split_limit,
 )
 from ..core.spec_reads import RepeatableInfo
-from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, read_timeout, with_tls
+from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, client_url, read_timeout
 from ..types import Job
 from ._driver import SyncDriver
 from .queue import SyncQueue
@@ -46,7 +46,7 @@ class SyncShardedQueue:
         driver: SyncDriver | None = None,
     ) -> None:
         names = shard_queue_names(name, shards)
-        redis_url = with_tls(redis_url, tls)  # ConfigError where TLS cannot apply (unix://)
+        redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://
         self._name = name
         self._url = redis_url
         self._fast_paths = fast_paths

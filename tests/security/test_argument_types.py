@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_chasqui import ConfigError, Queue, SyncQueue
+from airflow_provider_chasqui import ConfigError, Promoter, Queue, QueueEvents, Scheduler, SyncQueue, Worker
 from airflow_provider_chasqui.core.codec import U32_MAX, U64_MAX
+from airflow_provider_chasqui.engine._driver import AsyncDriver
 from airflow_provider_chasqui.errors import ConfigTypeError
 
 pytestmark = pytest.mark.timeout(60)
@@ -209,3 +210,71 @@ def test_stop_on_failure_must_be_a_bool(flag: Any) -> None:
         pytest.raises(ConfigTypeError, match="stop_on_failure must be True or False"),
     ):
         q.wait_for_results(["j"], timeout=1, stop_on_failure=flag)
+
+
+BAD_URLS = [True, None, b"redis://127.0.0.1", "", "http://127.0.0.1", "redis://127.0.0.1:port", "\udcff",
+            "redis://127.0.0.1:6379/abc", "redis://:s3cret@127.0.0.1:port/0"]  # fmt: skip
+
+
+@pytest.mark.parametrize("url", BAD_URLS, ids=ascii)
+def test_a_bad_redis_url_is_a_config_error_where_the_object_is_made(url: Any) -> None:
+    """They were redis-py's ``AttributeError`` (``'bool' object has no attribute 'decode'``),
+    ``TypeError`` or ``ValueError`` at the first call; ``/abc`` was db 0 without a word (redis-py
+    ignores a path that is not a number). The message never shows the password."""
+    makers: dict[str, Callable[[], Any]] = {
+        "SyncQueue": lambda: SyncQueue("q", redis_url=url),
+        "Queue": lambda: Queue("q", redis_url=url),
+        "Worker": lambda: Worker("q", lambda job: None, redis_url=url),
+        "QueueEvents": lambda: QueueEvents("q", redis_url=url),
+    }
+    for label, make in makers.items():
+        with pytest.raises(ConfigError) as info:
+            make()
+        assert "s3cret" not in str(info.value), label
+        if not isinstance(url, str):
+            assert isinstance(info.value, TypeError), label
+
+
+def test_the_urls_users_write_are_still_taken() -> None:
+    for url in ("redis://127.0.0.1:1", "redis://127.0.0.1:1/", "redis://127.0.0.1:1/3", "rediss://h:1/0",
+                "redis://:p%40ss@127.0.0.1:1/0", "unix:///tmp/r.sock?db=2", "redis://127.0.0.1:1/0?cluster=false",
+                "redis+sentinel://127.0.0.1:1/mymaster/0"):  # fmt: skip
+        SyncQueue("q", redis_url=url).close()
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda d: Scheduler(d, "q", tick_ms=float("nan")), "tick_ms must be a positive int"),
+        (lambda d: Scheduler(d, "q", tick_ms=None), "tick_ms must be a positive int"),  # was a TypeError
+        (lambda d: Scheduler(d, "q", tick_ms=0), "tick_ms must be a positive int"),
+        (lambda d: Scheduler(d, "q", min_sleep_ms=-1), "min_sleep_ms must be an int from 0"),
+        (lambda d: Scheduler(d, "q", lock_ttl_secs=float("inf")), "lock_ttl_secs must be a positive int"),
+        (lambda d: Scheduler(d, "q", lock_ttl_secs=10**12), "lock_ttl_secs must be at most"),
+        (lambda d: Scheduler(d, "q", holder="\udcff"), "holder must be text that encodes as UTF-8"),
+        (lambda d: Scheduler(d, "q", holder=""), "holder must be a non-empty str"),
+        (lambda d: Scheduler(d, "q", settings=True), "settings must be a QueueSettings"),
+        (lambda d: Scheduler(d, "q", batch=0), "batch must be a positive int"),
+        (lambda d: Promoter(d, "q", poll_interval_ms=None), "poll_interval_ms must be a positive int"),
+        (lambda d: Promoter(d, "q", batch=2**64), "batch must be at most"),
+        (lambda d: Promoter(d, "q", settings=True), "settings must be a QueueSettings"),  # was AttributeError
+        (lambda d: Promoter(d, "q", events="yes"), "events must be True, False or None"),
+        (lambda d: QueueEvents("q", driver=d, block_ms=None), "block_ms must be a positive int"),
+        (lambda d: QueueEvents("q", driver=d, block_ms=0), "block_ms must be a positive int"),  # XREAD's forever
+        (lambda d: QueueEvents("q", driver=d, count=0), "count must be a positive int"),
+        (lambda d: Worker("q", lambda job: None, settings=True), "settings must be a WorkerSettings"),
+    ],
+)
+def test_the_loops_arguments_are_checked_where_they_are_made(make: Callable[[Any], Any], what: str) -> None:
+    """A NaN, None or out-of-range interval, TTL or count was taken and failed at the first tick
+    (a ``TypeError`` in the loop, a Redis error at every lock renewal) or never."""
+
+    async def main() -> None:
+        driver = AsyncDriver(UNREACHABLE)
+        try:
+            with pytest.raises(ConfigError, match=what):
+                make(driver)
+        finally:
+            await driver.close()
+
+    asyncio.run(main())
