@@ -129,7 +129,8 @@ def check_url(url: object) -> str:
             if parts.scheme not in ("redis", "rediss", "unix") or (parts.scheme != "unix" and not parts.hostname):
                 raise ValueError("scheme or host")
             parts.port  # noqa: B018 - raises on a non-numeric port
-            if parts.scheme != "unix" and not unquote(parts.path).replace("/", "").isdigit() and parts.path.strip("/"):
+            db = unquote(parts.path).replace("/", "")  # as redis-py reads it, ignoring what int() refuses
+            if parts.scheme != "unix" and db and not (db.isascii() and db.isdigit()):
                 raise ValueError("db")
     except (ValueError, UnicodeEncodeError):
         raise ConfigError(
