@@ -213,7 +213,8 @@ def test_stop_on_failure_must_be_a_bool(flag: Any) -> None:
 
 
 BAD_URLS = [True, None, b"redis://127.0.0.1", "", "http://127.0.0.1", "redis://127.0.0.1:port", "\udcff",
-            "redis://127.0.0.1:6379/abc", "redis://127.0.0.1:6379/%C2%B2", "redis://:s3cret@127.0.0.1:port/0"]  # fmt: skip
+            "redis://127.0.0.1:6379/abc", "redis://127.0.0.1:6379/%C2%B2",
+            "redis://:s3cret@127.0.0.1:port/0"]  # fmt: skip
 
 
 @pytest.mark.parametrize("url", BAD_URLS, ids=ascii)
