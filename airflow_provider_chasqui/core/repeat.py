@@ -65,7 +65,7 @@ class RepeatPattern:
     def __post_init__(self) -> None:
         if self.kind == "every":
             if type(self.interval_ms) is not int or not 0 < self.interval_ms <= U64_MAX:
-                raise ConfigError(f"every interval_ms must be an int > 0, got {self.interval_ms!r}")
+                raise ConfigError(f"every interval_ms must be an int from 1 to 2**64 - 1, got {self.interval_ms!r}")
             if self.expression is not None or self.tz is not None:
                 raise ConfigError("an every pattern takes no expression or tz")
         elif self.kind == "cron":

@@ -123,7 +123,14 @@ def _row_to_spec(row: dict[str, Any], line: int) -> dict[str, Any]:
     if row.get("cron"):
         pattern = RepeatPattern.cron(str(row["cron"]), tz=row.get("tz") or None)
     elif row.get("every_ms"):
-        pattern = RepeatPattern.every(int(row["every_ms"]))
+        every = row["every_ms"]
+        if isinstance(every, str):  # a CSV cell: int() would say "invalid literal for int() with base 10"
+            if not every.strip().isascii() or not every.strip().isdigit():
+                raise ConfigError(f"row {line}: 'every_ms' must be a whole number of milliseconds, got {every!r}")
+            every = int(every)
+        elif isinstance(every, float) and every.is_integer():  # a Parquet float column (pandas, with nulls)
+            every = int(every)
+        pattern = RepeatPattern.every(every)
     else:
         raise ConfigError(f"row {line}: give a 'cron' (with optional 'tz') or an 'every_ms' column")
     data = row.get("data")

@@ -240,3 +240,29 @@ def test_import_of_hostile_rows_reports_each_row(redis_url: str, queue_name: str
         )
     with redis.Redis.from_url(redis_url) as r:
         assert r.zcard(k.repeat) == 0
+
+
+def test_import_names_an_every_ms_that_is_not_whole_milliseconds(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A CSV cell said Python's "invalid literal for int() with base 10"; a Parquet float of
+    1.5 was cut to 1 ms without a word (and NaN said "cannot convert float NaN to integer").
+    A whole float (a pandas column with nulls is float) is still taken."""
+    csv_path = tmp_path / "every.csv"
+    write_csv(csv_path, [{"name": "n", "every_ms": v} for v in ("abc", "1e3", "-5", "2000")])
+    proc = chasqui(
+        "repeatable", "import", queue_name, str(csv_path), "--redis-url", redis_url, "--dry-run", check=False
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    for line, value in ((2, "'abc'"), (3, "'1e3'"), (4, "'-5'")):
+        assert f"row {line}: 'every_ms' must be a whole number of milliseconds, got {value}" in proc.stderr
+    pq_path = tmp_path / "every.parquet"
+    pq.write_table(pa.table({"name": ["n", "n", "n"], "every_ms": [float("nan"), 1.5, 3000.0]}), pq_path)
+    proc = chasqui("repeatable", "import", queue_name, str(pq_path), "--redis-url", redis_url, check=False)
+    assert proc.returncode == 2 and "2 invalid row(s)" in proc.stderr, proc.stderr
+    assert "row 2: every interval_ms must be an int from 1 to 2**64 - 1, got nan" in proc.stderr
+    assert "row 3: every interval_ms must be an int from 1 to 2**64 - 1, got 1.5" in proc.stderr
+    proc = chasqui("repeatable", "import", queue_name, str(pq_path), "--redis-url", redis_url, "--skip-invalid")
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        [spec], _ = q.list_repeatable()
+        assert spec.pattern.interval_ms == 3000

@@ -124,8 +124,8 @@ def test_upsert_with_every_option(q: SyncQueue, r: redis.Redis) -> None:
         ({"repeat": RepeatPattern(kind="cron", expression="61 * * * *")}, "invalid cron"),
         ({"repeat": {"kind": "cron", "expression": "* * *"}}, "expected 5 fields"),
         ({"repeat": {"kind": "cron", "expression": "0 2 * * *", "tz": "Mars/Olympus"}}, "unknown timezone"),
-        ({"repeat": {"kind": "every", "interval_ms": 0}}, "interval_ms must be an int > 0"),
-        ({"repeat": {"kind": "every", "interval_ms": -5}}, "interval_ms must be an int > 0"),
+        ({"repeat": {"kind": "every", "interval_ms": 0}}, "interval_ms must be an int from 1 to 2"),
+        ({"repeat": {"kind": "every", "interval_ms": -5}}, "interval_ms must be an int from 1 to 2"),
         (
             {
                 "repeat": RepeatPattern.every(1000),
