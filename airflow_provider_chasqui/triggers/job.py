@@ -46,7 +46,11 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 def json_safe_problem(value: Any, path: str = "result") -> str | None:
-    """Where ``value`` holds something Airflow's serde cannot carry (bytes, msgpack ext...)."""
+    """Where ``value`` holds something Airflow cannot carry as JSON: bytes, msgpack ext, a key
+    that is not a str, or a NaN or infinite float (JSON has none: Airflow's REST API shows it
+    as null, and a strict JSON column such as PostgreSQL's refuses it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path} is a non-finite float ({value!r}): JSON has no such number"
     if isinstance(value, _JSON_SCALARS):
         return None
     if isinstance(value, list):

@@ -79,6 +79,9 @@ def test_duplicate_ids_are_waited_for_once() -> None:
         (b"raw", "result is a bytes"),
         ({"k": [1, b"x"]}, "result['k'][1] is a bytes"),
         ({1: "x"}, "result has a non-string key 1"),
+        # JSON has no NaN: the REST API showed it as null; a PostgreSQL JSON column refuses it
+        ({"m": [1.0, float("nan")]}, "result['m'][1] is a non-finite float (nan): JSON has no such number"),
+        (float("-inf"), "result is a non-finite float (-inf): JSON has no such number"),
     ],
 )
 def test_json_safe_problem(value: object, problem: str | None) -> None:

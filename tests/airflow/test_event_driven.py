@@ -234,6 +234,12 @@ def test_decide() -> None:
     assert (job.accepted, later.accepted, other.accepted, binary.accepted) == (1, 1, 0, 0)
     assert other.reject_reasons == ["job name 'resize' is not watched (watching file_arrived)"]
     assert binary.reject_reasons == ["data['blob'] is a bytes: an asset event carries JSON-compatible data only"]
+    nan = QueueJob("q", b"2-1", "J6", "file_arrived", {"score": float("nan")}, 1, 1, b"raw")
+    assert trigger.decide(QueueBatch("q", [nan])) == "every job of the batch refused (1)"
+    assert nan.reject_reasons == [
+        "data['score'] is a non-finite float (nan): JSON has no such number: an asset event carries JSON-compatible"
+        " data only"
+    ]
     assert (
         trigger.decide(QueueBatch("q", [QueueJob("q", b"3-0", "J5", "x", 1, 1, 1, b"")]))
         == "every job of the batch refused (1)"
