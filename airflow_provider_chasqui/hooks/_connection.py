@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from ..core.codec import utf8_text
 from ..errors import ConfigError
 
 __all__ = ["ChasquiConnectionSettings", "MODES", "parse_nodes"]
@@ -38,6 +39,17 @@ _EXTRA_KEYS = {
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", ""}
 
 
+_TEXT_FIELDS = (
+    "host",
+    "username",
+    "password",
+    "tls_ca_certs",
+    "default_queue",
+    "sentinel_service",
+    "sentinel_password",
+)
+
+
 def _as_bool(value: Any, what: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -49,7 +61,7 @@ def _as_bool(value: Any, what: str) -> bool:
 def _as_int(value: Any, what: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value.strip())
     raise ConfigError(f"connection {what} must be a non-negative integer, got {value!r}")
 
@@ -71,7 +83,7 @@ def parse_nodes(text: str, default_port: int) -> tuple[tuple[str, int], ...]:
         host, sep, port = part.rpartition(":")
         if not sep:
             host, port = part, str(default_port)
-        if not host or not port.isdigit():
+        if not host or not (port.isascii() and port.isdigit()):
             raise ConfigError(f"node {part!r} is not host:port")
         nodes.append((host, int(port)))
     if not nodes:
@@ -98,6 +110,12 @@ class ChasquiConnectionSettings:
     sentinel_password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        for name in _TEXT_FIELDS:  # an extra is any JSON: 5 was quote()'s TypeError, a surrogate its encode error
+            value = getattr(self, name)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise ConfigError(f"connection {name} must be a str, got {type(value).__name__} {value!r}")
+                utf8_text(value, f"connection {name}")
         if self.mode not in MODES:
             raise ConfigError(f"connection mode must be one of {MODES}, got {self.mode!r}")
         if not (0 < self.port < 65536):

@@ -46,8 +46,9 @@ each.
     ``claim_min_idle_ms``.  Every redelivery counts as an attempt, and the arrival gate
     dead-letters a job whose attempts are exhausted, so duplicates stay bounded.  Jobs a
     watcher refuses (its ``job_names`` do not include the job's name, or the job's data is not
-    JSON-compatible: bytes, a key that is not a str, NaN or infinity) go to the DLQ with reason ``unrecoverable`` and a ``detail`` saying why,
-    unless another watcher of the same queue accepted them.
+    JSON-compatible: bytes, a key that is not a str, NaN or infinity) go to the DLQ with reason
+    ``unrecoverable`` and a ``detail`` saying why, unless another watcher of the same queue
+    accepted them.
 
 ``mode="completion"`` -- DAGs run when jobs of a given name complete.
     The producer follows ``{chasqui:<q>}:events`` (XREAD, no group; workers write it unless

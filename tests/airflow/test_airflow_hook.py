@@ -99,6 +99,14 @@ def test_defaults_and_ipv6() -> None:
         ({"extra": {"sentinel_service": "m"}}, "only apply in sentinel mode"),
         ({"extra": {"tls_verify": False}}, "need tls=true"),
         ({"extra": {"mode": "sentinel", "sentinel_service": "m", "sentinels": "h:x"}}, "not host:port"),
+        # an extra is any JSON: these were quote()'s TypeError, an encode error, int()'s ValueError
+        ({"extra": {"mode": "sentinel", "sentinel_service": 5}}, "connection sentinel_service must be a str, got int"),
+        ({"extra": {"mode": "sentinel", "sentinel_service": "\udcff"}}, "sentinel_service must be text that encodes"),
+        ({"extra": {"tls": True, "tls_ca_certs": ["/ca.pem"]}}, "connection tls_ca_certs must be a str, got list"),
+        ({"extra": {"default_queue": 7}}, "connection default_queue must be a str, got int"),
+        ({"extra": {"db": "\u00b2"}}, "db must be a non-negative integer"),
+        ({"schema": "\u00b2", "extra": {}}, "schema \\(db\\) must be a non-negative integer"),
+        ({"extra": {"mode": "sentinel", "sentinel_service": "m", "sentinels": "h:\u00b2"}}, "not host:port"),
     ],
 )
 def test_bad_connections_are_config_errors(fields: dict, message: str) -> None:
