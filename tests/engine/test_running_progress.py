@@ -157,7 +157,19 @@ async def test_the_last_reports_of_jobs_ending_together_are_written_before_their
 
 
 @pytest.mark.parametrize(
-    "bad", [math.nan, math.inf, True, "50%", [1, 2], None, {"x": "y" * MAX_PROGRESS_BYTES}, {"o": object()}]
+    "bad",
+    [
+        math.nan,
+        math.inf,
+        True,
+        "50%",
+        [1, 2],
+        None,
+        {"x": "y" * MAX_PROGRESS_BYTES},
+        {"o": object()},
+        {(1, 2): 3},  # msgpack packed it; its event's JSON did not, and every flush lost the report
+        {"done": [1, math.nan]},
+    ],
 )
 def test_a_bad_progress_value_is_a_config_error(bad: object) -> None:
     with pytest.raises(ConfigError, match="progress"):
