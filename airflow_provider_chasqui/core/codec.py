@@ -9,6 +9,7 @@ worker rejects extra trailing fields.  Imports only the standard library and msg
 from __future__ import annotations
 
 import collections
+import json
 import os
 import struct
 import sys
@@ -29,6 +30,7 @@ __all__ = [
     "BackoffWire",
     "encode_data",
     "decode_data",
+    "data_json",
     "encode_envelope",
     "decode_envelope",
     "decode_retry",
@@ -186,13 +188,37 @@ class _Overgrown(Exception):
     pass
 
 
+def _hashable_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A map whose keys are arrays, as Python can hold it: each array key a tuple (what a
+    tuple key packs to; Python cannot hash the list msgpack decodes it as)."""
+    return {_as_tuple(key): value for key, value in pairs}
+
+
+def _as_tuple(key: Any) -> Any:
+    return tuple(_as_tuple(k) for k in key) if isinstance(key, list) else key
+
+
 def decode_data(inner: bytes) -> Any:
-    """Job data (or a result, a failure record) from msgpack, bounded: see SMALL_DATA_BYTES."""
+    """Job data (or a result, a failure record) from msgpack, bounded: see SMALL_DATA_BYTES.
+    A map with array keys (a tuple-keyed dict packs to one) decodes with tuple keys, on a second
+    pass only: the first pass's ``unhashable type: 'list'`` dead-lettered such jobs."""
     try:
-        if len(inner) <= SMALL_DATA_BYTES:
-            return msgpack.unpackb(inner, raw=False, strict_map_key=False)
-        budget = _ContainerBudget(len(inner) // BYTES_PER_CONTAINER)
-        return msgpack.unpackb(inner, raw=False, strict_map_key=False, list_hook=budget.take, object_hook=budget.take)
+        try:
+            if len(inner) <= SMALL_DATA_BYTES:
+                return msgpack.unpackb(inner, raw=False, strict_map_key=False)
+            budget = _ContainerBudget(len(inner) // BYTES_PER_CONTAINER)
+            return msgpack.unpackb(
+                inner, raw=False, strict_map_key=False, list_hook=budget.take, object_hook=budget.take
+            )
+        except TypeError:  # unhashable key
+            budget = _ContainerBudget(len(inner) // BYTES_PER_CONTAINER + SMALL_DATA_BYTES)
+            return msgpack.unpackb(
+                inner,
+                raw=False,
+                strict_map_key=False,
+                list_hook=budget.take,
+                object_pairs_hook=lambda pairs: budget.take(_hashable_keys(pairs)),
+            )
     except _Overgrown:
         raise CodecError(
             f"job data of {len(inner)} bytes holds more than one list or map per {BYTES_PER_CONTAINER} bytes "
@@ -200,6 +226,27 @@ def decode_data(inner: bytes) -> Any:
         ) from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise CodecError(f"job data is not valid msgpack: {exc}") from exc
+
+
+def data_json(value: Any, **options: Any) -> str:
+    """``json.dumps(value, **options)`` for decoded user data: a map key JSON has no form for
+    (a tuple, which an array key decodes to) is written as its ``repr`` rather than ending the
+    output in json's ``TypeError``."""
+    try:
+        return json.dumps(value, **options)
+    except TypeError:
+        return json.dumps(_json_keys(value), **options)
+
+
+def _json_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            (k if k is None or isinstance(k, (str, int, float, bool)) else repr(k)): _json_keys(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_json_keys(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from ..cli_common import DEFAULT_URL, non_negative_int, positive_int, resolve_url
 from ..core.calls import str_reply
-from ..core.codec import now_ms
+from ..core.codec import data_json, now_ms
 from ..core.event_follow import EventCursor
 from ..core.inspect import snapshot
 from ..core.keys import QueueKeys
@@ -81,8 +81,7 @@ def iso_ms(ms: int | str | None) -> str:
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[TextIO], object]) -> None:
     if args.json:
-        json.dump(data, sys.stdout, default=str)
-        sys.stdout.write("\n")
+        sys.stdout.write(data_json(data, default=str) + "\n")  # whole or nothing: a job's data may hold a tuple key
     else:
         human(sys.stdout)
 

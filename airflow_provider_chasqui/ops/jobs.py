@@ -11,10 +11,10 @@ detail, a traceback when the worker kept one).  Exit 4 when nothing at all is kn
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, TextIO
 
 from ..cli_common import positive_int
+from ..core.codec import data_json
 from ..core.text import printable
 from ..errors import JobNotFound
 from .commands import EXIT_OK, NotFound, add_target, emit, iso_ms, open_queue, table
@@ -24,7 +24,7 @@ __all__ = ["register", "pretty"]
 
 def pretty(value: Any, limit: int) -> str:
     """``value`` as indented JSON (repr for what JSON cannot hold), cut at ``limit`` bytes."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=repr, sort_keys=False)
+    text = data_json(value, indent=2, ensure_ascii=False, default=repr, sort_keys=False)
     raw = text.encode("utf-8")
     if len(raw) <= limit:
         return text

@@ -18,9 +18,9 @@ Imports pyspark only inside the functions.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
+from ..core.codec import data_json
 from ..core.plain import to_plain
 from ..errors import ChasquiError
 
@@ -52,7 +52,7 @@ def jobs_frame(spark: Any, jobs: list[Any]) -> Any:
 def _json(data: Any) -> str:
     """A payload as JSON text (NaN and the infinities as ``NaN`` / ``Infinity``, which Spark's
     JSON reader takes by default)."""
-    return json.dumps(data, default=_json_default)
+    return data_json(data, default=_json_default)
 
 
 def batch_outcomes(jobs: list[Any], out: Any) -> Any:

@@ -3,6 +3,8 @@ what it rejects (routing the entry to the DLQ as ``decode_failed``), we reject."
 
 from __future__ import annotations
 
+import json
+
 import msgpack
 import pytest
 from wire_vectors import CREATED_AT_MS, JOB_ID, V1, V2
@@ -12,7 +14,10 @@ from airflow_provider_chasqui.core.codec import (
     BackoffWire,
     Envelope,
     RetryOverride,
+    data_json,
+    decode_data,
     decode_envelope,
+    encode_data,
     encode_envelope,
     new_job_id,
     validate_job_name,
@@ -240,3 +245,17 @@ def test_job_name_limit_counts_utf8_bytes() -> None:
         validate_job_name("é" * 129)  # 129 characters, 258 bytes
     with pytest.raises(ConfigError):
         validate_job_name(b"bytes")
+
+
+def test_array_map_keys_decode_as_tuple_keys_and_show_as_json() -> None:
+    """A tuple-keyed dict packs to a map with array keys; the first decode's ``unhashable type:
+    'list'`` made such a job undecodable (dead-lettered) and such a result unreadable."""
+    value = {(1, (2, 3)): {"a": [1]}, "k": 2}
+    raw = encode_data(value)
+    assert decode_data(raw) == value
+    big = {(i, "x"): "y" * 10 for i in range(8_000)}  # past SMALL_DATA_BYTES: the bounded decode
+    assert decode_data(encode_data(big)) == big
+    with pytest.raises(CodecError, match="not valid msgpack"):
+        decode_data(b"\x81\x81\x01\x02\x03")  # a map key that is a map: no Python form
+    assert json.loads(data_json(decode_data(raw), default=str)) == {"(1, (2, 3))": {"a": [1]}, "k": 2}
+    assert data_json({"plain": [1.5, None]}) == '{"plain": [1.5, null]}'

@@ -171,6 +171,29 @@ async def test_unknown_job_name_with_a_handler_table_is_unrecoverable(
     )
 
 
+async def test_tuple_keyed_data_and_results_come_back_as_sent(
+    redis_url, queue_name, clients, queues, worker_factory
+) -> None:
+    """A tuple key packs to a msgpack array, which Python decoded as an unhashable list: the job
+    was dead-lettered as undecodable, and a result holding one was stored but could not be read
+    (``CodecError`` from ``wait_for_result``). Both now decode with tuple keys."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    q = queues(queue_name, redis_url)
+    seen: list[object] = []
+
+    async def pairs(job: Job) -> dict:
+        seen.append(job.data)
+        return {(job.data["n"], "x"): [1, 2]}
+
+    job = await q.add("pairs", {"n": 1, (2, (3, 4)): "nested"})
+    async with running(worker_factory(queue_name, pairs, redis_url, store_results=True)):
+        result = await q.wait_for_result(job.id, timeout=30)
+    assert seen == [{"n": 1, (2, (3, 4)): "nested"}]
+    assert result == {(1, "x"): [1, 2]}
+    assert await r.xlen(k.dlq) == 0
+
+
 async def test_worker_wide_max_attempts_zero_dead_letters_without_running(
     redis_url, queue_name, clients, queues, worker_factory
 ) -> None:

@@ -187,3 +187,14 @@ def test_an_events_position_past_a_stream_id_is_a_usage_error(redis_url: str, qu
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert f"an events position must be a stream id (<ms>-<seq>) or '$', got {position!r}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_job_show_prints_data_with_tuple_keys(redis_url: str, queue_name: str) -> None:
+    """A tuple-keyed dict decodes with tuple keys, which ``json.dumps`` refuses: ``job show``
+    ended in a traceback (and ``--json`` after writing half a line). Such a key shows as its repr."""
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        job = q.add("n", {(1, 2): "v", "k": [1]})
+    human = chasqui("job", "show", job.id, "--queue", queue_name, "--redis-url", redis_url)
+    assert '"(1, 2)": "v"' in human.stdout and "Traceback" not in human.stderr
+    out = chasqui("job", "show", job.id, "--queue", queue_name, "--redis-url", redis_url, "--json")
+    assert json.loads(out.stdout)["data"] == {"(1, 2)": "v", "k": [1]}

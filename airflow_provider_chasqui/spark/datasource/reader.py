@@ -23,7 +23,6 @@ timestamps.  ``spark.readStream`` is
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from ...core.calls import command, str_reply
-from ...core.codec import U64_MAX, decode_data, decode_envelope
+from ...core.codec import U64_MAX, data_json, decode_data, decode_envelope
 from ...core.event_follow import after
 from ...core.keys import QueueKeys, validate_queue_name
 from ...core.producer import parse_fields
@@ -71,7 +70,7 @@ def _ts(ms: Any) -> _dt.datetime | None:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(
+    return data_json(
         value,
         default=lambda o: o.decode("utf-8", "replace") if isinstance(o, (bytes, bytearray)) else str(o),
         ensure_ascii=False,
