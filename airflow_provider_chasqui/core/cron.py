@@ -34,6 +34,7 @@ from ..errors import ConfigError
 __all__ = [
     "PatternLike",
     "CompiledCron",
+    "check_cron",
     "compile_cron",
     "resolve_timezone",
     "next_fire_after",
@@ -48,6 +49,10 @@ _FIXED_OFFSET = re.compile(r"([+-])(\d{2}):?(\d{2})", re.ASCII)
 _HASH_FIELD = re.compile(r"[hr](\(\d+-\d+\))?(/\d+)?", re.ASCII)
 _LAST_DOW = re.compile(r"([0-7]|sun|mon|tue|wed|thu|fri|sat)(#l|l)", re.ASCII)
 _DOW_NAMES = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+_MONTH_NAMES = {
+    m: i for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], 1)
+}
+_RANGE = re.compile(r"([0-9a-z]+)-([0-9a-z]+)", re.ASCII)
 _PARSE_START = datetime(2000, 1, 1)
 
 
@@ -371,6 +376,25 @@ class CompiledCron:
 @lru_cache(maxsize=16384)
 def _compile(expression: str, tz: str | None) -> CompiledCron:
     return CompiledCron(expression, tz)
+
+
+def check_cron(expression: str, tz: str | None = None) -> CompiledCron:
+    """:func:`compile_cron` for a pattern a user gives, which must also mean the same to croner
+    (what ChasquiMQ schedulers run): a range that runs backwards (``22-2``, ``FRI-MON``) is
+    refused, as croner refuses it, where croniter would wrap it around.  Stored specs are read
+    with :func:`compile_cron` alone, so one written before this check keeps its schedule."""
+    compiled = compile_cron(expression, tz)
+    fields = expression.split()
+    dow = len(fields) - 1
+    for at, field in enumerate(fields if len(fields) > 1 else ()):
+        names = _DOW_NAMES if at == dow else _MONTH_NAMES if at == dow - 1 else {}
+        for token in field.lower().split(","):
+            m = _RANGE.fullmatch(token.split("/")[0].split("#")[0])
+            if m is not None:
+                low, high = (names.get(v, int(v) if v.isdigit() else -1) for v in m.groups())
+                if low > high:
+                    raise _bad(expression, f"the range {m.group()!r} runs backwards (write it as two ranges)")
+    return compiled
 
 
 def compile_cron(expression: str, tz: str | None = None) -> CompiledCron:

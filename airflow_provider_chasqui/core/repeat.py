@@ -15,7 +15,7 @@ import msgpack
 
 from ..errors import CodecError, ConfigError
 from .codec import U32_MAX, U64_MAX
-from .cron import compile_cron, first_fire_after_now, next_fire_after
+from .cron import check_cron, first_fire_after_now, next_fire_after
 
 __all__ = [
     "RepeatPattern",
@@ -82,7 +82,7 @@ class RepeatPattern:
     def cron(expression: str, *, tz: str | None = None) -> RepeatPattern:
         """5-field or 6-field (leading seconds) cron in ``tz`` (UTC, ±HH:MM or IANA); validated now."""
         pattern = RepeatPattern(kind="cron", expression=expression, tz=tz)
-        compile_cron(expression, tz)
+        check_cron(expression, tz)
         return pattern
 
     @staticmethod

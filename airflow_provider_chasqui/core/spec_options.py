@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .codec import U64_MAX  # the largest instant, deadline or count a spec stores
-from .cron import compile_cron
+from .cron import check_cron
 from .repeat import MissedFiresPolicy, RepeatPattern
 
 __all__ = [
@@ -61,7 +61,7 @@ def coerce_pattern(repeat: Any) -> RepeatPattern:
     else:
         raise ConfigError(f"repeat must be a RepeatPattern or a dict, got {type(repeat).__name__}")
     if pattern.kind == "cron":
-        compile_cron(pattern.expression, pattern.tz)  # type: ignore[arg-type]
+        check_cron(pattern.expression, pattern.tz)  # type: ignore[arg-type]
     if len(_VALIDATED) > 4096:
         _VALIDATED.clear()
     _VALIDATED.add(pattern)

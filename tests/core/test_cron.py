@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_chasqui.core.cron import (
+    check_cron,
     compile_cron,
     first_fire_after_now,
     next_fire_after,
@@ -295,6 +296,24 @@ def test_invalid_cron_is_a_config_error(expr):
         RepeatPattern.cron(expr)
     with pytest.raises(ConfigError, match="invalid cron expression"):
         compile_cron(expr)
+
+
+@pytest.mark.parametrize(
+    ("expr", "reversed_range"),
+    [("1-0 * * * *", "1-0"), ("0 22-2 * * *", "22-2"), ("0 0 * * FRI-MON", "fri-mon"), ("0 0 * DEC-JAN *", "dec-jan"),
+     ("50-10/5 * * * *", "50-10"), ("0 0 * * 5-0", "5-0"), ("0 0 20-3 * *", "20-3")],
+)  # fmt: skip
+def test_a_range_that_runs_backwards_is_refused_as_croner_refuses_it(expr: str, reversed_range: str) -> None:
+    """croniter wrapped ``22-2`` round (22, 23, 0, 1, 2) where croner, which ChasquiMQ's
+    scheduler runs, refuses the pattern (and drops such a spec at its tick): a shared queue
+    would have fired on one scheduler only. A stored spec still reads (``compile_cron``)."""
+    with pytest.raises(ConfigError, match=f"the range '{reversed_range}' runs backwards"):
+        RepeatPattern.cron(expr)
+    with pytest.raises(ConfigError, match="runs backwards"):
+        check_cron(expr)
+    assert compile_cron(expr).next_after(0) > 0  # what a scheduler does with one stored before
+    for fine in ("0 0 * * 1-5", "0 0 * * MON-FRI", "0 0 1-31 JAN-DEC *", "*/5 10-20/2 * * *", "30 1-1 * * *", "@daily"):
+        assert RepeatPattern.cron(fine).expression == fine
 
 
 def test_invalid_cron_message_quotes_the_expression():
