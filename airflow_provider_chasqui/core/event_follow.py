@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .calls import Call, command, reply_pairs, script_call, str_reply
+from .codec import U64_MAX
 from .event_hub import event_hits
 from .keys import QueueKeys
 from .settings import MAX_COUNT, MAX_MS, check_int
@@ -28,7 +29,6 @@ START = "$"
 # what XREAD takes as a position: ``<ms>-<seq>``, or ``<ms>`` (seq 0)
 _STREAM_ID = re.compile(r"[0-9]+(?:-[0-9]+)?")
 _STREAM_ID_BYTES = re.compile(rb"[0-9]+(?:-[0-9]+)?")
-_U64_MAX = 2**64 - 1
 
 
 class _Default:
@@ -44,7 +44,7 @@ def is_stream_id(value: Any) -> bool:
         value = value.decode("latin-1")
     if not isinstance(value, str) or _STREAM_ID.fullmatch(value) is None:
         return False
-    return all(len(part) <= 20 and int(part) <= _U64_MAX for part in value.split("-"))  # Redis refuses more
+    return all(len(part) <= 20 and int(part) <= U64_MAX for part in value.split("-"))  # Redis refuses more
 
 
 #: The largest stream id: nothing can follow it, and ``XRANGE`` refuses ``(`` before it.

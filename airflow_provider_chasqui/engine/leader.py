@@ -32,14 +32,12 @@ TICK_ERRORS_LOGGED, TICK_ERRORS_WINDOW_SECS = 3, 60.0  # failed ticks logged per
 TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, OSError)
 
 
-_INTERVAL_ARG = {"scheduler": "tick_ms", "promoter": "poll_interval_ms"}  # what each loop calls it
-
-
 class LeaderLoop:
     """Subclasses set ``lock_key`` and implement ``tick()``: True = run again now, False =
     sleep one interval, a number = sleep that many seconds (at most one interval)."""
 
     role = "leader"
+    interval_arg = "interval_ms"  # what the subclass's constructor calls it, for its errors
 
     def __init__(
         self,
@@ -53,7 +51,7 @@ class LeaderLoop:
         self.driver = driver
         self.lock_key = lock_key
         self.holder = f"{self.role[0]}-{uuid.uuid4()}" if holder is None else check_consumer_name(holder, "holder")
-        self.interval = check_int(_INTERVAL_ARG.get(self.role, "interval_ms"), interval_ms, 1, MAX_MS) / 1000
+        self.interval = check_int(self.interval_arg, interval_ms, 1, MAX_MS) / 1000
         self.lock_ttl_secs = check_int("lock_ttl_secs", lock_ttl_secs, 1, MAX_MS // 1000)
         self.is_leader = False
         self._stop = asyncio.Event()

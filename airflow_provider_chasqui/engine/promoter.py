@@ -21,6 +21,7 @@ __all__ = ["Promoter"]
 
 class Promoter(LeaderLoop):
     role = "promoter"
+    interval_arg = "poll_interval_ms"
 
     def __init__(
         self,

@@ -46,6 +46,7 @@ LOOP_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, ChasquiError)
 
 class Scheduler(LeaderLoop):
     role = "scheduler"
+    interval_arg = "tick_ms"
 
     def __init__(
         self,
