@@ -148,6 +148,8 @@ def deadline_ms(value: Any) -> int | None:
         ms = float(value)
     if not math.isfinite(ms) or ms < 1:
         raise ConfigError(f"deadline must be at least 1 ms, got {value!r}")
+    if ms > U64_MAX:  # the spec stores it as a u64: msgpack's OverflowError before
+        raise ConfigError(f"deadline must be at most 2**64 - 1 ms, got {value!r}")
     return int(ms)
 
 

@@ -139,6 +139,8 @@ def test_upsert_with_every_option(q: SyncQueue, r: redis.Redis) -> None:
         ({"repeat": RepeatPattern.every(86_400_000), "end_before_ms": now_ms() + 43_200_000}, "after end_before"),
         ({"repeat": RepeatPattern.every(1000), "limit": 0}, "limit must be a positive int"),
         ({"repeat": RepeatPattern.every(1000), "deadline": 0}, "deadline must be at least 1 ms"),
+        ({"repeat": RepeatPattern.every(1000), "deadline": 2**64}, "deadline must be at most 2"),  # was OverflowError
+        ({"repeat": RepeatPattern.every(1000), "deadline": 1e308}, "deadline must be at most 2"),
         ({"repeat": RepeatPattern.every(1000), "start_after": 5, "start_after_ms": 5}, "either start_after"),
         ({"repeat": None}, "repeat is required"),
         ({"repeat": RepeatPattern.every(1000), "missed_fires": "sometimes"}, "unknown missed_fires"),
