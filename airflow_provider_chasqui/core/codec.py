@@ -188,10 +188,18 @@ class _Overgrown(Exception):
     pass
 
 
-def _hashable_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    """A map whose keys are arrays, as Python can hold it: each array key a tuple (what a
-    tuple key packs to; Python cannot hash the list msgpack decodes it as)."""
-    return {_as_tuple(key): value for key, value in pairs}
+class _TupleKeyedMaps:
+    """The ``object_pairs_hook`` of the second decode pass: each map as a dict whose array keys
+    are tuples (what a tuple key packs to; Python cannot hash the list msgpack decodes it as),
+    counted in the pass's budget.  It builds nothing but dicts and tuples of decoded values."""
+
+    __slots__ = ("budget",)
+
+    def __init__(self, budget: _ContainerBudget) -> None:
+        self.budget = budget
+
+    def take(self, pairs: list[tuple[Any, Any]]) -> Any:
+        return self.budget.take({_as_tuple(key): value for key, value in pairs})
 
 
 def _as_tuple(key: Any) -> Any:
@@ -212,12 +220,9 @@ def decode_data(inner: bytes) -> Any:
             )
         except TypeError:  # unhashable key
             budget = _ContainerBudget(len(inner) // BYTES_PER_CONTAINER + SMALL_DATA_BYTES)
+            maps = _TupleKeyedMaps(budget)
             return msgpack.unpackb(
-                inner,
-                raw=False,
-                strict_map_key=False,
-                list_hook=budget.take,
-                object_pairs_hook=lambda pairs: budget.take(_hashable_keys(pairs)),
+                inner, raw=False, strict_map_key=False, list_hook=budget.take, object_pairs_hook=maps.take
             )
     except _Overgrown:
         raise CodecError(

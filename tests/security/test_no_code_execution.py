@@ -35,10 +35,15 @@ MSGPACK_HOOKS = {"ext_hook", "object_hook", "object_pairs_hook", "list_hook"}
 # constructors as ``dataclasses`` builds ``__init__``: ``exec`` of a source made of the class's
 # field names (identifiers, checked) at import, never of data (tests/core/test_fast.py).
 EXEC_ALLOWED = {("core/fast.py", "exec")}
-# (module, hooks): msgpack hooks that build nothing.  ``core/codec.py``'s bounded decode passes
-# ``_ContainerBudget.take``, which counts each list and map and returns it unchanged
-# (``test_the_decode_budget_hook_returns_what_it_is_given``).
-COUNTING_HOOKS = {("core/codec.py", frozenset({"list_hook", "object_hook"}))}
+# (module, hooks): msgpack hooks that build nothing but builtin containers.  ``core/codec.py``'s
+# bounded decode passes ``_ContainerBudget.take``, which counts each list and map and returns it
+# unchanged (``test_the_decode_budget_hook_returns_what_it_is_given``); its second pass, for maps
+# with array keys, ``_TupleKeyedMaps.take``, which makes each map a dict with those keys as
+# tuples (``test_the_tuple_key_hook_builds_only_dicts_and_tuples``).
+COUNTING_HOOKS = {
+    ("core/codec.py", frozenset({"list_hook", "object_hook"})),
+    ("core/codec.py", frozenset({"list_hook", "object_pairs_hook"})),
+}
 
 
 def _modules() -> list[tuple[str, ast.AST]]:
@@ -225,6 +230,16 @@ def test_the_decode_budget_hook_returns_what_it_is_given() -> None:
     budget = _ContainerBudget(3)
     values: list[object] = [[1], {"a": 1}, []]
     assert all(budget.take(v) is v for v in values)  # the very object: nothing built, nothing run
+
+
+def test_the_tuple_key_hook_builds_only_dicts_and_tuples() -> None:
+    from airflow_provider_chasqui.core.codec import _ContainerBudget, _TupleKeyedMaps
+
+    maps = _TupleKeyedMaps(_ContainerBudget(2))
+    out = maps.take([([1, [2, "x"]], "v"), ("k", [1])])
+    assert out == {(1, (2, "x")): "v", "k": [1]} and type(out) is dict
+    assert all(type(k) in (tuple, str) for k in out)
+    assert maps.budget.left == 1  # counted like any map
 
 
 def test_a_worker_without_a_pool_loads_no_pickle() -> None:
