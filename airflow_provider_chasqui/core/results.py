@@ -28,7 +28,7 @@ from .event_hub import (
 from .failure import JobFailure, failure_record
 from .keys import QueueKeys
 from .running import check_job_id, check_job_ids
-from .settings import MAX_WINDOW_MS
+from .settings import MAX_MS
 from .urls import WAIT_BLOCK_MS
 
 __all__ = ["ResultFlows", "check_wait", "single_outcome"]
@@ -136,7 +136,7 @@ class ResultFlows:
         return parse_outcomes(job_ids, (yield outcome_calls(self.keys, job_ids)))
 
 
-_MAX_WAIT_S = MAX_WINDOW_MS // 1000
+_MAX_WAIT_S = MAX_MS // 1000
 
 
 def check_wait(job_ids: object, timeout: object, stop_on_failure: object = False) -> tuple[list[str], int]:

@@ -82,16 +82,13 @@ def check_flags(**flags: object) -> None:
             raise ConfigError(f"{name} must be True, False or None, got {value!r}")
 
 
-MAX_WINDOW_MS = MAX_MS
-
-
 def window_to_ms(window: timedelta | float) -> int:
-    """A deduplication window (seconds or a timedelta) in ms, from 1 ms to ``MAX_WINDOW_MS``;
+    """A deduplication window (seconds or a timedelta) in ms, from 1 ms to ``MAX_MS``;
     both queue twins use it."""
     secs = window.total_seconds() if isinstance(window, timedelta) else window
-    if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not 0.001 <= secs <= MAX_WINDOW_MS / 1000:
+    if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not 0.001 <= secs <= MAX_MS / 1000:
         raise ConfigError(
-            f"window must be a number of seconds or a timedelta from 1 ms to {MAX_WINDOW_MS // 86_400_000} days,"
+            f"window must be a number of seconds or a timedelta from 1 ms to {MAX_MS // 86_400_000} days,"
             f" got {window!r}"
         )
     return int(secs * 1000)
