@@ -54,12 +54,32 @@ def _resolve_handler(handler: Any) -> Callable[[Job], Any] | _Dispatch:
             validate_job_name(key)  # a key no job name can equal (not a str, no UTF-8) would never run
             if not callable(fn):
                 raise ConfigError(f"handler for job name {key!r} is not callable")
+            _check_takes_job(fn, f"handler for job name {key!r}")
         return _Dispatch(table)
     if not callable(handler):
         raise ConfigError(
             f"handler must be callable or a mapping of job name to callable, got {type(handler).__name__}"
         )
+    _check_takes_job(handler, "handler")
     return cast("Callable[[Job], Any]", handler)
+
+
+def _check_takes_job(fn: Any, where: str) -> None:
+    """A handler the engine cannot call as ``fn(job)`` (``fn(jobs)`` for a batch) is a wiring
+    error: refused here, not dead-lettering every job it is given.  A callable with no readable
+    signature (some builtins) is trusted."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        raise ConfigError(
+            f"{where} ({name}{signature}) cannot be called with one job ({exc}): a handler is fn(job), "
+            "a batch handler fn(jobs)"
+        ) from None
 
 
 class _Dispatch:

@@ -279,3 +279,61 @@ def test_the_loops_arguments_are_checked_where_they_are_made(make: Callable[[Any
             await driver.close()
 
     asyncio.run(main())
+
+
+def _no_job() -> None: ...
+
+
+def _two_jobs(job: Any, other: Any) -> None: ...
+
+
+async def _keyword_job(*, job: Any) -> None: ...
+
+
+class _Callable:
+    def __call__(self, job: Any, *, extra: int = 1) -> None: ...
+
+
+def _with_spark(job: Any, spark: Any) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("handler", "where"),
+    [
+        (_no_job, "handler (_no_job()"),
+        (_two_jobs, "handler (_two_jobs(job: 'Any', other: 'Any')"),
+        ({"ok": lambda job: None, "resize": _keyword_job}, "handler for job name 'resize'"),
+        ({"resize": _with_spark}, "handler for job name 'resize'"),
+    ],
+    ids=["no-parameter", "two-required", "keyword-only-job", "unbound-spark"],
+)
+def test_a_handler_that_cannot_take_one_job_is_refused_when_the_worker_is_made(handler: Any, where: str) -> None:
+    """Such a handler raised ``TypeError`` at every job it was given, and every job of its
+    name was retried and dead-lettered; now the worker is not made, naming the handler."""
+    with pytest.raises(ConfigError, match=r"cannot be called with one job") as caught:
+        Worker("q", handler, redis_url=UNREACHABLE)
+    assert where in str(caught.value)
+
+
+def test_every_handler_shape_that_takes_one_job_is_still_accepted() -> None:
+    """fn(job), async fn(job), defaults, ``*args``, callable objects, bound partials and
+    builtins (some of which have no signature to read) all make a worker."""
+    import functools
+
+    async def run(job: Any) -> None: ...
+
+    shapes: list[Any] = [
+        lambda job: None,
+        run,
+        lambda job, retries=3: None,
+        lambda *args: None,
+        lambda *args, **kwargs: None,
+        _Callable(),
+        functools.partial(_with_spark, spark=object()),
+        functools.partial(_two_jobs, other=1),
+        print,
+        len,
+    ]
+    for shape in shapes:
+        assert Worker("q", shape, redis_url=UNREACHABLE).settings is not None
+    assert Worker("q", {f"n{i}": s for i, s in enumerate(shapes)}, redis_url=UNREACHABLE).settings is not None
