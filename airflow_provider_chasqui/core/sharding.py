@@ -12,7 +12,8 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigTypeError
+from .codec import utf8_text
 from .keys import validate_queue_name
 
 __all__ = [
@@ -43,8 +44,8 @@ def shard_queue_names(name: str, shards: int) -> list[str]:
 def shard_of(key: str, shards: int) -> int:
     """The shard index of a spec key (or of any routing key, e.g. a caller's job id)."""
     if not isinstance(key, str):
-        raise ConfigError(f"a routing key must be a str, got {type(key).__name__}")
-    return zlib.crc32(key.encode("utf-8")) % shards
+        raise ConfigTypeError(f"a routing key (job id, group or spec key) must be a str, got {type(key).__name__}")
+    return zlib.crc32(utf8_text(key, "a routing key (job id, group or spec key)")) % shards
 
 
 def split_by_shard(items: Iterable[Mapping[str, Any]], keys: Iterable[str], shards: int) -> dict[int, list[Any]]:
@@ -55,14 +56,17 @@ def split_by_shard(items: Iterable[Mapping[str, Any]], keys: Iterable[str], shar
     return out
 
 
-def split_limit(what: str, total: object, shards: int) -> list[int]:
+def split_limit(what: str, total: object, shards: int, maximum: int) -> list[int]:
     """A limit of the whole sharded queue as one limit per shard, summing to ``total``: every
     shard's workers obey their own share (a Lua script cannot count across hash slots), so
-    the shards together never exceed ``total``.  Each shard needs a share of at least 1."""
+    the shards together never exceed ``total``.  Each shard needs a share of at least 1 and at
+    most ``maximum`` (a shard's own bound, so the error names the whole queue's)."""
     if isinstance(total, bool) or not isinstance(total, int):
-        raise ConfigError(f"{what} must be an int, got {type(total).__name__} {total!r}")
-    if total < shards:
-        raise ConfigError(f"{what} of a queue with {shards} shards must be at least {shards}, got {total!r}")
+        raise ConfigTypeError(f"{what} must be an int, got {type(total).__name__} {total!r}")
+    if not shards <= total <= maximum * shards:
+        raise ConfigError(
+            f"{what} of a queue with {shards} shards must be from {shards} to {maximum * shards:,}, got {total!r}"
+        )
     base, extra = divmod(total, shards)
     return [base + (1 if i < extra else 0) for i in range(shards)]
 

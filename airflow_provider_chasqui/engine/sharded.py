@@ -19,7 +19,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.controls import RateLimit, sum_rate_limits
+from ..core.controls import MAX_CONCURRENCY, MAX_RATE_JOBS, RateLimit, sum_rate_limits
 from ..core.groups import GroupLimits, check_group
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import bulk_spec_key, sharded_spec_key
@@ -175,7 +175,7 @@ class ShardedQueue:
     async def set_rate_limit(self, max_jobs: int, per_ms: int) -> None:
         """At most ``max_jobs`` per ``per_ms`` over all shards: each shard gets its share
         (``split_limit``), so ``max_jobs`` must be at least the shard count."""
-        shares = split_limit("max_jobs", max_jobs, len(self.queues))
+        shares = split_limit("max_jobs", max_jobs, len(self.queues), MAX_RATE_JOBS)
         await asyncio.gather(*(q.set_rate_limit(m, per_ms) for q, m in zip(self.queues, shares)))
 
     async def get_rate_limit(self) -> RateLimit | None:
@@ -190,7 +190,7 @@ class ShardedQueue:
         if n is None:
             await self.clear_concurrency()
             return
-        shares = split_limit("concurrency", n, len(self.queues))
+        shares = split_limit("concurrency", n, len(self.queues), MAX_CONCURRENCY)
         await asyncio.gather(*(q.set_concurrency(m) for q, m in zip(self.queues, shares)))
 
     async def get_concurrency(self) -> int | None:

@@ -9,7 +9,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.controls import RateLimit, sum_rate_limits
+from ..core.controls import MAX_CONCURRENCY, MAX_RATE_JOBS, RateLimit, sum_rate_limits
 from ..core.groups import GroupLimits, check_group
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import bulk_spec_key, sharded_spec_key
@@ -162,7 +162,7 @@ class SyncShardedQueue:
     def set_rate_limit(self, max_jobs: int, per_ms: int) -> None:
         """At most ``max_jobs`` per ``per_ms`` over all shards: each shard gets its share
         (``split_limit``), so ``max_jobs`` must be at least the shard count."""
-        for q, m in zip(self.queues, split_limit("max_jobs", max_jobs, len(self.queues))):
+        for q, m in zip(self.queues, split_limit("max_jobs", max_jobs, len(self.queues), MAX_RATE_JOBS)):
             q.set_rate_limit(m, per_ms)
 
     def get_rate_limit(self) -> RateLimit | None:
@@ -178,7 +178,7 @@ class SyncShardedQueue:
         if n is None:
             self.clear_concurrency()
             return
-        for q, m in zip(self.queues, split_limit("concurrency", n, len(self.queues))):
+        for q, m in zip(self.queues, split_limit("concurrency", n, len(self.queues), MAX_CONCURRENCY)):
             q.set_concurrency(m)
 
     def get_concurrency(self) -> int | None:

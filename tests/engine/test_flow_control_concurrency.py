@@ -26,6 +26,7 @@ from airflow_provider_chasqui.core.calls import command
 from airflow_provider_chasqui.core.codec import decode_data, decode_envelope
 from airflow_provider_chasqui.core.controls import free_slots_call, parse_take, take_starts_call
 from airflow_provider_chasqui.core.keys import DEFAULT_GROUP, QueueKeys
+from airflow_provider_chasqui.errors import ConfigTypeError
 from airflow_provider_chasqui.sync._driver import SyncDriver
 
 pytestmark = pytest.mark.timeout(300)
@@ -297,8 +298,16 @@ def test_a_sharded_queue_splits_its_limits(redis_url: str, queue_name: str) -> N
         sq.set_rate_limit(7, 1000)
         assert [q.get_rate_limit().max_jobs for q in sq.queues] == [3, 2, 2]  # type: ignore[union-attr]
         assert sq.get_rate_limit() is not None and sq.get_rate_limit().max_jobs == 7  # type: ignore[union-attr]
-        with pytest.raises(ConfigError, match="at least 3"):
+        with pytest.raises(ConfigError, match="from 3 to 3,000,000, got 2"):
             sq.set_concurrency(2)
+        # the bound named is the whole queue's, not one shard's share of the value given
+        with pytest.raises(ConfigError, match="from 3 to 3,000,000, got 3000001$"):
+            sq.set_concurrency(3_000_001)
+        with pytest.raises(ConfigError, match="max_jobs of a queue with 3 shards must be from 3 to 3,000,000,000"):
+            sq.set_rate_limit(10**30, 1000)
+        with pytest.raises(ConfigTypeError, match="concurrency must be an int, got str"):
+            sq.set_concurrency("10")  # type: ignore[arg-type]
+        assert [q.get_concurrency() for q in sq.queues] == [4, 3, 3]  # no refused call wrote a share
         sq.clear_concurrency()
         sq.clear_rate_limit()
         assert sq.get_concurrency() is None and sq.get_rate_limit() is None

@@ -337,3 +337,23 @@ def test_every_handler_shape_that_takes_one_job_is_still_accepted() -> None:
     for shape in shapes:
         assert Worker("q", shape, redis_url=UNREACHABLE).settings is not None
     assert Worker("q", {f"n{i}": s for i, s in enumerate(shapes)}, redis_url=UNREACHABLE).settings is not None
+
+
+@pytest.mark.parametrize("key", [5, b"key", None, "\udcff"], ids=ascii)
+def test_a_sharded_queues_routing_key_of_another_type_or_no_utf8_is_a_config_error(key: Any) -> None:
+    """A job id, group or spec key picks the shard by its UTF-8 bytes; a lone surrogate was a
+    bare ``UnicodeEncodeError`` from ``add(job_id=...)`` and the spec lookups."""
+    from airflow_provider_chasqui import SyncShardedQueue
+
+    with SyncShardedQueue("types", 3, redis_url=UNREACHABLE) as q:
+        calls: dict[str, Callable[[], Any]] = {
+            "get_repeatable_job": lambda: q.get_repeatable_job(key),
+            "remove_repeatable_by_key": lambda: q.remove_repeatable_by_key(key),
+            "pause_repeatable": lambda: q.pause_repeatable(key),
+        }
+        if key is not None:  # job_id=None is "make one"
+            calls["add"] = lambda: q.add("n", 1, job_id=key)
+        for label, call in calls.items():
+            with pytest.raises(ConfigError, match="routing key|job_id") as caught:
+                call()
+            assert isinstance(caught.value, TypeError) == (not isinstance(key, str)), label
