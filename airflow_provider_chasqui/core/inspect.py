@@ -17,10 +17,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigTypeError
 from .calls import Flow, command, int_reply, reply_pairs, str_reply
+from .codec import U64_MAX, utf8_text
 from .codec import now_ms as current_ms
-from .codec import utf8_text
 from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
 from .event_follow import after
 from .key_types import Reads, read_types, spoiled_keys
@@ -304,6 +304,18 @@ def queue_of_key(key: Any) -> str | None:
         return None
 
 
+def scan_cursor(cursor: object) -> str:
+    """A SCAN cursor as Redis takes it: an int from 0 to 2**64 - 1, or its decimal digits (what
+    a listing printed).  Anything else was Redis' bare "invalid cursor", or (``-1``) taken as
+    another cursor than the one meant."""
+    if isinstance(cursor, bool) or not isinstance(cursor, (int, str)):
+        raise ConfigTypeError(f"cursor must be the cursor a listing returned (digits), got {type(cursor).__name__}")
+    text = str(cursor)
+    if not (text.isascii() and text.isdigit() and len(text) <= 20 and int(text) <= U64_MAX):
+        raise ConfigError(f"cursor must be the cursor a listing returned (0 to {U64_MAX} in digits), got {text[:40]!r}")
+    return str(int(text))
+
+
 def list_queues(
     *,
     match: str = "*",
@@ -325,7 +337,7 @@ def list_queues(
     pattern = "{chasqui:" + match + "}*"
     names: set[str] = set()
     calls = 0
-    cursor = str(cursor)
+    cursor = scan_cursor(cursor)
     while True:
         cursor, keys = yield command("SCAN", cursor, "MATCH", pattern, "COUNT", scan_count)
         cursor, calls = str_reply(cursor), calls + 1

@@ -18,7 +18,7 @@ import pytest
 import redis
 from engine_support import wait_until_sync
 
-from airflow_provider_chasqui import JobNotFound, Queue, RepeatPattern, SyncQueue
+from airflow_provider_chasqui import ConfigError, JobNotFound, Queue, RepeatPattern, SyncQueue
 from airflow_provider_chasqui.cli import build_parser
 from airflow_provider_chasqui.core.inspect import list_queues as list_queues_flow
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -258,6 +258,28 @@ def test_list_queues_caps_the_scan_work(two_queues: tuple[str, str, str]) -> Non
         driver.close()
     listing = asyncio.run(async_list_queues(url, match=a[:-2] + "*"))  # the asyncio twin, for dashboards
     assert listing == whole
+
+
+@pytest.mark.parametrize(
+    "cursor", ["abc", "-1", "nan", "1.5", " 5", "\u0663", str(2**64), None, -1, 2**64, True], ids=ascii
+)
+def test_a_listing_cursor_that_is_no_scan_cursor_is_a_usage_error(two_queues: tuple[str, str, str], cursor) -> None:
+    """Redis answered "invalid cursor" (exit 1, a ScriptError), or took ``-1`` as 2**64 - 1 and
+    listed from a place no listing printed; the cursor a listing prints still continues it."""
+    url, a, _b = two_queues
+    driver = SyncDriver(url)
+    try:
+        with pytest.raises(ConfigError, match="cursor must be the cursor a listing returned") as caught:
+            list_queues(driver, match=a[:-2] + "*", cursor=cursor)
+        assert isinstance(caught.value, TypeError) == (not isinstance(cursor, str | int) or cursor is True)
+        cut = driver.run(list_queues_flow(match=a[:-2] + "*", scan_count=1, max_scan_calls=1))
+        rest = list_queues(driver, match=a[:-2] + "*", cursor=int(cut.cursor))  # an int cursor is taken too
+        assert not rest.truncated
+    finally:
+        driver.close()
+    if isinstance(cursor, str):
+        proc = chasqui("queues", "--cursor", cursor, "--redis-url", url, check=False)
+        assert proc.returncode == 2 and "cursor must be the cursor a listing returned" in proc.stderr, proc.stderr
 
 
 # ---- chasqui job show --------------------------------------------------------------------------
