@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
@@ -21,7 +22,7 @@ from .priorities import add_prioritized_call, check_priority
 from .producer import BULK_CHUNK, PreparedJob, ProducerCore
 from .running import FIRST_MARK_WAIT_SECS, check_timeout_ms, timeout_calls
 
-__all__ = ["QueueFlows", "bulk_item", "unique_key_for"]
+__all__ = ["AddRoute", "QueueFlows", "bulk_item", "unique_key_for"]
 
 STREAM_CHUNK = 250  # add_bulk's plain path: jobs per streamed script call (measured: 1.25x over 1,000)
 # an envelope's bytes besides the job's data: array, 26-char id, bin header, created_at, attempt
@@ -77,8 +78,75 @@ def unique_key_for(name: str, inner: bytes) -> str:
     return hashlib.sha1(name.encode() + b"\0" + inner).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class AddRoute:
+    """Where one ``add`` that is not the plain quick add goes; the twins act on it with their own
+    I/O: run ``flow`` (returns ``(job_id, created_at_ms)``), or add inside a PRODUCER span with
+    the ``traced`` options, or upsert a repeatable spec with the ``upsert`` options."""
+
+    flow: Flow[tuple[str, int]] | None = None
+    traced: dict[str, Any] | None = None
+    upsert: dict[str, Any] | None = None
+
+
 class QueueFlows(ProducerCore):
     """The public ``Queue``/``SyncQueue`` arguments mapped to flows, shared by both twins."""
+
+    def add_route(
+        self,
+        name: str,
+        data: Any,
+        *,
+        traced: bool,
+        delay: Any,
+        delay_ms: Any,
+        attempts: Any,
+        backoff: Any,
+        job_id: str | None,
+        repeat: Any,
+        missed_fires: Any,
+        priority: int | None,
+        group: str | None,
+        timeout_ms: Any,
+        dedup_id: str | None,
+        dedup_mode: str,
+        dedup_ttl_ms: Any,
+    ) -> AddRoute:
+        """``Queue.add``'s choice of path (``traced``: the queue traces its adds): a
+        deduplicated add (with ``repeat`` every fire is deduplicated instead), a traced add (not
+        beside the stream, no spec), a spec upsert, or an add by :meth:`enqueue`."""
+        if dedup_id is not None and repeat is None:
+            others = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
+            others.update(priority=priority, group=group, missed_fires=missed_fires)
+            flow = self.enqueue_dedup(
+                name,
+                data,
+                dedup_id=dedup_id,
+                dedup_mode=dedup_mode,
+                dedup_ttl_ms=dedup_ttl_ms,
+                attempts=attempts,
+                backoff=backoff,
+                timeout_ms=timeout_ms,
+                others=others,
+            )
+            return AddRoute(flow=flow)
+        side = priority is not None or group is not None  # waits beside the stream: no trace
+        common = {"attempts": attempts, "backoff": backoff, "job_id": job_id, "timeout_ms": timeout_ms}
+        if traced and repeat is None and missed_fires is None and not side:
+            return AddRoute(traced={"delay": delay, "delay_ms": delay_ms, **common})
+        if repeat is not None:
+            if delay is not None or delay_ms is not None:
+                raise ConfigError(
+                    "delay/delay_ms do not apply to a repeatable spec (repeat=): it fires on its pattern; "
+                    "use upsert_repeatable_job(..., start_after=...) to hold its first fire back"
+                )
+            upsert = {"repeat": repeat, "missed_fires": missed_fires, "priority": priority, "group": group}
+            upsert.update(dedup_id=dedup_id, dedup_mode=dedup_mode, dedup_ttl_ms=dedup_ttl_ms)
+            return AddRoute(upsert={**common, **upsert})
+        if missed_fires is not None:
+            raise ConfigError("missed_fires only applies together with repeat=")
+        flow = self.enqueue(name, data, delay=delay, delay_ms=delay_ms, priority=priority, group=group, **common)
+        return AddRoute(flow=flow)
 
     def enqueue(
         self,

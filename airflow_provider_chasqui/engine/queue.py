@@ -31,7 +31,7 @@ from ..core.schedules import SpecFlows
 from ..core.settings import QueueSettings, check_flags, window_to_ms
 from ..core.spec_reads import RepeatableInfo
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, client_url, read_timeout
-from ..errors import ConfigError, NotSupportedError
+from ..errors import NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import AsyncDriver
 from .coalesce import AddCoalescer
@@ -146,70 +146,30 @@ class Queue:
             envelope, name_bytes, jid, created = self._flows.quick_parts(name, data)
             await self._adds.add(envelope, name_bytes)
             return self._job(jid, created, name, data)
-        if dedup_id is not None and repeat is None:  # with repeat: every fire is deduplicated
-            others = {"delay": delay, "delay_ms": delay_ms, "job_id": job_id, "repeat": repeat}
-            others.update(priority=priority, group=group, missed_fires=missed_fires)
-            flow = self._flows.enqueue_dedup(
-                name,
-                data,
-                dedup_id=dedup_id,
-                dedup_mode=dedup_mode,
-                dedup_ttl_ms=dedup_ttl_ms,
-                attempts=attempts,
-                backoff=backoff,
-                timeout_ms=timeout_ms,
-                others=others,
-            )
-            jid, created = await self.driver.run(flow)
-            return self._job(jid, created, name, data)
-        side = priority is not None or group is not None  # waits beside the stream: no trace, no quick path
-        if self._tracer is not None and repeat is None and missed_fires is None and not side:
-            return await self._traced_add(
-                name,
-                data,
-                delay=delay,
-                delay_ms=delay_ms,
-                attempts=attempts,
-                backoff=backoff,
-                job_id=job_id,
-                timeout_ms=timeout_ms,
-            )
-        if repeat is not None:
-            if delay is not None or delay_ms is not None:
-                raise ConfigError(
-                    "delay/delay_ms do not apply to a repeatable spec (repeat=): it fires on its pattern; "
-                    "use upsert_repeatable_job(..., start_after=...) to hold its first fire back"
-                )
-            return await self.upsert_repeatable_job(
-                name,
-                data,
-                repeat=repeat,
-                attempts=attempts,
-                backoff=backoff,
-                job_id=job_id,
-                missed_fires=missed_fires,
-                timeout_ms=timeout_ms,
-                priority=priority,
-                group=group,
-                dedup_id=dedup_id,
-                dedup_mode=dedup_mode,
-                dedup_ttl_ms=dedup_ttl_ms,
-            )
-        if missed_fires is not None:
-            raise ConfigError("missed_fires only applies together with repeat=")
-        flow = self._flows.enqueue(
+        route = self._flows.add_route(
             name,
             data,
+            traced=self._tracer is not None,
             delay=delay,
             delay_ms=delay_ms,
             attempts=attempts,
             backoff=backoff,
             job_id=job_id,
+            repeat=repeat,
+            missed_fires=missed_fires,
             priority=priority,
             group=group,
             timeout_ms=timeout_ms,
+            dedup_id=dedup_id,
+            dedup_mode=dedup_mode,
+            dedup_ttl_ms=dedup_ttl_ms,
         )
-        jid, created = await self.driver.run(flow)
+        if route.upsert is not None:
+            return await self.upsert_repeatable_job(name, data, **route.upsert)
+        if route.traced is not None:
+            return await self._traced_add(name, data, **route.traced)
+        assert route.flow is not None
+        jid, created = await self.driver.run(route.flow)
         return self._job(jid, created, name, data)
 
     async def _traced_add(self, name: str, data: Any, **options: Any) -> Job:
