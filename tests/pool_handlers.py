@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from typing import Any
 
@@ -115,3 +116,24 @@ async def anoop(job: Any) -> None:
 
 
 HANDLERS["anoop"] = anoop
+
+
+class Unrebuildable:
+    """Pickles in the child; its rebuilding fails in the parent."""
+
+    def __setstate__(self, state: Any) -> None:
+        raise ValueError("cannot be rebuilt here")
+
+
+def unsendable(job: Any) -> Any:
+    """A result the child cannot pickle: a dict (its pickling failure once ended the child)."""
+    return {"lock": threading.Lock()} if job.data == "dict" else (i for i in range(3))
+
+
+def unreadable(job: Any) -> Any:
+    made = Unrebuildable()
+    made.__dict__["x"] = 1  # a state, so unpickling calls __setstate__
+    return made
+
+
+HANDLERS.update(unsendable=unsendable, unreadable=unreadable)

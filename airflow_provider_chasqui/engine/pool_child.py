@@ -253,9 +253,10 @@ class _Runner:
             progress.settle([j.id for j in arg] if isinstance(arg, list) else [arg.id])
         if value is None:
             return ok, NONE_BLOB, False
+        out_of_memory = not ok and isinstance(value[0], MemoryError)  # a failure is (exception, traceback)
         try:
             blob = pickle.dumps(value)
         except Exception as exc:  # noqa: BLE001 - a result that does not pickle fails its job, no more
             err = UnrecoverableError(f"handler result cannot be sent from its pool process: {exc!r}"[:4096])
             ok, blob = False, pickle.dumps((err, ""))
-        return ok, blob, not ok and isinstance(value[0], MemoryError)
+        return ok, blob, out_of_memory

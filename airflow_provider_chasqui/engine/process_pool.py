@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ChildProcessDied, ConfigError, JobTimeout
+from ..errors import ChildProcessDied, ConfigError, JobTimeout, UnrecoverableError
 from ..types import Job
 from .pool_calls import Call, CallCancelled, Outcomes
 from .pool_child import NONE_BLOB, RemoteTraceback, child_main
@@ -199,6 +199,10 @@ class ProcessPool:
         try:
             value = pickle.loads(blob)
         except Exception as err:  # noqa: BLE001 - a value the child made that cannot be rebuilt here
+            if ok:  # as a result that cannot be stored in process: running it again gives the same
+                raise UnrecoverableError(
+                    f"handler result cannot be read back from its pool process: {err!r}"[:4096]
+                ) from None
             raise ChildProcessDied(f"the outcome of job {call.job_id} could not be read back: {err!r}") from None
         if ok:
             return value

@@ -189,6 +189,28 @@ async def test_a_dead_or_swollen_child_fails_only_its_job(redis_url: str, queue_
 
 
 @pytest.mark.single_node("the pool does not depend on the server's topology")
+async def test_a_result_that_cannot_cross_the_pipe_fails_only_its_job(redis_url: str, queue_name: str, queues) -> None:
+    """A result the child cannot pickle (a dict holding a lock, a generator) once raised inside
+    the child's own reply code and ended the child, failing every job it held; one the parent
+    cannot rebuild was retried as a dead child.  Each is now its own job's unrecoverable failure,
+    as a result that cannot be stored is in process: no child is replaced, and the jobs sent to
+    the same children beside them complete."""
+    q = queues(queue_name, redis_url)
+    worker = _pool_worker(queue_name, redis_url)
+    async with running(worker):
+        bad = [await q.add("unsendable", "dict"), await q.add("unsendable", "gen"), await q.add("unreadable", 1)]
+        beside = await q.add_bulk([{"name": "pid", "data": i} for i in range(40)])
+        outcomes = await q.wait_for_results([j.id for j in beside], timeout=60)
+        assert len(outcomes) == 40 and {o.state for o in outcomes.values()} == {"completed"}, outcomes
+        for job, says in zip(bad, ["cannot be sent", "cannot be sent", "cannot be read back"], strict=True):
+            failure = await wait_until(lambda job=job: q.get_failure(job.id), 30, what=f"{job.name}'s failure record")
+            assert "UnrecoverableError" in failure.error and says in failure.error, failure
+            details = await q.get_job_details(job.id)
+            assert details.dlq is not None and details.dlq["reason"] == "unrecoverable", details  # not retried
+        assert worker._procs.replaced == 0
+
+
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_quick_jobs_never_wait_behind_a_slow_one(redis_url: str, queue_name: str, queues) -> None:
     """The pool first learns that calls are quick (a child then holds many), then one call takes
     5 s: the quick jobs queued behind it in its child are taken back and run by the other child
