@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -136,4 +137,15 @@ def unreadable(job: Any) -> Any:
     return made
 
 
-HANDLERS.update(unsendable=unsendable, unreadable=unreadable)
+def leave(job: Any) -> None:
+    """A handler ending its process's way: ``sys.exit`` or a ``KeyboardInterrupt``."""
+    if job.data == "interrupt":
+        raise KeyboardInterrupt
+    sys.exit(int(job.data))
+
+
+async def acancelled(job: Any) -> None:
+    raise asyncio.CancelledError
+
+
+HANDLERS.update(unsendable=unsendable, unreadable=unreadable, leave=leave, acancelled=acancelled)

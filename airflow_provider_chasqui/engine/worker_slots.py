@@ -32,6 +32,26 @@ if TYPE_CHECKING:
 __all__ = ["SlotRunner"]
 
 
+class _Raised:
+    """An exception an asyncio future cannot carry back from a handler's thread (``_in_thread``)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _in_thread(fn: Callable[..., Any], job: Job | list[Job]) -> Any:
+    """``fn(job)`` in an executor thread.  Two exceptions cannot come back through the asyncio
+    future: ``StopIteration`` (the future refuses it, so the slot waited forever and the job's
+    lease was renewed for good: ``next()`` on an exhausted iterator) and ``GeneratorExit``
+    (thrown into the waiting slot, it ended the slot); they come back boxed."""
+    try:
+        return fn(job)
+    except (StopIteration, GeneratorExit) as exc:
+        return _Raised(exc)
+
+
 class SlotRunner(OutcomeWriter):
     """Runs the queued jobs (see the module docstring)."""
 
@@ -251,7 +271,10 @@ class SlotRunner(OutcomeWriter):
                 await self._job_cancelled(dl, True)
             except RateLimited as exc:
                 await self._rate_limited(dl, exc)
-            except Exception as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
+            except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
+                # outcome() does not suspend, so no cancellation of this slot arrives inside it: a
+                # SystemExit, KeyboardInterrupt or CancelledError here is the handler's, raised in
+                # its child, and fails its job as in process (re-raised, it ended the worker)
                 self._failed(dl, exc, (now - start) // 1000)
             else:
                 done.append((dl, result, (now - start) // 1000))
@@ -392,9 +415,13 @@ class SlotRunner(OutcomeWriter):
             return await fn(job)
         loop = asyncio.get_running_loop()
         if self._tracer is not None:  # the executor thread sees the job's span as current
-            result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, fn, job)
+            result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, _in_thread, fn, job)
         else:
-            result = await loop.run_in_executor(self._executor, fn, job)
+            result = await loop.run_in_executor(self._executor, _in_thread, fn, job)
+        if type(result) is _Raised:
+            # raised here, not thrown in: a StopIteration leaving this coroutine becomes
+            # RuntimeError('coroutine raised StopIteration'), as an async handler's does
+            raise result.exc
         if inspect.isawaitable(result):
             result = await result
         return result

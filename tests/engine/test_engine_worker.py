@@ -236,6 +236,40 @@ async def test_sync_handlers_run_in_worker_threads(redis_url, queue_name, client
     assert all(t.startswith(f"chasqui-{queue_name}") for t in threads)
 
 
+@pytest.mark.parametrize("timeout_ms", [None, 60_000], ids=["no-timeout", "with-timeout"])
+async def test_exceptions_no_future_carries_fail_their_jobs_and_the_slots_run_on(
+    redis_url, queue_name, queues, worker_factory, timeout_ms
+) -> None:
+    """A plain handler's ``StopIteration`` (``next()`` on an exhausted iterator) could not come
+    back from its thread through the asyncio future: the slot waited forever, the job was never
+    settled and its lease was renewed for good (or, with a timeout, it failed as a timeout and
+    ran again).  A plain handler's ``GeneratorExit``, thrown into the waiting slot, ended the
+    slot.  Each now fails its own job at once; async handlers as before."""
+    q = queues(queue_name, redis_url)
+
+    def plain(job: Job) -> None:
+        if job.data == "stop":
+            next(iter(()))
+        raise GeneratorExit
+
+    async def coro(job: Job) -> None:
+        raise StopIteration
+
+    bad = [await q.add(n, d, attempts=1, timeout_ms=timeout_ms) for n, d in (("p", "stop"), ("p", "exit"), ("a", 0))]
+    good = [await q.add("ok", i) for i in range(10)]
+    w = worker_factory(queue_name, {"p": plain, "a": coro, "ok": lambda job: job.data}, redis_url, store_results=True)
+    async with running(w):
+        outcomes = await q.wait_for_results([j.id for j in bad + good], timeout=20)
+        assert len(outcomes) == 13, outcomes
+        health = w.health()
+    reasons = [(await q.get_failure(j.id)).error for j in bad]  # type: ignore[union-attr]
+    coroutine_stop = "handler: Python handler raised: RuntimeError('coroutine raised StopIteration')"
+    assert reasons == [coroutine_stop, "handler: Python handler raised: GeneratorExit()", coroutine_stop]
+    assert [outcomes[j.id].state for j in bad] == ["failed"] * 3
+    assert [outcomes[j.id].value for j in good] == list(range(10))
+    assert health["slots"] is True and health["ok"] is True, health  # never restarted
+
+
 async def test_async_handlers_really_run_concurrently(redis_url, queue_name, queues, worker_factory) -> None:
     q = queues(queue_name, redis_url)
     n = 6

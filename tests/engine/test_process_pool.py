@@ -211,6 +211,32 @@ async def test_a_result_that_cannot_cross_the_pipe_fails_only_its_job(redis_url:
 
 
 @pytest.mark.single_node("the pool does not depend on the server's topology")
+async def test_a_pooled_handler_exiting_or_interrupted_fails_its_job_and_the_worker_runs_on(
+    redis_url: str, queue_name: str, queues
+) -> None:
+    """``sys.exit(0)``, ``KeyboardInterrupt`` or an async handler's own ``CancelledError`` in a
+    child came back to the worker and were raised there: the exit ended the worker process
+    (with code 0, so a supervisor restarting only failures left it down) and the job, never
+    settled, was delivered again to the next worker.  Each now fails its own job, as in process."""
+    q = queues(queue_name, redis_url)
+    worker = _pool_worker(queue_name, redis_url)
+    async with running(worker):
+        leaving = [await q.add("leave", "0", attempts=1), await q.add("leave", "interrupt", attempts=1)]
+        leaving.append(await q.add("acancelled", 1, attempts=1))
+        after = await q.add_bulk([{"name": "pid", "data": i} for i in range(20)])
+        outcomes = await q.wait_for_results([j.id for j in leaving + after], timeout=60)
+        assert len(outcomes) == 23, outcomes
+        for job, says in zip(leaving, ["SystemExit(0)", "KeyboardInterrupt()", "CancelledError()"], strict=True):
+            assert outcomes[job.id].state == "failed" and outcomes[job.id].value == "retries_exhausted", outcomes[
+                job.id
+            ]
+            failure = await wait_until(lambda job=job: q.get_failure(job.id), 30, what=f"{job.id}'s failure record")
+            assert says in failure.error, failure
+        assert {outcomes[j.id].state for j in after} == {"completed"}
+        assert worker.is_running and worker.health()["ok"] is True, worker.health()
+
+
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_quick_jobs_never_wait_behind_a_slow_one(redis_url: str, queue_name: str, queues) -> None:
     """The pool first learns that calls are quick (a child then holds many), then one call takes
     5 s: the quick jobs queued behind it in its child are taken back and run by the other child
