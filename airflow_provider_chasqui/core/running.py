@@ -297,19 +297,19 @@ def check_progress(value: Any) -> bytes:
         raise ConfigError(f"progress must be a number or a dict, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"progress must be finite, got {value!r}")
+    try:
+        packed = encode_data(value)
+    except Exception as exc:  # noqa: BLE001 - whatever msgpack refuses (a nested object, a huge int, nesting too deep)
+        raise ConfigError(f"progress cannot be encoded: {exc}") from None
+    if len(packed) > MAX_PROGRESS_BYTES:
+        raise ConfigError(f"progress packs to {len(packed)} bytes; the limit is {MAX_PROGRESS_BYTES}")
     if isinstance(value, dict):  # its event carries it as JSON: a tuple key or a NaN failed every flush
-        try:
+        try:  # after the size check: JSON walks a small value only (a deep one was RecursionError)
             json.dumps(value, default=str, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"progress must be JSON-compatible (keys str or numbers, numbers finite): {exc}"
             ) from None
-    try:
-        packed = encode_data(value)
-    except Exception as exc:  # noqa: BLE001 - whatever msgpack refuses (a nested object, a huge int)
-        raise ConfigError(f"progress cannot be encoded: {exc}") from None
-    if len(packed) > MAX_PROGRESS_BYTES:
-        raise ConfigError(f"progress packs to {len(packed)} bytes; the limit is {MAX_PROGRESS_BYTES}")
     return packed
 
 

@@ -6,6 +6,7 @@ job every ``PROGRESS_FLUSH_SECS``.  Real servers and workers; the CLI as a subpr
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import subprocess
@@ -169,6 +170,9 @@ async def test_the_last_reports_of_jobs_ending_together_are_written_before_their
         {"o": object()},
         {(1, 2): 3},  # msgpack packed it; its event's JSON did not, and every flush lost the report
         {"done": [1, math.nan]},
+        10**400,
+        {"k": "\udcff"},
+        functools.reduce(lambda inner, _: {"a": inner}, range(5000), {}),  # was a bare RecursionError
     ],
 )
 def test_a_bad_progress_value_is_a_config_error(bad: object) -> None:
