@@ -211,6 +211,11 @@ def _import(module: str, spec: str) -> Any:
         raise HandlerLoadError(
             f"importing handler module {module!r} (from {spec!r}) failed: {type(exc).__name__}: {exc}"
         ) from exc
+    except SystemExit as exc:  # a script's sys.exit() at import: the worker quietly exited (0 for exit(0))
+        raise HandlerLoadError(
+            f"importing handler module {module!r} (from {spec!r}) called sys.exit({exc.code!r}): a handler "
+            "module must not exit when imported (put a script's own run under if __name__ == '__main__':)"
+        ) from exc
 
 
 def _from_object(obj: Any, spec: str, attr_name: str | None) -> dict[str, Callable[..., Any]]:

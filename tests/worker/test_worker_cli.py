@@ -120,6 +120,26 @@ def test_handler_errors_exit_2_with_the_reason(redis_url: str, queue_name: str) 
     assert _pending(redis_url, queue_name) == 0
 
 
+def test_a_handler_module_exiting_at_import_exits_2_saying_so(redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    """A handler module that is also a script (``sys.exit(main())`` with no ``__main__`` guard)
+    made the worker exit quietly, with code 0 for ``sys.exit(0)``: a supervisor restarting only
+    failures left no worker running, and nothing said why."""
+    (tmp_path / "script_like_handlers.py").write_text(
+        "import sys\n\ndef h(job):\n    return 1\n\nHANDLERS = {'h': h}\nsys.exit(0)\n"
+    )
+    proc = subprocess.run(
+        [*chasqui_command(), "worker", "-q", queue_name, "--redis-url", redis_url, "-H", "script_like_handlers"],
+        env=subprocess_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "'script_like_handlers' (from 'script_like_handlers') called sys.exit(0)" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_usage_errors_exit_2() -> None:
     for args in (
         ["-H", "worker_handlers", "--concurrency", "0", "-q", "x"],

@@ -119,6 +119,12 @@ def test_exception_while_importing(make_module) -> None:
         load_handlers([mod])
 
 
+def test_a_module_exiting_while_imported_is_a_load_error(make_module) -> None:
+    mod = make_module("raise SystemExit('usage: handlers.py FILE')\n")
+    with pytest.raises(HandlerLoadError, match=rf"'{mod}'.* called sys.exit\('usage: handlers.py FILE'\)"):
+        load_handlers([mod])
+
+
 def test_missing_attribute(make_module) -> None:
     mod = make_module("HANDLERS = {}\nclass K: pass\n")
     with pytest.raises(HandlerLoadError, match=rf"{mod} has no attribute 'nope'"):
