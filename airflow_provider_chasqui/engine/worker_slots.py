@@ -21,6 +21,7 @@ from ..core.consumer import UNDECODED, Delivery
 from ..core.running import CANCEL_POLL_SECS, handler_batch, handler_timeout
 from ..errors import TRANSIENT_ERRORS, CodecError, JobTimeout, RateLimited, UnrecoverableError
 from ..types import Job, new_job
+from .handler_calls import Raised, in_thread
 from .intake_leases import START_CHECK_FRACTION
 from .metrics import NO_METRICS
 from .worker_base import POOL_RUN, _Dispatch, _is_async, _packb, log
@@ -30,26 +31,6 @@ if TYPE_CHECKING:
     from .pool_calls import Outcomes
 
 __all__ = ["SlotRunner"]
-
-
-class _Raised:
-    """An exception an asyncio future cannot carry back from a handler's thread (``_in_thread``)."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-def _in_thread(fn: Callable[..., Any], job: Job | list[Job]) -> Any:
-    """``fn(job)`` in an executor thread.  Two exceptions cannot come back through the asyncio
-    future: ``StopIteration`` (the future refuses it, so the slot waited forever and the job's
-    lease was renewed for good: ``next()`` on an exhausted iterator) and ``GeneratorExit``
-    (thrown into the waiting slot, it ended the slot); they come back boxed."""
-    try:
-        return fn(job)
-    except (StopIteration, GeneratorExit) as exc:
-        return _Raised(exc)
 
 
 class SlotRunner(OutcomeWriter):
@@ -415,10 +396,10 @@ class SlotRunner(OutcomeWriter):
             return await fn(job)
         loop = asyncio.get_running_loop()
         if self._tracer is not None:  # the executor thread sees the job's span as current
-            result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, _in_thread, fn, job)
+            result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, in_thread, fn, job)
         else:
-            result = await loop.run_in_executor(self._executor, _in_thread, fn, job)
-        if type(result) is _Raised:
+            result = await loop.run_in_executor(self._executor, in_thread, fn, job)
+        if type(result) is Raised:
             # raised here, not thrown in: a StopIteration leaving this coroutine becomes
             # RuntimeError('coroutine raised StopIteration'), as an async handler's does
             raise result.exc
