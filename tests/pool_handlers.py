@@ -148,4 +148,17 @@ async def acancelled(job: Any) -> None:
     raise asyncio.CancelledError
 
 
-HANDLERS.update(unsendable=unsendable, unreadable=unreadable, leave=leave, acancelled=acancelled)
+class TwoArgs(Exception):
+    """Pickles, but its rebuilding calls ``__init__`` with one argument: it cannot cross as itself."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        super().__init__(f"{a}/{b}")
+
+
+def picky_sums(jobs: list[Any]) -> list[Any]:
+    """A batch handler failing the job whose data is -1 with an exception that cannot cross the pipe."""
+    return [TwoArgs("refused", j.id) if j.data == -1 else j.data * 2 for j in jobs]
+
+
+picky_sums.chasqui_batch_size = 20  # type: ignore[attr-defined]
+HANDLERS.update(unsendable=unsendable, unreadable=unreadable, leave=leave, acancelled=acancelled, picky_sums=picky_sums)

@@ -211,6 +211,25 @@ async def test_a_result_that_cannot_cross_the_pipe_fails_only_its_job(redis_url:
 
 
 @pytest.mark.single_node("the pool does not depend on the server's topology")
+async def test_a_batch_jobs_exception_that_cannot_cross_fails_only_that_job(
+    redis_url: str, queue_name: str, queues
+) -> None:
+    """A batch handler's exception instance for one job (``TwoArgs``, which pickles but cannot be
+    rebuilt) made the whole reply unreadable, failing every job of the call; it now crosses as a
+    ``RuntimeError`` naming it, as a raised one does, and only its job fails."""
+    q = queues(queue_name, redis_url)
+    async with running(_pool_worker(queue_name, redis_url)):
+        jobs = await q.add_bulk([{"name": "picky_sums", "data": -1 if i == 3 else i, "attempts": 1} for i in range(10)])
+        outcomes = await q.wait_for_results([j.id for j in jobs], timeout=60)
+    assert [outcomes[j.id].state for j in jobs] == ["failed" if i == 3 else "completed" for i in range(10)]
+    assert [outcomes[j.id].value for j in jobs if outcomes[j.id].state == "completed"] == [
+        i * 2 for i in range(10) if i != 3
+    ]
+    failure = await q.get_failure(jobs[3].id)
+    assert failure is not None and "pool_handlers.TwoArgs: refused/" in failure.error, failure
+
+
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_a_pooled_handler_exiting_or_interrupted_fails_its_job_and_the_worker_runs_on(
     redis_url: str, queue_name: str, queues
 ) -> None:
