@@ -377,6 +377,10 @@ class SlotRunner(OutcomeWriter):
                 for dl in dls:  # the shutdown deadline: pending, reclaimed after the lease
                     self._release(dl.entry_id)
                 raise
+            if isinstance(exc, RateLimited):  # as for one job: every job goes back, no attempt counted
+                for dl in dls:
+                    await self._rate_limited(dl, exc)
+                return "rate_limited"
             duration_us = (time.perf_counter_ns() - start) // 1000
             for dl in dls:
                 self._failed(dl, exc, duration_us)
@@ -384,7 +388,9 @@ class SlotRunner(OutcomeWriter):
         duration_us = (time.perf_counter_ns() - start) // 1000
         done = []
         for dl, result in zip(dls, results):
-            if isinstance(result, BaseException):
+            if isinstance(result, RateLimited):  # that job goes back, as if its own handler raised it
+                await self._rate_limited(dl, result)
+            elif isinstance(result, BaseException):
                 self._failed(dl, result, duration_us)
             else:
                 done.append((dl, result, duration_us))

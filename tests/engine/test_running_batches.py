@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from engine_support import events_of, running, wait_until
 
-from airflow_provider_chasqui import ConfigError
+from airflow_provider_chasqui import ConfigError, RateLimited
 from airflow_provider_chasqui.core.running import BATCH_ATTR, check_batch
 from airflow_provider_chasqui.worker.registry import handler
 
@@ -64,6 +64,32 @@ async def test_a_raising_or_misshapen_batch_fails_every_job_of_its_call(
         fb = [await q.get_failure(j.id) for j in b]
     assert all("RuntimeError" in f.error and "down for" in f.error for f in fa)
     assert all(f.reason == "unrecoverable" and "expected a list of" in f.error for f in fb)
+
+
+async def test_a_rate_limited_batch_goes_back_whole_counting_no_attempt(
+    redis_url: str, queue_name: str, queues, worker_factory, clients
+) -> None:
+    """``RateLimited`` raised by a batch handler failed every job of the call (an attempt each,
+    retried through the delayed set or dead-lettered with ``attempts=1``); as for a single job,
+    every job of the call now goes back with no attempt counted and the queue waits.  One
+    job's ``RateLimited`` in the reply sends back that job alone."""
+    q = queues(queue_name, redis_url)
+    calls: list[tuple[float, list[int]]] = []
+
+    async def limited(jobs):
+        calls.append((asyncio.get_running_loop().time(), [j.data for j in jobs]))
+        if len(calls) == 1:
+            raise RateLimited(300)
+        return [RateLimited(50) if j.data == 3 and j.attempt == 0 and len(calls) == 2 else j.data for j in jobs]
+
+    setattr(limited, BATCH_ATTR, 10)
+    jobs = await q.add_bulk([{"name": "limited", "data": i, "attempts": 1} for i in range(6)])
+    async with running(worker_factory(queue_name, {"limited": limited}, redis_url, store_results=True)):
+        outcomes = await q.wait_for_results([j.id for j in jobs], timeout=30)
+    assert {j.data: outcomes[j.id].value for j in jobs} == {i: i for i in range(6)}, outcomes
+    assert calls[1][0] - calls[0][0] >= 0.29  # the queue waited out the batch's retry_after
+    kinds = {e["e"] for e in await events_of(clients(redis_url), queue_name)}
+    assert not kinds & {"failed", "retry-scheduled", "dlq"}, kinds
 
 
 async def test_other_jobs_run_beside_batches_in_order(redis_url: str, queue_name: str, queues, worker_factory) -> None:
