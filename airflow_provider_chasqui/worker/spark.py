@@ -39,7 +39,8 @@ signal to this process's worker.  Either way the worker stops reading, lets runn
 already-read jobs finish within ``--shutdown-deadline`` (default 30 s), acknowledges them,
 then cancels whatever Spark jobs are left, stops the session and exits 0; Python's exit code
 becomes spark-submit's.  If the JVM itself dies (OOM kill, SIGKILL), a watchdog stops the
-worker too and the process exits 1 instead of failing every job it would still read.
+worker too and the process exits 1 instead of failing every job it would still read; so does
+a handler that stops the session itself (``spark.stop()``), whose job fails as unrecoverable.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ if __name__ == "__main__":  # run as a file by spark-submit / python: drop this 
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
 from airflow_provider_chasqui.core.running import handler_batch
-from airflow_provider_chasqui.errors import ConfigError
+from airflow_provider_chasqui.errors import ConfigError, UnrecoverableError
 from airflow_provider_chasqui.worker import cli
 from airflow_provider_chasqui.worker.registry import (
     HandlerLoadError,
@@ -128,6 +129,8 @@ class SparkRuntime:
         self._jvm_handlers: list[Any] = []
         self._finished = threading.Event()
         self.jvm_lost = False
+        self.stopped_by = ""  # the job whose handler stopped the shared session (spark.stop())
+        self._request_stop: Callable[[str, str], None] | None = None
         self._slots = threading.local()
         self._next_slot = 0
         # jobs whose handler runs Spark now: id -> (the worker's progress sink, the last value sent);
@@ -158,6 +161,7 @@ class SparkRuntime:
             return fn
 
         def run_in_job_group(job: Any) -> Any:
+            self._refuse_if_stopped()
             if job._progress is not None and self.sc is not None:  # (Spark Connect has no status tracker)
                 with self._lock:
                     self._running[job.id] = (job._progress, None)
@@ -165,11 +169,13 @@ class SparkRuntime:
             try:
                 with self._scope(job.id, f"chasqui {self.queue_hint} {name} {job.id}"):
                     try:
-                        return fn(job)
+                        result = fn(job)
                     finally:
-                        if job.id in self._running:  # the last word: every Spark job it ran, ended
+                        gone = self._session_gone(job.id)  # raises once, for the job that stopped it
+                        if job.id in self._running and not gone:  # the last word: every Spark job it ran, ended
                             with contextlib.suppress(Exception):
                                 self.final_progress(job.id)
+                    return result
             finally:
                 with self._lock:
                     self._running.pop(job.id, None)
@@ -188,10 +194,14 @@ class SparkRuntime:
 
         def run_batch(jobs: list[Any]) -> Any:
             first = jobs[0].id if jobs else "empty"
+            self._refuse_if_stopped()
             with self._scope(first, f"chasqui {self.queue_hint} {name} batch of {len(jobs)}"):
-                if not as_frame:
-                    return fn(jobs)
-                return batch_outcomes(jobs, fn(jobs_frame(spark, jobs)))
+                try:
+                    if not as_frame:
+                        return fn(jobs)
+                    return batch_outcomes(jobs, fn(jobs_frame(spark, jobs)))
+                finally:
+                    self._session_gone(first)
 
         run_batch.__name__ = getattr(fn, "__name__", name)
         return run_batch
@@ -213,13 +223,39 @@ class SparkRuntime:
         try:
             yield
         finally:
-            if sc is not None:
+            if sc is not None and sc._jsc is not None:  # (a handler may have stopped the session)
                 sc.setLocalProperty("spark.jobGroup.id", None)
                 sc.setLocalProperty("spark.job.description", None)
             else:
                 self.spark.removeTag(_tag(job_id))
             with self._lock:
                 self.active -= 1
+
+    def _session_gone(self, job_id: str) -> bool:
+        """After a handler call: whether it stopped the shared session (``spark.stop()``).  Then
+        this worker stops (every later Spark job would fail here) and exits 1, and that job
+        fails as unrecoverable: run again, it would stop the next worker's session too."""
+        if self.sc is None or self.sc._jsc is not None or self.stopped_by:
+            return bool(self.stopped_by)
+        self.stopped_by = job_id
+        log.error(
+            "job %s: its handler stopped the worker's shared SparkSession (spark.stop()): stopping the worker; "
+            "a handler must leave the session to the worker",
+            job_id,
+        )
+        if self._request_stop is not None:
+            self._request_stop("SparkSession stopped", f"job {job_id}")
+        raise UnrecoverableError(
+            f"the handler stopped the worker's shared SparkSession (spark.stop()); the worker stops "
+            f"(job {job_id} is not run again: it would stop the next worker's session too)"
+        )
+
+    def _refuse_if_stopped(self) -> None:
+        if self.stopped_by:
+            raise RuntimeError(
+                f"this worker's SparkSession was stopped by job {self.stopped_by}'s handler and the worker "
+                "is stopping: the job follows its retry policy"
+            )
 
     # ---- signals -------------------------------------------------------------------------
     def forward_jvm_signals(self, request_stop: Callable[[str, str], None]) -> None:
@@ -260,6 +296,7 @@ class SparkRuntime:
                 "operations are tagged chasqui-<job id> instead)"
             )
             return
+        self._request_stop = request_stop
         self.forward_jvm_signals(request_stop)
         self.watch_jvm(request_stop)
         self.watch_progress()
@@ -344,7 +381,7 @@ class SparkRuntime:
     def finish(self, grace: float = 10.0) -> None:
         """After the worker returned: cancel Spark jobs of handlers past the deadline, stop Spark."""
         self._finished.set()
-        if self.jvm_lost:
+        if self.jvm_lost or self.stopped_by:
             return
         if self.active:
             log.warning(
@@ -457,7 +494,7 @@ def run_with_spark(args: argparse.Namespace, registry: HandlerRegistry) -> int:
         code = cli.run_worker(args, registry, hooks)
     finally:
         runtime.finish()
-    return 1 if runtime.jvm_lost else code
+    return 1 if runtime.jvm_lost or runtime.stopped_by else code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,3 +39,11 @@ def spark_connect_count(job, spark):
         "session": type(spark).__module__,
         "tags": sorted(spark.getTags()) if hasattr(spark, "getTags") else None,
     }
+
+
+@handler("spark_stop_session")
+def spark_stop_session(job, spark):
+    """A handler written as a script would be: it stops the session when done."""
+    n = spark.range(5).count()
+    spark.stop()
+    return n
