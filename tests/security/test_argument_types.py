@@ -127,6 +127,7 @@ def test_the_async_queue_checks_the_same_arguments() -> None:
 
 WORKER_BAD = [
     ("concurrency", 10**30),
+    ("concurrency", 100_001),  # a slot is a task made at start: a million took 2 GB
     ("read_count", 10**7),
     ("read_block_ms", 10**30),
     ("claim_min_idle_ms", 10**30),
