@@ -1,4 +1,4 @@
-"""How a slot (``engine/worker_slots.py``) calls a plain handler in a pool thread.
+"""How a slot (``engine/worker_slots.py``) calls a plain handler in one of the worker's threads.
 
 Its outcome comes back through an asyncio future, which cannot carry two exceptions:
 ``StopIteration`` (the future refuses it, so the slot waited forever and the job's lease was

@@ -246,7 +246,7 @@ class _Runner:
             result = fn(arg)
             if type(result) is CoroutineType or (result is not None and inspect.isawaitable(result)):
                 result = await result
-            if batch and type(result) is list:  # a job's exception as it can cross, as a raised one
+            if batch and isinstance(result, (list, tuple)):  # a job's exception as it can cross, as a raised one
                 result = [_portable(r)[0] if isinstance(r, BaseException) else r for r in result]
             ok, value = True, result
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, none ends the child
