@@ -223,7 +223,9 @@ class SparkRuntime:
         try:
             yield
         finally:
-            if sc is not None and sc._jsc is not None:  # (a handler may have stopped the session)
+            if self._stopped():  # a handler stopped the session: nothing to reset
+                pass
+            elif sc is not None:
                 sc.setLocalProperty("spark.jobGroup.id", None)
                 sc.setLocalProperty("spark.job.description", None)
             else:
@@ -235,7 +237,7 @@ class SparkRuntime:
         """After a handler call: whether it stopped the shared session (``spark.stop()``).  Then
         this worker stops (every later Spark job would fail here) and exits 1, and that job
         fails as unrecoverable: run again, it would stop the next worker's session too."""
-        if self.sc is None or self.sc._jsc is not None or self.stopped_by:
+        if self.stopped_by or not self._stopped():
             return bool(self.stopped_by)
         self.stopped_by = job_id
         log.error(
@@ -249,6 +251,11 @@ class SparkRuntime:
             f"the handler stopped the worker's shared SparkSession (spark.stop()); the worker stops "
             f"(job {job_id} is not run again: it would stop the next worker's session too)"
         )
+
+    def _stopped(self) -> bool:
+        if self.sc is not None:
+            return self.sc._jsc is None  # what SparkContext.stop() leaves
+        return getattr(self.spark, "is_stopped", False) is True  # a Spark Connect client session
 
     def _refuse_if_stopped(self) -> None:
         if self.stopped_by:
@@ -289,6 +296,7 @@ class SparkRuntime:
     def start(self, request_stop: Callable[[str, str], None]) -> None:
         """``RunHooks.on_start``: forward the JVM's signals and watch that the JVM stays up
         (neither applies to a Spark Connect session: there is no JVM in this process)."""
+        self._request_stop = request_stop  # a handler stopping the session stops the worker (_session_gone)
         if self.connect:
             log.info(
                 "Spark Connect session: JVM signal forwarding and the JVM watchdog are skipped (no JVM in this "
@@ -296,7 +304,6 @@ class SparkRuntime:
                 "operations are tagged chasqui-<job id> instead)"
             )
             return
-        self._request_stop = request_stop
         self.forward_jvm_signals(request_stop)
         self.watch_jvm(request_stop)
         self.watch_progress()

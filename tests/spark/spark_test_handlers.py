@@ -47,3 +47,11 @@ def spark_stop_session(job, spark):
     n = spark.range(5).count()
     spark.stop()
     return n
+
+
+@handler("spark_connect_stop_session")
+def spark_connect_stop_session(job, spark):
+    """As ``spark_stop_session``, for any session (no SparkContext): over Spark Connect too."""
+    n = spark.range(5).count()
+    spark.stop()
+    return n

@@ -80,3 +80,31 @@ def test_spark_worker_rejects_a_remote_that_is_not_spark_connect(redis_url: str,
     proc = _worker(queue_name, redis_url, "--remote", "http://user:s3cret@host:15002/x", env=_env())
     assert proc.returncode == 2 and "must be a Spark Connect URL" in proc.stderr, proc.stderr
     assert "s3cret" not in proc.stdout + proc.stderr and "SparkSession" not in proc.stderr
+
+
+def test_a_handler_stopping_its_connect_session_stops_the_worker(
+    spark_connect_url: str, redis_url: str, queue_name: str
+) -> None:
+    """Over Spark Connect as on a local session (``tests/spark/test_spark_session_guard.py``):
+    the job that stopped the session fails as unrecoverable and the worker exits 1, leaving the
+    queue's other job for a worker with a live session."""
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        stopper = q.add("spark_connect_stop_session", {}, attempts=3)
+        after = q.add("spark_connect_count", {"n": 5}, attempts=3)
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow_provider_chasqui.worker.spark", "-q", queue_name]
+            + ["--redis-url", redis_url, "-H", "spark_test_handlers", "--concurrency", "1", "--prefetch", "1"]
+            + ["--no-scheduler", "--idle-exit", "30", "--remote", spark_connect_url],
+            check=False,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-5000:]
+        assert not any(line.startswith("Traceback") for line in out.splitlines()), out[-5000:]
+        failure = q.get_failure(stopper.id)
+        assert failure is not None and failure.reason == "unrecoverable" and "spark.stop()" in failure.error
+        assert {row["job_id"] for row in q.peek_dlq(10)} == {stopper.id}
+        assert q.get_job_state(after.id) not in ("completed", "failed")
