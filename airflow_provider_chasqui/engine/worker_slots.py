@@ -171,7 +171,7 @@ class SlotRunner(OutcomeWriter):
                             tracer.end_consume(span, token, "cancelled")
                         raise
                     if isinstance(exc, RateLimited):
-                        await self._rate_limited(dl, exc)
+                        await self._rate_limited(exc, dl)
                         if span is not None and tracer is not None:
                             tracer.end_consume(span, token, "rate_limited")
                         continue
@@ -251,7 +251,7 @@ class SlotRunner(OutcomeWriter):
             except CallCancelled:
                 await self._job_cancelled(dl, True)
             except RateLimited as exc:
-                await self._rate_limited(dl, exc)
+                await self._rate_limited(exc, dl)
             except BaseException as exc:  # noqa: BLE001 - every handler failure is routed, none escapes
                 # outcome() does not suspend, so no cancellation of this slot arrives inside it: a
                 # SystemExit, KeyboardInterrupt or CancelledError here is the handler's, raised in
@@ -262,13 +262,17 @@ class SlotRunner(OutcomeWriter):
         if done:
             self._completed(done)
 
-    async def _rate_limited(self, dl: Delivery, exc: RateLimited) -> None:
-        """A handler raised ``RateLimited``: the job goes back without counting an attempt and
-        the queue waits (or only its group: the job goes back to its group's list)."""
-        if dl.group:
-            await self._requeue_grouped(dl, exc.retry_after_ms)
-        else:
-            self._intake.flow.requeue(dl)
+    async def _rate_limited(self, exc: RateLimited, *dls: Delivery) -> None:
+        """A handler raised ``RateLimited``: its jobs (one, or a batch's) go back without counting
+        an attempt and the queue waits, once (a grouped job: only its group, back in its list)."""
+        plain = False
+        for dl in dls:
+            if dl.group:
+                await self._requeue_grouped(dl, exc.retry_after_ms)
+            else:
+                self._intake.flow.requeue(dl)
+                plain = True
+        if plain:
             await self._intake.flow.block(exc.retry_after_ms)
 
     async def _start_span(self, tracer: _tracing.Tracer, dl: Delivery) -> tuple[Any, Any]:
@@ -378,8 +382,7 @@ class SlotRunner(OutcomeWriter):
                     self._release(dl.entry_id)
                 raise
             if isinstance(exc, RateLimited):  # as for one job: every job goes back, no attempt counted
-                for dl in dls:
-                    await self._rate_limited(dl, exc)
+                await self._rate_limited(exc, *dls)
                 return "rate_limited"
             duration_us = (time.perf_counter_ns() - start) // 1000
             for dl in dls:
@@ -389,7 +392,7 @@ class SlotRunner(OutcomeWriter):
         done = []
         for dl, result in zip(dls, results):
             if isinstance(result, RateLimited):  # that job goes back, as if its own handler raised it
-                await self._rate_limited(dl, result)
+                await self._rate_limited(result, dl)
             elif isinstance(result, BaseException):
                 self._failed(dl, result, duration_us)
             else:

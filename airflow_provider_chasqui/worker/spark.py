@@ -223,13 +223,12 @@ class SparkRuntime:
         try:
             yield
         finally:
-            if self._stopped():  # a handler stopped the session: nothing to reset
-                pass
-            elif sc is not None:
-                sc.setLocalProperty("spark.jobGroup.id", None)
-                sc.setLocalProperty("spark.job.description", None)
-            else:
-                self.spark.removeTag(_tag(job_id))
+            if not self._stopped():  # (a handler that stopped the session left nothing to reset)
+                if sc is not None:
+                    sc.setLocalProperty("spark.jobGroup.id", None)
+                    sc.setLocalProperty("spark.job.description", None)
+                else:
+                    self.spark.removeTag(_tag(job_id))
             with self._lock:
                 self.active -= 1
 
