@@ -175,6 +175,7 @@ def settled_timeout_calls(
 CANCEL_REQUEST_TTL_MS = 7 * 86_400_000  # a request for a job no worker meets lapses after a week
 CANCELLED_TTL_MS = 86_400_000  # how long get_job_state says "cancelled"
 CANCEL_POLL_SECS = 0.25  # how often a worker running jobs of a queue with requests looks them up
+LEAVE_BEHIND_MS = 1000  # how long a handler may ignore its cancellation before its slot is left behind
 PRUNE_SAMPLE = 20  # requests each cancel() samples for lapsed ones
 _SCAN_COUNT = 1000
 _MS = re.compile(rb"[1-9][0-9]{0,15}")  # a request's lapse time, as cancel() writes it

@@ -29,7 +29,7 @@ from redis import exceptions as rexc
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from ..core.calls import Flow, command, int_reply
+from ..core.calls import Flow, int_reply
 from ..core.event_follow import EventCursor
 from ..core.event_hub import (
     JobOutcome,
@@ -289,11 +289,11 @@ class EventHub:
             log.debug("events of %s: CLIENT SETNAME refused (%s)", self.name, exc)
 
     async def _client_id(self, client: Any) -> int | None:
-        """The reader's ``CLIENT ID`` (standalone and Sentinel servers), so :meth:`close` can end
-        its blocked read at once: redis-py does not interrupt a blocked ``XREAD`` on cancel, and
-        the last waiter to leave would otherwise wait out the read's block (10 s)."""
-        if isinstance(client, CLUSTER):
-            return None
+        """The reader's ``CLIENT ID``, so :meth:`close` can end its blocked read at once: redis-py
+        does not interrupt a blocked ``XREAD`` on cancel, and the last waiter to leave would
+        otherwise wait out the read's block (10 s).  On a cluster the reader answers with a
+        handle that ``CLIENT UNBLOCK`` from this process's cluster clients resolves
+        (``_clients._RawCluster``): every wait there that had to block returned 10 s late."""
         try:
             return int_reply(await client.execute_command("CLIENT", "ID"))
         except rexc.ResponseError as exc:  # not granted: close() then waits for the block to end
@@ -362,7 +362,7 @@ class EventHub:
             reader_id, self._reader_id = self._reader_id, None
             if reader_id is not None and not task.done():
                 try:  # end the blocked XREAD (it returns nil): the cancel alone waits for its block
-                    await self.lookup.call(command("CLIENT", "UNBLOCK", reader_id))
+                    await self.lookup.client.execute_command("CLIENT", "UNBLOCK", reader_id)
                 except Exception as exc:  # noqa: BLE001 - best effort: the read ends at its block anyway
                     log.debug("events of %s: CLIENT UNBLOCK failed: %s", self.name, exc)
             await asyncio.wait([task])

@@ -283,7 +283,8 @@ class Worker(WorkerStop):
         self._guard = LeaseGuard(self._intake, self._url, loop, **timeouts).start()  # leases whole, loop blocked
         background = self._start_background()
         reader = self._tasks.start("reader", self._reader)
-        slots = [self._tasks.start("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency)]
+        slots = self._slots  # a slot left behind (engine/running_control.py) adds its replacement here
+        slots.extend(self._tasks.start("slots", self._slot, f"chasqui-slot-{i}") for i in range(s.concurrency))
         flusher = self._tasks.start("flusher", self._flusher)
         leaser = self._tasks.start("lease", self._intake.run_leases)
         background.append((None, self._tasks.start("cancels", self._watch_cancels)))
@@ -318,6 +319,10 @@ class Worker(WorkerStop):
         self._abandoned = 0
         self._current = {}
         self._cancel_target = {}
+        self._cancel_sent = {}
+        self._timed = {}
+        self._left_behind = {}
+        self._slots = []
         self._pooled = {}
         self._box_waiting = []
         self._flush_wanted = asyncio.Event()

@@ -1,7 +1,8 @@
 """A ``Worker``'s slots (``engine/worker.py``): ``concurrency`` coroutines that run the queued
 jobs, each under its timeout, in process (async handlers on the loop, plain ones in threads)
-or in the process pool (``engine/process_pool.py``), batch handlers a list at a time, and the
-cancellation of running jobs (``Queue.cancel``).  Outcomes go to ``engine/worker_outcomes.py``."""
+or in the process pool (``engine/process_pool.py``), and batch handlers a list at a time.
+Cancelling running jobs, and slots left behind by a handler that ignores it:
+``engine/running_control.py``; outcomes: ``engine/worker_outcomes.py``."""
 
 from __future__ import annotations
 
@@ -12,20 +13,19 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import tracing as _tracing
 from ..core.calls import command
 from ..core.consumer import UNDECODED, Delivery
-from ..core.running import CANCEL_POLL_SECS, handler_batch, handler_timeout
-from ..errors import TRANSIENT_ERRORS, CodecError, JobTimeout, RateLimited, UnrecoverableError
+from ..core.running import handler_batch, handler_timeout
+from ..errors import CodecError, JobTimeout, RateLimited, UnrecoverableError
 from ..types import Job, new_job
 from .handler_calls import Raised, in_thread
 from .intake_leases import START_CHECK_FRACTION
 from .metrics import NO_METRICS
+from .running_control import LeftBehind, RunningControl
 from .worker_base import POOL_RUN, _Dispatch, _is_async, _packb, log
-from .worker_outcomes import OutcomeWriter
 
 if TYPE_CHECKING:
     from .pool_calls import Outcomes
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["SlotRunner"]
 
 
-class SlotRunner(OutcomeWriter):
+class SlotRunner(RunningControl):
     """Runs the queued jobs (see the module docstring)."""
 
     def _wake(self, n: int) -> None:
@@ -67,6 +67,7 @@ class SlotRunner(OutcomeWriter):
         async_fns, fn_timeouts, fn_batches = self._async_fns, self._fn_timeouts, self._fn_batches
         default_timeout = s.job_timeout_ms or 0
         current, cancel_target = self._current, self._cancel_target  # see _watch_cancels
+        left = self._left_behind  # see running_control.py: this slot may be left behind in its handler
         procs = self._procs
         progress = self._progress
         clock = time.perf_counter_ns
@@ -147,14 +148,24 @@ class SlotRunner(OutcomeWriter):
                     if procs is not None:  # traced: one call at a time, as above
                         result = await procs.run(dl.name if dispatch is not None else None, job, limit)
                     elif limit:
-                        result = await self._bounded(fn, job, is_async, limit)
+                        result = await self._bounded(fn, job, is_async, limit, (dl,), start, me)
                     else:
                         result = await (fn(job) if is_async else self._call(fn, job))
                     current[me] = None
                     if cancel_target and cancel_target.get(me) is dl:  # the handler swallowed the cancel
+                        if me in left:  # ... for so long that its job was ended cancelled without it
+                            outcome = self._forget_slot(me)
+                            if span is not None and tracer is not None:
+                                tracer.end_consume(span, token, outcome)
+                            return
                         del cancel_target[me]
                         cast("asyncio.Task[None]", me).uncancel()
                 except BaseException as exc:  # every handler failure is routed, none escapes
+                    if left and me in left:  # its job was settled when the slot was left behind
+                        outcome = self._forget_slot(me)
+                        if span is not None and tracer is not None:
+                            tracer.end_consume(span, token, outcome)
+                        return
                     current[me] = None
                     if isinstance(exc, asyncio.CancelledError) and cancel_target.get(me) is dl:
                         del cancel_target[me]  # Queue.cancel: this job ends cancelled, the slot goes on
@@ -317,10 +328,22 @@ class SlotRunner(OutcomeWriter):
                     log.debug("worker %s: could not keep the trace of job %s", self.consumer_id, dl.envelope.id)
         tracer.end_consume(span, token, outcome, exc)
 
-    async def _bounded(self, fn: Callable[..., Any], job: Job | list[Job], is_async: bool, limit_ms: int) -> Any:
-        """Run ``fn(job)`` for at most ``limit_ms``: an async handler is cancelled at the deadline;
-        a plain one in a thread cannot be stopped, so its attempt fails at the deadline, its slot
-        is free, and the thread runs on to its end (its result dropped; ``--processes`` kills)."""
+    async def _bounded(
+        self,
+        fn: Callable[..., Any],
+        job: Job | list[Job],
+        is_async: bool,
+        limit_ms: int,
+        dls: tuple[Delivery, ...],
+        start: int,
+        me: Any,
+    ) -> Any:
+        """Run ``fn(job)`` for at most ``limit_ms``: an async handler is cancelled at the deadline
+        (and, ignoring that for ``LEAVE_BEHIND_MS``, its slot is left behind: ``LeftBehind``
+        once it ends); a plain one in a thread cannot be stopped, so its attempt fails at the
+        deadline, its slot is free, and the thread runs on to its end (its result dropped;
+        ``--processes`` kills)."""
+        self._timed[me] = (dls, limit_ms, start)  # what the watchdog needs (running_control.py)
         scope = asyncio.timeout(limit_ms / 1000)
         try:
             async with scope:
@@ -332,6 +355,10 @@ class SlotRunner(OutcomeWriter):
             if not is_async and not _is_async(fn):
                 self._abandon_thread(first.id)
             raise JobTimeout(limit_ms, first.id) from None
+        finally:
+            self._timed.pop(me, None)  # gone already if it was left behind
+            if me in self._left_behind:  # its jobs were failed for their timeout without it
+                raise LeftBehind
 
     async def _run_batch(
         self, fn: Any, is_async: bool, size: int, first: Delivery, job: Job, default_ms: int, start: int
@@ -341,22 +368,7 @@ class SlotRunner(OutcomeWriter):
         on its own.  A raised error (or a reply of another shape) fails every job of the call;
         the smallest own timeout of its jobs (else the handler's or worker's) bounds the call.
         Its jobs are not cancellable one by one while the call runs."""
-        dls, jobs = [first], [job]
-        keep: list[Delivery] = []
-        while self._deque and len(dls) < size:
-            dl = self._deque.popleft()
-            if dl.name != first.name:
-                keep.append(dl)
-                continue
-            try:
-                data = dl.payload()
-            except CodecError as exc:
-                self._undecodable(dl, exc)
-                continue
-            env = dl.envelope
-            dls.append(dl)
-            jobs.append(new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, self._progress))
-        self._deque.extendleft(reversed(keep))  # the others keep their place in line
+        dls, jobs = self._batch_of(first, job, size)
         own = [dl.timeout_ms for dl in dls if dl.timeout_ms]
         limit = min(own) if own else default_ms
         me = asyncio.current_task()
@@ -366,7 +378,7 @@ class SlotRunner(OutcomeWriter):
                 results = await self._procs.run(key, jobs, limit)
             else:
                 results = await (
-                    self._bounded(fn, jobs, is_async, limit)
+                    self._bounded(fn, jobs, is_async, limit, tuple(dls), start, me)
                     if limit
                     else (fn(jobs) if is_async else self._call(fn, jobs))
                 )
@@ -377,6 +389,8 @@ class SlotRunner(OutcomeWriter):
                     + f"; expected a list of {len(jobs)} results, one per job"
                 )
         except BaseException as exc:
+            if isinstance(exc, LeftBehind):
+                raise  # its jobs were settled without it; the slot ends
             if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
                 for dl in dls:  # the shutdown deadline: pending, reclaimed after the lease
                     self._release(dl.entry_id)
@@ -400,6 +414,27 @@ class SlotRunner(OutcomeWriter):
         self._completed(done)
         return "completed"
 
+    def _batch_of(self, first: Delivery, job: Job, size: int) -> tuple[list[Delivery], list[Job]]:
+        """``first`` and up to ``size - 1`` more queued jobs of its name (the others keep their
+        place in line; an undecodable one is dead-lettered on the way)."""
+        dls, jobs = [first], [job]
+        keep: list[Delivery] = []
+        while self._deque and len(dls) < size:
+            dl = self._deque.popleft()
+            if dl.name != first.name:
+                keep.append(dl)
+                continue
+            try:
+                data = dl.payload()
+            except CodecError as exc:
+                self._undecodable(dl, exc)
+                continue
+            env = dl.envelope
+            dls.append(dl)
+            jobs.append(new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, self._progress))
+        self._deque.extendleft(reversed(keep))
+        return dls, jobs
+
     async def _call(self, fn: Callable[..., Any], job: Job | list[Job]) -> Any:
         if _is_async(fn):
             return await fn(job)
@@ -415,69 +450,3 @@ class SlotRunner(OutcomeWriter):
         if inspect.isawaitable(result):
             result = await result
         return result
-
-    async def _watch_cancels(self) -> None:
-        """Every ``CANCEL_POLL_SECS`` while handlers run on a queue with cancel requests: look
-        the running jobs up and cancel the slot of each requested one (its handler gets
-        ``CancelledError``; a thread runs on).  Costs nothing on a queue never cancelled."""
-        flow = self._intake.flow
-        while True:
-            await asyncio.sleep(CANCEL_POLL_SECS)
-            if not self._deque and not self._pooled and not any(self._current.values()):
-                continue
-            try:
-                if not (await flow.cached()).cancels:
-                    continue
-                running = {task: dl for task, dl in self._current.items() if dl is not None}
-                pooled = [(call, dl) for call, (dl, _start) in self._pooled.items() if not call.finished]
-                ids = [dl.envelope.id for dl in running.values()] + [dl.envelope.id for dl in self._deque]
-                hit = await flow.cancelled_ids(ids + [dl.envelope.id for _call, dl in pooled])
-            except TRANSIENT_ERRORS:
-                continue  # the reader waits the outage out and logs it
-            if not hit:
-                continue
-            for call, dl in pooled:  # taken back, or its child killed; its slot ends it cancelled
-                if dl.envelope.id in hit and self._procs is not None:
-                    self._procs.cancel(call)
-            for task, dl in running.items():
-                if dl.envelope.id in hit and self._current.get(task) is dl and task not in self._cancel_target:
-                    self._cancel_target[task] = dl
-                    task.cancel()
-            queued = [dl for dl in self._deque if dl.envelope.id in hit]  # read ahead, not started
-            if queued:
-                keep = [dl for dl in self._deque if dl.envelope.id not in hit]
-                self._deque.clear()  # in place: the slots hold this deque
-                self._deque.extend(keep)
-                await self._emitted()  # their `active` events first
-                await self._intake.settle_cancelled(queued)
-                self._room()
-
-    async def _job_cancelled(self, dl: Delivery, is_async: bool) -> None:
-        """A running job was cancelled (``Queue.cancel``): it ends ``cancelled``, never retried."""
-        if not is_async and self._procs is None:  # a pool process running it was killed instead
-            self._abandon_thread(dl.envelope.id)
-        log.info("worker %s: job %s %s cancelled while running", self.consumer_id, dl.envelope.id, dl.name)
-        if self._intake.owned([(dl.entry_id,)], 0):
-            try:
-                await self._emitted()  # its `active` event first
-                await self._intake.settle_cancelled([dl])
-            except Exception as exc:  # noqa: BLE001 - the entry stays pending: reclaimed, then cancelled
-                log.warning("worker %s: job %s could not be ended cancelled: %s", self.consumer_id, dl.envelope.id, exc)
-        self._room()
-        self._count_processed()
-
-    def _abandon_thread(self, job_id: str) -> None:
-        """A plain handler ran past its timeout (or was cancelled) in a pool thread that cannot be
-        stopped: later jobs get a fresh pool of the same size, so a stuck thread never takes capacity away (the
-        old pool ends with its last thread)."""
-        self._abandoned += 1
-        old = self._executor
-        self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix=f"chasqui-{self.name}")
-        old.shutdown(wait=False)
-        log.warning(
-            "worker %s: job %s ended (timeout or cancel) in a thread that runs on (%d so far); use an "
-            "async handler to stop such jobs",
-            self.consumer_id,
-            job_id,
-            self._abandoned,
-        )

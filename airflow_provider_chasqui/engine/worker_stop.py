@@ -58,7 +58,12 @@ class WorkerStop(SlotRunner):
             else:
                 lp.stop()
         self._wake_all()
-        _done, late = await asyncio.wait(slots, timeout=s.shutdown_deadline_secs)
+        for task in self._left_behind:  # their jobs are settled; one more cancel, not waited for
+            task.cancel()
+        if self._left_behind:
+            log.warning("%s: %d handlers that ignored their cancellation still running", label, len(self._left_behind))
+        live = [t for t in slots if t not in self._left_behind]
+        _done, late = await asyncio.wait(live, timeout=s.shutdown_deadline_secs) if live else ((), ())
         if late:  # their entries stay pending and are reclaimed later: nothing is lost
             log.warning("%s: %d handlers still running at the shutdown deadline", label, len(late))
             await settle_tasks(list(late), label, cancel=True, grace=grace)

@@ -38,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -342,7 +342,7 @@ def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHo
         server.health_source = getattr(worker, "health", None)  # per-task liveness, when the engine has it
         server.start()
     try:
-        asyncio.run(_serve(worker, server, hooks))
+        _run_loop(_serve(worker, server, hooks))
     except Exception:
         log.exception("worker %s on queue %s failed", worker.consumer_id, queue)
         return 1
@@ -409,6 +409,33 @@ async def _serve(worker: Any, server: Any, hooks: RunHooks) -> None:
             loop.remove_signal_handler(sig)
 
 
+#: Tasks still running once the worker stopped (a handler ignoring its cancellation); main()
+#: exits without them, as without a handler's thread.
+_LEFT_RUNNING: list[asyncio.Task[Any]] = []
+
+
+def _run_loop(main: Coroutine[Any, Any, None], grace: float = 2.0) -> None:
+    """``asyncio.run(main)``, except at its end: the tasks still running are cancelled once and
+    given ``grace`` seconds, then left (``_LEFT_RUNNING``).  ``asyncio.run`` waits for each
+    until it ends, and a handler that swallows its ``CancelledError`` in a loop never does:
+    the stopped worker's process never exited."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main)
+    finally:
+        rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in rest:
+            task.cancel()
+        if rest:
+            loop.run_until_complete(asyncio.wait(rest, timeout=grace))
+        left = [t for t in rest if not t.done()]
+        _LEFT_RUNNING.extend(left)
+        if not left:  # with tasks left, the process ends by os._exit (main): nothing else to close
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+
 def _straggler_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("chasqui-") and not t.daemon and t.is_alive()]
 
@@ -433,11 +460,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "chasqui worker") -> 
             print(f"{parser.prog}: error: {redact_text(exc)}", file=sys.stderr)
         return 2
     stragglers = _straggler_threads()
-    if stragglers:
-        # Handlers past the shutdown deadline: their entries stay pending and are reclaimed by
-        # another worker; do not let them hold the process (the interpreter would join them).
+    if stragglers or _LEFT_RUNNING:
+        # Handlers past the shutdown deadline, or ignoring their cancellation: their entries stay
+        # pending and are reclaimed by another worker (or were settled without them); do not let
+        # them hold the process (the interpreter would join the threads, asyncio wait for the tasks).
         log.warning(
-            "%d handler thread(s) still running after the shutdown deadline; exiting without them", len(stragglers)
+            "%d handler thread(s) and %d handler task(s) still running after the shutdown deadline; "
+            "exiting without them",
+            len(stragglers),
+            len(_LEFT_RUNNING),
         )
         sys.stdout.flush()
         logging.shutdown()

@@ -132,6 +132,31 @@ async def test_cancelled_waiters_leave_and_the_hub_closes(redis_url: str, queue_
     await _cancel_nine_then_the_tenth(tasks, _hub(queue_name), queue_name)
 
 
+async def test_a_wait_that_blocked_returns_when_its_job_ends_not_at_the_read_block(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """The last waiter to leave closes the hub, which ends its blocked ``XREAD`` with ``CLIENT
+    UNBLOCK``.  On a cluster the reader gave no client id, and a cancel landing while its read
+    found its connection was lost: the close waited out the block, and a wait there returned
+    up to ``WAIT_BLOCK_MS`` (10 s) after its job ended (seen: 12.1 s for a job ending at 2 s)."""
+    q = queues(queue_name, redis_url)
+    ended: list[float] = []
+
+    async def h(job):
+        if job.name == "slow":
+            await asyncio.sleep(2)
+        ended.append(time.monotonic())
+        return job.data
+
+    async with running(worker_factory(queue_name, h, redis_url, concurrency=1, store_results=True)):
+        await q.add("slow", "first")
+        job = await q.add("quick", "second")
+        assert await job.wait_for_result(timeout=60) == "second"
+        late = time.monotonic() - ended[-1]
+        assert late < WAIT_BLOCK_MS / 1000 / 2, f"the wait returned {late:.1f} s after its job ended"
+    assert _hub(queue_name) is None
+
+
 async def _cancel_nine_then_the_tenth(tasks: list[asyncio.Task], hub, queue_name: str) -> None:
     """The tenth waiter stays while nine leave; the hub closes when it leaves too."""
     for t in tasks[:9]:

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -213,6 +214,32 @@ def test_sigterm_deadline_leaves_the_job_pending_for_reclaim(
     out = proc.output()
     assert "1 handlers still running at the shutdown deadline" in out
     assert "still running after the shutdown deadline; exiting without them" in out
+
+
+def test_a_handler_ignoring_its_cancellation_does_not_hold_the_stopped_process(
+    start_worker, redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """An ``async def`` handler swallowing every cancellation: its timed-out job is dead-lettered
+    without it, and after SIGTERM the process exits (status 0) instead of waiting for it for
+    ever (``asyncio.run`` waits for every task it cancels; this one never ends)."""
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        job = q.add("stubborn", {"dir": str(tmp_path), "max_hold": 170}, timeout_ms=500, attempts=1)
+        proc = start_worker(
+            ["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url, "--no-scheduler"]
+            + ["--shutdown-deadline", "60", "--store-results"]
+        )
+        wait_until_sync(lambda: any(tmp_path.glob("started-*")), 120, what="the stubborn job running")
+        failure = wait_until_sync(lambda: q.get_failure(job.id), 60, what="the job dead-lettered for its timeout")
+        assert failure.error.startswith("timeout:")
+        proc.wait_for_log("ignored the cancellation")
+        t0 = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait_exit(60) == 0, proc.output()
+        assert time.monotonic() - t0 < 30  # not the 60 s shutdown deadline, nor the handler's 170 s
+    assert not (tmp_path / "release").exists()
+    out = proc.output()
+    assert "1 handlers that ignored their cancellation still running" in out
+    assert "0 handler thread(s) and 1 handler task(s) still running" in out
 
 
 def test_a_second_signal_exits_at_once(start_worker, redis_url: str, queue_name: str, tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 ``hold`` blocks until the test releases it: it writes ``started-<job id>`` into the job's
 ``dir`` and returns once ``release`` exists there, so tests control exactly how long a job
-runs without sleeping to synchronise.
+runs without sleeping to synchronise.  ``stubborn`` does the same as an ``async def`` that
+swallows every cancellation (a bare ``except:`` in a loop).
 """
 
 from __future__ import annotations
@@ -42,3 +43,19 @@ async def slow_async(job):
 
     await asyncio.sleep(float(job.data.get("secs", 0.01)))
     return "ok"
+
+
+@handler("stubborn")
+async def stubborn(job):
+    import asyncio
+
+    folder = job.data["dir"]
+    with open(os.path.join(folder, f"started-{job.id}"), "w") as fh:
+        fh.write(str(os.getpid()))
+    deadline = time.monotonic() + float(job.data.get("max_hold", 60))
+    while not os.path.exists(os.path.join(folder, "release")) and time.monotonic() < deadline:
+        try:
+            await asyncio.sleep(0.02)
+        except asyncio.CancelledError:  # the hostile part
+            pass
+    return "released"
