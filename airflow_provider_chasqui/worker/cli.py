@@ -419,7 +419,9 @@ def _run_loop(main: Coroutine[Any, Any, None], grace: float = 2.0) -> None:
     given ``grace`` seconds, then left (``_LEFT_RUNNING``).  ``asyncio.run`` waits for each
     until it ends, and a handler that swallows its ``CancelledError`` in a loop never does:
     the stopped worker's process never exited."""
+    _LEFT_RUNNING.clear()
     loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # as asyncio.run does: get_event_loop() in the main thread finds it
     try:
         loop.run_until_complete(main)
     finally:
@@ -434,6 +436,7 @@ def _run_loop(main: Coroutine[Any, Any, None], grace: float = 2.0) -> None:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
+        asyncio.set_event_loop(None)
 
 
 def _straggler_threads() -> list[threading.Thread]:

@@ -208,3 +208,35 @@ def test_nothing_of_opentelemetry_is_imported_when_tracing_is_off(redis_url, que
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "LOADED []" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+async def test_a_left_behind_attempt_s_span_ends_with_its_job_s_outcome(
+    redis_url, queue_name, queues, worker_factory
+) -> None:
+    """A traced handler swallowing its timeout's cancellation is left behind
+    (``engine/running_control.py``): its span ends, with the outcome its job was settled with,
+    once the handler ends at last; the job behind it gets its own completed span meanwhile."""
+    import asyncio
+
+    q = queues(queue_name, redis_url, tracing=True)
+    release = asyncio.Event()
+
+    async def handler(j):
+        while j.name == "stuck" and not release.is_set():
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                pass
+        return "ok"
+
+    async with running(worker_factory(queue_name, handler, redis_url, tracing=True, concurrency=1)):
+        stuck = await q.add("stuck", 1, timeout_ms=300, attempts=1)
+        quick = await q.add("quick", 2)
+        await wait_until(lambda: len(_spans(queue_name, "chasqui process")) == 1, 30, what="the quick job's span")
+        assert _spans(queue_name, "chasqui process")[0].attributes["chasqui.job.id"] == quick.id
+        release.set()
+        await wait_until(lambda: len(_spans(queue_name, "chasqui process")) == 2, 30, what="the stuck job's span")
+    span = {s.attributes["chasqui.job.id"]: s for s in _spans(queue_name, "chasqui process")}[stuck.id]
+    assert span.attributes["chasqui.job.outcome"] == "dlq"
+    assert span.attributes["chasqui.dlq.reason"] == "retries_exhausted"
