@@ -154,10 +154,7 @@ class SlotRunner(RunningControl):
                     current[me] = None
                     if cancel_target and cancel_target.get(me) is dl:  # the handler swallowed the cancel
                         if me in left:  # ... for so long that its job was ended cancelled without it
-                            outcome = self._forget_slot(me)
-                            if span is not None and tracer is not None:
-                                tracer.end_consume(span, token, outcome)
-                            return
+                            raise LeftBehind  # (below: the slot ends)
                         del cancel_target[me]
                         cast("asyncio.Task[None]", me).uncancel()
                 except BaseException as exc:  # every handler failure is routed, none escapes
