@@ -49,9 +49,14 @@ MAX_WORKERS_LISTED = 1000  # a listing reads at most this many beats (the most r
 MAX_HANDLERS = 50  # handler names an identity lists
 
 
-def beat_calls(keys: QueueKeys, consumer: str, record: dict[str, Any], lease_ms: int, now: int, ok: bool) -> list[Call]:
-    """One beat: the live-until score and the identity, for one pipeline."""
-    body = json.dumps({**record, "beat_ms": now, "ok": ok}, separators=(",", ":"), default=str)
+def beat_calls(
+    keys: QueueKeys, consumer: str, record: dict[str, Any], lease_ms: int, now: int, ok: bool, left_running: int = 0
+) -> list[Call]:
+    """One beat: the live-until score and the identity, for one pipeline.  ``left_running``:
+    handlers still running whose job was ended without them (``Worker.left_running``)."""
+    body = json.dumps(
+        {**record, "beat_ms": now, "ok": ok, "left_running": left_running}, separators=(",", ":"), default=str
+    )
     return [
         command("ZADD", keys.beats, now + LIVE_LEASES * lease_ms, consumer),
         command("SET", keys.worker(consumer), body, "PX", (REAP_IDLE_LEASES + 1) * lease_ms),
@@ -80,6 +85,7 @@ class WorkerRecord:
     lease_ms: int | None = None
     ok: bool | None = None
     kind: str = ""
+    left_running: int | None = None  # handlers that ignored their stop and run on (None: not said)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,6 +156,7 @@ def parse_workers(beats: list[tuple[str, int]], identities: object, now: int) ->
                 lease_ms=_int(info.get("lease_ms")),
                 ok=info["ok"] if isinstance(info.get("ok"), bool) else None,
                 kind=_clip(str(info.get("kind", "")), 20),
+                left_running=_count(info.get("left_running")),
             )
         )
     return out
@@ -161,6 +168,11 @@ def _clip(text: str, limit: int) -> str:
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count(value: object) -> int | None:
+    n = _int(value)
+    return n if n is not None and n >= 0 else None
 
 
 def live_consumers(consumers: list[Any], workers: list[WorkerRecord], reap_idle_ms: int) -> int:

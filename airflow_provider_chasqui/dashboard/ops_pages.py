@@ -243,6 +243,7 @@ def workers_page(c: Ctx) -> Response:
             h(age(now - x["started_ms"]) if x["started_ms"] else "-"),
             h(age(now - x["beat_ms"]) + " ago" if x["beat_ms"] else "-"),
             {True: "ok", False: "unhealthy", None: "-"}[x["ok"]],
+            h(x["left_running"] if x["left_running"] is not None else "-"),
         ]
         for x in w["workers"]
     ]
@@ -258,6 +259,7 @@ def workers_page(c: Ctx) -> Response:
         "up",
         "last beat",
         "health",
+        "left running",
     ]
     body += "<h3>Worker processes</h3>" + (
         table(heads, fleet, "fleet") if fleet else "<p>no worker beats on this queue (ChasquiMQ workers do not)</p>"

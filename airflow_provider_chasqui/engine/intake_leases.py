@@ -64,6 +64,7 @@ class IntakeLeases:
     metrics: WorkerMetrics
     identity: dict[str, Any] | None
     healthy: Callable[[], bool]
+    left_running: Callable[[], int]
     history: MinuteCounts
     in_flight: set[bytes]
     settling: set[bytes]
@@ -145,7 +146,7 @@ class IntakeLeases:
         if self.identity is None:
             return []
         keys, name = self.core.keys, self.core.consumer_id
-        return beat_calls(keys, name, self.identity, self.lease_ms, now_ms(), self.healthy())
+        return beat_calls(keys, name, self.identity, self.lease_ms, now_ms(), self.healthy(), self.left_running())
 
     def lease_renewals(self, entry_ids: list[bytes]) -> list[Call]:
         """The ``renew_lease`` calls of :meth:`renew_ids` (also sent by the lease guard's thread)."""

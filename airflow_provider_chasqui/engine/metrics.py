@@ -30,6 +30,7 @@ class WorkerMetrics(Protocol):
     def promoter_tick(self, queue: str, promoted: int, depth: int, lag_ms: int) -> None: ...
     def scheduler_fire(self, queue: str, fires: int, lag_ms: int) -> None: ...
     def jobs_held(self, queue: str, n: int) -> None: ...
+    def handlers_left_running(self, queue: str, n: int) -> None: ...
 
 
 class GuardedMetrics:
@@ -79,6 +80,9 @@ class GuardedMetrics:
 
     def jobs_held(self, queue: str, n: int) -> None:
         self._call("jobs_held", queue, n)
+
+    def handlers_left_running(self, queue: str, n: int) -> None:
+        self._call("handlers_left_running", queue, n)
 
 
 NO_METRICS: WorkerMetrics = GuardedMetrics(None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..core.consumer import Delivery
@@ -39,6 +39,28 @@ class RunningControl(OutcomeWriter):
     _timed: dict[Any, tuple[tuple[Delivery, ...], int, int]]  # slot -> (its jobs, timeout ms, start ns)
     _cancel_sent: dict[Any, float]  # slot -> when Queue.cancel cancelled it
     _left_behind: dict[Any, str]  # slots whose handler ignored its cancellation, still running -> their job's outcome
+    _threads_left: set[Future[Any]]  # plain handlers' thread calls stopped while running: they run on
+    _left_reported: int  # the left_running count last given to the metrics sink
+
+    @property
+    def left_running(self) -> int:
+        """Handlers still running whose job was ended without them: ``async def`` handlers
+        left behind, and plain handlers' threads that ran on past their timeout or cancel.
+        Each holds what it holds (memory, connections) until it ends; the count is in the
+        worker's heartbeat (``chasqui workers``, the dashboard), in ``health()`` and in the
+        ``handlers_left_running`` metric.  0 before the first ``run()``."""
+        return len(getattr(self, "_left_behind", ())) + len(getattr(self, "_threads_left", ()))
+
+    def _run_on(self, call: Future[Any]) -> None:
+        """A plain handler's thread call was stopped while its thread runs: counted until it ends."""
+        self._threads_left.add(call)
+        call.add_done_callback(self._threads_left.discard)  # from its thread (or at once if done)
+
+    def _report_left_running(self) -> None:
+        n = self.left_running
+        if n != self._left_reported:
+            self._left_reported = n
+            self._sink.handlers_left_running(self.name, n)
 
     async def _watch_cancels(self) -> None:
         """Every ``CANCEL_POLL_SECS``: leave behind the slots whose handler outlived its cancel;
@@ -50,6 +72,7 @@ class RunningControl(OutcomeWriter):
             await asyncio.sleep(CANCEL_POLL_SECS)
             if self._timed or self._cancel_sent:
                 await self._leave_stuck_slots()
+            self._report_left_running()
             if not self._deque and not self._pooled and not any(self._current.values()):
                 continue
             try:

@@ -193,7 +193,9 @@ class Worker(WorkerStop):
         ``"scheduler"`` when they run.  Its value is True while the role's tasks run and
         never crashed, else a string: ``"restarted N times; last error: <type>: <text>"``
         (running again), ``"restarting: ..."`` (waiting for its backoff), ``"stalled for
-        Ns"`` (the reader) or ``"renewal late by Ns"`` (the lease).  While not consuming
+        Ns"`` (the reader) or ``"renewal late by Ns"`` (the lease).  ``"left_running"``, only
+        while :attr:`left_running` is above 0, says how many handlers run on after their job
+        ended without them (``"ok"`` stays as it was: the worker itself works).  While not consuming
         (before ``run()``, while it first reaches Redis, after it returns): ``{"ok": False,
         "running": self.is_running}``.
         """
@@ -211,6 +213,9 @@ class Worker(WorkerStop):
         late = now - self._intake.renewed_at - self.settings.claim_min_idle_ms / 1000
         if self._intake.in_flight and late > 0:
             out["lease"], out["ok"] = f"renewal late by {late:.1f}s", False
+        left = self.left_running
+        if left:
+            out["left_running"] = f"{left} handler{'s' if left > 1 else ''} running on after their job ended"
         return out
 
     async def close(self) -> None:
@@ -280,6 +285,7 @@ class Worker(WorkerStop):
             version=package_version(),
         )
         self._intake.healthy = lambda: bool(self.health().get("ok"))
+        self._intake.left_running = lambda: self.left_running
         self._guard = LeaseGuard(self._intake, self._url, loop, **timeouts).start()  # leases whole, loop blocked
         background = self._start_background()
         reader = self._tasks.start("reader", self._reader)
@@ -322,6 +328,8 @@ class Worker(WorkerStop):
         self._cancel_sent = {}
         self._timed = {}
         self._left_behind = {}
+        self._threads_left = set()
+        self._left_reported = 0
         self._slots = []
         self._pooled = {}
         self._box_waiting = []

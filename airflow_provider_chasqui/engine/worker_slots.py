@@ -435,11 +435,15 @@ class SlotRunner(RunningControl):
     async def _call(self, fn: Callable[..., Any], job: Job | list[Job]) -> Any:
         if _is_async(fn):
             return await fn(job)
-        loop = asyncio.get_running_loop()
         if self._tracer is not None:  # the executor thread sees the job's span as current
-            result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, in_thread, fn, job)
+            call = self._executor.submit(contextvars.copy_context().run, in_thread, fn, job)
         else:
-            result = await loop.run_in_executor(self._executor, in_thread, fn, job)
+            call = self._executor.submit(in_thread, fn, job)
+        try:
+            result = await asyncio.wrap_future(call)
+        finally:
+            if not call.done():  # stopped (deadline, cancel, shutdown) while its thread runs: it runs on
+                self._run_on(call)
         if type(result) is Raised:
             # raised here, not thrown in: a StopIteration leaving this coroutine becomes
             # RuntimeError('coroutine raised StopIteration'), as an async handler's does

@@ -167,7 +167,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-WORKER_HEADS = ("worker", "state", "host", "pid", "version", "handlers", "concurrency", "up", "last beat", "health")
+WORKER_HEADS = (
+    "worker",
+    "state",
+    "host",
+    "pid",
+    "version",
+    "handlers",
+    "concurrency",
+    "up",
+    "last beat",
+    "health",
+    "left running",
+)
 
 
 def workers_rows(workers: Iterable[WorkerRecord], now: int) -> list[tuple[Any, ...]]:
@@ -184,6 +196,7 @@ def workers_rows(workers: Iterable[WorkerRecord], now: int) -> list[tuple[Any, .
             f"{(now - w.started_ms) // 1000} s" if w.started_ms else "-",
             f"{(now - w.beat_ms) / 1000:.1f} s ago" if w.beat_ms else "-",
             {True: "ok", False: "unhealthy", None: "-"}[w.ok],
+            w.left_running if w.left_running is not None else "-",
         )
         for w in workers
     ]

@@ -294,6 +294,14 @@ class PrometheusMetrics:
             namespace=ns,
             registry=r,
         )
+        self.left_running = pc.Gauge(
+            "handlers_left_running",
+            "Handlers still running whose job was ended without them (a timeout or cancel they ignored, "
+            "or a plain handler's thread that cannot be stopped)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
         self.restarts = pc.Counter(
             "task_restarts",
             "Restarts of the worker's supervised tasks after a crash",
@@ -344,6 +352,9 @@ class PrometheusMetrics:
 
     def jobs_held(self, queue: str, n: int) -> None:
         self.held.labels(queue).set(n)
+
+    def handlers_left_running(self, queue: str, n: int) -> None:
+        self.left_running.labels(queue).set(n)
 
     def scheduler_fire(self, queue: str, fires: int, lag_ms: int) -> None:
         if fires:

@@ -30,7 +30,7 @@ __all__ = ["MetricsServer"]
 
 log = logging.getLogger("airflow_provider_chasqui.worker.metrics")  # the logger its lines always had
 
-_SUMMARY_KEYS = frozenset({"ok", "running"})
+_SUMMARY_KEYS = frozenset({"ok", "running", "left_running"})  # not tasks: handlers left running do not kill it
 _STUCK = ("restarting", "stalled", "renewal late")
 
 

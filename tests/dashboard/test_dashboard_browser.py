@@ -549,7 +549,8 @@ def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: A
     assert re.search(r"\n\S+\talive\t0\t", consumers), consumers  # one consumer, beating, nothing pending
     fleet = page.locator("table.fleet").inner_text()  # issue 28: who the worker is
     assert re.search(r"\nc-[^\t]+-\d+-[0-9a-f]{8}\talive\t", fleet), fleet
-    assert "gated, sleepy, square, tick" in fleet and "\tok" in fleet, fleet
+    assert "gated, sleepy, square, tick" in fleet and "\tok\t0" in fleet, fleet  # no handler left running
+    assert "health\tleft running" in fleet, fleet
     locks = page.locator("table.locks").inner_text()
     wait_for(
         "the worker to hold the scheduler lock",

@@ -12,12 +12,15 @@ Real servers, in-process workers.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 from engine_support import events_of, running, wait_until
 
+from airflow_provider_chasqui.core.codec import now_ms
 from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.liveness import read_workers
 from airflow_provider_chasqui.core.running import BATCH_ATTR, CANCEL_POLL_SECS, LEAVE_BEHIND_MS
 
 pytestmark = pytest.mark.timeout(120)
@@ -165,3 +168,74 @@ async def test_a_worker_with_a_slot_left_behind_stops_without_waiting_for_it(
         await asyncio.wait_for(h.ended.wait(), 30)
         if not task.done():
             task.cancel()
+
+
+class LeftRunningSink:
+    """A metrics sink with the one method this test watches (the protocol lets a sink have some)."""
+
+    def __init__(self) -> None:
+        self.reports: list[int] = []
+
+    def handlers_left_running(self, queue: str, n: int) -> None:
+        self.reports.append(n)
+
+
+async def test_handlers_running_on_after_their_job_are_counted_until_they_end(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """A left-behind ``async def`` handler and a plain handler's thread past its timeout each
+    count in ``Worker.left_running`` while they run on, and stop counting when they end: seen
+    in ``health()``, in the heartbeat every viewer reads (``chasqui workers``, the dashboard)
+    and by the metrics sink (``handlers_left_running``).  The worker stays healthy."""
+    q = queues(queue_name, redis_url)
+    stubborn = Stubborn()
+    thread_free = threading.Event()
+
+    def plain(job):
+        thread_free.wait(90)  # a thread cannot be stopped; it ends when the test lets it
+        return "late"
+
+    sink = LeftRunningSink()
+    handlers = {"stuck": stubborn, "quick": stubborn, "plain": plain}
+    worker = worker_factory(
+        queue_name, handlers, redis_url, concurrency=2, claim_min_idle_ms=2000, metrics=sink, store_results=True
+    )
+
+    async def beaten() -> int | None:
+        records = await q.driver.run(read_workers(q.keys, now_ms()))
+        return records[0].left_running if records else None
+
+    try:
+        async with running(worker):
+            assert worker.left_running == 0 and "left_running" not in worker.health()
+            stuck = await q.add("stuck", {}, timeout_ms=300, attempts=1)
+            await wait_until(lambda: q.get_failure(stuck.id), 30, what="the stubborn job dead-lettered")
+            assert worker.left_running == 1 and not stubborn.ended.is_set()
+            health = worker.health()
+            assert health["ok"] is True and health["left_running"] == "1 handler running on after their job ended"
+            await wait_until(lambda: _is(beaten(), 1), 30, what="the heartbeat to say 1")
+            blocked = await q.add("plain", {}, timeout_ms=300, attempts=1)
+            await wait_until(lambda: q.get_failure(blocked.id), 30, what="the plain job dead-lettered")
+            await wait_until(lambda: worker.left_running == 2, 30, what="the thread counted")
+            await wait_until(lambda: _is(beaten(), 2), 30, what="the heartbeat to say 2")
+            await wait_until(lambda: sink.reports[-1:] == [2], 30, what="the metric at 2")
+            behind = await q.add("quick", "behind")  # both slots were replaced: the queue runs on
+            assert await behind.wait_for_result(timeout=30) == "behind"
+            stubborn.release.set()
+            await asyncio.wait_for(stubborn.ended.wait(), 30)
+            await wait_until(lambda: worker.left_running == 1, 30, what="the coroutine's end counted")
+            thread_free.set()
+            await wait_until(lambda: worker.left_running == 0, 30, what="the thread's end counted")
+            assert "left_running" not in worker.health()
+            await wait_until(lambda: _is(beaten(), 0), 30, what="the heartbeat back at 0")
+            await wait_until(lambda: sink.reports[-1:] == [0], 30, what="the metric back at 0")
+    finally:
+        stubborn.release.set()
+        thread_free.set()
+    # changes only (sampled every CANCEL_POLL_SECS: the 1 between the two ends may fall between polls)
+    assert sink.reports[:2] == [1, 2] and sink.reports[-1] == 0, sink.reports
+    assert all(a != b for a, b in zip(sink.reports, sink.reports[1:])), sink.reports
+
+
+async def _is(value, want) -> bool:
+    return await value == want

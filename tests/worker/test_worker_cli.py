@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 from engine_support import wait_until_sync
-from worker_support import ROOT, chasqui_command, subprocess_env
+from servers import free_port
+from worker_support import ROOT, chasqui_command, http_get, metric_value, subprocess_env
 
 from airflow_provider_chasqui import SyncQueue
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -224,14 +225,26 @@ def test_a_handler_ignoring_its_cancellation_does_not_hold_the_stopped_process(
     ever (``asyncio.run`` waits for every task it cancels; this one never ends)."""
     with SyncQueue(queue_name, redis_url=redis_url) as q:
         job = q.add("stubborn", {"dir": str(tmp_path), "max_hold": 170}, timeout_ms=500, attempts=1)
+        port = free_port()
         proc = start_worker(
             ["-q", queue_name, "-H", "worker_handlers", "--redis-url", redis_url, "--no-scheduler"]
-            + ["--shutdown-deadline", "60", "--store-results"]
+            + ["--shutdown-deadline", "60", "--store-results", "--metrics-port", str(port)]
         )
         wait_until_sync(lambda: any(tmp_path.glob("started-*")), 120, what="the stubborn job running")
         failure = wait_until_sync(lambda: q.get_failure(job.id), 60, what="the job dead-lettered for its timeout")
         assert failure.error.startswith("timeout:")
         proc.wait_for_log("ignored the cancellation")
+        # what an operator sees meanwhile: `chasqui workers` says the handler runs on
+        wait_until_sync(lambda: _left_running(redis_url, queue_name) == 1, 60, what="`chasqui workers --json` at 1")
+        table = _chasqui("workers", queue_name, "--redis-url", redis_url).splitlines()
+        assert table[0].rstrip().endswith("health  left running") and table[2].rstrip().endswith("ok      1"), table
+        gauge = "chasqui_handlers_left_running"
+        wait_until_sync(
+            lambda: metric_value(http_get(f"http://127.0.0.1:{port}/metrics")[1], gauge, queue=queue_name) == 1,
+            60,
+            what="the gauge at 1",
+        )
+        assert http_get(f"http://127.0.0.1:{port}/livez")[0] == 200  # the worker itself works: no restart
         t0 = time.monotonic()
         proc.signal(signal.SIGTERM)
         assert proc.wait_exit(60) == 0, proc.output()
@@ -240,6 +253,20 @@ def test_a_handler_ignoring_its_cancellation_does_not_hold_the_stopped_process(
     out = proc.output()
     assert "1 handlers that ignored their cancellation still running" in out
     assert "0 handler thread(s) and 1 handler task(s) still running" in out
+
+
+def _chasqui(*args: str) -> str:
+    """The ``chasqui`` command as an operator runs it; its stdout."""
+    done = subprocess.run(
+        [*chasqui_command(), *args], capture_output=True, text=True, env=subprocess_env(), timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _left_running(url: str, queue: str) -> int | None:
+    workers = json.loads(_chasqui("workers", queue, "--json", "--redis-url", url))["workers"]
+    return workers[0]["left_running"] if workers else None
 
 
 def test_a_second_signal_exits_at_once(start_worker, redis_url: str, queue_name: str, tmp_path: Path) -> None:
