@@ -41,7 +41,7 @@ class Job:
     attempt: int
     created_at_ms: int
     _queue: Queue | None = field(default=None, repr=False, compare=False, hash=False)
-    _progress: Any = field(default=None, repr=False, compare=False, hash=False)  # a worker's ProgressReporter
+    _progress: Any = field(default=None, repr=False, compare=False, hash=False)  # its worker slot's progress sink
 
     @property
     def attempts_made(self) -> int:
@@ -51,14 +51,17 @@ class Job:
         """Report this job's progress from its handler: a finite number (a percentage shows as a
         bar) or a small dict (at most 1 KiB packed); ``ConfigError`` otherwise.  Kept with the job
         and sent as a ``progress`` event, coalesced: the worker writes the latest value of each
-        job at most every 0.25 s (docs/running-jobs.md).  Returns at once."""
+        job at most every 0.25 s (docs/running-jobs.md).  Returns at once; ``RuntimeError`` once
+        this attempt has ended."""
         self.update_progress_sync(value)
 
     def update_progress_sync(self, value: Any) -> None:
-        """:meth:`update_progress` for a plain (non-async) handler, from its thread."""
+        """:meth:`update_progress` for a plain (non-async) handler, from its thread.
+        ``RuntimeError`` once this attempt has ended (a task or thread the handler left running,
+        a handler past its timeout or cancel): a report then would land after the job's outcome."""
         if self._progress is None:
             raise RuntimeError("update_progress works inside a worker's handler (this Job came from a producer)")
-        self._progress.update(self.id, value)
+        self._progress.report(self, value)
 
     async def wait_for_result(self, timeout: float = 30.0, **_compat: Any) -> Any:
         """Block on Redis until the job completes; return the handler's result.

@@ -68,6 +68,9 @@ class _Progress:
         self.sent: dict[str, float] = {}
         self.held: dict[str, Any] = {}
 
+    def report(self, job: Any, value: Any) -> None:
+        self.update(job.id, value)
+
     def update(self, job_id: str, value: Any) -> None:
         check_progress(value)
         now = time.monotonic()

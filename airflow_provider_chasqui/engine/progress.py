@@ -7,6 +7,12 @@ writes whatever was recorded every ``PROGRESS_FLUSH_SECS`` in one pipeline
 worker's flusher writes it before any outcome, so a finished job's last report is in Redis when
 its result is.  So a handler reporting in a tight loop costs one dict store per call, and Redis
 at most four writes per second per job.
+
+A handler's ``Job`` reports through its slot's :class:`SlotProgress`, which takes reports only
+while that very attempt runs there: once its outcome is decided (or its slot was left behind,
+``engine/running_control.py``), a report raises ``RuntimeError`` and writes nothing.  Before,
+a task the handler left running, a thread past its timeout or a left-behind handler went on
+writing after the job's outcome, over the progress of the job's next attempt (elsewhere, too).
 """
 
 from __future__ import annotations
@@ -20,9 +26,33 @@ from ..core.keys import QueueKeys
 from ..core.running import PROGRESS_FLUSH_SECS, check_progress, progress_calls
 from ._driver import AsyncDriver
 
-__all__ = ["ProgressReporter"]
+__all__ = ["ProgressReporter", "SlotProgress"]
 
 log = logging.getLogger(__name__)
+
+
+class SlotProgress:
+    """``Job._progress`` of the jobs one slot runs: reports of the attempt running there now."""
+
+    __slots__ = ("reporter", "job")
+
+    def __init__(self, reporter: ProgressReporter) -> None:
+        self.reporter = reporter
+        self.job: Any = None  # the Job (a batch: the list of Jobs) whose handler the slot awaits
+
+    def report(self, job: Any, value: Any) -> None:
+        """``job.update_progress(value)``; ``RuntimeError`` once that attempt has ended."""
+        running = self.job
+        if running is not job and not (type(running) is list and any(j is job for j in running)):
+            raise RuntimeError(
+                f"job {job.id} attempt {job.attempt + 1} has ended (completed, failed, timed out or "
+                "cancelled): its progress is no longer recorded"
+            )
+        self.reporter.update(job.id, value)
+
+    def end(self) -> None:
+        """The running attempt ended: its Job reports no more."""
+        self.job = None
 
 
 class ProgressReporter:

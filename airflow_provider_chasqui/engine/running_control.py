@@ -22,6 +22,7 @@ from typing import Any
 from ..core.consumer import Delivery
 from ..core.running import CANCEL_POLL_SECS, LEAVE_BEHIND_MS
 from ..errors import TRANSIENT_ERRORS, JobTimeout
+from .progress import SlotProgress
 from .worker_base import log
 from .worker_outcomes import OutcomeWriter
 
@@ -39,6 +40,7 @@ class RunningControl(OutcomeWriter):
     _timed: dict[Any, tuple[tuple[Delivery, ...], int, int]]  # slot -> (its jobs, timeout ms, start ns)
     _cancel_sent: dict[Any, float]  # slot -> when Queue.cancel cancelled it
     _left_behind: dict[Any, str]  # slots whose handler ignored its cancellation, still running -> their job's outcome
+    _slot_progress: dict[Any, SlotProgress]  # slot task -> the progress sink of its jobs
     _threads_left: set[Future[Any]]  # plain handlers' thread calls stopped while running: they run on
     _left_reported: int  # the left_running count last given to the metrics sink
 
@@ -124,6 +126,9 @@ class RunningControl(OutcomeWriter):
     def _leave_behind(self, task: Any, dl: Delivery, what: str, outcome: str) -> None:
         """Hand ``task``'s place to a new slot; ``task`` settles nothing more (``LeftBehind``)."""
         self._left_behind[task] = outcome  # its span ends so once its handler does
+        sink = self._slot_progress.pop(task, None)
+        if sink is not None:  # its handler's reports from now on raise, write nothing
+            sink.end()
         self._timed.pop(task, None)
         self._cancel_sent.pop(task, None)
         self._current.pop(task, None)  # no cancel looks it up again

@@ -329,6 +329,7 @@ class Worker(WorkerStop):
         self._timed = {}
         self._left_behind = {}
         self._threads_left = set()
+        self._slot_progress = {}
         self._left_reported = 0
         self._slots = []
         self._pooled = {}

@@ -24,6 +24,7 @@ from ..types import Job, new_job
 from .handler_calls import Raised, in_thread
 from .intake_leases import START_CHECK_FRACTION
 from .metrics import NO_METRICS
+from .progress import SlotProgress
 from .running_control import LeftBehind, RunningControl
 from .worker_base import POOL_RUN, _Dispatch, _is_async, _packb, log
 
@@ -69,10 +70,10 @@ class SlotRunner(RunningControl):
         current, cancel_target = self._current, self._cancel_target  # see _watch_cancels
         left = self._left_behind  # see running_control.py: this slot may be left behind in its handler
         procs = self._procs
-        progress = self._progress
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
         me = asyncio.current_task()
+        progress = self._slot_progress[me] = SlotProgress(self._progress)  # its jobs' reports (engine/progress.py)
         tracer = self._tracer
         span = token = None
         lease_check = s.claim_min_idle_ms / 1000 * START_CHECK_FRACTION
@@ -145,13 +146,14 @@ class SlotRunner(RunningControl):
                             tracer.end_consume(span, token, outcome)
                         continue
                     current[me] = dl  # only while suspended in the handler (no other await until cleared)
+                    progress.job = job
                     if procs is not None:  # traced: one call at a time, as above
                         result = await procs.run(dl.name if dispatch is not None else None, job, limit)
                     elif limit:
                         result = await self._bounded(fn, job, is_async, limit, (dl,), start, me)
                     else:
                         result = await (fn(job) if is_async else self._call(fn, job))
-                    current[me] = None
+                    current[me] = progress.job = None
                     if cancel_target and cancel_target.get(me) is dl:  # the handler swallowed the cancel
                         if me in left:  # ... for so long that its job was ended cancelled without it
                             raise LeftBehind  # (below: the slot ends)
@@ -163,7 +165,7 @@ class SlotRunner(RunningControl):
                         if span is not None and tracer is not None:
                             tracer.end_consume(span, token, outcome)
                         return
-                    current[me] = None
+                    current[me] = progress.job = None
                     if isinstance(exc, asyncio.CancelledError) and cancel_target.get(me) is dl:
                         del cancel_target[me]  # Queue.cancel: this job ends cancelled, the slot goes on
                         cast("asyncio.Task[None]", me).uncancel()
@@ -369,6 +371,7 @@ class SlotRunner(RunningControl):
         own = [dl.timeout_ms for dl in dls if dl.timeout_ms]
         limit = min(own) if own else default_ms
         me = asyncio.current_task()
+        job._progress.job = jobs  # its jobs report while the call runs (engine/progress.py)
         try:
             if self._procs is not None:
                 key = first.name if isinstance(self._handler, _Dispatch) else None
@@ -386,6 +389,7 @@ class SlotRunner(RunningControl):
                     + f"; expected a list of {len(jobs)} results, one per job"
                 )
         except BaseException as exc:
+            job._progress.end()
             if isinstance(exc, LeftBehind):
                 raise  # its jobs were settled without it; the slot ends
             if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
@@ -399,6 +403,7 @@ class SlotRunner(RunningControl):
             for dl in dls:
                 self._failed(dl, exc, duration_us)
             return "failed"
+        job._progress.end()
         duration_us = (time.perf_counter_ns() - start) // 1000
         done = []
         for dl, result in zip(dls, results):
@@ -428,7 +433,7 @@ class SlotRunner(RunningControl):
                 continue
             env = dl.envelope
             dls.append(dl)
-            jobs.append(new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, self._progress))
+            jobs.append(new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, job._progress))
         self._deque.extendleft(reversed(keep))
         return dls, jobs
 

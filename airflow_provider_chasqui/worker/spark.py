@@ -135,7 +135,7 @@ class SparkRuntime:
         self._next_slot = 0
         # jobs whose handler runs Spark now: id -> (the worker's progress sink, the last value sent);
         # a job whose handler reports progress itself leaves (its own values win)
-        self._running: dict[str, tuple[Any, dict[str, int] | None]] = {}
+        self._running: dict[str, tuple[Any, dict[str, int] | None]] = {}  # job id -> (its Job, last value)
 
     def pool(self) -> str:
         """The FAIR pool of the calling handler thread: ``chasqui-<slot>``, a slot per thread in
@@ -164,8 +164,8 @@ class SparkRuntime:
             self._refuse_if_stopped()
             if job._progress is not None and self.sc is not None:  # (Spark Connect has no status tracker)
                 with self._lock:
-                    self._running[job.id] = (job._progress, None)
-                job = dataclasses.replace(job, _progress=_OwnProgress(job._progress, self._running, self._lock))
+                    self._running[job.id] = (job, None)
+                job = dataclasses.replace(job, _progress=_OwnProgress(job, self._running, self._lock))
             try:
                 with self._scope(job.id, f"chasqui {self.queue_hint} {name} {job.id}"):
                     try:
@@ -315,16 +315,16 @@ class SparkRuntime:
         tracker = self.sc.statusTracker()
         with self._lock:
             running = [(k, v) for k, v in self._running.items() if only is None or k == only]
-        for job_id, (sink, last) in running:
+        for job_id, (job, last) in running:
             value = spark_progress(tracker, f"chasqui-{job_id}")
             if value is None or value == last:
                 continue
             with self._lock:  # one lock with _OwnProgress: a handler's own value is never overwritten
                 if job_id not in self._running:  # ended, or its handler reports on its own
                     continue
-                self._running[job_id] = (sink, value)
+                self._running[job_id] = (job, value)
                 try:
-                    sink.update(job_id, value)
+                    job._progress.report(job, value)
                 except Exception as exc:  # noqa: BLE001 - progress is a convenience: the job runs on
                     log.debug("Spark progress of job %s not reported: %s", job_id, exc)
 
@@ -410,13 +410,13 @@ class _OwnProgress:
     """The progress sink a Spark handler's job carries: a report of its own ends the Spark
     reports for that job (the handler's values win)."""
 
-    def __init__(self, sink: Any, running: dict[str, Any], lock: threading.Lock) -> None:
-        self._sink, self._running, self._lock = sink, running, lock
+    def __init__(self, job: Any, running: dict[str, Any], lock: threading.Lock) -> None:
+        self._job, self._running, self._lock = job, running, lock  # the Job its worker slot made
 
-    def update(self, job_id: str, value: Any) -> None:
+    def report(self, job: Any, value: Any) -> None:
         with self._lock:
-            self._running.pop(job_id, None)
-            self._sink.update(job_id, value)
+            self._running.pop(job.id, None)
+            self._job._progress.report(self._job, value)
 
 
 def spark_progress(tracker: Any, group: str) -> dict[str, int] | None:
