@@ -63,6 +63,26 @@ def report(job: Any) -> str:
     return "reported"
 
 
+def leave_reporting(job: Any) -> str:
+    """Starts a thread that reports every 10 ms and returns, leaving it running; the thread
+    writes what its first refused report raised to ``<job.data>/refused`` and ends."""
+    folder = str(job.data)
+
+    def loop() -> None:
+        give_up = time.monotonic() + 60
+        try:
+            while time.monotonic() < give_up:
+                job.update_progress_sync(round(time.monotonic(), 3))
+                time.sleep(0.01)
+        except RuntimeError as exc:
+            with open(os.path.join(folder, "refused"), "w") as fh:
+                fh.write(str(exc))
+
+    threading.Thread(target=loop, daemon=True).start()
+    time.sleep(0.1)
+    return "left"
+
+
 def fail(job: Any) -> None:
     if job.data == "unrecoverable":
         raise UnrecoverableError("no use retrying")
@@ -109,6 +129,7 @@ HANDLERS = {
     "nap": nap,
     "sums": sums,
     "limited": limited,
+    "leave_reporting": leave_reporting,
 }
 
 

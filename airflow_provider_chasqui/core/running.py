@@ -314,6 +314,26 @@ def check_progress(value: Any) -> bytes:
     return packed
 
 
+def attempt_ended(job: Any) -> RuntimeError:
+    """What ``update_progress`` raises once its Job's attempt has ended (``engine/progress.py``)."""
+    return RuntimeError(
+        f"job {job.id} attempt {job.attempt + 1} has ended (completed, failed, timed out or cancelled): "
+        "its progress is no longer recorded"
+    )
+
+
+class AttemptEnded:
+    """``Job._progress`` of a job whose attempt ended: every report raises :func:`attempt_ended`."""
+
+    __slots__ = ()
+
+    def report(self, job: Any, value: Any) -> None:
+        raise attempt_ended(job)
+
+
+ATTEMPT_ENDED = AttemptEnded()
+
+
 def progress_calls(keys: QueueKeys, latest: dict[str, tuple[Any, bytes]], events_max: int, now: int) -> list[Call]:
     """The latest progress of each job (id -> (value, its msgpack from :func:`check_progress`)):
     kept with the job, and a ``progress`` event each (the value as JSON, for readers of the

@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from types import CoroutineType
 from typing import Any
 
-from ..core.running import check_progress
+from ..core.running import ATTEMPT_ENDED, check_progress
 from ..errors import UnrecoverableError
 from ..types import Job, new_job
 
@@ -244,6 +244,7 @@ class _Runner:
         arg: Job | list[Job] = (
             [new_job(*f, None, progress) for f in fields] if batch else new_job(*fields, None, progress)
         )
+        jobs = tuple(arg) if isinstance(arg, list) else (arg,)  # as made: a batch handler may change its list
         try:
             fn = self.handler if self.table is None else self.table[key]
             result = fn(arg)
@@ -254,8 +255,10 @@ class _Runner:
             ok, value = True, result
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, none ends the child
             ok, value = False, _portable(exc)
+        for job in jobs:  # a task or thread the handler left reporting: its reports raise from now on
+            object.__setattr__(job, "_progress", ATTEMPT_ENDED)
         if progress.sent or progress.held:
-            progress.settle([j.id for j in arg] if isinstance(arg, list) else [arg.id])
+            progress.settle([j.id for j in jobs])
         if value is None:
             return ok, NONE_BLOB, False
         out_of_memory = not ok and isinstance(value[0], MemoryError)  # a failure is (exception, traceback)

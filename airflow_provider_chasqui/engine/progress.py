@@ -23,7 +23,7 @@ from typing import Any
 
 from ..core.codec import now_ms
 from ..core.keys import QueueKeys
-from ..core.running import PROGRESS_FLUSH_SECS, check_progress, progress_calls
+from ..core.running import PROGRESS_FLUSH_SECS, attempt_ended, check_progress, progress_calls
 from ._driver import AsyncDriver
 
 __all__ = ["ProgressReporter", "SlotProgress"]
@@ -44,10 +44,7 @@ class SlotProgress:
         """``job.update_progress(value)``; ``RuntimeError`` once that attempt has ended."""
         running = self.job
         if running is not job and not (type(running) is list and any(j is job for j in running)):
-            raise RuntimeError(
-                f"job {job.id} attempt {job.attempt + 1} has ended (completed, failed, timed out or "
-                "cancelled): its progress is no longer recorded"
-            )
+            raise attempt_ended(job)
         self.reporter.update(job.id, value)
 
     def end(self) -> None:

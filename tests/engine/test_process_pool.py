@@ -129,11 +129,11 @@ def _pending(url: str, queue: str) -> int:
 
 @pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_handlers_run_in_child_processes_and_report_as_in_process(
-    redis_url: str, queue_name: str, queues
+    redis_url: str, queue_name: str, queues, tmp_path
 ) -> None:
     """Plain and async handlers run in two child processes; results, a failure with the child's
-    traceback, an unrecoverable error, progress and a batch of 100 (one refused: 99 completed,
-    1 retried) come back exactly as they do in process."""
+    traceback, an unrecoverable error, progress (refused once its job ended) and a batch of 100
+    (one refused: 99 completed, 1 retried) come back exactly as they do in process."""
     q = queues(queue_name, redis_url)
     async with running(_pool_worker(queue_name, redis_url)):
         jobs = [await q.add("pid", i) for i in range(40)] + [await q.add("apid", 0)]
@@ -154,6 +154,13 @@ async def test_handlers_run_in_child_processes_and_report_as_in_process(
         details = await q.get_job_details(reporting.id)
         assert details.progress == {"stage": "last", "pct": 90}
         assert [e["progress"] for e in details.events if e.get("e") == "progress"][-1] == '{"stage":"last","pct":90}'
+
+        # a thread the handler left reporting: its first report after the job ended raises
+        left = await q.add("leave_reporting", str(tmp_path))
+        assert await left.wait_for_result(timeout=30) == "left"
+        await wait_until(lambda: (tmp_path / "refused").exists(), 30, what="the left thread's report refused")
+        assert f"job {left.id} attempt 1 has ended" in (tmp_path / "refused").read_text()
+        assert [e["e"] for e in (await q.get_job_details(left.id)).events][-1] == "completed"
 
         batch = await q.add_bulk([{"name": "sums", "data": -1 if i == 37 else i, "attempts": 3} for i in range(100)])
         done = [await j.wait_for_result(timeout=60) for i, j in enumerate(batch) if i != 37]
