@@ -31,7 +31,7 @@ import math
 import re
 from typing import Any
 
-from ..errors import CodecError, ConfigError, ConfigTypeError
+from ..errors import CodecError, ConfigError, ConfigTypeError, UnrecoverableError
 from .calls import Call, Flow, Pause, command, int_reply, script_call
 from .codec import (
     MAX_JOB_ID_CHARS,
@@ -312,6 +312,21 @@ def check_progress(value: Any) -> bytes:
                 f"progress must be JSON-compatible (keys str or numbers, numbers finite): {exc}"
             ) from None
     return packed
+
+
+# ---- results --------------------------------------------------------------------------------
+DEFAULT_MAX_RESULT_BYTES = 1_048_576  # a stored result, packed: as a job's data (max_payload_bytes)
+MAX_RESULT_BYTES = 512 * 1_048_576  # Redis' own limit on one argument (proto-max-bulk-len's default)
+
+
+def result_too_large(size: int, limit: int) -> UnrecoverableError:
+    """The failure of a job whose result packs past ``max_result_bytes``: its ack, carrying the
+    result, would fail (at Redis' argument limit, or filling its memory), the entry would stay
+    pending and run again, and with it every job of its ack batch."""
+    return UnrecoverableError(
+        f"handler result packs to {size:,} bytes; the limit is max_result_bytes={limit:,} "
+        "(store a large result elsewhere and return a reference to it, or raise the limit)"
+    )
 
 
 def attempt_ended(job: Any) -> RuntimeError:

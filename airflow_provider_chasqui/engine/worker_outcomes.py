@@ -14,6 +14,7 @@ from ..core.codec import now_ms
 from ..core.consumer import DECODE_FAILED, ROUTING_FAILED, Delivery
 from ..core.failure import handler_traceback
 from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, FAIL_REASON, FAIL_TRACEBACK
+from ..core.running import result_too_large
 from ..errors import CodecError, UnrecoverableError
 from .metrics import NO_METRICS
 from .worker_base import WorkerBase, _packb, log
@@ -36,6 +37,9 @@ class OutcomeWriter(WorkerBase):
                     encoded = _packb(result)
                 except Exception as exc:  # noqa: BLE001 - the handler ran: never run it again for this
                     self._failed(dl, UnrecoverableError(f"handler result cannot be stored: {exc!r}"), duration_us)
+                    continue
+                if len(encoded) > s.max_result_bytes:
+                    self._failed(dl, result_too_large(len(encoded), s.max_result_bytes), duration_us)
                     continue
             else:
                 encoded = b""

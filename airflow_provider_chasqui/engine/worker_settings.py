@@ -10,7 +10,7 @@ from typing import Any
 from ..core.codec import U32_MAX
 from ..core.keys import check_consumer_name
 from ..core.retry import RetryPolicy
-from ..core.running import check_timeout_ms
+from ..core.running import DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES, check_timeout_ms
 from ..core.settings import MAX_COUNT, MAX_MS, QueueSettings, check_int
 from ..errors import ConfigError
 
@@ -36,6 +36,7 @@ class WorkerSettings:
     scheduler_tick_ms: int = 1000
     promoter_poll_ms: int = 100
     store_results: bool = False
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES  # a larger result fails its job (core/running.py)
     result_ttl_ms: int = 24 * 3600 * 1000
     failure_ttl_ms: int = 24 * 3600 * 1000
     ack_batch: int = 256
@@ -91,6 +92,7 @@ _POSITIVE_INTS = {
     "promoter_poll_ms": MAX_MS,
     "result_ttl_ms": MAX_MS,
     "failure_ttl_ms": MAX_MS,
+    "max_result_bytes": MAX_RESULT_BYTES,
 }
 _OPTIONAL_POSITIVE_INTS = {"sync_threads": 4096, "max_jobs": 2**63 - 1, "processes": 1024, "process_memory_mb": 2**30}
 
@@ -117,6 +119,7 @@ _OPTION_FIELDS = {
     "scheduler_tick_ms",
     "promoter_poll_ms",
     "store_results",
+    "max_result_bytes",
     "result_ttl_ms",
     "failure_ttl_ms",
     "ack_batch",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .. import tracing as _tracing
 from ..core.calls import command
 from ..core.consumer import UNDECODED, Delivery
-from ..core.running import handler_batch, handler_timeout
+from ..core.running import handler_batch, handler_timeout, result_too_large
 from ..errors import CodecError, JobTimeout, RateLimited, UnrecoverableError
 from ..types import Job, new_job
 from .handler_calls import Raised, in_thread
@@ -60,7 +60,7 @@ class SlotRunner(RunningControl):
         loop = asyncio.get_running_loop()
         queue, stopping, idle, rows = self._deque, self._stopping, self._idle, self._done_rows
         s = self.settings
-        store, ack_batch, name = s.store_results, s.ack_batch, self.name
+        store, ack_batch, name, max_result = s.store_results, s.ack_batch, self.name, s.max_result_bytes
         metrics = None if self._sink is NO_METRICS else self._sink  # the per-job path skips the null sink
         # a _Dispatch is only ever called through ``dispatch.lookup`` below
         handler = cast("Callable[[Job], Any]", self._handler)
@@ -190,10 +190,14 @@ class SlotRunner(RunningControl):
                         await self._end_failed_span(tracer, span, token, dl, outcome, exc)
                     continue
                 if store:
+                    err: UnrecoverableError | None
                     try:
                         encoded = _packb(result)
                     except Exception as exc:  # noqa: BLE001 - the handler ran: never run it again for this
                         err = UnrecoverableError(f"handler result cannot be stored: {exc!r}")
+                    else:
+                        err = result_too_large(len(encoded), max_result) if len(encoded) > max_result else None
+                    if err is not None:
                         outcome = self._failed(dl, err, (clock() - start) // 1000)
                         if span is not None and tracer is not None:
                             await self._end_failed_span(tracer, span, token, dl, outcome, err)

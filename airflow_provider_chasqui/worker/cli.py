@@ -188,6 +188,13 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         help="stored results kept per queue besides their TTL; the oldest go first (default 10000)",
     )
     p.add_argument(
+        "--max-result-bytes",
+        type=_positive_int,
+        dest="max_result_bytes",
+        metavar="BYTES",
+        help="a larger stored result (packed) fails its job as unrecoverable (default 1048576)",
+    )
+    p.add_argument(
         "--max-failures",
         type=_positive_int,
         dest="failures_max_len",
@@ -279,6 +286,7 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
         "store_results": args.store_results,
         "result_ttl_ms": None if args.result_ttl is None else int(args.result_ttl * 1000),
         "results_max_len": args.results_max_len,
+        "max_result_bytes": args.max_result_bytes,
         "failures_max_len": args.failures_max_len,
         "run_scheduler": not args.no_scheduler,
         "delayed_enabled": not args.no_promoter,

@@ -140,3 +140,40 @@ async def test_worker_survives_a_redis_restart_on_the_same_port(tmp_path: Path, 
 def _in_flight(w) -> bool:
     intake = getattr(w, "_intake", None)
     return bool(intake is not None and intake.in_flight)
+
+
+# Single node by nature: a private server whose argument limit is the smallest Redis allows.
+async def test_a_result_past_the_servers_argument_limit_runs_once_with_the_default_settings(
+    tmp_path: Path, worker_factory
+) -> None:
+    """``proto-max-bulk-len 1mb`` (Redis' smallest): a handler returning 2 MiB made the ack
+    carrying its result fail with "invalid bulk length", the entry stayed pending and ran
+    again after each lease, up to its attempts.  With the default ``max_result_bytes`` (1 MiB,
+    the same smallest limit) its job is dead-lettered ``unrecoverable`` after one run, and the
+    jobs around it complete once."""
+    server = start_server("redis7", tmpdir=tmp_path, extra_args=("--proto-max-bulk-len", "1mb"))
+    queue_name = "big-result-q"
+    k = QueueKeys.for_queue(queue_name)
+    runs: dict[int, int] = {}
+
+    async def handler(job: Job) -> object:
+        runs[job.data] = runs.get(job.data, 0) + 1
+        return b"x" * (2 << 20) if job.data == 0 else job.data
+
+    r = server.client()
+    q = Queue(queue_name, redis_url=server.url)
+    try:
+        jobs = await q.add_bulk([{"name": "r", "data": i, "attempts": 3} for i in range(10)])
+        w = worker_factory(queue_name, handler, server.url, store_results=True, claim_min_idle_ms=1000)
+        async with running(w):
+            await wait_until(lambda: r.xlen(k.dlq), 30, what="the big result's job dead-lettered")
+            await wait_until(lambda: not r.xpending(k.stream, "default")["pending"], 30, what="every entry acked")
+            for j in jobs[1:]:
+                assert await q.wait_for_result(j.id, timeout=30) == j.data
+        assert runs == dict.fromkeys(range(10), 1), runs
+        failure = await q.get_failure(jobs[0].id)
+        assert failure.reason == "unrecoverable" and "max_result_bytes=1,048,576" in failure.error
+    finally:
+        await q.close()
+        r.close()
+        server.stop()

@@ -22,6 +22,7 @@ from redis.exceptions import ResponseError
 from airflow_provider_chasqui import Job
 from airflow_provider_chasqui.core.codec import BackoffWire, Envelope, RetryOverride, encode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.running import BATCH_ATTR
 
 
 async def _xlen_is(r, key: str, n: int) -> bool:
@@ -142,6 +143,47 @@ async def test_an_unencodable_result_never_reruns_the_handler(
     failed = [e for e in await events_of(r, queue_name) if e["e"] == "failed"]
     assert [e["id"] for e in failed] == [job.id] and "cannot be stored" in failed[0]["reason"]
     assert await r.zcard(k.delayed) == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch", [0, 10], ids=["one_job", "batch_handler"])
+async def test_a_result_past_max_result_bytes_fails_its_job_alone_and_never_reruns(
+    batch, redis_url, queue_name, clients, queues, worker_factory
+) -> None:
+    """A result packing past ``max_result_bytes`` made the ack carrying it fail (Redis refuses
+    an argument past ``proto-max-bulk-len``, or runs out of memory): the entry stayed pending
+    and ran again, with every job of its ack batch, until its attempts ran out.  Now that job
+    alone is dead-lettered ``unrecoverable`` naming the limit, after one run; a result packing
+    to exactly the limit is stored, and the other jobs complete once."""
+    k = QueueKeys.for_queue(queue_name)
+    r = clients(redis_url)
+    limit = 70_000
+    exact = b"x" * (limit - len(msgpack.packb(b"x" * limit)) + limit)  # packs to exactly `limit`
+    assert len(msgpack.packb(exact)) == limit
+    runs: dict[int, int] = {}
+
+    def one(job: Job) -> object:
+        runs[job.data] = runs.get(job.data, 0) + 1
+        return {0: exact + b"!", 1: exact}.get(job.data, job.data)
+
+    async def handler(job: Job | list[Job]) -> object:
+        return [one(j) for j in job] if isinstance(job, list) else one(job)
+
+    if batch:
+        setattr(handler, BATCH_ATTR, batch)
+    q = queues(queue_name, redis_url)
+    jobs = await q.add_bulk([{"name": "r", "data": i, "attempts": 5} for i in range(20)])
+    w = worker_factory(queue_name, handler, redis_url, store_results=True, max_result_bytes=limit)
+    async with running(w):
+        await wait_until(lambda: r.xlen(k.dlq), 20, what="the big result's job to be dead-lettered")
+        await wait_until(lambda: _settled(r, queue_name), 20, what="every entry acked")
+    assert runs == dict.fromkeys(range(20), 1), runs
+    (entry,) = await r.xrange(k.dlq)
+    assert _reason(entry) == "unrecoverable"
+    failure = await q.get_failure(jobs[0].id)
+    assert f"packs to {limit + 1:,} bytes; the limit is max_result_bytes={limit:,}" in failure.error
+    assert await q.get_job_result(jobs[1].id) == exact
+    assert [await q.get_job_result(j.id) for j in jobs[2:]] == list(range(2, 20))
 
 
 def _noting(into: list[int]) -> Callable[[Job], Awaitable[None]]:

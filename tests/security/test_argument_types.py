@@ -151,6 +151,11 @@ WORKER_BAD = [
     ("idle_exit_secs", [1]),
     ("fail_log_window_secs", 10**30),
     ("store_results", "yes"),
+    ("max_result_bytes", 0),
+    ("max_result_bytes", True),
+    ("max_result_bytes", 1.5),
+    ("max_result_bytes", float("inf")),
+    ("max_result_bytes", 512 * 1024 * 1024 + 1),  # past Redis' own limit on one argument
     ("events_enabled", 1),
     ("delayed_enabled", None),
     ("run_scheduler", [True]),
