@@ -28,6 +28,7 @@ from typing import Any
 
 from .calls import Call, Flow, command
 from .keys import QueueKeys
+from .text import age
 
 __all__ = [
     "LIVE_LEASES",
@@ -41,6 +42,8 @@ __all__ = [
     "read_workers",
     "identity_call",
     "live_consumers",
+    "WORKER_COLUMNS",
+    "worker_row",
 ]
 
 LIVE_LEASES = 2  # a worker counts as alive this long after its last beat
@@ -89,6 +92,41 @@ class WorkerRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+WORKER_COLUMNS = (
+    "worker",
+    "state",
+    "host",
+    "pid",
+    "version",
+    "kind",
+    "handlers",
+    "concurrency",
+    "up",
+    "last beat",
+    "health",
+    "left running",
+)
+
+
+def worker_row(w: WorkerRecord, now: int) -> tuple[str, ...]:
+    """A worker's cells under :data:`WORKER_COLUMNS`, as every viewer shows them (``chasqui
+    workers`` and ``inspect``, the dashboard's Workers page); the viewer escapes them."""
+    return (
+        w.consumer,
+        "alive" if w.live else "gone",
+        w.host or "-",
+        "-" if w.pid is None else str(w.pid),
+        w.version or "-",
+        w.kind or "-",
+        ", ".join(w.handlers) or "-",
+        "-" if w.concurrency is None else str(w.concurrency),
+        age(now - w.started_ms) if w.started_ms else "-",
+        age(now - w.beat_ms) + " ago" if w.beat_ms else "-",
+        {True: "ok", False: "unhealthy", None: "-"}[w.ok],
+        "-" if w.left_running is None else str(w.left_running),
+    )
 
 
 def workers_calls(keys: QueueKeys) -> Call:

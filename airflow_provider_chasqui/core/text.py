@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["printable"]
+__all__ = ["printable", "age"]
 
 # C0 and C1 controls, DEL, the line and paragraph separators, and the bidirectional
 # embeddings, overrides and isolates
@@ -37,3 +37,15 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     if pattern.search(text) is None:
         return text
     return pattern.sub(_escape, text)
+
+
+def age(ms: int | None) -> str:
+    """A duration as a viewer reads it: ``12.3 s``, ``4.5 min``, ``6.7 h`` (``-`` for none)."""
+    if ms is None:
+        return "-"
+    s = ms / 1000
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"

@@ -8,8 +8,10 @@ from typing import Any
 from fastapi.responses import Response
 
 from ..core.codec import now_ms
+from ..core.liveness import WORKER_COLUMNS, WorkerRecord, worker_row
+from ..core.text import age
 from .pages import attempt_text, need_queue
-from .render import PAGE, Ctx, age, h, int_param, iso, table, when
+from .render import PAGE, Ctx, h, int_param, iso, table, when
 
 __all__ = ["dlq_entry_page", "dlq_page", "schedules_page", "workers_page"]
 
@@ -230,37 +232,8 @@ def workers_page(c: Ctx) -> Response:
     ]
     body += "<h3>Locks</h3>" + table(["lock", "held by", "expires in"], locks, "locks")
     now = now_ms()
-    fleet = [
-        [
-            h(x["consumer"]),
-            "alive" if x["live"] else "gone (no beat for two leases)",
-            h(x["host"]),
-            h(x["pid"]),
-            h(x["version"]),
-            h(x["kind"]),
-            h(", ".join(x["handlers"])),
-            h(x["concurrency"]),
-            h(age(now - x["started_ms"]) if x["started_ms"] else "-"),
-            h(age(now - x["beat_ms"]) + " ago" if x["beat_ms"] else "-"),
-            {True: "ok", False: "unhealthy", None: "-"}[x["ok"]],
-            h(x["left_running"] if x["left_running"] is not None else "-"),
-        ]
-        for x in w["workers"]
-    ]
-    heads = [
-        "worker",
-        "state",
-        "host",
-        "pid",
-        "version",
-        "kind",
-        "handlers",
-        "concurrency",
-        "up",
-        "last beat",
-        "health",
-        "left running",
-    ]
+    fleet = [[h(cell) for cell in worker_row(WorkerRecord(**x), now)] for x in w["workers"]]
+    heads = list(WORKER_COLUMNS)
     body += "<h3>Worker processes</h3>" + (
         table(heads, fleet, "fleet") if fleet else "<p>no worker beats on this queue (ChasquiMQ workers do not)</p>"
     )

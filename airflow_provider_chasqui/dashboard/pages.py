@@ -8,8 +8,9 @@ from typing import Any
 from fastapi.responses import Response
 
 from ..core.history import HOUR_MS, MINUTE_MS
+from ..core.text import age
 from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, pretty
-from .render import PAGE, Ctx, age, chart, dump, h, int_param, queue_param, table, when
+from .render import PAGE, Ctx, chart, dump, h, int_param, queue_param, table, when
 
 __all__ = [
     "PickQueue",

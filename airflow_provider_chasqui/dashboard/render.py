@@ -25,7 +25,6 @@ from .data import Source, SourceSet
 __all__ = [
     "PAGE",
     "Ctx",
-    "age",
     "chart",
     "dump",
     "h",
@@ -67,17 +66,6 @@ def when(ms: int | None) -> str:
     if ms is None or isinstance(ms, str):
         return h(ms if ms is not None else "-")
     return f'<time data-ms="{int(ms)}">{h(iso(ms))}</time>'
-
-
-def age(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    s = ms / 1000
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def _tick(ms: int, step_ms: int) -> str:

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -27,7 +27,7 @@ from ..core.codec import data_json, now_ms
 from ..core.event_follow import EventCursor
 from ..core.inspect import snapshot
 from ..core.keys import QueueKeys
-from ..core.liveness import WorkerRecord, read_workers
+from ..core.liveness import WORKER_COLUMNS, read_workers, worker_row
 from ..core.producer import parse_fields
 from ..core.text import printable
 from ..core.urls import WAIT_BLOCK_MS, redact_text, redact_url
@@ -149,7 +149,7 @@ def _print_snapshot(s: Any, out: TextIO, prev: Any = None) -> None:
         )
     if s.workers:
         out.write("\n")
-        table(workers_rows(s.workers, now_ms()), WORKER_HEADS, out)
+        table([worker_row(w, now_ms()) for w in s.workers], WORKER_COLUMNS, out)
     if s.next_fires:
         out.write("\n")
         table([(k, iso_ms(ms)) for k, ms in s.next_fires], ("next fires", "at (UTC)"), out)
@@ -167,41 +167,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-WORKER_HEADS = (
-    "worker",
-    "state",
-    "host",
-    "pid",
-    "version",
-    "handlers",
-    "concurrency",
-    "up",
-    "last beat",
-    "health",
-    "left running",
-)
-
-
-def workers_rows(workers: Iterable[WorkerRecord], now: int) -> list[tuple[Any, ...]]:
-    """One row per worker that beats (``core/liveness.py``): who, where, since when, how."""
-    return [
-        (
-            w.consumer,
-            "alive" if w.live else "gone",
-            w.host or "-",
-            w.pid if w.pid is not None else "-",
-            w.version or "-",
-            ", ".join(w.handlers) or "-",
-            w.concurrency if w.concurrency is not None else "-",
-            f"{(now - w.started_ms) // 1000} s" if w.started_ms else "-",
-            f"{(now - w.beat_ms) / 1000:.1f} s ago" if w.beat_ms else "-",
-            {True: "ok", False: "unhealthy", None: "-"}[w.ok],
-            w.left_running if w.left_running is not None else "-",
-        )
-        for w in workers
-    ]
-
-
 def cmd_workers(args: argparse.Namespace) -> int:
     """``chasqui workers QUEUE``: the worker processes that beat on a queue (alive or lately gone)."""
     q = open_queue(args)
@@ -212,7 +177,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
         if not workers:
             out.write(f"no worker beats on {args.queue} (none runs, or only ChasquiMQ workers)\n")
             return
-        table(workers_rows(workers, now), WORKER_HEADS, out)
+        table([worker_row(w, now) for w in workers], WORKER_COLUMNS, out)
 
     emit(args, {"queue": args.queue, "workers": [w.to_dict() for w in workers]}, human)
     return EXIT_OK

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_chasqui.core.keys import QueueKeys
-from airflow_provider_chasqui.core.liveness import beat_calls, parse_workers
+from airflow_provider_chasqui.core.liveness import WORKER_COLUMNS, beat_calls, parse_workers, worker_row
 
 NOW = 1_700_000_000_000
 KEYS = QueueKeys.for_queue("q")
@@ -51,3 +51,29 @@ def test_a_left_running_that_is_not_a_count_reads_as_not_said(bad: object) -> No
 def test_hostile_identity_bytes_never_raise(body: bytes) -> None:
     w = _read(body)
     assert w.left_running is None or (isinstance(w.left_running, int) and w.left_running >= 0)
+
+
+def test_every_viewer_shows_the_same_cells_for_a_worker() -> None:
+    """``worker_row`` is what ``chasqui workers``/``inspect`` and the dashboard print, one cell per
+    column; a record missing everything shows dashes, not ``None``."""
+    record = {"kind": "spark", "host": "h", "pid": 7, "version": "1.0", "handlers": ["b", "a"], "concurrency": 2}
+    _zadd, setx = beat_calls(KEYS, "c-1", {**record, "started_ms": NOW - 5_000}, 30_000, NOW - 1_000, False, 2)
+    w = _read(setx.args[2].encode())
+    row = worker_row(w, NOW)
+    assert len(row) == len(WORKER_COLUMNS)
+    assert dict(zip(WORKER_COLUMNS, row)) == {
+        "worker": "c-1",
+        "state": "alive",
+        "host": "h",
+        "pid": "7",
+        "version": "1.0",
+        "kind": "spark",
+        "handlers": "b, a",
+        "concurrency": "2",
+        "up": "5.0 s",
+        "last beat": "1.0 s ago",
+        "health": "unhealthy",
+        "left running": "2",
+    }
+    bare = worker_row(parse_workers([("c-2", NOW - 1)], [b"junk"], NOW)[0], NOW)
+    assert bare == ("c-2", "gone", *["-"] * 10)
