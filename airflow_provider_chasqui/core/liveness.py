@@ -88,7 +88,7 @@ class WorkerRecord:
     lease_ms: int | None = None
     ok: bool | None = None
     kind: str = ""
-    left_running: int | None = None  # handlers that ignored their stop and run on (None: not said)
+    left_running: int | None = None  # handlers running on after their job ended (None: not said)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -133,9 +133,9 @@ class SparkRuntime:
         self._request_stop: Callable[[str, str], None] | None = None
         self._slots = threading.local()
         self._next_slot = 0
-        # jobs whose handler runs Spark now: id -> (the worker's progress sink, the last value sent);
-        # a job whose handler reports progress itself leaves (its own values win)
-        self._running: dict[str, tuple[Any, dict[str, int] | None]] = {}  # job id -> (its Job, last value)
+        # jobs whose handler runs Spark now: id -> (the Job its worker slot made, the last value
+        # sent); a job whose handler reports progress itself leaves (its own values win)
+        self._running: dict[str, tuple[Any, dict[str, int] | None]] = {}
 
     def pool(self) -> str:
         """The FAIR pool of the calling handler thread: ``chasqui-<slot>``, a slot per thread in
