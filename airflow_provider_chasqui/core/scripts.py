@@ -9,10 +9,13 @@ The library is generated from the same files, never written by hand: each script
 ``local function f_<stem>(KEYS, ARGV) <body> end``, registered as ``<library>_<stem>`` (so the
 body's ``KEYS``/``ARGV`` are FCALL's keys and args), with ``flags={'no-writes'}`` when every
 ``redis.call`` in it names a read-only command (those are called with FCALL_RO), and with
-``flags={'allow-oom'}`` when it acknowledges stream entries (XACK/XACKDEL): a flagged function
-is refused outright at ``maxmemory``, but the scripts that settle work already in Redis must
-run there, as they did as plain EVALSHA scripts, or workers could not drain a full server
-(``tests/security/test_functions.py::test_workers_drain_a_server_at_maxmemory``).  The library
+``flags={'allow-oom'}`` when it acknowledges stream entries (XACK/XACKDEL) or renews a lease
+(XCLAIM): a flagged function is refused outright at ``maxmemory``, but the scripts that settle
+work already in Redis, and keep the leases of jobs running, must run there, as they did as plain
+EVALSHA scripts, or workers could not drain a full server
+(``tests/security/test_functions.py::test_workers_drain_a_server_at_maxmemory``) and a job
+running while it was full lost its lease, and ran a second time at once on another worker
+(``::test_a_running_job_keeps_its_lease_at_maxmemory``).  The library
 is named ``chasqui_<12 hex of the source's SHA1>``: another version of the package brings
 another library, and both coexist on one server during a rolling deploy.  ``<library>_probe``
 (no keys, no writes) answers the library's name; drivers call it once to learn whether the
@@ -61,7 +64,7 @@ _READS = frozenset(
         "TYPE",
     }
 )
-_ACKS = re.compile(rb"'XACK(?:DEL)?'")
+_ACKS = re.compile(rb"'X(?:ACK|ACKDEL|CLAIM)'")  # settling and renewing: allowed at maxmemory
 _CALL = re.compile(rb"redis\.p?call\(")
 _LITERAL_CALL = re.compile(rb"redis\.p?call\(\s*'([A-Za-z]+)'")
 

@@ -111,6 +111,7 @@ class Intake(IntakeLeases, IntakeSettling):
         self.identity: dict[str, Any] | None = None
         self.healthy: Callable[[], bool] = lambda: True
         self.left_running: Callable[[], int] = lambda: 0  # beaten too: Worker.left_running
+        self.beat_log = LogBudget(1, 60.0)
         self.history = MinuteCounts()  # settled jobs per minute, written with the beat (core/history.py)
         self.features = Features()  # replaced by open()
         self.in_flight: set[bytes] = set()  # handed out, neither settled nor released

@@ -9,7 +9,6 @@ the state declared here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from ..core.consumer import ConsumerCore
 from ..core.history import MinuteCounts
 from ..core.key_types import replace_spoiled, written_types
 from ..core.liveness import beat_calls
+from ..core.pacing import LogBudget
 from ..errors import TRANSIENT_ERRORS, WrongTypeError
 from ._driver import AsyncDriver
 from .cancellation import raise_if_cancelling
@@ -64,6 +64,7 @@ class IntakeLeases:
     metrics: WorkerMetrics
     identity: dict[str, Any] | None
     healthy: Callable[[], bool]
+    beat_log: LogBudget  # refused beats and slot renewals: one warning a minute
     left_running: Callable[[], int]
     history: MinuteCounts
     in_flight: set[bytes]
@@ -77,19 +78,31 @@ class IntakeLeases:
         """Renew every in-flight entry ``RENEWALS_PER_LEASE`` times per lease, until cancelled."""
         interval = self.lease_ms / 1000 / RENEWALS_PER_LEASE
         if self.identity is not None:  # listed at once, not one renewal period later
-            with contextlib.suppress(*TRANSIENT_ERRORS):
-                await self.send_beat(self.beat_calls())
+            await self.beat(self.beat_calls())
         while True:
             await asyncio.sleep(max(0.0, self.renewed_at + interval - time.monotonic()))
             try:
                 await self.renew()
-                beat = self.beat_calls() + self.history.take_calls(self.core.keys)
-                if beat:
-                    await self.send_beat(beat)
             except TRANSIENT_ERRORS as exc:
                 raise_if_cancelling()
                 log.warning("%s: lease renewal failed (%s); retrying", self.label, exc)
                 await asyncio.sleep(min(interval, 1.0))
+                continue
+            beat = self.beat_calls() + self.history.take_calls(self.core.keys)
+            if beat:
+                await self.beat(beat)
+
+    async def beat(self, calls: list[Call]) -> None:
+        """:meth:`send_beat`, whose failure never stops the renewals.  Redis out of memory
+        (``maxmemory``, no eviction) refuses the beat's ``SET`` but not the renewal's ``XCLAIM``:
+        the refused beat crashed the lease task before its next renewal, again at each restart,
+        and another worker took over the running jobs and ran them a second time.  Logged at
+        most once a minute; the next beat tries again."""
+        try:
+            await self.send_beat(calls)
+        except Exception as exc:  # noqa: BLE001 - see the docstring; cancellation is not an Exception
+            if self.beat_log.take()[0]:
+                log.warning("%s: heartbeat not written (%s); the leases are renewed regardless", self.label, exc)
 
     async def send_beat(self, calls: list[Call]) -> None:
         """The heartbeat and history counts.  A beats or history key of another type (hostile or
@@ -107,7 +120,13 @@ class IntakeLeases:
         ids = [eid for eid in self.in_flight if eid not in self.lost] if self.lost else list(self.in_flight)
         lost = await self.renew_ids(ids)
         if self.flow.slotted or self.flow.grouped:
-            await self.flow.renew_slots([eid for eid in ids if eid not in lost])
+            try:
+                await self.flow.renew_slots([eid for eid in ids if eid not in lost])
+            except TRANSIENT_ERRORS:
+                raise
+            except Exception as exc:  # noqa: BLE001 - refused (out of memory): the leases above hold regardless
+                if self.beat_log.take()[0]:
+                    log.warning("%s: concurrency slots not renewed (%s)", self.label, exc)
         self.renewed_at = max(self.renewed_at, started)
         if ids:
             self.metrics.lease_renewed(self.core.keys.queue, len(ids) - len(lost))

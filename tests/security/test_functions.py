@@ -10,6 +10,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -90,7 +91,8 @@ def test_library_is_generated_from_the_scripts_with_a_stable_name() -> None:
         "fail_batch",
         "dead_letter",
         "cancel_jobs",
-    }  # the scripts that XACK
+        "renew_lease",
+    }  # the scripts that XACK, and the lease renewal (XCLAIM)
     changed = dict(bodies, promote=bodies["promote"] + b"-- one more byte\n")
     assert build_library(changed)[0].name != LIBRARY.name  # another version: another library
     # a call the wrapper cannot read (redis.call(unpack(t))) is taken as a write
@@ -109,7 +111,9 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
     with server_matrix.client() as r:
         funcs = _libraries(r)[LIBRARY.name]
         assert set(funcs) == {s.function for s in SCRIPTS.values()} | {LIBRARY.probe}
-        acks = {SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "cancel_jobs")}
+        acks = {
+            SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "cancel_jobs", "renew_lease")
+        }
         reads = ("_fetch_due", "_scan_entries", "_stream_ends", "_stream_last_id", "_probe")
         for name, flags in funcs.items():
             expected = ["no-writes"] if name.endswith(reads) else ["allow-oom"] if name in acks else []
@@ -409,3 +413,55 @@ def _getkeys_calls(cluster) -> int:
         with node.client() as r:
             total += r.info("commandstats").get("cmdstat_command|getkeys", {}).get("calls", 0)
     return total
+
+
+@pytest.mark.timeout(90)
+async def test_a_running_job_keeps_its_lease_at_maxmemory(tmp_path) -> None:
+    """A job runs 4 s under a 1 s lease while the server is full (``maxmemory``, no eviction):
+    the renewal function was refused there (a flagged function, while its EVALSHA twin ran),
+    so the lease lapsed and the second worker reclaimed and ran the job again at once.  Renewal
+    is ``allow-oom`` now: the job runs once, on one worker, and is acknowledged, still full; the
+    refused heartbeats (``SET``) no longer crash the lease task in a loop."""
+    server = start_server("redis7", tmpdir=tmp_path)
+    runs: list[float] = []
+
+    async def handler(job) -> str:
+        runs.append(time.monotonic())
+        await asyncio.sleep(4)
+        return "done"
+
+    try:
+        with server.client() as r:
+            async with Queue("full-lease", redis_url=server.url) as q:
+                workers = [
+                    Worker(
+                        "full-lease",
+                        handler,
+                        redis_url=server.url,
+                        run_scheduler=False,
+                        claim_min_idle_ms=1000,
+                        store_results=True,
+                    )
+                    for _ in range(2)
+                ]
+                tasks = [asyncio.create_task(w.run()) for w in workers]
+                try:
+                    job = await q.add("n", 1)
+                    await wait_until(lambda: runs, 30, what="the job to start")
+                    r.config_set("maxmemory-policy", "noeviction")
+                    r.config_set("maxmemory", r.info("memory")["used_memory"] // 2)  # full from now on
+                    with pytest.raises(Exception, match="maxmemory"):
+                        await q.add("n", 2)
+                    # the rest of its run (4 leases) and its ack at maxmemory (acks are allow-oom too)
+                    assert await q.wait_for_result(job.id, timeout=30) == "done"
+                    assert r.info("memory")["used_memory"] > int(r.config_get("maxmemory")["maxmemory"])
+                    # a refused heartbeat is logged; it no longer crashed the lease task in a loop
+                    assert [w.health()["lease"] for w in workers] == [True, True]
+                finally:
+                    r.config_set("maxmemory", 0)
+                    for w in workers:
+                        await w.close()
+                    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            assert len(runs) == 1, runs
+    finally:
+        server.stop()
