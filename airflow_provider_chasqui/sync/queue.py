@@ -380,7 +380,9 @@ class SyncQueue:
         return self.driver.run(self._flows.get_failure(job_id))
 
     def get_job_state(self, job_id: str) -> str:
-        """``completed``, ``failed`` (in the DLQ), ``delayed`` or ``unknown``."""
+        """``completed``, ``failed`` (in the DLQ), ``cancelled``, ``delayed`` (a delayed job added
+        with a ``job_id``), else ``unknown``: a waiting or running job, a delayed one with a minted
+        id, or no trace at all (a few key lookups; :meth:`get_job_details` searches for the rest)."""
         return self.driver.run(self._flows.get_job_state(job_id))
 
     def wait_for_results(
