@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import ConfigError, ConfigTypeError, JobFailed
+from ..errors import ConfigError, ConfigTypeError, JobFailed, JobNotFound
 from .calls import Flow, command, int_reply
 from .codec import decode_data
 from .event_follow import EventCursor
@@ -26,6 +26,7 @@ from .event_hub import (
     parse_outcomes,
 )
 from .failure import JobFailure, failure_record
+from .job_details import job_details
 from .keys import QueueKeys
 from .running import check_job_id, check_job_ids
 from .settings import MAX_MS
@@ -71,7 +72,15 @@ class ResultFlows:
             return "failed"
         if int_reply(cancelled):
             return "cancelled"
-        return "delayed" if int_reply(delayed) else "unknown"
+        if int_reply(delayed):
+            return "delayed"
+        # not ended, nor delayed under a caller's id: where it is now, as get_job_details finds it
+        # (waiting, active, delayed; or ended with no record kept: its events say how)
+        try:
+            details = yield from job_details(k.queue, job_id)
+        except JobNotFound:
+            return "unknown"
+        return details.state
 
     def wait_for_jobs(
         self, job_ids: Iterable[str], timeout_ms: int, clock: Any, *, stop_on_failure: bool = False

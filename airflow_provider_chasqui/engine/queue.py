@@ -390,9 +390,10 @@ class Queue:
         return await self.driver.run(self._flows.get_failure(job_id))
 
     async def get_job_state(self, job_id: str) -> str:
-        """``completed``, ``failed`` (in the DLQ), ``cancelled``, ``delayed`` (a delayed job added
-        with a ``job_id``), else ``unknown``: a waiting or running job, a delayed one with a minted
-        id, or no trace at all (a few key lookups; :meth:`get_job_details` searches for the rest)."""
+        """``completed``, ``failed`` (in the DLQ), ``cancelled``, ``delayed``, ``active`` (a worker
+        runs it), ``waiting``, or ``unknown`` (no trace: a wrong id, or its records expired).
+        Ended jobs and caller-id delayed ones are a few key lookups; the others are found as
+        :meth:`get_job_details` finds them (a bounded search of the delayed set and the stream)."""
         return await self.driver.run(self._flows.get_job_state(job_id))
 
     async def wait_for_results(

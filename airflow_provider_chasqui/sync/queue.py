@@ -380,9 +380,10 @@ class SyncQueue:
         return self.driver.run(self._flows.get_failure(job_id))
 
     def get_job_state(self, job_id: str) -> str:
-        """``completed``, ``failed`` (in the DLQ), ``cancelled``, ``delayed`` (a delayed job added
-        with a ``job_id``), else ``unknown``: a waiting or running job, a delayed one with a minted
-        id, or no trace at all (a few key lookups; :meth:`get_job_details` searches for the rest)."""
+        """``completed``, ``failed`` (in the DLQ), ``cancelled``, ``delayed``, ``active`` (a worker
+        runs it), ``waiting``, or ``unknown`` (no trace: a wrong id, or its records expired).
+        Ended jobs and caller-id delayed ones are a few key lookups; the others are found as
+        :meth:`get_job_details` finds them (a bounded search of the delayed set and the stream)."""
         return self.driver.run(self._flows.get_job_state(job_id))
 
     def wait_for_results(

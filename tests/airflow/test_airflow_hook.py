@@ -191,7 +191,7 @@ def test_acl_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         uri = f"chasqui://{user}:{urllib.parse.quote(password, safe='')}@127.0.0.1:{server.port}/0"
         with use(monkeypatch, "acl", uri).get_queue("acl-q") as queue:
             job = queue.add("square", {"x": 1})
-            assert queue.get_job_state(job.id) == "unknown"  # added, not finished
+            assert queue.get_job_state(job.id) == "waiting"  # added, not read yet
         with server.client() as admin:
             assert admin.xlen("{chasqui:acl-q}:stream") == 1
         wrong = use(

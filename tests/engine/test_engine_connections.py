@@ -146,7 +146,7 @@ async def test_sentinel_clients_and_the_sentinel_connections_speak_resp2(
         async with Queue(queue_name, redis_url=url) as q:
             job = await q.add("s", {"i": 0})
             with SyncQueue(queue_name, redis_url=url) as sq:
-                assert sq.get_job_state(job.id) == "unknown"
+                assert sq.get_job_state(job.id) == "waiting"
                 on_sentinel = _clients(f"redis://127.0.0.1:{sentinel.port}/0")
                 on_master = _clients(own_server.url)
         assert len(on_sentinel) >= 2, on_sentinel  # the async and the blocking client asked it
@@ -190,7 +190,7 @@ async def test_protocol_2_in_the_url_is_accepted(redis_url: str, queue_name: str
     url = base + "?protocol=2" + ("&cluster=true" if cluster else "")
     async with Queue(queue_name, redis_url=url) as q:
         job = await q.add("x", {"ok": True})
-        assert await q.get_job_state(job.id) == "unknown"
+        assert await q.get_job_state(job.id) == "waiting"
     with SyncQueue(queue_name, redis_url=url) as sq:
         sq.add("x", {"ok": True})
     assert len(_entries(redis_url, queue_name)) == 2

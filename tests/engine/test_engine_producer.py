@@ -243,6 +243,28 @@ async def test_store_results_and_get_job_state(redis_url, queue_name, clients, q
     assert await q.get_job_result("never-heard-of") is None
 
 
+async def test_get_job_state_follows_a_job_through_its_life(redis_url, queue_name, queues, worker_factory) -> None:
+    """Not only ended jobs (chasquimq says ``waiting`` for an entry no worker read): a delayed job
+    with a minted id is ``delayed``, one in the stream ``waiting``, one a worker runs ``active``,
+    and a job that completed with no result stored ``completed`` (its event says so)."""
+    q = queues(queue_name, redis_url)
+    release = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        if job.data == "hold":
+            await release.wait()
+
+    later = await q.add("s", "later", delay=timedelta(minutes=5))
+    held = await q.add("s", "hold")
+    behind = await q.add("s", "behind")
+    assert [await q.get_job_state(j.id) for j in (later, held, behind)] == ["delayed", "waiting", "waiting"]
+    async with running(worker_factory(queue_name, handler, redis_url, concurrency=1, read_count=1)):
+        await wait_until(lambda: _is(q.get_job_state(held.id), "active"), 30, what="the held job active")
+        release.set()
+        await wait_until(lambda: _is(q.get_job_state(behind.id), "completed"), 30, what="the job behind it done")
+    assert [await q.get_job_state(j.id) for j in (later, held)] == ["delayed", "completed"]
+
+
 async def _is(aw, value) -> bool:
     return (await aw) == value
 
@@ -403,6 +425,6 @@ async def test_a_promoted_job_is_no_longer_delayed(redis_url, queue_name, client
     async with running(worker_factory(queue_name, lambda j: seen.append(j.id), redis_url, promoter_poll_ms=20)):
         await wait_until(lambda: seen == ["promote-me"], what="the promoted job")
     assert await r.exists(k.didx("promote-me")) == 0
-    assert await q.get_job_state(job.id) == "unknown"  # results not stored: no trace left
+    assert await q.get_job_state(job.id) == "completed"  # no result stored: its completed event says so
     waiting = [e for e in await events_of(r, queue_name) if e["e"] == "waiting"]
     assert [e["id"] for e in waiting] == ["promote-me"]

@@ -144,7 +144,7 @@ async def test_verification_is_explicit_on_every_client_and_a_wrong_hostname_is_
         assert _verify_options(sq.driver.client) == want
         assert _verify_options(events._driver.client) == want
         job = await q.add("v", {})
-        assert sq.get_job_state(job.id) == "unknown"
+        assert sq.get_job_state(job.id) == "waiting"
         async with running(worker):
             await wait_until(lambda: getattr(worker, "_intake", None) is not None, 20, what="the worker's clients")
             assert _verify_options(worker.driver.client) == want
