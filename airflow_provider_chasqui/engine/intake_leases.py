@@ -101,8 +101,13 @@ class IntakeLeases:
         try:
             await self.send_beat(calls)
         except Exception as exc:  # noqa: BLE001 - see the docstring; cancellation is not an Exception
-            if self.beat_log.take()[0]:
-                log.warning("%s: heartbeat not written (%s); the leases are renewed regardless", self.label, exc)
+            self.not_renewed("heartbeat", exc)
+
+    def not_renewed(self, what: str, exc: BaseException) -> None:
+        """A heartbeat or slot renewal Redis refused (or lost) beside leases that held: one
+        warning a minute (``beat_log``), from the loop or the lease guard's thread."""
+        if self.beat_log.take()[0]:
+            log.warning("%s: %s not renewed (%s); the leases are renewed regardless", self.label, what, exc)
 
     async def send_beat(self, calls: list[Call]) -> None:
         """The heartbeat and history counts.  A beats or history key of another type (hostile or
@@ -125,8 +130,7 @@ class IntakeLeases:
             except TRANSIENT_ERRORS:
                 raise
             except Exception as exc:  # noqa: BLE001 - refused (out of memory): the leases above hold regardless
-                if self.beat_log.take()[0]:
-                    log.warning("%s: concurrency slots not renewed (%s)", self.label, exc)
+                self.not_renewed("concurrency slots", exc)
         self.renewed_at = max(self.renewed_at, started)
         if ids:
             self.metrics.lease_renewed(self.core.keys.queue, len(ids) - len(lost))

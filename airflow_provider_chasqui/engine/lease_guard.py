@@ -87,8 +87,7 @@ class LeaseGuard:
             for call in intake.flow.slot_renewals([eid for eid in ids if eid not in lost]) + intake.beat_calls():
                 await driver.call(call)
         except Exception as exc:  # noqa: BLE001 - refused (out of memory), or the connection failed
-            if intake.beat_log.take()[0]:
-                log.warning("%s: slots or heartbeat not renewed from the guard thread: %s", intake.label, exc)
+            intake.not_renewed("slots or heartbeat (from the guard thread)", exc)
         if lost:  # the loop must learn of them before it trusts its leases again: it renews itself
             self.loop.call_soon_threadsafe(intake.lost_found, lost)
             return

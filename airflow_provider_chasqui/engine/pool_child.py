@@ -69,11 +69,8 @@ class _Progress:
         self.held: dict[str, Any] = {}
 
     def report(self, job: Any, value: Any) -> None:
-        self.update(job.id, value)
-
-    def update(self, job_id: str, value: Any) -> None:
         check_progress(value)
-        now = time.monotonic()
+        job_id, now = job.id, time.monotonic()
         if now - self.sent.get(job_id, 0.0) >= PROGRESS_SECS:
             self.sent[job_id] = now
             self.held.pop(job_id, None)

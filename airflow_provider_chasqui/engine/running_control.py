@@ -174,14 +174,13 @@ class RunningControl(OutcomeWriter):
         """A plain handler ran past its timeout (or was cancelled) in a pool thread that cannot be
         stopped: later jobs get a fresh pool of the same size, so a stuck thread never takes capacity away (the
         old pool ends with its last thread)."""
-        self._abandoned += 1
         old = self._executor
         self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix=f"chasqui-{self.name}")
         old.shutdown(wait=False)
         log.warning(
-            "worker %s: job %s ended (timeout or cancel) in a thread that runs on (%d so far); use an "
-            "async handler to stop such jobs",
+            "worker %s: job %s ended (timeout or cancel) in a thread that runs on (%d handler(s) running "
+            "on now); use an async handler to stop such jobs",
             self.consumer_id,
             job_id,
-            self._abandoned,
+            self.left_running,
         )

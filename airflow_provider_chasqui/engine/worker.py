@@ -322,7 +322,6 @@ class Worker(WorkerStop):
         self._async_fns = {}
         self._fn_timeouts = {}
         self._fn_batches = {}
-        self._abandoned = 0
         self._current = {}
         self._cancel_target = {}
         self._cancel_sent = {}

@@ -128,7 +128,6 @@ class WorkerBase:
     _async_fns: dict[Any, bool]
     _fn_timeouts: dict[Any, int]  # handlers with their own timeout (core/running.py)
     _fn_batches: dict[Any, int]  # batch handlers and their size (core/running.py)
-    _abandoned: int  # pool threads left running a timed-out or cancelled plain handler
     _current: dict[Any, Delivery | None]  # slot task -> the job whose handler it awaits
     _cancel_target: dict[Any, Delivery]  # slot task -> the job Queue.cancel stops in it
     _pooled: dict[Call, tuple[Delivery, int]]  # pool calls out, not settled -> (job, start ns)
