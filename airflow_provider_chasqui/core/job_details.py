@@ -40,6 +40,7 @@ class JobDetails:
     data_bytes: int | None = None  # size of the job's encoded data; None when no copy of the job was found
     created_at_ms: int | None = None
     attempt: int | None = None  # the latest run that started, 1-indexed as in events (latest_attempt); None: none yet
+    envelope_attempt: int | None = None  # the found copy's own count of failed runs (wire; a handler's job.attempt)
     run_at_ms: int | None = None  # delayed: when it becomes due
     entry_id: str | None = None  # stream entry, while waiting or running
     consumer: str | None = None  # running: the worker holding it
@@ -105,6 +106,7 @@ def _take(d: JobDetails, env: Envelope, name: str) -> None:
     d.name = d.name or name or None
     d.created_at_ms = env.created_at_ms
     d.attempt = env.attempt  # the raw count until job_details knows where the copy was (latest_attempt)
+    d.envelope_attempt = env.attempt
     d.data_bytes = len(env.inner)
     try:
         d.data = decode_data(env.inner)

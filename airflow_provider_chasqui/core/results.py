@@ -27,7 +27,7 @@ from .event_hub import (
 )
 from .failure import JobFailure, failure_record
 from .job_details import job_details
-from .keys import QueueKeys
+from .keys import DEFAULT_GROUP, QueueKeys
 from .running import check_job_id, check_job_ids
 from .settings import MAX_MS
 from .urls import WAIT_BLOCK_MS
@@ -57,7 +57,7 @@ class ResultFlows:
         raw = yield command("GET", self.keys.failure(check_job_id(job_id)))
         return failure_record(job_id, raw)
 
-    def get_job_state(self, job_id: str) -> Flow[str]:
+    def get_job_state(self, job_id: str, *, group: str = DEFAULT_GROUP) -> Flow[str]:
         check_job_id(job_id)
         k = self.keys
         done, failed, cancelled, delayed = yield [
@@ -77,7 +77,7 @@ class ResultFlows:
         # not ended, nor delayed under a caller's id: where it is now, as get_job_details finds it
         # (waiting, active, delayed; or ended with no record kept: its events say how)
         try:
-            details = yield from job_details(k.queue, job_id)
+            details = yield from job_details(k.queue, job_id, group=group)
         except JobNotFound:
             return "unknown"
         return details.state

@@ -18,7 +18,8 @@ from ..core.event_hub import JobOutcome
 from ..core.inspect import QueueListing, QueueSnapshot, snapshot
 from ..core.inspect import list_queues as list_queues_flow
 from ..core.job_details import JobDetails, job_details
-from ..core.keys import QueueKeys
+from ..core.keys import DEFAULT_GROUP, QueueKeys, check_consumer_name
+from ..core.listing import job_counts, job_total, jobs_page, one_job
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
 from ..core.repeat import RepeatableMeta
 from ..core.results import check_wait, single_outcome
@@ -55,7 +56,9 @@ class SyncQueue:
         fast_paths: bool | None = None,
         driver: SyncDriver | None = None,
         tracing: bool | None = None,
+        consumer_group: str = DEFAULT_GROUP,
     ) -> None:
+        self._group = check_consumer_name(consumer_group, "consumer_group")
         settings = QueueSettings.given(settings, max_stream_len=max_stream_len, max_delay_secs=max_delay_secs)
         check_flags(fast_paths=fast_paths, tracing=tracing)
         self._flows = QueueFlows(name, settings)
@@ -73,6 +76,10 @@ class SyncQueue:
     @property
     def name(self) -> str:
         return self._flows.keys.queue
+
+    def _group_or(self, group: str | None) -> str:
+        """The consumer group a view reads as: the one given, else the queue's ``consumer_group``."""
+        return self._group if group is None else group
 
     @property
     def keys(self) -> QueueKeys:  # for hooks and tools
@@ -384,7 +391,7 @@ class SyncQueue:
         runs it), ``waiting``, or ``unknown`` (no trace: a wrong id, or its records expired).
         Ended jobs and caller-id delayed ones are a few key lookups; the others are found as
         :meth:`get_job_details` finds them (a bounded search of the delayed set and the stream)."""
-        return self.driver.run(self._flows.get_job_state(job_id))
+        return self.driver.run(self._flows.get_job_state(job_id, group=self._group))
 
     def wait_for_results(
         self, job_ids: Sequence[str], timeout: float = 30.0, *, stop_on_failure: bool = False
@@ -398,18 +405,59 @@ class SyncQueue:
         """The handler's return value; ``JobFailed`` if it was dead-lettered, ``TimeoutError`` at the deadline."""
         return single_outcome(job_id, self.wait_for_results([job_id], timeout), timeout)
 
-    def inspect(self, *, group: str = "default") -> QueueSnapshot:
+    def inspect(self, *, group: str | None = None) -> QueueSnapshot:
         """The queue as every viewer reads it (``core/inspect.snapshot``): counts, consumers,
         the workers that beat and how many are alive (``live_consumers``), the controls."""
-        return self.driver.run(snapshot(self.name, group=group, now_ms=now_ms()))
+        return self.driver.run(snapshot(self.name, group=self._group_or(group), now_ms=now_ms()))
 
-    def get_job_details(self, job_id: str, *, group: str = "default", events_window: int = 1000) -> JobDetails:
+    def get_job_details(self, job_id: str, *, group: str | None = None, events_window: int = 1000) -> JobDetails:
         """What is known of one job: its state (completed, failed, active, waiting, delayed or
         unknown), name, data, attempts, result or failure record, DLQ entry and events (the
         newest ``events_window`` of the queue's, filtered).  Every search is bounded; ``notes``
         says where a bound may have hidden something.  ``JobNotFound`` when nothing at all is
         known of the id (``unknown``: only events are left, and they do not say)."""
-        return self.driver.run(job_details(self.name, job_id, group=group, events_window=events_window))
+        return self.driver.run(job_details(self.name, job_id, group=self._group_or(group), events_window=events_window))
+
+    # ---- chasquimq's introspection (core/listing.py: the read model's counts and pages) ----
+    def get_job_counts(self, *types: str) -> dict[str, int]:
+        """``{state: count}`` for ``waiting``, ``active``, ``delayed``, ``completed``,
+        ``failed`` and ``paused`` (1 or 0), or only the types named, in that order; an unknown
+        type is a ``ValueError``.  What each counts: ``core/listing.py`` (``completed``: over the
+        last 8 days, as the workers' heartbeats report them)."""
+        return self.driver.run(job_counts(self.name, group=self._group, types=types, now_ms=now_ms()))
+
+    def count(self) -> int:
+        """The jobs not ended yet: waiting + active + delayed."""
+        return job_total(self.get_job_counts("waiting", "active", "delayed"))
+
+    def get_waiting_count(self) -> int:
+        return (self.get_job_counts("waiting"))["waiting"]
+
+    def get_active_count(self) -> int:
+        return (self.get_job_counts("active"))["active"]
+
+    def get_delayed_count(self) -> int:
+        return (self.get_job_counts("delayed"))["delayed"]
+
+    def get_failed_count(self) -> int:
+        return (self.get_job_counts("failed"))["failed"]
+
+    def get_completed_count(self) -> int:
+        return (self.get_job_counts("completed"))["completed"]
+
+    def get_jobs(self, state: str, offset: int = 0, limit: int = 100) -> list[Job]:
+        """Up to ``limit`` jobs in ``state`` (``waiting``, ``active``, ``delayed``,
+        ``completed`` or ``failed``) after the first ``offset``, in the order each state keeps
+        (``core/listing.py``); ``ValueError`` for another state, a negative offset, or a limit
+        outside 1 to 10,000."""
+        rows = self.driver.run(jobs_page(self.name, state, group=self._group, offset=offset, limit=limit))
+        return [new_job(*row, _queue=self) for row in rows]
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job (name, data and attempt count as stored; a completed job's data is None),
+        found as :meth:`get_job_details` finds it; None when nothing is known of the id."""
+        row = self.driver.run(one_job(self.name, job_id, group=self._group))
+        return None if row is None else new_job(*row, _queue=self)
 
     # ---- flow control (core/controls.py) ---------------------------------------------------
     def pause(self) -> None:
