@@ -106,8 +106,8 @@ class JobNotFound(ChasquiError, LookupError):
     """No trace of the job id: never added, expired, or results were not stored."""
 
 
-class JobFailed(ChasquiError):
-    """The awaited job ended in the dead-letter queue."""
+class JobFailed(ChasquiError, RuntimeError):
+    """The awaited job ended in the dead-letter queue (a ``RuntimeError``, as chasquimq raises)."""
 
     def __init__(self, job_id: str, reason: str, detail: str = "", *, traceback: str = "") -> None:
         super().__init__(

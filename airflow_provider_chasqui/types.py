@@ -42,6 +42,8 @@ class Job:
     created_at_ms: int
     _queue: Queue | None = field(default=None, repr=False, compare=False, hash=False)
     _progress: Any = field(default=None, repr=False, compare=False, hash=False)  # its worker slot's progress sink
+    # the latest progress its handler reported, on a Job read back (Queue.get_job, get_jobs); None otherwise
+    progress: Any = field(default=None, compare=False, hash=False)
 
     @property
     def attempts_made(self) -> int:
@@ -60,8 +62,21 @@ class Job:
         ``RuntimeError`` once this attempt has ended (a task or thread the handler left running,
         a handler past its timeout or cancel): a report then would land after the job's outcome."""
         if self._progress is None:
-            raise RuntimeError("update_progress works inside a worker's handler (this Job came from a producer)")
+            raise RuntimeError(_READ_ONLY.format("update_progress"))
         self._progress.report(self, value)
+
+    async def log(self, line: str) -> None:
+        """Add a line to this job's log (``Queue.get_job_logs``, ``chasqui job show``): a str of
+        at most 16 KiB characters, ``ConfigError`` otherwise; the newest 1000 lines are kept a
+        day.  Written with the progress (at most every 0.25 s, before the job's outcome);
+        ``RuntimeError`` once this attempt has ended, or on a Job that is no handler's."""
+        self.log_sync(line)
+
+    def log_sync(self, line: str) -> None:
+        """:meth:`log` for a plain (non-async) handler, from its thread."""
+        if self._progress is None:
+            raise RuntimeError(_READ_ONLY.format("log"))
+        self._progress.log(self, line)
 
     async def wait_for_result(self, timeout: float = 30.0, **_compat: Any) -> Any:
         """Block on Redis until the job completes; return the handler's result.
@@ -83,6 +98,20 @@ class Job:
                 "wait_for_result requires a Queue reference: use the Job that Queue.add/add_bulk returned"
             )
         return await self._queue.wait_for_result(self.id, timeout=timeout)
+
+    async def wait_until_finished(self, events: Any = None, timeout: float = 30.0) -> Any:
+        """chasquimq's (and BullMQ's) name for :meth:`wait_for_result`: the result, ``JobFailed``
+        (a ``RuntimeError``) if it was dead-lettered, ``TimeoutError`` at the deadline.
+        ``events`` (a ``QueueEvents`` of the job's queue) is checked and not needed: the wait
+        follows the events stream itself."""
+        mine = self._queue.name if self._queue is not None else None
+        theirs = getattr(events, "name", None)
+        if events is not None and (not isinstance(theirs, str) or (mine is not None and theirs != mine)):
+            raise ConfigError(f"events must be a QueueEvents of queue {mine!r}, got {type(events).__name__} {theirs!r}")
+        return await self.wait_for_result(timeout)
+
+
+_READ_ONLY = "this Job is read-only (from a producer or a lookup): {} works inside a worker's handler"
 
 
 def _positive_seconds(value: Any) -> bool:

@@ -183,3 +183,17 @@ def picky_sums(jobs: list[Any]) -> list[Any]:
 
 picky_sums.chasqui_batch_size = 20  # type: ignore[attr-defined]
 HANDLERS.update(unsendable=unsendable, unreadable=unreadable, leave=leave, acancelled=acancelled, picky_sums=picky_sums)
+
+
+def write_log(job: Any) -> int:
+    """Logs ``job.data`` lines (from a child process), one bad line refused on the way."""
+    for i in range(int(job.data)):
+        job.log_sync(f"pooled {i}")
+    try:
+        job.log_sync(b"bytes")  # type: ignore[arg-type]
+    except TypeError:
+        job.log_sync("refused: bytes")
+    return int(job.data)
+
+
+HANDLERS["write_log"] = write_log

@@ -25,6 +25,7 @@ from .scan import parse_scan, scan_call
 __all__ = ["JobDetails", "job_details", "latest_attempt"]
 
 EVENTS_WINDOW = 1000
+LOG_TAIL = 50  # the log lines a job's view shows (the newest; Queue.get_job_logs reads them all)
 MAX_EVENTS_WINDOW = 100_000  # a job lookup reads at most this many events (XREVRANGE COUNT)
 PAGE = 500
 SEARCH_PAGES = 20
@@ -51,6 +52,8 @@ class JobDetails:
     failure: dict[str, Any] | None = None  # the failure record: reason, detail, finished_at_ms, traceback...
     dlq: dict[str, Any] | None = None  # its DLQ entry: dlq_id, reason, detail and any other field
     progress: Any = None  # the latest progress its handler reported (a number or a small dict)
+    logs: list[str] = field(default_factory=list)  # the newest LOG_TAIL lines its handlers logged, oldest first
+    log_lines: int = 0  # how many lines its log holds (core/job_logs.py)
     origin: Origin | None = None  # the Airflow DAG run and task that enqueued it (core/origin.py)
     events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     events_truncated: bool = False  # the window was full: older events may exist
@@ -139,6 +142,7 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
         k.events: "stream",
         k.progress(job_id): "string",
         k.origin(job_id): "string",
+        k.logs(job_id): "list",
         k.delayed: "zset",
         k.stream: "stream",
         k.dlq: "stream",
@@ -150,11 +154,14 @@ def job_details(  # noqa: C901, PLR0915 - one bounded search in a fixed order (d
     for name, of in per_job.items():
         reads.add(name, of(job_id), "string", command("GET", of(job_id)))
     reads.add("rows", k.events, "stream", command("XREVRANGE", k.events, "+", "-", "COUNT", events_window))
+    reads.add("logs", k.logs(job_id), "list", command("LRANGE", k.logs(job_id), -LOG_TAIL, -1))
+    reads.add("log_lines", k.logs(job_id), "list", command("LLEN", k.logs(job_id)))
     got = yield from reads.run()
     result, failure, didx, rows = got.get("result"), got.get("failure"), got.get("didx"), got.get("rows")
     progress, origin = got.get("progress"), got.get("origin")
     delayed_ok, stream_ok, dlq_ok = (reads.holds(key, want[key]) for key in (k.delayed, k.stream, k.dlq))
     d.progress = parse_progress(progress)
+    d.logs, d.log_lines = [str_reply(line) for line in got.get("logs") or []], int_reply(got.get("log_lines", 0))
     d.origin = parse_origin(origin)
     d.events_truncated = len(rows or []) >= events_window
     hints: dict[str, int] = {}

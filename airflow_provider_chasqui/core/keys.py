@@ -153,6 +153,10 @@ class QueueKeys:
         """A job's latest progress (msgpack), reported by its handler; TTL a day."""
         return self.prefix + ":progress:" + job_id
 
+    def logs(self, job_id: str) -> str:
+        """LIST of a job's log lines (``core/job_logs.py``), the newest 1000; TTL a day."""
+        return self.prefix + ":logs:" + job_id
+
     def history(self, hour: int) -> str:
         """HASH of the jobs settled per minute in one UTC hour (``core/history.py``); 8 days."""
         return self.prefix + ":history:" + str(hour)

@@ -38,13 +38,15 @@ from .inspect import snapshot
 from .job_details import job_details
 from .key_types import read_types
 from .keys import QueueKeys, check_consumer_name
+from .running import parse_progress
 from .scan import parse_scan, scan_call
 
 __all__ = ["COUNT_TYPES", "JOB_STATES", "MAX_OFFSET", "MAX_LIMIT", "JobRow", "job_counts", "jobs_page", "one_job"]
 
-# (id, name, data, attempt, created_at_ms): the fields of a ``Job``, which the queues build (the
-# core never imports upward).  ``attempt`` is the envelope's count of failed runs, as handlers see it.
-JobRow = tuple[str, str, Any, int, int]
+# (id, name, data, attempt, created_at_ms, progress): the fields of a ``Job``, which the queues
+# build (the core never imports upward).  ``attempt`` is the envelope's count of failed runs, as
+# handlers see it; ``progress`` the latest its handler reported (None: none).
+JobRow = tuple[str, str, Any, int, int, Any]
 
 COUNT_TYPES = ("waiting", "active", "delayed", "completed", "failed", "paused")
 JOB_STATES = ("waiting", "active", "delayed", "completed", "failed")
@@ -101,7 +103,7 @@ def _row(job_id: str, name: str, env_inner: bytes, attempt: int, created: int) -
         data = decode_data(env_inner)
     except Exception:  # noqa: BLE001 - shown as its bytes rather than hidden
         data = env_inner
-    return job_id, name, data, attempt, created
+    return job_id, name, data, attempt, created, None
 
 
 def _entry_row(fields: dict[str, Any]) -> JobRow | None:
@@ -150,10 +152,20 @@ def _stream_page(stream: str, start: str, offset: int, limit: int) -> Flow[tuple
 
 
 def jobs_page(queue: str, state: object, *, group: str, offset: object = 0, limit: object = 100) -> Flow[list[JobRow]]:
-    """A page of the jobs in ``state`` (see the module docstring for where each is read)."""
+    """A page of the jobs in ``state`` (see the module docstring for where each is read), each
+    with the latest progress its handler reported (one MGET for the page)."""
     state, skip, limit = _check_page(state, offset, limit)
     check_consumer_name(group)
     k = QueueKeys.for_queue(queue)
+    rows = yield from _page(k, state, group, skip, limit)
+    if not rows:
+        return rows
+    raws = yield command("MGET", *(k.progress(r[0]) for r in rows))  # a key of another type reads as nil
+    return [(*r[:5], parse_progress(p)) for r, p in zip(rows, raws or [])]
+
+
+def _page(k: QueueKeys, state: str, group: str, skip: int, limit: int) -> Flow[list[JobRow]]:
+    """One read per state."""
     key = {"waiting": k.stream, "active": k.stream, "delayed": k.delayed, "failed": k.dlq, "completed": k.events}[state]
     kind = "zset" if state == "delayed" else "stream"
     types = yield from read_types([key, k.prioritized])
@@ -209,7 +221,7 @@ def _completed(k: QueueKeys, skip: int, limit: int) -> Flow[list[JobRow]]:
             job_id, ran = str_reply(f.get("id", b"")), str_reply(f.get("attempt", b""))
             created = ulid_ms(job_id) or int(str_reply(eid).partition("-")[0])
             attempt = max(0, int(ran) - 1) if ran.isdigit() else 0  # events number runs from 1
-            jobs.append((job_id, str_reply(f.get("n", b"")), None, attempt, created))
+            jobs.append((job_id, str_reply(f.get("n", b"")), None, attempt, created, None))
         if len(rows) < EVENTS_PAGE:
             break
         end = "(" + str_reply(rows[-1][0])
@@ -226,7 +238,7 @@ def one_job(queue: str, job_id: str, *, group: str) -> Flow[JobRow | None]:
         return None
     created = d.created_at_ms if d.created_at_ms is not None else (ulid_ms(job_id) or 0)
     attempt = d.envelope_attempt if d.envelope_attempt is not None else max(0, (d.attempt or 1) - 1)
-    return job_id, d.name or "", d.data, attempt, created
+    return job_id, d.name or "", d.data, attempt, created, d.progress
 
 
 def job_total(counts: dict[str, int]) -> int:

@@ -8,10 +8,10 @@ ends in between is found by one or the other (``core/event_hub.py``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError, ConfigTypeError, JobFailed, JobNotFound
-from .calls import Flow, command, int_reply
+from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import decode_data
 from .event_follow import EventCursor
 from .event_hub import (
@@ -27,12 +27,15 @@ from .event_hub import (
 )
 from .failure import JobFailure, failure_record
 from .job_details import job_details
+from .key_types import read_types
 from .keys import DEFAULT_GROUP, QueueKeys
 from .running import check_job_id, check_job_ids
 from .settings import MAX_MS
 from .urls import WAIT_BLOCK_MS
 
 __all__ = ["ResultFlows", "check_wait", "single_outcome"]
+
+FAILED_EVENTS_WINDOW = 1000  # events a failure's handler error is looked for in (newest first)
 
 
 class ResultFlows:
@@ -137,7 +140,26 @@ class ResultFlows:
             values = yield from self.get_results(done)
             for jid, value in zip(done, values):
                 outcomes[jid] = completed(value)
-        return outcomes
+        return (yield from self.with_handler_errors(outcomes))
+
+    def with_handler_errors(self, outcomes: Mapping[str, Outcome]) -> Flow[dict[str, Outcome]]:
+        """Failures known only from their ``dlq`` event (a worker that keeps no failure records:
+        ``store_results`` off) get the handler's error as their detail: the reason of the job's
+        newest ``failed`` event among the newest ``FAILED_EVENTS_WINDOW``.  One read, made only
+        when such a failure is there; an events key of another type adds nothing."""
+        out = dict(outcomes)
+        bare = {j for j, o in out.items() if isinstance(o, Failed) and not o.detail and o.value != "cancelled"}
+        if not bare or (yield from read_types([self.keys.events]))[self.keys.events] != "stream":
+            return out
+        rows = yield command("XREVRANGE", self.keys.events, "+", "-", "COUNT", FAILED_EVENTS_WINDOW)
+        for _eid, flat in rows or []:
+            f = reply_pairs(flat or [])
+            jid = str_reply(f.get("id", b""))
+            if jid in bare and f.get("e") == b"failed":
+                bare.discard(jid)
+                o = cast(Failed, out[jid])
+                out[jid] = failed(o.value, str_reply(f.get("reason", b"")), o.traceback)
+        return out
 
     def _stored_outcomes(self, job_ids: list[str]) -> Flow[dict[str, Outcome]]:
         if not job_ids:

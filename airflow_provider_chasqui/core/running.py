@@ -345,16 +345,19 @@ class AttemptEnded:
     def report(self, job: Any, value: Any) -> None:
         raise attempt_ended(job)
 
+    def log(self, job: Any, line: Any) -> None:
+        raise attempt_ended(job)
+
 
 ATTEMPT_ENDED = AttemptEnded()
 
 
-def progress_calls(keys: QueueKeys, latest: dict[str, tuple[Any, bytes]], events_max: int, now: int) -> list[Call]:
-    """The latest progress of each job (id -> (value, its msgpack from :func:`check_progress`)):
-    kept with the job, and a ``progress`` event each (the value as JSON, for readers of the
-    events stream)."""
+def progress_calls(keys: QueueKeys, latest: dict[str, tuple[Any, bytes, str]], events_max: int, now: int) -> list[Call]:
+    """The latest progress of each job (id -> (value, its msgpack from :func:`check_progress`,
+    the job's name)): kept with the job, and a ``progress`` event each (the value as JSON, for
+    readers of the events stream; ``n`` the job's name, when it has one)."""
     calls: list[Call] = []
-    for jid, (value, packed) in latest.items():
+    for jid, (value, packed, name) in latest.items():
         calls.append(command("SET", keys.progress(jid), packed, "PX", PROGRESS_TTL_MS))
         if events_max > 0:
             text = json.dumps(value, default=str, separators=(",", ":"))
@@ -372,6 +375,7 @@ def progress_calls(keys: QueueKeys, latest: dict[str, tuple[Any, bytes]], events
                     jid,
                     "ts",
                     now,
+                    *(("n", name) if name else ()),
                     "progress",
                     text,
                 )

@@ -288,6 +288,9 @@ def job_page(c: Ctx) -> Response:
         body += f'<h3>Data <small>{h(j.data_bytes)} bytes</small>{more}</h3><pre class="data">{h(text)}</pre>'
     if j.has_result:
         body += f'<h3>Result</h3><pre class="data result">{h(pretty(j.result)[0])}</pre>'
+    if j.log_lines:
+        of = f"the newest {len(j.logs)} of {j.log_lines} lines" if j.log_lines > len(j.logs) else f"{j.log_lines} lines"
+        body += f'<h3>Log <small>{h(of)}</small></h3><pre class="job-log">{h(chr(10).join(j.logs))}</pre>'
     events = [
         [
             when(_event_ms(e)),

@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection
 from types import CoroutineType
 from typing import Any
 
+from ..core.job_logs import check_log_line
 from ..core.running import ATTEMPT_ENDED, check_progress
 from ..errors import UnrecoverableError
 from ..types import Job, new_job
@@ -75,9 +76,15 @@ class _Progress:
             self.sent[job_id] = now
             self.held.pop(job_id, None)
             with self.lock:
-                self.conn.send(("progress", job_id, value))
+                self.conn.send(("progress", job_id, value, job.name))
         else:
-            self.held[job_id] = value
+            self.held[job_id] = (value, job.name)
+
+    def log(self, job: Any, line: Any) -> None:
+        """A log line goes to the parent at once (it records it as an in-process one)."""
+        line = check_log_line(line)
+        with self.lock:
+            self.conn.send(("log", job.id, line))
 
     def settle(self, job_ids: list[str]) -> None:
         """A call ended: its jobs' last held value goes out before its outcome."""
@@ -85,7 +92,7 @@ class _Progress:
             self.sent.pop(job_id, None)
             if job_id in self.held:
                 with self.lock:
-                    self.conn.send(("progress", job_id, self.held.pop(job_id)))
+                    self.conn.send(("progress", job_id, *self.held.pop(job_id)))
 
 
 def _die_with_parent() -> None:

@@ -349,10 +349,8 @@ class ProcessPool:
                     self._dispatch_soon()
                 elif kind == "skipped":
                     self._given_back(child, msg[1])
-                elif kind == "progress":
-                    if self._progress is not None:
-                        with contextlib.suppress(Exception):
-                            self._progress.update(msg[1], msg[2])
+                elif kind in ("progress", "log"):
+                    self._reported(msg)
                 elif kind == "ready":
                     child.ready = True
                     self._dispatch_soon()
@@ -361,6 +359,17 @@ class ProcessPool:
                     self._not_started(child, msg[1])
         except (EOFError, OSError):
             self._lost(child, None)
+
+    def _reported(self, msg: tuple[Any, ...]) -> None:
+        """A handler's progress (``("progress", job id, value, name)``) or log line
+        (``("log", job id, line)``), checked in the child: recorded as an in-process one's."""
+        if self._progress is None:
+            return
+        with contextlib.suppress(Exception):
+            if msg[0] == "log":
+                self._progress.log(msg[1], msg[2])
+            else:
+                self._progress.update(msg[1], msg[2], msg[3] if len(msg) > 3 else "")
 
     def _not_started(self, child: _Child, why: str) -> None:
         """A child could not load the handlers: at start the pool refuses to start; later (a

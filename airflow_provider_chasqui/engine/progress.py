@@ -1,12 +1,13 @@
 """``ProgressReporter``: a worker's handlers report progress; it writes it, coalesced (issue 25).
 
 ``Job.update_progress(value)`` (and its sync twin, from a handler's thread) only records the
-latest value of the job here (thread-safe: one dict assignment under the GIL); a supervised task
-writes whatever was recorded every ``PROGRESS_FLUSH_SECS`` in one pipeline
-(``core/running.progress_calls``: the job's progress key and a ``progress`` event), and the
-worker's flusher writes it before any outcome, so a finished job's last report is in Redis when
-its result is.  So a handler reporting in a tight loop costs one dict store per call, and Redis
-at most four writes per second per job.
+latest value of the job here (thread-safe: one dict assignment under the GIL), as ``job.log``
+records a line; a supervised task writes what was recorded in one pipeline
+(``core/running.progress_calls``: the job's progress key and a ``progress`` event; the log
+lines), at once when nothing was waiting (the first report shows without delay), then at most
+every ``PROGRESS_FLUSH_SECS``; and the worker's flusher writes it before any outcome, so a
+finished job's last report is in Redis when its result is.  So a handler reporting in a tight
+loop costs one dict store per call, and Redis at most four writes per second per worker.
 
 A handler's ``Job`` reports through its slot's :class:`SlotProgress`, which takes reports only
 while that very attempt runs there: once its outcome is decided (or its slot was left behind,
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 from ..core.codec import now_ms
+from ..core.job_logs import MAX_LOG_LINES, check_log_line, log_calls
 from ..core.keys import QueueKeys
 from ..core.running import PROGRESS_FLUSH_SECS, attempt_ended, check_progress, progress_calls
 from ._driver import AsyncDriver
@@ -34,18 +37,30 @@ log = logging.getLogger(__name__)
 class SlotProgress:
     """``Job._progress`` of the jobs one slot runs: reports of the attempt running there now."""
 
-    __slots__ = ("reporter", "job")
+    __slots__ = ("reporter", "worker", "job")
 
-    def __init__(self, reporter: ProgressReporter) -> None:
+    def __init__(self, reporter: ProgressReporter, worker: Any = None) -> None:
         self.reporter = reporter
+        self.worker = worker  # its listeners hear each report (engine/worker_events.py)
         self.job: Any = None  # the Job (a batch: the list of Jobs) whose handler the slot awaits
 
-    def report(self, job: Any, value: Any) -> None:
-        """``job.update_progress(value)``; ``RuntimeError`` once that attempt has ended."""
+    def _check_running(self, job: Any) -> None:
         running = self.job
         if running is not job and not (type(running) is list and any(j is job for j in running)):
             raise attempt_ended(job)
-        self.reporter.update(job.id, value)
+
+    def report(self, job: Any, value: Any) -> None:
+        """``job.update_progress(value)``; ``RuntimeError`` once that attempt has ended."""
+        self._check_running(job)
+        self.reporter.update(job.id, value, job.name)
+        worker = self.worker
+        if worker is not None and worker._listening:
+            worker._listeners.emit("progress", job, value)
+
+    def log(self, job: Any, line: Any) -> None:
+        """``job.log(line)``; ``RuntimeError`` once that attempt has ended."""
+        self._check_running(job)
+        self.reporter.log(job.id, check_log_line(line))
 
     def end(self) -> None:
         """The running attempt ended: its Job reports no more."""
@@ -58,22 +73,51 @@ class ProgressReporter:
     def __init__(self, driver: AsyncDriver, keys: QueueKeys, events_max: int, label: str) -> None:
         self.driver, self.keys, self.events_max, self.label = driver, keys, events_max, label
         self._latest: dict[str, Any] = {}
+        self._lines: dict[str, list[str]] = {}  # log lines not yet written (core/job_logs.py)
         self._writing: asyncio.Future[None] | None = None  # a write in flight (the periodic one, say)
+        self._recorded = asyncio.Event()  # set when a value or line waits: the writer wakes
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
 
-    def update(self, job_id: str, value: Any) -> None:
+    def update(self, job_id: str, value: Any, name: str = "") -> None:
         # checked (ConfigError to the handler, naming the problem) and packed once, here
-        self._latest[job_id] = (value, check_progress(value))
+        first = not self._latest and not self._lines
+        self._latest[job_id] = (value, check_progress(value), name)
+        if first:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the writer (from a handler's thread through the loop)."""
+        if threading.get_ident() == self._thread:
+            self._recorded.set()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._recorded.set)
+
+    def log(self, job_id: str, line: str) -> None:
+        """Record a checked log line (``core/job_logs.check_log_line``); only the newest
+        ``MAX_LOG_LINES`` of a job wait for the write."""
+        first = not self._latest and not self._lines
+        lines = self._lines.setdefault(job_id, [])
+        lines.append(line)
+        if first:
+            self._wake()
+        if len(lines) > 2 * MAX_LOG_LINES:
+            del lines[:-MAX_LOG_LINES]
 
     async def run(self) -> None:
-        """Write the recorded values every ``PROGRESS_FLUSH_SECS``, until cancelled."""
+        """Write what is recorded as it comes, at most every ``PROGRESS_FLUSH_SECS``, until cancelled."""
         while True:
-            await asyncio.sleep(PROGRESS_FLUSH_SECS)
+            await self._recorded.wait()
+            self._recorded.clear()
             await self.flush()
+            await asyncio.sleep(PROGRESS_FLUSH_SECS)
+            if self._latest or self._lines:  # recorded during the pause: the writer's next turn
+                self._recorded.set()
 
     @property
     def pending(self) -> bool:
         """Whether a value waits to be written, or is being written."""
-        return bool(self._latest) or self._writing is not None
+        return bool(self._latest) or bool(self._lines) or self._writing is not None
 
     async def flush(self) -> None:
         """Write what was recorded; returns once every value recorded before the call is written.
@@ -81,14 +125,16 @@ class ProgressReporter:
         ``_latest``, and an outcome written meanwhile (on another connection) could land first."""
         while self._writing is not None:
             await asyncio.shield(self._writing)
-        if not self._latest:
+        if not self._latest and not self._lines:
             return
         latest, self._latest = self._latest, {}
+        lines, self._lines = self._lines, {}
         writing = self._writing = asyncio.get_running_loop().create_future()
         try:
-            await self.driver.pipeline(progress_calls(self.keys, latest, self.events_max, now_ms()))
+            calls = progress_calls(self.keys, latest, self.events_max, now_ms()) + log_calls(self.keys, lines)
+            await self.driver.pipeline(calls)
         except Exception as exc:  # noqa: BLE001 - progress is best effort, like events
-            log.warning("%s: progress of %d jobs not written: %s", self.label, len(latest), exc)
+            log.warning("%s: progress and logs of %d jobs not written: %s", self.label, len(latest) + len(lines), exc)
         finally:
             self._writing = None
             writing.set_result(None)

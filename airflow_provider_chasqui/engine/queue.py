@@ -21,6 +21,7 @@ from ..core.event_hub import JobOutcome
 from ..core.inspect import QueueListing, QueueSnapshot, snapshot
 from ..core.inspect import list_queues as list_queues_flow
 from ..core.job_details import JobDetails, job_details
+from ..core.job_logs import read_logs
 from ..core.keys import DEFAULT_GROUP, QueueKeys, check_consumer_name
 from ..core.listing import job_counts, job_total, jobs_page, one_job
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
@@ -414,7 +415,8 @@ class Queue:
         """
         ids, ms = check_wait(job_ids, timeout, stop_on_failure)
         if self._own_driver:
-            return await wait_for_jobs(self._url, self.name, ids, ms / 1000, stop_on_failure=stop_on_failure)
+            outcomes = await wait_for_jobs(self._url, self.name, ids, ms / 1000, stop_on_failure=stop_on_failure)
+            return await self.driver.run(self._flows.with_handler_errors(outcomes))
         flow = self._flows.wait_for_jobs(ids, ms, _monotonic_ms, stop_on_failure=stop_on_failure)
         return await self.driver.run(flow)
 
@@ -470,13 +472,19 @@ class Queue:
         (``core/listing.py``); ``ValueError`` for another state, a negative offset, or a limit
         outside 1 to 10,000."""
         rows = await self.driver.run(jobs_page(self.name, state, group=self._group, offset=offset, limit=limit))
-        return [new_job(*row, _queue=self) for row in rows]
+        return [new_job(*row[:5], _queue=self, progress=row[5]) for row in rows]
+
+    async def get_job_logs(self, job_id: str, start: int = 0, end: int = -1, asc: bool = True) -> tuple[list[str], int]:
+        """``(lines, how many the job has)`` of the lines its handlers logged (``job.log``):
+        ``start`` to ``end`` inclusive, from the oldest (``asc``) or the newest, negative from
+        the other end, clamped to what exists (``core/job_logs.py``)."""
+        return await self.driver.run(read_logs(self.name, job_id, start, end, asc))
 
     async def get_job(self, job_id: str) -> Job | None:
         """The job (name, data and attempt count as stored; a completed job's data is None),
         found as :meth:`get_job_details` finds it; None when nothing is known of the id."""
         row = await self.driver.run(one_job(self.name, job_id, group=self._group))
-        return None if row is None else new_job(*row, _queue=self)
+        return None if row is None else new_job(*row[:5], _queue=self, progress=row[5])
 
     # ---- flow control (core/controls.py) ---------------------------------------------------
     async def pause(self) -> None:

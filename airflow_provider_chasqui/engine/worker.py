@@ -140,6 +140,7 @@ class Worker(WorkerStop):
             result_ttl_ms=s.result_ttl_ms if s.store_results else 0,
             failure_ttl_ms=s.failure_ttl_ms if s.store_results else 0,
         )
+        self._init_events()  # listeners and the worker's own pause (engine/worker_events.py)
         # OpenTelemetry: a CONSUMER span per attempt when tracing=True (or CHASQUI_OTEL=1) and the
         # API imports; None otherwise, and the slots then never touch it
         self._tracer = _tracing.tracer(tracing)
@@ -181,6 +182,8 @@ class Worker(WorkerStop):
             self._running = False
             self._closed = True
             self._done.set()
+            self._listeners.emit("closed")
+            await self._listeners.settle()
 
     def health(self) -> dict[str, bool | str]:
         """Liveness of the worker's tasks, for a ``/healthz`` endpoint.
@@ -275,6 +278,7 @@ class Worker(WorkerStop):
                 await self.driver.close()
                 raise
         loop = asyncio.get_running_loop()
+        self._listeners.bind(loop)
         if self._signals:
             self._install_signals(loop)
         self._intake.identity = identity(
@@ -434,7 +438,7 @@ class Worker(WorkerStop):
         while not self._stopping.is_set():
             self._beat = time.monotonic()
             room = self._capacity()
-            if room <= 0:
+            if room <= 0 or self._paused:  # Worker.pause() reads nothing (worker_events.py)
                 await self._wait_for_room()
                 continue
             ready = await intake.next_batch(min(room, s.read_count), block)
@@ -446,6 +450,8 @@ class Worker(WorkerStop):
             if busy:
                 busy = False
                 await self._emit(self.core.drained_event(now_ms()))
+                if self._listening:
+                    self._listeners.emit("drained")
             if (
                 s.idle_exit_secs is not None
                 and not self._deque

@@ -17,12 +17,13 @@ from ..core.rows import COMPLETE_ENTRY_ID, FAIL_ENTRY_ID, FAIL_KIND, FAIL_REASON
 from ..core.running import result_too_large
 from ..errors import CodecError, UnrecoverableError
 from .metrics import NO_METRICS
-from .worker_base import WorkerBase, _packb, log
+from .worker_base import _packb, log
+from .worker_events import WorkerEvents
 
 __all__ = ["OutcomeWriter"]
 
 
-class OutcomeWriter(WorkerBase):
+class OutcomeWriter(WorkerEvents):
     """Buffers each job's outcome and writes them (see the module docstring)."""
 
     def _completed(self, done: list[tuple[Delivery, Any, int]]) -> None:
@@ -46,6 +47,8 @@ class OutcomeWriter(WorkerBase):
             env = dl.envelope
             rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
             self._acking += 1
+            if self._listening:
+                self._listeners.emit("completed", self._job_view(dl), result)
             if metrics is not None:
                 metrics.job_completed(self.name, dl.name, duration_us / 1e6)
             if s.max_jobs is None:
@@ -63,6 +66,8 @@ class OutcomeWriter(WorkerBase):
         Total: if deciding the route raises (a hostile retry override, an exception whose
         ``repr`` raises...), the entry is dead-lettered with reason ``routing_failed`` and the
         error as detail; nothing raised here can end a slot."""
+        if self._listening:
+            self._listeners.emit("failed", self._job_view(dl), exc)
         env = dl.envelope
         try:
             unrecoverable = isinstance(exc, UnrecoverableError)

@@ -73,7 +73,9 @@ class SlotRunner(RunningControl):
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
         me = asyncio.current_task()
-        progress = self._slot_progress[me] = SlotProgress(self._progress)  # its jobs' reports (engine/progress.py)
+        progress = self._slot_progress[me] = SlotProgress(
+            self._progress, self
+        )  # its jobs' reports (engine/progress.py)
         tracer = self._tracer
         span = token = None
         lease_check = s.claim_min_idle_ms / 1000 * START_CHECK_FRACTION
@@ -86,7 +88,7 @@ class SlotRunner(RunningControl):
         pooled = self._pooled
         while True:
             debug = log.isEnabledFor(logging.DEBUG)  # once per wake-up, not per job
-            while queue:
+            while queue and not self._paused:  # Worker.pause(): the slots park (worker_events.py)
                 if box is not None and box.open >= POOL_RUN:
                     await self._settle_pooled(box)
                     continue
@@ -136,10 +138,14 @@ class SlotRunner(RunningControl):
                     limit = dl.timeout_ms or own or default_timeout
                     if box is not None and not batch:  # to a child process; a timeout kills it (process_pool.py)
                         fields = (env.id, dl.name, data, env.attempt, env.created_at_ms)
+                        if self._listening:
+                            self._listeners.emit("active", new_job(*fields))
                         call = procs.submit(dl.name if dispatch is not None else None, fields, limit, box)  # type: ignore[union-attr]
                         pooled[call] = (dl, start)
                         continue
                     job = new_job(env.id, dl.name, data, env.attempt, env.created_at_ms, None, progress)
+                    if self._listening:
+                        self._listeners.emit("active", job)
                     if batch:  # a batch handler: this job and up to batch - 1 more of its name, settled each
                         outcome = await self._run_batch(fn, is_async, batch, dl, job, own or default_timeout, start)
                         if span is not None and tracer is not None:
@@ -209,6 +215,8 @@ class SlotRunner(RunningControl):
                     tracer.end_consume(span, token, "completed")
                 rows.append((dl.entry_id, env.id, dl.name, env.attempt + 1, duration_us, encoded))
                 self._acking += 1
+                if self._listening:
+                    self._listeners.emit("completed", job, result)
                 if len(rows) == 1 or len(rows) >= ack_batch:
                     self._flush_wanted.set()
                 waiter = self._room_waiter  # a finished job frees reading room (see _capacity)

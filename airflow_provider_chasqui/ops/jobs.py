@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from ..cli_common import positive_int
 from ..core.codec import data_json
+from ..core.job_details import JobDetails
 from ..core.text import printable
 from ..errors import JobNotFound
 from .commands import EXIT_OK, NotFound, add_target, emit, iso_ms, open_queue, table
@@ -86,16 +87,26 @@ def cmd_job_show(args: argparse.Namespace) -> int:  # noqa: C901 - one printed l
                     _block(out, f"  {key}", text)
                 else:
                     out.write(f"  {key}: {printable(text)}\n")
-        out.write(f"\nevents ({len(d.events)}{', older ones may exist' if d.events_truncated else ''}):\n")
-        for e in d.events:
-            extra = " ".join(f"{k}={v[:200]}" for k, v in e.items() if k not in ("event_id", "e", "id", "ts", "n"))
-            ts = int(e["ts"]) if e.get("ts", "").isdigit() else None
-            out.write(printable(f"  {iso_ms(ts)} {e.get('e', '?')} {extra}".rstrip()) + "\n")
-        for note in d.notes:
-            out.write(f"note: {printable(note)}\n")
+        _story(out, d)
 
     emit(args, data, human)
     return EXIT_OK
+
+
+def _story(out: TextIO, d: JobDetails) -> None:
+    """The job's log lines, its events and the view's notes."""
+    if d.log_lines:
+        shown = f"the newest {len(d.logs)} of {d.log_lines}" if d.log_lines > len(d.logs) else str(d.log_lines)
+        out.write(f"\nlog ({shown} lines):\n")
+        for line in d.logs:
+            out.write("  " + printable(line[:1000]) + "\n")
+    out.write(f"\nevents ({len(d.events)}{', older ones may exist' if d.events_truncated else ''}):\n")
+    for e in d.events:
+        extra = " ".join(f"{k}={v[:200]}" for k, v in e.items() if k not in ("event_id", "e", "id", "ts", "n"))
+        ts = int(e["ts"]) if e.get("ts", "").isdigit() else None
+        out.write(printable(f"  {iso_ms(ts)} {e.get('e', '?')} {extra}".rstrip()) + "\n")
+    for note in d.notes:
+        out.write(f"note: {printable(note)}\n")
 
 
 _CANCEL_SAID = {

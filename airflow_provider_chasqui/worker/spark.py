@@ -418,6 +418,9 @@ class _OwnProgress:
             self._running.pop(job.id, None)
             self._job._progress.report(self._job, value)
 
+    def log(self, job: Any, line: Any) -> None:
+        self._job._progress.log(self._job, line)
+
 
 def spark_progress(tracker: Any, group: str) -> dict[str, int] | None:
     """A job group's Spark jobs (done of all) and tasks (done of all) from the status tracker;

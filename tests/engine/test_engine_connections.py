@@ -213,7 +213,7 @@ async def test_every_client_has_timeouts_and_keepalive(redis_url: str, queue_nam
     try:
         await q.add("x", {})  # a cluster client knows its nodes once connected
         sq.add("x", {})
-        await events._resolve_start()
+        await events.wait_until_ready()
         for what, client, longest_block in (
             ("Queue", q.driver.client, 10),
             ("SyncQueue", sq.driver.client, 10),
