@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..core.controls import MAX_CONCURRENCY, MAX_RATE_JOBS, RateLimit, sum_rate_limits
@@ -274,6 +274,29 @@ class ShardedWorker:
     @property
     def processed(self) -> int:
         return sum(getattr(w, "processed", 0) for w in self.workers)
+
+    def on(self, event: str, callback: Callable[..., Any]) -> Callable[..., Any]:
+        """``Worker.on`` on every shard's worker: job events once per job; ``drained``,
+        ``paused``, ``resumed`` and ``closed`` once per shard."""
+        for w in self.workers:
+            w.on(event, callback)
+        return callback
+
+    def off(self, event: str, callback: Callable[..., Any] | None = None) -> None:
+        for w in self.workers:
+            w.off(event, callback)
+
+    def pause(self) -> None:
+        """``Worker.pause`` on every shard's worker."""
+        for w in self.workers:
+            w.pause()
+
+    def resume(self) -> None:
+        for w in self.workers:
+            w.resume()
+
+    def is_paused(self) -> bool:
+        return all(w.is_paused() for w in self.workers)
 
     async def run(self) -> None:
         if self._signals:

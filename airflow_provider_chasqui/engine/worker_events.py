@@ -66,11 +66,10 @@ class WorkerEvents(WorkerBase):
         if self._paused:
             self._paused = False
             self._listeners.emit("resumed")
-            if getattr(self, "_deque", None) is not None:
+            if getattr(self, "_deque", None) is not None:  # running: wake the parked slots and the reader
                 self._wake(len(self._deque))
-            self._room()
+                self._room()
 
-    @property
     def is_paused(self) -> bool:
         """Paused by :meth:`pause` (not by ``Queue.pause``, which ``Queue.is_paused`` reads)."""
         return self._paused

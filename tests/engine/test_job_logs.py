@@ -136,6 +136,7 @@ async def test_a_log_key_of_another_type_reads_as_none_and_never_stops_a_worker(
     assert await q.get_job_logs(job.id) == ([], 0)
     details = await q.get_job_details(job.id)
     assert details.logs == [] and any("logs" in n for n in details.notes)
+    assert details.progress == 10  # written in the same pipeline as the refused line
 
 
 async def test_progress_is_read_back_with_the_job_while_it_runs(redis_url, queue_name, queues, worker_factory) -> None:

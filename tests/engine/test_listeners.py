@@ -12,7 +12,7 @@ import time
 import pytest
 from engine_support import events_of, running, wait_until
 
-from airflow_provider_chasqui import Job, JobFailed, QueueEvents
+from airflow_provider_chasqui import Job, JobFailed, QueueEvents, SyncQueue
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,6 +98,9 @@ async def _settled(q) -> bool:
 
 def test_bad_listeners_are_named(redis_url, queue_name, worker_factory) -> None:
     w = worker_factory(queue_name, lambda job: None, redis_url)
+    w.pause()  # before run(): a switch and its events, nothing else
+    w.resume()
+    assert w.is_paused() is False
     with pytest.raises(ValueError, match="no event 'complete'.*completed"):
         w.on("complete", print)
     with pytest.raises(TypeError, match="must be callable"):
@@ -135,7 +138,7 @@ async def test_a_paused_worker_starts_nothing_until_resumed(redis_url, queue_nam
         await wait_until(lambda: q.get_active_count(), what="read")
         w.pause()
         w.pause()  # once is enough: one event
-        assert w.is_paused
+        assert w.is_paused() is True
         release.set()  # the running job finishes; the read-ahead ones must wait
         for i in (3, 4):
             await q.add("x", {"i": i})
@@ -145,7 +148,7 @@ async def test_a_paused_worker_starts_nothing_until_resumed(redis_url, queue_nam
             await asyncio.sleep(0.05)
         w.resume()
         await wait_until(lambda: sorted(started) == [0, 1, 2, 3, 4], what="every job after resume")
-    assert calls == ["paused", "resumed"] and not w.is_paused
+    assert calls == ["paused", "resumed"] and w.is_paused() is False
 
 
 async def test_queue_events_listeners_get_typed_payloads_per_event_and_per_job(
@@ -232,3 +235,31 @@ async def test_wait_until_finished_gives_the_result_or_the_handler_error(
         assert any(e["e"] == "failed" and e["id"] == bad.id for e in evs)
     finally:
         await events.close()
+
+
+async def test_a_sharded_worker_passes_listeners_and_pause_to_every_shard(redis_url, queue_name) -> None:
+    from airflow_provider_chasqui.engine.sharded import ShardedQueue, ShardedWorker
+
+    async def handler(job: Job) -> int:
+        return job.data
+
+    sw = ShardedWorker(queue_name, handler, shards=2, redis_url=redis_url, read_block_ms=200, run_scheduler=False)
+    done: dict[str, object] = {}
+    sw.on("completed", lambda job, result: done.__setitem__(job.id, result))
+    async with ShardedQueue(queue_name, 2, redis_url=redis_url) as sq:
+        jobs = [await sq.add("x", i) for i in range(20)]
+        assert len({j.id for j in jobs}) == 20
+        task = asyncio.create_task(sw.run())
+        try:
+            await wait_until(lambda: len(done) == 20, what="every shard's jobs heard")
+            sw.pause()
+            assert sw.is_paused() and all(w.is_paused() for w in sw.workers)
+            sw.resume()
+            assert not sw.is_paused()
+        finally:
+            await sw.close()
+            await asyncio.wait_for(task, 30)
+            for shard in (f"{queue_name}.0", f"{queue_name}.1"):
+                with SyncQueue(shard, redis_url=redis_url) as q:
+                    q.obliterate(force=True)
+    assert sorted(done.values()) == list(range(20))
