@@ -15,6 +15,7 @@ from .calls import Call, Flow, command, int_reply, str_reply
 from .key_types import read_types
 from .keys import QueueKeys
 from .running import PROGRESS_TTL_MS, check_job_id
+from .settings import check_index
 
 __all__ = ["MAX_LOG_LINE", "MAX_LOG_LINES", "LOG_TTL_MS", "check_log_line", "log_calls", "read_logs"]
 
@@ -50,14 +51,6 @@ def log_calls(keys: QueueKeys, lines: dict[str, list[str]]) -> list[Call]:
     return calls
 
 
-def _index(what: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigTypeError(f"{what} must be an int, got {type(value).__name__}")
-    if abs(value) > 2**62:
-        raise ConfigError(f"{what} is out of range: {value}")
-    return value
-
-
 def read_logs(
     queue: str, job_id: str, start: object = 0, end: object = -1, asc: object = True
 ) -> Flow[tuple[list[str], int]]:
@@ -65,7 +58,7 @@ def read_logs(
     the oldest (``asc``) or from the newest; negative indices count from the other end, as in
     LRANGE; out of range is clamped (never an error).  A key of another type reads as none."""
     check_job_id(job_id)
-    first, last = _index("start", start), _index("end", end)
+    first, last = check_index("start", start, -(2**62), 2**62), check_index("end", end, -(2**62), 2**62)
     if not isinstance(asc, bool):
         raise ConfigTypeError(f"asc must be a bool, got {type(asc).__name__}")
     key = QueueKeys.for_queue(queue).logs(job_id)

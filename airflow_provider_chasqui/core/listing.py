@@ -40,6 +40,7 @@ from .key_types import read_types
 from .keys import QueueKeys, check_consumer_name
 from .running import parse_progress
 from .scan import parse_scan, scan_call
+from .settings import check_index
 
 __all__ = ["COUNT_TYPES", "JOB_STATES", "MAX_OFFSET", "MAX_LIMIT", "JobRow", "job_counts", "jobs_page", "one_job"]
 
@@ -73,12 +74,7 @@ def _check_page(state: object, offset: object, limit: object) -> tuple[str, int,
         raise ConfigTypeError(f"state must be a str, got {type(state).__name__}")
     if state not in JOB_STATES:
         raise ConfigError(f"unknown state {state[:80]!r}: expected one of {', '.join(JOB_STATES)}")
-    for what, n, low, high in (("offset", offset, 0, MAX_OFFSET), ("limit", limit, 1, MAX_LIMIT)):
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise ConfigTypeError(f"{what} must be an int, got {type(n).__name__}")
-        if not low <= n <= high:
-            raise ConfigError(f"{what} must be from {low} to {high:,}, got {n}")
-    return state, offset, limit  # type: ignore[return-value]
+    return state, check_index("offset", offset, 0, MAX_OFFSET), check_index("limit", limit, 1, MAX_LIMIT)
 
 
 def job_counts(queue: str, *, group: str, types: Iterable[object] = (), now_ms: int) -> Flow[dict[str, int]]:

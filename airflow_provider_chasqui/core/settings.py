@@ -26,6 +26,16 @@ def check_int(name: str, value: object, least: int, most: int) -> int:
     return value
 
 
+def check_index(name: str, value: object, least: int, most: int) -> int:
+    """``value`` if an int (a bool is not) from ``least`` to ``most``: a ``ConfigTypeError``
+    (a ``TypeError``, as chasquimq raises) for another type, a ``ConfigError`` out of range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not least <= value <= most:
+        raise ConfigError(f"{name} must be from {least:,} to {most:,}, got {value}")
+    return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueSettings:
     """Bounds every writer applies.  All streams are trimmed (MAXLEN ~), and stored results and
