@@ -128,8 +128,22 @@ def cmd_job_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_job_logs(args: argparse.Namespace) -> int:
+    """``SyncQueue.get_job_logs``: the lines a job's handlers logged (``job.log``)."""
+    lines, count = open_queue(args).get_job_logs(args.job_id, args.start, args.end, asc=not args.newest_first)
+
+    def human(out: TextIO) -> None:
+        for line in lines:
+            out.write(printable(line) + "\n")
+        if not count:
+            out.write(f"job {args.job_id}: no log lines (none logged, or expired a day after the last)\n")
+
+    emit(args, {"job_id": args.job_id, "queue": args.queue, "lines": lines, "count": count}, human)
+    return EXIT_OK
+
+
 def register(sub: Any) -> None:
-    job = sub.add_parser("job", help="one job: `job show|cancel ID --queue Q`").add_subparsers(
+    job = sub.add_parser("job", help="one job: `job show|logs|cancel ID --queue Q`").add_subparsers(
         dest="job_cmd", required=True
     )
     p = job.add_parser(
@@ -152,6 +166,14 @@ def register(sub: Any) -> None:
     )
     add_target(p)
     p.set_defaults(func=cmd_job_show)
+    p = job.add_parser("logs", help="the lines a job's handlers logged (job.log), oldest first")
+    p.add_argument("job_id", metavar="ID", help="the job id")
+    p.add_argument("--queue", "-q", required=True, help="the job's queue")
+    p.add_argument("--start", type=int, default=0, help="first line (0 the oldest; negative from the end)")
+    p.add_argument("--end", type=int, default=-1, help="last line, included (default -1: the newest)")
+    p.add_argument("--newest-first", action="store_true", help="count and print from the newest line")
+    add_target(p)
+    p.set_defaults(func=cmd_job_logs)
     p = job.add_parser("cancel", help="cancel a waiting, delayed or running job (never retried nor dead-lettered)")
     p.add_argument("job_id", metavar="ID", help="the job id")
     p.add_argument("--queue", "-q", required=True, help="the job's queue")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import msgpack
 import pytest
 import redis
 
-from airflow_provider_chasqui import SyncQueue
+from airflow_provider_chasqui import Job, SyncQueue, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
 
 
@@ -198,3 +199,29 @@ def test_job_show_prints_data_with_tuple_keys(redis_url: str, queue_name: str) -
     assert '"(1, 2)": "v"' in human.stdout and "Traceback" not in human.stderr
     out = chasqui("job", "show", job.id, "--queue", queue_name, "--redis-url", redis_url, "--json")
     assert json.loads(out.stdout)["data"] == {"(1, 2)": "v", "k": [1]}
+
+
+def test_job_logs_and_show_print_the_lines_a_handler_logged(redis_url: str, queue_name: str) -> None:
+    async def handler(job: Job) -> None:
+        for i in range(3):
+            await job.log(f"step {i} \x1b[31m")  # a control character prints escaped
+
+    async def one_job() -> None:
+        worker = Worker(queue_name, handler, redis_url=redis_url, run_scheduler=False, read_block_ms=200, max_jobs=1)
+        await asyncio.wait_for(worker.run(), 30)
+
+    with SyncQueue(queue_name, redis_url=redis_url) as q:
+        job = q.add("n", {})
+    asyncio.run(one_job())
+    target = ["--queue", queue_name, "--redis-url", redis_url]
+    out = chasqui("job", "logs", job.id, *target).stdout.splitlines()
+    assert [line.split(" ")[:2] for line in out] == [["step", "0"], ["step", "1"], ["step", "2"]]
+    assert "\x1b" not in "".join(out)
+    newest = chasqui("job", "logs", job.id, *target, "--newest-first", "--end", "0").stdout
+    assert newest.startswith("step 2") and newest.count("\n") == 1
+    as_json = json.loads(chasqui("job", "logs", job.id, *target, "--json", "--start", "1").stdout)
+    assert as_json["count"] == 3 and [line[:6] for line in as_json["lines"]] == ["step 1", "step 2"]
+    assert "log (3 lines):" in chasqui("job", "show", job.id, *target).stdout
+    assert "no log lines" in chasqui("job", "logs", "never-logged", *target).stdout
+    bad = chasqui("job", "logs", job.id, *target, "--start", "x", check=False)
+    assert bad.returncode == 2 and "--start" in bad.stderr
