@@ -236,13 +236,14 @@ class Queue:
         are made (of 1,000 when items carry options)."""
         return await self.driver.run(self._flows.enqueue_bulk(jobs, self._job))
 
-    async def cancel(self, job_id: str, *, group: str = "default") -> str:
+    async def cancel(self, job_id: str, *, group: str | None = None) -> str:
         """Cancel job ``job_id``: a delayed one is removed now and ends ``"cancelled"``; a
         waiting or running one ends ``"cancelled"`` when a worker meets it (a running async
         handler gets ``CancelledError`` within ``CANCEL_POLL_SECS``).  Never retried, never
         dead-lettered; its waiters see it fail with reason ``cancelled``.  Returns
         ``"cancelled"``, ``"requested"`` (a worker will end it), or the state it had already
         ended in (``"completed"``, ``"failed"``, ``"cancelled"``).  docs/running-jobs.md."""
+        group = self._group_or(group)
         check_cancel(job_id, group)
         xackdel = (await self.driver.features()).xackdel
         events_max = self._flows.settings.events_max_len

@@ -73,9 +73,8 @@ class SlotRunner(RunningControl):
         clock = time.perf_counter_ns
         max_jobs = s.max_jobs
         me = asyncio.current_task()
-        progress = self._slot_progress[me] = SlotProgress(
-            self._progress, self
-        )  # its jobs' reports (engine/progress.py)
+        # its jobs' reports, heard by the listeners too (engine/progress.py)
+        progress = self._slot_progress[me] = SlotProgress(self._progress, self)
         tracer = self._tracer
         span = token = None
         lease_check = s.claim_min_idle_ms / 1000 * START_CHECK_FRACTION
