@@ -13,8 +13,7 @@ skipped and those keys (all but cursors have a TTL) are left.
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ChasquiError, ConfigError
 from .calls import Flow, command, int_reply, script_call, str_reply
@@ -31,23 +30,59 @@ class QueueInUse(ChasquiError):
     """``obliterate`` refused: workers are using the queue (pass ``force=True`` to go ahead)."""
 
 
-@dataclass(frozen=True, slots=True)
-class DrainReport:
+_T = TypeVar("_T", bound="_Tally")
+
+
+class _Tally(int):
+    """A count that is also a report: the int chasquimq's ``drain``/``obliterate`` return (the
+    total), with the parts as read-only attributes (``to_dict``).  Two reports are equal when
+    their parts are; a report equals an int when the total does."""
+
+    _parts: tuple[str, ...] = ()
+
+    def __new__(cls: type[_T], **parts: Any) -> _T:
+        if set(parts) != set(cls._parts):
+            raise TypeError(f"{cls.__name__} takes {', '.join(cls._parts)}")
+        self = int.__new__(cls, sum(v or 0 for v in parts.values()))
+        for name in cls._parts:
+            object.__setattr__(self, name, parts[name])
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Tally):
+            return type(other) is type(self) and self.to_dict() == other.to_dict()
+        return int(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = int.__hash__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._parts}
+
+
+class DrainReport(_Tally):
+    """The jobs ``drain`` deleted (an int: all of them), by where they waited."""
+
+    _parts = ("waiting", "delayed")
     waiting: int  # stream entries deleted (never a delivered one), and prioritized and grouped jobs not yet in it
     delayed: int  # delayed jobs deleted
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
+class ObliterateReport(_Tally):
+    """What ``obliterate`` deleted (an int: every key and member counted)."""
 
-@dataclass(frozen=True, slots=True)
-class ObliterateReport:
+    _parts = ("keys", "indexed", "swept")
     keys: int  # fixed keys deleted and indexes moved aside
     indexed: int  # members of those indexes (jobs, results, failure records, specs) deleted with their keys
     swept: int | None  # keys found by the final SCAN; None where it cannot run (Redis Cluster)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def glob_escape(text: str) -> str:

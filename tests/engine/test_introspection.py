@@ -235,3 +235,34 @@ def test_msgpack_of_a_page_is_the_wire_data() -> None:
     """A page decodes job data with the codec every worker uses (msgpack, raw bytes kept)."""
     row = listing._entry_row({"d": encode_envelope(Envelope("j", msgpack.packb({"a": b"\x00"}), 5, 2)), "n": b"n"})
     assert row == ("j", "n", {"a": b"\x00"}, 2, 5, None)
+
+
+async def test_drain_and_obliterate_return_counts_as_chasquimq_with_their_parts(redis_url, queue_name, queues) -> None:
+    from airflow_provider_chasqui.core.maintenance import DrainReport, ObliterateReport
+
+    q = queues(queue_name, redis_url)
+    assert await q.obliterate() == 0 and await q.obliterate() == 0  # an empty queue, twice
+    for n in range(6):
+        await q.add("w", {"n": n})
+    for n in range(3):
+        await q.add("d", {"n": n}, delay_ms=HOUR_MS)
+    report = await q.drain()
+    assert report == 9 and isinstance(report, int) and (report.waiting, report.delayed) == (6, 3)
+    assert report == DrainReport(waiting=6, delayed=3) and report != DrainReport(waiting=5, delayed=4)
+    assert repr(report) == "DrainReport(waiting=6, delayed=3)" and report.to_dict() == {"waiting": 6, "delayed": 3}
+    with pytest.raises(AttributeError, match="read-only"):
+        report.waiting = 1  # type: ignore[misc]
+    with pytest.raises(TypeError, match="takes waiting, delayed"):
+        DrainReport(waiting=1)
+    await q.add("w", {})
+    await q.add("d", {}, delay_ms=HOUR_MS)
+    assert await q.drain(delayed=False) == 1 and await q.get_job_counts("waiting", "delayed") == {
+        "waiting": 0,
+        "delayed": 1,
+    }
+    await q.add("w", {})
+    gone = await q.obliterate()
+    assert isinstance(gone, ObliterateReport) and gone >= 2
+    assert int(gone) == gone.keys + gone.indexed + (gone.swept or 0)
+    assert await q.count() == 0
+    assert (await q.add("w", {"again": True})).id and await q.get_waiting_count() == 1  # usable after
