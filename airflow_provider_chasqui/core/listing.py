@@ -14,7 +14,10 @@ they agree with ``chasqui inspect`` and the dashboard:
 * ``paused``: 1 while the queue is paused (``Queue.pause``), else 0.
 
 Jobs held in job groups (``group=``, ``core/groups.py``) are not in these counts until they
-enter the stream: ``inspect().job_group_rows`` shows them.
+enter the stream: ``inspect().job_group_rows`` shows them.  The counts are a snapshot read in
+a few round trips, not one atomic read: a job that moves meanwhile (a retry going from the
+stream to the delayed set and back) can be missed or counted twice, so ``count() == 0`` is no
+proof that every job ended (wait for the jobs: ``Queue.wait_for_results``).
 
 A page reads where its state lives, in order: ``waiting`` the stream after the group's last
 read entry, then the prioritized set; ``active`` the group's pending list; ``delayed`` the
