@@ -105,7 +105,7 @@ def score_ms(raw: Any) -> int | str:
     return int(value) if math.isfinite(value) else str_reply(raw)
 
 
-def _group_row(flat: list[Any]) -> dict[str, Any]:
+def group_row(flat: list[Any]) -> dict[str, Any]:
     info = reply_pairs(flat or [])
     return {
         "name": str_reply(info.get("name", b"")),
@@ -192,7 +192,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
     live = {w.consumer: w.live for w in workers}
     consumers: list[ConsumerInfo] = []
     exists = reads.holds(k.stream, "stream")
-    groups = [_group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if exists else []) or []]
+    groups = [group_row(g) for g in ((yield command("XINFO", "GROUPS", k.stream)) if exists else []) or []]
     mine = next((g for g in groups if g["name"] == group), None)
     if mine is not None:
         for row in (yield command("XINFO", "CONSUMERS", k.stream, group)) or []:

@@ -37,7 +37,7 @@ from .calls import Flow, command, reply_pairs, str_reply
 from .codec import decode_data, decode_envelope, split_member, ulid_ms
 from .event_follow import after
 from .history import HOUR_MS, RETAIN_MS, history_flow
-from .inspect import snapshot
+from .inspect import group_row, snapshot
 from .job_details import job_details
 from .key_types import read_types
 from .keys import QueueKeys, check_consumer_name
@@ -176,14 +176,12 @@ def _page(k: QueueKeys, state: str, group: str, skip: int, limit: int) -> Flow[l
         return (yield from _stream_page(k.dlq, "-", skip, limit))[0]
     if state == "completed":
         return (yield from _completed(k, skip, limit))
-    group_row = None
+    mine = None
     if types[key] == "stream":
         groups = yield command("XINFO", "GROUPS", k.stream)  # XPENDING on a missing group is an error
-        group_row = next(
-            (reply_pairs(g) for g in groups or [] if str_reply(reply_pairs(g).get("name", b"")) == group), None
-        )
+        mine = next((g for g in map(group_row, groups or []) if g["name"] == group), None)
     if state == "active":
-        if group_row is None:
+        if mine is None:
             return []
         pending = (yield command("XPENDING", k.stream, group, "-", "+", skip + limit)) or []
         ids = [str_reply(row[0]) for row in pending[skip:]]
@@ -192,7 +190,7 @@ def _page(k: QueueKeys, state: str, group: str, skip: int, limit: int) -> Flow[l
     jobs: list[JobRow] = []
     passed = 0
     if types[key] == "stream":
-        delivered = str_reply(group_row.get("last-delivered-id", b"0-0")) if group_row is not None else "0-0"
+        delivered = mine["last_delivered"] if mine is not None else "0-0"
         start = "-" if delivered == "0-0" else after(delivered)
         if start is not None:
             jobs, passed = yield from _stream_page(k.stream, start, skip, limit)

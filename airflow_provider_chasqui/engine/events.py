@@ -87,7 +87,7 @@ class QueueEvents:
         self.cursor = EventCursor(self.keys, last_event_id, count=count, block_ms=block_ms)
         self._driver = driver or AsyncDriver(check_url(redis_url), socket_timeout=read_timeout(block_ms))
         self._closed = False
-        self._start, self._count = last_event_id, count  # where the listeners' own cursor starts
+        self._start = last_event_id  # where the listeners' own cursor starts
         self._listeners = Listeners(f"events of {self.keys.queue}")
         self._dispatcher: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
@@ -177,7 +177,7 @@ class QueueEvents:
         self._dispatcher = loop.create_task(self._dispatch(), name=f"chasqui-events-{self.name}")
 
     async def _dispatch(self) -> None:
-        cursor = EventCursor(self.keys, self._start, count=self._count, block_ms=self.cursor.block_ms)
+        cursor = EventCursor(self.keys, self._start, count=self.cursor.count, block_ms=self.cursor.block_ms)
         emit = self._listeners.emit
         while not self._closed:
             try:

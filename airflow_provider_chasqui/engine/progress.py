@@ -81,7 +81,7 @@ class ProgressReporter:
 
     def update(self, job_id: str, value: Any, name: str = "") -> None:
         # checked (ConfigError to the handler, naming the problem) and packed once, here
-        first = not self._latest and not self._lines
+        first = not self.recorded
         self._latest[job_id] = (value, check_progress(value), name)
         if first:
             self._wake()
@@ -96,7 +96,7 @@ class ProgressReporter:
     def log(self, job_id: str, line: str) -> None:
         """Record a checked log line (``core/job_logs.check_log_line``); only the newest
         ``MAX_LOG_LINES`` of a job wait for the write."""
-        first = not self._latest and not self._lines
+        first = not self.recorded
         lines = self._lines.setdefault(job_id, [])
         lines.append(line)
         if first:
@@ -111,13 +111,18 @@ class ProgressReporter:
             self._recorded.clear()
             await self.flush()
             await asyncio.sleep(PROGRESS_FLUSH_SECS)
-            if self._latest or self._lines:  # recorded during the pause: the writer's next turn
+            if self.recorded:  # recorded during the pause: the writer's next turn
                 self._recorded.set()
+
+    @property
+    def recorded(self) -> bool:
+        """Whether a value or a line waits to be written (the first one wakes the writer)."""
+        return bool(self._latest) or bool(self._lines)
 
     @property
     def pending(self) -> bool:
         """Whether a value waits to be written, or is being written."""
-        return bool(self._latest) or bool(self._lines) or self._writing is not None
+        return self.recorded or self._writing is not None
 
     async def flush(self) -> None:
         """Write what was recorded; returns once every value recorded before the call is written.
@@ -125,7 +130,7 @@ class ProgressReporter:
         ``_latest``, and an outcome written meanwhile (on another connection) could land first."""
         while self._writing is not None:
             await asyncio.shield(self._writing)
-        if not self._latest and not self._lines:
+        if not self.recorded:
             return
         latest, self._latest = self._latest, {}
         lines, self._lines = self._lines, {}
