@@ -2,8 +2,9 @@
 job (``Queue.get_job_counts``, ``count``, the
 ``get_*_count`` helpers, ``get_jobs`` and ``get_job``, and their sync twins).
 
-The counts are read from the read model every viewer shares (``core/inspect.snapshot``), so
-they agree with ``chasqui inspect`` and the dashboard:
+The counts are read in one read-only script (``lua/job_counts.lua``), from the keys the read
+model every viewer shares reads (``core/inspect.snapshot``), so they agree with ``chasqui
+inspect`` and the dashboard:
 
 * ``waiting``: stream entries the consumer group has not read yet (every entry when the group
   does not exist yet), plus jobs added with a priority that have not entered the stream;
@@ -14,10 +15,11 @@ they agree with ``chasqui inspect`` and the dashboard:
 * ``paused``: 1 while the queue is paused (``Queue.pause``), else 0.
 
 Jobs held in job groups (``group=``, ``core/groups.py``) are not in these counts until they
-enter the stream: ``inspect().job_group_rows`` shows them.  The counts are a snapshot read in
-a few round trips, not one atomic read: a job that moves meanwhile (a retry going from the
-stream to the delayed set and back) can be missed or counted twice, so ``count() == 0`` is no
-proof that every job ended (wait for the jobs: ``Queue.wait_for_results``).
+enter the stream: ``inspect().job_group_rows`` shows them.  The counts but ``completed`` are
+one instant's: a job moving meanwhile (a retry going from the stream to the delayed set and
+back, a promotion) is counted once, never missed or counted twice
+(``tests/engine/test_introspection.py::test_counts_are_one_instants_while_jobs_retry``).
+``completed`` is read after them, from the history.
 
 A page reads where its state lives, in order: ``waiting`` the stream after the group's last
 read entry, then the prioritized set; ``active`` the group's pending list; ``delayed`` the
@@ -33,11 +35,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError, JobNotFound
-from .calls import Flow, command, reply_pairs, str_reply
+from .calls import Flow, command, int_reply, reply_pairs, script_call, str_reply
 from .codec import decode_data, decode_envelope, split_member, ulid_ms
+from .controls import PAUSED_FIELD, parse_controls
 from .event_follow import after
 from .history import HOUR_MS, RETAIN_MS, history_flow
-from .inspect import group_row, snapshot
+from .inspect import group_row
 from .job_details import job_details
 from .key_types import read_types
 from .keys import QueueKeys, check_consumer_name
@@ -81,16 +84,19 @@ def _check_page(state: object, offset: object, limit: object) -> tuple[str, int,
 
 
 def job_counts(queue: str, *, group: str, types: Iterable[object] = (), now_ms: int) -> Flow[dict[str, int]]:
-    """``{type: count}`` for the types asked (all when none), in the order asked."""
+    """``{type: count}`` for the types asked (all when none), in the order asked: the queue's
+    counts from one read-only script (``lua/job_counts.lua``), so they are one instant's."""
     wanted = check_count_types(types)
-    snap = yield from snapshot(queue, group=group, now_ms=now_ms)
-    waiting = snap.waiting if snap.waiting is not None else max(0, snap.stream - snap.pending)
+    check_consumer_name(group)
+    k = QueueKeys.for_queue(queue)
+    reply = yield script_call("job_counts", (k.stream, k.delayed, k.dlq, k.prioritized, k.controls), (group,))
+    waiting, active, delayed, failed, prioritized = (int_reply(v) for v in reply[:5])
     counts = {
-        "waiting": waiting + snap.prioritized,
-        "active": snap.pending,
-        "delayed": snap.delayed,
-        "failed": snap.dlq,
-        "paused": int(snap.paused),
+        "waiting": waiting + prioritized,
+        "active": active,
+        "delayed": delayed,
+        "failed": failed,
+        "paused": int(parse_controls([PAUSED_FIELD.encode(), reply[5]]).paused),
     }
     if "completed" in wanted:
         counts["completed"] = (yield from history_flow(queue, now_ms, RETAIN_MS, HOUR_MS)).total_completed

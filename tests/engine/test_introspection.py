@@ -209,6 +209,32 @@ def test_the_sync_twin_answers_alike(redis_url, queue_name) -> None:
             q.get_jobs("done")
 
 
+async def test_counts_are_one_instants_while_jobs_retry(redis_url, queue_name, queues, worker_factory) -> None:
+    """Jobs failing over and over move from the stream to the delayed set and back (1 ms
+    backoff) while counts are read: every read finds each of them exactly once."""
+    q = queues(queue_name, redis_url)
+    n = 12
+
+    async def handler(job: Job) -> None:
+        raise RuntimeError("again")
+
+    for i in range(n):
+        await q.add("r", {"i": i}, attempts=1_000_000, backoff=1)
+    seen: set[str] = set()
+    reads = 0
+    w = worker_factory(queue_name, handler, redis_url, concurrency=4)
+    async with running(w):
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 60
+        while loop.time() < end and (reads < 300 or len(seen) < 3):
+            counts = await q.get_job_counts("waiting", "active", "delayed", "failed")
+            reads += 1
+            assert counts["waiting"] + counts["active"] + counts["delayed"] == n, counts
+            assert counts["failed"] == 0, counts
+            seen.update(state for state in ("waiting", "active", "delayed") if counts[state])
+    assert seen == {"waiting", "active", "delayed"}, f"the jobs never moved through every state in {reads} reads"
+
+
 async def test_counts_and_pages_on_every_server(matrix_url, queue_name, queues) -> None:
     q = queues(queue_name, matrix_url.url, fast_paths=not matrix_url.force_compat)
     added = [await q.add("w", {"n": i}) for i in range(4)]

@@ -82,6 +82,7 @@ def test_library_is_generated_from_the_scripts_with_a_stable_name() -> None:
         assert SCRIPTS[stem].function == f"{LIBRARY.name}_{stem}" and SCRIPTS[stem].fcall == fcalls[stem]
     assert {s for s, f in fcalls.items() if f == "FCALL_RO"} == {
         "fetch_due",
+        "job_counts",
         "scan_entries",
         "stream_ends",
         "stream_last_id",
@@ -114,7 +115,7 @@ def test_library_loads_on_every_server_with_its_flags(server_matrix: RunningServ
         acks = {
             SCRIPTS[s].function for s in ("complete_batch", "fail_batch", "dead_letter", "cancel_jobs", "renew_lease")
         }
-        reads = ("_fetch_due", "_scan_entries", "_stream_ends", "_stream_last_id", "_probe")
+        reads = ("_fetch_due", "_job_counts", "_scan_entries", "_stream_ends", "_stream_last_id", "_probe")
         for name, flags in funcs.items():
             expected = ["no-writes"] if name.endswith(reads) else ["allow-oom"] if name in acks else []
             assert flags == expected, (name, flags)
