@@ -232,20 +232,21 @@ def cancel(keys: QueueKeys, job_id: str, *, group: str, xackdel: bool, events_ma
     removed = yield script_call("cancel_delayed", (keys.delayed, keys.didx(job_id), keys.dlid(job_id)), ())
     name: str | None = ""
     if not int_reply(removed):
-        name = yield from _remove_delayed(keys, job_id)
+        name = yield from take_member(keys.delayed, job_id)
         if name is None:
             return "requested"
     yield cancel_jobs_call(keys, [(b"", job_id, name or "")], group=group, xackdel=xackdel, events_max=events_max)
     return "cancelled"
 
 
-def _remove_delayed(keys: QueueKeys, job_id: str) -> Flow[str | None]:
-    """Find ``job_id``'s member in the delayed set (a cursor scan matching its id) and remove
-    it; its job name, or None when it is not there (or a promoter moved it first)."""
+def take_member(zset: str, job_id: str) -> Flow[str | None]:
+    """Find ``job_id``'s member in the delayed or prioritized set ``zset`` (a cursor scan
+    matching its id) and remove it; its job name, or None when it is not there (or a promoter
+    moved it first)."""
     cursor: object = b"0"
     pattern = "*" + glob_escape(job_id) + "*"
     while True:
-        reply = yield command("ZSCAN", keys.delayed, cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)
+        reply = yield command("ZSCAN", zset, cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)
         cursor, flat = reply[0], reply[1]
         for member in flat[::2]:
             try:
@@ -254,7 +255,7 @@ def _remove_delayed(keys: QueueKeys, job_id: str) -> Flow[str | None]:
                     continue
             except (CodecError, ValueError):
                 continue
-            if int_reply((yield command("ZREM", keys.delayed, member))):
+            if int_reply((yield command("ZREM", zset, member))):
                 return name
             return None
         if cursor in (b"0", "0", 0):

@@ -25,6 +25,7 @@ from ..core.job_logs import read_logs
 from ..core.keys import DEFAULT_GROUP, QueueKeys, check_consumer_name
 from ..core.listing import job_counts, job_total, jobs_page, one_job
 from ..core.maintenance import DrainReport, ObliterateReport, drain, obliterate
+from ..core.removal import clean, remove_report
 from ..core.repeat import RepeatableMeta
 from ..core.results import check_wait, single_outcome
 from ..core.running import cancel as cancel_job
@@ -568,6 +569,25 @@ class Queue:
         first: a job added while it runs may be deleted or may survive."""
         sweep = not hasattr(self.driver.client, "nodes_manager")  # no routable SCAN on a cluster
         return await self.driver.run(obliterate(self.name, force=force, sweep=sweep))
+
+    # ---- chasquimq's job maintenance (core/removal.py) ----------------------------------
+    async def remove(self, job_id: str) -> int:
+        """Delete what is left of a job that is not running (a worker's job stays: ``cancel``
+        ends it): how many of its delayed, waiting, DLQ and stored-result places held it."""
+        return sum((await self.remove_report(job_id)).values())
+
+    async def remove_report(self, job_id: str) -> dict[str, bool]:
+        """``remove``, saying where the job was found: ``{"delayed", "stream", "dlq", "result"}``
+        (``stream``: waiting in the stream or the prioritized set; ``result``: a stored result
+        or failure record)."""
+        return await self.driver.run(remove_report(self.name, job_id, group=self._group))
+
+    async def clean(self, grace_ms: int, limit: int, state: str = "completed") -> list[str]:
+        """Delete up to ``limit`` jobs (0: no limit) in ``state`` (``waiting``, ``delayed``,
+        ``failed`` or ``completed``: stored results) older than ``grace_ms``; their ids, oldest
+        first.  How age is counted in each state: ``core/removal.py``.  A running job is never
+        deleted."""
+        return await self.driver.run(clean(self.name, grace_ms, limit, state, now_ms=now_ms()))
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def close(self) -> None:
