@@ -29,7 +29,7 @@ from ..core.keys import QueueKeys
 from ..core.running import PROGRESS_FLUSH_SECS, attempt_ended, check_progress, progress_calls
 from ._driver import AsyncDriver
 
-__all__ = ["ProgressReporter", "SlotProgress"]
+__all__ = ["PoolProgress", "ProgressReporter", "SlotProgress"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,26 @@ class SlotProgress:
     def end(self) -> None:
         """The running attempt ended: its Job reports no more."""
         self.job = None
+
+
+class PoolProgress:
+    """What a process pool's children report (``engine/process_pool.py``): recorded as an
+    in-process handler's reports are, and heard by the worker's ``progress`` listeners with the
+    job whose call is running (``Worker._running_job``)."""
+
+    __slots__ = ("reporter", "worker")
+
+    def __init__(self, reporter: ProgressReporter, worker: Any) -> None:
+        self.reporter, self.worker = reporter, worker
+
+    def update(self, job_id: str, value: Any, name: str = "") -> None:
+        self.reporter.update(job_id, value, name)
+        worker = self.worker
+        if worker._listening and (job := worker._running_job(job_id)) is not None:
+            worker._listeners.emit("progress", job, value)
+
+    def log(self, job_id: str, line: str) -> None:
+        self.reporter.log(job_id, line)
 
 
 class ProgressReporter:

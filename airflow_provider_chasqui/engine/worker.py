@@ -65,7 +65,7 @@ from .identity import consumer_name, identity, package_version
 from .intake import Intake
 from .lease_guard import LeaseGuard
 from .metrics import metrics_sink
-from .progress import ProgressReporter
+from .progress import PoolProgress, ProgressReporter
 from .promoter import Promoter
 from .supervision import Supervisor
 from .worker_base import POOL_RUN, _Dispatch, _resolve_handler, log
@@ -272,7 +272,7 @@ class Worker(WorkerStop):
         self._run_state()
         if self._procs is not None:
             try:
-                await self._procs.start(self._progress)
+                await self._procs.start(PoolProgress(self._progress, self))
             except BaseException:
                 await self._intake.close()
                 await self.driver.close()

@@ -236,6 +236,19 @@ class SlotRunner(RunningControl):
             idle.append(fut)
             await fut
 
+    def _running_job(self, job_id: str) -> Job | None:
+        """The Job of ``job_id``'s call running in the pool, or of a batch a slot awaits: the
+        argument of the ``progress`` listeners for what a child reports (engine/progress.py)."""
+        for call in self._pooled:
+            if call.job_id == job_id:
+                return new_job(*call.fields)
+        for slot in self._slot_progress.values():
+            running = slot.job
+            for job in running if type(running) is list else (running,):
+                if job is not None and job.id == job_id:
+                    return cast("Job", job)
+        return None
+
     async def _settle_pooled(self, box: Outcomes) -> None:
         """Wait until one or more of this slot's pool calls end (or, with room for more, new
         jobs come), and settle those that ended.  At the shutdown deadline (this slot cancelled)

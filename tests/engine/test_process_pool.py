@@ -132,10 +132,14 @@ async def test_handlers_run_in_child_processes_and_report_as_in_process(
     redis_url: str, queue_name: str, queues, tmp_path
 ) -> None:
     """Plain and async handlers run in two child processes; results, a failure with the child's
-    traceback, an unrecoverable error, progress (refused once its job ended) and a batch of 100
+    traceback, an unrecoverable error, progress (heard by the worker's listeners, refused once
+    its job ended) and a batch of 100
     (one refused: 99 completed, 1 retried) come back exactly as they do in process."""
     q = queues(queue_name, redis_url)
-    async with running(_pool_worker(queue_name, redis_url)):
+    worker = _pool_worker(queue_name, redis_url)
+    heard: list[tuple[str, str, object]] = []
+    worker.on("progress", lambda job, value: heard.append((job.id, job.name, value)))
+    async with running(worker):
         jobs = [await q.add("pid", i) for i in range(40)] + [await q.add("apid", 0)]
         pids = {await j.wait_for_result(timeout=60) for j in jobs}
         assert len(pids) == 2 and os.getpid() not in pids, pids
@@ -154,6 +158,8 @@ async def test_handlers_run_in_child_processes_and_report_as_in_process(
         details = await q.get_job_details(reporting.id)
         assert details.progress == {"stage": "last", "pct": 90}
         assert [e["progress"] for e in details.events if e.get("e") == "progress"][-1] == '{"stage":"last","pct":90}'
+        mine = [(name, value) for jid, name, value in heard if jid == reporting.id]  # the worker's listeners too
+        assert mine[0] == ("report", 40) and mine[-1] == ("report", {"stage": "last", "pct": 90}), heard
 
         # a thread the handler left reporting: its first report after the job ended raises
         left = await q.add("leave_reporting", str(tmp_path))
