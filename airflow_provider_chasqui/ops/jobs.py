@@ -1,5 +1,6 @@
 """``chasqui job show ID --queue Q``: one job's state, data, attempts, outcome and events;
-``chasqui job cancel ID --queue Q``: ``SyncQueue.cancel`` (docs/running-jobs.md).
+``chasqui job cancel ID --queue Q``: ``SyncQueue.cancel`` (docs/running-jobs.md); ``chasqui job remove ID
+--queue Q``: ``SyncQueue.remove_report``.
 
 The lookup is ``SyncQueue.get_job_details`` (``core/job_details.py``): bounded reads only, and
 what a bound may have hidden is printed as a note.  The data is shown as indented JSON cut at
@@ -18,7 +19,7 @@ from ..core.codec import data_json
 from ..core.job_details import JobDetails
 from ..core.text import printable
 from ..errors import JobNotFound
-from .commands import EXIT_OK, NotFound, add_target, emit, iso_ms, open_queue, table
+from .commands import EXIT_FAILED, EXIT_OK, NotFound, add_target, confirm, emit, iso_ms, open_queue, table
 
 __all__ = ["register", "pretty"]
 
@@ -128,6 +129,23 @@ def cmd_job_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_job_remove(args: argparse.Namespace) -> int:
+    """``SyncQueue.remove_report``: what is left of a job that is not running, deleted."""
+    if not confirm(args, f"delete job {args.job_id} of {args.queue} (a running job stays: cancel it)?", "remove"):
+        return EXIT_FAILED
+    report = open_queue(args).remove_report(args.job_id)
+    where = [part for part, hit in report.items() if hit]
+
+    def human(out: TextIO) -> None:
+        if where:
+            out.write(f"job {args.job_id}: removed from {', '.join(where)}\n")
+        else:
+            out.write(f"job {args.job_id}: nothing removed (running, ended without records, or unknown)\n")
+
+    emit(args, {"job_id": args.job_id, "queue": args.queue, **report}, human)
+    return EXIT_OK
+
+
 def cmd_job_logs(args: argparse.Namespace) -> int:
     """``SyncQueue.get_job_logs``: the lines a job's handlers logged (``job.log``)."""
     lines, count = open_queue(args).get_job_logs(args.job_id, args.start, args.end, asc=not args.newest_first)
@@ -143,7 +161,7 @@ def cmd_job_logs(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    job = sub.add_parser("job", help="one job: `job show|logs|cancel ID --queue Q`").add_subparsers(
+    job = sub.add_parser("job", help="one job: `job show|logs|cancel|remove ID --queue Q`").add_subparsers(
         dest="job_cmd", required=True
     )
     p = job.add_parser(
@@ -180,3 +198,9 @@ def register(sub: Any) -> None:
     p.add_argument("--group", default="default", help="consumer group that runs it (default: default)")
     add_target(p)
     p.set_defaults(func=cmd_job_cancel)
+    p = job.add_parser("remove", help="delete a job that is not running: delayed, waiting, in the DLQ, its records")
+    p.add_argument("job_id", metavar="ID", help="the job id")
+    p.add_argument("--queue", "-q", required=True, help="the job's queue")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_target(p)
+    p.set_defaults(func=cmd_job_remove)

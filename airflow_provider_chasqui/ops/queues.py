@@ -1,7 +1,8 @@
-"""``chasqui queues`` (every queue with its counts) and ``chasqui queue drain | obliterate | pause | resume | limits``.
+"""``chasqui queues`` (every queue with its counts) and ``chasqui queue drain | clean |
+obliterate | pause | resume | limits``.
 
 The listing is :func:`..sync.queue.list_queues` (a capped cursor SCAN, never KEYS), which a
-dashboard reuses; drain and obliterate are ``SyncQueue.drain`` / ``obliterate`` behind a
+dashboard reuses; drain, clean and obliterate are ``SyncQueue.drain`` / ``clean`` / ``obliterate`` behind a
 confirmation (``--yes`` for scripts).  Exit codes as the other operator commands; obliterate
 refused because workers are active exits 1.
 """
@@ -11,9 +12,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from ..cli_common import DEFAULT_URL, resolve_url
+from ..cli_common import DEFAULT_URL, non_negative_int, resolve_url
 from ..cli_common import positive_int as _positive
 from ..core.controls import read_controls
+from ..core.removal import CLEAN_STATES
+from ..core.text import printable
 from ..sync.queue import list_queues
 from .commands import EXIT_FAILED, EXIT_OK, add_target, confirm, emit, open_queue, table, write_spoiled
 
@@ -71,6 +74,23 @@ def cmd_drain(args: argparse.Namespace) -> int:
         out.write(f"drained {args.queue}: {report.waiting} waiting and {report.delayed} delayed jobs deleted\n")
 
     emit(args, {"queue": args.queue, **report.to_dict()}, human)
+    return EXIT_OK
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    q = open_queue(args)
+    older = f"older than {args.grace_ms} ms" if args.grace_ms else "of any age"
+    many = f"up to {args.limit}" if args.limit else "all"
+    if not confirm(args, f"delete {many} {args.state} jobs {older} of {args.queue}? (running jobs stay)", "clean"):
+        return EXIT_FAILED
+    removed = q.clean(args.grace_ms, args.limit, args.state)
+
+    def human(out: TextIO) -> None:
+        out.write(f"cleaned {args.queue}: {len(removed)} {args.state} jobs deleted\n")
+        for job_id in removed:
+            out.write(f"  {printable(job_id)}\n")
+
+    emit(args, {"queue": args.queue, "state": args.state, "removed": removed}, human)
     return EXIT_OK
 
 
@@ -173,9 +193,9 @@ def register(sub: Any) -> None:
     add_target(p)
     p.set_defaults(func=cmd_queues)
 
-    queue = sub.add_parser("queue", help="act on one queue: drain, obliterate, pause, resume, limits").add_subparsers(
-        dest="queue_cmd", required=True
-    )
+    queue = sub.add_parser(
+        "queue", help="act on one queue: drain, clean, obliterate, pause, resume, limits"
+    ).add_subparsers(dest="queue_cmd", required=True)
     p = queue.add_parser(
         "drain", help="delete the waiting and delayed jobs; running jobs, the DLQ, results and specs stay"
     )
@@ -184,6 +204,16 @@ def register(sub: Any) -> None:
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     add_target(p)
     p.set_defaults(func=cmd_drain)
+    p = queue.add_parser("clean", help="delete the jobs of one state older than a grace time; running jobs stay")
+    p.add_argument("queue", help="queue name")
+    p.add_argument("--state", choices=CLEAN_STATES, required=True, help="completed means stored results")
+    p.add_argument(
+        "--grace-ms", type=non_negative_int, default=0, help="only jobs older than this many ms (default 0: any)"
+    )
+    p.add_argument("--limit", type=non_negative_int, default=1000, help="delete at most N (default 1000; 0: no limit)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_target(p)
+    p.set_defaults(func=cmd_clean)
     p = queue.add_parser("obliterate", help="delete every key of the queue; refused while workers use it")
     p.add_argument("queue", help="queue name")
     p.add_argument(

@@ -197,6 +197,38 @@ def test_queue_drain_and_obliterate_commands(url: str, q_name: str) -> None:
         assert gone.stdout.startswith(f"obliterated {q_name}:") and _keys(r, q_name) == []
 
 
+def test_queue_clean_and_job_remove_commands(url: str, q_name: str) -> None:
+    k = QueueKeys.for_queue(q_name)
+    with SyncQueue(q_name, redis_url=url) as q, redis.Redis.from_url(url) as r:
+        ids = [q.add("send", i).id for i in range(4)]
+        later = q.add("later", 1, delay=60_000)
+        refused = _cli("queue", "clean", q_name, "--state", "waiting", "--redis-url", url)
+        assert refused.returncode == 2 and "--yes" in refused.stderr and r.xlen(k.stream) == 4
+        bad = _cli("queue", "clean", q_name, "--state", "active", "--yes", "--redis-url", url)
+        assert bad.returncode == 2 and "invalid choice: 'active'" in bad.stderr
+        young = _cli(
+            "queue", "clean", q_name, "--state", "waiting", "--grace-ms", "3600000", "--yes", "--redis-url", url
+        )
+        assert young.returncode == 0 and "0 waiting jobs deleted" in young.stdout and r.xlen(k.stream) == 4
+        done = _cli(
+            "queue", "clean", q_name, "--state", "waiting", "--limit", "3", "--yes", "--json", "--redis-url", url
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"queue": q_name, "state": "waiting", "removed": ids[:3]}
+        gone = _cli("job", "remove", later.id, "-q", q_name, "--yes", "--redis-url", url)
+        assert gone.returncode == 0 and gone.stdout == f"job {later.id}: removed from delayed\n", gone.stderr
+        again = _cli("job", "remove", later.id, "-q", q_name, "--yes", "--json", "--redis-url", url)
+        assert json.loads(again.stdout) == {
+            "job_id": later.id,
+            "queue": q_name,
+            "delayed": False,
+            "stream": False,
+            "dlq": False,
+            "result": False,
+        }
+        assert q.get_job_counts("waiting", "delayed") == {"waiting": 1, "delayed": 0}
+
+
 def test_drain_obliterate_and_job_details_on_a_cluster(cluster_server, queue_name: str) -> None:
     """Every script call stays in the queue's hash slot; only the final SCAN sweep and the
     queue listing (no SCAN spans the nodes) are left out there."""
