@@ -18,7 +18,9 @@ Invariants checked after every generated state and at the end:
 * every fire of a well-formed spec is handled at most once (a fire id never twice) and the
   specs keep firing (at least one fire per two seconds of the run);
 * no worker dies, and no supervised task of a worker is reported dead (``Worker.health()``);
-* the stream and the group's pending list drain, and the events stream stays within its cap.
+* the stream and the group's pending list drain, and the events stream stays within its cap;
+* the viewers and the maintenance calls (counts, pages, `remove`, `clean`) read every state
+  without failing.
 
 It runs on Redis 7.0 and on Valkey 8.1.  ``CHASQUI_CHAOS_SECONDS`` sets the budget (CI: 60 s on
 Redis, half of it on Valkey); a longer soak is the same test with a bigger
@@ -48,6 +50,8 @@ from servers import start_server
 from airflow_provider_chasqui import RepeatPattern, SyncQueue, Worker
 from airflow_provider_chasqui.core.codec import decode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
+from airflow_provider_chasqui.core.listing import JOB_STATES
+from airflow_provider_chasqui.core.removal import CLEAN_STATES, MAX_GRACE_MS, REMOVE_PARTS
 
 GOOD, SLOW, SPEC = "good", "slow", "spec"
 LEASE_MS = 1500
@@ -421,6 +425,18 @@ def _drained(r: redis.Redis, keys: QueueKeys) -> bool:
     return int(xlen) == 0 and int(pel[0]) == 0
 
 
+def _view(q: SyncQueue) -> None:
+    """What viewers and maintenance read amid the hostile state, never failing: the counts,
+    a page of each state, a removal of an absent id, a clean that no well-formed job is old
+    enough for (hostile entries with ancient ids may go)."""
+    q.get_job_counts()
+    for state in JOB_STATES:
+        q.get_jobs(state, 0, 20)
+    assert q.remove_report("chaos-absent") == dict.fromkeys(REMOVE_PARTS, False)
+    for state in CLEAN_STATES:
+        q.clean(MAX_GRACE_MS, 10, state)
+
+
 def run_chaos(url: str, queue: str, budget_s: float) -> None:
     keys = QueueKeys.for_queue(queue)
     ledger = Ledger()
@@ -460,6 +476,7 @@ def run_chaos(url: str, queue: str, budget_s: float) -> None:
             for w in writes:
                 chaos.apply(w)
                 chaos.recent.append(w)
+            _view(q)
             batch = [q.add(GOOD, {"n": len(expected)}).id, q.add(GOOD, {}, delay=0.05).id]
             if with_slow and sum(1 for j in expected if j.startswith("slow:")) < 3:
                 batch.append("slow:" + q.add(SLOW, {}).id)
