@@ -4,9 +4,10 @@
 ``remove`` deletes what is left of one job: its delayed member, its waiting stream entry (or its
 member of the prioritized set), its DLQ entries, and its records (stored result, failure record,
 progress, log lines, cancelled marker).  A job a worker has read (a pending entry: running, or
-waiting to be reclaimed) is never deleted: ``Queue.cancel`` ends it.  The report says where the
-job was found: ``{"delayed", "stream", "dlq", "result"}`` (``result``: a stored result or
-failure record); ``remove`` returns how many of them held it.  An id is looked for inside Redis
+waiting to be reclaimed) is never deleted, nor are its records: ``Queue.cancel`` ends it.  Jobs
+held in job groups (``group=``, ``core/groups.py``) are not looked for (``drain`` empties them).
+The report says where the job was found: ``{"delayed", "stream", "dlq", "result"}``
+(``result``: a stored result or failure record); ``remove`` returns how many of them held it.  An id is looked for inside Redis
 (``core/scan.py``), so the stream and the DLQ are read, not pulled over the network.
 
 ``clean`` deletes up to ``limit`` jobs of one state (0: no limit) older than ``grace_ms`` and
@@ -32,7 +33,7 @@ from .calls import Flow, command, int_reply, script_call, str_reply
 from .codec import decode_envelope, split_member
 from .event_follow import after
 from .key_types import read_types
-from .keys import QueueKeys, check_consumer_name
+from .keys import QueueKeys
 from .running import check_job_id, take_member
 from .scan import parse_scan, scan_call
 from .settings import check_index
@@ -83,10 +84,9 @@ def _delete_entries(stream: str, rows: Rows) -> Flow[list[str]]:
     return [job_id for (_, job_id), hit in zip(rows, done or []) if int_reply(hit)]
 
 
-def remove_report(queue: str, job_id: object, *, group: str) -> Flow[dict[str, bool]]:
+def remove_report(queue: str, job_id: object) -> Flow[dict[str, bool]]:
     """Where ``job_id`` was found and removed (see the module docstring)."""
     job_id = check_job_id(job_id)
-    check_consumer_name(group)
     k = QueueKeys.for_queue(queue)
     types = yield from read_types([k.stream, k.delayed, k.dlq, k.prioritized, k.results, k.failures])
     delayed = False
@@ -98,6 +98,8 @@ def remove_report(queue: str, job_id: object, *, group: str) -> Flow[dict[str, b
         rows, _ = yield from _scan(k.stream, "-", "+", job_id.encode(), MAX_CLEAN)
         mine = [r for r in rows if r[1] == job_id]
         stream = bool((yield from _delete_entries(k.stream, mine)))
+        if mine and not stream:  # a worker has it: the job and its records (progress, logs) stay
+            return {"delayed": delayed, "stream": False, "dlq": False, "result": False}
     if not stream and types[k.prioritized] == "zset":
         stream = (yield from take_member(k.prioritized, job_id)) is not None
     dlq = False

@@ -31,6 +31,11 @@ async def _dead(q, queue_name, redis_url, worker_factory, n: int) -> list[str]:
     return ids
 
 
+async def _has_progress(q, job_id: str) -> bool:
+    job = await q.get_job(job_id)
+    return job is not None and job.progress is not None
+
+
 async def _at_least(count, n: int) -> bool:
     return await count >= n
 
@@ -67,6 +72,8 @@ async def test_a_running_job_is_never_removed(redis_url, queue_name, queues, wor
     release, runs = asyncio.Event(), []
 
     async def handler(job: Job) -> str:
+        await job.update_progress(30)
+        await job.log("working")
         runs.append(job.id)
         await release.wait()
         return "done"
@@ -74,8 +81,11 @@ async def test_a_running_job_is_never_removed(redis_url, queue_name, queues, wor
     job = await q.add("slow", {})
     async with running(worker_factory(queue_name, handler, redis_url, concurrency=1, store_results=True)):
         await wait_until(lambda: runs, what="the job running")
+        await wait_until(lambda: _has_progress(q, job.id), what="the progress written")
         assert await q.remove_report(job.id) == NOWHERE
         assert await q.clean(0, 0, "waiting") == []
+        assert (await q.get_job(job.id)).progress == 30  # its records stay too
+        assert await q.get_job_logs(job.id) == (["working"], 1)
         release.set()
         assert await q.wait_for_result(job.id, timeout=30) == "done"
     assert runs == [job.id]
