@@ -7,8 +7,9 @@ progress, log lines, cancelled marker).  A job a worker has read (a pending entr
 waiting to be reclaimed) is never deleted, nor are its records: ``Queue.cancel`` ends it.  Jobs
 held in job groups (``group=``, ``core/groups.py``) are not looked for (``drain`` empties them).
 The report says where the job was found: ``{"delayed", "stream", "dlq", "result"}``
-(``result``: a stored result or failure record); ``remove`` returns how many of them held it.  An id is looked for inside Redis
-(``core/scan.py``), so the stream and the DLQ are read, not pulled over the network.
+(``result``: a stored result or failure record); ``remove`` returns how many of them held it.
+An id is looked for inside Redis (``core/scan.py``), so the stream and the DLQ are read, not
+pulled over the network.
 
 ``clean`` deletes up to ``limit`` jobs of one state (0: no limit) older than ``grace_ms`` and
 returns their ids in the order the state keeps.  Age is counted from when the job entered that
