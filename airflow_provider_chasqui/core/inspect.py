@@ -22,6 +22,7 @@ from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import U64_MAX, utf8_text
 from .codec import now_ms as current_ms
 from .controls import NO_CONTROLS, RateLimit, controls_call, parse_controls
+from .counts import counts_call, parse_counts
 from .event_follow import after
 from .key_types import Reads, read_types, spoiled_keys
 from .keys import QueueKeys, check_consumer_name
@@ -133,8 +134,11 @@ def _group_rows(k: QueueKeys, names: list[str], spoiled: dict[str, str]) -> Flow
     return [(g, int_reply(got.get("w" + g, 0)), int_reply(got.get("r" + g, 0))) for g in names]
 
 
-def _counters(k: QueueKeys, now_ms: int, next_fires: int) -> Flow[tuple[Reads, dict[str, str], dict[str, Any]]]:
-    """The snapshot's counters: the keys' types, then each count whose key holds its type."""
+def _counters(
+    k: QueueKeys, group: str, now_ms: int, next_fires: int
+) -> Flow[tuple[Reads, dict[str, str], dict[str, Any]]]:
+    """The snapshot's counters: the keys' types, then the job counts (one instant's:
+    ``core/counts.py``) and each other count whose key holds its type."""
     want = {
         k.stream: "stream",
         k.delayed: "zset",
@@ -153,18 +157,15 @@ def _counters(k: QueueKeys, now_ms: int, next_fires: int) -> Flow[tuple[Reads, d
     types = yield from read_types(list(want))
     spoiled = spoiled_keys(types, want)
     reads = Reads(types)
-    reads.add("stream", k.stream, "stream", command("XLEN", k.stream))
-    reads.add("delayed", k.delayed, "zset", command("ZCARD", k.delayed))
+    reads.calls["counts"] = counts_call(k, group)
     reads.add("oldest", k.delayed, "zset", command("ZRANGE", k.delayed, 0, 0, "WITHSCORES"))
     reads.add("overdue", k.delayed, "zset", command("ZCOUNT", k.delayed, "-inf", now_ms))
-    reads.add("dlq", k.dlq, "stream", command("XLEN", k.dlq))
     reads.add("specs", k.repeat, "zset", command("ZCARD", k.repeat))
     reads.add("fires", k.repeat, "zset", command("ZRANGE", k.repeat, 0, max(0, next_fires - 1), "WITHSCORES"))
     reads.add("paused", k.repeat_paused, "zset", command("ZCARD", k.repeat_paused))
     reads.add("quarantined", k.repeat_quarantine, "hash", command("HLEN", k.repeat_quarantine))
     reads.add("promoter", k.promoter_lock, "string", command("GET", k.promoter_lock))
     reads.add("scheduler", k.scheduler_lock, "string", command("GET", k.scheduler_lock))
-    reads.add("prioritized", k.prioritized, "zset", command("ZCARD", k.prioritized))
     reads.add("job_groups", k.groups, "zset", command("ZCARD", k.groups))
     got = yield from reads.run()
     return reads, spoiled, got
@@ -172,13 +173,15 @@ def _counters(k: QueueKeys, now_ms: int, next_fires: int) -> Flow[tuple[Reads, d
 
 def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int = 5) -> Flow[QueueSnapshot]:
     """A :class:`QueueSnapshot`: the keys' types in one pipeline and the counters in a second
-    (a key of another type is named in ``spoiled`` and reads as empty: core/key_types.py), then
+    (the job counts one instant's, ``core/counts.py``; a key of another type is named in
+    ``spoiled`` and reads as empty: core/key_types.py), then
     the groups, the group's consumers and the oldest waiting entry only where they exist (XINFO
     on a missing stream or group is an error, not an empty list)."""
     k = QueueKeys.for_queue(queue)
     check_consumer_name(group)
-    reads, spoiled, got = yield from _counters(k, now_ms, next_fires)
-    stream, oldest, fires = got.get("stream", 0), got.get("oldest") or [], got.get("fires") or []
+    reads, spoiled, got = yield from _counters(k, group, now_ms, next_fires)
+    counts = parse_counts(got["counts"])
+    oldest, fires = got.get("oldest") or [], got.get("fires") or []
     promoter, scheduler = got.get("promoter"), got.get("scheduler")
     controls = parse_controls((yield controls_call(k))) if reads.holds(k.controls, "hash") else NO_CONTROLS
     group_rows: list[tuple[str, int, int]] = []
@@ -201,25 +204,23 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
             consumers.append(
                 ConsumerInfo(name, int_reply(info.get("pending", 0)), int_reply(info.get("idle", 0)), live.get(name))
             )
-    waiting = mine["lag"] if mine is not None else int_reply(stream)
+    waiting = counts.waiting
     oldest_waiting = None
-    if int_reply(stream):
+    if counts.stream:
         delivered = mine["last_delivered"] if mine is not None else "0-0"
         start = after(delivered) if delivered != "0-0" else "-"
         first = (yield command("XRANGE", k.stream, start, "+", "COUNT", 1)) if start is not None else None
         if first:
             oldest_waiting = max(0, now_ms - int(str_reply(first[0][0]).partition("-")[0] or 0))
-        elif waiting is None:
-            waiting = 0
     first_due = score_ms(oldest[1]) if oldest else None
     pairs = [(show_key(fires[i]), score_ms(fires[i + 1])) for i in range(0, len(fires), 2)]
     return QueueSnapshot(
         queue=queue,
-        stream=int_reply(stream),
-        pending=mine["pending"] if mine is not None else 0,
-        delayed=int_reply(got.get("delayed", 0)),
+        stream=counts.stream,
+        pending=counts.active,
+        delayed=counts.delayed,
         oldest_delayed_lag_ms=max(0, now_ms - first_due) if isinstance(first_due, int) else None,
-        dlq=int_reply(got.get("dlq", 0)),
+        dlq=counts.failed,
         specs=int_reply(got.get("specs", 0)),
         paused_specs=int_reply(got.get("paused", 0)),
         next_fires=pairs,
@@ -237,7 +238,7 @@ def snapshot(queue: str, *, group: str = "default", now_ms: int, next_fires: int
         rate_limit=controls.rate,
         concurrency=controls.concurrency,
         slots_held=held,
-        prioritized=int_reply(got.get("prioritized", 0)),
+        prioritized=counts.prioritized,
         job_groups=int_reply(got.get("job_groups", 0)),
         job_group_rows=group_rows,
         spoiled=spoiled,

@@ -2,9 +2,9 @@
 job (``Queue.get_job_counts``, ``count``, the
 ``get_*_count`` helpers, ``get_jobs`` and ``get_job``, and their sync twins).
 
-The counts are read in one read-only script (``lua/job_counts.lua``), from the keys the read
-model every viewer shares reads (``core/inspect.snapshot``), so they agree with ``chasqui
-inspect`` and the dashboard:
+The counts are one read-only script's (``core/counts.py``), the same the read model every
+viewer shares reads (``core/inspect.snapshot``), so they agree with ``chasqui inspect`` and the
+dashboard:
 
 * ``waiting``: stream entries the consumer group has not read yet (every entry when the group
   does not exist yet), plus jobs added with a priority that have not entered the stream;
@@ -16,10 +16,7 @@ inspect`` and the dashboard:
 
 Jobs held in job groups (``group=``, ``core/groups.py``) are not in these counts until they
 enter the stream: ``inspect().job_group_rows`` shows them.  The counts but ``completed`` are
-one instant's: a job moving meanwhile (a retry going from the stream to the delayed set and
-back, a promotion) is counted once, never missed or counted twice
-(``tests/engine/test_introspection.py::test_counts_are_one_instants_while_jobs_retry``).
-``completed`` is read after them, from the history.
+one instant's (``core/counts.py``); ``completed`` is read after them, from the history.
 
 A page reads where its state lives, in order: ``waiting`` the stream after the group's last
 read entry, then the prioritized set; ``active`` the group's pending list; ``delayed`` the
@@ -35,9 +32,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError, JobNotFound
-from .calls import Flow, command, int_reply, reply_pairs, script_call, str_reply
+from .calls import Flow, command, reply_pairs, str_reply
 from .codec import decode_data, decode_envelope, split_member, ulid_ms
-from .controls import PAUSED_FIELD, parse_controls
+from .counts import counts_call, parse_counts
 from .event_follow import after
 from .history import HOUR_MS, RETAIN_MS, history_flow
 from .inspect import group_row
@@ -84,19 +81,17 @@ def _check_page(state: object, offset: object, limit: object) -> tuple[str, int,
 
 
 def job_counts(queue: str, *, group: str, types: Iterable[object] = (), now_ms: int) -> Flow[dict[str, int]]:
-    """``{type: count}`` for the types asked (all when none), in the order asked: the queue's
-    counts from one read-only script (``lua/job_counts.lua``), so they are one instant's."""
+    """``{type: count}`` for the types asked (all when none), in the order asked: one instant's
+    (``core/counts.py``), but ``completed``, read after them from the history."""
     wanted = check_count_types(types)
     check_consumer_name(group)
-    k = QueueKeys.for_queue(queue)
-    reply = yield script_call("job_counts", (k.stream, k.delayed, k.dlq, k.prioritized, k.controls), (group,))
-    waiting, active, delayed, failed, prioritized = (int_reply(v) for v in reply[:5])
+    c = parse_counts((yield counts_call(QueueKeys.for_queue(queue), group)))
     counts = {
-        "waiting": waiting + prioritized,
-        "active": active,
-        "delayed": delayed,
-        "failed": failed,
-        "paused": int(parse_controls([PAUSED_FIELD.encode(), reply[5]]).paused),
+        "waiting": c.waiting_or_estimate + c.prioritized,
+        "active": c.active,
+        "delayed": c.delayed,
+        "failed": c.failed,
+        "paused": int(c.paused),
     }
     if "completed" in wanted:
         counts["completed"] = (yield from history_flow(queue, now_ms, RETAIN_MS, HOUR_MS)).total_completed

@@ -9,7 +9,7 @@ held in job groups (``group=``, ``core/groups.py``) are not looked for (``drain`
 The report says where the job was found: ``{"delayed", "stream", "dlq", "result"}``
 (``result``: a stored result or failure record); ``remove`` returns how many of them held it.
 An id is looked for inside Redis (``core/scan.py``), so the stream and the DLQ are read, not
-pulled over the network.
+pulled over the network, from the time a ULID id carries on (every id this package makes).
 
 ``clean`` deletes up to ``limit`` jobs of one state (0: no limit) older than ``grace_ms`` and
 returns their ids in the order the state keeps.  Age is counted from when the job entered that
@@ -31,8 +31,9 @@ from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError
 from .calls import Flow, command, int_reply, script_call, str_reply
-from .codec import decode_envelope, split_member
+from .codec import decode_envelope, split_member, ulid_ms
 from .event_follow import after
+from .job_details import SKEW_MS
 from .key_types import read_types
 from .keys import QueueKeys
 from .running import check_job_id, take_member
@@ -85,10 +86,21 @@ def _delete_entries(stream: str, rows: Rows) -> Flow[list[str]]:
     return [job_id for (_, job_id), hit in zip(rows, done or []) if int_reply(hit)]
 
 
-def remove_report(queue: str, job_id: object) -> Flow[dict[str, bool]]:
+def _search_start(job_id: str, now_ms: int) -> str:
+    """Where a job's entries can begin: not before its ULID's time (less the producer's clock
+    skew), as ``core/job_details.py`` looks; from the start for another id, or a ULID-shaped
+    one from the future (a user's own id)."""
+    created = ulid_ms(job_id)
+    if created is None or created > now_ms + SKEW_MS:
+        return "-"
+    return f"{max(0, created - SKEW_MS)}-0"
+
+
+def remove_report(queue: str, job_id: object, *, now_ms: int) -> Flow[dict[str, bool]]:
     """Where ``job_id`` was found and removed (see the module docstring)."""
     job_id = check_job_id(job_id)
     k = QueueKeys.for_queue(queue)
+    start = _search_start(job_id, now_ms)
     types = yield from read_types([k.stream, k.delayed, k.dlq, k.prioritized, k.results, k.failures])
     delayed = False
     if types[k.delayed] == "zset":
@@ -96,7 +108,7 @@ def remove_report(queue: str, job_id: object) -> Flow[dict[str, bool]]:
         delayed = bool(int_reply(hit)) or (yield from take_member(k.delayed, job_id)) is not None
     stream = False
     if types[k.stream] == "stream":
-        rows, _ = yield from _scan(k.stream, "-", "+", job_id.encode(), MAX_CLEAN)
+        rows, _ = yield from _scan(k.stream, start, "+", job_id.encode(), MAX_CLEAN)
         mine = [r for r in rows if r[1] == job_id]
         stream = bool((yield from _delete_entries(k.stream, mine)))
         if mine and not stream:  # a worker has it: the job and its records (progress, logs) stay
@@ -105,7 +117,7 @@ def remove_report(queue: str, job_id: object) -> Flow[dict[str, bool]]:
         stream = (yield from take_member(k.prioritized, job_id)) is not None
     dlq = False
     if types[k.dlq] == "stream":
-        rows, _ = yield from _scan(k.dlq, "-", "+", job_id.encode(), MAX_CLEAN)
+        rows, _ = yield from _scan(k.dlq, start, "+", job_id.encode(), MAX_CLEAN)
         mine = [r for r in rows if r[1] == job_id]
         dlq = bool((yield from _delete_entries(k.dlq, mine)))
     records = (k.result(job_id), k.failure(job_id))

@@ -580,7 +580,7 @@ class Queue:
         """``remove``, saying where the job was found: ``{"delayed", "stream", "dlq", "result"}``
         (``stream``: waiting in the stream or the prioritized set; ``result``: a stored result
         or failure record)."""
-        return await self.driver.run(remove_report(self.name, job_id))
+        return await self.driver.run(remove_report(self.name, job_id, now_ms=now_ms()))
 
     async def clean(self, grace_ms: int, limit: int, state: str = "completed") -> list[str]:
         """Delete up to ``limit`` jobs (0: no limit) in ``state`` (``waiting``, ``delayed``,

@@ -48,6 +48,9 @@ async def test_remove_finds_a_job_wherever_it_waits(redis_url, queue_name, clien
     assert await q.get_job_counts("waiting") == {"waiting": 1}
     assert [j.id for j in await q.get_jobs("waiting")] == [kept.id]
     assert await q.remove(waiting.id) == 0  # idempotent
+    for own in ("Z" * 26, "0" * 26):  # ULID-shaped ids of the user's: from the future, from 1970
+        await q.add("w", {"own": own}, job_id=own)
+        assert await q.remove_report(own) == {**NOWHERE, "stream": True}, own
     assert await q.remove_report("does-not-exist") == NOWHERE
 
     delayed = await q.add("d", {"msg": "delayed"}, delay_ms=HOUR_MS, job_id="delayed-target")
