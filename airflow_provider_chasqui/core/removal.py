@@ -11,13 +11,14 @@ The report says where the job was found: ``{"delayed", "stream", "dlq", "result"
 An id is looked for inside Redis (``core/scan.py``), so the stream and the DLQ are read, not
 pulled over the network, from the time a ULID id carries on (every id this package makes).
 
-``clean`` deletes up to ``limit`` jobs of one state (0: no limit) older than ``grace_ms`` and
-returns their ids in the order the state keeps.  Age is counted from when the job entered that
-state as the queue records it, oldest first: ``waiting`` its stream entry's time (when it was
-added or promoted), ``failed`` its DLQ entry's (when it was dead-lettered), ``completed`` its
-stored result's (so only jobs whose results were kept, ``store_results``).  ``delayed`` counts
-from the job's creation, and goes in due order, soonest first (the set's order: members are
-read a page at a time until ``limit`` jobs old enough were met or the set ended).
+``clean`` deletes up to ``limit`` jobs of one state (0: no limit) older than ``grace_ms``, with
+their records as ``remove`` does, and returns their ids in the order the state keeps.  Age is
+counted from when the job entered that state as the queue records it, oldest first:
+``waiting`` its stream entry's time (when it was added or promoted), ``failed`` its DLQ entry's
+(when it was dead-lettered), ``completed`` its stored result's (so only jobs whose results were
+kept, ``store_results``).  ``delayed`` counts from the job's creation, and goes in due order,
+soonest first (the set's order: members are read a page at a time until ``limit`` jobs old
+enough were met or the set ended).
 
 Every delete is decided in Redis at the instant it happens (``lua/remove_entries.lua``, ZREM),
 so a job a worker takes or a promoter moves meanwhile is kept and not reported, never lost
@@ -120,11 +121,21 @@ def remove_report(queue: str, job_id: object, *, now_ms: int) -> Flow[dict[str, 
         rows, _ = yield from _scan(k.dlq, start, "+", job_id.encode(), MAX_CLEAN)
         mine = [r for r in rows if r[1] == job_id]
         dlq = bool((yield from _delete_entries(k.dlq, mine)))
-    records = (k.result(job_id), k.failure(job_id))
-    others = (k.progress(job_id), k.logs(job_id), k.cancelled(job_id), k.didx(job_id), k.dlid(job_id))
-    indexes = [command("ZREM", key, job_id) for key in (k.results, k.failures) if types[key] == "zset"]
+    records = yield from _forget(k, [job_id], types)
+    return {"delayed": delayed, "stream": stream, "dlq": dlq, "result": records > 0}
+
+
+def _forget(k: QueueKeys, job_ids: list[str], types: dict[str, str]) -> Flow[int]:
+    """Delete the records of removed jobs (stored result, failure record, progress, log lines,
+    cancelled marker, delayed-id index and marker) and their index entries; how many results
+    and failure records there were."""
+    if not job_ids:
+        return 0
+    records = [key for i in job_ids for key in (k.result(i), k.failure(i))]
+    others = [key for i in job_ids for key in (k.progress(i), k.logs(i), k.cancelled(i), k.didx(i), k.dlid(i))]
+    indexes = [command("ZREM", key, *job_ids) for key in (k.results, k.failures) if types.get(key) == "zset"]
     found, *_ = yield [command("DEL", *records), command("DEL", *others), *indexes]
-    return {"delayed": delayed, "stream": stream, "dlq": dlq, "result": int_reply(found) > 0}
+    return int_reply(found)
 
 
 def check_clean(grace_ms: object, limit: object, state: object) -> tuple[int, int, str]:
@@ -147,23 +158,27 @@ def clean(queue: str, grace_ms: object, limit: object, state: object, *, now_ms:
         return []
     key = {"waiting": k.stream, "failed": k.dlq, "delayed": k.delayed, "completed": k.results}[state]
     kind = "stream" if state in ("waiting", "failed") else "zset"
-    if (yield from read_types([key]))[key] != kind:
+    types = yield from read_types(list(dict.fromkeys([key, k.results, k.failures])))
+    if types[key] != kind:
         return []  # none, or another type (hostile): nothing of this state to clean
     if state == "delayed":
-        return (yield from _clean_delayed(k, cutoff, limit))
-    if state == "completed":
-        return (yield from _clean_results(k, cutoff, limit))
-    removed: list[str] = []
-    start: str | None = "-"
-    while start is not None and len(removed) < limit:  # entries by their ids' time: the range ends at the cutoff
-        rows, start = yield from _scan(key, start, str(cutoff), b"", min(WINDOW, limit - len(removed)))
-        removed += yield from _delete_entries(key, rows)
+        removed = yield from _clean_delayed(k, cutoff, limit)
+    elif state == "completed":
+        removed = yield from _clean_results(k, cutoff, limit)
+    else:
+        removed = []
+        start: str | None = "-"
+        while start is not None and len(removed) < limit:  # entries by their ids' time: the range ends at the cutoff
+            rows, start = yield from _scan(key, start, str(cutoff), b"", min(WINDOW, limit - len(removed)))
+            removed += yield from _delete_entries(key, rows)
+    for i in range(0, len(removed), WINDOW):
+        yield from _forget(k, removed[i : i + WINDOW], types)
     return removed
 
 
 def _clean_delayed(k: QueueKeys, cutoff: int, limit: int) -> Flow[list[str]]:
     """Delayed jobs created at or before ``cutoff``, read a page of members at a time in due
-    order, each removed with its delayed-id index and marker if no promoter moved it first."""
+    order, each removed if no promoter moved it first."""
     removed: list[str] = []
     offset = 0
     while len(removed) < limit:
@@ -180,8 +195,6 @@ def _clean_delayed(k: QueueKeys, cutoff: int, limit: int) -> Flow[list[str]]:
         if doomed:
             hits = yield [command("ZREM", k.delayed, m) for m, _ in doomed]
             gone = [jid for (_, jid), hit in zip(doomed, hits) if int_reply(hit)]
-            if gone:
-                yield command("DEL", *(key for jid in gone for key in (k.didx(jid), k.dlid(jid))))
             removed += gone
             offset -= len(gone)
         if len(members) < WINDOW:
@@ -197,6 +210,5 @@ def _clean_results(k: QueueKeys, cutoff: int, limit: int) -> Flow[list[str]]:
     ]
     if not ids:
         return []
-    hits = yield [command("DEL", k.result(i)) for i in ids]
-    yield command("ZREM", k.results, *ids)
-    return [i for i, hit in zip(ids, hits) if int_reply(hit)]
+    *hits, _ = yield [*(command("EXISTS", k.result(i)) for i in ids), command("ZREM", k.results, *ids)]
+    return [i for i, hit in zip(ids, hits) if int_reply(hit)]  # (their results go with _forget)

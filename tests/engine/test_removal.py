@@ -70,8 +70,9 @@ async def test_remove_finds_a_job_wherever_it_waits(redis_url, queue_name, clien
     assert await q.get_failed_count() == 0
 
 
-async def test_a_running_job_is_never_removed(redis_url, queue_name, queues, worker_factory) -> None:
+async def test_a_running_job_is_never_removed(redis_url, queue_name, clients, queues, worker_factory) -> None:
     q = queues(queue_name, redis_url)
+    k, r = QueueKeys.for_queue(queue_name), clients(redis_url)
     release, runs = asyncio.Event(), []
 
     async def handler(job: Job) -> str:
@@ -93,11 +94,13 @@ async def test_a_running_job_is_never_removed(redis_url, queue_name, queues, wor
         assert await q.wait_for_result(job.id, timeout=30) == "done"
     assert runs == [job.id]
     assert await q.clean(0, 0, "completed") == [job.id]
+    assert await r.exists(k.result(job.id), k.progress(job.id), k.logs(job.id)) == 0 and await r.zcard(k.results) == 0
     assert await q.remove_report(job.id) == NOWHERE
 
 
-async def test_clean_by_state_age_and_limit(redis_url, queue_name, queues, worker_factory) -> None:
+async def test_clean_by_state_age_and_limit(redis_url, queue_name, clients, queues, worker_factory) -> None:
     q = queues(queue_name, redis_url)
+    k, r = QueueKeys.for_queue(queue_name), clients(redis_url)
     ids = [(await q.add("w", {"n": i})).id for i in range(8)]
     assert await q.clean(HOUR_MS, 100, "waiting") == []  # all younger than the grace
     assert await q.clean(0, 3, "waiting") == ids[:3]  # oldest first, the limit caps
@@ -109,7 +112,11 @@ async def test_clean_by_state_age_and_limit(redis_url, queue_name, queues, worke
     assert await q.clean(0, 100, "delayed") == [later[0]]
     dead = await _dead(q, queue_name, redis_url, worker_factory, 3)
     assert await q.clean(HOUR_MS, 100, "failed") == []
+    for jid in dead:  # their failure records, as a worker keeps them, go with them
+        await r.set(k.failure(jid), b"record")
+        await r.zadd(k.failures, {jid: 1})
     assert await q.clean(0, 100, "failed") == dead
+    assert await r.exists(*(k.failure(jid) for jid in dead)) == 0 and await r.zcard(k.failures) == 0
     assert await q.get_job_counts("waiting", "delayed", "failed") == {"waiting": 0, "delayed": 0, "failed": 0}
     assert await q.clean(0, 100, "completed") == []  # no results were stored
 
