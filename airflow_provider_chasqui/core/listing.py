@@ -45,7 +45,17 @@ from .running import parse_progress
 from .scan import parse_scan, scan_call
 from .settings import check_index
 
-__all__ = ["COUNT_TYPES", "JOB_STATES", "MAX_OFFSET", "MAX_LIMIT", "JobRow", "job_counts", "jobs_page", "one_job"]
+__all__ = [
+    "COUNT_TYPES",
+    "JOB_STATES",
+    "MAX_OFFSET",
+    "MAX_LIMIT",
+    "JobRow",
+    "job_counts",
+    "jobs_page",
+    "one_job",
+    "merge_counts",
+]
 
 # (id, name, data, attempt, created_at_ms, progress): the fields of a ``Job``, which the queues
 # build (the core never imports upward).  ``attempt`` is the envelope's count of failed runs, as
@@ -237,6 +247,16 @@ def one_job(queue: str, job_id: str, *, group: str) -> Flow[JobRow | None]:
     created = d.created_at_ms if d.created_at_ms is not None else (ulid_ms(job_id) or 0)
     attempt = d.envelope_attempt if d.envelope_attempt is not None else max(0, (d.attempt or 1) - 1)
     return job_id, d.name or "", d.data, attempt, created, d.progress
+
+
+def merge_counts(per_shard: list[dict[str, int]]) -> dict[str, int]:
+    """The counts of a sharded queue: each shard's summed, ``paused`` 1 only when every shard
+    is paused (as ``ShardedQueue.is_paused``)."""
+    out: dict[str, int] = {}
+    for counts in per_shard:
+        for t, n in counts.items():
+            out[t] = min(out.get(t, n), n) if t == "paused" else out.get(t, 0) + n
+    return out
 
 
 def job_total(counts: dict[str, int]) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.controls import MAX_CONCURRENCY, MAX_RATE_JOBS, RateLimit, sum_rate_limits
 from ..core.groups import GroupLimits, check_group
+from ..core.listing import job_total, merge_counts
 from ..core.repeat import RepeatableMeta
 from ..core.schedules import bulk_spec_key, sharded_spec_key
 from ..core.settings import QueueSettings
@@ -145,6 +146,15 @@ class SyncShardedQueue:
         for page in (q.get_quarantined() for q in self.queues):
             out.update(page)
         return out
+
+    # ---- counts: every shard together ---------------------------------------------------
+    def get_job_counts(self, *types: str) -> dict[str, int]:
+        """Each shard's ``Queue.get_job_counts`` summed (``paused``: 1 when every shard is)."""
+        return merge_counts([q.get_job_counts(*types) for q in self.queues])
+
+    def count(self) -> int:
+        """The jobs not ended yet on every shard: waiting + active + delayed."""
+        return job_total(self.get_job_counts("waiting", "active", "delayed"))
 
     # ---- flow control: every shard together ---------------------------------------------
     def pause(self) -> None:

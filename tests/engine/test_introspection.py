@@ -13,7 +13,7 @@ import msgpack
 import pytest
 from engine_support import running, wait_until
 
-from airflow_provider_chasqui import Job, Queue, SyncQueue, UnrecoverableError
+from airflow_provider_chasqui import Job, Queue, ShardedQueue, SyncQueue, SyncShardedQueue, UnrecoverableError
 from airflow_provider_chasqui.core import listing
 from airflow_provider_chasqui.core.codec import Envelope, encode_envelope
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -233,6 +233,28 @@ async def test_counts_are_one_instants_while_jobs_retry(redis_url, queue_name, q
             assert counts["failed"] == 0, counts
             seen.update(state for state in ("waiting", "active", "delayed") if counts[state])
     assert seen == {"waiting", "active", "delayed"}, f"the jobs never moved through every state in {reads} reads"
+
+
+async def test_a_sharded_queue_counts_every_shard(redis_url, queue_name) -> None:
+    async with ShardedQueue(queue_name, shards=3, redis_url=redis_url) as sq:
+        for i in range(9):
+            await sq.add("w", {"i": i}, job_id=f"job-{i}")  # routed by its id: the same shards every run
+        await sq.add("d", {}, delay_ms=HOUR_MS)
+        per = [await q.get_job_counts("waiting", "delayed") for q in sq.queues]
+        assert sum(c["waiting"] for c in per) == 9 and sum(1 for c in per if c["waiting"]) >= 2  # spread
+        assert await sq.get_job_counts("waiting", "delayed", "paused") == {"waiting": 9, "delayed": 1, "paused": 0}
+        assert await sq.count() == 10
+        await sq.queues[0].pause()
+        assert (await sq.get_job_counts("paused"))["paused"] == 0  # not every shard
+        await sq.pause()
+        assert (await sq.get_job_counts("paused"))["paused"] == 1
+        for q in sq.queues:
+            await q.obliterate(force=True)
+    with SyncShardedQueue(queue_name, shards=2, redis_url=redis_url) as ssq:
+        ssq.add("w", {})
+        assert ssq.get_job_counts("waiting") == {"waiting": 1} and ssq.count() == 1
+        for q in ssq.queues:
+            q.obliterate(force=True)
 
 
 async def test_counts_and_pages_on_every_server(matrix_url, queue_name, queues) -> None:
