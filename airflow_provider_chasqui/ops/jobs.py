@@ -137,10 +137,11 @@ def cmd_job_remove(args: argparse.Namespace) -> int:
     where = [part for part, hit in report.items() if hit]
 
     def human(out: TextIO) -> None:
+        job = printable(args.job_id)
         if where:
-            out.write(f"job {args.job_id}: removed from {', '.join(where)}\n")
+            out.write(f"job {job}: removed from {', '.join(where)}\n")
         else:
-            out.write(f"job {args.job_id}: nothing removed (running, ended without records, or unknown)\n")
+            out.write(f"job {job}: nothing removed (running, ended without records, or unknown)\n")
 
     emit(args, {"job_id": args.job_id, "queue": args.queue, **report}, human)
     return EXIT_OK

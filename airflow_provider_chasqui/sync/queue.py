@@ -564,9 +564,9 @@ class SyncQueue:
 
     def clean(self, grace_ms: int, limit: int, state: str = "completed") -> list[str]:
         """Delete up to ``limit`` jobs (0: no limit) in ``state`` (``waiting``, ``delayed``,
-        ``failed`` or ``completed``: stored results) older than ``grace_ms``; their ids, oldest
-        first.  How age is counted in each state: ``core/removal.py``.  A running job is never
-        deleted."""
+        ``failed`` or ``completed``: stored results) older than ``grace_ms``, with their records;
+        their ids, in the state's order (oldest first; delayed: soonest due first).  How age is
+        counted in each state: ``core/removal.py``.  A running job is never deleted."""
         return self.driver.run(clean(self.name, grace_ms, limit, state, now_ms=now_ms()))
 
     # ---- lifecycle ---------------------------------------------------------------------
