@@ -70,6 +70,19 @@ async def test_remove_finds_a_job_wherever_it_waits(redis_url, queue_name, clien
     assert await q.get_failed_count() == 0
 
 
+@pytest.mark.parametrize("own", ["a*[b]?\\c", "tab\there\x00", "ñandú ✓", "x" * 300])
+async def test_hostile_ids_remove_only_their_own_job(redis_url, queue_name, queues, own) -> None:
+    """Glob characters, control bytes, non-ASCII and long ids: found by their exact id, and a
+    look-alike (the id's glob would match it) is left."""
+    q = queues(queue_name, redis_url)
+    await q.add("d", {}, delay_ms=HOUR_MS, job_id=own)
+    await q.add("w", {}, job_id=own + "w")
+    look_alike = await q.add("d", {}, delay_ms=HOUR_MS, job_id="a-b-c" if "*" in own else own + "-2")
+    assert await q.remove_report(own) == {**NOWHERE, "delayed": True}
+    assert await q.remove_report(own + "w") == {**NOWHERE, "stream": True}
+    assert [j.id for j in await q.get_jobs("delayed")] == [look_alike.id]
+
+
 async def test_a_running_job_is_never_removed(redis_url, queue_name, clients, queues, worker_factory) -> None:
     q = queues(queue_name, redis_url)
     k, r = QueueKeys.for_queue(queue_name), clients(redis_url)
