@@ -43,6 +43,7 @@ from typing import Any
 from ..core.calls import int_reply, str_reply
 from ..core.codec import now_ms
 from ..core.consumer import ConsumerCore, Delivery, Rejected
+from ..core.controls import RateLimit, set_rate_limit
 from ..core.event_follow import after
 from ..core.features import Features
 from ..core.groups import take_grouped_call
@@ -93,8 +94,10 @@ class Intake(IntakeLeases, IntakeSettling):
         on_lost: Callable[[dict[bytes, bytes]], None] | None = None,
         label: str = "",
         priority_batch: int | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self.driver, self.core = driver, core
+        self.rate_limit = rate_limit  # set as the queue's when the intake opens (None: left as it is)
         self.lease_ms = lease_ms
         # how long an entry (or its slot) stays held after the last renewal began: see RENEWALS_PER_LEASE
         self.hold_ms = lease_ms + -(-lease_ms // RENEWALS_PER_LEASE)
@@ -141,9 +144,12 @@ class Intake(IntakeLeases, IntakeSettling):
 
     # ---- the group ----------------------------------------------------------------------
     async def open(self) -> None:
-        """Learn the server's features and create the group (and the stream) unless it exists."""
+        """Learn the server's features, create the group (and the stream) unless it exists, and
+        set the queue's rate limit this consumer was given (chasquimq's ``rate_limit_max``)."""
         self.features = await self.driver.features()
         await self.ensure_group()
+        if self.rate_limit is not None:
+            await self.driver.run(set_rate_limit(self.core.keys, self.rate_limit.max_jobs, self.rate_limit.per_ms))
 
     async def ensure_group(self) -> None:
         try:

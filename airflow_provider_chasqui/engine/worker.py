@@ -258,6 +258,7 @@ class Worker(WorkerStop):
             on_lost=self._lease_lost,
             label=f"worker {self.consumer_id}",
             priority_batch=s.concurrency,
+            rate_limit=s.rate_limit,
         )
         try:
             await self._with_retry(self._intake.open)

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..core.codec import U32_MAX
+from ..core.controls import MAX_RATE_JOBS, MAX_RATE_PER_MS, RateLimit
 from ..core.keys import check_consumer_name
 from ..core.retry import RetryPolicy
 from ..core.running import DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES, check_timeout_ms
@@ -50,6 +51,7 @@ class WorkerSettings:
     job_timeout_ms: int | None = None  # every attempt's timeout unless the job or its handler has one
     processes: int | None = None  # handlers in this many child processes (engine/process_pool.py)
     process_memory_mb: int | None = None  # a pool process past this resident size is replaced
+    rate_limit: RateLimit | None = None  # chasquimq's rate_limit_max/_duration_ms: set as the queue's at start
     retry: RetryPolicy = RetryPolicy()
     queue: QueueSettings = QueueSettings()
 
@@ -145,12 +147,43 @@ _QUEUE_FIELDS = {
 }
 
 
+_RATE_OPTIONS = ("rate_limit_max", "rate_limit_duration_ms", "rate_limit_group_key")
+DEFAULT_RATE_WINDOW_MS = 1000
+
+
+def _positive(name: str, value: Any, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ConfigError(f"{name} must be a positive int up to {most:,}, got {value!r}")
+    return value
+
+
+def rate_limit_of(options: dict[str, Any]) -> RateLimit | None:
+    """chasquimq's ``rate_limit_max`` / ``rate_limit_duration_ms`` (default 1000 ms) as the
+    queue's rate limit, shared by every worker (``Queue.set_rate_limit``); a
+    ``rate_limit_group_key`` is refused (per-group limits: ``Queue.set_group_limits``)."""
+    most, window, group_key = (options.get(k) for k in _RATE_OPTIONS)
+    if group_key is not None:
+        raise ConfigError(
+            "rate_limit_group_key is not supported: set per-group limits with "
+            "Queue.set_group_limits(max_jobs=, per_ms=, group=) and add jobs with group="
+        )
+    if most is None:
+        if window is not None:
+            raise ConfigError("rate_limit_duration_ms needs rate_limit_max (the jobs each window lets start)")
+        return None
+    per_ms = DEFAULT_RATE_WINDOW_MS if window is None else _positive("rate_limit_duration_ms", window, MAX_RATE_PER_MS)
+    return RateLimit(_positive("rate_limit_max", most, MAX_RATE_JOBS), per_ms)
+
+
 def options_to_fields(options: dict[str, Any]) -> dict[str, Any]:
     """chasquimq's keyword arguments (``None`` = default) onto ``WorkerSettings`` fields."""
     out: dict[str, Any] = {}
     queue: dict[str, Any] = {}
+    rate = rate_limit_of(options)
+    if rate is not None:
+        out["rate_limit"] = rate
     for key, value in options.items():
-        if value is None:
+        if value is None or key in _RATE_OPTIONS:
             continue
         if key == "result_ttl":
             secs = value.total_seconds() if isinstance(value, timedelta) else value

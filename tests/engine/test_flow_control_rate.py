@@ -20,7 +20,7 @@ import redis
 from engine_support import running, wait_until_sync
 from fault_support import WorkerGroup, read_records
 
-from airflow_provider_chasqui import ConfigError, RateLimit, SyncQueue
+from airflow_provider_chasqui import ConfigError, RateLimit, SyncQueue, Worker
 from airflow_provider_chasqui.core.calls import command
 from airflow_provider_chasqui.core.controls import parse_controls, parse_take, take_starts_call
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -183,6 +183,47 @@ async def test_a_limit_set_while_workers_run_is_obeyed(
     windows = collections.Counter(math.floor(t * 1000 / 500) for t in started[50:])
     assert max(windows.values()) <= 2 * 5, windows
     assert started[-1] - added_at >= 2.0  # 30 jobs at 10/s: three seconds, give or take a window
+
+
+async def test_chasquimq_worker_rate_limit_options_set_the_queues_limit(
+    redis_url: str, queue_name: str, queues, worker_factory
+) -> None:
+    """chasquimq's ``Worker(rate_limit_max=, rate_limit_duration_ms=)``: the queue's limit,
+    shared by every worker, set when the worker starts; 60 jobs at 10 per aligned second span
+    six windows (more than four seconds from the first start), and no second holds more than
+    two windows' worth."""
+    q = queues(queue_name, redis_url)
+    started: list[float] = []
+
+    async def handler(job):
+        started.append(time.monotonic())
+
+    await q.add_bulk([{"name": "rl", "data": i} for i in range(60)])
+    w = worker_factory(queue_name, handler, redis_url, concurrency=8, rate_limit_max=10, rate_limit_duration_ms=1000)
+    async with running(w):
+        await asyncio.wait_for(_until(lambda: len(started) >= 60), 60)
+    assert await q.get_rate_limit() == RateLimit(10, 1000)
+    assert started[-1] - started[0] >= 3.9, started[-1] - started[0]
+    assert max(len([t for t in started if s <= t < s + 1.0]) for s in started) <= 20
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"rate_limit_max": 10, "rate_limit_group_key": "tenant"}, "group_key is not supported"),
+        ({"rate_limit_duration_ms": 1000}, "needs rate_limit_max"),
+        ({"rate_limit_max": 0, "rate_limit_duration_ms": 1000}, "rate_limit_max must be a positive int"),
+        ({"rate_limit_max": 5, "rate_limit_duration_ms": -1}, "rate_limit_duration_ms must be a positive int"),
+        ({"rate_limit_max": 2.5}, "rate_limit_max must be a positive int"),
+        ({"rate_limit_max": True}, "rate_limit_max must be a positive int"),
+    ],
+)
+def test_chasquimq_worker_rate_limit_options_are_checked(queue_name: str, options, words) -> None:
+    async def handler(job):
+        return None
+
+    with pytest.raises(ConfigError, match=words):
+        Worker(queue_name, handler, **options)
 
 
 async def _until(cond) -> None:
