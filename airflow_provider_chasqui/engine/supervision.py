@@ -40,10 +40,17 @@ class Supervisor:
     """Starts tasks by role; ``metrics`` hears ``task_restarted(queue, role, n)`` (n 0 when a
     role first starts, so the series exists before a first crash)."""
 
-    def __init__(self, label: str, queue: str, metrics: WorkerMetrics = NO_METRICS) -> None:
+    def __init__(
+        self,
+        label: str,
+        queue: str,
+        metrics: WorkerMetrics = NO_METRICS,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.label = label
         self.queue = queue
         self.metrics = metrics
+        self.on_error = on_error  # hears each failure before the restart (a worker's "error" listeners)
         self.roles: dict[str, TaskHealth] = {}
 
     def start(self, role: str, fn: Callable[[], Awaitable[None]], name: str | None = None) -> asyncio.Task[None]:
@@ -77,6 +84,8 @@ class Supervisor:
                 self.metrics.task_restarted(self.queue, role, 1)
                 h.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 log.error("%s: %s task failed; restarting in %.2fs", self.label, role, delay, exc_info=True)
+                if self.on_error is not None:
+                    self.on_error(exc)
                 h.backing_off += 1
                 try:
                     await asyncio.sleep(delay)

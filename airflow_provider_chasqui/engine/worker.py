@@ -318,7 +318,7 @@ class Worker(WorkerStop):
         s = self.settings
         self._deque = collections.deque()
         self._idle = []
-        self._tasks = Supervisor(f"worker {self.consumer_id}", self.name, self._sink)
+        self._tasks = Supervisor(f"worker {self.consumer_id}", self.name, self._sink, self._error)
         self._beat = time.monotonic()  # the reader's last loop iteration (stall detection)
         self._done_rows = []
         self._fail_rows = []
@@ -387,6 +387,7 @@ class Worker(WorkerStop):
                 if self._stopping is not None and self._stopping.is_set() and backoff.failures > 3:
                     raise
                 log.warning("worker %s: Redis unavailable (%s); retry in %.2fs", self.consumer_id, exc, delay)
+                self._error(exc)
                 await asyncio.sleep(delay)
 
     # ---- supervision ------------------------------------------------------------------

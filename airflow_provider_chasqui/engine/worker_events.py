@@ -2,8 +2,9 @@
 
 ``worker.on(event, callback)`` for ``active`` (job), ``completed`` (job, result), ``failed``
 (job, exception: each failed attempt, retried or not), ``progress`` (job, value: each
-``update_progress`` of a handler running in this process), ``drained`` (the queue ran empty),
-``paused``, ``resumed`` and ``closed``.  Callbacks run on the worker's loop
+``update_progress`` of its handlers, pooled ones too), ``drained`` (the queue ran empty),
+``paused``, ``resumed``, ``closed`` and ``error`` (exception: Redis unreachable while the worker
+starts, or one of its tasks failed and restarts; each is logged as well).  Callbacks run on the worker's loop
 (``engine/listeners.py``); ``completed`` fires once the handler returned, before its
 acknowledgement is written, so a worker killed between the two runs the job again and the next
 run fires it again.  The slots check one bool per job: no listener, no cost.
@@ -25,7 +26,7 @@ from .worker_base import WorkerBase
 
 __all__ = ["WorkerEvents", "WORKER_EVENTS"]
 
-WORKER_EVENTS = ("active", "completed", "failed", "progress", "drained", "paused", "resumed", "closed")
+WORKER_EVENTS = ("active", "completed", "failed", "progress", "drained", "paused", "resumed", "closed", "error")
 
 
 class WorkerEvents(WorkerBase):
@@ -55,6 +56,11 @@ class WorkerEvents(WorkerBase):
     def off(self, event: str, callback: Callable[..., Any] | None = None) -> None:
         self._listeners.off(event, callback)
         self._listening = bool(self._listeners)
+
+    def _error(self, exc: BaseException) -> None:
+        """An internal error the worker recovers from, for the ``error`` listeners."""
+        if self._listening:
+            self._listeners.emit("error", exc)
 
     def pause(self) -> None:
         """Start no job until :meth:`resume` (this worker only); running jobs finish."""

@@ -11,10 +11,44 @@ import time
 
 import pytest
 from engine_support import events_of, running, wait_until
+from servers import free_port
 
-from airflow_provider_chasqui import Job, JobFailed, QueueEvents, SyncQueue
+from airflow_provider_chasqui import Job, JobFailed, QueueEvents, SyncQueue, Worker
+from airflow_provider_chasqui.core.keys import QueueKeys
 
 pytestmark = pytest.mark.timeout(120)
+
+
+async def test_error_listeners_hear_redis_unreachable_while_the_worker_starts(queue_name) -> None:
+    """A worker pointed at a port nothing listens on retries with backoff; each failure reaches
+    its ``error`` listeners (as BullMQ's ``worker.on("error")``), and a close still ends it."""
+    errors: list[BaseException] = []
+
+    async def handler(job: Job) -> None:
+        return None
+
+    w = Worker(queue_name, handler, redis_url=f"redis://127.0.0.1:{free_port()}/0", run_scheduler=False)
+    w.on("error", errors.append)
+    async with running(w):
+        await wait_until(lambda: len(errors) >= 2, what="two failed connection attempts heard")
+    assert all(isinstance(e, ConnectionError) for e in errors), errors
+
+
+async def test_error_listeners_hear_a_supervised_task_that_fails_and_restarts(
+    redis_url, queue_name, clients, worker_factory
+) -> None:
+    """A DLQ key of another type makes dead-lettering a malformed entry fail: the reader task
+    fails and restarts, and the ``error`` listeners hear why."""
+    k, r = QueueKeys.for_queue(queue_name), clients(redis_url)
+    errors: list[BaseException] = []
+    await r.set(k.dlq, b"not a stream")
+    w = worker_factory(queue_name, lambda job: None, redis_url, claim_min_idle_ms=1000)
+    w.on("error", errors.append)
+    async with running(w):
+        await r.xadd(k.stream, {"x": "no payload"})
+        await wait_until(lambda: errors, what="the reader's failure heard")
+        await r.delete(k.stream, k.dlq)
+    assert "not a stream" in str(errors[0]) or "another type" in str(errors[0]), errors[0]
 
 
 async def test_worker_listeners_hear_each_event_with_its_arguments(
