@@ -6,22 +6,12 @@
 -- KEYS[1] = stream
 -- ARGV    = [top (the newest id drain_begin saw), chunk]
 -- Reply   = {entries deleted, 1 when a full chunk was deleted (call again) else 0}
+--#include delivered
 if ARGV[1] == '' or redis.call('TYPE', KEYS[1])['ok'] ~= 'stream' then
   return {0, 0}
 end
-local floor, best_ms, best_seq = '-', -1, -1
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  for i = 1, #g - 1, 2 do
-    if g[i] == 'last-delivered-id' then
-      local id = g[i + 1]
-      local p = string.find(id, '-', 1, true)
-      local ms, seq = tonumber(string.sub(id, 1, p - 1)), tonumber(string.sub(id, p + 1))
-      if ms > best_ms or (ms == best_ms and seq > best_seq) then
-        best_ms, best_seq, floor = ms, seq, '(' .. id
-      end
-    end
-  end
-end
+local _, _, delivered = newest_delivered(KEYS[1])
+local floor = delivered and '(' .. delivered or '-'
 local chunk = tonumber(ARGV[2])
 local rows = redis.call('XRANGE', KEYS[1], floor, ARGV[1], 'COUNT', chunk)
 local ids = {}

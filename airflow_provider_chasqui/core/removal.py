@@ -37,7 +37,7 @@ from .event_follow import after
 from .job_details import SKEW_MS
 from .key_types import read_types
 from .keys import QueueKeys
-from .running import check_job_id, take_member
+from .running import check_job_id, take_delayed, take_member
 from .scan import parse_scan, scan_call
 from .settings import check_index
 
@@ -105,8 +105,7 @@ def remove_report(queue: str, job_id: object, *, now_ms: int) -> Flow[dict[str, 
     types = yield from read_types([k.stream, k.delayed, k.dlq, k.prioritized, k.results, k.failures])
     delayed = False
     if types[k.delayed] == "zset":
-        hit = yield script_call("cancel_delayed", (k.delayed, k.didx(job_id), k.dlid(job_id)), ())
-        delayed = bool(int_reply(hit)) or (yield from take_member(k.delayed, job_id)) is not None
+        delayed = (yield from take_delayed(k, job_id)) is not None
     stream = False
     if types[k.stream] == "stream":
         rows, _ = yield from _scan(k.stream, start, "+", job_id.encode(), MAX_CLEAN)

@@ -229,14 +229,20 @@ def cancel(keys: QueueKeys, job_id: str, *, group: str, xackdel: bool, events_ma
         lapsed = set(fields) - parse_cancels(fields, sample[1::2], now)
         if lapsed:
             yield command("HDEL", keys.cancel_requests, *sorted(lapsed))
-    removed = yield script_call("cancel_delayed", (keys.delayed, keys.didx(job_id), keys.dlid(job_id)), ())
-    name: str | None = ""
-    if not int_reply(removed):
-        name = yield from take_member(keys.delayed, job_id)
-        if name is None:
-            return "requested"
+    name = yield from take_delayed(keys, job_id)
+    if name is None:
+        return "requested"
     yield cancel_jobs_call(keys, [(b"", job_id, name or "")], group=group, xackdel=xackdel, events_max=events_max)
     return "cancelled"
+
+
+def take_delayed(keys: QueueKeys, job_id: str) -> Flow[str | None]:
+    """Remove ``job_id`` from the delayed set: through its delayed-id index (``""``: its name
+    is not read), else by a scan (its name); None when it is not there."""
+    removed = yield script_call("cancel_delayed", (keys.delayed, keys.didx(job_id), keys.dlid(job_id)), ())
+    if int_reply(removed):
+        return ""
+    return (yield from take_member(keys.delayed, job_id))
 
 
 def take_member(zset: str, job_id: str) -> Flow[str | None]:
