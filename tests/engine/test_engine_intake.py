@@ -271,11 +271,12 @@ async def test_an_entry_this_consumer_is_settling_is_not_reported_lost(redis_url
                 deadline = time.monotonic() + 10
                 while await pending_count(r, queue_name) and time.monotonic() < deadline:
                     await asyncio.sleep(0.002)
-                if not settle.done():
+                if not settle.done() and proxy.drop_replies == 0:  # the ack's reply was the one lost
                     hits += 1
                     await intake.renew()  # Redis: not pending any more
                     assert not intake.lost and heard == []
                 await settle
+                proxy.drop_replies = 0  # a drop the ack's reply did not meet is not left for the next read
                 assert not intake.in_flight and not intake.settling
             assert hits >= 1, "the renewal never ran inside the settling write's window"
         finally:
