@@ -5,6 +5,7 @@ Lua calls that complete, retry or dead-letter it.  The asyncio worker only moves
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,9 @@ OVERSIZE = "oversize_payload"
 MALFORMED = "malformed"
 # Ours, not ChasquiMQ's: routing a handler's failure raised (see ConsumerCore.routing_failed_row).
 ROUTING_FAILED = "routing_failed"
+# chasquimq's stalled-job detector's (after 1.x): an entry reclaimed from consumers that stopped
+# renewing it ``max_stalled_attempts`` times (ConsumerCore.stall_limit).
+STALLED = "stalled"
 
 UNDECODED: Any = object()
 """``Delivery.data`` until :meth:`Delivery.payload` decodes it."""
@@ -117,8 +121,11 @@ class ConsumerCore:
         events: bool,
         result_ttl_ms: int,
         failure_ttl_ms: int,
+        stall_limit: int | None = None,
     ) -> None:
         self.keys = QueueKeys.for_queue(queue)
+        # the stalls (reclaims of one entry: its delivery count - 1) that dead-letter it; None: no limit
+        self.stall_limit = stall_limit
         self.group = group
         self.consumer_id = consumer_id
         self.max_attempts = min(max_attempts, U32_MAX)  # an attempt past u32 cannot be encoded
@@ -205,6 +212,9 @@ class ConsumerCore:
         prior = max(env.attempt, delivery_count - 1)
         if prior + 1 > limit:
             return Rejected(entry_id, RETRIES_EXHAUSTED, d, name, "", env.id, prior, keep)
+        if self.stall_limit is not None and delivery_count - 1 >= self.stall_limit:
+            detail = f"reclaimed {delivery_count - 1} times from consumers that stopped renewing it"
+            return Rejected(entry_id, STALLED, d, name, detail, env.id, prior, keep)
         trace = tp if isinstance(tp, bytes) and len(tp) <= 512 else b""
         group = g if isinstance(g, bytes) and 0 < len(g) <= MAX_GROUP_BYTES and _utf8(g) else b""  # else: no group
         return Delivery(entry_id, env, name, d, delivery_count, 0, UNDECODED, keep, trace, group)
@@ -294,10 +304,20 @@ class ConsumerCore:
         if not self.events_max or not deliveries:
             return None
         argv: list[Any] = [self.events_max, 0, "active", now]
-        for dl in deliveries:
+        for dl in deliveries:  # not through job_events: a generator adds a fifth to this, per job
             env = dl.envelope
             argv += (env.id, dl.name, env.attempt + 1)
         return script_call("emit_events", (self.keys.events,), argv)
+
+    def job_events(self, kind: str, jobs: Iterable[tuple[str, str, int]], now: int) -> Call | None:
+        """One ``kind`` event per ``(job id, name, 1-indexed attempt)`` (``e id ts [n]
+        attempt``), in ``emit_events``' compact form; None with events off or no job."""
+        if not self.events_max:
+            return None
+        argv: list[Any] = [self.events_max, 0, kind, now]
+        for job in jobs:
+            argv += job
+        return script_call("emit_events", (self.keys.events,), argv) if len(argv) > 4 else None
 
     def drained_event(self, now: int) -> Call | None:
         if not self.events_max:
@@ -380,9 +400,9 @@ class ConsumerCore:
         """A refused arrival as one ``fail_batch`` row (no handler ran: no ``failed`` event).
         The DLQ entry keeps the original ``d`` and ``n`` bytes (``dlq_name`` when ``name``
         does not carry them)."""
-        # `malformed` carries a `detail` on the wire (spec 7.2); `decode_failed` too, here: the
-        # field that failed (an optional field ChasquiMQ's readers accept).  The others are logged.
-        detail = r.detail if r.reason in (MALFORMED, DECODE_FAILED) else ""
+        # `malformed` carries a `detail` on the wire (spec 7.2); `decode_failed` and `stalled` too,
+        # here: what failed, the stalls (an optional field ChasquiMQ's readers accept).  The others are logged.
+        detail = r.detail if r.reason in (MALFORMED, DECODE_FAILED, STALLED) else ""
         return ("d", r.entry_id, r.job_id, r.name, r.attempt, "", 0, r.payload, r.reason, detail, r.dlq_name, "")
 
     @staticmethod

@@ -7,9 +7,10 @@ leave them does not, and lives here once:
 
 * **reading** (:meth:`Intake.next_batch`): what is owed first -- this consumer's own pending
   entries left by an earlier run, entries :meth:`hold`-ed for redelivery that are due, idle
-  entries of dead consumers (a pass every half lease, and again as the entries it saw lapse) --
-  then new entries, optionally lingering while more arrive; on a queue that uses priorities,
-  the most urgent prioritized jobs are moved to the stream when it runs dry
+  entries of dead consumers (a pass every half lease, and again as the entries it saw lapse:
+  each a ``stalled`` event, and ``on_stalled`` hears it) -- then new entries, optionally
+  lingering while more arrive; on a queue that uses priorities, the most urgent prioritized
+  jobs are moved to the stream when it runs dry
   (``core/priorities.py``).  The blocking read runs on ``reader`` (a single-connection client
   that :meth:`unblock` can interrupt) or on the driver.  A NOGROUP (the stream was deleted)
   recreates the group; a transient error is logged and waited out with one :class:`Backoff`.
@@ -95,6 +96,8 @@ class Intake(IntakeLeases, IntakeSettling):
         label: str = "",
         priority_batch: int | None = None,
         rate_limit: RateLimit | None = None,
+        detect_stalls: bool = True,
+        on_stalled: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.driver, self.core = driver, core
         self.rate_limit = rate_limit  # set as the queue's when the intake opens (None: left as it is)
@@ -108,6 +111,11 @@ class Intake(IntakeLeases, IntakeSettling):
         self.log_budget = log_budget or LogBudget(10, 60.0)
         self.metrics = metrics
         self.on_lost = on_lost
+        # entries reclaimed from a consumer that stopped renewing them: a ``stalled`` event each,
+        # and ``on_stalled`` hears their job ids (chasquimq's stalled-job detector)
+        self.detect_stalls = detect_stalls
+        self.on_stalled = on_stalled
+        self._stalls: set[bytes] = set()  # reclaimed, not gated yet
         self.label = label or f"consumer {core.consumer_id} of {core.keys.queue}"
         self.priority_batch = priority_batch  # the most one read takes on a queue that uses priorities
         # who this consumer is, beaten with the leases (core/liveness.py); None: no heartbeat
@@ -276,6 +284,7 @@ class Intake(IntakeLeases, IntakeSettling):
         idle = await self._claim(self.hold_ms, counts)
         if idle:
             log.info("%s reclaimed %d idle entries", self.label, len(idle))
+            self._stalled_rows(idle)
         return idle
 
     def holding(self) -> Collection[bytes]:
@@ -334,6 +343,7 @@ class Intake(IntakeLeases, IntakeSettling):
         batch = await self._claim(0, counts)
         if batch:
             log.info("%s re-reads %d entries left pending by an earlier run", self.label, len(batch))
+            self._stalled_rows(batch)
         return batch
 
     async def claim_idle(self, min_idle_ms: int, want: int, skip: Collection[bytes] = ()) -> list[Row]:
@@ -361,6 +371,9 @@ class Intake(IntakeLeases, IntakeSettling):
                 else:
                     kept.append(dl)
             ready = kept
+        if self._stalls:
+            stalls, self._stalls = self._stalls, set()
+            await self._report_stalls(stalls, ready, rejected)
         self.in_flight.update([dl.entry_id for dl in ready])
         if rejected:
             try:
@@ -368,6 +381,27 @@ class Intake(IntakeLeases, IntakeSettling):
             except Exception as exc:  # noqa: BLE001 - raised by the next read, after these jobs were handed over
                 self._deferred = exc
         return ready
+
+    def _stalled_rows(self, rows: list[Row]) -> None:
+        if self.detect_stalls:
+            self._stalls.update(row[0] for row in rows)
+
+    async def _report_stalls(self, stalls: set[bytes], ready: list[Delivery], rejected: list[Rejected]) -> None:
+        """A ``stalled`` event (``e id ts [n] attempt``: the attempt that stalled) for each
+        reclaimed job, before a dead-lettered one's ``dlq`` event; best effort, as every event."""
+        jobs = [(dl.envelope.id, dl.name, dl.envelope.attempt + 1) for dl in ready if dl.entry_id in stalls]
+        jobs += [(r.job_id, r.name, r.attempt + 1) for r in rejected if r.entry_id in stalls and r.job_id]
+        if not jobs:
+            return
+        self.metrics.jobs_stalled(self.core.keys.queue, len(jobs))
+        call = self.core.job_events("stalled", jobs, now_ms())
+        if call is not None:
+            try:
+                await self.driver.call(call)
+            except Exception as exc:  # noqa: BLE001 - events are best effort
+                log.debug("%s: stalled events not written: %s", self.label, exc)
+        if self.on_stalled is not None:
+            self.on_stalled([job[0] for job in jobs])
 
     async def dead_letter(self, rejected: list[Rejected]) -> None:
         """Entries that will never run, to the DLQ in one ``fail_batch`` call (the only

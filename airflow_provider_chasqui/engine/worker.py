@@ -139,6 +139,7 @@ class Worker(WorkerStop):
             events=s.events_enabled,
             result_ttl_ms=s.result_ttl_ms if s.store_results else 0,
             failure_ttl_ms=s.failure_ttl_ms if s.store_results else 0,
+            stall_limit=s.max_stalled_attempts if s.stalled_detector_enabled else None,
         )
         self._init_events()  # listeners and the worker's own pause (engine/worker_events.py)
         # OpenTelemetry: a CONSUMER span per attempt when tracing=True (or CHASQUI_OTEL=1) and the
@@ -259,6 +260,8 @@ class Worker(WorkerStop):
             label=f"worker {self.consumer_id}",
             priority_batch=s.concurrency,
             rate_limit=s.rate_limit,
+            detect_stalls=s.stalled_detector_enabled,
+            on_stalled=self._stalled,
         )
         try:
             await self._with_retry(self._intake.open)

@@ -2,7 +2,9 @@
 
 ``worker.on(event, callback)`` for ``active`` (job), ``completed`` (job, result), ``failed``
 (job, exception: each failed attempt, retried or not), ``progress`` (job, value: each
-``update_progress`` of its handlers, pooled ones too), ``drained`` (the queue ran empty),
+``update_progress`` of its handlers, pooled ones too), ``stalled`` (job_id, ``"active"``: a
+job this worker took over from a consumer that stopped renewing it, a dead or frozen worker;
+``QueueEvents.on("stalled")`` hears every worker's), ``drained`` (the queue ran empty),
 ``paused``, ``resumed``, ``closed`` and ``error`` (exception: Redis unreachable while the worker
 starts, or one of its tasks failed and restarts; each is logged as well).  Callbacks run on the worker's loop
 (``engine/listeners.py``); ``completed`` fires once the handler returned, before its
@@ -26,7 +28,18 @@ from .worker_base import WorkerBase
 
 __all__ = ["WorkerEvents", "WORKER_EVENTS"]
 
-WORKER_EVENTS = ("active", "completed", "failed", "progress", "drained", "paused", "resumed", "closed", "error")
+WORKER_EVENTS = (
+    "active",
+    "completed",
+    "failed",
+    "progress",
+    "stalled",
+    "drained",
+    "paused",
+    "resumed",
+    "closed",
+    "error",
+)
 
 
 class WorkerEvents(WorkerBase):
@@ -61,6 +74,13 @@ class WorkerEvents(WorkerBase):
         """An internal error the worker recovers from, for the ``error`` listeners."""
         if self._listening:
             self._listeners.emit("error", exc)
+
+    def _stalled(self, job_ids: list[str]) -> None:
+        """Jobs this worker took over from consumers that stopped renewing them, for the
+        ``stalled`` listeners: ``(job_id, "active")`` each, as chasquimq's and BullMQ's."""
+        if self._listening:
+            for job_id in job_ids:
+                self._listeners.emit("stalled", job_id, "active")
 
     def pause(self) -> None:
         """Start no job until :meth:`resume` (this worker only); running jobs finish."""

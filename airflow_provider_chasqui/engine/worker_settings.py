@@ -52,6 +52,10 @@ class WorkerSettings:
     processes: int | None = None  # handlers in this many child processes (engine/process_pool.py)
     process_memory_mb: int | None = None  # a pool process past this resident size is replaced
     rate_limit: RateLimit | None = None  # chasquimq's rate_limit_max/_duration_ms: set as the queue's at start
+    # chasquimq's stalled-job detector: a job reclaimed from consumers that stopped renewing it (a
+    # dead or frozen worker) is a ``stalled`` event; the N-th time dead-letters it (``stalled``)
+    stalled_detector_enabled: bool = True
+    max_stalled_attempts: int | None = None  # None: only max_attempts bounds them (each reclaim is an attempt)
     retry: RetryPolicy = RetryPolicy()
     queue: QueueSettings = QueueSettings()
 
@@ -63,7 +67,7 @@ class WorkerSettings:
                 check_int(name, getattr(self, name), 1, most)
         for name, least, most in (("max_attempts", 0, U32_MAX), ("ack_idle_ms", 0, MAX_ACK_IDLE_MS)):
             check_int(name, getattr(self, name), least, most)
-        for name in ("store_results", "events_enabled", "delayed_enabled", "run_scheduler"):
+        for name in ("store_results", "events_enabled", "delayed_enabled", "run_scheduler", "stalled_detector_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _seconds("shutdown_deadline_secs", self.shutdown_deadline_secs, zero=True)
@@ -96,7 +100,13 @@ _POSITIVE_INTS = {
     "failure_ttl_ms": MAX_MS,
     "max_result_bytes": MAX_RESULT_BYTES,
 }
-_OPTIONAL_POSITIVE_INTS = {"sync_threads": 4096, "max_jobs": 2**63 - 1, "processes": 1024, "process_memory_mb": 2**30}
+_OPTIONAL_POSITIVE_INTS = {
+    "sync_threads": 4096,
+    "max_jobs": 2**63 - 1,
+    "processes": 1024,
+    "process_memory_mb": 2**30,
+    "max_stalled_attempts": U32_MAX,
+}
 
 
 def _seconds(name: str, value: Any, *, zero: bool) -> None:
@@ -135,6 +145,8 @@ _OPTION_FIELDS = {
     "job_timeout_ms",
     "processes",
     "process_memory_mb",
+    "stalled_detector_enabled",
+    "max_stalled_attempts",
     "retry",
 }
 _QUEUE_FIELDS = {

@@ -125,6 +125,13 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         "are taken over by another worker after MS (default 30000)",
     )
     p.add_argument("--max-attempts", type=int, help="attempts before a failing job is dead-lettered (default 25)")
+    p.add_argument(
+        "--max-stalled-attempts",
+        type=_positive_int,
+        metavar="N",
+        help="the N-th take-over of a job from a dead or frozen worker dead-letters it (reason 'stalled') "
+        "instead of running it again (default: only --max-attempts bounds them)",
+    )
     p.add_argument("--group", help="consumer group (default: 'default')")
     p.add_argument("--no-scheduler", action="store_true", help="do not run the repeatable-job scheduler loop")
     p.add_argument("--no-promoter", action="store_true", help="do not run the delayed-job promoter loop")
@@ -275,6 +282,7 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
         "sync_threads": args.sync_threads,
         "read_count": args.read_count,
         "max_attempts": args.max_attempts,
+        "max_stalled_attempts": args.max_stalled_attempts,
         "claim_min_idle_ms": args.claim_min_idle_ms,
         "group": args.group,
         "max_jobs": args.max_jobs,

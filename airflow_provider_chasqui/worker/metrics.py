@@ -75,7 +75,15 @@ LATENCY_BUCKETS = (
 )
 #: DLQ reasons a label may take (ChasquiMQ's five and ours); anything else is counted as ``other``.
 DLQ_REASONS = frozenset(
-    {"retries_exhausted", "unrecoverable", "decode_failed", "oversize_payload", "malformed", "routing_failed"}
+    {
+        "retries_exhausted",
+        "unrecoverable",
+        "decode_failed",
+        "oversize_payload",
+        "malformed",
+        "routing_failed",
+        "stalled",
+    }
 )
 #: The worker's supervised task roles (the ``task`` label of ``chasqui_task_restarts_total``).
 TASK_ROLES = ("reader", "slots", "flusher", "lease", "promoter", "scheduler")
@@ -239,6 +247,13 @@ class PrometheusMetrics:
             namespace=ns,
             registry=r,
         )
+        self.stalled = pc.Counter(
+            "jobs_stalled",
+            "Jobs this worker took over from a consumer that stopped renewing them (a dead or frozen worker)",
+            ["queue"],
+            namespace=ns,
+            registry=r,
+        )
         self.held = pc.Gauge(
             "jobs_held_back",
             "Jobs this worker read but may not start yet: the queue is paused, at its concurrency or rate "
@@ -339,6 +354,9 @@ class PrometheusMetrics:
 
     def lease_lost(self, queue: str, entries: int) -> None:
         self.leases_lost.labels(queue).inc(entries)
+
+    def jobs_stalled(self, queue: str, n: int) -> None:
+        self.stalled.labels(queue).inc(n)
 
     def task_restarted(self, queue: str, task: str, n: int = 1) -> None:
         """``n=0`` when the task starts: the series exists (at 0) before the first restart."""

@@ -1,7 +1,8 @@
 """Lease lost: a worker process paused (SIGSTOP) with a job running loses its lease, another
 worker takes the job over after ``claim_min_idle_ms`` and completes it exactly once, and the
 paused worker, resumed (SIGCONT) while the new owner still runs the job, finishes its own
-run but does not ack the entry the other worker holds nor record a second completion."""
+run but does not ack the entry the other worker holds nor record a second completion.  The
+take-over is one ``stalled`` event (chasquimq's stalled-job detector), heard by B's listener."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ async def test_a_paused_workers_job_is_taken_over_and_completed_once(redis_url, 
         handler_sleep_ms=4000,
     )
     b_started, b_done = asyncio.Event(), asyncio.Event()
+    stalls: list[tuple[str, str]] = []
 
     async def b_handler(job: Job) -> None:
         b_started.set()
@@ -60,6 +62,7 @@ async def test_a_paused_workers_job_is_taken_over_and_completed_once(redis_url, 
             run_scheduler=False,
             read_block_ms=1000,
         )
+        b.on("stalled", lambda job_id, prev: stalls.append((job_id, prev)))
         async with running(b):
             await asyncio.wait_for(b_started.wait(), 20)  # B reclaimed it once A's lease lapsed
             os.kill(a.pid, signal.SIGCONT)
@@ -70,8 +73,11 @@ async def test_a_paused_workers_job_is_taken_over_and_completed_once(redis_url, 
             assert await _owners(r, k.stream) == [(entry, "lease-b")], "A acked the entry B is running"
             await asyncio.wait_for(b_done.wait(), 15)
             await wait_until(lambda: _pending_is(r, queue_name, 0), 10, what="B's ack")
-        completed = [e for e in await events_of(r, queue_name) if e["e"] == "completed"]
+        events = await events_of(r, queue_name)
+        completed = [e for e in events if e["e"] == "completed"]
         assert len(completed) == 1 and await r.xlen(k.stream) == 0
+        assert [(e["id"], e["attempt"]) for e in events if e["e"] == "stalled"] == [("paused-job-7", "1")]
+        assert stalls == [("paused-job-7", "active")]
         assert a.alive(), a.log_tail()
         assert a.stop() == 0  # SIGTERM: A drains and exits cleanly (its log is flushed at exit)
         log = a.log.read_text()
