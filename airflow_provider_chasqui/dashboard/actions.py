@@ -9,11 +9,12 @@ from typing import Any
 
 from fastapi.responses import Response
 
+from ..core.removal import check_clean
 from ..errors import ConfigError
 from .data import audit
 from .render import Ctx, h
 
-__all__ = ["confirm_page", "dlq_do", "first", "queue_do", "spec_do"]
+__all__ = ["clean_args", "confirm_page", "dlq_do", "first", "queue_do", "spec_do"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ _QUEUE_ACTIONS = {
     "pause": "Pause (no worker starts a new job until it is resumed; running jobs finish)",
     "resume": "Resume (workers start its jobs again)",
     "cancel_job": "Cancel (never retried nor dead-lettered; a running async handler is stopped)",
+    "remove_job": "Remove (its delayed, waiting, DLQ and stored-result places; a job a worker read stays)",
+    "clean": "Clean (delete, with their records; a job a worker read stays)",
 }
 
 
@@ -60,9 +63,13 @@ def confirm_page(c: Ctx, form: dict[str, list[str]], do: Callable[..., Any]) -> 
             raise ConfigError(f"unknown queue action {action!r}")
         what = f"{_QUEUE_ACTIONS[action]} the queue {queue}"
         back = c.url("/queue", queue=queue)
-        if action == "cancel_job":
+        if action in ("cancel_job", "remove_job"):
             what = f"{_QUEUE_ACTIONS[action]} the job {first(form, 'id')!r} of {queue}"
             back = c.url("/job", queue=queue, id=first(form, "id"))
+        elif action == "clean":
+            state, grace_ms, limit = clean_args(form)
+            most = f"up to {limit:,}" if limit else "every"
+            what = f"{_QUEUE_ACTIONS[action]}: {most} {state} job of {queue} older than {grace_ms:,} ms"
     else:
         if action not in _SPEC_ACTIONS:
             raise ConfigError(f"unknown schedule action {action!r}")
@@ -138,9 +145,21 @@ def spec_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
     return (f"{done} {key}" if ok else f"no spec {key!r} to {action}"), "/schedules", queue
 
 
+def clean_args(form: dict[str, list[str]]) -> tuple[str, int, int]:
+    """The clean form's state, grace (ms) and limit (0: none), checked as ``Queue.clean`` checks them."""
+    nums = []
+    for key in ("grace_ms", "limit"):
+        raw = (first(form, key) or "0").strip()
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):
+            raise ConfigError(f"clean: {key} must be a whole number of at most 20 digits, got {raw[:40]!r}")
+        nums.append(int(raw))
+    grace_ms, _, state = check_clean(nums[0], nums[1], first(form, "state") or "")
+    return state, grace_ms, nums[1]
+
+
 def queue_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
-    """Pause or resume a queue (``Queue.pause()``/``resume()``), or cancel one of its jobs
-    (``Queue.cancel``), audited."""
+    """Pause or resume a queue (``Queue.pause()``/``resume()``), clean it (``Queue.clean``), or
+    cancel or remove one of its jobs (``Queue.cancel``, ``Queue.remove_report``), audited."""
     queue = first(form, "queue") or ""
     action = first(form, "action")
     q = c.source.queue(queue)
@@ -149,6 +168,20 @@ def queue_do(c: Ctx, form: dict[str, list[str]]) -> tuple[str, str, str]:
         state = q.cancel(job_id)
         audit(c.user, c.source.label, queue, "job.cancel", job_id=job_id, state=state)
         return f"job {job_id}: cancel {state}", "/job", queue
+    if action == "remove_job":
+        job_id = first(form, "id") or ""
+        found = [place for place, hit in q.remove_report(job_id).items() if hit]
+        audit(c.user, c.source.label, queue, "job.remove", job_id=job_id, removed=found)
+        if not found:
+            return f"job {job_id}: nothing removed (a job a worker read stays: cancel it)", "/job", queue
+        return f"job {job_id}: removed from {', '.join(found)}", "/job", queue
+    if action == "clean":
+        state, grace_ms, limit = clean_args(form)
+        ids = q.clean(grace_ms, limit, state)
+        audit(
+            c.user, c.source.label, queue, "queue.clean", state=state, grace_ms=grace_ms, limit=limit, cleaned=len(ids)
+        )
+        return f"cleaned {len(ids)} {state} jobs", "/queue", queue
     if action == "pause":
         q.pause()
     elif action == "resume":

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi.responses import Response
 
 from ..core.history import HOUR_MS, MINUTE_MS
+from ..core.removal import CLEAN_STATES
 from ..core.text import age
 from .data import EVENT_WINDOW, OVERVIEW_EVENT_WINDOW, pretty
 from .render import PAGE, Ctx, chart, dump, h, int_param, queue_param, table, when
@@ -195,6 +196,7 @@ def queue_page(c: Ctx) -> Response:
         + table(["what", "value"], stats, "kv")
         + spoiled_notes(s.spoiled)
         + "</div>"
+        + _clean_form(c, queue)
         + job_form(c, [queue], queue)
     )
     return c.page(f"Queue {queue}", body, "queues")
@@ -228,11 +230,33 @@ def _progress_bar(value: Any) -> str:
     return f'<code class="job-progress">{h(dump(value))}</code>'
 
 
-def _cancel_button(c: Ctx, queue: str, job_id: str, state: str) -> str:
-    """``Queue.cancel`` for a job that has not ended (confirmed and audited like every change)."""
-    if not c.can_write or state in ("completed", "failed", "cancelled"):
+def _job_buttons(c: Ctx, queue: str, job_id: str, state: str) -> str:
+    """``Queue.cancel`` for a job that has not ended, ``Queue.remove`` for one no worker runs
+    (confirmed and audited like every change)."""
+    if not c.can_write:
         return ""
-    return " " + c.form("/queue/action", {"queue": queue, "action": "cancel_job", "id": job_id}, "Cancel job")
+    out = ""
+    if state not in ("completed", "failed", "cancelled"):
+        out += " " + c.form("/queue/action", {"queue": queue, "action": "cancel_job", "id": job_id}, "Cancel job")
+    if state != "active":
+        out += " " + c.form("/queue/action", {"queue": queue, "action": "remove_job", "id": job_id}, "Remove job")
+    return out
+
+
+def _clean_form(c: Ctx, queue: str) -> str:
+    """``Queue.clean``: jobs of a state older than a grace, up to a limit (confirmed, audited)."""
+    if not c.can_write:
+        return ""
+    states = "".join(f'<option value="{s}">{s}</option>' for s in CLEAN_STATES)
+    return (
+        f'<form method="post" action="{c.url("/queue/action")}" class="clean">'
+        f'<input type="hidden" name="queue" value="{h(queue)}"><input type="hidden" name="action" value="clean">'
+        f'<input type="hidden" name="csrf" value="{c.csrf.token(c.user)}">'
+        f'<label>Clean <select name="state">{states}</select> jobs</label> '
+        '<label>older than <input name="grace_ms" value="3600000" size="10" inputmode="numeric"> ms,</label> '
+        '<label>at most <input name="limit" value="1000" size="8" inputmode="numeric"> (0: no limit)</label> '
+        '<button type="submit">Clean</button></form>'
+    )
 
 
 def job_page(c: Ctx) -> Response:
@@ -251,7 +275,7 @@ def job_page(c: Ctx) -> Response:
     rows = [
         ["queue", f'<a href="{c.url("/queue", queue=queue)}">{h(queue)}</a>'],
         ["id", f"<code>{h(job_id)}</code>"],
-        ["state", f'<b class="state">{h(j.state)}</b>' + _cancel_button(c, queue, job_id, j.state)],
+        ["state", f'<b class="state">{h(j.state)}</b>' + _job_buttons(c, queue, job_id, j.state)],
         ["name", h(j.name)],
         ["created", when(j.created_at_ms)],
         ["attempt", attempt_text(j.attempt, j.state)],

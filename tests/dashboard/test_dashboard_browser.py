@@ -536,6 +536,55 @@ def test_cancel_a_delayed_and_a_running_job_from_the_job_page(
     shot(page, tmp, "cancel")
 
 
+def test_remove_a_job_and_clean_a_state_from_the_pages(
+    page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path
+) -> None:
+    """chasquimq's ``Queue.remove`` and ``clean`` from the pages, each behind a confirmation and
+    audited: a delayed job's page removes it; a running job's page offers no removal (a job a
+    worker read stays); the queue page cleans stored results, up to a limit; a bad grace is
+    refused naming the field, and cleans nothing."""
+    later = q.add("square", {"x": 4}, delay=600.0)
+    page.goto(server["url"] + f"/job?queue={q.name}&id={later.id}")
+    page.locator("table.kv button", has_text="Remove job").click()
+    assert "Remove (its delayed" in page.locator(".confirm-what").inner_text()
+    assert confirm(page) == f"job {later.id}: removed from delayed"
+    assert q.get_job_state(later.id) == "unknown"
+    running = q.add("sleepy", {"secs": 60})
+    wait_for("the sleepy job to run", lambda: q.get_job_state(running.id) == "active")
+    page.goto(server["url"] + f"/job?queue={q.name}&id={running.id}")
+    assert page.locator("table.kv button", has_text="Cancel job").count() == 1
+    assert page.locator("table.kv button", has_text="Remove job").count() == 0
+    q.cancel(running.id)
+    done = [q.add("square", {"x": i}) for i in range(3)]
+    for job in done:
+        assert q.wait_for_result(job.id, timeout=DEADLINE) == {"square": int(job.data["x"]) ** 2}
+    page.goto(server["url"] + f"/queue?queue={q.name}")
+    form = page.locator("form.clean")
+    form.locator("select[name=state]").select_option("completed")
+    form.locator("input[name=grace_ms]").fill("-5")
+    form.locator("button", has_text="Clean").click()
+    assert "grace_ms must be a whole number" in page.locator("p.error").inner_text()
+    assert [q.get_job_result(job.id) is not None for job in done] == [True] * 3
+    page.goto(server["url"] + f"/queue?queue={q.name}")
+    form.locator("select[name=state]").select_option("completed")
+    form.locator("input[name=grace_ms]").fill("0")
+    form.locator("input[name=limit]").fill("1")
+    form.locator("button", has_text="Clean").click()
+    assert "older than 0 ms" in page.locator(".confirm-what").inner_text()
+    assert confirm(page) == "cleaned 1 completed jobs"
+    page.goto(server["url"] + f"/queue?queue={q.name}")
+    form.locator("select[name=state]").select_option("completed")
+    form.locator("input[name=grace_ms]").fill("0")
+    form.locator("input[name=limit]").fill("0")
+    form.locator("button", has_text="Clean").click()
+    assert re.fullmatch(r"cleaned \d+ completed jobs", confirm(page))
+    assert q.get_job_result_bulk([job.id for job in done]) == [None] * 3  # their stored results deleted
+    log = server["log"].read_text().replace('"', "")
+    assert f"action=job.remove job_id={later.id} removed=[delayed]" in log
+    assert "action=queue.clean state=completed grace_ms=0 limit=1 cleaned=1" in log
+    shot(page, tmp, "clean")
+
+
 def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path) -> None:
     # shuffled, this can be the module's first test: Redis 7.0 lists a consumer only once it
     # was delivered an entry, so the worker runs one job first
