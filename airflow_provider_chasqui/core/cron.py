@@ -381,20 +381,49 @@ def _compile(expression: str, tz: str | None) -> CompiledCron:
 def check_cron(expression: str, tz: str | None = None) -> CompiledCron:
     """:func:`compile_cron` for a pattern a user gives, which must also mean the same to croner
     (what ChasquiMQ schedulers run): a range that runs backwards (``22-2``, ``FRI-MON``) is
-    refused, as croner refuses it, where croniter would wrap it around.  Stored specs are read
+    refused, as croner refuses it, where croniter would wrap it around, and so is a step croner
+    cannot count (:func:`_check_step`).  Stored specs are read
     with :func:`compile_cron` alone, so one written before this check keeps its schedule."""
     compiled = compile_cron(expression, tz)
     fields = expression.split()
     dow = len(fields) - 1
     for at, field in enumerate(fields if len(fields) > 1 else ()):
         names = _DOW_NAMES if at == dow else _MONTH_NAMES if at == dow - 1 else {}
+        least, most = _FIELD_BOUNDS[min(dow - at, len(_FIELD_BOUNDS) - 1)]
         for token in field.lower().split(","):
-            m = _RANGE.fullmatch(token.split("/")[0].split("#")[0])
+            part, _, step = token.split("#")[0].partition("/")
+            m = _RANGE.fullmatch(part)
             if m is not None:
                 low, high = (names.get(v, int(v) if v.isdigit() else -1) for v in m.groups())
                 if low > high:
                     raise _bad(expression, f"the range {m.group()!r} runs backwards (write it as two ranges)")
+            if step.isdigit():
+                _check_step(expression, token, part, int(step), names, least, most)
     return compiled
+
+
+# (least, most) of each field counted from the last: day of week, month, day of month, hour,
+# minute, second (croner's bounds)
+_FIELD_BOUNDS = ((0, 7), (1, 12), (1, 31), (0, 23), (0, 59), (0, 59))
+
+
+def _check_step(
+    expression: str, token: str, part: str, step: int, names: dict[str, int], least: int, most: int
+) -> None:
+    """croner reads a step as a byte and steps in bytes: a step over 255, or one that carries
+    the last value it reaches past 255, fails there (``*/256``, ``40/230``) where croniter
+    fires at the start value alone."""
+    if step > 255:
+        raise _bad(expression, f"the step in {token!r} is over 255, which croner cannot read")
+    m = _RANGE.fullmatch(part)
+    if part == "*":
+        start, end = least, most
+    elif m is not None:
+        start, end = (names.get(v, int(v) if v.isdigit() else -1) for v in m.groups())
+    else:
+        start, end = names.get(part, int(part) if part.isdigit() else -1), most
+    if 0 <= start <= end and start + (end - start) // step * step + step > 255:
+        raise _bad(expression, f"the step in {token!r} carries past 255, which croner cannot count to")
 
 
 def compile_cron(expression: str, tz: str | None = None) -> CompiledCron:

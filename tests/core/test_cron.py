@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -314,6 +315,27 @@ def test_a_range_that_runs_backwards_is_refused_as_croner_refuses_it(expr: str, 
     assert compile_cron(expr).next_after(0) > 0  # what a scheduler does with one stored before
     for fine in ("0 0 * * 1-5", "0 0 * * MON-FRI", "0 0 1-31 JAN-DEC *", "*/5 10-20/2 * * *", "30 1-1 * * *", "@daily"):
         assert RepeatPattern.cron(fine).expression == fine
+
+
+@pytest.mark.parametrize(
+    ("expr", "token", "why"),
+    [
+        ("*/256 * * * *", "*/256", "is over 255"),
+        ("0 */1000 * * *", "*/1000", "is over 255"),
+        ("* * * * * */300", "*/300", "is over 255"),  # six fields: seconds first
+        ("40/230 * * * *", "40/230", "carries past 255"),
+        ("0 0 * * FRI-SAT/251", "fri-sat/251", "carries past 255"),
+    ],
+)
+def test_a_step_croner_cannot_count_is_refused(expr: str, token: str, why: str) -> None:
+    """croner, which ChasquiMQ's scheduler runs, reads a step as a byte and counts in bytes, so
+    these fail there while croniter fires at the start value alone: one scheduler would fire,
+    the other drop the spec.  A stored spec still reads (``compile_cron``)."""
+    with pytest.raises(ConfigError, match=f"the step in '{re.escape(token)}' {why}"):
+        RepeatPattern.cron(expr)
+    assert compile_cron(expr).next_after(0) > 0
+    for fine in ("*/255 * * * *", "30-59/220 * * * *", "*/200 * * * *", "0 0 */32 * *", "0 0 * * */250"):
+        assert check_cron(fine).next_after(0) > 0
 
 
 def test_invalid_cron_message_quotes_the_expression():
