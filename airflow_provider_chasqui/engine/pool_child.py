@@ -35,8 +35,10 @@ from multiprocessing.connection import Connection
 from types import CoroutineType
 from typing import Any
 
+import msgpack
+
 from ..core.job_logs import check_log_line
-from ..core.running import ATTEMPT_ENDED, check_progress
+from ..core.running import ATTEMPT_ENDED, check_progress, result_too_large
 from ..errors import UnrecoverableError
 from ..types import Job, new_job
 
@@ -50,6 +52,7 @@ FLUSH_SECS = 0.002
 _MAX_TRACEBACK = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 NONE_BLOB = pickle.dumps(None)  # most handlers return nothing: pickled once
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # as the parent stores a result
 
 
 class RemoteTraceback(Exception):
@@ -124,7 +127,7 @@ def _portable(exc: BaseException) -> tuple[BaseException, str]:
     return clone, text
 
 
-def child_main(conn: Connection, payload: bytes) -> None:
+def child_main(conn: Connection, payload: bytes, max_result_bytes: int = 0) -> None:
     """The child's whole life: load the handlers, then run calls until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -134,7 +137,7 @@ def child_main(conn: Connection, payload: bytes) -> None:
     except BaseException as exc:  # noqa: BLE001 - said to the parent, which refuses to start
         conn.send(("start_failed", f"{type(exc).__name__}: {exc}"))
         return
-    runner = _Runner(conn, handler)
+    runner = _Runner(conn, handler, max_result_bytes)
     conn.send(("ready",))
     threading.Thread(target=runner.listen, name="chasqui-pool-listener", daemon=True).start()
     with contextlib.suppress(BrokenPipeError, EOFError, ConnectionError):  # the parent is gone
@@ -147,8 +150,9 @@ class _Runner:
     yet started can be taken back (``skip``, answered ``skipped``), and sends outcomes held
     past ``FLUSH_SECS``.  Every send holds ``lock``."""
 
-    def __init__(self, conn: Connection, handler: Any) -> None:
+    def __init__(self, conn: Connection, handler: Any, max_result_bytes: int = 0) -> None:
         self.conn, self.handler = conn, handler
+        self.max_result = max_result_bytes  # results are stored: one packing past it fails here (0: not checked)
         self.table = handler if isinstance(handler, Mapping) else None
         self.lock = threading.Condition()
         self.progress = _Progress(conn, self.lock)
@@ -242,6 +246,16 @@ class _Runner:
                 taken.append(call[0])
         return taken
 
+    def _too_large(self, result: Any) -> UnrecoverableError | None:
+        """The failure of a result that packs past ``max_result_bytes``, found here: a large
+        result was pickled, sent and rebuilt in the parent only to be refused there.  One that
+        does not pack is left to the parent, which says why it cannot be stored."""
+        try:
+            size = len(_packb(result))
+        except Exception:  # noqa: BLE001
+            return None
+        return result_too_large(size, self.max_result) if size > self.max_result else None
+
     async def run(self, seq: int, key: str | None, batch: bool, fields: Any) -> tuple[bool, bytes, bool]:
         """``(ok, the pickled outcome, whether the handler ran out of memory)``."""
         progress = self.progress
@@ -257,6 +271,11 @@ class _Runner:
             if batch and isinstance(result, (list, tuple)):  # a job's exception as it can cross, as a raised one
                 result = [_portable(r)[0] if isinstance(r, BaseException) else r for r in result]
             ok, value = True, result
+            if self.max_result and result is not None:
+                if batch and isinstance(result, (list, tuple)):
+                    value = [self._too_large(r) or r for r in result]
+                elif (too_large := self._too_large(result)) is not None:
+                    ok, value = False, (too_large, "")
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, none ends the child
             ok, value = False, _portable(exc)
         for job in jobs:  # a task or thread the handler left reporting: its reports raise from now on

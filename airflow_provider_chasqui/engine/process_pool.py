@@ -86,8 +86,11 @@ class _Child:
 class ProcessPool:
     """N child processes running one worker's handler calls (see the module docstring)."""
 
-    def __init__(self, size: int, handler: Any, *, memory_mb: int | None = None, label: str = "pool") -> None:
+    def __init__(
+        self, size: int, handler: Any, *, memory_mb: int | None = None, max_result_bytes: int = 0, label: str = "pool"
+    ) -> None:
         self.size, self.memory_mb, self.label = size, memory_mb, label
+        self.max_result_bytes = max_result_bytes  # a result packing past it fails in its child (0: not checked)
         self._payload = check_picklable(handler)
         self._ctx = multiprocessing.get_context("spawn")
         self._children: list[_Child] = []
@@ -129,7 +132,10 @@ class ProcessPool:
     def _spawn(self, number: int) -> _Child:
         mine, theirs = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=child_main, args=(theirs, self._payload), name=f"chasqui-{self.label}-{number}", daemon=False
+            target=child_main,
+            args=(theirs, self._payload, self.max_result_bytes),
+            name=f"chasqui-{self.label}-{number}",
+            daemon=False,
         )
         proc.start()
         theirs.close()

@@ -118,6 +118,7 @@ class Worker(WorkerStop):
                 self.settings.processes,
                 handler,
                 memory_mb=self.settings.process_memory_mb,
+                max_result_bytes=self.settings.max_result_bytes if self.settings.store_results else 0,
                 label=f"worker of {queue_name!r}",
             )
         redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://

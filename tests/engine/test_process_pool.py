@@ -224,6 +224,33 @@ async def test_a_result_that_cannot_cross_the_pipe_fails_only_its_job(redis_url:
 
 
 @pytest.mark.single_node("the pool does not depend on the server's topology")
+async def test_a_result_past_max_result_bytes_fails_in_its_child_before_it_crosses(
+    redis_url: str, queue_name: str, queues
+) -> None:
+    """A pooled result packing past ``max_result_bytes`` was pickled, piped and rebuilt in the
+    parent, only to be refused there.  The child now refuses it before pickling: a memoryview
+    (which msgpack packs and pickle cannot) past the limit fails naming the limit, where one
+    under it still fails as a value that cannot be sent; in a batch, only its job fails."""
+    q = queues(queue_name, redis_url)
+    limit = 50_000
+    async with running(_pool_worker(queue_name, redis_url, max_result_bytes=limit)):
+        big = await q.add("view", 10 * limit, attempts=3)
+        small = await q.add("view", 100, attempts=3)
+        batch = await q.add_bulk([{"name": "views", "data": 2 * limit if i == 4 else 0} for i in range(8)])
+        outcomes = await q.wait_for_results([j.id for j in batch], timeout=60)
+        big_failure = await wait_until(lambda: q.get_failure(big.id), 30, what="the big result's failure")
+        small_failure = await wait_until(lambda: q.get_failure(small.id), 30, what="the small result's failure")
+    assert f"packs to {10 * limit + 5:,} bytes; the limit is max_result_bytes={limit:,}" in big_failure.error
+    assert "cannot be sent from its pool process" in small_failure.error, small_failure
+    assert [outcomes[j.id].state for j in batch] == ["failed" if i == 4 else "completed" for i in range(8)]
+    assert [outcomes[j.id].value for j in batch if j is not batch[4]] == [j.id for j in batch if j is not batch[4]]
+    batch_failure = await q.get_failure(batch[4].id)
+    assert f"packs to {2 * limit + 5:,} bytes" in batch_failure.error, batch_failure
+    for job in (big, small, batch[4]):  # never retried
+        assert (await q.get_job_details(job.id)).dlq["reason"] == "unrecoverable"
+
+
+@pytest.mark.single_node("the pool does not depend on the server's topology")
 async def test_a_batch_jobs_exception_that_cannot_cross_fails_only_that_job(
     redis_url: str, queue_name: str, queues
 ) -> None:
