@@ -44,6 +44,9 @@ class Job:
     _progress: Any = field(default=None, repr=False, compare=False, hash=False)  # its worker slot's progress sink
     # the latest progress its handler reported, on a Job read back (Queue.get_job, get_jobs); None otherwise
     progress: Any = field(default=None, compare=False, hash=False)
+    # on a running Job read back: the times its stream entry was taken over from a consumer that
+    # stopped renewing it (chasquimq's stalled count; 0: never); None for a job not running
+    stalled_count: int | None = field(default=None, compare=False, hash=False)
 
     @property
     def attempts_made(self) -> int:

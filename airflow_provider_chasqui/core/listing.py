@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CodecError, ConfigError, ConfigTypeError, JobNotFound
-from .calls import Flow, command, reply_pairs, str_reply
+from .calls import Flow, command, int_reply, reply_pairs, str_reply
 from .codec import decode_data, decode_envelope, split_member, ulid_ms
 from .counts import counts_call, parse_counts
 from .event_follow import after
@@ -57,10 +57,11 @@ __all__ = [
     "merge_counts",
 ]
 
-# (id, name, data, attempt, created_at_ms, progress): the fields of a ``Job``, which the queues
-# build (the core never imports upward).  ``attempt`` is the envelope's count of failed runs, as
-# handlers see it; ``progress`` the latest its handler reported (None: none).
-JobRow = tuple[str, str, Any, int, int, Any]
+# (id, name, data, attempt, created_at_ms, progress, stalled_count): the fields of a ``Job``,
+# which the queues build (the core never imports upward).  ``attempt`` is the envelope's count of
+# failed runs, as handlers see it; ``progress`` the latest its handler reported (None: none);
+# ``stalled_count`` a running job's take-overs (its entry's deliveries - 1), None for the others.
+JobRow = tuple[str, str, Any, int, int, Any, int | None]
 
 COUNT_TYPES = ("waiting", "active", "delayed", "completed", "failed", "paused")
 JOB_STATES = ("waiting", "active", "delayed", "completed", "failed")
@@ -113,7 +114,7 @@ def _row(job_id: str, name: str, env_inner: bytes, attempt: int, created: int) -
         data = decode_data(env_inner)
     except Exception:  # noqa: BLE001 - shown as its bytes rather than hidden
         data = env_inner
-    return job_id, name, data, attempt, created, None
+    return job_id, name, data, attempt, created, None, None
 
 
 def _entry_row(fields: dict[str, Any]) -> JobRow | None:
@@ -171,7 +172,7 @@ def jobs_page(queue: str, state: object, *, group: str, offset: object = 0, limi
     if not rows:
         return rows
     raws = yield command("MGET", *(k.progress(r[0]) for r in rows))  # a key of another type reads as nil
-    return [(*r[:5], parse_progress(p)) for r, p in zip(rows, raws or [])]
+    return [(*r[:5], parse_progress(p), r[6]) for r, p in zip(rows, raws or [])]
 
 
 def _page(k: QueueKeys, state: str, group: str, skip: int, limit: int) -> Flow[list[JobRow]]:
@@ -194,10 +195,13 @@ def _page(k: QueueKeys, state: str, group: str, skip: int, limit: int) -> Flow[l
     if state == "active":
         if mine is None:
             return []
-        pending = (yield command("XPENDING", k.stream, group, "-", "+", skip + limit)) or []
-        ids = [str_reply(row[0]) for row in pending[skip:]]
-        rows = (yield [command("XRANGE", k.stream, i, i) for i in ids]) if ids else []
-        return [j for r in rows or [] if r and (j := _entry_row(reply_pairs(r[0][1] or []))) is not None]
+        pending = ((yield command("XPENDING", k.stream, group, "-", "+", skip + limit)) or [])[skip:]
+        rows = (yield [command("XRANGE", k.stream, p[0], p[0]) for p in pending]) if pending else []
+        return [
+            (*j[:6], max(0, int_reply(p[3]) - 1))  # an XPENDING row: id, consumer, idle ms, deliveries
+            for p, r in zip(pending, rows or [])
+            if r and (j := _entry_row(reply_pairs(r[0][1] or []))) is not None
+        ]
     jobs: list[JobRow] = []
     passed = 0
     if types[key] == "stream":
@@ -229,7 +233,7 @@ def _completed(k: QueueKeys, skip: int, limit: int) -> Flow[list[JobRow]]:
             job_id, ran = str_reply(f.get("id", b"")), str_reply(f.get("attempt", b""))
             created = ulid_ms(job_id) or int(str_reply(eid).partition("-")[0])
             attempt = max(0, int(ran) - 1) if ran.isdigit() else 0  # events number runs from 1
-            jobs.append((job_id, str_reply(f.get("n", b"")), None, attempt, created, None))
+            jobs.append((job_id, str_reply(f.get("n", b"")), None, attempt, created, None, None))
         if len(rows) < EVENTS_PAGE:
             break
         end = "(" + str_reply(rows[-1][0])
@@ -246,7 +250,8 @@ def one_job(queue: str, job_id: str, *, group: str) -> Flow[JobRow | None]:
         return None
     created = d.created_at_ms if d.created_at_ms is not None else (ulid_ms(job_id) or 0)
     attempt = d.envelope_attempt if d.envelope_attempt is not None else max(0, (d.attempt or 1) - 1)
-    return job_id, d.name or "", d.data, attempt, created, d.progress
+    stalled = max(0, d.deliveries - 1) if d.state == "active" and d.deliveries is not None else None
+    return job_id, d.name or "", d.data, attempt, created, d.progress, stalled
 
 
 def merge_counts(per_shard: list[dict[str, int]]) -> dict[str, int]:

@@ -454,7 +454,7 @@ class SyncQueue:
         (``core/listing.py``); ``ValueError`` for another state, a negative offset, or a limit
         outside 1 to 10,000."""
         rows = self.driver.run(jobs_page(self.name, state, group=self._group, offset=offset, limit=limit))
-        return [new_job(*row[:5], _queue=self, progress=row[5]) for row in rows]
+        return [new_job(*row[:5], _queue=self, progress=row[5], stalled_count=row[6]) for row in rows]
 
     def get_job_logs(self, job_id: str, start: int = 0, end: int = -1, asc: bool = True) -> tuple[list[str], int]:
         """``(lines, how many the job has)`` of the lines its handlers logged (``job.log``):
@@ -466,7 +466,7 @@ class SyncQueue:
         """The job (name, data and attempt count as stored; a completed job's data is None),
         found as :meth:`get_job_details` finds it; None when nothing is known of the id."""
         row = self.driver.run(one_job(self.name, job_id, group=self._group))
-        return None if row is None else new_job(*row[:5], _queue=self, progress=row[5])
+        return None if row is None else new_job(*row[:5], _queue=self, progress=row[5], stalled_count=row[6])
 
     # ---- flow control (core/controls.py) ---------------------------------------------------
     def pause(self) -> None:

@@ -32,8 +32,8 @@ BUILT = [
     (
         new_job,
         Job,
-        ("id", "name", "data", "attempt", "created_at_ms", "_queue", "_progress", "progress"),
-        ("j1", "n", (1, "x"), 2, 3, None, None, {"pct": 5}),
+        ("id", "name", "data", "attempt", "created_at_ms", "_queue", "_progress", "progress", "stalled_count"),
+        ("j1", "n", (1, "x"), 2, 3, None, None, {"pct": 5}, 1),
     ),
     (
         codec._new_envelope,

@@ -282,7 +282,7 @@ async def test_counts_and_pages_on_the_cluster(cluster_server, queues) -> None:
 def test_msgpack_of_a_page_is_the_wire_data() -> None:
     """A page decodes job data with the codec every worker uses (msgpack, raw bytes kept)."""
     row = listing._entry_row({"d": encode_envelope(Envelope("j", msgpack.packb({"a": b"\x00"}), 5, 2)), "n": b"n"})
-    assert row == ("j", "n", {"a": b"\x00"}, 2, 5, None)
+    assert row == ("j", "n", {"a": b"\x00"}, 2, 5, None, None)
 
 
 async def test_drain_and_obliterate_return_counts_as_chasquimq_with_their_parts(redis_url, queue_name, queues) -> None:

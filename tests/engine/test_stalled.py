@@ -192,3 +192,42 @@ async def test_a_stalled_listener_that_raises_or_is_async_never_stops_the_worker
 def test_bad_stall_options_are_refused_naming_them(options: dict[str, Any], names: str) -> None:
     with pytest.raises(ConfigError, match=names):
         Worker("q", lambda job: None, redis_url="redis://127.0.0.1:1/0", **options)
+
+
+async def test_a_running_jobs_stalled_count_is_its_take_overs(redis_url, queue_name, clients, queues) -> None:
+    """chasquimq's ``test_job_stalled_count_active_only``: a waiting job's ``stalled_count`` is
+    None (not 0: nothing has looked); a running job's, read back with ``get_job`` or
+    ``get_jobs("active")``, is the times its entry was taken over (0 for one never taken over,
+    3 for one this worker took from the third of three dead consumers).  A long handler on a
+    live worker is no stall here (its lease is renewed), unlike chasquimq's detector, which
+    counts a hung handler."""
+    k, r, q = QueueKeys.for_queue(queue_name), clients(redis_url), queues(queue_name, redis_url)
+    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    taken = await q.add("taken", {})
+    await _held_by_ghosts(r, k.stream, 3)
+    waiting = await q.add("waiting", {})
+    assert (await q.get_job(waiting.id)).stalled_count is None
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def hang(job: Job) -> None:
+        started.append(job.id)
+        await release.wait()
+
+    w = Worker(queue_name, hang, redis_url=redis_url, run_scheduler=False, read_block_ms=200, claim_min_idle_ms=400)
+    async with running(w):
+        try:
+            await wait_until(lambda: sorted(started) == sorted([taken.id, waiting.id]), 20, what="both jobs to run")
+            await asyncio.sleep(1.0)  # two and a half leases: renewed, so never taken over again
+            assert (await q.get_job(taken.id)).stalled_count == 3
+            assert (await q.get_job(waiting.id)).stalled_count == 0
+            active = {j.id: j.stalled_count for j in await q.get_jobs("active", 0, 10)}
+            assert active == {taken.id: 3, waiting.id: 0}
+        finally:
+            release.set()
+        await wait_until(lambda: _active_is(q, 0), 10, what="nothing active")
+    assert (await q.get_job(taken.id)).stalled_count is None  # completed: running no more
+
+
+async def _active_is(q: Any, n: int) -> bool:
+    return (await q.get_job_counts("active"))["active"] == n
