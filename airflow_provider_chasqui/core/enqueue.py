@@ -144,7 +144,7 @@ class QueueFlows(ProducerCore):
             upsert.update(dedup_id=dedup_id, dedup_mode=dedup_mode, dedup_ttl_ms=dedup_ttl_ms)
             return AddRoute(upsert={**common, **upsert})
         if missed_fires is not None:
-            raise ConfigError("missed_fires only applies together with repeat=")
+            raise ConfigError("missed_fires is only meaningful together with repeat=")
         flow = self.enqueue(name, data, delay=delay, delay_ms=delay_ms, priority=priority, group=group, **common)
         return AddRoute(flow=flow)
 

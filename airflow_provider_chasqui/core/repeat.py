@@ -109,8 +109,8 @@ class MissedFiresPolicy:
 
     def __post_init__(self) -> None:
         if self.kind == "fire-all":
-            if not _is_uint(self.max_catchup, U32_MAX) or self.max_catchup < 1:  # type: ignore[operator]
-                raise ConfigError(f"max_catchup must be an int in 1..2**32-1, got {self.max_catchup!r}")
+            if not _is_uint(self.max_catchup, U32_MAX):
+                raise ConfigError(f"max_catchup must be non-negative, an int in 0..2**32-1, got {self.max_catchup!r}")
         elif self.kind in ("skip", "fire-once"):
             if self.max_catchup is not None:
                 raise ConfigError(f"{self.kind} takes no max_catchup")
@@ -129,7 +129,8 @@ class MissedFiresPolicy:
 
     @staticmethod
     def fire_all(max_catchup: int) -> MissedFiresPolicy:
-        """Replay each missed window, at most ``max_catchup`` (>= 1) per tick."""
+        """Replay each missed window, at most ``max_catchup`` per tick (0: none, as ``skip``;
+        chasquimq takes any u32, and a ChasquiMQ producer may store it)."""
         return MissedFiresPolicy(kind="fire-all", max_catchup=max_catchup)
 
     def to_dict(self) -> dict[str, Any]:

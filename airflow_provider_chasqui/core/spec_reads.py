@@ -93,7 +93,7 @@ class SpecReads:
             limit=spec.limit,
             start_after_ms=spec.start_after_ms,
             end_before_ms=spec.end_before_ms,
-            missed_fires=spec.missed_fires,
+            missed_fires=None if spec.missed_fires.kind == "skip" else spec.missed_fires,  # as chasquimq lists it
             paused=paused,
             fired=counters[0],
             skipped=counters[1],

@@ -153,6 +153,7 @@ async def test_six_field_cron_with_seconds(q: SyncQueue, r: redis.Redis, driver:
     [
         (None, [], 11_000),
         (MissedFiresPolicy.fire_once(), [0], 11_000),
+        (MissedFiresPolicy.fire_all(0), [], 11_000),  # chasquimq allows it: as skip
         (MissedFiresPolicy.fire_all(3), [0, 1000, 2000], 11_000),
         (MissedFiresPolicy.fire_all(100), list(range(0, 10_001, 1000)), 11_000),
     ],
