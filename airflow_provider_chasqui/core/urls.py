@@ -164,15 +164,29 @@ def read_timeout(block_ms: float = 0) -> float:
     return block_ms / 1000 + IO_MARGIN_SECS
 
 
+# host[:port] with no scheme: a DNS name or an IPv4 address, or a bracketed IPv6 one
+_BARE_ENDPOINT = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?", re.ASCII
+)
+
+
 def client_url(url: object, tls: object) -> str:
     """A constructor's ``redis_url`` checked (:func:`check_url`: a URL of another type or
     redis-py cannot read was its ``AttributeError`` or ``ValueError`` at the first call), with
     TLS when ``tls`` is true: ``redis://`` -> ``rediss://`` and ``redis+sentinel://`` ->
     ``rediss+sentinel://`` (TLS to the master); a unix socket cannot be upgraded (ConfigError,
-    never a silent plain connection)."""
-    url = check_url(url)
+    never a silent plain connection).  With ``tls``, a bare ``host:port`` (an endpoint as a cloud
+    console shows it: ``my-cluster.cache.amazonaws.com:6379``) is ``rediss://host:port``, as
+    chasquimq's ``apply_tls`` makes it."""
     if not isinstance(tls, bool):
         raise ConfigError(f"tls must be a bool, got {type(tls).__name__}")
+    if isinstance(url, str) and _BARE_ENDPOINT.fullmatch(url):
+        if not tls:
+            raise ConfigError(
+                f"{url[:200]!r} has no scheme: write redis://{url[:200]} (or rediss://, or pass tls=True)"
+            )
+        url = "rediss://" + url
+    url = check_url(url)
     if not tls:
         return url
     scheme, sep, rest = url.partition("://")

@@ -203,3 +203,24 @@ async def test_tls_flag_never_silently_does_nothing(tmp_path) -> None:
     finally:
         await aq.close()
         sq.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_bare_endpoint_with_tls_is_rediss_and_without_it_a_clear_error(tls_server, monkeypatch) -> None:
+    """chasquimq's ``apply_tls``: with ``tls=True`` a bare ``host:port`` (an endpoint as a cloud
+    console shows it) is ``rediss://host:port``, verified against the system's trust store
+    (here ``SSL_CERT_FILE`` holds the test CA); a server asking for a client certificate
+    refuses it.  Without ``tls`` the bare endpoint is a ConfigError saying to add a scheme."""
+    server, port, files, mutual = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(files.ca))
+    with SyncQueue("tls-bare", redis_url=f"127.0.0.1:{port}", tls=True) as q:
+        assert q.driver.client.connection_pool.connection_kwargs["ssl_cert_reqs"] == "required"
+        if mutual:
+            with pytest.raises(ChasquiConnectionError):
+                q.add("t", {"i": 1})
+        else:
+            job = q.add("t", {"i": 1})
+            assert q.get_job_state(job.id) == "waiting"
+    for bare in (f"127.0.0.1:{port}", "my-cluster.cache.amazonaws.com:6379", "[::1]:6380"):
+        with pytest.raises(ConfigError, match="has no scheme: write redis://"):
+            SyncQueue("tls-bare", redis_url=bare)
