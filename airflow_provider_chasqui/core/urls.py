@@ -200,6 +200,11 @@ def client_url(url: object, tls: object) -> str:
     )
 
 
+# URL -> the redis-py CredentialProvider every client of that URL authenticates with
+# (``credentials.register``: chasquimq's ``credential_provider=``); data only, the core calls nothing
+CREDENTIAL_PROVIDERS: dict[str, Any] = {}
+
+
 def connection_options(url: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """``(url, kwargs)`` for redis-py with this project's explicit choices.
 
@@ -209,10 +214,14 @@ def connection_options(url: str, kwargs: dict[str, Any]) -> tuple[str, dict[str,
     (:data:`CONNECT_TIMEOUT_SECS`), ``socket_timeout`` (:func:`read_timeout`; a client with
     blocking reads passes a longer one) and, for ``rediss://``, certificate and hostname
     verification (``ssl_cert_reqs=required``, ``ssl_check_hostname=True``: redis-py 5 leaves
-    the hostname unchecked by default).  Pure: the drivers add redis-py's own objects.
+    the hostname unchecked by default), and the URL's registered ``credential_provider``
+    (``credentials.py``).  Pure: the drivers add redis-py's own objects.
     """
     check_url(url)
     out = dict(kwargs)
+    provider = CREDENTIAL_PROVIDERS.get(url)
+    if provider is not None:
+        out.setdefault("credential_provider", provider)
     if "protocol" in out and str(out["protocol"]) != str(PROTOCOL):
         raise ConfigError(f"protocol={out['protocol']!r}: Chasqui speaks RESP2 only (protocol=2)")
     parts = urlsplit(url)

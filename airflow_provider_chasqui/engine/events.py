@@ -23,6 +23,7 @@ from ..core.event_follow import EventCursor
 from ..core.keys import QueueKeys
 from ..core.settings import MAX_MS, check_int
 from ..core.urls import check_url, read_timeout
+from ..credentials import register as register_credentials
 from ..types import QueueEvent
 from ._driver import AsyncDriver
 from .leader import TRANSIENT
@@ -81,10 +82,12 @@ class QueueEvents:
         block_ms: int = 5000,
         count: int = 100,
         driver: AsyncDriver | None = None,
+        credential_provider: Any = None,
     ) -> None:
         self.keys = QueueKeys.for_queue(queue_name)
         check_int("block_ms", block_ms, 1, MAX_MS)  # None would be a loop of reads that return at once
         self.cursor = EventCursor(self.keys, last_event_id, count=count, block_ms=block_ms)
+        register_credentials(check_url(redis_url), credential_provider)  # credentials.py
         self._driver = driver or AsyncDriver(check_url(redis_url), socket_timeout=read_timeout(block_ms))
         self._closed = False
         self._start = last_event_id  # where the listeners' own cursor starts

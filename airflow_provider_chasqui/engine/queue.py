@@ -34,6 +34,7 @@ from ..core.schedules import SpecFlows
 from ..core.settings import QueueSettings, check_flags, window_to_ms
 from ..core.spec_reads import RepeatableInfo
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, client_url, read_timeout
+from ..credentials import register as register_credentials
 from ..errors import NotSupportedError
 from ..types import Job, JobFailure, new_job
 from ._driver import AsyncDriver
@@ -63,6 +64,7 @@ class Queue:
         driver: AsyncDriver | None = None,
         tracing: bool | None = None,
         consumer_group: str = DEFAULT_GROUP,
+        credential_provider: Any = None,
     ) -> None:
         self._group = check_consumer_name(consumer_group, "consumer_group")
         settings = QueueSettings.given(settings, max_stream_len=max_stream_len, max_delay_secs=max_delay_secs)
@@ -70,6 +72,7 @@ class Queue:
         self._flows = QueueFlows(name, settings)
         self._specs = SpecFlows(name, settings)
         redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://
+        register_credentials(redis_url, credential_provider)  # every client of this URL (credentials.py)
         self._url = redis_url
         self._fast_paths = fast_paths
         self._driver = driver

@@ -56,6 +56,7 @@ from ..core.consumer import (
 from ..core.pacing import Backoff, LogBudget
 from ..core.settings import check_flags
 from ..core.urls import DEFAULT_URL, client_url
+from ..credentials import register as register_credentials
 from ..errors import TRANSIENT_ERRORS, ConfigTypeError
 from ..types import Job
 from ._clients import raw_client
@@ -97,6 +98,7 @@ class Worker(WorkerStop):
         install_signal_handlers: bool = False,
         concurrency: int = DEFAULT_CONCURRENCY,
         tracing: bool | None = None,
+        credential_provider: Any = None,
         **options: Any,
     ) -> None:
         self._handler = _resolve_handler(handler)
@@ -122,6 +124,7 @@ class Worker(WorkerStop):
                 label=f"worker of {queue_name!r}",
             )
         redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://
+        register_credentials(redis_url, credential_provider)  # every client of this URL (credentials.py)
         self._url = redis_url
         check_flags(fast_paths=fast_paths, tracing=tracing)
         self._fast_paths = fast_paths

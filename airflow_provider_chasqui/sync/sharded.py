@@ -25,6 +25,7 @@ from ..core.sharding import (
 )
 from ..core.spec_reads import RepeatableInfo
 from ..core.urls import DEFAULT_URL, WAIT_BLOCK_MS, client_url, read_timeout
+from ..credentials import register as register_credentials
 from ..types import Job
 from ._driver import SyncDriver
 from .queue import SyncQueue
@@ -45,9 +46,11 @@ class SyncShardedQueue:
         settings: QueueSettings | None = None,
         fast_paths: bool | None = None,
         driver: SyncDriver | None = None,
+        credential_provider: Any = None,
     ) -> None:
         names = shard_queue_names(name, shards)
         redis_url = client_url(redis_url, tls)  # a ConfigError for a bad URL, or TLS on unix://
+        register_credentials(redis_url, credential_provider)  # every client of this URL (credentials.py)
         self._name = name
         self._url = redis_url
         self._fast_paths = fast_paths
