@@ -48,7 +48,7 @@ from ..cli_common.logs import LOG_FORMATS, RedactingFormatter, set_log_context
 from ..core.urls import redact_text
 from ..engine.identity import package_version
 from ..errors import ConfigError
-from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
+from .registry import HandlerLoadError, HandlerRegistry, bind, load_attr, load_handlers
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -133,6 +133,12 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         "instead of running it again (default: only --max-attempts bounds them)",
     )
     p.add_argument("--group", help="consumer group (default: 'default')")
+    p.add_argument(
+        "--credential-provider",
+        metavar="pkg.module:attr",
+        help="an async function (endpoint) -> (username, password) giving the Redis credentials of each "
+        "new connection: token AUTH such as ElastiCache IAM (SECURITY.md, 'Token credentials')",
+    )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the repeatable-job scheduler loop")
     p.add_argument("--no-promoter", action="store_true", help="do not run the delayed-job promoter loop")
     p.add_argument("--max-jobs", type=_positive_int, help="exit after this many jobs (batch mode)")
@@ -335,6 +341,11 @@ def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHo
     set_log_context(queue=queue)
     table = bind(registry, hooks.resources, wrap=hooks.wrap)
     options = worker_options(args, hooks.defaults)
+    if getattr(args, "credential_provider", None):  # before any client: the metrics sampler's too
+        from ..credentials import register
+
+        options["credential_provider"] = load_attr(args.credential_provider, "--credential-provider")
+        register(url, options["credential_provider"])
     sink = server = None
     if args.metrics_port is not None:
         from .metrics import DepthSampler, MetricsServer, PrometheusMetrics

@@ -7,6 +7,9 @@ hangs is a connection error naming it; bad arguments are refused at construction
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -162,3 +165,24 @@ def test_bad_provider_arguments_are_refused_at_construction(server: Any) -> None
             Queue("cred", redis_url=server.url, credential_provider=bad)
         with pytest.raises(ConfigTypeError, match="credential_provider must be"):
             Worker("cred", lambda job: None, redis_url=server.url, credential_provider=bad)
+
+
+def test_chasqui_worker_takes_a_credential_provider(server: Any, tmp_path: Any) -> None:
+    """``chasqui worker --credential-provider pkg.module:attr`` runs jobs on the server that
+    requires AUTH; a spec that names nothing is a usage error (exit 2) naming the flag."""
+    (tmp_path / "credmod.py").write_text(
+        "async def provider(endpoint):\n    return 'chasqui', 'tok-1'\n\ndef echo(job):\n    return job.data\n"
+    )
+    name = "cred-cli-" + uuid.uuid4().hex[:8]
+    with SyncQueue(name, redis_url=server.url, credential_provider=Tokens()) as q:
+        jobs = q.add_bulk([{"name": "echo", "data": i} for i in range(3)])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+        base = [sys.executable, "-m", "airflow_provider_chasqui.cli", "worker", "--queue", name, "--handlers"]
+        base += ["credmod:echo", "--redis-url", server.url, "--max-jobs", "3", "--no-scheduler"]
+        done = subprocess.run(
+            [*base, "--credential-provider", "credmod:provider"], env=env, capture_output=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert [q.get_job_result(j.id) for j in jobs] == [0, 1, 2]
+    bad = subprocess.run([*base, "--credential-provider", "credmod:nothing"], env=env, capture_output=True, timeout=60)
+    assert bad.returncode == 2 and b"--credential-provider 'credmod:nothing'" in bad.stderr, bad.stderr[-2000:]
