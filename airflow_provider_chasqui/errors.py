@@ -22,6 +22,7 @@ __all__ = [
     "ReadOnlyReplicaError",
     "ClusterBusyError",
     "ChasquiConnectionError",
+    "ReconnectLimitError",
     "JobNotFound",
     "JobFailed",
     "NotSupportedError",
@@ -100,6 +101,11 @@ class ChasquiConnectionError(ChasquiError, ConnectionError):
         from .core.urls import redact_text  # core imports this module
 
         super().__init__(*(redact_text(a) if isinstance(a, str) else a for a in args))
+
+
+class ReconnectLimitError(ChasquiConnectionError):
+    """A worker tried to reach Redis ``reconnect_max_attempts`` times in a row and gave up
+    (chasquimq's option): its ``run()`` raises this once the drain is over."""
 
 
 class JobNotFound(ChasquiError, LookupError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ..errors import ReconnectLimitError
+
 __all__ = ["Backoff", "LogBudget"]
 
 
@@ -34,6 +36,13 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+    def check_limit(self, limit: int | None, exc: BaseException) -> None:
+        """``ReconnectLimitError`` once ``limit`` failures came in a row (None: no limit)."""
+        if limit is not None and self.failures >= limit:
+            raise ReconnectLimitError(
+                f"gave up after {limit} failed attempts in a row to reach Redis (reconnect_max_attempts={limit}): {exc}"
+            ) from exc
 
 
 class LogBudget:

@@ -98,6 +98,7 @@ class Intake(IntakeLeases, IntakeSettling):
         rate_limit: RateLimit | None = None,
         detect_stalls: bool = True,
         on_stalled: Callable[[list[str]], None] | None = None,
+        reconnect_max_attempts: int | None = None,
     ) -> None:
         self.driver, self.core = driver, core
         self.rate_limit = rate_limit  # set as the queue's when the intake opens (None: left as it is)
@@ -115,6 +116,7 @@ class Intake(IntakeLeases, IntakeSettling):
         # and ``on_stalled`` hears their job ids (chasquimq's stalled-job detector)
         self.detect_stalls = detect_stalls
         self.on_stalled = on_stalled
+        self.reconnect_max_attempts = reconnect_max_attempts  # failed reads in a row before giving up
         self._stalls: set[bytes] = set()  # reclaimed, not gated yet
         self.label = label or f"consumer {core.consumer_id} of {core.keys.queue}"
         self.priority_batch = priority_batch  # the most one read takes on a queue that uses priorities
@@ -245,6 +247,7 @@ class Intake(IntakeLeases, IntakeSettling):
         raise_if_cancelling()  # a cancelled read can surface as a lost connection: never wait that out
         if not self.stopping.is_set():
             delay = self._backoff.next()
+            self._backoff.check_limit(self.reconnect_max_attempts, exc)  # ReconnectLimitError: the caller stops
             log.warning("%s: Redis unavailable (%s); reading again in %.2fs", self.label, exc, delay)
             await self.pause(delay)
 

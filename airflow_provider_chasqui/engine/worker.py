@@ -57,7 +57,7 @@ from ..core.pacing import Backoff, LogBudget
 from ..core.settings import check_flags
 from ..core.urls import DEFAULT_URL, client_url
 from ..credentials import register as register_credentials
-from ..errors import TRANSIENT_ERRORS, ConfigTypeError
+from ..errors import TRANSIENT_ERRORS, ConfigTypeError, ReconnectLimitError
 from ..types import Job
 from ._clients import raw_client
 from ._driver import AsyncDriver
@@ -152,6 +152,7 @@ class Worker(WorkerStop):
         self.processed = 0
         self._running = False
         self._closed = False
+        self._gave_up: ReconnectLimitError | None = None  # why run() ends in error (reconnect_max_attempts)
         self._stopping: asyncio.Event | None = None
         self._done: asyncio.Event | None = None
         # the max_jobs stop's unblocking task: held so the loop cannot collect it half-way
@@ -183,6 +184,8 @@ class Worker(WorkerStop):
         self._stopping, self._done = asyncio.Event(), asyncio.Event()
         try:
             await self._run()
+            if self._gave_up is not None:  # reconnect_max_attempts: the drain is over, say why it stopped
+                raise self._gave_up
         finally:
             self._running = False
             self._closed = True
@@ -266,6 +269,7 @@ class Worker(WorkerStop):
             rate_limit=s.rate_limit,
             detect_stalls=s.stalled_detector_enabled,
             on_stalled=self._stalled,
+            reconnect_max_attempts=s.reconnect_max_attempts,
         )
         try:
             await self._with_retry(self._intake.open)
@@ -393,6 +397,7 @@ class Worker(WorkerStop):
                 delay = backoff.next()
                 if self._stopping is not None and self._stopping.is_set() and backoff.failures > 3:
                     raise
+                backoff.check_limit(self.settings.reconnect_max_attempts, exc)
                 log.warning("worker %s: Redis unavailable (%s); retry in %.2fs", self.consumer_id, exc, delay)
                 self._error(exc)
                 await asyncio.sleep(delay)
@@ -450,7 +455,14 @@ class Worker(WorkerStop):
             if room <= 0 or self._paused:  # Worker.pause() reads nothing (worker_events.py)
                 await self._wait_for_room()
                 continue
-            ready = await intake.next_batch(min(room, s.read_count), block)
+            try:
+                ready = await intake.next_batch(min(room, s.read_count), block)
+            except ReconnectLimitError as exc:  # reconnect_max_attempts failed reads in a row: stop
+                log.error("worker %s: %s; stopping", self.consumer_id, exc)
+                self._gave_up = exc
+                self._error(exc)
+                self._stopping.set()
+                return
             if ready:
                 busy, idle_since = True, time.monotonic()
                 await self._admit(ready)

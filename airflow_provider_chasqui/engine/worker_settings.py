@@ -56,6 +56,8 @@ class WorkerSettings:
     # dead or frozen worker) is a ``stalled`` event; the N-th time dead-letters it (``stalled``)
     stalled_detector_enabled: bool = True
     max_stalled_attempts: int | None = None  # None: only max_attempts bounds them (each reclaim is an attempt)
+    # failed attempts in a row to reach Redis before run() gives up (ReconnectLimitError); None or 0: never
+    reconnect_max_attempts: int | None = None
     retry: RetryPolicy = RetryPolicy()
     queue: QueueSettings = QueueSettings()
 
@@ -67,6 +69,10 @@ class WorkerSettings:
                 check_int(name, getattr(self, name), 1, most)
         for name, least, most in (("max_attempts", 0, U32_MAX), ("ack_idle_ms", 0, MAX_ACK_IDLE_MS)):
             check_int(name, getattr(self, name), least, most)
+        if self.reconnect_max_attempts is not None:
+            check_int("reconnect_max_attempts", self.reconnect_max_attempts, 0, MAX_COUNT)
+            if self.reconnect_max_attempts == 0:  # chasquimq's "unbounded"
+                object.__setattr__(self, "reconnect_max_attempts", None)
         for name in ("store_results", "events_enabled", "delayed_enabled", "run_scheduler", "stalled_detector_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -147,6 +153,7 @@ _OPTION_FIELDS = {
     "process_memory_mb",
     "stalled_detector_enabled",
     "max_stalled_attempts",
+    "reconnect_max_attempts",
     "retry",
 }
 _QUEUE_FIELDS = {

@@ -47,7 +47,7 @@ from ..cli_common import positive_int as _positive_int
 from ..cli_common.logs import LOG_FORMATS, RedactingFormatter, set_log_context
 from ..core.urls import redact_text
 from ..engine.identity import package_version
-from ..errors import ConfigError
+from ..errors import ConfigError, ReconnectLimitError
 from .registry import HandlerLoadError, HandlerRegistry, bind, load_attr, load_handlers
 
 __all__ = [
@@ -133,6 +133,13 @@ def build_parser(prog: str = "chasqui worker", *, spark: bool = False) -> argpar
         "instead of running it again (default: only --max-attempts bounds them)",
     )
     p.add_argument("--group", help="consumer group (default: 'default')")
+    p.add_argument(
+        "--reconnect-max-attempts",
+        type=_positive_int,
+        metavar="N",
+        help="stop (exit 1) after N failed attempts in a row to reach Redis, so a supervisor restarts the "
+        "worker elsewhere (default: retry with backoff until stopped)",
+    )
     p.add_argument(
         "--credential-provider",
         metavar="pkg.module:attr",
@@ -289,6 +296,7 @@ def worker_options(args: argparse.Namespace, defaults: dict[str, Any] | None = N
         "read_count": args.read_count,
         "max_attempts": args.max_attempts,
         "max_stalled_attempts": args.max_stalled_attempts,
+        "reconnect_max_attempts": args.reconnect_max_attempts,
         "claim_min_idle_ms": args.claim_min_idle_ms,
         "group": args.group,
         "max_jobs": args.max_jobs,
@@ -370,6 +378,9 @@ def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHo
         server.start()
     try:
         _run_loop(_serve(worker, server, hooks))
+    except ReconnectLimitError as exc:  # --reconnect-max-attempts: a clean stop with a reason, no traceback
+        log.error("worker %s on queue %s stopped: %s", worker.consumer_id, queue, exc)
+        return 1
     except Exception:
         log.exception("worker %s on queue %s failed", worker.consumer_id, queue)
         return 1
