@@ -558,31 +558,29 @@ def test_remove_a_job_and_clean_a_state_from_the_pages(
     done = [q.add("square", {"x": i}) for i in range(3)]
     for job in done:
         assert q.wait_for_result(job.id, timeout=DEADLINE) == {"square": int(job.data["x"]) ** 2}
-    page.goto(server["url"] + f"/queue?queue={q.name}")
-    form = page.locator("form.clean")
-    form.locator("select[name=state]").select_option("completed")
-    form.locator("input[name=grace_ms]").fill("-5")
-    form.locator("button", has_text="Clean").click()
+    _clean(page, server["url"] + f"/queue?queue={q.name}", "completed", "-5", "1000")
     assert "grace_ms must be a whole number" in page.locator("p.error").inner_text()
     assert [q.get_job_result(job.id) is not None for job in done] == [True] * 3
-    page.goto(server["url"] + f"/queue?queue={q.name}")
-    form.locator("select[name=state]").select_option("completed")
-    form.locator("input[name=grace_ms]").fill("0")
-    form.locator("input[name=limit]").fill("1")
-    form.locator("button", has_text="Clean").click()
+    _clean(page, server["url"] + f"/queue?queue={q.name}", "completed", "0", "1")
     assert "older than 0 ms" in page.locator(".confirm-what").inner_text()
     assert confirm(page) == "cleaned 1 completed jobs"
-    page.goto(server["url"] + f"/queue?queue={q.name}")
-    form.locator("select[name=state]").select_option("completed")
-    form.locator("input[name=grace_ms]").fill("0")
-    form.locator("input[name=limit]").fill("0")
-    form.locator("button", has_text="Clean").click()
+    _clean(page, server["url"] + f"/queue?queue={q.name}", "completed", "0", "0")
     assert re.fullmatch(r"cleaned \d+ completed jobs", confirm(page))
     assert q.get_job_result_bulk([job.id for job in done]) == [None] * 3  # their stored results deleted
     log = server["log"].read_text().replace('"', "")
     assert f"action=job.remove job_id={later.id} removed=[delayed]" in log
     assert "action=queue.clean state=completed grace_ms=0 limit=1 cleaned=1" in log
     shot(page, tmp, "clean")
+
+
+def _clean(page: Any, queue_page: str, state: str, grace_ms: str, limit: str) -> None:
+    """Fill the queue page's clean form and send it (the confirmation, or an error, follows)."""
+    page.goto(queue_page)
+    form = page.locator("form.clean")
+    form.locator("select[name=state]").select_option(state)
+    form.locator("input[name=grace_ms]").fill(grace_ms)
+    form.locator("input[name=limit]").fill(limit)
+    form.locator("button", has_text="Clean").click()
 
 
 def test_workers_page(page: Any, server: dict[str, Any], q: SyncQueue, worker: Any, tmp: Path) -> None:

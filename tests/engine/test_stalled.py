@@ -25,6 +25,13 @@ pytestmark = pytest.mark.timeout(90)
 HOSTILE_ID = "job\x00\xff\u202e:{x}\r\n*3"
 
 
+async def _grouped(redis_url: str, queue_name: str, clients: Any, queues: Any) -> tuple[QueueKeys, Any, Any]:
+    """The queue's keys, a raw client and a producer, its group made (the ghosts read from it)."""
+    k, r, q = QueueKeys.for_queue(queue_name), clients(redis_url), queues(queue_name, redis_url)
+    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    return k, r, q
+
+
 async def _held_by_ghosts(r: Any, stream: str, ghosts: int) -> None:
     """The queue's entries read by a consumer that dies holding them, then taken over (XCLAIM,
     as a recovery pass does) by ``ghosts - 1`` more that die too: ``ghosts`` deliveries, so
@@ -38,8 +45,7 @@ async def _held_by_ghosts(r: Any, stream: str, ghosts: int) -> None:
 async def test_a_job_taken_from_a_dead_consumer_is_a_stalled_event_and_runs(
     redis_url, queue_name, clients, queues, worker_factory
 ) -> None:
-    k, r, q = QueueKeys.for_queue(queue_name), clients(redis_url), queues(queue_name, redis_url)
-    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    k, r, q = await _grouped(redis_url, queue_name, clients, queues)
     named = await q.add("send-email", {"v": 1})
     hostile = await q.add("", {"v": 2}, job_id=HOSTILE_ID)
     await _held_by_ghosts(r, k.stream, 1)
@@ -66,8 +72,7 @@ async def test_the_max_stalled_attempts_th_stall_dead_letters_the_job_unrun(
     """``max_stalled_attempts=2``: a job with one stall behind it runs; a job whose entry was
     already taken over once (this is its second stall) goes to the DLQ as ``stalled``, its
     ``stalled`` event before its ``dlq`` event; ``max_attempts`` (25) is nowhere near."""
-    k, r, q = QueueKeys.for_queue(queue_name), clients(redis_url), queues(queue_name, redis_url)
-    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    k, r, q = await _grouped(redis_url, queue_name, clients, queues)
     twice = await q.add("twice", {})
     await _held_by_ghosts(r, k.stream, 2)
     once = await q.add("once", {})
@@ -127,8 +132,7 @@ async def test_with_the_detector_off_a_reclaimed_job_runs_silently(
     """``stalled_detector_enabled=False``: no ``stalled`` event or listener call, no stall
     limit (``max_stalled_attempts=1`` is ignored), and still nothing lost: the job runs; no
     detector lock key (chasquimq's ``{chasqui:<q>}:stalled:lock``) ever exists."""
-    k, r, q = QueueKeys.for_queue(queue_name), clients(redis_url), queues(queue_name, redis_url)
-    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    k, r, q = await _grouped(redis_url, queue_name, clients, queues)
     job = await q.add("held", {})
     await _held_by_ghosts(r, k.stream, 3)
     done: list[str] = []
@@ -152,8 +156,7 @@ async def test_with_the_detector_off_a_reclaimed_job_runs_silently(
 async def test_a_stalled_listener_that_raises_or_is_async_never_stops_the_worker(
     redis_url, queue_name, clients, queues, worker_factory
 ) -> None:
-    k, r, q = QueueKeys.for_queue(queue_name), clients(redis_url), queues(queue_name, redis_url)
-    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    k, r, q = await _grouped(redis_url, queue_name, clients, queues)
     first = await q.add("held", {})
     await _held_by_ghosts(r, k.stream, 1)
     done: list[str] = []
@@ -201,8 +204,7 @@ async def test_a_running_jobs_stalled_count_is_its_take_overs(redis_url, queue_n
     3 for one this worker took from the third of three dead consumers).  A long handler on a
     live worker is no stall here (its lease is renewed), unlike chasquimq's detector, which
     counts a hung handler."""
-    k, r, q = QueueKeys.for_queue(queue_name), clients(redis_url), queues(queue_name, redis_url)
-    await r.xgroup_create(k.stream, "default", id="0", mkstream=True)
+    k, r, q = await _grouped(redis_url, queue_name, clients, queues)
     taken = await q.add("taken", {})
     await _held_by_ghosts(r, k.stream, 3)
     waiting = await q.add("waiting", {})
