@@ -19,7 +19,7 @@ import redis
 from engine_support import running, wait_until
 from servers import start_server
 
-from airflow_provider_chasqui import ConfigError, Job, Queue, QueueEvents, RepeatPattern, SyncQueue, Worker
+from airflow_provider_chasqui import ConfigError, Job, Queue, QueueEvents, RepeatPattern, SyncQueue, Worker, credentials
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ConfigTypeError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.single_node("a private server that requires AUTH")]
@@ -186,3 +186,21 @@ def test_chasqui_worker_takes_a_credential_provider(server: Any, tmp_path: Any) 
         assert [q.get_job_result(j.id) for j in jobs] == [0, 1, 2]
     bad = subprocess.run([*base, "--credential-provider", "credmod:nothing"], env=env, capture_output=True, timeout=60)
     assert bad.returncode == 2 and b"--credential-provider 'credmod:nothing'" in bad.stderr, bad.stderr[-2000:]
+
+
+async def test_a_provider_that_hangs_fails_the_connection_after_its_timeout(server: Any, monkeypatch: Any) -> None:
+    """A provider that never answers fails the connection once ``PROVIDER_TIMEOUT_SECS`` passed
+    (30 s; shortened here), on the asyncio and the sync clients alike."""
+    monkeypatch.setattr(credentials, "PROVIDER_TIMEOUT_SECS", 0.3)
+
+    async def hangs(endpoint: str | None) -> Any:
+        await asyncio.sleep(60)
+
+    async with Queue("cred-hang", redis_url=server.url, credential_provider=hangs) as q:
+        with pytest.raises(ChasquiConnectionError, match="credential_provider failed: TimeoutError"):
+            await asyncio.wait_for(q.add("t", {}), 10)
+    with (
+        SyncQueue("cred-hang", redis_url=server.url, credential_provider=hangs) as sq,
+        pytest.raises(ChasquiConnectionError, match="credential_provider failed: TimeoutError"),
+    ):
+        sq.add("t", {})
