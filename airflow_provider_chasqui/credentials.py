@@ -101,13 +101,13 @@ def _auth_args(got: object) -> tuple[str, ...]:
 
 def register(url: str, provider: object) -> None:
     """Make ``provider`` the credentials of every client this process opens to ``url`` (None:
-    nothing registered); a URL that carries a password already is a ConfigError (redis-py
-    refuses both at once, and only at the first connection)."""
+    nothing registered); a URL that carries a user or password already is a ConfigError
+    (redis-py refuses both at once, and only at the first connection)."""
     if provider is None:
         return
     parts = urlsplit(split_cluster_flag(url, None)[0])
-    if parts.password:
-        raise ConfigError("credential_provider and a password in the Redis URL: give one of them")
+    if parts.password or parts.username:
+        raise ConfigError("credential_provider and a user or password in the Redis URL: give one of them")
     try:  # a Sentinel URL lists several hosts: the master is found later, the endpoint is None
         endpoint = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname and "," not in parts.netloc else None
     except ValueError:

@@ -158,8 +158,9 @@ async def test_a_failing_provider_is_a_connection_error_naming_it(server: Any, p
 
 
 def test_bad_provider_arguments_are_refused_at_construction(server: Any) -> None:
-    with pytest.raises(ConfigError, match="credential_provider and a password in the Redis URL"):
-        SyncQueue("cred", redis_url=f"redis://:pw@127.0.0.1:{server.port}/0", credential_provider=Tokens())
+    for auth in (":pw@", "alice@", "alice:pw@"):
+        with pytest.raises(ConfigError, match="credential_provider and a user or password in the Redis URL"):
+            SyncQueue("cred", redis_url=f"redis://{auth}127.0.0.1:{server.port}/0", credential_provider=Tokens())
     for bad in ("token", 5, {"user": "x"}):
         with pytest.raises(ConfigTypeError, match="credential_provider must be an async function"):
             Queue("cred", redis_url=server.url, credential_provider=bad)
