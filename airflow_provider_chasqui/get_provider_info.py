@@ -61,12 +61,6 @@ _CONN_FIELDS: dict[str, Any] = {
         "Password of the Sentinels themselves, if they require one.",
         format="password",
     ),
-    "credential_provider": _field(
-        "Credential provider",
-        ["string", "null"],
-        "pkg.module:attr of an async function (endpoint) -> (username, password) asked for each new "
-        "connection: token AUTH such as ElastiCache IAM (leave Login and Password empty).",
-    ),
 }
 
 

@@ -1,8 +1,7 @@
 """Airflow connection fields -> validated Chasqui connection settings -> one engine URL.
 
-Airflow-free (it must never import airflow) and pure but for one step: the hook hands over the
-plain fields of a ``Connection`` and gets back a frozen :class:`ChasquiConnectionSettings`,
-whose ``redis_url()`` registers the ``credential_provider`` extra's provider for the URL.  Extras arrive as
+Pure and Airflow-free (it must never import airflow): the hook hands over the plain fields of
+a ``Connection`` and gets back a frozen :class:`ChasquiConnectionSettings`.  Extras arrive as
 JSON values (UI, ``AIRFLOW_CONN_*`` JSON) or as strings (URI query), so both are accepted;
 an unknown extra key is an error rather than a silently ignored typo.
 
@@ -36,7 +35,6 @@ _EXTRA_KEYS = {
     "sentinel_service",
     "sentinels",
     "sentinel_password",
-    "credential_provider",
 }
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", ""}
 
@@ -49,7 +47,6 @@ _TEXT_FIELDS = (
     "default_queue",
     "sentinel_service",
     "sentinel_password",
-    "credential_provider",
 )
 
 
@@ -111,8 +108,6 @@ class ChasquiConnectionSettings:
     sentinel_service: str | None = None
     sentinels: tuple[tuple[str, int], ...] = ()
     sentinel_password: str | None = field(default=None, repr=False)
-    # pkg.module:attr of an async (endpoint) -> (username, password): token AUTH (credentials.py)
-    credential_provider: str | None = None
 
     def __post_init__(self) -> None:
         for name in _TEXT_FIELDS:  # an extra is any JSON: 5 was quote()'s TypeError, a surrogate its encode error
@@ -135,8 +130,6 @@ class ChasquiConnectionSettings:
             raise ConfigError(f"sentinel_* extras only apply in sentinel mode, not {self.mode}")
         if not self.tls and (self.tls_ca_certs or not self.tls_verify):
             raise ConfigError("tls_ca_certs / tls_verify need tls=true")
-        if self.credential_provider and (self.username or self.password):
-            raise ConfigError("the credential_provider extra and a login/password: give one of them")
 
     # ---- building -----------------------------------------------------------------------
     @classmethod
@@ -179,7 +172,6 @@ class ChasquiConnectionSettings:
             sentinel_service=x.get("sentinel_service"),
             sentinels=sentinels or (((host, port),) if mode == "sentinel" else ()),
             sentinel_password=x.get("sentinel_password"),
-            credential_provider=x.get("credential_provider"),
         )
 
     def queue_name(self, explicit: str | None) -> str:
@@ -191,9 +183,7 @@ class ChasquiConnectionSettings:
 
     # ---- the URL ---------------------------------------------------------------------------
     def redis_url(self) -> str:
-        """The engine URL of this connection (see the module docstring); secrets are quoted.
-        With a ``credential_provider`` extra, the provider it names is registered for the URL
-        (``credentials.py``): the queues, triggers and dashboard made from it authenticate with it."""
+        """The engine URL of this connection (see the module docstring); secrets are quoted."""
         auth = ""
         if self.username or self.password:
             auth = quote(self.username or "", safe="")
@@ -211,13 +201,7 @@ class ChasquiConnectionSettings:
             url = f"{scheme}://{auth}{_host(self.host)}:{self.port}/{self.db}"
         if self.mode == "cluster":
             query["cluster"] = "true"
-        url += "?" + urlencode(query) if query else ""
-        if self.credential_provider:  # every client of this URL in this process authenticates with it
-            from ..credentials import register
-            from ..worker.registry import load_attr
-
-            register(url, load_attr(self.credential_provider, "connection extra credential_provider"))
-        return url
+        return url + ("?" + urlencode(query) if query else "")
 
     def _tls_query(self) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -203,36 +203,6 @@ def test_acl_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             queue.add("square", {"x": 1})
 
 
-def test_credential_provider_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ``credential_provider`` extra (``pkg.module:attr``) authenticates every client the
-    hook makes with the provider's answer (here alice's password, asked per connection); with
-    a login as well, or naming nothing, it is a ConfigError naming it."""
-    user, password = ALICE
-    (tmp_path / "hook_creds.py").write_text(
-        f"ASKED = []\n\nasync def alice(endpoint):\n    ASKED.append(endpoint)\n    return {user!r}, {password!r}\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with acl_server(tmp_path) as server:
-        base = {"conn_type": "chasqui", "host": "127.0.0.1", "port": server.port}
-        hook = use(monkeypatch, "creds", {**base, "extra": {"credential_provider": "hook_creds:alice"}})
-        with hook.get_queue("cred-q") as queue:
-            queue.add("square", {"x": 1})
-            with server.client() as admin:
-                users = [f for line in admin.execute_command("CLIENT", "LIST").split(b"\n") for f in line.split()]
-            assert b"user=alice" in users, users
-        import hook_creds  # type: ignore[import-not-found]
-
-        assert hook_creds.ASKED and set(hook_creds.ASKED) == {f"127.0.0.1:{server.port}"}
-        both = use(
-            monkeypatch, "creds_both", {**base, "login": user, "extra": {"credential_provider": "hook_creds:alice"}}
-        )
-        with pytest.raises(ConfigError, match="credential_provider extra and a login/password"):
-            both.get_settings()
-        nothing = use(monkeypatch, "creds_none", {**base, "extra": {"credential_provider": "hook_creds:bob"}})
-        with pytest.raises(ConfigError, match="connection extra credential_provider 'hook_creds:bob'"):
-            nothing.get_queue("cred-q")
-
-
 def test_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with tls_server(tmp_path) as tls:
         base = {"conn_type": "chasqui", "host": "127.0.0.1", "port": tls.tls_port}
