@@ -86,7 +86,7 @@ print(json.dumps({{"bare": bare, "names": names, "alias": AsyncQueue is Queue, "
     assert got["bare"] == []  # the package alone: no redis, asyncio or sockets either
     assert got["alias"] and got["same"] and got["engine"] == f"{PKG}.engine" and got["dir"] == []
     assert (
-        len(got["names"]) == 38
+        len(got["names"]) == 39
         and got["names"]["RateLimit"]
         == got["names"]["RateLimited"]
         == got["names"]["JobTimeout"]

@@ -23,7 +23,7 @@ from pathlib import Path
 PKG_DIR = Path(__file__).resolve().parents[2] / "airflow_provider_chasqui"
 PKG = PKG_DIR.name
 
-LOWER = {"core", "errors", "drivers_common", "engine", "sync", "types", "tracing"}
+LOWER = {"core", "errors", "drivers_common", "credentials", "engine", "sync", "types", "tracing"}
 UPPER = {
     "worker",
     "ops",
@@ -54,10 +54,11 @@ ALLOWED = {  # layer -> the layers it may import (itself always): the arrows of 
     "tracing": set(),
     "__init__": {"errors", "engine", "sync", "types", "core"},
     "drivers_common": {"core", "errors"},
-    "engine": _BASE | {"drivers_common", "__init__"},
-    "sync": _BASE | {"drivers_common", "__init__"},
+    "credentials": {"core", "errors"},  # redis-py's CredentialProvider; registered in core.urls
+    "engine": _BASE | {"drivers_common", "credentials", "__init__"},
+    "sync": _BASE | {"drivers_common", "credentials", "__init__"},
     "cli_common": {"core", "errors", "airflow"},  # airflow: reading a connection, inside a function
-    "worker": _BASE | {"engine", "sync", "cli_common"},
+    "worker": _BASE | {"engine", "sync", "cli_common", "credentials"},
     "ops": _BASE | {"drivers_common", "engine", "sync", "worker", "cli_common"},
     "airflow": _BASE | {"engine", "sync"},
     "dashboard": _BASE | {"sync", "cli_common", "airflow"},  # airflow: plugin.py only
