@@ -49,7 +49,7 @@ class ProviderCredentials(CredentialProvider):
         try:
             got = self.provider(self.endpoint)
             if inspect.isawaitable(got):
-                got = await asyncio.wait_for(_awaited(got), PROVIDER_TIMEOUT_SECS)
+                got = await asyncio.wait_for(got, PROVIDER_TIMEOUT_SECS)
         except Exception as exc:
             raise AuthenticationError(f"credential_provider failed: {exc!r}"[:2000]) from exc
         return _auth_args(got)
@@ -80,10 +80,6 @@ class ProviderCredentials(CredentialProvider):
         return out[0]
 
 
-async def _awaited(got: Awaitable[Any]) -> Any:
-    return await got
-
-
 def _auth_args(got: object) -> tuple[str, ...]:
     """``(username, password)`` as AUTH's arguments: ``(password,)`` without a username, none
     for ``(None, None)``."""
@@ -105,7 +101,8 @@ def register(url: str, provider: object) -> None:
     (redis-py refuses both at once, and only at the first connection)."""
     if provider is None:
         return
-    parts = urlsplit(split_cluster_flag(url, None)[0])
+    plain = split_cluster_flag(url, None)[0]  # the URL the cluster client is made from
+    parts = urlsplit(plain)
     if parts.password or parts.username:
         raise ConfigError("credential_provider and a user or password in the Redis URL: give one of them")
     try:  # a Sentinel URL lists several hosts: the master is found later, the endpoint is None
@@ -121,5 +118,5 @@ def register(url: str, provider: object) -> None:
             f"credential_provider must be an async function (endpoint) -> (username, password) or a redis-py "
             f"CredentialProvider, got {type(provider).__name__}"
         )
-    for key in {url, split_cluster_flag(url, None)[0]}:
+    for key in {url, plain}:
         CREDENTIAL_PROVIDERS[key] = wrapped
