@@ -77,6 +77,7 @@ _READER_ERRORS: tuple[type[BaseException], ...] = (*_RECONNECTABLE, rexc.Respons
 # (``ChasquiConnectionError``); never longer than the wait's own timeout.
 JOIN_GRACE_SECS = 5.0
 _JOIN_RETRY_SECS = 0.1
+_UNBLOCK_AGAIN_SECS = 0.05  # a reader still running this long after CLIENT UNBLOCK is sent another
 
 _HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], EventHub]] = (
     weakref.WeakKeyDictionary()
@@ -243,7 +244,7 @@ class EventHub:
                     self._ready = asyncio.get_running_loop().create_future()
                 self._ready.set_result(None)
                 failures = 0
-                while True:
+                while not self.closing:
                     rows = await client.execute_command(*cursor.read_call().args)
                     if self.closing:  # redis-py may swallow a cancel that lands as a reply arrives
                         return
@@ -254,6 +255,7 @@ class EventHub:
                     hits = cursor.hits(rows, self._index.by_job)
                     if hits:
                         await self._deliver(hits)
+                return  # closing: a cancel lost in the last step must not start another read
             except asyncio.CancelledError:
                 raise
             except _READER_ERRORS as exc:
@@ -350,6 +352,25 @@ class EventHub:
             except Exception as exc:  # noqa: BLE001 - already broken; the next connect tells
                 log.debug("events of %s: closing the reader failed: %s", self.name, exc)
 
+    async def _unblock_until_done(self, task: asyncio.Task[None]) -> None:
+        """End the reader's blocked ``XREAD`` (it returns nil) until the reader task ends.  The
+        cancel alone may be lost: redis-py sends a command through ``asyncio.wait_for``, which
+        on Python 3.11 returns instead of raising when the cancel lands as the send finishes;
+        and one ``CLIENT UNBLOCK`` can reach the server before that read does (it answers 0).
+        Either way the last waiter to leave waited out the read's block (seen in CI: 10.0 s
+        late; about one wait in 300 was 1 s late on a busy queue), so it is sent again."""
+        while not task.done():
+            reader_id = self._reader_id
+            if reader_id is None:  # not granted CLIENT ID: the read ends at its block
+                break
+            try:
+                await self.lookup.client.execute_command("CLIENT", "UNBLOCK", reader_id)
+            except Exception as exc:  # noqa: BLE001 - best effort: the read ends at its block anyway
+                log.debug("events of %s: CLIENT UNBLOCK failed: %s", self.name, exc)
+                break
+            await asyncio.wait([task], timeout=_UNBLOCK_AGAIN_SECS)
+        await asyncio.wait([task])
+
     async def close(self) -> None:
         """Stop the reader and close both connections; later waiters get a new hub."""
         self.closing = True
@@ -359,13 +380,8 @@ class EventHub:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            reader_id, self._reader_id = self._reader_id, None
-            if reader_id is not None and not task.done():
-                try:  # end the blocked XREAD (it returns nil): the cancel alone waits for its block
-                    await self.lookup.client.execute_command("CLIENT", "UNBLOCK", reader_id)
-                except Exception as exc:  # noqa: BLE001 - best effort: the read ends at its block anyway
-                    log.debug("events of %s: CLIENT UNBLOCK failed: %s", self.name, exc)
-            await asyncio.wait([task])
+            await self._unblock_until_done(task)
+            self._reader_id = None
         self._fail_ready(ChasquiConnectionError("the event hub closed"))
         await self._drop_client()
         lookup, self._lookup = self._lookup, None

@@ -157,6 +157,43 @@ async def test_a_wait_that_blocked_returns_when_its_job_ends_not_at_the_read_blo
     assert _hub(queue_name) is None
 
 
+async def test_a_reader_that_lost_its_cancel_and_the_first_unblock_still_ends_at_once(
+    redis_url: str, queue_name: str, queues
+) -> None:
+    """Seen in CI (and in ~1 wait of 300 locally): redis-py sends through ``asyncio.wait_for``,
+    which on Python 3.11 loses a cancel landing as the send finishes, and the closing waiter's
+    one ``CLIENT UNBLOCK`` reached the server before the reader's next ``XREAD`` (answered 0):
+    the read ran its whole block, and the wait returned 10 s after its job ended.  Forced here:
+    reads lose the cancel and reach the server 0.3 s late.  A delayed job ends by
+    ``Queue.cancel``: no worker, so no later event (a worker's ``drained``) ends the read early."""
+    q = queues(queue_name, redis_url)
+    job = await q.add("never-run", None, delay_ms=600_000)
+    waiting = asyncio.create_task(q.wait_for_results([job.id], timeout=60))
+    await wait_until(lambda: (hub := _hub(queue_name)) is not None and hub.waiters == 1, what="the waiter")
+    await wait_until(lambda: _hub(queue_name)._reader_id is not None, what="the reader")
+    client = _hub(queue_name)._client
+    real = client.execute_command
+
+    async def late_read_losing_the_cancel(*args, **kwargs):
+        if str(args[0]).upper() == "XREAD":
+            until = time.monotonic() + 0.3
+            while (left := until - time.monotonic()) > 0:
+                try:
+                    await asyncio.sleep(left)
+                except asyncio.CancelledError:
+                    pass  # lost, as asyncio.wait_for loses it; the send goes on
+        return await real(*args, **kwargs)
+
+    client.execute_command = late_read_losing_the_cancel
+    ended = time.monotonic()
+    assert await q.cancel(job.id) == "cancelled"
+    outcomes = await asyncio.wait_for(waiting, 60)
+    late = time.monotonic() - ended
+    assert outcomes[job.id][:2] == ("failed", "cancelled"), outcomes
+    assert late < WAIT_BLOCK_MS / 1000 / 4, f"the wait returned {late:.1f} s after its job ended"
+    assert _hub(queue_name) is None
+
+
 async def _cancel_nine_then_the_tenth(tasks: list[asyncio.Task], hub, queue_name: str) -> None:
     """The tenth waiter stays while nine leave; the hub closes when it leaves too."""
     for t in tasks[:9]:
