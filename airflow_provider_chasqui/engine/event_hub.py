@@ -49,7 +49,7 @@ from ..drivers_common import translate_error
 from ..errors import ChasquiConnectionError, ChasquiError
 from ._clients import CLUSTER, raw_client
 from ._driver import AsyncDriver
-from .cancellation import raise_if_cancelling
+from .cancellation import raise_if_cancelling, unblock_until_done
 from .leader import TRANSIENT
 
 __all__ = ["EventHub", "active_hubs", "event_hub", "wait_for_jobs"]
@@ -77,7 +77,6 @@ _READER_ERRORS: tuple[type[BaseException], ...] = (*_RECONNECTABLE, rexc.Respons
 # (``ChasquiConnectionError``); never longer than the wait's own timeout.
 JOIN_GRACE_SECS = 5.0
 _JOIN_RETRY_SECS = 0.1
-_UNBLOCK_AGAIN_SECS = 0.05  # a reader still running this long after CLIENT UNBLOCK is sent another
 
 _HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], EventHub]] = (
     weakref.WeakKeyDictionary()
@@ -352,24 +351,18 @@ class EventHub:
             except Exception as exc:  # noqa: BLE001 - already broken; the next connect tells
                 log.debug("events of %s: closing the reader failed: %s", self.name, exc)
 
-    async def _unblock_until_done(self, task: asyncio.Task[None]) -> None:
-        """End the reader's blocked ``XREAD`` (it returns nil) until the reader task ends.  The
-        cancel alone may be lost: redis-py sends a command through ``asyncio.wait_for``, which
-        on Python 3.11 returns instead of raising when the cancel lands as the send finishes;
-        and one ``CLIENT UNBLOCK`` can reach the server before that read does (it answers 0).
-        Either way the last waiter to leave waited out the read's block (seen in CI: 10.0 s
-        late; about one wait in 300 was 1 s late on a busy queue), so it is sent again."""
-        while not task.done():
-            reader_id = self._reader_id
-            if reader_id is None:  # not granted CLIENT ID: the read ends at its block
-                break
-            try:
-                await self.lookup.client.execute_command("CLIENT", "UNBLOCK", reader_id)
-            except Exception as exc:  # noqa: BLE001 - best effort: the read ends at its block anyway
-                log.debug("events of %s: CLIENT UNBLOCK failed: %s", self.name, exc)
-                break
-            await asyncio.wait([task], timeout=_UNBLOCK_AGAIN_SECS)
-        await asyncio.wait([task])
+    async def _unblock_reader(self) -> bool:
+        """End the reader's blocked ``XREAD`` (it returns nil); False when that cannot be done
+        (no ``CLIENT ID``, or the call failed): the read then ends at its block."""
+        reader_id = self._reader_id
+        if reader_id is None:
+            return False
+        try:
+            await self.lookup.client.execute_command("CLIENT", "UNBLOCK", reader_id)
+        except Exception as exc:  # noqa: BLE001 - best effort: the read ends at its block anyway
+            log.debug("events of %s: CLIENT UNBLOCK failed: %s", self.name, exc)
+            return False
+        return True
 
     async def close(self) -> None:
         """Stop the reader and close both connections; later waiters get a new hub."""
@@ -379,8 +372,8 @@ class EventHub:
             del hubs[(self.url, self.name)]
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await self._unblock_until_done(task)
+            task.cancel()  # may be lost (a send's wait_for): the read is unblocked until the task ends
+            await unblock_until_done(task, self._unblock_reader)
             self._reader_id = None
         self._fail_ready(ChasquiConnectionError("the event hub closed"))
         await self._drop_client()

@@ -482,14 +482,17 @@ class Intake(IntakeLeases, IntakeSettling):
         """Remove consumers (or only ``name``) with nothing pending, idle ``min_idle_ms``."""
         return list(await self.driver.call(self.core.reap_consumers(min_idle_ms, name)) or [])
 
-    async def unblock(self) -> None:
-        """End a blocking read now (CLIENT UNBLOCK); best effort, it ends at its BLOCK anyway."""
-        if self._reader_id is None:
-            return
+    async def unblock(self) -> bool:
+        """End a blocking read now (CLIENT UNBLOCK); best effort, it ends at its BLOCK anyway.
+        False if the call failed (see ``cancellation.unblock_until_done``)."""
+        if self._reader_id is None:  # not connected yet (or reconnecting): nothing blocks yet
+            return True
         try:
             await self.driver.client.execute_command("CLIENT", "UNBLOCK", self._reader_id)
         except Exception as exc:  # noqa: BLE001 - best effort
             log.debug("CLIENT UNBLOCK failed: %s", exc)
+            return False
+        return True
 
     async def pause(self, seconds: float) -> None:
         """Sleep, cut short by ``stopping``."""

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
+from .cancellation import unblock_until_done
 from .lease_guard import LeaseGuard
 from .supervision import STOP_GRACE_SECS, settle_tasks
 from .worker_base import log
@@ -50,7 +51,7 @@ class WorkerStop(SlotRunner):
         label = f"worker {self.consumer_id}"
         # every step is bounded: a stop ends even when Redis went silent (a paused server)
         grace = min(STOP_GRACE_SECS, max(1.0, s.shutdown_deadline_secs))
-        await self._within(self._intake.unblock(), "its reader's unblock", grace)
+        await self._within(unblock_until_done(reader, self._intake.unblock), "its reader's unblock", grace)
         await settle_tasks([reader], label, cancel=False, grace=grace)
         for lp, task in background:
             if lp is None:

@@ -247,3 +247,46 @@ async def test_cancelling_run_stops_the_worker_as_close_does(redis_url, queue_na
     assert task.cancelled() and stop_secs < 10, f"an idle worker took {stop_secs:.1f} s to stop"
     await q.add("slow", 2)
     assert await r.xlen(k.stream) == 1 and len(runs) == 1, "a cancelled worker still consumed"
+
+
+@pytest.mark.timeout(90)
+async def test_a_stop_whose_unblock_beat_the_read_to_the_server_ends_at_once(
+    redis_url, queue_name, queues, worker_factory
+) -> None:
+    """The stop ends the reader's blocking read with ``CLIENT UNBLOCK`` over another connection;
+    one that reaches the server before the read (answered 0) used to leave that read to run its
+    whole ``read_block_ms``.  Forced here: reads reach the server 0.3 s late, and the stop lands
+    while one is on its way; it must not wait out the 8 s block."""
+    q = queues(queue_name, redis_url)
+    seen: list[int] = []
+    w = worker_factory(queue_name, lambda job: seen.append(job.data), redis_url, concurrency=1, read_block_ms=8000)
+    task = asyncio.create_task(w.run())
+    try:
+        await q.add("a", 1)
+        await wait_until(lambda: seen == [1], what="the first job")
+        reader = w._intake.reader
+        real, sending = reader.execute_command, asyncio.Event()
+
+        async def late_read(*args, **kwargs):
+            if str(args[0]).upper() == "XREADGROUP":
+                sending.set()
+                until = time.monotonic() + 0.3
+                while (left := until - time.monotonic()) > 0:
+                    try:
+                        await asyncio.sleep(left)
+                    except asyncio.CancelledError:
+                        pass  # a send's wait_for may lose it (Python 3.11): the send goes on
+            return await real(*args, **kwargs)
+
+        reader.execute_command = late_read
+        await q.add("a", 2)  # ends the read in flight; the next one goes through late_read
+        await asyncio.wait_for(sending.wait(), 30)
+        begun = time.monotonic()
+        await w.close()
+        await asyncio.wait_for(task, 60)
+        stop_secs = time.monotonic() - begun
+        assert stop_secs < 4, f"the stop took {stop_secs:.1f} s: it waited out the read's block"
+        assert seen == [1, 2]
+    finally:
+        await w.close()
+        await asyncio.gather(task, return_exceptions=True)
