@@ -18,6 +18,7 @@ A failing or malformed provider is a ``ChasquiConnectionError`` naming it at the
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,7 @@ from redis.exceptions import AuthenticationError
 from .core.urls import CREDENTIAL_PROVIDERS, split_cluster_flag
 from .errors import ConfigError, ConfigTypeError
 
-__all__ = ["register", "ProviderCredentials"]
+__all__ = ["carries_credentials", "load_provider", "register", "ProviderCredentials"]
 
 Credentials = tuple[str | None, str | None]
 PROVIDER_TIMEOUT_SECS = 30.0  # a provider that does not answer fails the connection after this
@@ -95,6 +96,33 @@ def _auth_args(got: object) -> tuple[str, ...]:
     return (password,) if user is None else (user, password)
 
 
+def carries_credentials(url: str) -> bool:
+    """Whether ``url`` names a user or a password of its own."""
+    parts = urlsplit(split_cluster_flag(url, None)[0])
+    return bool(parts.password or parts.username)
+
+
+def load_provider(spec: str, what: str) -> Any:
+    """The provider ``pkg.module:attr`` names (``chasqui worker --credential-provider``, Airflow's
+    ``[chasqui] credential_provider``: ``what``, named in every error).  Only settings of whoever
+    deploys the process name one: never connection data (SECURITY.md, "Token credentials")."""
+    module, sep, attr = str(spec).strip().partition(":")
+    names = [*module.split("."), *attr.split(".")]
+    if not sep or not all(n.isidentifier() for n in names):
+        raise ConfigError(f"{what} {spec!r} must name an object: pkg.module:attr")
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as exc:  # any failure of the named module is its setting's error
+        raise ConfigError(f"{what} {spec!r}: importing {module} failed: {type(exc).__name__}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{what} {spec!r}: {module} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, CredentialProvider) or callable(obj)):
+        raise ConfigTypeError(f"{what} {spec!r} is a {type(obj).__name__}, not a credential provider")
+    return obj
+
+
 def register(url: str, provider: object) -> None:
     """Make ``provider`` the credentials of every client this process opens to ``url`` (None:
     nothing registered); a URL that carries a user or password already is a ConfigError
@@ -103,7 +131,7 @@ def register(url: str, provider: object) -> None:
         return
     plain = split_cluster_flag(url, None)[0]  # the URL the cluster client is made from
     parts = urlsplit(plain)
-    if parts.password or parts.username:
+    if carries_credentials(url):
         raise ConfigError("credential_provider and a user or password in the Redis URL: give one of them")
     try:  # a Sentinel URL lists several hosts: the master is found later, the endpoint is None
         endpoint = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname and "," not in parts.netloc else None

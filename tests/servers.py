@@ -140,6 +140,7 @@ class RunningServer:
     extra_args: tuple[str, ...] = ()
     data_dir: Path | None = None
     log_path: Path | None = None
+    admin_password: str | None = None  # start_auth_server's: the default user's password
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -284,6 +285,22 @@ def start_server(
                 continue
             raise
     raise AssertionError("unreachable")
+
+
+def start_auth_server(tmpdir: str | os.PathLike[str], *, user: str = "chasqui", token: str = "tok-1") -> RunningServer:
+    """A Redis 7 that lets nobody in without AUTH: ACL ``user`` with password ``token``; the
+    default user's password is ``server.admin_password`` (for the test's own checks)."""
+    server = start_server("redis7", tmpdir=tmpdir)
+    admin = "admin-" + os.urandom(8).hex()
+    try:
+        with server.client() as c:
+            c.execute_command("ACL", "SETUSER", user, "on", f">{token}", "~*", "&*", "+@all")
+            c.config_set("requirepass", admin)  # from here on nobody gets in without AUTH
+    except BaseException:
+        server.stop()
+        raise
+    server.admin_password = admin
+    return server
 
 
 def attach_server(url: str, kind: str) -> RunningServer:

@@ -76,7 +76,7 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
         # fail; import it as Airflow's virtualenv operators do, without an ORM.
         os.environ.setdefault("PYTHON_OPERATORS_VIRTUAL_ENV_MODE", "1")
     try:
-        from ..hooks.chasqui import settings_outside_task
+        from ..hooks.chasqui import register_configured_provider, settings_outside_task
     except ImportError as exc:
         raise ConfigError(
             f"--conn-id needs Airflow ({exc}); install 'airflow-provider-chasqui[airflow]' or pass --redis-url"
@@ -91,7 +91,9 @@ def _from_airflow_connection(conn_id: str) -> tuple[str, str | None]:
         raise ConfigError(
             f"Airflow connection {conn_id!r} could not be read: {type(exc).__name__}: {redact_text(exc)}"
         ) from exc
-    return settings.redis_url(), settings.default_queue
+    url = settings.redis_url()
+    register_configured_provider(url)  # [chasqui] credential_provider, as the tasks' and the triggerer's
+    return url, settings.default_queue
 
 
 def _in_task_message(conn_id: str, exc: BaseException) -> str:

@@ -15,16 +15,45 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, conf
 
 from ..core.codec import utf8_text
+from ..credentials import carries_credentials, load_provider, register
 from ..engine.queue import Queue
 from ..errors import ConfigError
 from ..sync import translate_errors
 from ..sync.queue import SyncQueue
 from ._connection import ChasquiConnectionSettings
 
-__all__ = ["ChasquiHook", "check_conn_id", "settings_outside_task"]
+__all__ = [
+    "ChasquiHook",
+    "check_conn_id",
+    "configured_credential_provider",
+    "register_configured_provider",
+    "settings_outside_task",
+]
+
+PROVIDER_OPTION = "[chasqui] credential_provider"
+
+
+def configured_credential_provider(url: str) -> Any:
+    """The deployment's ``[chasqui] credential_provider`` (``pkg.module:attr``: token AUTH,
+    ``credentials.py``), loaded, for a connection whose ``url`` carries no user or password of
+    its own (those win); None when unset.  It is read from Airflow's configuration
+    (``airflow.cfg``, ``AIRFLOW__CHASQUI__CREDENTIAL_PROVIDER``), which whoever deploys Airflow
+    sets, and never from a connection: whoever edits connections must not choose the code that
+    tasks, the triggerer and workers run (SECURITY.md, "Token credentials")."""
+    spec = conf.get("chasqui", "credential_provider", fallback=None)
+    if spec is None or not str(spec).strip():
+        return None
+    provider = load_provider(str(spec), PROVIDER_OPTION)  # a bad setting fails every connection alike
+    return None if carries_credentials(url) else provider
+
+
+def register_configured_provider(url: str) -> None:
+    """Every client this process opens to ``url`` authenticates with the configured provider
+    (``chasqui`` commands given ``--conn-id``); nothing when none applies."""
+    register(url, configured_credential_provider(url))
 
 
 def _settings(conn: Any, extra: dict[str, Any]) -> ChasquiConnectionSettings:
@@ -131,12 +160,18 @@ class ChasquiHook(BaseHook):
     def get_queue(self, queue_name: str | None = None) -> SyncQueue:
         """A blocking queue (``queue_name`` or the connection's ``default_queue``)."""
         settings = self.get_settings()
-        return SyncQueue(settings.queue_name(queue_name), redis_url=settings.redis_url())
+        url = settings.redis_url()
+        return SyncQueue(
+            settings.queue_name(queue_name), redis_url=url, credential_provider=configured_credential_provider(url)
+        )
 
     async def aget_queue(self, queue_name: str | None = None) -> Queue:
         """The asyncio twin of :meth:`get_queue`, for triggers."""
         settings = await self.aget_settings()
-        return Queue(settings.queue_name(queue_name), redis_url=settings.redis_url())
+        url = settings.redis_url()
+        return Queue(
+            settings.queue_name(queue_name), redis_url=url, credential_provider=configured_credential_provider(url)
+        )
 
     def get_conn(self) -> SyncQueue:
         """``BaseHook`` protocol: the connection's default queue."""

@@ -48,7 +48,7 @@ from ..cli_common.logs import LOG_FORMATS, RedactingFormatter, set_log_context
 from ..core.urls import redact_text
 from ..engine.identity import package_version
 from ..errors import ConfigError, ReconnectLimitError
-from .registry import HandlerLoadError, HandlerRegistry, bind, load_attr, load_handlers
+from .registry import HandlerLoadError, HandlerRegistry, bind, load_handlers
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -350,9 +350,9 @@ def run_worker(args: argparse.Namespace, registry: HandlerRegistry, hooks: RunHo
     table = bind(registry, hooks.resources, wrap=hooks.wrap)
     options = worker_options(args, hooks.defaults)
     if getattr(args, "credential_provider", None):  # before any client: the metrics sampler's too
-        from ..credentials import register
+        from ..credentials import load_provider, register
 
-        options["credential_provider"] = load_attr(args.credential_provider, "--credential-provider")
+        options["credential_provider"] = load_provider(args.credential_provider, "--credential-provider")
         register(url, options["credential_provider"])
     sink = server = None
     if args.metrics_port is not None:

@@ -43,7 +43,6 @@ from ..errors import ConfigError, HandlerNotFound
 from .spark_batches import takes_dataframe
 
 __all__ = [
-    "load_attr",
     "HandlerLoadError",
     "HandlerRegistry",
     "RESOURCE_PARAMS",
@@ -217,19 +216,6 @@ def _import(module: str, spec: str) -> Any:
             f"importing handler module {module!r} (from {spec!r}) called sys.exit({exc.code!r}): a handler "
             "module must not exit when imported (put a script's own run under if __name__ == '__main__':)"
         ) from exc
-
-
-def load_attr(spec: str, what: str) -> Any:
-    """The object ``pkg.module:attr`` names (``what`` it is for, in the errors)."""
-    module, attr = parse_spec(spec)
-    if attr is None:
-        raise HandlerLoadError(f"{what} {spec!r} must name an object: pkg.module:attr")
-    obj = _import(module, spec)
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise HandlerLoadError(f"{what} {spec!r}: {module} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
 
 
 def _from_object(obj: Any, spec: str, attr_name: str | None) -> dict[str, Callable[..., Any]]:

@@ -60,7 +60,7 @@ ALLOWED = {  # layer -> the layers it may import (itself always): the arrows of 
     "cli_common": {"core", "errors", "airflow"},  # airflow: reading a connection, inside a function
     "worker": _BASE | {"engine", "sync", "cli_common", "credentials"},
     "ops": _BASE | {"drivers_common", "engine", "sync", "worker", "cli_common"},
-    "airflow": _BASE | {"engine", "sync"},
+    "airflow": _BASE | {"engine", "sync", "credentials"},  # [chasqui] credential_provider (hooks)
     "dashboard": _BASE | {"sync", "cli_common", "airflow"},  # airflow: plugin.py only
     "spark": _BASE | {"sync", "engine"},
     "compat": _BASE | {"engine"},

@@ -17,30 +17,25 @@ from typing import Any
 import pytest
 import redis
 from engine_support import running, wait_until
-from servers import start_server
+from servers import start_auth_server
 
 from airflow_provider_chasqui import ConfigError, Job, Queue, QueueEvents, RepeatPattern, SyncQueue, Worker, credentials
 from airflow_provider_chasqui.errors import ChasquiConnectionError, ConfigTypeError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.single_node("a private server that requires AUTH")]
 
-ADMIN = "admin-" + uuid.uuid4().hex
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    s = start_server("redis7", tmpdir=tmp_path_factory.mktemp("auth"))
+    s = start_auth_server(tmp_path_factory.mktemp("auth"))  # user "chasqui", password "tok-1"
     try:
-        with s.client() as c:
-            c.execute_command("ACL", "SETUSER", "chasqui", "on", ">tok-1", "~*", "&*", "+@all")
-            c.config_set("requirepass", ADMIN)  # from here on nobody gets in without AUTH
         yield s
     finally:
         s.stop()
 
 
 def _admin(server: Any) -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=server.port, password=ADMIN, protocol=2)
+    return redis.Redis(host="127.0.0.1", port=server.port, password=server.admin_password, protocol=2)
 
 
 class Tokens:

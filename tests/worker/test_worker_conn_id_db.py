@@ -6,12 +6,14 @@ variable).  The worker resolves it the way Airflow's own components do outside a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import redis
+from servers import start_auth_server
 from worker_support import subprocess_env
 
 from airflow_provider_chasqui import SyncQueue
@@ -64,6 +66,47 @@ def test_worker_reads_a_connection_made_with_airflow_connections_add(
         assert proc.wait_exit(180) == 0, proc.output()[-4000:]
         assert q.get_job_result(job.id) == {"echo": "from the metadata database"}
     assert f"consuming {queue_name}" in proc.output()
+
+
+def test_a_token_server_through_the_configured_credential_provider(
+    start_worker, metadata_db_home: dict[str, str], tmp_path: Path, queue_name: str
+) -> None:
+    """A connection without a password to a server that refuses everyone without AUTH: with
+    Airflow's ``[chasqui] credential_provider`` set, ``chasqui worker --conn-id`` authenticates
+    with the provider's tokens, as the tasks and the triggerer do (SECURITY.md, "Token
+    credentials"); without it, the worker cannot read the queue."""
+    (tmp_path / "tokmod.py").write_text("async def provider(endpoint):\n    return 'chasqui', 'tok-1'\n")
+    server = start_auth_server(tmp_path / "auth")
+    try:
+        _airflow(
+            metadata_db_home,
+            "connections",
+            "add",
+            "chasqui_tokens",
+            "--conn-type",
+            "chasqui",
+            "--conn-host",
+            "127.0.0.1",
+            "--conn-port",
+            str(server.port),
+            "--conn-extra",
+            f'{{"default_queue": "{queue_name}"}}',
+        )
+        with SyncQueue(
+            queue_name, redis_url=server.url, credential_provider=lambda endpoint: ("chasqui", "tok-1")
+        ) as q:
+            jobs = q.add_bulk([{"name": "echo", "data": i} for i in range(2)])
+            args = ["--conn-id", "chasqui_tokens", "-H", "worker_handlers", "--max-jobs", "2", "--no-scheduler"]
+            path = os.pathsep.join([str(tmp_path), metadata_db_home.get("PYTHONPATH", "")])
+            plain_env = {**metadata_db_home, "PYTHONPATH": path}
+            unconfigured = start_worker([*args, "--reconnect-max-attempts", "2"], env=plain_env)
+            assert unconfigured.wait_exit(180) != 0, unconfigured.output()[-4000:]
+            assert "Authentication required" in unconfigured.output(), unconfigured.output()[-4000:]
+            proc = start_worker(args, env={**plain_env, "AIRFLOW__CHASQUI__CREDENTIAL_PROVIDER": "tokmod:provider"})
+            assert proc.wait_exit(180) == 0, proc.output()[-4000:]
+            assert [q.get_job_result(j.id) for j in jobs] == [{"echo": 0}, {"echo": 1}]
+    finally:
+        server.stop()
 
 
 def test_a_missing_connection_says_where_it_was_looked_for(metadata_db_home: dict[str, str], tmp_path: Path) -> None:
