@@ -80,8 +80,8 @@ _CONFIG: dict[str, Any] = {
             },
             "credential_provider": {
                 "description": "pkg.module:attr of an async function (endpoint) -> (username, password) "
-                "(or a redis-py CredentialProvider) that the hook's queues, the triggers and "
-                "`chasqui` commands given --conn-id authenticate with, asked for each new "
+                "(or a redis-py CredentialProvider) that the hook's queues, the triggers, the "
+                "dashboard and `chasqui` commands given --conn-id authenticate with, asked for each new "
                 "connection: short-lived tokens (ElastiCache or MemoryDB IAM, Azure Entra).  The "
                 "connection then carries no password.  Configuration only, never a connection "
                 "field: whoever edits connections must not choose code that Airflow runs.",

@@ -69,9 +69,10 @@ class AirflowSources(SourceSet):
             label = labels[0]
         elif label not in labels:
             raise ConfigError(f"no 'chasqui' connection named {label!r}")
-        from ..hooks.chasqui import settings_outside_task
+        from ..hooks.chasqui import register_configured_provider, settings_outside_task
 
         url = settings_outside_task(label).redis_url()
+        register_configured_provider(url)  # [chasqui] credential_provider, as the tasks' and the triggerer's
         with self._lock:
             src = self._sources.get(label)
             if src is not None and src.url == url:

@@ -52,7 +52,7 @@ def configured_credential_provider(url: str) -> Any:
 
 def register_configured_provider(url: str) -> None:
     """Every client this process opens to ``url`` authenticates with the configured provider
-    (``chasqui`` commands given ``--conn-id``); nothing when none applies."""
+    (``chasqui`` commands given ``--conn-id``, the dashboard plugin); nothing when none applies."""
     register(url, configured_credential_provider(url))
 
 

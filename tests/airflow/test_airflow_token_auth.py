@@ -1,7 +1,7 @@
 """Token credentials from Airflow's configuration: ``[chasqui] credential_provider`` names an
 ``async def provider(endpoint) -> (username, password)`` that the hook's queues (tasks), the
-triggers (the triggerer) and ``chasqui`` commands given ``--conn-id`` authenticate with, on a
-server that refuses everyone without AUTH.  A connection never names code (SECURITY.md, "Token
+triggers (the triggerer), the dashboard plugin and ``chasqui`` commands given ``--conn-id``
+authenticate with, on a server that refuses everyone without AUTH.  A connection never names code (SECURITY.md, "Token
 credentials"); ``tests/worker/test_worker_conn_id_db.py`` runs the worker's side."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import redis
 from airflow_support import run_dags
 from servers import start_auth_server
 
-from airflow_provider_chasqui import ChasquiConnectionError, ConfigError
+from airflow_provider_chasqui import ChasquiConnectionError, ConfigError, SyncQueue
 from airflow_provider_chasqui.hooks.chasqui import ChasquiHook
 
 pytestmark = pytest.mark.timeout(400)
@@ -69,16 +69,17 @@ def test_configured_credential_provider(tmp_path: Path, monkeypatch: pytest.Monk
         with hook.get_queue("tok-q") as queue:
             job = queue.add("square", {"x": 1})
 
-        async def add_async() -> str:
-            async with await hook.aget_queue("tok-q") as q:
+        async def add_async() -> str:  # the triggers' side, on a URL (db 3) the blocking queue did not register
+            async with await use(monkeypatch, "tok_async", {**conn, "extra": {"db": 3}}).aget_queue("tok-q") as q:
                 return (await q.add("square", {"x": 2})).id
 
         second = asyncio.run(add_async())
         import tokmod
 
         assert tokmod.asked and set(tokmod.asked) == {f"127.0.0.1:{server.port}"}
-        with redis.Redis(port=server.port, password=server.admin_password, db=1) as admin:
-            assert admin.xlen("{chasqui:tok-q}:stream") == 2
+        for db in (1, 3):
+            with redis.Redis(port=server.port, password=server.admin_password, db=db) as admin:
+                assert admin.xlen("{chasqui:tok-q}:stream") == 1, db
 
         monkeypatch.setenv("AIRFLOW__CHASQUI__CREDENTIAL_PROVIDER", "tokmod:refuses")  # own password: not asked
         own = use(monkeypatch, "tok_own", {**conn, "login": "chasqui", "password": "tok-1", "extra": {"db": 2}})
@@ -140,3 +141,38 @@ def test_a_dag_run_with_deferred_waits_reaches_a_token_server(airflow_home: dict
     assert run["xcom"]["wait_here.return_value"] == {"x": 5, "square": 25}
     assert run["xcom"]["sense.return_value"] == {"x": 6, "square": 36}
     assert run["log"].count("[DAG TEST] Trigger completed") >= 2, run["log"][-4000:]
+
+
+def test_the_dashboard_plugin_reads_a_token_server(
+    airflow_home: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dashboard inside Airflow (``AirflowSources``: the metadata database's connections)
+    reads a token server through the configured provider: a queue's counts, as its page shows."""
+    from airflow_provider_chasqui.dashboard.plugin import AirflowSources
+
+    (tmp_path / "tokmod.py").write_text(TOKMOD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__CHASQUI__CREDENTIAL_PROVIDER", "tokmod:provider")
+    conn_id, queue = f"chasqui_dash_tokens_{uuid.uuid4().hex[:6]}", f"t-dash-{uuid.uuid4().hex[:6]}"
+    server = start_auth_server(tmp_path / "auth")
+    try:
+        add = ["connections", "add", conn_id, "--conn-type", "chasqui", "--conn-host", "127.0.0.1"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow", *add, "--conn-port", str(server.port)],
+            env=airflow_home,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        own_password = server.url.replace("redis://", "redis://chasqui:tok-1@")  # registers no provider
+        with SyncQueue(queue, redis_url=own_password) as q:
+            q.add_bulk([{"name": "square", "data": {"x": i}} for i in range(3)])
+        sources = AirflowSources()
+        try:
+            assert conn_id in sources.labels()
+            assert sources.get(conn_id).queue(queue).get_job_counts("waiting") == {"waiting": 3}
+        finally:
+            sources.close()
+    finally:
+        server.stop()
