@@ -51,6 +51,7 @@ def parse_event(entry_id: Any, flat: list[Any]) -> QueueEvent:
 
 
 NUMERIC_FIELDS = frozenset(("attempt", "backoff_ms", "delay_ms", "duration_us"))
+CLOSE_GRACE_SECS = 0.5  # how long close() lets a cancelled reader end before cancelling it again
 
 
 def event_payload(ev: QueueEvent) -> dict[str, Any]:
@@ -198,9 +199,16 @@ class QueueEvents:
                 await asyncio.sleep(1.0)
 
     async def close(self) -> None:
+        """Stop the listeners' reader and close the connections.  A cancel can be lost as a
+        blocking read goes out (redis-py sends through ``asyncio.wait_for``, which loses one on
+        Python 3.11): that read would run its whole ``block_ms``, so a reader still running
+        after ``CLOSE_GRACE_SECS`` is cancelled again (a blocked read ends at a cancel)."""
         self._closed = True
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            while not dispatcher.done():
+                dispatcher.cancel()
+                await asyncio.wait([dispatcher], timeout=CLOSE_GRACE_SECS)
+            await asyncio.gather(dispatcher, return_exceptions=True)
         await self._listeners.settle()
         await self._driver.close()

@@ -297,3 +297,37 @@ async def test_a_sharded_worker_passes_listeners_and_pause_to_every_shard(redis_
                 with SyncQueue(shard, redis_url=redis_url) as q:
                     q.obliterate(force=True)
     assert sorted(done.values()) == list(range(20))
+
+
+async def test_close_ends_a_read_that_lost_its_cancel_before_its_block(redis_url, queue_name, queues, caplog) -> None:
+    """redis-py sends through ``asyncio.wait_for``, which on Python 3.11 loses a cancel landing
+    as the send finishes: the listeners' blocking read then ran its whole ``block_ms`` and
+    ``close()`` waited for it.  Forced here: a read that loses its cancel and goes out after it;
+    close() must return long before the 20 s block, and log no failed or unavailable reader."""
+    events = QueueEvents(queue_name, redis_url=redis_url, block_ms=20_000)
+    events.on("waiting", lambda payload, event_id: None)
+    await events.wait_until_ready()
+    real, sending = events._driver.call, asyncio.Event()
+
+    async def late_read_losing_the_cancel(call, *args, **kwargs):
+        if call.args and str(call.args[0]).upper() == "XREAD":
+            sending.set()
+            until = time.monotonic() + 0.3
+            while (left := until - time.monotonic()) > 0:
+                try:
+                    await asyncio.sleep(left)
+                except asyncio.CancelledError:
+                    pass  # lost, as asyncio.wait_for loses it; the send goes on
+        return await real(call, *args, **kwargs)
+
+    events._driver.call = late_read_losing_the_cancel
+    await queues(queue_name, redis_url).add(
+        "x", 1
+    )  # its event ends the read in flight; the next goes through the patch
+    await asyncio.wait_for(sending.wait(), 30)
+    begun = time.monotonic()
+    await events.close()
+    took = time.monotonic() - begun
+    assert took < 5, f"close() took {took:.1f} s: it waited out the read's block"
+    noisy = [r.getMessage() for r in caplog.records if r.name.endswith("engine.events") and r.levelno >= 30]
+    assert noisy == [], noisy
