@@ -67,6 +67,28 @@ def wait_until_sync(cond: Callable[[], Any], timeout: float = 15.0, *, what: str
         time.sleep(interval)
 
 
+def late_and_losing_the_cancel(
+    real: Callable[..., Any], is_read: Callable[..., bool], *, sending: asyncio.Event | None = None, delay: float = 0.3
+) -> Callable[..., Any]:
+    """``real`` (a client's ``execute_command``, a driver's ``call``) with the calls ``is_read``
+    picks reaching it ``delay`` s late and losing a cancel that lands meanwhile, as a send
+    through ``asyncio.wait_for`` can on Python 3.11; ``sending`` is set as one starts."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        if is_read(*args):
+            if sending is not None:
+                sending.set()
+            until = time.monotonic() + delay
+            while (left := until - time.monotonic()) > 0:
+                try:
+                    await asyncio.sleep(left)
+                except asyncio.CancelledError:
+                    pass  # lost; the send goes on
+        return await real(*args, **kwargs)
+
+    return call
+
+
 @contextlib.asynccontextmanager
 async def running(worker: Any, *, stop_timeout: float = 30.0) -> AsyncIterator[asyncio.Task[None]]:
     """Run ``worker.run()`` as a task; on exit close it and await the drain (errors surface)."""

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from engine_support import events_of, pending_count, running, wait_until
+from engine_support import events_of, late_and_losing_the_cancel, pending_count, running, wait_until
 
 from airflow_provider_chasqui import ConfigError, Job, Promoter, Worker
 from airflow_provider_chasqui.core.keys import QueueKeys
@@ -264,22 +264,10 @@ async def test_a_stop_whose_unblock_beat_the_read_to_the_server_ends_at_once(
     try:
         await q.add("a", 1)
         await wait_until(lambda: seen == [1], what="the first job")
-        reader = w._intake.reader
-        real, sending = reader.execute_command, asyncio.Event()
-
-        async def late_read(*args, **kwargs):
-            if str(args[0]).upper() == "XREADGROUP":
-                sending.set()
-                until = time.monotonic() + 0.3
-                while (left := until - time.monotonic()) > 0:
-                    try:
-                        await asyncio.sleep(left)
-                    except asyncio.CancelledError:
-                        pass  # a send's wait_for may lose it (Python 3.11): the send goes on
-            return await real(*args, **kwargs)
-
-        reader.execute_command = late_read
-        await q.add("a", 2)  # ends the read in flight; the next one goes through late_read
+        reader, sending = w._intake.reader, asyncio.Event()
+        is_read = lambda *a: str(a[0]).upper() == "XREADGROUP"  # noqa: E731
+        reader.execute_command = late_and_losing_the_cancel(reader.execute_command, is_read, sending=sending)
+        await q.add("a", 2)  # ends the read in flight; the next one goes through the patch
         await asyncio.wait_for(sending.wait(), 30)
         begun = time.monotonic()
         await w.close()

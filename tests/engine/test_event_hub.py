@@ -12,7 +12,7 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
-from engine_support import running, wait_until
+from engine_support import late_and_losing_the_cancel, running, wait_until
 from fault_support import FaultProxy
 
 from airflow_provider_chasqui import JobFailed, SyncQueue, UnrecoverableError
@@ -172,19 +172,7 @@ async def test_a_reader_that_lost_its_cancel_and_the_first_unblock_still_ends_at
     await wait_until(lambda: (hub := _hub(queue_name)) is not None and hub.waiters == 1, what="the waiter")
     await wait_until(lambda: _hub(queue_name)._reader_id is not None, what="the reader")
     client = _hub(queue_name)._client
-    real = client.execute_command
-
-    async def late_read_losing_the_cancel(*args, **kwargs):
-        if str(args[0]).upper() == "XREAD":
-            until = time.monotonic() + 0.3
-            while (left := until - time.monotonic()) > 0:
-                try:
-                    await asyncio.sleep(left)
-                except asyncio.CancelledError:
-                    pass  # lost, as asyncio.wait_for loses it; the send goes on
-        return await real(*args, **kwargs)
-
-    client.execute_command = late_read_losing_the_cancel
+    client.execute_command = late_and_losing_the_cancel(client.execute_command, lambda *a: str(a[0]).upper() == "XREAD")
     ended = time.monotonic()
     assert await q.cancel(job.id) == "cancelled"
     outcomes = await asyncio.wait_for(waiting, 60)

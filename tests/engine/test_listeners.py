@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from engine_support import events_of, running, wait_until
+from engine_support import events_of, late_and_losing_the_cancel, running, wait_until
 from servers import free_port
 
 from airflow_provider_chasqui import Job, JobFailed, QueueEvents, SyncQueue, Worker
@@ -307,23 +307,11 @@ async def test_close_ends_a_read_that_lost_its_cancel_before_its_block(redis_url
     events = QueueEvents(queue_name, redis_url=redis_url, block_ms=20_000)
     events.on("waiting", lambda payload, event_id: None)
     await events.wait_until_ready()
-    real, sending = events._driver.call, asyncio.Event()
-
-    async def late_read_losing_the_cancel(call, *args, **kwargs):
-        if call.args and str(call.args[0]).upper() == "XREAD":
-            sending.set()
-            until = time.monotonic() + 0.3
-            while (left := until - time.monotonic()) > 0:
-                try:
-                    await asyncio.sleep(left)
-                except asyncio.CancelledError:
-                    pass  # lost, as asyncio.wait_for loses it; the send goes on
-        return await real(call, *args, **kwargs)
-
-    events._driver.call = late_read_losing_the_cancel
-    await queues(queue_name, redis_url).add(
-        "x", 1
-    )  # its event ends the read in flight; the next goes through the patch
+    sending = asyncio.Event()
+    is_read = lambda call, *a: bool(call.args) and str(call.args[0]).upper() == "XREAD"  # noqa: E731
+    events._driver.call = late_and_losing_the_cancel(events._driver.call, is_read, sending=sending)
+    # the job's event ends the read in flight; the next read goes through the patch
+    await queues(queue_name, redis_url).add("x", 1)
     await asyncio.wait_for(sending.wait(), 30)
     begun = time.monotonic()
     await events.close()
