@@ -29,6 +29,9 @@ FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
 IMPORT_MODULE_ALLOWED = {
     "worker/registry.py",  # operator-given --handlers only, never job data
     "cli.py",  # the fixed table of subcommand modules (cli.COMMANDS), constants in the source
+    # a deployer's --credential-provider or Airflow [chasqui] credential_provider setting, never job
+    # or connection data (SECURITY.md, "Token credentials")
+    "credentials.py",
 }
 MSGPACK_HOOKS = {"ext_hook", "object_hook", "object_pairs_hook", "list_hook"}
 # (module, call): the one exception, with its reason.  ``core/fast.py`` builds per-class
