@@ -131,7 +131,7 @@ def register(url: str, provider: object) -> None:
         return
     plain = split_cluster_flag(url, None)[0]  # the URL the cluster client is made from
     parts = urlsplit(plain)
-    if carries_credentials(url):
+    if parts.password or parts.username:  # carries_credentials(url), split once here
         raise ConfigError("credential_provider and a user or password in the Redis URL: give one of them")
     try:  # a Sentinel URL lists several hosts: the master is found later, the endpoint is None
         endpoint = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname and "," not in parts.netloc else None
